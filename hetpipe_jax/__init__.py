@@ -1,0 +1,22 @@
+"""hetpipe_jax: HetPipe (Park et al., USENIX ATC 2020) in JAX.
+
+Virtual workers run pipelined model parallelism over heterogeneous devices and train one model in data
+parallel through a parameter server under Wave Synchronous Parallel (WSP). The public API is what this
+module exports.
+"""
+
+from hetpipe_jax import wsp
+from hetpipe_jax.check import check_trace
+from hetpipe_jax.cluster import Cluster, Gpu, GpuType, ensure_cpu_devices, get_cluster
+from hetpipe_jax.data import Dataset, MinibatchStreams, load_dataset, synthetic
+from hetpipe_jax.errors import ConfigError
+from hetpipe_jax.models import LayeredModel, get_model
+from hetpipe_jax.ps import ParameterServer
+from hetpipe_jax.run import RunConfig, RunResult, run_hetpipe
+from hetpipe_jax.trace import read_trace, staleness_stats
+
+__all__ = [
+    "Cluster", "ConfigError", "Dataset", "Gpu", "GpuType", "LayeredModel", "MinibatchStreams",
+    "ParameterServer", "RunConfig", "RunResult", "check_trace", "ensure_cpu_devices", "get_cluster",
+    "get_model", "load_dataset", "read_trace", "run_hetpipe", "staleness_stats", "synthetic", "wsp",
+]

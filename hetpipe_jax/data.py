@@ -1,0 +1,151 @@
+"""Offline datasets and per-virtual-worker minibatch streams.
+
+* ``fashion_mnist``: 60k/10k 28x28 images from Debian's ``dataset-fashion-mnist`` package
+  (``apt-get install -y dataset-fashion-mnist``; IDX files under /usr/share/datasets/fashion-mnist/).
+* ``digits``: scikit-learn's bundled 8x8 digits (1,797 images), split 1,536 train / 261 test.
+* ``synthetic``: Gaussian class clusters shaped as 8x8 images; fast and always there.
+* ``auto``: Fashion-MNIST when installed, else digits (the log says which).
+
+Each virtual worker draws its own stream: epoch e is a seeded permutation of the training set cut into
+minibatches, dealt round-robin to the virtual workers, so no two train on the same minibatch in an epoch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import os
+import struct
+
+import numpy as np
+from absl import logging
+
+from hetpipe_jax.errors import ConfigError
+
+FASHION_DIR = "/usr/share/datasets/fashion-mnist"
+DATASETS = ("auto", "fashion_mnist", "digits", "synthetic")
+
+
+@dataclasses.dataclass(frozen=True)
+class Dataset:
+  name: str
+  x_train: np.ndarray  # float32, NHWC, scaled to [0, 1] (synthetic: standardised)
+  y_train: np.ndarray  # int32
+  x_test: np.ndarray
+  y_test: np.ndarray
+  num_classes: int
+
+
+def _read_idx(path: str) -> np.ndarray:
+  with gzip.open(path, "rb") as f:
+    data = f.read()
+  ndim = data[3]
+  dims = struct.unpack(">" + "I" * ndim, data[4:4 + 4 * ndim])
+  return np.frombuffer(data, np.uint8, offset=4 + 4 * ndim).reshape(dims)
+
+
+def fashion_mnist_installed(root: str = FASHION_DIR) -> bool:
+  return os.path.exists(os.path.join(root, "train-images-idx3-ubyte.gz"))
+
+
+def _fashion_mnist(root: str = FASHION_DIR) -> Dataset:
+  if not fashion_mnist_installed(root):
+    raise ConfigError(f"Fashion-MNIST is not installed under {root}; run `apt-get install -y "
+                      "dataset-fashion-mnist` (the README's setup does), or use --dataset=digits")
+  img = lambda name: (_read_idx(os.path.join(root, name))[..., None] / 255.0).astype(np.float32)
+  lab = lambda name: _read_idx(os.path.join(root, name)).astype(np.int32)
+  return Dataset("fashion_mnist", img("train-images-idx3-ubyte.gz"), lab("train-labels-idx1-ubyte.gz"),
+                 img("t10k-images-idx3-ubyte.gz"), lab("t10k-labels-idx1-ubyte.gz"), 10)
+
+
+def _digits() -> Dataset:
+  from sklearn.datasets import load_digits  # pylint: disable=g-import-not-at-top
+  d = load_digits()
+  x = (d.images[..., None] / 16.0).astype(np.float32)
+  y = d.target.astype(np.int32)
+  perm = np.random.default_rng(0).permutation(len(x))
+  train, test = perm[:1536], perm[1536:]
+  return Dataset("digits", x[train], y[train], x[test], y[test], 10)
+
+
+def synthetic(num_train: int = 2048, num_test: int = 512, num_classes: int = 10, seed: int = 0,
+              noise: float = 1.0) -> Dataset:
+  """Gaussian clusters around random class means, shaped (8, 8, 1)."""
+  rng = np.random.default_rng(seed)
+  means = rng.normal(size=(num_classes, 64)).astype(np.float32)
+
+  def draw(n):
+    y = rng.integers(0, num_classes, n).astype(np.int32)
+    x = means[y] + noise * rng.normal(size=(n, 64)).astype(np.float32)
+    return x.reshape(n, 8, 8, 1), y
+
+  x_train, y_train = draw(num_train)
+  x_test, y_test = draw(num_test)
+  return Dataset("synthetic", x_train, y_train, x_test, y_test, num_classes)
+
+
+def load_dataset(name: str) -> Dataset:
+  """Loads a dataset by name (see the module docstring).
+
+  Raises:
+    ConfigError: for an unknown name, or fashion_mnist when it is not installed.
+  """
+  if name == "auto":
+    if fashion_mnist_installed():
+      return _fashion_mnist()
+    logging.warning("Fashion-MNIST is not installed (apt-get install -y dataset-fashion-mnist); "
+                    "using scikit-learn's bundled 8x8 digits instead")
+    return _digits()
+  loaders = {"fashion_mnist": _fashion_mnist, "digits": _digits, "synthetic": synthetic}
+  if name not in loaders:
+    raise ConfigError(f"unknown dataset {name!r}; known datasets: {', '.join(DATASETS)}")
+  return loaders[name]()
+
+
+class MinibatchStreams:
+  """Minibatch p of virtual worker i, for every i and p, from seeded per-epoch permutations.
+
+  Args:
+    dataset: the dataset.
+    batch_size: examples per minibatch; must divide the training set unless ``drop_remainder``.
+    num_vws: virtual workers sharing each epoch.
+    seed: shuffling seed.
+    drop_remainder: drop the examples of an epoch that do not fill a minibatch.
+
+  Raises:
+    ConfigError: for a batch size below 1, above the training set, or that does not divide it.
+  """
+
+  def __init__(self, dataset: Dataset, batch_size: int, num_vws: int, seed: int = 0,
+               drop_remainder: bool = False):
+    n = len(dataset.x_train)
+    if not 1 <= batch_size <= n:
+      raise ConfigError(f"batch_size={batch_size} must be between 1 and the {n} training examples of "
+                        f"{dataset.name}")
+    if n % batch_size and not drop_remainder:
+      divisors = [b for b in range(8, min(n, 512) + 1) if n % b == 0][:8]
+      raise ConfigError(
+          f"batch_size={batch_size} does not divide the {n} training examples of {dataset.name} "
+          f"({n % batch_size} would be left over each epoch); use a divisor such as "
+          f"{', '.join(map(str, divisors))}, or pass --drop_remainder to drop them")
+    self.dataset, self.batch_size, self.num_vws, self.seed = dataset, batch_size, num_vws, seed
+    self.batches_per_epoch = n // batch_size
+    self._perms: dict[int, np.ndarray] = {}
+
+  def _perm(self, epoch: int) -> np.ndarray:
+    if epoch not in self._perms:
+      if len(self._perms) >= 4:  # virtual workers are at most a few waves apart: keep recent epochs
+        del self._perms[min(self._perms)]
+      rng = np.random.default_rng([self.seed, epoch])
+      self._perms[epoch] = rng.permutation(len(self.dataset.x_train))
+    return self._perms[epoch]
+
+  def index(self, vw: int, mb: int) -> tuple[int, int]:
+    """(epoch, batch within the epoch) of minibatch ``mb`` (from 1) of virtual worker ``vw``."""
+    g = (mb - 1) * self.num_vws + vw
+    return divmod(g, self.batches_per_epoch)
+
+  def __call__(self, vw: int, mb: int) -> tuple[np.ndarray, np.ndarray]:
+    epoch, b = self.index(vw, mb)
+    idx = self._perm(epoch)[b * self.batch_size:(b + 1) * self.batch_size]
+    return self.dataset.x_train[idx], self.dataset.y_train[idx]

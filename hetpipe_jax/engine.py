@@ -1,0 +1,120 @@
+"""The event-driven core that every executor drives: pipeline schedule + WSP push/gate/pull + trace.
+
+An executor only answers two questions: *when* does a task start and end (wall clock, or a virtual clock
+from a cost model), and does it block on the numerics. Everything else happens here, written once:
+
+* ``startable()``: for every free device, the task its pipeline schedule picks next;
+* ``start(task, t)``: record the weight version the task uses and dispatch its numerics;
+* ``finish(task, t)``: write the task's trace line, ready its successor, complete minibatches in order,
+  push a finished wave to the PS, then retry every virtual worker's next injection: the Nm window, the
+  WSP gate (c_local - c_global <= D), the pull and rebase.
+
+Not thread-safe by itself: the ``wall`` executor calls it under one lock.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+from hetpipe_jax import wsp
+from hetpipe_jax.pipeline import Task, VirtualWorker
+from hetpipe_jax.ps import ParameterServer
+from hetpipe_jax.trace import Trace
+
+BatchFn = Callable[[int, int], tuple[Any, Any]]  # (vw, mb) -> (x, labels)
+WaveFn = Callable[[int, int, float, list], None]  # (vw, wave, t, losses of the wave) -> None
+
+
+class Engine:
+  """Runs N virtual workers against one parameter server.
+
+  Args:
+    vws: the virtual workers.
+    ps: the parameter server (holds the clocks and D).
+    trace: where events go; the caller has written the meta line.
+    batches: minibatch source, called at injection (not needed without numerics).
+    on_wave: called after every push with the wave's losses (device scalars).
+  """
+
+  def __init__(self, vws: Sequence[VirtualWorker], ps: ParameterServer, trace: Trace,
+               batches: BatchFn | None = None, on_wave: WaveFn | None = None):
+    self.vws, self.ps, self.trace = list(vws), ps, trace
+    self._batches, self._on_wave = batches, on_wave
+    self._started = False
+
+  @property
+  def done(self) -> bool:
+    return all(vw.done for vw in self.vws)
+
+  def devices(self) -> list[tuple[int, int]]:
+    return [(vw.index, j) for vw in self.vws for j in range(vw.k)]
+
+  def devices_with_work(self) -> list[tuple[int, int]]:
+    return [(vw.index, j) for vw in self.vws for j in range(vw.k) if vw.has_work(j)]
+
+  def begin(self, t: float = 0.0) -> None:
+    """Injects every virtual worker's first window."""
+    self._started = True
+    self._inject_all(t)
+
+  def take(self, vw: int, stage: int) -> Task | None:
+    """The task the device of (vw, stage) runs next, if it is free and has one ready."""
+    return self.vws[vw].pop_task(stage)
+
+  def startable(self) -> list[Task]:
+    """One task for every free device that has one ready, in device order."""
+    tasks = []
+    for vw in self.vws:
+      for j in range(vw.k):
+        task = vw.pop_task(j)
+        if task is not None:
+          tasks.append(task)
+    return tasks
+
+  def start(self, task: Task, t: float) -> None:
+    task.t0 = t
+    self.vws[task.vw].run(task)
+
+  def finish(self, task: Task, t: float) -> None:
+    vw = self.vws[task.vw]
+    self.trace.emit(ev=task.kind, vw=task.vw, stage=task.stage, mb=task.mb, t0=task.t0, t1=t,
+                    own=task.version.own, glob=list(task.version.glob))
+    if not vw.finish(task):
+      return
+    self.trace.emit(ev="complete", vw=vw.index, mb=task.mb, t=t)
+    if wsp.is_wave_end(task.mb, vw.nm):
+      self._push(vw, wsp.wave_of(task.mb, vw.nm), t)
+      self._inject_all(t)  # a push can open other virtual workers' gates
+    else:
+      self._inject(vw, t)
+
+  def _push(self, vw: VirtualWorker, wave: int, t: float) -> None:
+    clock = self.ps.push(vw.index, wave, vw.take_wave(wave))
+    self.trace.emit(ev="push", vw=vw.index, wave=wave, t=t, shards=self.ps.num_shards,
+                    gap=wsp.clock_gap(clock, vw.index))
+    if self._on_wave is not None:
+      first = wave * vw.nm + 1
+      self._on_wave(vw.index, wave, t, [vw.losses.pop(p, None) for p in range(first, first + vw.nm)])
+
+  def _inject_all(self, t: float) -> None:
+    for vw in self.vws:
+      self._inject(vw, t)
+
+  def _inject(self, vw: VirtualWorker, t: float) -> None:
+    """Injects while the window allows; a gated minibatch first passes the gate and pulls."""
+    while vw.can_inject():
+      mb = vw.next_mb
+      if wsp.is_gated(mb, vw.nm):
+        snapshot = self.ps.pull(vw.index, block=False)
+        if snapshot is None:
+          if vw.waiting_since is None:
+            vw.waiting_since = t
+          return
+        if vw.waiting_since is not None:
+          self.trace.emit(ev="wait", vw=vw.index, t0=vw.waiting_since, t1=t)
+          vw.waiting_since = None
+        vw.rebase(snapshot.params, snapshot.waves)
+        self.trace.emit(ev="pull", vw=vw.index, t=t, glob=list(snapshot.waves))
+      x, labels = self._batches(vw.index, mb) if vw.stages is not None else (None, None)
+      vw.inject(x, labels)
+      self.trace.emit(ev="inject", vw=vw.index, mb=mb, t=t)

@@ -1,0 +1,100 @@
+"""Models as ordered sequences of units that can be cut at any boundary into contiguous stages.
+
+A unit is a Flax module applied as ``y = unit.apply({"params": p}, x)``; a model is a tuple of units and
+the parameters are a tuple with one entry per unit. A stage ``[first, last)`` applies units first..last-1.
+No unit keeps mutable state (no batch statistics), so every stage is a pure function of its parameters.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+Params = tuple[Any, ...]  # one Flax parameter dict per unit
+
+
+@dataclasses.dataclass(frozen=True)
+class LayeredModel:
+  """A model as a sequence of units.
+
+  Attributes:
+    name: model name.
+    units: the units in order.
+    unit_names: a readable name per unit (used in plans and traces).
+  """
+
+  name: str
+  units: tuple[nn.Module, ...]
+  unit_names: tuple[str, ...]
+
+  @property
+  def num_units(self) -> int:
+    return len(self.units)
+
+  def init(self, rng: jax.Array, sample_x: jax.Array) -> Params:
+    """Initialises every unit in turn on the output shape of the one before."""
+    params, x = [], sample_x
+    for unit, key in zip(self.units, jax.random.split(rng, self.num_units)):
+      p = unit.init(key, x)["params"]
+      x = unit.apply({"params": p}, x)
+      params.append(p)
+    return tuple(params)
+
+  def apply(self, params: Sequence[Any], x: jax.Array, first: int = 0, last: int | None = None):
+    """Applies units ``first .. last-1`` (the whole model by default) to ``x``."""
+    last = self.num_units if last is None else last
+    for unit, p in zip(self.units[first:last], params):
+      x = unit.apply({"params": p}, x)
+    return x
+
+
+def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+  """Mean softmax cross-entropy with integer labels."""
+  return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+
+def num_params(params) -> int:
+  return sum(int(x.size) for x in jax.tree.leaves(params))
+
+
+class Flatten(nn.Module):
+
+  @nn.compact
+  def __call__(self, x):
+    return x.reshape((x.shape[0], -1))
+
+
+class DenseUnit(nn.Module):
+  """Dense layer with an optional ReLU, flattening its input first."""
+
+  features: int
+  relu: bool = True
+
+  @nn.compact
+  def __call__(self, x):
+    x = x.reshape((x.shape[0], -1))
+    x = nn.Dense(self.features)(x)
+    return nn.relu(x) if self.relu else x
+
+
+class ConvUnit(nn.Module):
+  """3x3 convolution + ReLU, then an optional 2x2 max pool."""
+
+  features: int
+  pool: bool = False
+
+  @nn.compact
+  def __call__(self, x):
+    x = nn.relu(nn.Conv(self.features, (3, 3))(x))
+    if self.pool:
+      x = nn.max_pool(x, (2, 2), strides=(2, 2))
+    return x
+
+
+def jnp_dtype_bytes(x) -> int:
+  return int(jnp.dtype(x.dtype).itemsize) * int(x.size)

@@ -1,0 +1,274 @@
+"""Build and run HetPipe: virtual workers on an emulated cluster, a parameter server, an executor.
+
+Example::
+
+  from hetpipe_jax import RunConfig, get_model, load_dataset, run_hetpipe
+  result = run_hetpipe(get_model("cnn"), load_dataset("digits"),
+                       RunConfig(num_vws=2, stages=(2, 2), nm=(2, 2), d=1, waves=20))
+  result.metrics[-1]["test_accuracy"]
+
+Every bad configuration raises :class:`ConfigError` before anything runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from absl import logging
+
+from hetpipe_jax import executors, wsp
+from hetpipe_jax.cluster import Cluster, assign_gpus, get_cluster
+from hetpipe_jax.data import Dataset, MinibatchStreams
+from hetpipe_jax.engine import Engine
+from hetpipe_jax.errors import ConfigError
+from hetpipe_jax.models.base import LayeredModel
+from hetpipe_jax.pipeline import SCHEDULES, VirtualWorker
+from hetpipe_jax.profile import CostModel, check_memory, profile_units
+from hetpipe_jax.ps import ParameterServer
+from hetpipe_jax.stage import WEIGHT_MODES, Stage
+from hetpipe_jax.trace import Trace
+
+OPTIMIZERS = {
+    "sgd": optax.sgd,
+    "momentum": lambda lr: optax.sgd(lr, momentum=0.9),
+    "adam": optax.adam,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+  """What to run. Per-virtual-worker fields take one value for all or a sequence with one per VW.
+
+  Attributes:
+    cluster: preset name or a :class:`Cluster`.
+    num_vws: number of virtual workers N.
+    stages: devices (stages) per virtual worker, k.
+    nm: most minibatches in flight per virtual worker, Nm >= 1.
+    d: clock distance bound D >= 0.
+    waves: waves each virtual worker runs.
+    batch_size: examples per minibatch.
+    optimizer / learning_rate: the local optimizer of every stage (sgd, momentum, adam), or ``tx``.
+    ps_tx: the parameter server's apply rule (default: add each pushed wave as is).
+    weight_mode: "stash" or "latest".
+    schedule: "1f1b" (backward first) or "fifo".
+    executor: "virtual" or "wall".
+    time_scale: wall executor only: pad each task to its emulated duration x this (0: no padding).
+    cuts: per virtual worker, unit boundaries ``[0, ..., num_units]``; default: as even as possible.
+    seed: initialisation and shuffling seed.
+    eval_every: evaluate the global weights every this many global clock ticks (and at the end).
+    drop_remainder: drop the examples of an epoch that do not fill a minibatch.
+    trace_path: where to write the trace (JSON Lines); it is always kept in memory too.
+  """
+
+  cluster: str | Cluster = "hetero4"
+  num_vws: int = 3
+  stages: int | Sequence[int] = 2
+  nm: int | Sequence[int] = 2
+  d: int = 1
+  waves: int = 50
+  batch_size: int = 32
+  optimizer: str = "sgd"
+  learning_rate: float = 0.05
+  tx: optax.GradientTransformation | None = None
+  ps_tx: optax.GradientTransformation | None = None
+  weight_mode: str = "stash"
+  schedule: str = "1f1b"
+  executor: str = "virtual"
+  time_scale: float = 0.0
+  cuts: Sequence[Sequence[int]] | None = None
+  seed: int = 0
+  eval_every: int = 10
+  drop_remainder: bool = False
+  trace_path: str | None = None
+
+
+@dataclasses.dataclass
+class RunResult:
+  """What a run leaves: the global weights, its trace, its metrics and its timing."""
+
+  init_params: tuple[Any, ...]
+  params: tuple[Any, ...]
+  events: list[dict[str, Any]]
+  metrics: list[dict[str, Any]]
+  seconds: float  # on the executor's clock
+  wall_seconds: float  # host time the run took
+  vws: list[VirtualWorker]
+  cuts: list[list[int]]
+  images: int
+
+  @property
+  def images_per_second(self) -> float:
+    return self.images / self.seconds if self.seconds > 0 else float("nan")
+
+
+def _per_vw(name: str, value, n: int) -> list[int]:
+  values = [value] * n if isinstance(value, int) else list(value)
+  if len(values) != n:
+    raise ConfigError(f"{name} has {len(values)} values {values} for {n} virtual workers; give one "
+                      "value, or one per virtual worker")
+  return values
+
+
+def even_cuts(num_units: int, k: int) -> list[int]:
+  """Unit boundaries of k contiguous stages whose sizes differ by at most one (larger stages first)."""
+  sizes = [num_units // k + (j < num_units % k) for j in range(k)]
+  return [0] + list(np.cumsum(sizes).tolist())
+
+
+def resolve(config: RunConfig, model: LayeredModel) -> tuple[Cluster, list[int], list[int],
+                                                            list[list[int]]]:
+  """Validates ``config`` against ``model``; returns (cluster, stages, nms, cuts).
+
+  Raises:
+    ConfigError: naming the bad value, its limit and the fix.
+  """
+  cluster = get_cluster(config.cluster) if isinstance(config.cluster, str) else config.cluster
+  if config.num_vws < 1:
+    raise ConfigError(f"num_vws={config.num_vws}; at least 1 virtual worker is needed")
+  stages = _per_vw("stages", config.stages, config.num_vws)
+  nms = _per_vw("nm", config.nm, config.num_vws)
+  for i, nm in enumerate(nms):
+    if nm < 1:
+      raise ConfigError(f"Nm={nm} for virtual worker {i}; Nm (minibatches in flight) must be >= 1")
+  if config.d < 0:
+    raise ConfigError(f"D={config.d}; the clock distance bound must be >= 0 (0 = tightest, large = "
+                      "asynchronous)")
+  if config.waves < 1:
+    raise ConfigError(f"waves={config.waves}; run at least 1 wave")
+  for name, value, known in (("weight_mode", config.weight_mode, WEIGHT_MODES),
+                             ("schedule", config.schedule, SCHEDULES),
+                             ("executor", config.executor, executors.EXECUTORS)):
+    if value not in known:
+      raise ConfigError(f"unknown {name} {value!r}; choose one of {', '.join(known)}")
+  if config.tx is None and config.optimizer not in OPTIMIZERS:
+    raise ConfigError(f"unknown optimizer {config.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
+  if config.time_scale < 0:
+    raise ConfigError(f"time_scale={config.time_scale}; use 0 (no padding) or a positive factor")
+  for i, k in enumerate(stages):
+    if k > model.num_units:
+      raise ConfigError(f"virtual worker {i} has {k} stages but model {model.name} has only "
+                        f"{model.num_units} units to cut; use at most {model.num_units} stages")
+  assign_gpus(cluster, stages)  # raises when the cluster is too small
+  if config.cuts is None:
+    cuts = [even_cuts(model.num_units, k) for k in stages]
+  else:
+    cuts = [list(c) for c in config.cuts]
+    if len(cuts) != config.num_vws:
+      raise ConfigError(f"cuts has {len(cuts)} entries for {config.num_vws} virtual workers")
+    for i, (cut, k) in enumerate(zip(cuts, stages)):
+      if (len(cut) != k + 1 or cut[0] != 0 or cut[-1] != model.num_units
+          or any(a >= b for a, b in zip(cut, cut[1:]))):
+        raise ConfigError(f"cuts {cut} of virtual worker {i} must be {k + 1} increasing boundaries from 0 "
+                          f"to {model.num_units} (k={k} non-empty stages)")
+  return cluster, stages, nms, cuts
+
+
+def _jax_devices(count: int) -> list[jax.Device]:
+  devices = jax.devices()
+  if len(devices) < count:
+    raise ConfigError(
+        f"this run places {count} emulated GPUs but JAX has {len(devices)} devices; on CPU set "
+        f"XLA_FLAGS=--xla_force_host_platform_device_count={count} before JAX starts (experiments/train.py "
+        "does it for you), or use fewer virtual workers or stages")
+  return devices
+
+
+def run_hetpipe(model: LayeredModel, dataset: Dataset, config: RunConfig) -> RunResult:
+  """Trains ``model`` on ``dataset`` with N virtual workers under WSP; see :class:`RunConfig`."""
+  cluster, stages, nms, cuts = resolve(config, model)
+  batches = MinibatchStreams(dataset, config.batch_size, config.num_vws, config.seed,
+                             config.drop_remainder)
+  gpus = assign_gpus(cluster, stages)
+  devices = _jax_devices(max(g.index for group in gpus for g in group) + 1)
+  tx = config.tx or OPTIMIZERS[config.optimizer](config.learning_rate)
+
+  sample_x = jnp.asarray(dataset.x_train[:config.batch_size])
+  init_params = model.init(jax.random.key(config.seed), sample_x)
+  profiles = profile_units(model, init_params, sample_x)
+  param_bytes = sum(u.param_bytes for u in profiles)
+  slots = sum(x.size for x in jax.tree.leaves(tx.init(init_params))) * 4 / max(param_bytes, 1)
+  check_memory(profiles, cuts, gpus, nms, config.weight_mode, slots)
+  cost_model = CostModel(cluster, profiles, cuts, gpus)
+  cost = lambda task: cost_model.task_seconds(task.vw, task.stage, task.kind)
+
+  vws = []
+  for i in range(config.num_vws):
+    stage_objs = [Stage(model, cuts[i][j], cuts[i][j + 1], init_params[cuts[i][j]:cuts[i][j + 1]],
+                        devices[gpus[i][j].index], tx, nms[i], config.weight_mode)
+                  for j in range(stages[i])]
+    vws.append(VirtualWorker(i, stages[i], nms[i], config.waves * nms[i], config.num_vws,
+                             config.schedule, config.weight_mode, stage_objs))
+  ps = ParameterServer(init_params, config.num_vws, config.d, config.ps_tx, devices[0])
+
+  trace = Trace(config.trace_path)
+  trace.emit(ev="meta", version=1, num_vws=config.num_vws, nm=nms, d=config.d, stages=stages,
+             weight_mode=config.weight_mode, executor=config.executor, schedule=config.schedule,
+             shards=model.num_units, model=model.name, dataset=dataset.name,
+             batch_size=config.batch_size, cuts=cuts, gpus=[[g.name for g in grp] for grp in gpus],
+             cluster=cluster.name, seed=config.seed)
+
+  rows: list[dict[str, Any]] = []
+  snapshots: list[tuple[int, Any]] = []  # (row index, global params) to evaluate after the run
+  total_waves = config.waves * config.num_vws
+  state = {"clock": 0, "waves": 0}
+
+  def on_wave(vw: int, wave: int, t: float, losses: list) -> None:
+    state["waves"] += 1
+    rows.append({"vw": vw, "wave": wave, "step": (wave + 1) * nms[vw], "time": t,
+                 "train_loss": jnp.mean(jnp.stack(losses)), "global_clock": None})
+    clock = wsp.c_global(ps.clock)
+    rows[-1]["global_clock"] = clock
+    if clock > state["clock"]:
+      state["clock"] = clock
+      if clock % config.eval_every == 0 or clock == config.waves:
+        snapshots.append((len(rows) - 1, ps.params))
+        logging.info("global clock %d/%d  t=%.4gs  VW %d wave %d loss %.4f  (%d/%d waves pushed)",
+                     clock, config.waves, t, vw, wave, float(rows[-1]["train_loss"]), state["waves"],
+                     total_waves)
+
+  engine = Engine(vws, ps, trace, batches, on_wave)
+  if config.executor == "wall":  # compile before the clock starts
+    x0, y0 = batches(0, 1)
+    for vw in vws:
+      vw.warm_up(x0, y0)
+  t_host = time.perf_counter()
+  try:
+    if config.executor == "virtual":
+      seconds = executors.run_virtual(engine, cost)
+    else:
+      seconds = executors.run_wall(engine, cost if config.time_scale > 0 else None, config.time_scale)
+    final = ps.params
+    jax.block_until_ready(final)
+  finally:
+    trace.close()
+  wall_seconds = time.perf_counter() - t_host
+
+  if not snapshots or snapshots[-1][0] != len(rows) - 1:
+    snapshots.append((len(rows) - 1, final))
+  evaluate = make_evaluator(model, dataset, devices[0])
+  for row_index, params in snapshots:
+    rows[row_index]["test_accuracy"] = evaluate(params)
+  for row in rows:
+    row["train_loss"] = float(row["train_loss"])
+  images = sum(vw.completed for vw in vws) * config.batch_size
+  return RunResult(init_params, final, trace.events, rows, seconds, wall_seconds, vws, cuts, images)
+
+
+def make_evaluator(model: LayeredModel, dataset: Dataset, device: jax.Device, chunk: int = 2000):
+  """Returns ``params -> test accuracy`` of the whole model on ``dataset``'s test split."""
+  predict = jax.jit(lambda params, x: jnp.argmax(model.apply(params, x), axis=-1))
+  xs = [jax.device_put(dataset.x_test[i:i + chunk], device) for i in range(0, len(dataset.x_test), chunk)]
+  ys = np.concatenate([dataset.y_test[i:i + chunk] for i in range(0, len(dataset.y_test), chunk)])
+
+  def evaluate(params) -> float:
+    params = jax.device_put(params, device)
+    pred = np.concatenate([np.asarray(predict(params, x)) for x in xs])
+    return float((pred == ys).mean())
+
+  return evaluate

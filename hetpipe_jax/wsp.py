@@ -1,0 +1,85 @@
+"""Wave Synchronous Parallel: the clock, the gate and the staleness bounds, as pure functions.
+
+HetPipe (Park et al., USENIX ATC 2020, section 4) runs virtual workers (VWs) in data parallel under WSP.
+Wave c of a VW is its minibatches c*Nm+1 .. (c+1)*Nm; the VW's clock c_local counts the waves it has
+pushed, and c_global is the minimum over VWs. The injection of minibatch (c+2)*Nm, the first one after the
+push of wave c, waits until c_local - c_global <= D (the gate); then the VW pulls.
+
+Written optax-style: state is a NamedTuple, ``init`` and ``push`` are pure, everything else reads state::
+
+  state = wsp.init(num_vws=2)
+  state = wsp.push(state, vw=0)          # VW 0 pushed wave 0
+  wsp.gate_open(state, vw=0, d=0)        # False: c_local(0) - c_global = 1 > 0
+
+Guarantees, for minibatch p of VW i in wave w = (p-1)//Nm (HETPIPE.md section 3): own updates 1..p-Nm are
+included (local staleness <= Nm-1); every VW's waves 0..w-D-2 are included (0..w-D-1 if p is the last of
+its wave); hence the global staleness bound (D+2)*Nm-2 minibatches, which is tight.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class ClockState(NamedTuple):
+  """Clocks of all virtual workers: ``c_local[i]`` = waves VW i has pushed."""
+
+  c_local: tuple[int, ...]
+
+
+def init(num_vws: int) -> ClockState:
+  """All clocks start at 0."""
+  return ClockState(c_local=(0,) * num_vws)
+
+
+def c_global(state: ClockState) -> int:
+  """The global clock: the minimum of the local clocks."""
+  return min(state.c_local)
+
+
+def push(state: ClockState, vw: int) -> ClockState:
+  """VW ``vw`` pushed one more wave: its local clock ticks."""
+  c = list(state.c_local)
+  c[vw] += 1
+  return ClockState(tuple(c))
+
+
+def clock_gap(state: ClockState, vw: int) -> int:
+  """c_local(vw) - c_global: how far ``vw`` runs ahead of the slowest virtual worker."""
+  return state.c_local[vw] - c_global(state)
+
+
+def gate_open(state: ClockState, vw: int, d: int) -> bool:
+  """Whether ``vw`` may make its gated injection: c_local(vw) - c_global <= D."""
+  return clock_gap(state, vw) <= d
+
+
+def wave_of(mb: int, nm: int) -> int:
+  """The wave of minibatch ``mb`` (counted from 1); waves count from 0."""
+  return (mb - 1) // nm
+
+
+def is_wave_end(mb: int, nm: int) -> bool:
+  """Whether ``mb`` is the last minibatch of its wave (its completion pushes the wave)."""
+  return mb % nm == 0
+
+
+def is_gated(mb: int, nm: int) -> bool:
+  """Whether injecting ``mb`` must pass the gate: (c+2)*Nm for c >= 0, the first injection after a push."""
+  return mb > nm and mb % nm == 0
+
+
+def min_global_waves(mb: int, nm: int, d: int) -> int:
+  """Fewest waves of every VW that the weights of ``mb``'s forward pass must include."""
+  w = wave_of(mb, nm)
+  return max(0, w - d) if is_wave_end(mb, nm) else max(0, w - d - 1)
+
+
+def global_staleness_bound(nm: int, d: int) -> int:
+  """The tight bound on global staleness in minibatches: (D+2)*Nm - 2."""
+  return (d + 2) * nm - 2
+
+
+def local_staleness_bound(nm: int) -> int:
+  """Own updates missing from a forward pass: at most Nm - 1."""
+  return nm - 1
