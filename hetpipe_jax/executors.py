@@ -1,8 +1,9 @@
 """Executors: how long a task takes and whether its numerics really run. The protocol is the engine's.
 
 * ``virtual``: a discrete-event loop on a virtual clock. A task starts (and its numerics are dispatched)
-  when its device is free in virtual time and ends ``cost(task)`` later; ties break by start order, so the
-  same seed gives the same numbers, bit for bit. Time is the emulated cluster's.
+  when its device is free in virtual time and ends ``cost(task)`` later. Every task due at time t
+  finishes (in start order) before any task starts at t, so the same seed gives the same schedule and
+  the same numbers, bit for bit. Time is the emulated cluster's.
 * ``wall``: real concurrency. One host thread per device runs its tasks one at a time: dispatch, wait for
   the result, optionally sleep until the emulated duration ``cost(task) * time_scale`` has passed (so the
   emulated speeds, not CPU noise, shape the schedule). Time is seconds since the start.
@@ -39,6 +40,8 @@ def run_virtual(engine: Engine, cost: CostFn) -> float:
       break
     t, _, task = heapq.heappop(heap)
     engine.finish(task, t)
+    while heap and heap[0][0] == t:  # finish everything due at t before choosing what starts next
+      engine.finish(heapq.heappop(heap)[2], t)
   if not engine.done:
     raise RuntimeError("virtual executor stalled before every minibatch completed (a schedule bug)")
   return t

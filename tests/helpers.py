@@ -1,0 +1,41 @@
+"""Helpers shared by the tests: schedule-only runs, small numeric runs, trace assertions."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from hetpipe_jax import check_trace, staleness_stats
+from hetpipe_jax.engine import Engine
+from hetpipe_jax.executors import run_virtual, run_wall
+from hetpipe_jax.pipeline import VirtualWorker
+from hetpipe_jax.ps import ParameterServer
+from hetpipe_jax.trace import Trace
+
+
+def assert_trace_ok(events) -> dict:
+  """Asserts the trace satisfies every WSP guarantee; returns its staleness statistics."""
+  violations = check_trace(events)
+  assert not violations, "\n".join(map(str, violations[:20]))
+  return staleness_stats(events)
+
+
+def meta(n, nm, d, stages, weight_mode="stash", executor="virtual"):
+  return dict(ev="meta", version=1, num_vws=n, nm=list(nm), d=d, stages=list(stages),
+              weight_mode=weight_mode, executor=executor, shards=0)
+
+
+def schedule_only(stages: Sequence[int], nms: Sequence[int], d: int, waves: int, slowdown: Sequence[float],
+                  executor: str = "virtual", schedule: str = "1f1b", fwd: float = 1.0, bwd: float = 2.0,
+                  time_scale: float = 1e-4) -> list[dict]:
+  """Runs the protocol without numerics; VW i's tasks last ``slowdown[i]`` x (fwd, bwd)."""
+  n = len(stages)
+  vws = [VirtualWorker(i, stages[i], nms[i], waves * nms[i], n, schedule) for i in range(n)]
+  trace = Trace()
+  trace.emit(**meta(n, nms, d, stages, executor=executor))
+  engine = Engine(vws, ParameterServer((), n, d), trace)
+  cost = lambda t: slowdown[t.vw] * (fwd if t.kind == "fwd" else bwd)
+  if executor == "virtual":
+    run_virtual(engine, cost)
+  else:
+    run_wall(engine, cost, time_scale)
+  return trace.events

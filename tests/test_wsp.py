@@ -1,0 +1,56 @@
+"""The pure WSP clock/gate functions and the staleness bounds."""
+
+import pytest
+
+from hetpipe_jax import wsp
+
+
+def test_clock_starts_at_zero_and_ticks_per_push():
+  s = wsp.init(3)
+  assert s.c_local == (0, 0, 0) and wsp.c_global(s) == 0
+  s = wsp.push(wsp.push(s, 0), 0)
+  assert s.c_local == (2, 0, 0)
+  assert wsp.c_global(s) == 0
+  assert wsp.clock_gap(s, 0) == 2 and wsp.clock_gap(s, 1) == 0
+  s = wsp.push(wsp.push(s, 1), 2)
+  assert wsp.c_global(s) == 1 and wsp.clock_gap(s, 0) == 1
+
+
+def test_push_is_pure():
+  s = wsp.init(2)
+  t = wsp.push(s, 1)
+  assert s.c_local == (0, 0) and t.c_local == (0, 1)
+
+
+@pytest.mark.parametrize("d", [0, 1, 3])
+def test_gate_opens_exactly_at_distance_d(d):
+  s = wsp.init(2)
+  for ahead in range(d + 3):
+    assert wsp.gate_open(s, 0, d) == (ahead <= d)
+    assert wsp.gate_open(s, 1, d)  # the slowest worker is never gated
+    s = wsp.push(s, 0)
+
+
+@pytest.mark.parametrize("nm", [1, 2, 4])
+def test_waves_and_gated_injections(nm):
+  mbs = range(1, 5 * nm + 1)
+  assert [wsp.wave_of(p, nm) for p in mbs] == [(p - 1) // nm for p in mbs]
+  assert [p for p in mbs if wsp.is_wave_end(p, nm)] == [nm * c for c in range(1, 6)]
+  # The first injection after the push of wave c is minibatch (c+2)*Nm: the last of wave c+1.
+  assert [p for p in mbs if wsp.is_gated(p, nm)] == [nm * c for c in range(2, 6)]
+
+
+def test_min_global_waves_matches_hetpipe_section_3():
+  nm, d = 3, 1
+  # wave 4 = minibatches 13..15; non-last need waves 0..w-D-2 -> 2, the last needs w-D -> 3.
+  assert [wsp.min_global_waves(p, nm, d) for p in (13, 14, 15)] == [2, 2, 3]
+  assert wsp.min_global_waves(1, nm, d) == 0  # never negative
+
+
+@pytest.mark.parametrize("nm,d,bound", [(1, 0, 0), (1, 3, 3), (2, 0, 2), (4, 1, 10), (3, 2, 10)])
+def test_staleness_bounds(nm, d, bound):
+  assert wsp.global_staleness_bound(nm, d) == bound
+  assert wsp.local_staleness_bound(nm) == nm - 1
+  # The bound is the largest p - 1 - Nm * min_global_waves(p) over a long run: it is tight.
+  worst = max(p - 1 - nm * wsp.min_global_waves(p, nm, d) for p in range(nm * (d + 3), nm * (d + 9)))
+  assert worst == bound
