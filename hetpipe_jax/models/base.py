@@ -37,8 +37,11 @@ class LayeredModel:
     return len(self.units)
 
   def init(self, rng: jax.Array, sample_x: jax.Array) -> Params:
-    """Initialises every unit in turn on the output shape of the one before."""
-    params, x = [], sample_x
+    """Initialises every unit in turn on the output shape of the one before (one jitted program)."""
+    return jax.jit(self._init)(rng, sample_x)
+
+  def _init(self, rng, x):
+    params = []
     for unit, key in zip(self.units, jax.random.split(rng, self.num_units)):
       p = unit.init(key, x)["params"]
       x = unit.apply({"params": p}, x)

@@ -1,0 +1,69 @@
+"""Every bad configuration raises one ConfigError naming the value, the limit and the fix."""
+
+import subprocess
+import sys
+
+import pytest
+
+from hetpipe_jax import ConfigError, RunConfig, get_model, load_dataset, run_hetpipe, synthetic
+from hetpipe_jax.cluster import CLASS_D, GpuType, make_cluster
+
+DATA = synthetic(num_train=512, num_test=64)
+MLP = get_model("mlp")  # 4 units
+
+
+@pytest.mark.parametrize("config,pattern", [
+    (dict(nm=0), r"Nm=0 for virtual worker 0; Nm .* must be >= 1"),
+    (dict(nm=(2, -1)), r"Nm=-1 for virtual worker 1"),
+    (dict(d=-1), r"D=-1; the clock distance bound must be >= 0"),
+    (dict(num_vws=0), r"num_vws=0; at least 1"),
+    (dict(num_vws=3, stages=3), r"3 virtual workers with \[3, 3, 3\] stages need 9 GPUs, but cluster "
+                                r"'hetero4' has 8; use fewer"),
+    (dict(stages=5), r"virtual worker 0 has 5 stages but model mlp has only 4 units to cut; use at most 4"),
+    (dict(stages=0), r"virtual worker 0 has 0 stages; every virtual worker needs at least 1"),
+    (dict(stages=(1, 2, 3)), r"stages has 3 values \[1, 2, 3\] for 2 virtual workers"),
+    (dict(cluster="dgx"), r"unknown cluster 'dgx'; known clusters: hetero4, hetero4x4, uniform8"),
+    (dict(batch_size=30), r"batch_size=30 does not divide the 512 training examples of synthetic \(2 would "
+                          r"be left over each epoch\); use a divisor such as 8, 16, 32.*--drop_remainder"),
+    (dict(batch_size=0), r"batch_size=0 must be between 1 and the 512 training examples"),
+    (dict(weight_mode="fresh"), r"unknown weight_mode 'fresh'; choose one of stash, latest"),
+    (dict(executor="sim"), r"unknown executor 'sim'; choose one of virtual, wall"),
+    (dict(schedule="gpipe"), r"unknown schedule 'gpipe'"),
+    (dict(waves=0), r"waves=0; run at least 1 wave"),
+    (dict(cuts=[[0, 3, 3, 4], [0, 2, 4]], stages=(3, 2)), r"cuts \[0, 3, 3, 4\] of virtual worker 0 must be 4 "
+                                                          r"increasing boundaries"),
+])
+def test_bad_config(config, pattern):
+  base = dict(cluster="hetero4", num_vws=2, stages=2, nm=2, d=1, waves=2, batch_size=16)
+  with pytest.raises(ConfigError, match=pattern):
+    run_hetpipe(MLP, DATA, RunConfig(**{**base, **config}))
+
+
+def test_batch_size_that_does_not_divide_runs_with_drop_remainder():
+  result = run_hetpipe(MLP, DATA, RunConfig(cluster="hetero4", num_vws=1, stages=1, nm=1, d=0, waves=2,
+                                            batch_size=30, drop_remainder=True))
+  assert len(result.metrics) == 2
+
+
+def test_stage_that_fits_no_gpu():
+  tiny = GpuType("tiny", flops=1e12, memory_bytes=100_000)
+  cluster = make_cluster("tiny", [[tiny, CLASS_D]])
+  with pytest.raises(ConfigError, match=r"stage 0 of virtual worker 0 \(units 0..1\) needs .* GiB with Nm=2 "
+                                        r"\(stash\), but GPU n0.tiny0 has 0.00 GiB; use more stages"):
+    run_hetpipe(MLP, DATA, RunConfig(cluster=cluster, num_vws=1, stages=2, nm=2, d=0, waves=1,
+                                     batch_size=16))
+
+
+def test_unknown_model_and_dataset():
+  with pytest.raises(ConfigError, match="unknown model 'bert'; known models: cnn, mlp, resnet, vgg"):
+    get_model("bert")
+  with pytest.raises(ConfigError, match="unknown dataset 'imagenet'; known datasets: auto, fashion_mnist"):
+    load_dataset("imagenet")
+
+
+def test_cli_reports_bad_input_in_one_line():
+  proc = subprocess.run([sys.executable, "-m", "experiments.train", "--nm=0", "--waves=1"],
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode != 0
+  assert "Nm=0 for virtual worker 0; Nm (minibatches in flight) must be >= 1" in proc.stderr
+  assert "Traceback" not in proc.stderr
