@@ -4,9 +4,10 @@
   when its device is free in virtual time and ends ``cost(task)`` later. Every task due at time t
   finishes (in start order) before any task starts at t, so the same seed gives the same schedule and
   the same numbers, bit for bit. Time is the emulated cluster's.
-* ``wall``: real concurrency. One host thread per device runs its tasks one at a time: dispatch, wait for
-  the result, optionally sleep until the emulated duration ``cost(task) * time_scale`` has passed (so the
-  emulated speeds, not CPU noise, shape the schedule). Time is seconds since the start.
+* ``wall``: real concurrency. Tasks are dispatched asynchronously the moment they can start; one host
+  thread per device waits for its running task's result, optionally sleeps until the emulated duration
+  ``cost(task) * time_scale`` has passed (so the emulated speeds, not CPU noise, shape the schedule), and
+  finishes it. Time is seconds since the start.
 """
 
 from __future__ import annotations
@@ -50,50 +51,60 @@ def run_virtual(engine: Engine, cost: CostFn) -> float:
 def run_wall(engine: Engine, cost: CostFn | None = None, time_scale: float = 1.0) -> float:
   """Runs ``engine`` with one thread per device; returns the wall-clock seconds taken.
 
+  Whichever thread finishes a task dispatches every task that became startable, on any device, at once
+  (so no thread wake-up sits between a task becoming ready and its device starting it); each device's
+  thread then waits for its task's result and finishes it.
+
   Args:
     engine: the engine.
     cost: emulated task durations; when given, every task lasts at least ``cost(task) * time_scale``.
     time_scale: real seconds per emulated second.
   """
   lock = threading.Lock()
-  wakeups = {key: threading.Condition(lock) for key in engine.devices()}
+  keys = engine.devices()
+  wakeups = {key: threading.Condition(lock) for key in keys}
+  running: dict[tuple[int, int], Task | None] = dict.fromkeys(keys)
   errors: list[BaseException] = []
   t_start = time.perf_counter()
   now = lambda: time.perf_counter() - t_start
 
-  def notify(all_devices: bool = False) -> None:
-    for key in (wakeups if all_devices else engine.devices_with_work()):
-      wakeups[key].notify()
+  def dispatch() -> None:  # under the lock
+    for task in engine.startable():
+      engine.start(task, now())
+      running[(task.vw, task.stage)] = task
+      wakeups[(task.vw, task.stage)].notify()
+    if engine.done or errors:
+      for cond in wakeups.values():
+        cond.notify()
 
   def device_loop(key: tuple[int, int]) -> None:
     try:
       while True:
         with lock:
-          while True:
+          while running[key] is None:
             if errors or engine.done:
               return
-            task = engine.take(*key)
-            if task is not None:
-              engine.start(task, now())
-              break
             wakeups[key].wait()
+          task = running[key]
         jax.block_until_ready(task.out)
         if cost is not None:
           remaining = task.t0 + cost(task) * time_scale - now()
           if remaining > 0:
             time.sleep(remaining)
         with lock:
+          running[key] = None
           engine.finish(task, now())
-          notify(all_devices=engine.done)
+          dispatch()
     except BaseException as e:  # pylint: disable=broad-except
       with lock:
         errors.append(e)
-        notify(all_devices=True)
+        dispatch()
 
   with lock:
     engine.begin(now())
+    dispatch()
   threads = [threading.Thread(target=device_loop, args=(key,), name=f"vw{key[0]}-stage{key[1]}",
-                              daemon=True) for key in engine.devices()]
+                              daemon=True) for key in keys]
   for th in threads:
     th.start()
   for th in threads:

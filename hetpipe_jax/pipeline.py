@@ -152,7 +152,9 @@ class VirtualWorker:
       return
     stage = self.stages[j]
     if task.kind == "fwd":
-      x = jax.device_put(self._data.pop((j, mb)), stage.device)
+      x = self._data.pop((j, mb))
+      if j > 0:  # the activation comes from the previous stage's device
+        x = jax.device_put(x, stage.device)
       task.out = stage.forward(mb, x, self._labels.pop(mb) if stage.is_last else None)
       if stage.is_last:
         self.losses[mb] = task.out

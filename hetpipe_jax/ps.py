@@ -80,7 +80,7 @@ class ParameterServer:
     if sorted(updates) != list(range(self.num_shards)):
       raise ValueError(f"VW {vw} pushed wave {wave} for shards {sorted(updates)}; a push must cover all "
                        f"{self.num_shards} shards exactly once")
-    full = tuple(jax.device_put(updates[u], self.device) for u in range(self.num_shards))
+    full = jax.device_put(tuple(updates[u] for u in range(self.num_shards)), self.device)
     with self._cond:
       if wave != self._clock.c_local[vw]:
         raise ValueError(f"VW {vw} pushed wave {wave} but its clock is {self._clock.c_local[vw]}; waves "

@@ -220,23 +220,21 @@ def run_hetpipe(model: LayeredModel, dataset: Dataset, config: RunConfig) -> Run
 
   def on_wave(vw: int, wave: int, t: float, losses: list) -> None:
     state["waves"] += 1
-    rows.append({"vw": vw, "wave": wave, "step": (wave + 1) * nms[vw], "time": t,
-                 "train_loss": jnp.mean(jnp.stack(losses)), "global_clock": None})
     clock = wsp.c_global(ps.clock)
-    rows[-1]["global_clock"] = clock
+    rows.append({"vw": vw, "wave": wave, "step": (wave + 1) * nms[vw], "time": t,
+                 "train_loss": losses, "global_clock": clock})  # device scalars, resolved at the end
     if clock > state["clock"]:
       state["clock"] = clock
       if clock % config.eval_every == 0 or clock == config.waves:
         snapshots.append((len(rows) - 1, ps.params))
         logging.info("global clock %d/%d  t=%.4gs  VW %d wave %d loss %.4f  (%d/%d waves pushed)",
-                     clock, config.waves, t, vw, wave, float(rows[-1]["train_loss"]), state["waves"],
-                     total_waves)
+                     clock, config.waves, t, vw, wave, float(np.mean(jax.device_get(losses))),
+                     state["waves"], total_waves)
 
   engine = Engine(vws, ps, trace, batches, on_wave)
-  if config.executor == "wall":  # compile before the clock starts
-    x0, y0 = batches(0, 1)
-    for vw in vws:
-      vw.warm_up(x0, y0)
+  x0, y0 = batches(0, 1)
+  for vw in vws:  # compile before the clock starts
+    vw.warm_up(x0, y0)
   t_host = time.perf_counter()
   try:
     if config.executor == "virtual":
@@ -254,8 +252,8 @@ def run_hetpipe(model: LayeredModel, dataset: Dataset, config: RunConfig) -> Run
   evaluate = make_evaluator(model, dataset, devices[0])
   for row_index, params in snapshots:
     rows[row_index]["test_accuracy"] = evaluate(params)
-  for row in rows:
-    row["train_loss"] = float(row["train_loss"])
+  for row, losses in zip(rows, jax.device_get([row["train_loss"] for row in rows])):
+    row["train_loss"] = float(np.mean(losses))
   images = sum(vw.completed for vw in vws) * config.batch_size
   return RunResult(init_params, final, trace.events, rows, seconds, wall_seconds, vws, cuts, images)
 
