@@ -145,13 +145,13 @@ def main(argv):
     raise SystemExit(1)
 
 
-if __name__ == "__main__":
+def _main_with_clear_errors(argv):
   from hetpipe_jax.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  try:
+    main(argv)
+  except ConfigError as e:
+    raise SystemExit(f"error: {e}") from None
 
-  def _run(argv):
-    try:
-      main(argv)
-    except ConfigError as e:
-      raise app.UsageError(str(e)) from None
 
-  app.run(_run)
+if __name__ == "__main__":
+  app.run(_main_with_clear_errors)

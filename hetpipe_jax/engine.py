@@ -40,7 +40,6 @@ class Engine:
                batches: BatchFn | None = None, on_wave: WaveFn | None = None):
     self.vws, self.ps, self.trace = list(vws), ps, trace
     self._batches, self._on_wave = batches, on_wave
-    self._started = False
 
   @property
   def done(self) -> bool:
@@ -49,17 +48,9 @@ class Engine:
   def devices(self) -> list[tuple[int, int]]:
     return [(vw.index, j) for vw in self.vws for j in range(vw.k)]
 
-  def devices_with_work(self) -> list[tuple[int, int]]:
-    return [(vw.index, j) for vw in self.vws for j in range(vw.k) if vw.has_work(j)]
-
   def begin(self, t: float = 0.0) -> None:
     """Injects every virtual worker's first window."""
-    self._started = True
     self._inject_all(t)
-
-  def take(self, vw: int, stage: int) -> Task | None:
-    """The task the device of (vw, stage) runs next, if it is free and has one ready."""
-    return self.vws[vw].pop_task(stage)
 
   def startable(self) -> list[Task]:
     """One task for every free device that has one ready, in device order."""

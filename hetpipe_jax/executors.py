@@ -68,14 +68,17 @@ def run_wall(engine: Engine, cost: CostFn | None = None, time_scale: float = 1.0
   t_start = time.perf_counter()
   now = lambda: time.perf_counter() - t_start
 
+  def wake_all() -> None:  # under the lock
+    for cond in wakeups.values():
+      cond.notify()
+
   def dispatch() -> None:  # under the lock
     for task in engine.startable():
       engine.start(task, now())
       running[(task.vw, task.stage)] = task
       wakeups[(task.vw, task.stage)].notify()
-    if engine.done or errors:
-      for cond in wakeups.values():
-        cond.notify()
+    if engine.done:
+      wake_all()
 
   def device_loop(key: tuple[int, int]) -> None:
     try:
@@ -92,13 +95,15 @@ def run_wall(engine: Engine, cost: CostFn | None = None, time_scale: float = 1.0
           if remaining > 0:
             time.sleep(remaining)
         with lock:
+          if errors:
+            return
           running[key] = None
           engine.finish(task, now())
           dispatch()
     except BaseException as e:  # pylint: disable=broad-except
       with lock:
         errors.append(e)
-        dispatch()
+        wake_all()
 
   with lock:
     engine.begin(now())
