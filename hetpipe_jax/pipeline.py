@@ -121,7 +121,10 @@ class VirtualWorker:
     self.busy[task.stage] = None
     j, mb = task.stage, task.mb
     if task.kind == "fwd":
-      self._make_ready(j + 1, "fwd", mb) if j + 1 < self.k else self._make_ready(j, "bwd", mb)
+      if j + 1 < self.k:
+        self._make_ready(j + 1, "fwd", mb)
+      else:
+        self._make_ready(j, "bwd", mb)
       return False
     if j > 0:
       self._make_ready(j - 1, "bwd", mb)

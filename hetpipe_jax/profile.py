@@ -33,7 +33,8 @@ class UnitProfile:
   out_bytes: int
 
 
-def _nbytes(tree) -> int:
+def nbytes(tree) -> int:
+  """Bytes of every array (or shape struct) in ``tree``."""
   return sum(int(x.size) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
 
 
@@ -51,7 +52,7 @@ def profile_units(model: LayeredModel, params: Sequence[Any], sample_x) -> list[
     y = jax.eval_shape(f, spec(p), x)
     fwd = _flops(f, spec(p), x)
     both = _flops(lambda p_, x_, g, f=f: jax.vjp(f, p_, x_)[1](g), spec(p), x, y)
-    out.append(UnitProfile(name, fwd, max(both - fwd, fwd), _nbytes(p), _nbytes(y)))
+    out.append(UnitProfile(name, fwd, max(both - fwd, fwd), nbytes(p), nbytes(y)))
     x = y
   return out
 

@@ -29,7 +29,7 @@ from hetpipe_jax.engine import Engine
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.models.base import LayeredModel
 from hetpipe_jax.pipeline import SCHEDULES, VirtualWorker
-from hetpipe_jax.profile import CostModel, check_memory, profile_units
+from hetpipe_jax.profile import CostModel, check_memory, nbytes, profile_units
 from hetpipe_jax.ps import ParameterServer
 from hetpipe_jax.stage import WEIGHT_MODES, Stage
 from hetpipe_jax.trace import Trace
@@ -148,6 +148,8 @@ def resolve(config: RunConfig, model: LayeredModel) -> tuple[Cluster, list[int],
       raise ConfigError(f"unknown {name} {value!r}; choose one of {', '.join(known)}")
   if config.tx is None and config.optimizer not in OPTIMIZERS:
     raise ConfigError(f"unknown optimizer {config.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
+  if config.eval_every < 1:
+    raise ConfigError(f"eval_every={config.eval_every}; evaluate every 1 or more global clock ticks")
   if config.time_scale < 0:
     raise ConfigError(f"time_scale={config.time_scale}; use 0 (no padding) or a positive factor")
   for i, k in enumerate(stages):
@@ -192,7 +194,7 @@ def run_hetpipe(model: LayeredModel, dataset: Dataset, config: RunConfig) -> Run
   init_params = model.init(jax.random.key(config.seed), sample_x)
   profiles = profile_units(model, init_params, sample_x)
   param_bytes = sum(u.param_bytes for u in profiles)
-  slots = sum(x.size for x in jax.tree.leaves(tx.init(init_params))) * 4 / max(param_bytes, 1)
+  slots = nbytes(jax.eval_shape(tx.init, init_params)) / max(param_bytes, 1)  # optimizer state / params
   check_memory(profiles, cuts, gpus, nms, config.weight_mode, slots)
   cost_model = CostModel(cluster, profiles, cuts, gpus)
   cost = lambda task: cost_model.task_seconds(task.vw, task.stage, task.kind)
@@ -262,11 +264,10 @@ def make_evaluator(model: LayeredModel, dataset: Dataset, device: jax.Device, ch
   """Returns ``params -> test accuracy`` of the whole model on ``dataset``'s test split."""
   predict = jax.jit(lambda params, x: jnp.argmax(model.apply(params, x), axis=-1))
   xs = [jax.device_put(dataset.x_test[i:i + chunk], device) for i in range(0, len(dataset.x_test), chunk)]
-  ys = np.concatenate([dataset.y_test[i:i + chunk] for i in range(0, len(dataset.y_test), chunk)])
 
   def evaluate(params) -> float:
     params = jax.device_put(params, device)
     pred = np.concatenate([np.asarray(predict(params, x)) for x in xs])
-    return float((pred == ys).mean())
+    return float((pred == dataset.y_test).mean())
 
   return evaluate

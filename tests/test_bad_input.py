@@ -8,6 +8,8 @@ import pytest
 from hetpipe_jax import ConfigError, RunConfig, get_model, load_dataset, run_hetpipe, synthetic
 from hetpipe_jax.cluster import CLASS_D, GpuType, make_cluster
 
+from helpers import assert_trace_ok
+
 DATA = synthetic(num_train=512, num_test=64)
 MLP = get_model("mlp")  # 4 units
 
@@ -30,6 +32,8 @@ MLP = get_model("mlp")  # 4 units
     (dict(executor="sim"), r"unknown executor 'sim'; choose one of virtual, wall"),
     (dict(schedule="gpipe"), r"unknown schedule 'gpipe'"),
     (dict(waves=0), r"waves=0; run at least 1 wave"),
+    (dict(eval_every=0), r"eval_every=0; evaluate every 1 or more global clock ticks"),
+    (dict(time_scale=-1.0), r"time_scale=-1.0; use 0 \(no padding\) or a positive factor"),
     (dict(cuts=[[0, 3, 3, 4], [0, 2, 4]], stages=(3, 2)), r"cuts \[0, 3, 3, 4\] of virtual worker 0 must be 4 "
                                                           r"increasing boundaries"),
 ])
@@ -42,6 +46,7 @@ def test_bad_config(config, pattern):
 def test_batch_size_that_does_not_divide_runs_with_drop_remainder():
   result = run_hetpipe(MLP, DATA, RunConfig(cluster="hetero4", num_vws=1, stages=1, nm=1, d=0, waves=2,
                                             batch_size=30, drop_remainder=True))
+  assert_trace_ok(result.events)
   assert len(result.metrics) == 2
 
 

@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import jax
-import pytest
 
 from hetpipe_jax import RunConfig, check_trace, get_model, run_hetpipe, synthetic
 from hetpipe_jax.engine import Engine

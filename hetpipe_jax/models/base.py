@@ -12,7 +12,6 @@ from typing import Any, Sequence
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import optax
 
 Params = tuple[Any, ...]  # one Flax parameter dict per unit
@@ -97,7 +96,3 @@ class ConvUnit(nn.Module):
     if self.pool:
       x = nn.max_pool(x, (2, 2), strides=(2, 2))
     return x
-
-
-def jnp_dtype_bytes(x) -> int:
-  return int(jnp.dtype(x.dtype).itemsize) * int(x.size)
