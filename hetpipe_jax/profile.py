@@ -1,25 +1,38 @@
-"""Per-unit cost profile and the cost model that turns it into task durations and memory on a cluster.
+"""Per-unit cost profile, the roofline time model, stage memory, and the cost model of a cluster.
 
-Per unit of a model at the training batch size (HETPIPE.md section 4): forward and backward flops from
-XLA's cost analysis of the lowered unit (no compilation, no run), parameter bytes, and the bytes of its
-output activation (sent to the next stage, and its gradient sent back).
+Per unit of a model at the training batch size (HETPIPE.md section 4): forward and backward flops and
+bytes accessed from XLA's cost analysis of the *lowered* unit (no compilation, no run, so full-size VGG-19
+and ResNet-152 at 224x224 profile on a CPU), parameter bytes, the bytes of its output activation (sent to
+the next stage; its gradient comes back), and the activation memory it keeps for the backward pass (the
+``jax.vjp`` residuals that are not parameters). Units with the same definition and input shape (e.g.
+ResNet's repeated blocks) are analysed once; whole profiles are cached on disk.
 
-Task time on an emulated GPU = the stage's flops / the GPU's flop/s + moving the stage's input (forward)
-or output gradient (backward) over the link from its neighbour. Memory of a stage = parameters x (weights
-+ gradient + optimizer slots + Nm - 1 stashed copies in ``stash`` mode) + Nm x its kept activations.
+Time of a unit on a GPU type (roofline)::
+
+  t = max(flops / peak_flops, bytes / memory_bandwidth) / efficiency
+
+with a per-type efficiency that :func:`calibrate_efficiency` fits to measured times.
+
+Memory of a stage = parameters x (weights + gradient + optimizer slots + Nm - 1 stashed copies in
+``stash`` mode) + Nm x kept activations.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
+import os
 from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
 
-from hetpipe_jax.cluster import GIB, Cluster, Gpu
+from hetpipe_jax.cluster import Cluster, Gpu, GpuType, format_bytes
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.models.base import LayeredModel
+
+CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "hetpipe_jax", "profiles")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,8 +42,17 @@ class UnitProfile:
   name: str
   fwd_flops: float
   bwd_flops: float
+  fwd_bytes: float  # bytes accessed
+  bwd_bytes: float
   param_bytes: int
-  out_bytes: int
+  out_bytes: int  # output activation (= its gradient)
+  kept_bytes: int  # activation memory kept for the backward pass
+
+  def seconds(self, gpu: GpuType, precision: str = "fp32") -> tuple[float, float]:
+    """(forward, backward) seconds on ``gpu`` by the roofline model."""
+    peak = gpu.peak_flops(precision)
+    roof = lambda flops, nbytes: max(flops / peak, nbytes / gpu.mem_bytes_per_s) / gpu.efficiency
+    return roof(self.fwd_flops, self.fwd_bytes), roof(self.bwd_flops, self.bwd_bytes)
 
 
 def nbytes(tree) -> int:
@@ -38,59 +60,112 @@ def nbytes(tree) -> int:
   return sum(int(x.size) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
 
 
-def _flops(fn, *args) -> float:
-  return float(jax.jit(fn).lower(*args).cost_analysis().get("flops", 0.0))
+def _spec(tree):
+  return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), tree)
 
 
-def profile_units(model: LayeredModel, params: Sequence[Any], sample_x) -> list[UnitProfile]:
-  """Profiles every unit of ``model`` on an input shaped like ``sample_x`` (its leading axis = batch)."""
-  spec = lambda t: jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), t)
-  x = spec(sample_x)
+def _cost(fn, *args) -> tuple[float, float]:
+  cost = jax.jit(fn).lower(*args).cost_analysis() or {}
+  return float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
+
+
+def _profile_unit(name: str, unit, x) -> tuple[UnitProfile, Any]:
+  f = lambda p, x_: unit.apply({"params": p}, x_)
+  p = jax.eval_shape(lambda: unit.init(jax.random.key(0), jnp.zeros(x.shape, x.dtype))["params"])
+  y = jax.eval_shape(f, p, x)
+  fwd_flops, fwd_bytes = _cost(f, p, x)
+  both_flops, both_bytes = _cost(lambda p_, x_, g: jax.vjp(f, p_, x_)[1](g), p, x, y)
+  residuals = jax.eval_shape(lambda p_, x_: jax.vjp(f, p_, x_)[1], p, x)
+  params = nbytes(p)
+  return UnitProfile(name, fwd_flops, max(both_flops - fwd_flops, fwd_flops), fwd_bytes,
+                     max(both_bytes - fwd_bytes, fwd_bytes), params, nbytes(y),
+                     max(nbytes(residuals) - params, 0)), y
+
+
+def profile_units(model: LayeredModel, sample_x, cache_dir: str | None = CACHE_DIR) -> list[UnitProfile]:
+  """Profiles every unit of ``model`` on an input shaped like ``sample_x`` (leading axis = batch).
+
+  ``sample_x`` may be an array or a ``jax.ShapeDtypeStruct``. With ``cache_dir``, a profile computed once
+  is read back from ``cache_dir`` (keyed on the units, the input shape and the JAX version).
+  """
+  x = jax.ShapeDtypeStruct(sample_x.shape, sample_x.dtype)
+  key = hashlib.sha1(repr((model.name, model.units, model.unit_names, x.shape, str(x.dtype),
+                           jax.__version__)).encode()).hexdigest()[:20]
+  path = os.path.join(cache_dir, f"{model.name}-{key}.json") if cache_dir else None
+  if path and os.path.exists(path):
+    with open(path, encoding="utf-8") as f:
+      return [UnitProfile(**u) for u in json.load(f)]
+  seen: dict[str, tuple[UnitProfile, Any]] = {}
   out = []
-  for name, unit, p in zip(model.unit_names, model.units, params):
-    f = lambda p_, x_, unit=unit: unit.apply({"params": p_}, x_)
-    y = jax.eval_shape(f, spec(p), x)
-    fwd = _flops(f, spec(p), x)
-    both = _flops(lambda p_, x_, g, f=f: jax.vjp(f, p_, x_)[1](g), spec(p), x, y)
-    out.append(UnitProfile(name, fwd, max(both - fwd, fwd), nbytes(p), nbytes(y)))
-    x = y
+  for name, unit in zip(model.unit_names, model.units):
+    sig = repr((unit, x.shape, str(x.dtype)))
+    if sig not in seen:
+      seen[sig] = _profile_unit(name, unit, x)
+    prof, x = seen[sig]
+    out.append(dataclasses.replace(prof, name=name))
+  if path:
+    os.makedirs(cache_dir, exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+      json.dump([dataclasses.asdict(u) for u in out], f)
+    os.replace(tmp, path)
   return out
+
+
+def calibrate_efficiency(gpu: GpuType, profiles: Sequence[UnitProfile], measured: dict[int, float],
+                         precision: str = "fp32") -> GpuType:
+  """Returns ``gpu`` with the efficiency that makes the roofline match measured times.
+
+  Args:
+    gpu: the GPU type the times were measured on.
+    profiles: the model's unit profiles.
+    measured: unit index -> measured forward + backward seconds on ``gpu``.
+  """
+  ideal = dataclasses.replace(gpu, efficiency=1.0)
+  model = sum(sum(profiles[u].seconds(ideal, precision)) for u in measured)
+  return dataclasses.replace(gpu, efficiency=model / sum(measured.values()))
 
 
 def stage_memory_bytes(units: Sequence[UnitProfile], nm: int, weight_mode: str,
                        optimizer_slots: float) -> int:
-  """Memory of one stage: parameters x (weights + gradient + optimizer slots + stashed copies) + Nm x
-  kept activations (each unit's output, kept for the backward pass)."""
+  """Memory of one stage: parameters x (weights + gradient + optimizer slots + Nm - 1 stashed copies in
+  stash mode) + Nm x the activations kept for the backward pass."""
   params = sum(u.param_bytes for u in units)
   copies = 2 + optimizer_slots + (nm - 1 if weight_mode == "stash" else 0)
-  return int(params * copies + nm * sum(u.out_bytes for u in units))
+  return int(params * copies + nm * sum(u.kept_bytes for u in units))
+
+
+def stage_seconds(cluster: Cluster, profiles: Sequence[UnitProfile], cut: Sequence[int],
+                  gpus: Sequence[Gpu], j: int, precision: str = "fp32") -> tuple[float, float]:
+  """(forward, backward) seconds of stage j: its units on its GPU, plus receiving its input activation
+  (forward) from stage j-1 and its output gradient (backward) from stage j+1 over their links."""
+  gpu = gpus[j]
+  times = [u.seconds(gpu.type, precision) for u in profiles[cut[j]:cut[j + 1]]]
+  fwd, bwd = sum(t[0] for t in times), sum(t[1] for t in times)
+  if j > 0:
+    fwd += cluster.transfer_seconds(gpus[j - 1], gpu, profiles[cut[j] - 1].out_bytes)
+  if j < len(gpus) - 1:
+    bwd += cluster.transfer_seconds(gpus[j + 1], gpu, profiles[cut[j + 1] - 1].out_bytes)
+  return fwd, bwd
 
 
 class CostModel:
-  """Task durations of every (virtual worker, stage) on an emulated cluster.
+  """Task durations of every (virtual worker, stage) on a cluster.
 
   Args:
-    cluster: the emulated cluster (links).
+    cluster: the cluster (links).
     profiles: per-unit profile of the model.
     cuts: per virtual worker, the unit boundaries of its stages (``[0, c1, ..., num_units]``).
     gpus: per virtual worker, the GPU of each stage.
   """
 
   def __init__(self, cluster: Cluster, profiles: Sequence[UnitProfile], cuts: Sequence[Sequence[int]],
-               gpus: Sequence[Sequence[Gpu]]):
+               gpus: Sequence[Sequence[Gpu]], precision: str = "fp32"):
     self._seconds: dict[tuple[int, int, str], float] = {}
     for i, (cut, group) in enumerate(zip(cuts, gpus)):
-      k = len(group)
-      for j in range(k):
-        units, gpu = profiles[cut[j]:cut[j + 1]], group[j]
-        fwd = sum(u.fwd_flops for u in units) / gpu.type.flops
-        bwd = sum(u.bwd_flops for u in units) / gpu.type.flops
-        if j > 0:  # receive the activation from stage j-1
-          fwd += cluster.transfer_seconds(group[j - 1], gpu, profiles[cut[j] - 1].out_bytes)
-        if j < k - 1:  # receive the gradient from stage j+1
-          bwd += cluster.transfer_seconds(group[j + 1], gpu, profiles[cut[j + 1] - 1].out_bytes)
-        self._seconds[(i, j, "fwd")] = fwd
-        self._seconds[(i, j, "bwd")] = bwd
+      for j in range(len(group)):
+        fwd, bwd = stage_seconds(cluster, profiles, cut, group, j, precision)
+        self._seconds[(i, j, "fwd")], self._seconds[(i, j, "bwd")] = fwd, bwd
 
   def task_seconds(self, vw: int, stage: int, kind: str) -> float:
     return self._seconds[(vw, stage, kind)]
@@ -106,6 +181,6 @@ def check_memory(profiles: Sequence[UnitProfile], cuts: Sequence[Sequence[int]],
       if need > gpu.type.memory_bytes:
         raise ConfigError(
             f"stage {j} of virtual worker {i} (units {cut[j]}..{cut[j + 1] - 1}) needs "
-            f"{need / GIB:.2f} GiB with Nm={nm} ({weight_mode}), but GPU {gpu.name} has "
-            f"{gpu.type.memory_bytes / GIB:.2f} GiB; use more stages, a smaller Nm or batch size, "
+            f"{format_bytes(need)} with Nm={nm} ({weight_mode}), but GPU {gpu.name} has "
+            f"{format_bytes(gpu.type.memory_bytes)}; use more stages, a smaller Nm or batch size, "
             "weight_mode=latest, or a cluster with more memory")

@@ -192,7 +192,7 @@ def run_hetpipe(model: LayeredModel, dataset: Dataset, config: RunConfig) -> Run
 
   sample_x = jnp.asarray(dataset.x_train[:config.batch_size])
   init_params = model.init(jax.random.key(config.seed), sample_x)
-  profiles = profile_units(model, init_params, sample_x)
+  profiles = profile_units(model, sample_x)
   param_bytes = sum(u.param_bytes for u in profiles)
   slots = nbytes(jax.eval_shape(tx.init, init_params)) / max(param_bytes, 1)  # optimizer state / params
   check_memory(profiles, cuts, gpus, nms, config.weight_mode, slots)

@@ -24,7 +24,7 @@ MLP = get_model("mlp")  # 4 units
     (dict(stages=5), r"virtual worker 0 has 5 stages but model mlp has only 4 units to cut; use at most 4"),
     (dict(stages=0), r"virtual worker 0 has 0 stages; every virtual worker needs at least 1"),
     (dict(stages=(1, 2, 3)), r"stages has 3 values \[1, 2, 3\] for 2 virtual workers"),
-    (dict(cluster="dgx"), r"unknown cluster 'dgx'; known clusters: hetero4, hetero4x4, uniform8"),
+    (dict(cluster="dgx"), r"unknown cluster 'dgx'; known clusters: hetero4, hetero4x4, paper_half"),
     (dict(batch_size=30), r"batch_size=30 does not divide the 512 training examples of synthetic \(2 would "
                           r"be left over each epoch\); use a divisor such as 8, 16, 32.*--drop_remainder"),
     (dict(batch_size=0), r"batch_size=0 must be between 1 and the 512 training examples"),
@@ -51,10 +51,10 @@ def test_batch_size_that_does_not_divide_runs_with_drop_remainder():
 
 
 def test_stage_that_fits_no_gpu():
-  tiny = GpuType("tiny", flops=1e12, memory_bytes=100_000)
+  tiny = GpuType("tiny", memory_bytes=100_000, fp32_flops=1e12, fp16_flops=1e12, mem_bytes_per_s=1e11)
   cluster = make_cluster("tiny", [[tiny, CLASS_D]])
-  with pytest.raises(ConfigError, match=r"stage 0 of virtual worker 0 \(units 0..1\) needs .* GiB with Nm=2 "
-                                        r"\(stash\), but GPU n0.tiny0 has 0.00 GiB; use more stages"):
+  with pytest.raises(ConfigError, match=r"stage 0 of virtual worker 0 \(units 0..1\) needs .* MiB with Nm=2 "
+                                        r"\(stash\), but GPU n0.tiny.0 has 0.1 MiB; use more stages"):
     run_hetpipe(MLP, DATA, RunConfig(cluster=cluster, num_vws=1, stages=2, nm=2, d=0, waves=1,
                                      batch_size=16))
 

@@ -1,0 +1,242 @@
+"""Heterogeneity- and memory-aware partitioning of a model over one virtual worker's GPUs.
+
+HETPIPE.md section 4 (our reading of the paper, made exact): choose contiguous stages, one per GPU, and
+the order of the GPUs in the pipeline, to minimise the slowest stage, where a stage's time is its units'
+forward + backward time on its GPU type plus receiving its boundary tensors over the links to its
+neighbours (:func:`hetpipe_jax.profile.stage_seconds`), subject to every stage fitting its GPU's memory
+(:func:`hetpipe_jax.profile.stage_memory_bytes`).
+
+Algorithm: for a fixed device order, a DP over (stage, last unit) is exact for a chain of L units:
+``best[j][e] = min_s max(best[j-1][s], T_j(s, e))``, vectorised over (s, e) with prefix sums, O(k L^2)
+per order. Orders are the distinct permutations of the GPUs' (type, node) signatures (GPUs with equal
+signatures are interchangeable), enumerated depth-first so orders sharing a prefix share its DP rows:
+at most k!/prod(m_i!) orders for multiplicities m_i, in practice far fewer DP rows than orders x k.
+Nm is picked by ``nm_policy``: ``max_fit`` (the largest Nm <= ``nm_max`` that fits) or ``best`` (the
+largest modelled throughput min(1/bottleneck, Nm/latency), ties to the smaller Nm), or a given number.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import numpy as np
+
+from hetpipe_jax.cluster import Cluster, Gpu, format_bytes
+from hetpipe_jax.errors import ConfigError
+from hetpipe_jax.profile import UnitProfile, stage_memory_bytes, stage_seconds
+
+NM_POLICIES = ("max_fit", "best")
+
+
+@dataclasses.dataclass(frozen=True)
+class StagePlan:
+  gpu: Gpu
+  first: int  # first unit
+  last: int  # one past the last unit
+  seconds: float  # forward + backward + boundary transfers, per minibatch
+  memory_bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class VWPlan:
+  """How one virtual worker runs: GPU order, stages, Nm, modelled speed (minibatches per second)."""
+
+  nm: int
+  stages: tuple[StagePlan, ...]
+
+  @property
+  def gpus(self) -> list[Gpu]:
+    return [s.gpu for s in self.stages]
+
+  @property
+  def cuts(self) -> list[int]:
+    return [self.stages[0].first] + [s.last for s in self.stages]
+
+  @property
+  def bottleneck_s(self) -> float:
+    return max(s.seconds for s in self.stages)
+
+  @property
+  def latency_s(self) -> float:
+    return sum(s.seconds for s in self.stages)
+
+  @property
+  def throughput(self) -> float:
+    """Modelled minibatches per second: the slowest stage, or Nm in flight over one round trip."""
+    return min(1.0 / self.bottleneck_s, self.nm / self.latency_s)
+
+
+class _Dp:
+  """Prefix sums and vectorised stage-time matrices for one model on one cluster."""
+
+  def __init__(self, cluster: Cluster, profiles: Sequence[UnitProfile], nm: int, weight_mode: str,
+               optimizer_slots: float, precision: str, allow_empty: bool):
+    self.cluster, self.profiles, self.precision = cluster, profiles, precision
+    self.nm, self.weight_mode, self.slots, self.allow_empty = nm, weight_mode, optimizer_slots, allow_empty
+    self.n = len(profiles)
+    copies = 2 + optimizer_slots + (nm - 1 if weight_mode == "stash" else 0)
+    mem = np.array([u.param_bytes * copies + nm * u.kept_bytes for u in profiles], np.float64)
+    self._mem = np.concatenate([[0.0], np.cumsum(mem)])
+    self._out = np.array([u.out_bytes for u in profiles], np.float64)
+    self._time: dict[str, np.ndarray] = {}
+    s = np.arange(self.n + 1)
+    self._valid = (s[:, None] <= s[None, :]) if allow_empty else (s[:, None] < s[None, :])
+
+  def _prefix_time(self, gpu: Gpu) -> np.ndarray:
+    if gpu.type.name not in self._time:
+      t = np.array([sum(u.seconds(gpu.type, self.precision)) for u in self.profiles])
+      self._time[gpu.type.name] = np.concatenate([[0.0], np.cumsum(t)])
+    return self._time[gpu.type.name]
+
+  def _recv(self, src: Gpu | None, dst: Gpu) -> np.ndarray:
+    """Seconds to receive the boundary tensor at cut position c (0..n) from ``src``; 0 at c = 0 or n."""
+    out = np.zeros(self.n + 1)
+    if src is not None:
+      link = self.cluster.link(src, dst)
+      out[1:self.n] = 0.0 if src.index == dst.index else link.latency_s + self._out[:-1] / link.bytes_per_s
+    return out
+
+  def stage_matrix(self, gpus: Sequence[Gpu], j: int, mem_ratio: bool = False) -> np.ndarray:
+    """T_j(s, e) for every cut (s, e) of stage j (inf where invalid or out of memory); or, with
+    ``mem_ratio``, memory needed / memory available."""
+    gpu = gpus[j]
+    mem = self._mem[None, :] - self._mem[:, None]
+    if mem_ratio:
+      value = mem / gpu.type.memory_bytes
+    else:
+      p = self._prefix_time(gpu)
+      value = p[None, :] - p[:, None]
+      value = value + self._recv(gpus[j - 1] if j > 0 else None, gpu)[:, None]
+      value = value + self._recv(gpus[j + 1] if j + 1 < len(gpus) else None, gpu)[None, :]
+      value = np.where(mem <= gpu.type.memory_bytes, value, np.inf)
+    return np.where(self._valid, value, np.inf)
+
+
+def _signature_groups(gpus: Sequence[Gpu]) -> dict[tuple, list[Gpu]]:
+  """GPUs grouped by (type, node): members of a group are interchangeable in a pipeline order."""
+  groups: dict[tuple, list[Gpu]] = {}
+  for g in gpus:
+    groups.setdefault((g.type.name, g.node), []).append(g)
+  return groups
+
+
+def _search(dp: _Dp, gpus: Sequence[Gpu], ordered: bool, mem_ratio: bool = False):
+  """Minimises the max over stages of T_j (or of the memory ratio); returns (value, order, cuts)."""
+  k, n = len(gpus), dp.n
+  best = {"value": np.inf, "order": None, "cuts": None}
+
+  def finish(order, rows, args):
+    if rows[-1][n] < best["value"]:
+      cuts, e = [n], n
+      for j in range(k - 1, -1, -1):
+        e = int(args[j][e])
+        cuts.append(e)
+      best.update(value=float(rows[-1][n]), order=list(order), cuts=cuts[::-1])
+
+  def extend(order, rows, args, j):
+    """Adds stage j (its GPU and the next one are chosen) to the DP rows."""
+    prev = rows[-1] if rows else np.where(np.arange(n + 1) == 0, 0.0, np.inf)
+    cand = np.maximum(prev[:, None], dp.stage_matrix(order, j, mem_ratio))
+    return rows + [cand.min(axis=0)], args + [cand.argmin(axis=0)]
+
+  if ordered:
+    rows, args = [], []
+    for j in range(k):
+      rows, args = extend(gpus, rows, args, j)
+    finish(gpus, rows, args)
+  else:
+    groups = _signature_groups(gpus)
+    counts = dict.fromkeys(groups, 0)
+
+    def rec(order, rows, args):
+      # Stage len(order)-2 can be finalised once its successor is chosen.
+      if len(order) == k:
+        rows, args = extend(order, rows, args, k - 1)
+        finish(order, rows, args)
+        return
+      for key, members in groups.items():
+        if counts[key] < len(members):
+          counts[key] += 1
+          nxt = order + [members[counts[key] - 1]]
+          r, a = (rows, args) if len(nxt) < 2 else extend(nxt, rows, args, len(nxt) - 2)
+          if not (r and np.isinf(r[-1]).all()):
+            rec(nxt, r, a)
+          counts[key] -= 1
+
+    rec([], [], [])
+  return best["value"], best["order"], best["cuts"]
+
+
+def partition(cluster: Cluster, profiles: Sequence[UnitProfile], gpus: Sequence[Gpu], nm: int,
+              weight_mode: str = "stash", optimizer_slots: float = 0.0, ordered: bool = False,
+              allow_empty: bool = False, precision: str = "fp32") -> VWPlan:
+  """The fastest feasible partition of the model over ``gpus`` at a given Nm.
+
+  Args:
+    cluster: the cluster (links between the GPUs).
+    profiles: per-unit profiles of the model at the training batch size.
+    gpus: the virtual worker's GPUs; their order is searched unless ``ordered``.
+    nm: minibatches in flight (memory grows with it).
+    weight_mode / optimizer_slots: what the memory of a stage holds (see stage_memory_bytes).
+    allow_empty: let a GPU take no units (it then only relays activations).
+
+  Raises:
+    ConfigError: when no partition fits, naming the device, the memory needed and available, and fixes.
+  """
+  if nm < 1:
+    raise ConfigError(f"Nm={nm}; Nm (minibatches in flight) must be >= 1")
+  if not gpus:
+    raise ConfigError("a virtual worker needs at least one GPU")
+  if len(gpus) > len(profiles) and not allow_empty:
+    raise ConfigError(f"{len(gpus)} GPUs but the model has only {len(profiles)} units to cut; use at most "
+                      f"{len(profiles)} GPUs per virtual worker or allow empty stages")
+  dp = _Dp(cluster, profiles, nm, weight_mode, optimizer_slots, precision, allow_empty)
+  value, order, cuts = _search(dp, gpus, ordered)
+  if not np.isfinite(value):
+    _, order, cuts = _search(dp, gpus, ordered, mem_ratio=True)
+    needs = [stage_memory_bytes(profiles[cuts[j]:cuts[j + 1]], nm, weight_mode, optimizer_slots)
+             for j in range(len(order))]
+    j = max(range(len(order)), key=lambda j: needs[j] / order[j].type.memory_bytes)
+    need = needs[j]
+    raise ConfigError(
+        f"no partition of the model over {len(gpus)} GPUs ({', '.join(g.name for g in gpus)}) fits in memory "
+        f"with Nm={nm}: the least-loaded cut still needs {format_bytes(need)} on {order[j].name} "
+        f"({order[j].type.name}, {format_bytes(order[j].type.memory_bytes)}) for units "
+        f"{cuts[j]}..{cuts[j + 1] - 1}; "
+        "use more or larger GPUs per virtual worker, a smaller Nm or batch size, or weight_mode=latest")
+  stages = []
+  for j, gpu in enumerate(order):
+    fwd, bwd = stage_seconds(cluster, profiles, cuts, order, j, precision)
+    stages.append(StagePlan(gpu, cuts[j], cuts[j + 1], fwd + bwd,
+                            stage_memory_bytes(profiles[cuts[j]:cuts[j + 1]], nm, weight_mode, optimizer_slots)))
+  return VWPlan(nm, tuple(stages))
+
+
+def plan_virtual_worker(cluster: Cluster, profiles: Sequence[UnitProfile], gpus: Sequence[Gpu],
+                        nm_policy: str | int = "max_fit", nm_max: int | None = None,
+                        weight_mode: str = "stash", optimizer_slots: float = 0.0, ordered: bool = False,
+                        allow_empty: bool = False, precision: str = "fp32") -> VWPlan:
+  """Partitions the model over ``gpus`` and picks Nm (see the module docstring).
+
+  ``nm_max`` defaults to the number of GPUs (a full pipeline). Raises ConfigError when even Nm = 1 does
+  not fit, or for a bad policy.
+  """
+  kwargs = dict(weight_mode=weight_mode, optimizer_slots=optimizer_slots, ordered=ordered,
+                allow_empty=allow_empty, precision=precision)
+  if isinstance(nm_policy, int):
+    return partition(cluster, profiles, gpus, nm_policy, **kwargs)
+  if nm_policy not in NM_POLICIES:
+    raise ConfigError(f"unknown nm_policy {nm_policy!r}; use {' or '.join(NM_POLICIES)} or a number")
+  nm_max = nm_max or len(gpus)
+  if nm_max < 1:
+    raise ConfigError(f"nm_max={nm_max}; it must be >= 1")
+  plans = [partition(cluster, profiles, gpus, 1, **kwargs)]  # raises if nothing fits
+  for nm in range(2, nm_max + 1):
+    try:
+      plans.append(partition(cluster, profiles, gpus, nm, **kwargs))
+    except ConfigError:
+      break  # memory only grows with Nm
+  if nm_policy == "max_fit":
+    return plans[-1]
+  return max(plans, key=lambda p: (p.throughput, -p.nm))

@@ -1,0 +1,117 @@
+"""The partitioner: its DP equals brute force, memory accounting, Nm choice, infeasible plans."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from hetpipe_jax import ConfigError
+from hetpipe_jax.cluster import GIB, GpuType, LINKS, make_cluster
+from hetpipe_jax.partition import partition, plan_virtual_worker
+from hetpipe_jax.profile import UnitProfile, stage_memory_bytes, stage_seconds
+
+
+def random_instance(rng, num_units, num_gpus):
+  profiles = [UnitProfile(f"u{i}", *(rng.uniform(1e9, 1e11, 2)), *(rng.uniform(1e6, 1e9, 2)),
+                          int(rng.integers(1e6, 5e8)), int(rng.integers(1e5, 1e8)), int(rng.integers(1e6, 1e9)))
+              for i in range(num_units)]
+  types = [GpuType(f"T{t}", int(rng.uniform(0.5, 4) * GIB), rng.uniform(1, 20) * 1e12, 1e13,
+                   rng.uniform(100, 900) * 1e9, 0.5) for t in range(3)]
+  per_node = [[types[int(rng.integers(3))] for _ in range(int(rng.integers(1, 3)))]
+              for _ in range(num_gpus)]
+  cluster = make_cluster("random", per_node, LINKS["pcie3"], LINKS["eth10"])
+  gpus = list(rng.choice(cluster.gpus, size=num_gpus, replace=False))
+  return cluster, profiles, sorted(gpus, key=lambda g: g.index)
+
+
+def brute_force(cluster, profiles, gpus, nm, slots, ordered=False):
+  """Every order and every cut, evaluated with the public stage time and memory functions."""
+  n, best = len(profiles), np.inf
+  for order in ([gpus] if ordered else itertools.permutations(gpus)):
+    for inner in itertools.combinations(range(1, n), len(gpus) - 1):
+      cut = [0, *inner, n]
+      if any(stage_memory_bytes(profiles[cut[j]:cut[j + 1]], nm, "stash", slots) > g.type.memory_bytes
+             for j, g in enumerate(order)):
+        continue
+      best = min(best, max(sum(stage_seconds(cluster, profiles, cut, order, j)) for j in range(len(order))))
+  return best
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_dp_equals_brute_force(seed):
+  rng = np.random.default_rng(seed)
+  num_units, num_gpus = int(rng.integers(1, 9)), int(rng.integers(1, 5))
+  num_gpus = min(num_gpus, num_units)
+  cluster, profiles, gpus = random_instance(rng, num_units, num_gpus)
+  nm, ordered = int(rng.integers(1, 4)), bool(seed % 5 == 0)
+  want = brute_force(cluster, profiles, gpus, nm, 2.0, ordered)
+  if np.isinf(want):
+    with pytest.raises(ConfigError, match="fits in memory"):
+      partition(cluster, profiles, gpus, nm, optimizer_slots=2.0, ordered=ordered)
+    return
+  plan = partition(cluster, profiles, gpus, nm, optimizer_slots=2.0, ordered=ordered)
+  assert plan.bottleneck_s == pytest.approx(want, rel=1e-9)
+  assert plan.cuts[0] == 0 and plan.cuts[-1] == num_units
+  assert sorted(g.index for g in plan.gpus) == [g.index for g in gpus]
+  for s in plan.stages:
+    assert s.memory_bytes <= s.gpu.type.memory_bytes
+
+
+def test_some_random_instances_are_infeasible():
+  infeasible = 0
+  for seed in range(40):
+    rng = np.random.default_rng(seed)
+    num_units = int(rng.integers(1, 9))
+    cluster, profiles, gpus = random_instance(rng, num_units, min(int(rng.integers(1, 5)), num_units))
+    infeasible += np.isinf(brute_force(cluster, profiles, gpus, int(rng.integers(1, 4)), 2.0, seed % 5 == 0))
+  assert 0 < infeasible < 40  # the comparison above covers both outcomes
+
+
+def two_layers():
+  # Unit 0: 1 MB of parameters, 10 MB kept; unit 1: 2 MB and 20 MB.
+  return [UnitProfile("a", 1e9, 2e9, 1e6, 1e6, 1_000_000, 4_000, 10_000_000),
+          UnitProfile("b", 1e9, 2e9, 1e6, 1e6, 2_000_000, 4_000, 20_000_000)]
+
+
+def test_memory_accounting_by_hand():
+  units = two_layers()
+  # params x (weights + gradient + 2 Adam slots + Nm-1 stashed copies) + Nm x kept
+  assert stage_memory_bytes(units, nm=1, weight_mode="stash", optimizer_slots=2) == 3e6 * 4 + 30e6
+  assert stage_memory_bytes(units, nm=3, weight_mode="stash", optimizer_slots=2) == 3e6 * 6 + 3 * 30e6
+  assert stage_memory_bytes(units, nm=3, weight_mode="latest", optimizer_slots=2) == 3e6 * 4 + 3 * 30e6
+  assert stage_memory_bytes(units[:1], nm=2, weight_mode="stash", optimizer_slots=0) == 1e6 * 3 + 2 * 10e6
+
+
+def _cluster(mem_a, mem_b):
+  a = GpuType("fast", int(mem_a), 10e12, 10e12, 500e9, 1.0)
+  b = GpuType("slow", int(mem_b), 2e12, 2e12, 500e9, 1.0)
+  return make_cluster("two", [[a], [b]])
+
+
+def test_fast_gpu_gets_more_work_and_order_is_searched():
+  units = [UnitProfile(f"u{i}", 1e10, 2e10, 1e6, 1e6, 1000, 1000, 1000) for i in range(6)]
+  cluster = _cluster(GIB, GIB)
+  plan = partition(cluster, units, list(cluster.gpus), nm=1)
+  sizes = {s.gpu.type.name: s.last - s.first for s in plan.stages}
+  assert sizes == {"fast": 5, "slow": 1}
+
+
+def test_nm_policies():
+  units = two_layers()
+  cluster = _cluster(60e6, 60e6)  # each GPU holds one unit at Nm <= 2 (unit b: 2e6*(2+1) + 2*20e6 = 46e6)
+  assert plan_virtual_worker(cluster, units, list(cluster.gpus), "max_fit", nm_max=8).nm == 2
+  assert plan_virtual_worker(cluster, units, list(cluster.gpus), 1).nm == 1
+  best = plan_virtual_worker(cluster, units, list(cluster.gpus), "best", nm_max=8)
+  assert best.nm == 2 and best.throughput == pytest.approx(min(1 / best.bottleneck_s, 2 / best.latency_s))
+
+
+def test_infeasible_plan_names_device_need_and_capacity():
+  units = two_layers()
+  cluster = _cluster(20e6, 20e6)
+  with pytest.raises(ConfigError, match=r"no partition of the model over 2 GPUs .* fits in memory with Nm=1: "
+                                        r"the least-loaded cut still needs 22.9 MiB on n1.slow.1 "
+                                        r"\(slow, 19.1 MiB\) for units 1..1; use more or larger GPUs"):
+    partition(cluster, units, list(cluster.gpus), nm=1)
+  with pytest.raises(ConfigError, match="only 2 units to cut"):
+    partition(make_cluster("three", [[GpuType("g", GIB, 1e12, 1e12, 1e11)] * 3]), units,
+              list(make_cluster("three", [[GpuType("g", GIB, 1e12, 1e12, 1e11)] * 3]).gpus), nm=1)
