@@ -21,10 +21,15 @@ FLAGS = flags.FLAGS
 flags.DEFINE_string("model", "cnn", "Model: mlp, cnn, vgg, resnet.")
 flags.DEFINE_string("dataset", "auto", "Dataset: auto (Fashion-MNIST, else digits), fashion_mnist, "
                     "digits, synthetic.")
-flags.DEFINE_string("cluster", "hetero4", "Emulated cluster preset: hetero4, hetero4x4, uniform8.")
+flags.DEFINE_string("cluster", "hetero4", "Cluster preset (hetero4, hetero4x4, uniform8, paper_testbed, "
+                    "paper_half, paper_mini, v100_t4) or a .toml file.")
+flags.DEFINE_string("policy", None, "Allocation policy NP, ED or HD (or a grouping '0,1;2,3'): the planner "
+                    "then decides virtual workers, device order, cuts and Nm (--nm=max_fit|best|N).")
+flags.DEFINE_string("placement", "default", "PS shard placement of a planned run: default or local.")
 flags.DEFINE_integer("num_vws", 3, "Number of virtual workers N.")
 flags.DEFINE_list("stages", ["2"], "Devices (stages) per virtual worker: one value, or one per VW.")
-flags.DEFINE_list("nm", ["2"], "Minibatches in flight per virtual worker (Nm >= 1): one, or one per VW.")
+flags.DEFINE_list("nm", ["2"], "Minibatches in flight per virtual worker (Nm >= 1): one, or one per VW; "
+                  "with --policy also max_fit or best (default then: max_fit).")
 flags.DEFINE_integer("d", 1, "Clock distance bound D >= 0.")
 flags.DEFINE_integer("waves", 120, "Waves each virtual worker runs.")
 flags.DEFINE_integer("batch_size", 32, "Examples per minibatch.")
@@ -79,9 +84,24 @@ def plot_training(metrics: list[dict], path: str, title: str) -> None:
 
 def main(argv):
   del argv
-  from hetpipe_jax import ensure_cpu_devices  # pylint: disable=g-import-not-at-top
-  stages, nms = _ints("stages", FLAGS.stages), _ints("nm", FLAGS.nm)
-  ensure_cpu_devices(max(8, FLAGS.num_vws * max(stages)))
+  from hetpipe_jax import ConfigError, ensure_cpu_devices, get_cluster  # pylint: disable=g-import-not-at-top
+  from hetpipe_jax.allocation import parse_policy  # pylint: disable=g-import-not-at-top
+  policy = parse_policy(FLAGS.policy) if FLAGS.policy else None
+  stages = _ints("stages", FLAGS.stages)
+  if policy is not None:
+    given = [f"--{name}" for name in ("num_vws", "stages", "cuts") if FLAGS[name].present]
+    if given:
+      raise ConfigError(f"--policy={FLAGS.policy} lets the planner choose the virtual workers, their stages "
+                        f"and cuts; drop {', '.join(given)}")
+    if len(FLAGS.nm) > 1:
+      raise ConfigError(f"--nm={','.join(FLAGS.nm)} gives one Nm per virtual worker, but with --policy the "
+                        "planner decides the virtual workers; give one value: a number, max_fit or best")
+    nm = FLAGS.nm[0] if FLAGS["nm"].present else "max_fit"
+    nms = [nm] if nm in ("max_fit", "best") else _ints("nm", FLAGS.nm)
+    ensure_cpu_devices(max(8, get_cluster(FLAGS.cluster).num_gpus))
+  else:
+    nms = _ints("nm", FLAGS.nm)
+    ensure_cpu_devices(max(8, FLAGS.num_vws * max(stages)))
 
   from hetpipe_jax import (RunConfig, check_trace, get_model, load_dataset,  # pylint: disable=g-import-not-at-top
                            run_hetpipe, staleness_stats)
@@ -100,11 +120,15 @@ def main(argv):
       optimizer=FLAGS.optimizer, learning_rate=FLAGS.learning_rate, weight_mode=FLAGS.weight_mode,
       schedule=FLAGS.schedule, executor=FLAGS.executor, time_scale=FLAGS.time_scale, cuts=cuts,
       seed=FLAGS.seed, eval_every=FLAGS.eval_every, drop_remainder=FLAGS.drop_remainder,
-      trace_path=trace_out)
+      trace_path=trace_out, policy=policy, placement=FLAGS.placement)
   dataset = load_dataset(FLAGS.dataset)
   model = get_model(FLAGS.model, dataset.num_classes)
   logging.info("training %s on %s: %s", model.name, dataset.name, config)
   result = run_hetpipe(model, dataset, config)
+  meta = result.events[0]
+  stages, nms = meta["stages"], meta["nm"]
+  for i, (group, cut) in enumerate(zip(meta["gpus"], meta["cuts"])):
+    logging.info("virtual worker %d: Nm=%d, GPUs %s, cuts %s", i, nms[i], group, cut)
 
   with open(metrics_out, "w", encoding="utf-8") as f:
     for row in result.metrics:
@@ -114,7 +138,8 @@ def main(argv):
   final_acc = result.metrics[-1]["test_accuracy"]
   summary = {
       "model": model.name, "dataset": dataset.name, "cluster": config.cluster,
-      "executor": config.executor, "num_vws": config.num_vws, "stages": stages, "nm": nms, "d": config.d,
+      "executor": config.executor, "num_vws": len(stages), "stages": stages, "nm": nms, "d": config.d,
+      "policy": FLAGS.policy, "placement": FLAGS.placement, "gpus": meta["gpus"],
       "cuts": result.cuts, "waves": config.waves, "batch_size": config.batch_size,
       "seconds": result.seconds, "host_seconds": result.wall_seconds,
       "images_per_second": result.images_per_second, "final_test_accuracy": final_acc,
@@ -126,7 +151,7 @@ def main(argv):
   plot_out = os.path.join(FLAGS.out_dir, "training.png")
   clock = "emulated cluster time" if config.executor == "virtual" else "wall time (CPU emulation)"
   plot_training(result.metrics, plot_out,
-                f"{model.name} on {dataset.name}, {config.num_vws} VWs x {stages} stages, Nm={nms}, "
+                f"{model.name} on {dataset.name}, {len(stages)} VWs x {stages} stages, Nm={nms}, "
                 f"D={config.d}, {config.executor} executor ({clock})")
 
   print(f"final test accuracy {final_acc:.4f} after {config.waves} waves per virtual worker; "

@@ -23,7 +23,8 @@ import optax
 from absl import logging
 
 from hetpipe_jax import executors, wsp
-from hetpipe_jax.cluster import Cluster, assign_gpus, get_cluster
+from hetpipe_jax.allocation import PLACEMENTS, plan_cluster
+from hetpipe_jax.cluster import Cluster, Gpu, assign_gpus, get_cluster
 from hetpipe_jax.data import Dataset, MinibatchStreams
 from hetpipe_jax.engine import Engine
 from hetpipe_jax.errors import ConfigError
@@ -49,7 +50,7 @@ class RunConfig:
     cluster: preset name or a :class:`Cluster`.
     num_vws: number of virtual workers N.
     stages: devices (stages) per virtual worker, k.
-    nm: most minibatches in flight per virtual worker, Nm >= 1.
+    nm: most minibatches in flight per virtual worker, Nm >= 1; with a policy also "max_fit" or "best".
     d: clock distance bound D >= 0.
     waves: waves each virtual worker runs.
     batch_size: examples per minibatch.
@@ -64,12 +65,16 @@ class RunConfig:
     eval_every: evaluate the global weights every this many global clock ticks (and at the end).
     drop_remainder: drop the examples of an epoch that do not fill a minibatch.
     trace_path: where to write the trace (JSON Lines); it is always kept in memory too.
+    policy: NP, ED, HD or a grouping of GPU indices: the allocation decides the virtual workers and the
+      partitioner their GPU order, cuts and (with nm "max_fit"/"best") Nm; ``num_vws``, ``stages`` and
+      ``cuts`` are then not used.
+    placement: PS shard placement of the plan (default or local); recorded in the trace.
   """
 
   cluster: str | Cluster = "hetero4"
   num_vws: int = 3
   stages: int | Sequence[int] = 2
-  nm: int | Sequence[int] = 2
+  nm: int | Sequence[int] | str = 2
   d: int = 1
   waves: int = 50
   batch_size: int = 32
@@ -86,6 +91,8 @@ class RunConfig:
   eval_every: int = 10
   drop_remainder: bool = False
   trace_path: str | None = None
+  policy: str | Sequence[Sequence[int]] | None = None
+  placement: str = "default"
 
 
 @dataclasses.dataclass
@@ -121,21 +128,8 @@ def even_cuts(num_units: int, k: int) -> list[int]:
   return [0] + list(np.cumsum(sizes).tolist())
 
 
-def resolve(config: RunConfig, model: LayeredModel) -> tuple[Cluster, list[int], list[int],
-                                                            list[list[int]]]:
-  """Validates ``config`` against ``model``; returns (cluster, stages, nms, cuts).
-
-  Raises:
-    ConfigError: naming the bad value, its limit and the fix.
-  """
-  cluster = get_cluster(config.cluster) if isinstance(config.cluster, str) else config.cluster
-  if config.num_vws < 1:
-    raise ConfigError(f"num_vws={config.num_vws}; at least 1 virtual worker is needed")
-  stages = _per_vw("stages", config.stages, config.num_vws)
-  nms = _per_vw("nm", config.nm, config.num_vws)
-  for i, nm in enumerate(nms):
-    if nm < 1:
-      raise ConfigError(f"Nm={nm} for virtual worker {i}; Nm (minibatches in flight) must be >= 1")
+def _check(config: RunConfig) -> None:
+  """Validates what does not depend on the model or the layout."""
   if config.d < 0:
     raise ConfigError(f"D={config.d}; the clock distance bound must be >= 0 (0 = tightest, large = "
                       "asynchronous)")
@@ -143,7 +137,8 @@ def resolve(config: RunConfig, model: LayeredModel) -> tuple[Cluster, list[int],
     raise ConfigError(f"waves={config.waves}; run at least 1 wave")
   for name, value, known in (("weight_mode", config.weight_mode, WEIGHT_MODES),
                              ("schedule", config.schedule, SCHEDULES),
-                             ("executor", config.executor, executors.EXECUTORS)):
+                             ("executor", config.executor, executors.EXECUTORS),
+                             ("placement", config.placement, PLACEMENTS)):
     if value not in known:
       raise ConfigError(f"unknown {name} {value!r}; choose one of {', '.join(known)}")
   if config.tx is None and config.optimizer not in OPTIMIZERS:
@@ -152,23 +147,51 @@ def resolve(config: RunConfig, model: LayeredModel) -> tuple[Cluster, list[int],
     raise ConfigError(f"eval_every={config.eval_every}; evaluate every 1 or more global clock ticks")
   if config.time_scale < 0:
     raise ConfigError(f"time_scale={config.time_scale}; use 0 (no padding) or a positive factor")
+
+
+def manual_layout(config: RunConfig, model: LayeredModel,
+                  cluster: Cluster) -> tuple[list[list[Gpu]], list[int], list[list[int]]]:
+  """GPUs (cluster order), Nm and cuts per virtual worker from ``num_vws``, ``stages``, ``nm``, ``cuts``.
+
+  Raises:
+    ConfigError: naming the bad value, its limit and the fix.
+  """
+  if config.num_vws < 1:
+    raise ConfigError(f"num_vws={config.num_vws}; at least 1 virtual worker is needed")
+  if isinstance(config.nm, str):
+    raise ConfigError(f"nm={config.nm!r} picks Nm from a plan; give a number, or a policy (NP, ED, HD)")
+  stages = _per_vw("stages", config.stages, config.num_vws)
+  nms = _per_vw("nm", config.nm, config.num_vws)
+  for i, nm in enumerate(nms):
+    if nm < 1:
+      raise ConfigError(f"Nm={nm} for virtual worker {i}; Nm (minibatches in flight) must be >= 1")
   for i, k in enumerate(stages):
     if k > model.num_units:
       raise ConfigError(f"virtual worker {i} has {k} stages but model {model.name} has only "
                         f"{model.num_units} units to cut; use at most {model.num_units} stages")
-  assign_gpus(cluster, stages)  # raises when the cluster is too small
+  gpus = assign_gpus(cluster, stages)  # raises when the cluster is too small
   if config.cuts is None:
-    cuts = [even_cuts(model.num_units, k) for k in stages]
-  else:
-    cuts = [list(c) for c in config.cuts]
-    if len(cuts) != config.num_vws:
-      raise ConfigError(f"cuts has {len(cuts)} entries for {config.num_vws} virtual workers")
-    for i, (cut, k) in enumerate(zip(cuts, stages)):
-      if (len(cut) != k + 1 or cut[0] != 0 or cut[-1] != model.num_units
-          or any(a >= b for a, b in zip(cut, cut[1:]))):
-        raise ConfigError(f"cuts {cut} of virtual worker {i} must be {k + 1} increasing boundaries from 0 "
-                          f"to {model.num_units} (k={k} non-empty stages)")
-  return cluster, stages, nms, cuts
+    return gpus, nms, [even_cuts(model.num_units, k) for k in stages]
+  cuts = [list(c) for c in config.cuts]
+  if len(cuts) != config.num_vws:
+    raise ConfigError(f"cuts has {len(cuts)} entries for {config.num_vws} virtual workers")
+  for i, (cut, k) in enumerate(zip(cuts, stages)):
+    if (len(cut) != k + 1 or cut[0] != 0 or cut[-1] != model.num_units
+        or any(a >= b for a, b in zip(cut, cut[1:]))):
+      raise ConfigError(f"cuts {cut} of virtual worker {i} must be {k + 1} increasing boundaries from 0 "
+                        f"to {model.num_units} (k={k} non-empty stages)")
+  return gpus, nms, cuts
+
+
+def planned_layout(config: RunConfig, cluster: Cluster, profiles, optimizer_slots: float):
+  """GPUs (pipeline order), Nm and cuts per virtual worker from the allocation policy and partitioner."""
+  if config.cuts is not None:
+    raise ConfigError(f"cuts={config.cuts} and policy={config.policy!r} both fix the cuts; the policy's "
+                      "partitioner cuts the model, so drop one of them")
+  nm = config.nm if isinstance(config.nm, str) else _per_vw("nm", config.nm, 1)[0]
+  plan = plan_cluster(cluster, profiles, config.policy, config.placement, nm, None, config.weight_mode,
+                      optimizer_slots)
+  return [p.gpus for p in plan.vws], [p.nm for p in plan.vws], [p.cuts for p in plan.vws]
 
 
 def _jax_devices(count: int) -> list[jax.Device]:
@@ -183,41 +206,44 @@ def _jax_devices(count: int) -> list[jax.Device]:
 
 def run_hetpipe(model: LayeredModel, dataset: Dataset, config: RunConfig) -> RunResult:
   """Trains ``model`` on ``dataset`` with N virtual workers under WSP; see :class:`RunConfig`."""
-  cluster, stages, nms, cuts = resolve(config, model)
-  batches = MinibatchStreams(dataset, config.batch_size, config.num_vws, config.seed,
-                             config.drop_remainder)
-  gpus = assign_gpus(cluster, stages)
-  devices = _jax_devices(max(g.index for group in gpus for g in group) + 1)
+  _check(config)
+  cluster = get_cluster(config.cluster) if isinstance(config.cluster, str) else config.cluster
+  if config.policy is None:
+    gpus, nms, cuts = manual_layout(config, model, cluster)
   tx = config.tx or OPTIMIZERS[config.optimizer](config.learning_rate)
-
   sample_x = jnp.asarray(dataset.x_train[:config.batch_size])
-  init_params = model.init(jax.random.key(config.seed), sample_x)
   profiles = profile_units(model, sample_x)
-  param_bytes = sum(u.param_bytes for u in profiles)
-  slots = nbytes(jax.eval_shape(tx.init, init_params)) / max(param_bytes, 1)  # optimizer state / params
+  param_shapes = jax.eval_shape(model.init, jax.random.key(0), sample_x)
+  slots = nbytes(jax.eval_shape(tx.init, param_shapes)) / max(nbytes(param_shapes), 1)  # opt. state / params
+  if config.policy is not None:
+    gpus, nms, cuts = planned_layout(config, cluster, profiles, slots)
+  num_vws, stages = len(gpus), [len(g) for g in gpus]
+  batches = MinibatchStreams(dataset, config.batch_size, num_vws, config.seed, config.drop_remainder)
+  devices = _jax_devices(max(g.index for group in gpus for g in group) + 1)
   check_memory(profiles, cuts, gpus, nms, config.weight_mode, slots)
+  init_params = model.init(jax.random.key(config.seed), sample_x)
   cost_model = CostModel(cluster, profiles, cuts, gpus)
   cost = lambda task: cost_model.task_seconds(task.vw, task.stage, task.kind)
 
   vws = []
-  for i in range(config.num_vws):
+  for i in range(num_vws):
     stage_objs = [Stage(model, cuts[i][j], cuts[i][j + 1], init_params[cuts[i][j]:cuts[i][j + 1]],
                         devices[gpus[i][j].index], tx, nms[i], config.weight_mode)
                   for j in range(stages[i])]
-    vws.append(VirtualWorker(i, stages[i], nms[i], config.waves * nms[i], config.num_vws,
+    vws.append(VirtualWorker(i, stages[i], nms[i], config.waves * nms[i], num_vws,
                              config.schedule, config.weight_mode, stage_objs))
-  ps = ParameterServer(init_params, config.num_vws, config.d, config.ps_tx, devices[0])
+  ps = ParameterServer(init_params, num_vws, config.d, config.ps_tx, devices[0])
 
   trace = Trace(config.trace_path)
-  trace.emit(ev="meta", version=1, num_vws=config.num_vws, nm=nms, d=config.d, stages=stages,
+  trace.emit(ev="meta", version=1, num_vws=num_vws, nm=nms, d=config.d, stages=stages,
              weight_mode=config.weight_mode, executor=config.executor, schedule=config.schedule,
              shards=model.num_units, model=model.name, dataset=dataset.name,
              batch_size=config.batch_size, cuts=cuts, gpus=[[g.name for g in grp] for grp in gpus],
-             cluster=cluster.name, seed=config.seed)
+             cluster=cluster.name, seed=config.seed, policy=config.policy, placement=config.placement)
 
   rows: list[dict[str, Any]] = []
   snapshots: list[tuple[int, Any]] = []  # (row index, global params) to evaluate after the run
-  total_waves = config.waves * config.num_vws
+  total_waves = config.waves * num_vws
   state = {"clock": 0, "waves": 0}
 
   def on_wave(vw: int, wave: int, t: float, losses: list) -> None:

@@ -12,11 +12,16 @@ MODELS = {
     "cnn": lambda num_classes: small_cnn(num_classes=num_classes),
     "vgg": lambda num_classes: vgg("A", width=1 / 8, num_classes=num_classes, max_pools=3),
     "resnet": lambda num_classes: resnet(18, width=16, num_classes=num_classes),
+    # Full size, for planning and profiling at 224x224 (every layer / residual block is a unit).
+    "vgg19": lambda num_classes: vgg("E", width=1, classifier=4096, num_classes=num_classes),
+    "resnet152": lambda num_classes: resnet(152, width=64, num_classes=num_classes, large_stem=True),
 }
+FULL_SIZE_INPUT = {"vgg19": (224, 224, 3), "resnet152": (224, 224, 3)}  # ImageNet-shaped inputs
 
 
 def get_model(name: str, num_classes: int = 10) -> LayeredModel:
-  """Returns a small model by name ("mlp", "cnn", "vgg", "resnet") for ``num_classes`` outputs.
+  """Returns a model by name for ``num_classes`` outputs: the small "mlp", "cnn", "vgg", "resnet", or the
+  full-size "vgg19" and "resnet152" (inputs of ``FULL_SIZE_INPUT``).
 
   Raises:
     ConfigError: for an unknown name.
@@ -26,5 +31,5 @@ def get_model(name: str, num_classes: int = 10) -> LayeredModel:
   return MODELS[name](num_classes)
 
 
-__all__ = ["LayeredModel", "cross_entropy", "get_model", "mlp", "num_params", "resnet", "small_cnn",
+__all__ = ["FULL_SIZE_INPUT", "LayeredModel", "cross_entropy", "get_model", "mlp", "num_params", "resnet", "small_cnn",
            "vgg", "MODELS"]

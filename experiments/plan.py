@@ -1,0 +1,92 @@
+r"""Plan how to train a model on a heterogeneous cluster: virtual workers, partitions, Nm, PS placement.
+
+Profiles the model (XLA cost analysis of every unit, cached), groups the cluster's GPUs into virtual
+workers (NP, ED, HD or a grouping), cuts the model for each virtual worker's GPUs (exact DP over cuts and
+device orders), picks Nm, places the PS shards, prints a table per virtual worker and writes JSON with
+every number needed to recheck the plan::
+
+  python -m experiments.plan --model=vgg19 --cluster=paper_testbed --policy=ED --out=plan.json
+  python -m experiments.plan --model=resnet152 --policy=HD --placement=local
+  python -m experiments.plan --model=cnn --cluster=my_lab.toml --policy=0,1,2,3;4,5
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from absl import app, flags
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("model", "vgg19", "vgg19, resnet152 (224x224x3 inputs) or mlp, cnn, vgg, resnet (28x28x1).")
+flags.DEFINE_string("cluster", "paper_testbed", "Cluster preset or a .toml file.")
+flags.DEFINE_string("policy", "ED", "NP, ED, HD, or a grouping of GPU indices: '0,1;2,3'.")
+flags.DEFINE_string("placement", "default", "PS shard placement: default or local.")
+flags.DEFINE_integer("batch_size", 32, "Minibatch size.")
+flags.DEFINE_string("nm", "max_fit", "Nm: max_fit (largest that fits, <= nm_max), best (modelled "
+                    "throughput), or a number.")
+flags.DEFINE_integer("nm_max", None, "Largest Nm to consider (default: GPUs per virtual worker).")
+flags.DEFINE_string("optimizer", "momentum", "Local optimizer, for its memory: sgd, momentum, adam.")
+flags.DEFINE_string("weight_mode", "stash", "stash (Nm-1 stashed weight copies) or latest.")
+flags.DEFINE_string("precision", "fp32", "fp32 or fp16 peak flop/s in the roofline.")
+flags.DEFINE_string("out", "outputs/plan/plan.json", "Where to write the plan JSON.")
+
+OPTIMIZER_SLOTS = {"sgd": 0, "momentum": 1, "adam": 2}
+
+
+def parse_nm(text: str):
+  return int(text) if text.isdigit() else text
+
+
+def plan_table(doc: dict) -> str:
+  """A readable table per virtual worker."""
+  lines = [f"{doc['model']} (batch {doc['batch_size']}) on {doc['cluster']}: policy {doc['policy']}, "
+           f"placement {doc['placement']}, modelled {doc['images_per_s']:.1f} images/s in total "
+           "(no WSP waiting)"]
+  for i, vw in enumerate(doc["vws"]):
+    lines.append(f"virtual worker {i}: Nm={vw['nm']}  bottleneck {vw['bottleneck_s'] * 1e3:.1f} ms  "
+                 f"{vw['images_per_s']:.1f} images/s  PS traffic across nodes "
+                 f"{vw['ps_cross_node_bytes_per_wave'] / 2**20:.1f} MiB per push")
+    lines.append(f"  {'stage':>5} {'device':24} {'layers':>9} {'time ms':>8} {'memory GiB used / limit':>24}")
+    for j, s in enumerate(vw["stages"]):
+      lines.append(f"  {j:>5} {s['device']:24} {s['first_layer']:>4}..{s['last_layer']:<4} "
+                   f"{s['time_s'] * 1e3:8.1f} {s['memory_bytes'] / 2**30:11.2f} / "
+                   f"{s['memory_limit_bytes'] / 2**30:<10.2f}")
+  return "\n".join(lines)
+
+
+def main(argv):
+  del argv
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from hetpipe_jax import get_cluster, get_model  # pylint: disable=g-import-not-at-top
+  from hetpipe_jax.allocation import parse_policy, plan_cluster, plan_to_json  # pylint: disable=g-import-not-at-top
+  from hetpipe_jax.models import FULL_SIZE_INPUT  # pylint: disable=g-import-not-at-top
+  from hetpipe_jax.profile import profile_units  # pylint: disable=g-import-not-at-top
+
+  cluster = get_cluster(FLAGS.cluster)
+  model = get_model(FLAGS.model, 1000 if FLAGS.model in FULL_SIZE_INPUT else 10)
+  shape = (FLAGS.batch_size,) + FULL_SIZE_INPUT.get(FLAGS.model, (28, 28, 1))
+  profiles = profile_units(model, jax.ShapeDtypeStruct(shape, jnp.float32))
+  plan = plan_cluster(cluster, profiles, parse_policy(FLAGS.policy), FLAGS.placement, parse_nm(FLAGS.nm),
+                      FLAGS.nm_max, FLAGS.weight_mode, OPTIMIZER_SLOTS[FLAGS.optimizer], FLAGS.precision)
+  doc = plan_to_json(cluster, profiles, plan, FLAGS.model, FLAGS.batch_size, FLAGS.precision)
+  print(plan_table(doc))
+  os.makedirs(os.path.dirname(os.path.abspath(FLAGS.out)), exist_ok=True)
+  with open(FLAGS.out, "w", encoding="utf-8") as f:
+    json.dump(doc, f, indent=1)
+  print(f"plan     {os.path.abspath(FLAGS.out)}")
+
+
+def _main_with_clear_errors(argv):
+  from hetpipe_jax.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  if FLAGS.optimizer not in OPTIMIZER_SLOTS:
+    raise SystemExit(f"error: unknown optimizer {FLAGS.optimizer!r}; use one of {', '.join(OPTIMIZER_SLOTS)}")
+  try:
+    main(argv)
+  except ConfigError as e:
+    raise SystemExit(f"error: {e}") from None
+
+
+if __name__ == "__main__":
+  app.run(_main_with_clear_errors)
