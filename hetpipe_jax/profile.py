@@ -33,6 +33,7 @@ from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.models.base import LayeredModel
 
 CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "hetpipe_jax", "profiles")
+PROFILE_FORMAT = 2  # bump when what a profile measures changes: old cache entries are then ignored
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,11 +75,10 @@ def _profile_unit(name: str, unit, x) -> tuple[UnitProfile, Any]:
   p = jax.eval_shape(lambda: unit.init(jax.random.key(0), jnp.zeros(x.shape, x.dtype))["params"])
   y = jax.eval_shape(f, p, x)
   fwd_flops, fwd_bytes = _cost(f, p, x)
-  both_flops, both_bytes = _cost(lambda p_, x_, g: jax.vjp(f, p_, x_)[1](g), p, x, y)
-  residuals = jax.eval_shape(lambda p_, x_: jax.vjp(f, p_, x_)[1], p, x)
+  residuals = jax.eval_shape(lambda p_, x_: jax.vjp(f, p_, x_)[1], p, x)  # the vjp closure, as shapes
+  bwd_flops, bwd_bytes = _cost(lambda vjp, g: vjp(g), residuals, y)  # the backward pass alone
   params = nbytes(p)
-  return UnitProfile(name, fwd_flops, max(both_flops - fwd_flops, fwd_flops), fwd_bytes,
-                     max(both_bytes - fwd_bytes, fwd_bytes), params, nbytes(y),
+  return UnitProfile(name, fwd_flops, bwd_flops, fwd_bytes, bwd_bytes, params, nbytes(y),
                      max(nbytes(residuals) - params, 0)), y
 
 
@@ -89,8 +89,8 @@ def profile_units(model: LayeredModel, sample_x, cache_dir: str | None = CACHE_D
   is read back from ``cache_dir`` (keyed on the units, the input shape and the JAX version).
   """
   x = jax.ShapeDtypeStruct(sample_x.shape, sample_x.dtype)
-  key = hashlib.sha1(repr((model.name, model.units, model.unit_names, x.shape, str(x.dtype),
-                           jax.__version__)).encode()).hexdigest()[:20]
+  key = hashlib.sha1(repr((PROFILE_FORMAT, model.name, model.units, model.unit_names, x.shape,
+                           str(x.dtype), jax.__version__)).encode()).hexdigest()[:20]
   path = os.path.join(cache_dir, f"{model.name}-{key}.json") if cache_dir else None
   if path and os.path.exists(path):
     with open(path, encoding="utf-8") as f:

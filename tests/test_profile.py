@@ -1,0 +1,71 @@
+"""Profiler sanity: XLA flop counts, exact parameter bytes, caching, calibration, the roofline."""
+
+import dataclasses
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import pytest
+
+from hetpipe_jax.cluster import CATALOGUE
+from hetpipe_jax.models import get_model
+from hetpipe_jax.models.base import DenseUnit, LayeredModel
+from hetpipe_jax.profile import calibrate_efficiency, profile_units
+
+
+def test_dense_flops_and_bytes():
+  b, n_in, n_out = 32, 256, 128
+  model = LayeredModel("dense", (DenseUnit(n_out, relu=False),), ("d",))
+  (prof,) = profile_units(model, jax.ShapeDtypeStruct((b, n_in), jnp.float32), cache_dir=None)
+  assert prof.fwd_flops == pytest.approx(2 * b * n_in * n_out, rel=0.01)
+  assert prof.bwd_flops == pytest.approx(2 * 2 * b * n_in * n_out, rel=0.01)  # grad input + grad kernel
+  assert prof.param_bytes == 4 * (n_in * n_out + n_out)
+  assert prof.out_bytes == 4 * b * n_out
+
+
+def test_full_size_models_profile_quickly_with_published_sizes():
+  for name, params_m, gflop in (("vgg19", 143.67, 39.0), ("resnet152", 60.19, 22.6)):
+    profiles = profile_units(get_model(name, 1000), jax.ShapeDtypeStruct((32, 224, 224, 3), jnp.float32),
+                             cache_dir=None)
+    assert sum(u.param_bytes for u in profiles) / 4 / 1e6 == pytest.approx(params_m, abs=0.01)
+    # Forward flops per image (2 per multiply-add): VGG-19 ~19.6 GMACs, ResNet-152 ~11.3 GMACs.
+    assert sum(u.fwd_flops for u in profiles) / 32 / 1e9 == pytest.approx(gflop, rel=0.05)
+    assert all(u.kept_bytes > 0 and u.bwd_flops >= u.fwd_flops for u in profiles)
+
+
+def test_profiles_are_cached_on_disk(tmp_path):
+  model = get_model("cnn")
+  x = jax.ShapeDtypeStruct((16, 28, 28, 1), jnp.float32)
+  first = profile_units(model, x, cache_dir=str(tmp_path))
+  assert len(list(tmp_path.iterdir())) == 1
+  assert profile_units(model, x, cache_dir=str(tmp_path)) == first
+  profile_units(model, jax.ShapeDtypeStruct((32, 28, 28, 1), jnp.float32), cache_dir=str(tmp_path))
+  assert len(list(tmp_path.iterdir())) == 2  # another batch size, another entry
+
+
+def test_roofline_and_calibration():
+  profiles = profile_units(get_model("cnn"), jax.ShapeDtypeStruct((32, 28, 28, 1), jnp.float32),
+                           cache_dir=None)
+  gpu = CATALOGUE["TITAN V"]
+  u = profiles[1]
+  fwd, _ = u.seconds(gpu)
+  assert fwd == pytest.approx(max(u.fwd_flops / gpu.fp32_flops, u.fwd_bytes / gpu.mem_bytes_per_s)
+                              / gpu.efficiency)
+  ideal = dataclasses.replace(gpu, efficiency=1.0)
+  measured = {i: sum(profiles[i].seconds(ideal)) / 0.3 for i in range(3)}  # a GPU at 30% of its roofline
+  assert calibrate_efficiency(gpu, profiles, measured).efficiency == pytest.approx(0.3)
+  assert u.seconds(gpu, "fp16")[0] <= fwd
+
+
+class Twice(nn.Module):
+
+  @nn.compact
+  def __call__(self, x):
+    return nn.Dense(x.shape[-1])(x)
+
+
+def test_repeated_units_are_profiled_once_but_named_apart():
+  model = LayeredModel("rep", (Twice(), Twice(), Twice()), ("a", "b", "c"))
+  profiles = profile_units(model, jax.ShapeDtypeStruct((4, 8), jnp.float32), cache_dir=None)
+  assert [p.name for p in profiles] == ["a", "b", "c"]
+  assert profiles[0].fwd_flops == profiles[2].fwd_flops > 0
