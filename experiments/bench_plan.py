@@ -1,0 +1,60 @@
+r"""How fast the planner and the profiler are, on this machine.
+
+* Partitioning ResNet-152 (52 units: stem, 50 residual blocks, head) at batch 32 for one virtual worker
+  of 4 GPUs of 4 distinct types (the paper testbed's; 24 device orders), and for 8 GPUs of 4 types
+  (2 per type and node: 2,520 distinct orders); each with Nm chosen by max_fit (up to k partitions).
+  Goals: < 1 s and < 10 s.
+* Profiling VGG-19 and ResNet-152 (224x224, batch 32) cold (empty cache) and warm (cached).
+
+Last line: ``plan_seconds_4gpu=<s> plan_seconds_8gpu=<s>``::
+
+  python -m experiments.bench_plan
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+
+from absl import app
+
+
+def main(argv):
+  del argv
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from hetpipe_jax import get_cluster, get_model  # pylint: disable=g-import-not-at-top
+  from hetpipe_jax.partition import plan_virtual_worker  # pylint: disable=g-import-not-at-top
+  from hetpipe_jax.profile import profile_units  # pylint: disable=g-import-not-at-top
+
+  shape = jax.ShapeDtypeStruct((32, 224, 224, 3), jnp.float32)
+  profiles = {}
+  with tempfile.TemporaryDirectory() as cache:
+    for name in ("vgg19", "resnet152"):
+      model = get_model(name, 1000)
+      t = time.perf_counter()
+      profiles[name] = profile_units(model, shape, cache_dir=cache)
+      cold = time.perf_counter() - t
+      t = time.perf_counter()
+      profile_units(model, shape, cache_dir=cache)
+      warm = time.perf_counter() - t
+      print(f"profile {name:9s} ({len(profiles[name])} units): cold {cold:6.2f} s, warm (cached) "
+            f"{warm * 1e3:6.1f} ms")
+
+  results = {}
+  for label, cluster_name in (("4gpu", "paper_mini"), ("8gpu", "paper_half")):
+    cluster = get_cluster(cluster_name)
+    t = time.perf_counter()
+    plan = plan_virtual_worker(cluster, profiles["resnet152"], list(cluster.gpus), "max_fit",
+                               optimizer_slots=1)
+    results[label] = time.perf_counter() - t
+    print(f"plan resnet152 on {cluster.num_gpus} GPUs ({cluster_name}): {results[label]:.3f} s -> Nm={plan.nm}, "
+          f"order {[g.type.name for g in plan.gpus]}, cuts {plan.cuts}, "
+          f"{plan.throughput * 32:.1f} images/s modelled")
+  print(f"goals: 4 GPUs < 1 s ({'met' if results['4gpu'] < 1 else 'MISSED'}), 8 GPUs < 10 s "
+        f"({'met' if results['8gpu'] < 10 else 'MISSED'})")
+  print(f"plan_seconds_4gpu={results['4gpu']:.3f} plan_seconds_8gpu={results['8gpu']:.3f}")
+
+
+if __name__ == "__main__":
+  app.run(main)
