@@ -102,6 +102,21 @@ def load_dataset(name: str) -> Dataset:
   return loaders[name]()
 
 
+def check_batch_size(dataset: Dataset, batch_size: int, drop_remainder: bool = False) -> None:
+  """Raises ConfigError for a batch size below 1, above the training set, or that does not divide it
+  (unless ``drop_remainder``)."""
+  n = len(dataset.x_train)
+  if not 1 <= batch_size <= n:
+    raise ConfigError(f"batch_size={batch_size} must be between 1 and the {n} training examples of "
+                      f"{dataset.name}")
+  if n % batch_size and not drop_remainder:
+    divisors = [b for b in range(8, min(n, 512) + 1) if n % b == 0][:8]
+    raise ConfigError(
+        f"batch_size={batch_size} does not divide the {n} training examples of {dataset.name} "
+        f"({n % batch_size} would be left over each epoch); use a divisor such as "
+        f"{', '.join(map(str, divisors))}, or pass --drop_remainder to drop them")
+
+
 class MinibatchStreams:
   """Minibatch p of virtual worker i, for every i and p, from seeded per-epoch permutations.
 
@@ -118,16 +133,8 @@ class MinibatchStreams:
 
   def __init__(self, dataset: Dataset, batch_size: int, num_vws: int, seed: int = 0,
                drop_remainder: bool = False):
+    check_batch_size(dataset, batch_size, drop_remainder)
     n = len(dataset.x_train)
-    if not 1 <= batch_size <= n:
-      raise ConfigError(f"batch_size={batch_size} must be between 1 and the {n} training examples of "
-                        f"{dataset.name}")
-    if n % batch_size and not drop_remainder:
-      divisors = [b for b in range(8, min(n, 512) + 1) if n % b == 0][:8]
-      raise ConfigError(
-          f"batch_size={batch_size} does not divide the {n} training examples of {dataset.name} "
-          f"({n % batch_size} would be left over each epoch); use a divisor such as "
-          f"{', '.join(map(str, divisors))}, or pass --drop_remainder to drop them")
     self.dataset, self.batch_size, self.num_vws, self.seed = dataset, batch_size, num_vws, seed
     self.batches_per_epoch = n // batch_size
     self._perms: dict[int, np.ndarray] = {}

@@ -25,7 +25,7 @@ from absl import logging
 from hetpipe_jax import executors, wsp
 from hetpipe_jax.allocation import PLACEMENTS, plan_cluster
 from hetpipe_jax.cluster import Cluster, Gpu, assign_gpus, get_cluster
-from hetpipe_jax.data import Dataset, MinibatchStreams
+from hetpipe_jax.data import Dataset, MinibatchStreams, check_batch_size
 from hetpipe_jax.engine import Engine
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.models.base import LayeredModel
@@ -207,6 +207,7 @@ def _jax_devices(count: int) -> list[jax.Device]:
 def run_hetpipe(model: LayeredModel, dataset: Dataset, config: RunConfig) -> RunResult:
   """Trains ``model`` on ``dataset`` with N virtual workers under WSP; see :class:`RunConfig`."""
   _check(config)
+  check_batch_size(dataset, config.batch_size, config.drop_remainder)
   cluster = get_cluster(config.cluster) if isinstance(config.cluster, str) else config.cluster
   if config.policy is None:
     gpus, nms, cuts = manual_layout(config, model, cluster)
