@@ -73,7 +73,6 @@ class _Dp:
   def __init__(self, cluster: Cluster, profiles: Sequence[UnitProfile], nm: int, weight_mode: str,
                optimizer_slots: float, precision: str, allow_empty: bool):
     self.cluster, self.profiles, self.precision = cluster, profiles, precision
-    self.nm, self.weight_mode, self.slots, self.allow_empty = nm, weight_mode, optimizer_slots, allow_empty
     self.n = len(profiles)
     copies = 2 + optimizer_slots + (nm - 1 if weight_mode == "stash" else 0)
     mem = np.array([u.param_bytes * copies + nm * u.kept_bytes for u in profiles], np.float64)

@@ -138,13 +138,14 @@ def stage_memory_bytes(units: Sequence[UnitProfile], nm: int, weight_mode: str,
 def stage_seconds(cluster: Cluster, profiles: Sequence[UnitProfile], cut: Sequence[int],
                   gpus: Sequence[Gpu], j: int, precision: str = "fp32") -> tuple[float, float]:
   """(forward, backward) seconds of stage j: its units on its GPU, plus receiving its input activation
-  (forward) from stage j-1 and its output gradient (backward) from stage j+1 over their links."""
-  gpu = gpus[j]
+  (forward) from stage j-1 and its output gradient (backward) from stage j+1 over their links. A cut at
+  the very start or end of the model carries nothing (only empty stages sit there)."""
+  gpu, n = gpus[j], len(profiles)
   times = [u.seconds(gpu.type, precision) for u in profiles[cut[j]:cut[j + 1]]]
   fwd, bwd = sum(t[0] for t in times), sum(t[1] for t in times)
-  if j > 0:
+  if j > 0 and 0 < cut[j] < n:
     fwd += cluster.transfer_seconds(gpus[j - 1], gpu, profiles[cut[j] - 1].out_bytes)
-  if j < len(gpus) - 1:
+  if j < len(gpus) - 1 and 0 < cut[j + 1] < n:
     bwd += cluster.transfer_seconds(gpus[j + 1], gpu, profiles[cut[j + 1] - 1].out_bytes)
   return fwd, bwd
 

@@ -24,11 +24,14 @@ def random_instance(rng, num_units, num_gpus):
   return cluster, profiles, sorted(gpus, key=lambda g: g.index)
 
 
-def brute_force(cluster, profiles, gpus, nm, slots, ordered=False):
+def brute_force(cluster, profiles, gpus, nm, slots, ordered=False, allow_empty=False):
   """Every order and every cut, evaluated with the public stage time and memory functions."""
   n, best = len(profiles), np.inf
+  cuts = (itertools.combinations_with_replacement(range(0, n + 1), len(gpus) - 1) if allow_empty
+          else itertools.combinations(range(1, n), len(gpus) - 1))
+  cuts = list(cuts)
   for order in ([gpus] if ordered else itertools.permutations(gpus)):
-    for inner in itertools.combinations(range(1, n), len(gpus) - 1):
+    for inner in cuts:
       cut = [0, *inner, n]
       if any(stage_memory_bytes(profiles[cut[j]:cut[j + 1]], nm, "stash", slots) > g.type.memory_bytes
              for j, g in enumerate(order)):
@@ -55,6 +58,19 @@ def test_dp_equals_brute_force(seed):
   assert sorted(g.index for g in plan.gpus) == [g.index for g in gpus]
   for s in plan.stages:
     assert s.memory_bytes <= s.gpu.type.memory_bytes
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_dp_equals_brute_force_with_empty_stages(seed):
+  rng = np.random.default_rng(100 + seed)
+  cluster, profiles, gpus = random_instance(rng, int(rng.integers(1, 4)), int(rng.integers(2, 5)))
+  want = brute_force(cluster, profiles, gpus, 1, 0.0, allow_empty=True)
+  if np.isinf(want):
+    with pytest.raises(ConfigError, match="fits in memory"):
+      partition(cluster, profiles, gpus, 1, allow_empty=True)
+    return
+  plan = partition(cluster, profiles, gpus, 1, allow_empty=True)
+  assert plan.bottleneck_s == pytest.approx(want, rel=1e-9)
 
 
 def test_some_random_instances_are_infeasible():
