@@ -59,11 +59,13 @@ def main(argv):
   del argv
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from hetpipe_jax import get_cluster, get_model  # pylint: disable=g-import-not-at-top
+  from hetpipe_jax import ConfigError, get_cluster, get_model  # pylint: disable=g-import-not-at-top
   from hetpipe_jax.allocation import parse_policy, plan_cluster, plan_to_json  # pylint: disable=g-import-not-at-top
   from hetpipe_jax.models import FULL_SIZE_INPUT  # pylint: disable=g-import-not-at-top
   from hetpipe_jax.profile import profile_units  # pylint: disable=g-import-not-at-top
 
+  if FLAGS.optimizer not in OPTIMIZER_SLOTS:
+    raise ConfigError(f"unknown optimizer {FLAGS.optimizer!r}; use one of {', '.join(OPTIMIZER_SLOTS)}")
   cluster = get_cluster(FLAGS.cluster)
   model = get_model(FLAGS.model, 1000 if FLAGS.model in FULL_SIZE_INPUT else 10)
   shape = (FLAGS.batch_size,) + FULL_SIZE_INPUT.get(FLAGS.model, (28, 28, 1))
@@ -78,15 +80,6 @@ def main(argv):
   print(f"plan     {os.path.abspath(FLAGS.out)}")
 
 
-def _main_with_clear_errors(argv):
-  from hetpipe_jax.errors import ConfigError  # pylint: disable=g-import-not-at-top
-  if FLAGS.optimizer not in OPTIMIZER_SLOTS:
-    raise SystemExit(f"error: unknown optimizer {FLAGS.optimizer!r}; use one of {', '.join(OPTIMIZER_SLOTS)}")
-  try:
-    main(argv)
-  except ConfigError as e:
-    raise SystemExit(f"error: {e}") from None
-
-
 if __name__ == "__main__":
-  app.run(_main_with_clear_errors)
+  from hetpipe_jax.errors import exit_on_config_error  # pylint: disable=g-import-not-at-top
+  app.run(exit_on_config_error(main))

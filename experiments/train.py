@@ -170,13 +170,6 @@ def main(argv):
     raise SystemExit(1)
 
 
-def _main_with_clear_errors(argv):
-  from hetpipe_jax.errors import ConfigError  # pylint: disable=g-import-not-at-top
-  try:
-    main(argv)
-  except ConfigError as e:
-    raise SystemExit(f"error: {e}") from None
-
-
 if __name__ == "__main__":
-  app.run(_main_with_clear_errors)
+  from hetpipe_jax.errors import exit_on_config_error  # pylint: disable=g-import-not-at-top
+  app.run(exit_on_config_error(main))
