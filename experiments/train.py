@@ -3,7 +3,8 @@ r"""Train a model with HetPipe on an emulated heterogeneous cluster.
 Runs with no flags on embedded defaults: a small CNN on Fashion-MNIST (digits when it is not installed),
 3 virtual workers of 2 stages each on the 4-speed-class ``hetero4`` cluster, Nm = 2, D = 1, the
 deterministic ``virtual`` executor. Writes the trace, the metrics (JSON Lines), a summary and a PNG of
-loss and accuracy against time, checks the trace against the WSP guarantees, and prints the paths::
+loss and accuracy against time, a Gantt chart of the first waves and a Chrome/Perfetto trace, checks the
+trace against the WSP guarantees, and prints the paths::
 
   python -m experiments.train
   python -m experiments.train --num_vws=3 --stages=2 --nm=3 --d=1 --waves=6 --executor=wall \
@@ -105,6 +106,7 @@ def main(argv):
 
   from hetpipe_jax import (RunConfig, check_trace, get_model, load_dataset,  # pylint: disable=g-import-not-at-top
                            run_hetpipe, staleness_stats)
+  from hetpipe_jax.timeline import chrome_trace, plot_gantt  # pylint: disable=g-import-not-at-top
   cuts = None
   if FLAGS.cuts:
     cuts = [_ints("cuts", c.split(",")) for c in FLAGS.cuts.split(";")]
@@ -154,6 +156,12 @@ def main(argv):
                 f"{model.name} on {dataset.name}, {len(stages)} VWs x {stages} stages, Nm={nms}, "
                 f"D={config.d}, {config.executor} executor ({clock})")
 
+  gantt_out = os.path.join(FLAGS.out_dir, "timeline.png")
+  chrome_out = os.path.join(FLAGS.out_dir, "timeline.chrome.json")
+  plot_gantt(result.events, gantt_out, waves=3)
+  with open(chrome_out, "w", encoding="utf-8") as f:
+    json.dump(chrome_trace(result.events), f)
+
   print(f"final test accuracy {final_acc:.4f} after {config.waves} waves per virtual worker; "
         f"{result.images_per_second:,.0f} images/s on the {clock} ({result.seconds:.4g} s; host "
         f"{result.wall_seconds:.1f} s)")
@@ -164,7 +172,7 @@ def main(argv):
   print("trace check: " + ("OK, every WSP guarantee holds" if not violations else
                            f"FAILED, {len(violations)} violations (see {summary_out})"))
   for name, path in (("trace", trace_out), ("metrics", metrics_out), ("summary", summary_out),
-                     ("plot", plot_out)):
+                     ("plot", plot_out), ("timeline", gantt_out), ("chrome", chrome_out)):
     print(f"{name:8s} {os.path.abspath(path)}")
   if violations:
     raise SystemExit(1)

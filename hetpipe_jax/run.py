@@ -29,6 +29,7 @@ from hetpipe_jax.data import Dataset, MinibatchStreams, check_batch_size
 from hetpipe_jax.engine import Engine
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.models.base import LayeredModel
+from hetpipe_jax.partition import partition
 from hetpipe_jax.pipeline import SCHEDULES, VirtualWorker
 from hetpipe_jax.profile import CostModel, check_memory, nbytes, profile_units
 from hetpipe_jax.ps import ParameterServer
@@ -60,7 +61,8 @@ class RunConfig:
     schedule: "1f1b" (backward first) or "fifo".
     executor: "virtual" or "wall".
     time_scale: wall executor only: pad each task to its emulated duration x this (0: no padding).
-    cuts: per virtual worker, unit boundaries ``[0, ..., num_units]``; default: as even as possible.
+    cuts: per virtual worker, unit boundaries ``[0, ..., num_units]``; default: the partitioner's fastest
+      cuts for the virtual worker's GPUs in cluster order.
     seed: initialisation and shuffling seed.
     eval_every: evaluate the global weights every this many global clock ticks (and at the end).
     drop_remainder: drop the examples of an epoch that do not fill a minibatch.
@@ -122,12 +124,6 @@ def _per_vw(name: str, value, n: int) -> list[int]:
   return values
 
 
-def even_cuts(num_units: int, k: int) -> list[int]:
-  """Unit boundaries of k contiguous stages whose sizes differ by at most one (larger stages first)."""
-  sizes = [num_units // k + (j < num_units % k) for j in range(k)]
-  return [0] + list(np.cumsum(sizes).tolist())
-
-
 def _check(config: RunConfig) -> None:
   """Validates what does not depend on the model or the layout."""
   if config.d < 0:
@@ -151,7 +147,8 @@ def _check(config: RunConfig) -> None:
 
 def manual_layout(config: RunConfig, model: LayeredModel,
                   cluster: Cluster) -> tuple[list[list[Gpu]], list[int], list[list[int]]]:
-  """GPUs (cluster order), Nm and cuts per virtual worker from ``num_vws``, ``stages``, ``nm``, ``cuts``.
+  """GPUs (cluster order), Nm and cuts per virtual worker from ``num_vws``, ``stages``, ``nm``, ``cuts``
+  (None when not given: the caller then partitions).
 
   Raises:
     ConfigError: naming the bad value, its limit and the fix.
@@ -171,7 +168,7 @@ def manual_layout(config: RunConfig, model: LayeredModel,
                         f"{model.num_units} units to cut; use at most {model.num_units} stages")
   gpus = assign_gpus(cluster, stages)  # raises when the cluster is too small
   if config.cuts is None:
-    return gpus, nms, [even_cuts(model.num_units, k) for k in stages]
+    return gpus, nms, None
   cuts = [list(c) for c in config.cuts]
   if len(cuts) != config.num_vws:
     raise ConfigError(f"cuts has {len(cuts)} entries for {config.num_vws} virtual workers")
@@ -218,6 +215,9 @@ def run_hetpipe(model: LayeredModel, dataset: Dataset, config: RunConfig) -> Run
   slots = nbytes(jax.eval_shape(tx.init, param_shapes)) / max(nbytes(param_shapes), 1)  # opt. state / params
   if config.policy is not None:
     gpus, nms, cuts = planned_layout(config, cluster, profiles, slots)
+  elif cuts is None:  # the fastest cuts for each virtual worker's GPUs, in cluster order
+    cuts = [partition(cluster, profiles, g, nm, config.weight_mode, slots, ordered=True).cuts
+            for g, nm in zip(gpus, nms)]
   num_vws, stages = len(gpus), [len(g) for g in gpus]
   batches = MinibatchStreams(dataset, config.batch_size, num_vws, config.seed, config.drop_remainder)
   devices = _jax_devices(max(g.index for group in gpus for g in group) + 1)

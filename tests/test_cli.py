@@ -34,5 +34,7 @@ def test_train_cli_writes_outputs_the_checker_accepts(tmp_path, executor):
   assert all({"vw", "wave", "step", "time", "train_loss"} <= set(r) for r in rows)
   assert sum("test_accuracy" in r for r in rows) >= 2
   assert (tmp_path / "training.png").stat().st_size > 10_000
-  for name in ("metrics.jsonl", "summary.json", "training.png"):
+  assert (tmp_path / "timeline.png").stat().st_size > 10_000
+  assert json.loads((tmp_path / "timeline.chrome.json").read_text())["traceEvents"]
+  for name in ("metrics.jsonl", "summary.json", "training.png", "timeline.png", "timeline.chrome.json"):
     assert str(tmp_path / name) in proc.stdout

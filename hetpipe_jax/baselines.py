@@ -1,0 +1,58 @@
+"""Baselines: Horovod-style synchronous data parallelism, as a cost model.
+
+Every GPU holds the whole model and trains its own minibatch; gradients are summed with ring all-reduce
+every step. One iteration on GPUs G (HETPIPE.md section 5's baseline):
+
+  T = max_{g in G} (forward + backward of the whole model on g's type) + T_allreduce(S)
+
+for S = the model's parameter bytes. Ring all-reduce over p GPUs on one kind of link (bandwidth B,
+latency a) moves 2 (p-1)/p S bytes per GPU in 2 (p-1) steps:
+
+  T_ring(p, S, link) = 2 (p-1) a + 2 (p-1)/p * S / B
+
+Across nodes it is hierarchical (NCCL/Horovod's hierarchical all-reduce): a ring reduce-scatter inside
+each node (g = most GPUs of one node), a ring all-reduce of the S/g shards across the n nodes, a ring
+all-gather inside each node:
+
+  T = 2 (g-1) a_intra + 2 (g-1)/g * S / B_intra + T_ring(n, S/g, inter-node link)
+
+Throughput = |G| x batch / T images per second.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from hetpipe_jax.cluster import Cluster, Gpu, Link
+from hetpipe_jax.profile import UnitProfile
+
+
+def ring_allreduce_seconds(p: int, num_bytes: float, link: Link) -> float:
+  """Ring all-reduce of ``num_bytes`` over ``p`` participants on one kind of link."""
+  if p <= 1:
+    return 0.0
+  return 2 * (p - 1) * link.latency_s + 2 * (p - 1) / p * num_bytes / link.bytes_per_s
+
+
+def allreduce_seconds(cluster: Cluster, gpus: Sequence[Gpu], num_bytes: float) -> float:
+  """All-reduce time over ``gpus``: a flat ring inside one node, hierarchical across nodes."""
+  per_node: dict[int, int] = {}
+  for g in gpus:
+    per_node[g.node] = per_node.get(g.node, 0) + 1
+  if len(per_node) == 1:
+    return ring_allreduce_seconds(len(gpus), num_bytes, cluster.intra_node)
+  g = max(per_node.values())
+  intra = ring_allreduce_seconds(g, num_bytes, cluster.intra_node)  # reduce-scatter + all-gather
+  return intra + ring_allreduce_seconds(len(per_node), num_bytes / g, cluster.inter_node)
+
+
+def horovod_iteration_seconds(cluster: Cluster, profiles: Sequence[UnitProfile], gpus: Sequence[Gpu],
+                              precision: str = "fp32") -> float:
+  """One synchronous step: the slowest GPU's forward + backward, then the gradient all-reduce."""
+  compute = max(sum(sum(u.seconds(g.type, precision)) for u in profiles) for g in gpus)
+  return compute + allreduce_seconds(cluster, gpus, sum(u.param_bytes for u in profiles))
+
+
+def horovod_images_per_second(cluster: Cluster, profiles: Sequence[UnitProfile], gpus: Sequence[Gpu],
+                              batch_size: int, precision: str = "fp32") -> float:
+  return len(gpus) * batch_size / horovod_iteration_seconds(cluster, profiles, gpus, precision)

@@ -1,0 +1,51 @@
+"""The Horovod cost model by hand, and trace timelines (Chrome trace JSON, Gantt PNG)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from hetpipe_jax.baselines import allreduce_seconds, horovod_iteration_seconds, ring_allreduce_seconds
+from hetpipe_jax.cluster import GpuType, Link, make_cluster
+from hetpipe_jax.profile import UnitProfile
+from hetpipe_jax.timeline import chrome_trace
+
+from helpers import schedule_only
+
+FAST = GpuType("fast", 1 << 33, 10e12, 10e12, 1e15, 1.0)
+SLOW = GpuType("slow", 1 << 33, 5e12, 5e12, 1e15, 1.0)
+PCIE, NET = Link("pcie", 10e9, 1e-5), Link("net", 1e9, 1e-4)
+
+
+def test_horovod_on_two_gpus_by_hand():
+  cluster = make_cluster("two", [[FAST, SLOW]], PCIE, NET)
+  units = [UnitProfile("u", 1e12, 2e12, 0, 0, 400_000_000, 0, 0)]  # 3 Tflop per step, 400 MB of weights
+  # slowest GPU: 3e12 / 5e12 = 0.6 s; ring over 2: 2 * 1 * 1e-5 + 2 * 1/2 * 4e8 / 1e10 = 0.04002 s
+  assert ring_allreduce_seconds(2, 4e8, PCIE) == pytest.approx(0.04002)
+  assert horovod_iteration_seconds(cluster, units, list(cluster.gpus)) == pytest.approx(0.64002)
+
+
+def test_allreduce_is_hierarchical_across_nodes():
+  cluster = make_cluster("2x2", [[FAST, FAST], [FAST, FAST]], PCIE, NET)
+  s = 4e8
+  # inside a node: 2 * 1e-5 + 1 * 4e8 / 1e10 = 0.04002; across 2 nodes, shards of s/2: 2e-4 + 2e8 / 1e9
+  assert allreduce_seconds(cluster, list(cluster.gpus), s) == pytest.approx(0.04002 + 0.2002)
+  assert allreduce_seconds(cluster, list(cluster.gpus[:2]), s) == pytest.approx(0.04002)
+  assert allreduce_seconds(cluster, list(cluster.gpus[:1]), s) == 0.0
+
+
+def test_timeline_exports(tmp_path):
+  events = schedule_only([2, 2], [2, 2], d=0, waves=4, slowdown=(1, 3))
+  doc = chrome_trace(events)
+  tasks = [e for e in doc["traceEvents"] if e.get("ph") == "X" and e["cat"] in ("fwd", "bwd")]
+  assert len(tasks) == sum(e["ev"] in ("fwd", "bwd") for e in events)
+  assert any(e.get("cat") == "wait" for e in doc["traceEvents"])  # VW 0 waited at the gate
+  assert {e["name"] for e in tasks if e["pid"] == 0 and e["tid"] == 1} >= {"F1", "B1"}
+  path = tmp_path / "t.jsonl"
+  path.write_text("".join(json.dumps(e) + "\n" for e in events))
+  proc = subprocess.run([sys.executable, "-m", "hetpipe_jax.timeline", str(path), "2"], capture_output=True,
+                        text=True, timeout=120)
+  assert proc.returncode == 0, proc.stderr
+  assert (tmp_path / "t.gantt.png").stat().st_size > 10_000
+  assert json.loads((tmp_path / "t.chrome.json").read_text())["traceEvents"]
