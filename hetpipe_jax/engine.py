@@ -9,6 +9,11 @@ from a cost model), and does it block on the numerics. Everything else happens h
   push a finished wave to the PS, then retry every virtual worker's next injection: the Nm window, the
   WSP gate (c_local - c_global <= D), the pull and rebase.
 
+Pushes and pulls go through a ``Comm``: :class:`InstantComm` (the default) completes them at once; the
+``sim`` executor's network model completes them when their transfers have crossed the links. A push is
+applied (and its trace line written) when it completes; a gated injection waits for its own virtual
+worker's last push to be applied, then for the gate, then for the pull to arrive.
+
 Not thread-safe by itself: the ``wall`` executor calls it under one lock.
 """
 
@@ -23,6 +28,19 @@ from hetpipe_jax.trace import Trace
 
 BatchFn = Callable[[int, int], tuple[Any, Any]]  # (vw, mb) -> (x, labels)
 WaveFn = Callable[[int, int, float, list], None]  # (vw, wave, t, losses of the wave) -> None
+Done = Callable[[float], None]  # called with the time a push or pull completed
+
+
+class InstantComm:
+  """Pushes and pulls that take no time."""
+
+  def push(self, vw: VirtualWorker, wave: int, t: float, done: Done) -> None:
+    del vw, wave
+    done(t)
+
+  def pull(self, vw: VirtualWorker, t: float, done: Done) -> None:
+    del vw
+    done(t)
 
 
 class Engine:
@@ -34,12 +52,16 @@ class Engine:
     trace: where events go; the caller has written the meta line.
     batches: minibatch source, called at injection (not needed without numerics).
     on_wave: called after every push with the wave's losses (device scalars).
+    comm: how long pushes and pulls take (default: no time).
   """
 
   def __init__(self, vws: Sequence[VirtualWorker], ps: ParameterServer, trace: Trace,
-               batches: BatchFn | None = None, on_wave: WaveFn | None = None):
+               batches: BatchFn | None = None, on_wave: WaveFn | None = None, comm=None):
     self.vws, self.ps, self.trace = list(vws), ps, trace
     self._batches, self._on_wave = batches, on_wave
+    self.comm = comm or InstantComm()
+    self._pulling: dict[int, int] = {}  # vw -> gated minibatch whose pull is on its way
+    self._pulled: dict[int, int] = {}  # vw -> gated minibatch whose pull has arrived
 
   @property
   def done(self) -> bool:
@@ -74,18 +96,19 @@ class Engine:
       return
     self.trace.emit(ev="complete", vw=vw.index, mb=task.mb, t=t)
     if wsp.is_wave_end(task.mb, vw.nm):
-      self._push(vw, wsp.wave_of(task.mb, vw.nm), t)
-      self._inject_all(t)  # a push can open other virtual workers' gates
-    else:
-      self._inject(vw, t)
+      wave = wsp.wave_of(task.mb, vw.nm)
+      updates = vw.take_wave(wave)
+      self.comm.push(vw, wave, t, lambda t_done: self._push(vw, wave, updates, t_done))
+    self._inject(vw, t)
 
-  def _push(self, vw: VirtualWorker, wave: int, t: float) -> None:
-    clock = self.ps.push(vw.index, wave, vw.take_wave(wave))
+  def _push(self, vw: VirtualWorker, wave: int, updates, t: float) -> None:
+    clock = self.ps.push(vw.index, wave, updates)
     self.trace.emit(ev="push", vw=vw.index, wave=wave, t=t, shards=self.ps.num_shards,
                     gap=wsp.clock_gap(clock, vw.index))
     if self._on_wave is not None:
       first = wave * vw.nm + 1
       self._on_wave(vw.index, wave, t, [vw.losses.pop(p, None) for p in range(first, first + vw.nm)])
+    self._inject_all(t)  # a push can open gates, this virtual worker's own included
 
   def _inject_all(self, t: float) -> None:
     for vw in self.vws:
@@ -93,19 +116,30 @@ class Engine:
 
   def _inject(self, vw: VirtualWorker, t: float) -> None:
     """Injects while the window allows; a gated minibatch first passes the gate and pulls."""
+    i = vw.index
     while vw.can_inject():
       mb = vw.next_mb
-      if wsp.is_gated(mb, vw.nm):
-        snapshot = self.ps.pull(vw.index, block=False)
+      if wsp.is_gated(mb, vw.nm) and self._pulled.get(i) != mb:
+        if self._pulling.get(i) == mb or self.ps.clock.c_local[i] < wsp.wave_of(mb, vw.nm):
+          return  # the pull is on its way, or this VW's own last push has not landed yet
+        snapshot = self.ps.pull(i, block=False)
         if snapshot is None:
           if vw.waiting_since is None:
             vw.waiting_since = t
           return
         if vw.waiting_since is not None:
-          self.trace.emit(ev="wait", vw=vw.index, t0=vw.waiting_since, t1=t)
+          self.trace.emit(ev="wait", vw=i, t0=vw.waiting_since, t1=t)
           vw.waiting_since = None
-        vw.rebase(snapshot.params, snapshot.waves)
-        self.trace.emit(ev="pull", vw=vw.index, t=t, glob=list(snapshot.waves))
-      x, labels = self._batches(vw.index, mb) if vw.stages is not None else (None, None)
+        self._pulling[i] = mb
+        self.comm.pull(vw, t, lambda t_done: self._pull_arrived(vw, mb, snapshot, t_done))
+        continue  # an instant pull has injected mb already
+      x, labels = self._batches(i, mb) if vw.stages is not None else (None, None)
       vw.inject(x, labels)
-      self.trace.emit(ev="inject", vw=vw.index, mb=mb, t=t)
+      self.trace.emit(ev="inject", vw=i, mb=mb, t=t)
+
+  def _pull_arrived(self, vw: VirtualWorker, mb: int, snapshot, t: float) -> None:
+    del self._pulling[vw.index]
+    self._pulled[vw.index] = mb
+    vw.rebase(snapshot.params, snapshot.waves)
+    self.trace.emit(ev="pull", vw=vw.index, t=t, glob=list(snapshot.waves))
+    self._inject(vw, t)

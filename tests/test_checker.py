@@ -112,9 +112,9 @@ class NoGatePS(ParameterServer):
 class DoublePushEngine(Engine):
   """Writes every push twice, as a runtime that re-sent a wave would."""
 
-  def _push(self, vw, wave, t):
-    super()._push(vw, wave, t)
+  def _push(self, vw, wave, updates, t):
     self.trace.emit(ev="push", vw=vw.index, wave=wave, t=t, shards=self.ps.num_shards)
+    super()._push(vw, wave, updates, t)
 
 
 def test_fault_gate_never_closes():
