@@ -24,7 +24,7 @@ from hetpipe_jax.engine import Engine
 from hetpipe_jax.pipeline import Task
 
 CostFn = Callable[[Task], float]
-EXECUTORS = ("virtual", "wall")
+EXECUTORS = ("virtual", "wall", "sim")  # sim: see sim.py
 
 
 def run_virtual(engine: Engine, cost: CostFn) -> float:

@@ -135,18 +135,35 @@ def stage_memory_bytes(units: Sequence[UnitProfile], nm: int, weight_mode: str,
   return int(params * copies + nm * sum(u.kept_bytes for u in units))
 
 
+def stage_transfers(profiles: Sequence[UnitProfile], cut: Sequence[int], gpus: Sequence[Gpu],
+                    j: int) -> tuple[tuple[int, Gpu] | None, tuple[int, Gpu] | None]:
+  """(bytes, source GPU) that stage j receives: its input activation before a forward pass (from stage
+  j-1) and its output gradient before a backward pass (from stage j+1); None where nothing crosses (the
+  first and last stage, and cuts at the very start or end of the model, where only empty stages sit)."""
+  n = len(profiles)
+  fwd = (profiles[cut[j] - 1].out_bytes, gpus[j - 1]) if j > 0 and 0 < cut[j] < n else None
+  bwd = ((profiles[cut[j + 1] - 1].out_bytes, gpus[j + 1])
+         if j < len(gpus) - 1 and 0 < cut[j + 1] < n else None)
+  return fwd, bwd
+
+
+def stage_compute_seconds(profiles: Sequence[UnitProfile], cut: Sequence[int], gpu: Gpu, j: int,
+                          precision: str = "fp32") -> tuple[float, float]:
+  """(forward, backward) seconds of stage j's units on its GPU, by the roofline."""
+  times = [u.seconds(gpu.type, precision) for u in profiles[cut[j]:cut[j + 1]]]
+  return sum(t[0] for t in times), sum(t[1] for t in times)
+
+
 def stage_seconds(cluster: Cluster, profiles: Sequence[UnitProfile], cut: Sequence[int],
                   gpus: Sequence[Gpu], j: int, precision: str = "fp32") -> tuple[float, float]:
   """(forward, backward) seconds of stage j: its units on its GPU, plus receiving its input activation
-  (forward) from stage j-1 and its output gradient (backward) from stage j+1 over their links. A cut at
-  the very start or end of the model carries nothing (only empty stages sit there)."""
-  gpu, n = gpus[j], len(profiles)
-  times = [u.seconds(gpu.type, precision) for u in profiles[cut[j]:cut[j + 1]]]
-  fwd, bwd = sum(t[0] for t in times), sum(t[1] for t in times)
-  if j > 0 and 0 < cut[j] < n:
-    fwd += cluster.transfer_seconds(gpus[j - 1], gpu, profiles[cut[j] - 1].out_bytes)
-  if j < len(gpus) - 1 and 0 < cut[j + 1] < n:
-    bwd += cluster.transfer_seconds(gpus[j + 1], gpu, profiles[cut[j + 1] - 1].out_bytes)
+  (forward) and its output gradient (backward) over the links from its neighbours, alone on the link."""
+  fwd, bwd = stage_compute_seconds(profiles, cut, gpus[j], j, precision)
+  recv_fwd, recv_bwd = stage_transfers(profiles, cut, gpus, j)
+  if recv_fwd:
+    fwd += cluster.transfer_seconds(recv_fwd[1], gpus[j], recv_fwd[0])
+  if recv_bwd:
+    bwd += cluster.transfer_seconds(recv_bwd[1], gpus[j], recv_bwd[0])
   return fwd, bwd
 
 
@@ -163,13 +180,29 @@ class CostModel:
   def __init__(self, cluster: Cluster, profiles: Sequence[UnitProfile], cuts: Sequence[Sequence[int]],
                gpus: Sequence[Sequence[Gpu]], precision: str = "fp32"):
     self._seconds: dict[tuple[int, int, str], float] = {}
+    self._compute: dict[tuple[int, int, str], float] = {}
+    self._transfer: dict[tuple[int, int, str], tuple[int, Gpu, Gpu] | None] = {}
     for i, (cut, group) in enumerate(zip(cuts, gpus)):
       for j in range(len(group)):
-        fwd, bwd = stage_seconds(cluster, profiles, cut, group, j, precision)
-        self._seconds[(i, j, "fwd")], self._seconds[(i, j, "bwd")] = fwd, bwd
+        compute = stage_compute_seconds(profiles, cut, group[j], j, precision)
+        transfers = stage_transfers(profiles, cut, group, j)
+        for kind, c, recv in zip(("fwd", "bwd"), compute, transfers):
+          key = (i, j, kind)
+          self._compute[key] = c
+          self._transfer[key] = None if recv is None else (recv[0], recv[1], group[j])
+          self._seconds[key] = c + (0.0 if recv is None else
+                                    cluster.transfer_seconds(recv[1], group[j], recv[0]))
 
   def task_seconds(self, vw: int, stage: int, kind: str) -> float:
+    """Compute plus receiving the task's input alone on its link."""
     return self._seconds[(vw, stage, kind)]
+
+  def compute_seconds(self, vw: int, stage: int, kind: str) -> float:
+    return self._compute[(vw, stage, kind)]
+
+  def transfer(self, vw: int, stage: int, kind: str) -> tuple[int, Gpu, Gpu] | None:
+    """(bytes, from GPU, to GPU) the task must receive before it computes, or None."""
+    return self._transfer[(vw, stage, kind)]
 
 
 def check_memory(profiles: Sequence[UnitProfile], cuts: Sequence[Sequence[int]],

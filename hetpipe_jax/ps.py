@@ -30,11 +30,12 @@ class ParameterServer:
   """Global parameters and WSP clocks shared by all virtual workers.
 
   Args:
-    params: initial global parameters, one entry per unit (shard).
+    params: initial global parameters, one entry per unit (shard); None for a clock-only server.
     num_vws: number of virtual workers.
     d: the clock distance bound D >= 0.
     tx: optax transformation applied to every pushed wave update (default: add as is).
     device: where the global weights live (default: the first JAX device).
+    num_shards: the shard count of a clock-only server.
 
   Example::
 
@@ -43,16 +44,20 @@ class ParameterServer:
     snap = ps.pull(1)                            # waits until VW 1 passes the gate
   """
 
-  def __init__(self, params: Sequence[Any], num_vws: int, d: int,
-               tx: optax.GradientTransformation | None = None, device: jax.Device | None = None):
-    self.device = device or jax.devices()[0]
+  def __init__(self, params: Sequence[Any] | None, num_vws: int, d: int,
+               tx: optax.GradientTransformation | None = None, device: jax.Device | None = None,
+               num_shards: int = 0):
     self.d = d
+    self._clock = wsp.init(num_vws)
+    self._cond = threading.Condition()
+    if params is None:  # clocks only (the sim executor): pushes carry no numbers
+      self.num_shards, self._params = num_shards, None
+      return
+    self.device = device or jax.devices()[0]
     self.num_shards = len(params)
     self._tx = tx or optax.identity()
     self._params = tuple(jax.device_put(tuple(params), self.device))
     self._opt_state = jax.device_put(self._tx.init(self._params), self.device)
-    self._clock = wsp.init(num_vws)
-    self._cond = threading.Condition()
     self._apply = jax.jit(self._apply_fn)
 
   def _apply_fn(self, params, opt_state, updates):
@@ -77,15 +82,17 @@ class ParameterServer:
     Raises:
       ValueError: when the wave is not the VW's next one or does not cover every shard exactly once.
     """
-    if sorted(updates) != list(range(self.num_shards)):
-      raise ValueError(f"VW {vw} pushed wave {wave} for shards {sorted(updates)}; a push must cover all "
-                       f"{self.num_shards} shards exactly once")
-    full = jax.device_put(tuple(updates[u] for u in range(self.num_shards)), self.device)
+    if self._params is not None:
+      if sorted(updates) != list(range(self.num_shards)):
+        raise ValueError(f"VW {vw} pushed wave {wave} for shards {sorted(updates)}; a push must cover all "
+                         f"{self.num_shards} shards exactly once")
+      full = jax.device_put(tuple(updates[u] for u in range(self.num_shards)), self.device)
     with self._cond:
       if wave != self._clock.c_local[vw]:
         raise ValueError(f"VW {vw} pushed wave {wave} but its clock is {self._clock.c_local[vw]}; waves "
                          "are pushed once each, in order")
-      self._params, self._opt_state = self._apply(self._params, self._opt_state, full)
+      if self._params is not None:
+        self._params, self._opt_state = self._apply(self._params, self._opt_state, full)
       self._clock = wsp.push(self._clock, vw)
       self._cond.notify_all()
       return self._clock

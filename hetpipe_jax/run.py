@@ -33,6 +33,7 @@ from hetpipe_jax.partition import partition
 from hetpipe_jax.pipeline import SCHEDULES, VirtualWorker
 from hetpipe_jax.profile import CostModel, check_memory, nbytes, profile_units
 from hetpipe_jax.ps import ParameterServer
+from hetpipe_jax.sim import simulate
 from hetpipe_jax.stage import WEIGHT_MODES, Stage
 from hetpipe_jax.trace import Trace
 
@@ -59,7 +60,8 @@ class RunConfig:
     ps_tx: the parameter server's apply rule (default: add each pushed wave as is).
     weight_mode: "stash" or "latest".
     schedule: "1f1b" (backward first) or "fifo".
-    executor: "virtual" or "wall".
+    executor: "virtual", "wall", or "sim" (no numerics: the cost model with link contention and PS
+      transfers; metrics then carry no loss or accuracy).
     time_scale: wall executor only: pad each task to its emulated duration x this (0: no padding).
     cuts: per virtual worker, unit boundaries ``[0, ..., num_units]``; default: the partitioner's fastest
       cuts for the virtual worker's GPUs in cluster order.
@@ -101,8 +103,8 @@ class RunConfig:
 class RunResult:
   """What a run leaves: the global weights, its trace, its metrics and its timing."""
 
-  init_params: tuple[Any, ...]
-  params: tuple[Any, ...]
+  init_params: tuple[Any, ...] | None  # None for the sim executor (no numerics)
+  params: tuple[Any, ...] | None
   events: list[dict[str, Any]]
   metrics: list[dict[str, Any]]
   seconds: float  # on the executor's clock
@@ -219,6 +221,8 @@ def run_hetpipe(model: LayeredModel, dataset: Dataset, config: RunConfig) -> Run
     cuts = [partition(cluster, profiles, g, nm, config.weight_mode, slots, ordered=True).cuts
             for g, nm in zip(gpus, nms)]
   num_vws, stages = len(gpus), [len(g) for g in gpus]
+  if config.executor == "sim":
+    return _simulate(config, cluster, model.name, dataset.name, profiles, gpus, nms, cuts)
   batches = MinibatchStreams(dataset, config.batch_size, num_vws, config.seed, config.drop_remainder)
   devices = _jax_devices(max(g.index for group in gpus for g in group) + 1)
   check_memory(profiles, cuts, gpus, nms, config.weight_mode, slots)
@@ -236,11 +240,7 @@ def run_hetpipe(model: LayeredModel, dataset: Dataset, config: RunConfig) -> Run
   ps = ParameterServer(init_params, num_vws, config.d, config.ps_tx, devices[0])
 
   trace = Trace(config.trace_path)
-  trace.emit(ev="meta", version=1, num_vws=num_vws, nm=nms, d=config.d, stages=stages,
-             weight_mode=config.weight_mode, executor=config.executor, schedule=config.schedule,
-             shards=model.num_units, model=model.name, dataset=dataset.name,
-             batch_size=config.batch_size, cuts=cuts, gpus=[[g.name for g in grp] for grp in gpus],
-             cluster=cluster.name, seed=config.seed, policy=config.policy, placement=config.placement)
+  _emit_meta(trace, config, cluster, model.name, dataset.name, model.num_units, nms, stages, cuts, gpus)
 
   rows: list[dict[str, Any]] = []
   snapshots: list[tuple[int, Any]] = []  # (row index, global params) to evaluate after the run
@@ -285,6 +285,31 @@ def run_hetpipe(model: LayeredModel, dataset: Dataset, config: RunConfig) -> Run
     row["train_loss"] = float(np.mean(losses))
   images = sum(vw.completed for vw in vws) * config.batch_size
   return RunResult(init_params, final, trace.events, rows, seconds, wall_seconds, vws, cuts, images)
+
+
+def _emit_meta(trace: Trace, config: RunConfig, cluster: Cluster, model_name: str, dataset_name: str,
+               num_units: int, nms, stages, cuts, gpus) -> None:
+  trace.emit(ev="meta", version=1, num_vws=len(stages), nm=nms, d=config.d, stages=stages,
+             weight_mode=config.weight_mode, executor=config.executor, schedule=config.schedule,
+             shards=num_units, model=model_name, dataset=dataset_name, batch_size=config.batch_size,
+             cuts=cuts, gpus=[[g.name for g in grp] for grp in gpus], cluster=cluster.name,
+             seed=config.seed, policy=config.policy, placement=config.placement)
+
+
+def _simulate(config: RunConfig, cluster: Cluster, model_name: str, dataset_name: str, profiles,
+              gpus: list[list[Gpu]], nms: list[int], cuts: list[list[int]]) -> RunResult:
+  """The ``sim`` executor: the same engine on the cost model with link contention, no numerics."""
+  trace = Trace(config.trace_path)
+  _emit_meta(trace, config, cluster, model_name, dataset_name, len(profiles), nms, [len(g) for g in gpus],
+             cuts, gpus)
+  t_host = time.perf_counter()
+  try:
+    seconds, vws, rows = simulate(cluster, profiles, gpus, cuts, nms, config.d, config.waves, trace,
+                                  config.placement, config.schedule, config.weight_mode)
+  finally:
+    trace.close()
+  images = sum(vw.completed for vw in vws) * config.batch_size
+  return RunResult(None, None, trace.events, rows, seconds, time.perf_counter() - t_host, vws, cuts, images)
 
 
 def make_evaluator(model: LayeredModel, dataset: Dataset, device: jax.Device, chunk: int = 2000):

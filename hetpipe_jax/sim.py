@@ -1,0 +1,183 @@
+"""The ``sim`` executor: the engine's schedule and WSP protocol on a cost model, without numerics.
+
+Same :class:`~hetpipe_jax.engine.Engine` as the other executors (virtual workers without stages, a
+clock-only parameter server), on a discrete-event clock where
+
+* a task first receives its input (the activation from the previous stage, or the gradient from the next)
+  as a *flow* over the links between the two GPUs, then computes for its roofline time;
+* a push sends every stage's summed update of each unit to the node of that unit's PS shard, a pull
+  brings them back; the push is applied (the clock ticks) when its last flow lands;
+* links are shared resources: a node's PCIe (inside a node) and each node's network egress and ingress
+  (between nodes). Concurrent flows share a resource equally; a flow moves at the rate of its most
+  contended resource (a fluid model), after the link's latency. Rates are recomputed whenever a flow
+  starts or ends.
+
+The trace is the same as every executor's, and the package checker accepts it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import itertools
+from typing import Callable, Sequence
+
+from hetpipe_jax.allocation import place_shards
+from hetpipe_jax.cluster import Cluster, Gpu
+from hetpipe_jax.engine import Done, Engine
+from hetpipe_jax.partition import StagePlan, VWPlan
+from hetpipe_jax.pipeline import Task, VirtualWorker
+from hetpipe_jax.profile import CostModel, UnitProfile
+from hetpipe_jax.ps import ParameterServer
+from hetpipe_jax.trace import Trace
+
+EPS = 1e-12
+
+
+@dataclasses.dataclass(eq=False)
+class _Flow:
+  remaining: float  # bytes
+  resources: tuple
+  done: Callable[[float], None]
+  rate: float = 0.0
+
+
+class Simulator:
+  """Timers and flows on one clock."""
+
+  def __init__(self, cluster: Cluster):
+    self.cluster = cluster
+    self.t = 0.0
+    self._timers: list = []
+    self._seq = itertools.count()
+    self._flows: list[_Flow] = []
+    self._capacity: dict[tuple, float] = {}
+    for node in {g.node for g in cluster.gpus}:
+      self._capacity[("pcie", node)] = cluster.intra_node.bytes_per_s
+      self._capacity[("out", node)] = cluster.inter_node.bytes_per_s
+      self._capacity[("in", node)] = cluster.inter_node.bytes_per_s
+
+  def at(self, t: float, fn: Callable[[float], None]) -> None:
+    heapq.heappush(self._timers, (t, next(self._seq), fn))
+
+  def send(self, src_node: int, dst_node: int, num_bytes: float, done: Done) -> None:
+    """Moves ``num_bytes`` between nodes (or over a node's PCIe when equal); calls ``done(t)``."""
+    if src_node == dst_node:
+      link, resources = self.cluster.intra_node, (("pcie", src_node),)
+    else:
+      link, resources = self.cluster.inter_node, (("out", src_node), ("in", dst_node))
+    self.at(self.t + link.latency_s, lambda t: self._start_flow(_Flow(num_bytes, resources, done)))
+
+  def _start_flow(self, flow: _Flow) -> None:
+    self._flows.append(flow)
+    self._rates()
+
+  def _rates(self) -> None:
+    load: dict[tuple, int] = {}
+    for f in self._flows:
+      for r in f.resources:
+        load[r] = load.get(r, 0) + 1
+    for f in self._flows:
+      f.rate = min(self._capacity[r] / load[r] for r in f.resources)
+
+  def run(self, engine: Engine, cost: CostModel) -> float:
+    """Runs ``engine`` to the end; returns the simulated seconds."""
+    engine.begin(self.t)
+    while True:
+      for task in engine.startable():
+        self._start_task(engine, cost, task)
+      t_flow = min((self.t + f.remaining / f.rate for f in self._flows), default=float("inf"))
+      t_timer = self._timers[0][0] if self._timers else float("inf")
+      t_next = min(t_flow, t_timer)
+      if t_next == float("inf"):
+        break
+      for f in self._flows:
+        f.remaining -= f.rate * (t_next - self.t)
+      self.t = t_next
+      landed = [f for f in self._flows if f.remaining <= f.rate * EPS]
+      if landed:
+        self._flows = [f for f in self._flows if f not in landed]
+        self._rates()
+        for f in landed:
+          f.done(self.t)
+      while self._timers and self._timers[0][0] <= self.t:
+        heapq.heappop(self._timers)[2](self.t)
+    if not engine.done:
+      raise RuntimeError("sim executor stalled before every minibatch completed (a schedule bug)")
+    return self.t
+
+  def _start_task(self, engine: Engine, cost: CostModel, task: Task) -> None:
+    engine.start(task, self.t)
+    compute = cost.compute_seconds(task.vw, task.stage, task.kind)
+    finish = lambda t: engine.finish(task, t)
+    transfer = cost.transfer(task.vw, task.stage, task.kind)
+    if transfer is None:
+      self.at(self.t + compute, finish)
+    else:
+      num_bytes, src, dst = transfer
+      self.send(src.node, dst.node, num_bytes, lambda t: self.at(t + compute, finish))
+
+
+class SimComm:
+  """Push and pull transfers between each stage's GPU and the nodes of its units' PS shards."""
+
+  def __init__(self, sim: Simulator, profiles: Sequence[UnitProfile], cuts: Sequence[Sequence[int]],
+               gpus: Sequence[Sequence[Gpu]], shard_nodes: Sequence[int]):
+    self.sim = sim
+    self._routes: list[list[tuple[int, int, int]]] = []  # per VW: (gpu node, shard node, bytes)
+    for cut, group in zip(cuts, gpus):
+      per_pair: dict[tuple[int, int], int] = {}
+      for j, gpu in enumerate(group):
+        for u in range(cut[j], cut[j + 1]):
+          key = (gpu.node, shard_nodes[u])
+          per_pair[key] = per_pair.get(key, 0) + profiles[u].param_bytes
+      self._routes.append([(a, b, n) for (a, b), n in sorted(per_pair.items())])
+
+  def _transfer(self, vw: VirtualWorker, done: Done, to_ps: bool) -> None:
+    routes = self._routes[vw.index]
+    if not routes:
+      done(self.sim.t)
+      return
+    pending = {"n": len(routes)}
+
+    def one_landed(t: float) -> None:
+      pending["n"] -= 1
+      if pending["n"] == 0:
+        done(t)
+
+    for gpu_node, shard_node, num_bytes in routes:
+      src, dst = (gpu_node, shard_node) if to_ps else (shard_node, gpu_node)
+      self.sim.send(src, dst, num_bytes, one_landed)
+
+  def push(self, vw: VirtualWorker, wave: int, t: float, done: Done) -> None:
+    del wave, t
+    self._transfer(vw, done, to_ps=True)
+
+  def pull(self, vw: VirtualWorker, t: float, done: Done) -> None:
+    del t
+    self._transfer(vw, done, to_ps=False)
+
+
+def simulate(cluster: Cluster, profiles: Sequence[UnitProfile], gpus: Sequence[Sequence[Gpu]],
+             cuts: Sequence[Sequence[int]], nms: Sequence[int], d: int, waves: int, trace: Trace,
+             placement: str = "default", schedule: str = "1f1b", weight_mode: str = "stash",
+             precision: str = "fp32") -> tuple[float, list[VirtualWorker], list[dict]]:
+  """Simulates N virtual workers (GPUs in pipeline order, cuts, Nm each) for ``waves`` waves.
+
+  The caller has written the trace's meta line. Returns (simulated seconds, the virtual workers, one
+  metrics row per pushed wave).
+  """
+  num_vws = len(gpus)
+  plans = [VWPlan(nm, tuple(StagePlan(g, cut[j], cut[j + 1], 0.0, 0) for j, g in enumerate(group)))
+           for group, cut, nm in zip(gpus, cuts, nms)]
+  shard_nodes = place_shards(cluster, profiles, plans, placement)
+  vws = [VirtualWorker(i, len(gpus[i]), nms[i], waves * nms[i], num_vws, schedule, weight_mode)
+         for i in range(num_vws)]
+  rows: list[dict] = []
+  on_wave = lambda vw, wave, t, _: rows.append(
+      {"vw": vw, "wave": wave, "step": (wave + 1) * nms[vw], "time": t, "train_loss": None})
+  simulator = Simulator(cluster)
+  engine = Engine(vws, ParameterServer(None, num_vws, d, num_shards=len(profiles)), trace,
+                  on_wave=on_wave, comm=SimComm(simulator, profiles, cuts, gpus, shard_nodes))
+  seconds = simulator.run(engine, CostModel(cluster, profiles, cuts, gpus, precision))
+  return seconds, vws, rows

@@ -1,0 +1,117 @@
+"""The sim executor: the engine without numerics on the cost model, links shared by concurrent flows."""
+
+import numpy as np
+import pytest
+
+from hetpipe_jax import RunConfig, get_model, run_hetpipe, synthetic
+from hetpipe_jax.cluster import GpuType, Link, make_cluster
+from hetpipe_jax.profile import UnitProfile, stage_seconds
+from hetpipe_jax.sim import Simulator, simulate
+from hetpipe_jax.trace import Trace
+
+from helpers import assert_trace_ok, meta
+
+GPU = GpuType("g", 1 << 34, 1e12, 1e12, 1e15, 1.0)
+SLOW = GpuType("slow", 1 << 34, 0.5e12, 0.5e12, 1e15, 1.0)
+PCIE, NET = Link("pcie", 1e10, 1e-6), Link("net", 1e9, 2e-6)
+
+
+def units(n, act_bytes=8, param_bytes=1024):
+  # 0.1 s forward and 0.2 s backward per unit on GPU; tiny tensors so links add microseconds
+  return [UnitProfile(f"u{i}", 1e11, 2e11, 0, 0, param_bytes, act_bytes, 0) for i in range(n)]
+
+
+def run(cluster, profiles, groups, cuts, nms, d, waves):
+  trace = Trace()
+  trace.emit(**{**meta(len(groups), nms, d, [len(g) for g in groups], executor="sim"),
+                "shards": len(profiles)})
+  seconds, vws, rows = simulate(cluster, profiles, groups, cuts, nms, d, waves, trace)
+  return trace.events, seconds, rows
+
+
+def steady_rate(events, vw=0, skip=20):
+  done = [e["t"] for e in events if e["ev"] == "complete" and e["vw"] == vw]
+  return (len(done) - 1 - skip) / (done[-1] - done[skip])
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_full_pipeline_runs_at_the_slowest_stage(k):
+  cluster = make_cluster("one", [[GPU] * k], PCIE, NET)
+  profiles, gpus, cut = units(k), list(cluster.gpus), list(range(k + 1))
+  bottleneck = max(sum(stage_seconds(cluster, profiles, cut, gpus, j)) for j in range(k))
+  events, _, _ = run(cluster, profiles, [gpus], [cut], [k], 0, 40)
+  assert_trace_ok(events)
+  assert steady_rate(events) == pytest.approx(1 / bottleneck, rel=0.01)
+
+
+def test_nm1_runs_one_minibatch_through_all_stages():
+  cluster = make_cluster("one", [[GPU] * 3], PCIE, NET)
+  profiles, gpus, cut = units(3), list(cluster.gpus), [0, 1, 2, 3]
+  round_trip = sum(sum(stage_seconds(cluster, profiles, cut, gpus, j)) for j in range(3))
+  events, _, _ = run(cluster, profiles, [gpus], [cut], [1], 0, 40)
+  assert_trace_ok(events)
+  assert steady_rate(events) == pytest.approx(1 / round_trip, rel=0.01)
+
+
+def test_d0_gates_the_fast_worker_to_the_slow_one():
+  cluster = make_cluster("two", [[GPU, GPU], [SLOW, SLOW]], PCIE, NET)
+  profiles = units(2)
+  groups = [list(cluster.gpus[:2]), list(cluster.gpus[2:])]
+  events, _, _ = run(cluster, profiles, groups, [[0, 1, 2]] * 2, [2, 2], 0, 30)
+  assert_trace_ok(events)
+  pushed = [0, 0]
+  for e in events:
+    if e["ev"] == "push":
+      pushed[e["vw"]] += 1
+      assert pushed[0] - pushed[1] <= 1  # D + 1
+  assert sum(e["ev"] == "wait" and e["vw"] == 0 for e in events) > 10
+  assert steady_rate(events, 0) == pytest.approx(steady_rate(events, 1), rel=0.05)
+
+
+def test_concurrent_flows_share_a_link():
+  cluster = make_cluster("two", [[GPU], [GPU]], PCIE, Link("net", 1e9, 0.0))
+  sim = Simulator(cluster)
+  landed = []
+  sim.send(0, 1, 1e9, landed.append)
+  sim.send(0, 1, 1e9, landed.append)
+  sim.at(0.0, lambda t: sim.send(1, 0, 0.5e9, landed.append))  # the other direction is free
+
+  class Idle:  # an engine with nothing to do
+    done = True
+
+    def begin(self, t):
+      pass
+
+    def startable(self):
+      return []
+
+  sim.run(Idle(), cost=None)
+  assert landed == pytest.approx([0.5, 2.0, 2.0])  # two flows at 0.5 GB/s each; the reverse alone
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_configurations_pass_the_checker(seed):
+  rng = np.random.default_rng(seed)
+  n = int(rng.integers(1, 4))
+  types = [GpuType(f"t{i}", 1 << 34, float(rng.uniform(0.3, 2)) * 1e12, 1e12, 1e15, 1.0) for i in range(3)]
+  cluster = make_cluster("r", [[types[int(rng.integers(3))] for _ in range(4)] for _ in range(n)], PCIE, NET)
+  profiles = [UnitProfile(f"u{i}", float(rng.uniform(1e10, 1e11)), float(rng.uniform(2e10, 2e11)), 0, 0,
+                          int(rng.integers(1e5, 1e8)), int(rng.integers(1e4, 1e7)), 0) for i in range(6)]
+  groups, cuts, nms = [], [], []
+  for i in range(n):
+    k = int(rng.choice([1, 2, 4]))
+    groups.append(list(cluster.gpus[4 * i:4 * i + k]))
+    cuts.append([0] + sorted(rng.choice(np.arange(1, 6), k - 1, replace=False).tolist()) + [6])
+    nms.append(int(rng.choice([1, 2, 4])))
+  d = int(rng.choice([0, 1, 3]))
+  events, seconds, rows = run(cluster, profiles, groups, cuts, nms, d, 8)
+  assert_trace_ok(events)
+  assert seconds > 0 and len(rows) == 8 * n
+
+
+def test_sim_executor_through_run_hetpipe():
+  result = run_hetpipe(get_model("cnn"), synthetic(num_train=512, num_test=64), RunConfig(
+      cluster="paper_half", policy="HD", executor="sim", d=1, waves=10, batch_size=16))
+  assert_trace_ok(result.events)
+  assert result.params is None and result.images_per_second > 0
+  assert result.events[0]["executor"] == "sim" and len(result.metrics) == 10 * len(result.vws)
