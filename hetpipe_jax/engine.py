@@ -62,6 +62,7 @@ class Engine:
     self.comm = comm or InstantComm()
     self._pulling: dict[int, int] = {}  # vw -> gated minibatch whose pull is on its way
     self._pulled: dict[int, int] = {}  # vw -> gated minibatch whose pull has arrived
+    self._changed = True  # whether a task may have become startable
 
   @property
   def done(self) -> bool:
@@ -76,6 +77,9 @@ class Engine:
 
   def startable(self) -> list[Task]:
     """One task for every free device that has one ready, in device order."""
+    if not self._changed:  # nothing finished or was injected since the last call
+      return []
+    self._changed = False
     tasks = []
     for vw in self.vws:
       for j in range(vw.k):
@@ -89,6 +93,7 @@ class Engine:
     self.vws[task.vw].run(task)
 
   def finish(self, task: Task, t: float) -> None:
+    self._changed = True
     vw = self.vws[task.vw]
     self.trace.emit(ev=task.kind, vw=task.vw, stage=task.stage, mb=task.mb, t0=task.t0, t1=t,
                     own=task.version.own, glob=list(task.version.glob))
@@ -135,6 +140,7 @@ class Engine:
         continue  # an instant pull has injected mb already
       x, labels = self._batches(i, mb) if vw.stages is not None else (None, None)
       vw.inject(x, labels)
+      self._changed = True
       self.trace.emit(ev="inject", vw=i, mb=mb, t=t)
 
   def _pull_arrived(self, vw: VirtualWorker, mb: int, snapshot, t: float) -> None:

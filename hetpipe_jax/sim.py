@@ -56,6 +56,8 @@ class Simulator:
       self._capacity[("pcie", node)] = cluster.intra_node.bytes_per_s
       self._capacity[("out", node)] = cluster.inter_node.bytes_per_s
       self._capacity[("in", node)] = cluster.inter_node.bytes_per_s
+    self._on: dict[tuple, set[_Flow]] = {r: set() for r in self._capacity}  # flows on each resource
+    self._dirty: set[tuple] = set()  # resources whose load changed since rates were last computed
 
   def at(self, t: float, fn: Callable[[float], None]) -> None:
     heapq.heappush(self._timers, (t, next(self._seq), fn))
@@ -70,15 +72,14 @@ class Simulator:
 
   def _start_flow(self, flow: _Flow) -> None:
     self._flows.append(flow)
-    self._rates()
+    for r in flow.resources:
+      self._on[r].add(flow)
+    self._dirty.update(flow.resources)
 
-  def _rates(self) -> None:
-    load: dict[tuple, int] = {}
-    for f in self._flows:
-      for r in f.resources:
-        load[r] = load.get(r, 0) + 1
-    for f in self._flows:
-      f.rate = min(self._capacity[r] / load[r] for r in f.resources)
+  def _rates(self, resources) -> None:
+    """Recomputes the rates of the flows that share any of ``resources`` (their load changed)."""
+    for f in {f for r in resources for f in self._on[r]}:
+      f.rate = min(self._capacity[r] / len(self._on[r]) for r in f.resources)
 
   def run(self, engine: Engine, cost: CostModel) -> float:
     """Runs ``engine`` to the end; returns the simulated seconds."""
@@ -86,6 +87,9 @@ class Simulator:
     while True:
       for task in engine.startable():
         self._start_task(engine, cost, task)
+      if self._dirty:
+        self._rates(self._dirty)
+        self._dirty = set()
       t_flow = min((self.t + f.remaining / f.rate for f in self._flows), default=float("inf"))
       t_timer = self._timers[0][0] if self._timers else float("inf")
       t_next = min(t_flow, t_timer)
@@ -96,8 +100,11 @@ class Simulator:
       self.t = t_next
       landed = [f for f in self._flows if f.remaining <= f.rate * EPS]
       if landed:
-        self._flows = [f for f in self._flows if f not in landed]
-        self._rates()
+        self._flows = [f for f in self._flows if f.remaining > f.rate * EPS]
+        for f in landed:
+          for r in f.resources:
+            self._on[r].discard(f)
+          self._dirty.update(f.resources)
         for f in landed:
           f.done(self.t)
       while self._timers and self._timers[0][0] <= self.t:
