@@ -25,8 +25,12 @@ G = 1e9
 
 
 def format_bytes(num_bytes: float) -> str:
-  """``12.00 GiB`` or ``22.9 MiB``: enough digits to tell a need from a capacity."""
-  return f"{num_bytes / GIB:.2f} GiB" if num_bytes >= GIB else f"{num_bytes / (1 << 20):.1f} MiB"
+  """``12.00 GiB``, ``22.9 MiB`` or ``97.7 KiB``: enough digits to tell a need from a capacity."""
+  if num_bytes >= GIB:
+    return f"{num_bytes / GIB:.2f} GiB"
+  if num_bytes >= 1 << 20:
+    return f"{num_bytes / (1 << 20):.1f} MiB"
+  return f"{num_bytes / 1024:.1f} KiB"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -64,6 +64,12 @@ class ParameterServer:
     updates, opt_state = self._tx.update(updates, opt_state, params)
     return optax.apply_updates(params, updates), opt_state
 
+  def warm_up(self) -> None:
+    """Compiles the apply program on zero updates (results discarded) before a timed run."""
+    if self._params is not None:
+      zeros = jax.tree.map(jax.numpy.zeros_like, self._params)
+      jax.block_until_ready(self._apply(self._params, self._opt_state, zeros))
+
   @property
   def clock(self) -> wsp.ClockState:
     with self._cond:

@@ -264,6 +264,7 @@ def run_hetpipe(model: LayeredModel, dataset: Dataset, config: RunConfig) -> Run
   x0, y0 = batches(0, 1)
   for vw in vws:  # compile before the clock starts
     vw.warm_up(x0, y0)
+  ps.warm_up()
   t_host = time.perf_counter()
   try:
     if config.executor == "virtual":

@@ -29,7 +29,7 @@ MLP = get_model("mlp")  # 4 units
                           r"be left over each epoch\); use a divisor such as 8, 16, 32.*--drop_remainder"),
     (dict(batch_size=0), r"batch_size=0 must be between 1 and the 512 training examples"),
     (dict(weight_mode="fresh"), r"unknown weight_mode 'fresh'; choose one of stash, latest"),
-    (dict(executor="sim"), r"unknown executor 'sim'; choose one of virtual, wall"),
+    (dict(executor="gpu"), r"unknown executor 'gpu'; choose one of virtual, wall, sim"),
     (dict(schedule="gpipe"), r"unknown schedule 'gpipe'"),
     (dict(waves=0), r"waves=0; run at least 1 wave"),
     (dict(eval_every=0), r"eval_every=0; evaluate every 1 or more global clock ticks"),
@@ -53,8 +53,13 @@ def test_batch_size_that_does_not_divide_runs_with_drop_remainder():
 def test_stage_that_fits_no_gpu():
   tiny = GpuType("tiny", memory_bytes=100_000, fp32_flops=1e12, fp16_flops=1e12, mem_bytes_per_s=1e11)
   cluster = make_cluster("tiny", [[tiny, CLASS_D]])
-  with pytest.raises(ConfigError, match=r"stage 0 of virtual worker 0 \(units 0..1\) needs .* MiB with Nm=2 "
-                                        r"\(stash\), but GPU n0.tiny.0 has 0.1 MiB; use more stages"):
+  with pytest.raises(ConfigError, match=r"stage 0 of virtual worker 0 \(units 0..1\) needs .* KiB with Nm=2 "
+                                        r"\(stash\), but GPU n0.tiny.0 has 97.7 KiB; use more stages"):
+    run_hetpipe(MLP, DATA, RunConfig(cluster=cluster, num_vws=1, stages=2, nm=2, d=0, waves=1,
+                                     batch_size=16, cuts=[[0, 2, 4]]))
+  with pytest.raises(ConfigError, match=r"no partition of the model over 2 GPUs \(n0.tiny.0, n0.D.1\) fits in "
+                                        r"memory with Nm=2: the least-loaded cut still needs \d+.\d KiB on "
+                                        r"n0.tiny.0 \(tiny, 97.7 KiB\)"):
     run_hetpipe(MLP, DATA, RunConfig(cluster=cluster, num_vws=1, stages=2, nm=2, d=0, waves=1,
                                      batch_size=16))
 
