@@ -115,3 +115,24 @@ def test_sim_executor_through_run_hetpipe():
   assert_trace_ok(result.events)
   assert result.params is None and result.images_per_second > 0
   assert result.events[0]["executor"] == "sim" and len(result.metrics) == 10 * len(result.vws)
+
+
+def test_throughput_study_cli(tmp_path):
+  import json
+  import os
+  import subprocess
+  import sys
+  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+  proc = subprocess.run([sys.executable, "-m", "experiments.throughput", "--models=vgg19", "--waves=20",
+                         "--nm_max=3", f"--out_dir={tmp_path}"], capture_output=True, text=True, timeout=300,
+                        env=env)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  rows = json.loads((tmp_path / "throughput.json").read_text())
+  assert all(set(r) == {"model", "study", "config", "gpus", "nm", "d", "images_per_sec"} for r in rows)
+  assert {r["study"] for r in rows} == {"nm", "policy", "whimpy"}
+  assert {r["config"] for r in rows if r["study"] == "policy"} >= {"Horovod", "NP-default", "ED-local",
+                                                                  "HD-default"}
+  assert all(r["images_per_sec"] > 0 for r in rows)
+  for name in ("throughput.csv", "throughput_nm.png", "throughput_policy.png", "throughput_whimpy.png"):
+    assert (tmp_path / name).stat().st_size > 0 and str(tmp_path / name) in proc.stdout
+  assert "vs Horovod" in proc.stdout

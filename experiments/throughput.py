@@ -1,0 +1,171 @@
+r"""The paper's throughput study on the simulated cluster (the ``sim`` executor and the planner).
+
+Defaults reproduce the paper's setting: the 16-GPU ``paper_testbed``, VGG-19 and ResNet-152 at 224x224,
+batch 32, momentum SGD, weight stashing. For each model:
+
+  (a) nm:      one virtual worker as Nm grows, for several GPU mixes;
+  (b) policy:  NP, ED, HD with default and local placement (planned partitions and Nm, D = 0), and the
+               Horovod-style baseline on the GPUs that hold the whole model;
+  (c) whimpy:  HetPipe (ED, local) on the 12 non-whimpy GPUs vs. all 16, and Horovod.
+
+Writes throughput.json (rows {"model", "study", "config", "gpus", "nm", "d", "images_per_sec"}), a CSV and
+PNG charts to --out_dir, prints a table with the ratios to Horovod, and the paths::
+
+  python -m experiments.throughput
+  python -m experiments.throughput --models=vgg19 --waves=50
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+
+from absl import app, flags, logging
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list("models", ["vgg19", "resnet152"], "Full-size models to study.")
+flags.DEFINE_string("cluster", "paper_testbed", "Cluster preset or .toml file.")
+flags.DEFINE_integer("batch_size", 32, "Minibatch size.")
+flags.DEFINE_integer("waves", 100, "Simulated waves per virtual worker.")
+flags.DEFINE_integer("nm_max", 8, "Largest Nm in the single-virtual-worker sweep.")
+flags.DEFINE_string("whimpy", "RTX 2060", "GPU type left out of the 12-GPU side of study (c).")
+flags.DEFINE_string("out_dir", "outputs/throughput", "Where the JSON, CSV and charts go.")
+
+SLOTS = 1  # momentum
+
+
+def simulated_images_per_sec(cluster, profiles, plans, d: int = 0, placement: str = "default") -> float:
+  from hetpipe_jax.sim import simulate  # pylint: disable=g-import-not-at-top
+  from hetpipe_jax.trace import Trace  # pylint: disable=g-import-not-at-top
+  from hetpipe_jax.check import check_trace  # pylint: disable=g-import-not-at-top
+  trace = Trace()
+  trace.emit(ev="meta", version=1, num_vws=len(plans), nm=[p.nm for p in plans], d=d,
+             stages=[len(p.stages) for p in plans], weight_mode="stash", executor="sim", shards=len(profiles))
+  seconds, vws, _ = simulate(cluster, profiles, [p.gpus for p in plans], [p.cuts for p in plans],
+                             [p.nm for p in plans], d, FLAGS.waves, trace, placement)
+  violations = check_trace(trace.events)
+  if violations:
+    raise RuntimeError(f"simulated trace breaks WSP: {violations[:3]}")
+  return sum(vw.completed for vw in vws) * FLAGS.batch_size / seconds
+
+
+def study(model_name: str, cluster) -> list[dict]:
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from hetpipe_jax import ConfigError, get_model  # pylint: disable=g-import-not-at-top
+  from hetpipe_jax.allocation import allocate, horovod_gpus, plan_cluster  # pylint: disable=g-import-not-at-top
+  from hetpipe_jax.baselines import horovod_images_per_second  # pylint: disable=g-import-not-at-top
+  from hetpipe_jax.cluster import make_cluster  # pylint: disable=g-import-not-at-top
+  from hetpipe_jax.partition import partition  # pylint: disable=g-import-not-at-top
+  from hetpipe_jax.profile import profile_units  # pylint: disable=g-import-not-at-top
+
+  profiles = profile_units(get_model(model_name, 1000),
+                           jax.ShapeDtypeStruct((FLAGS.batch_size, 224, 224, 3), jnp.float32))
+  rows = []
+  row = lambda study_name, config, gpus, nm, d, ips: rows.append(
+      {"model": model_name, "study": study_name, "config": config, "gpus": gpus, "nm": nm, "d": d,
+       "images_per_sec": ips})
+
+  # (a) one virtual worker, Nm = 1 .. nm_max
+  ed, hd, nodes = allocate(cluster, "ED")[0], allocate(cluster, "HD")[0], allocate(cluster, "NP")
+  mixes = {"ED mix (1 of each type)": ed, "HD mix (fast + whimpy)": hd,
+           f"one node ({nodes[0][0].type.name})": nodes[0]}
+  for label, gpus in mixes.items():
+    for nm in range(1, FLAGS.nm_max + 1):
+      try:
+        plan = partition(cluster, profiles, gpus, nm, optimizer_slots=SLOTS)
+      except ConfigError:
+        break  # memory grows with Nm
+      row("nm", label, len(gpus), nm, 0, simulated_images_per_sec(cluster, profiles, [plan]))
+      logging.info("%s %s Nm=%d: %.1f images/s", model_name, label, nm, rows[-1]["images_per_sec"])
+
+  # (b) allocation policies and placements vs. Horovod
+  baseline_gpus = horovod_gpus(cluster, profiles, SLOTS)
+  horovod = horovod_images_per_second(cluster, profiles, baseline_gpus, FLAGS.batch_size) if baseline_gpus else 0
+  row("policy", "Horovod", len(baseline_gpus), 1, 0, horovod)
+  for policy in ("NP", "ED", "HD"):
+    for placement in ("default", "local"):
+      plan = plan_cluster(cluster, profiles, policy, placement, "max_fit", None, optimizer_slots=SLOTS)
+      ips = simulated_images_per_sec(cluster, profiles, plan.vws, 0, placement)
+      row("policy", f"{policy}-{placement}", cluster.num_gpus, max(p.nm for p in plan.vws), 0, ips)
+      logging.info("%s %s-%s: %.1f images/s", model_name, policy, placement, ips)
+
+  # (c) whimpy GPUs: HetPipe on the others, HetPipe on all, Horovod
+  kept = [[g.type for g in cluster.node_gpus(n)] for n in sorted({g.node for g in cluster.gpus})
+          if cluster.node_gpus(n)[0].type.name != FLAGS.whimpy]
+  without = make_cluster(f"{cluster.name}-no-whimpy", kept, cluster.intra_node, cluster.inter_node)
+  for label, c in ((f"HetPipe ED-local, {without.num_gpus} GPUs (no {FLAGS.whimpy})", without),
+                   (f"HetPipe ED-local, {cluster.num_gpus} GPUs", cluster)):
+    plan = plan_cluster(c, profiles, "ED", "local", "max_fit", None, optimizer_slots=SLOTS)
+    row("whimpy", label, c.num_gpus, max(p.nm for p in plan.vws), 0,
+        simulated_images_per_sec(c, profiles, plan.vws, 0, "local"))
+  row("whimpy", f"Horovod, {len(baseline_gpus)} GPUs that hold the model", len(baseline_gpus), 1, 0, horovod)
+  return rows
+
+
+def charts(rows: list[dict], out_dir: str) -> list[str]:
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  models = sorted({r["model"] for r in rows})
+  paths = []
+  fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4), squeeze=False)
+  for ax, model in zip(axes[0], models):
+    for config in dict.fromkeys(r["config"] for r in rows if r["model"] == model and r["study"] == "nm"):
+      pts = [r for r in rows if r["model"] == model and r["study"] == "nm" and r["config"] == config]
+      ax.plot([r["nm"] for r in pts], [r["images_per_sec"] for r in pts], "o-", label=config)
+    ax.set(title=f"{model}: one virtual worker", xlabel="Nm", ylabel="images/s (simulated)")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+  paths.append(os.path.join(out_dir, "throughput_nm.png"))
+  fig.tight_layout()
+  fig.savefig(paths[-1], dpi=110)
+  plt.close(fig)
+  for study_name in ("policy", "whimpy"):
+    fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4.5), squeeze=False)
+    for ax, model in zip(axes[0], models):
+      pts = [r for r in rows if r["model"] == model and r["study"] == study_name]
+      colours = ["#999999" if r["config"].startswith("Horovod") else "#4C72B0" for r in pts]
+      ax.bar(range(len(pts)), [r["images_per_sec"] for r in pts], color=colours)
+      ax.set_xticks(range(len(pts)))
+      ax.set_xticklabels([r["config"] for r in pts], rotation=30, ha="right", fontsize=7)
+      ax.set(title=f"{model}: {study_name}", ylabel="images/s (simulated)")
+      ax.grid(alpha=0.3, axis="y")
+    paths.append(os.path.join(out_dir, f"throughput_{study_name}.png"))
+    fig.tight_layout()
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+  return paths
+
+
+def main(argv):
+  del argv
+  from hetpipe_jax import get_cluster  # pylint: disable=g-import-not-at-top
+  cluster = get_cluster(FLAGS.cluster)
+  rows = [r for model in FLAGS.models for r in study(model, cluster)]
+  os.makedirs(FLAGS.out_dir, exist_ok=True)
+  json_out, csv_out = (os.path.join(FLAGS.out_dir, f"throughput.{ext}") for ext in ("json", "csv"))
+  with open(json_out, "w", encoding="utf-8") as f:
+    json.dump(rows, f, indent=1)
+  with open(csv_out, "w", newline="", encoding="utf-8") as f:
+    writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+  pngs = charts(rows, FLAGS.out_dir)
+  print(f"{'model':10} {'study':7} {'config':52} {'GPUs':>4} {'Nm':>3} {'images/s':>9} {'vs Horovod':>10}")
+  for r in rows:
+    horovod = next(x["images_per_sec"] for x in rows if x["model"] == r["model"] and x["config"] == "Horovod")
+    ratio = f"{r['images_per_sec'] / horovod:.2f}x" if horovod else "-"
+    print(f"{r['model']:10} {r['study']:7} {r['config']:52} {r['gpus']:>4} {r['nm']:>3} "
+          f"{r['images_per_sec']:9.1f} {ratio:>10}")
+  print("images/s of the simulated cluster (cost model: roofline at efficiency 0.5 for every GPU type, "
+        "links of the preset); not measured on GPUs")
+  for name, path in [("json", json_out), ("csv", csv_out)] + [("chart", p) for p in pngs]:
+    print(f"{name:6} {os.path.abspath(path)}")
+
+
+if __name__ == "__main__":
+  from hetpipe_jax.errors import exit_on_config_error  # pylint: disable=g-import-not-at-top
+  app.run(exit_on_config_error(main))
