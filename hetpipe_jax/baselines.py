@@ -56,3 +56,51 @@ def horovod_iteration_seconds(cluster: Cluster, profiles: Sequence[UnitProfile],
 def horovod_images_per_second(cluster: Cluster, profiles: Sequence[UnitProfile], gpus: Sequence[Gpu],
                               batch_size: int, precision: str = "fp32") -> float:
   return len(gpus) * batch_size / horovod_iteration_seconds(cluster, profiles, gpus, precision)
+
+
+def train_data_parallel(model, dataset, tx, num_workers: int, steps: int, batch_size: int,
+                        step_seconds: float, seed: int = 0, eval_every: int = 10,
+                        device=None) -> list[dict]:
+  """Horovod-style synchronous data parallelism, numerically: every step each of ``num_workers`` workers
+  computes the gradient of its own minibatch, the gradients are averaged (the all-reduce) and one
+  update is applied. The clock advances ``step_seconds`` per step (from the cost model).
+
+  Returns metrics rows like the HetPipe runs': ``{"vw": 0, "wave": step-1, "step", "time",
+  "train_loss"}`` per step, with ``test_accuracy`` every ``eval_every`` steps and at the end.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import optax  # pylint: disable=g-import-not-at-top
+
+  from hetpipe_jax.data import MinibatchStreams  # pylint: disable=g-import-not-at-top
+  from hetpipe_jax.models.base import cross_entropy  # pylint: disable=g-import-not-at-top
+  from hetpipe_jax.run import make_evaluator  # pylint: disable=g-import-not-at-top
+
+  device = device or jax.devices()[0]
+  streams = MinibatchStreams(dataset, batch_size, num_workers, seed)
+  params = jax.device_put(model.init(jax.random.key(seed), jnp.asarray(dataset.x_train[:batch_size])), device)
+  opt_state = tx.init(params)
+  loss_fn = lambda p, x, y: cross_entropy(model.apply(p, x), y)
+
+  @jax.jit
+  def step(params, opt_state, xs, ys):
+    losses, grads = jax.vmap(jax.value_and_grad(loss_fn), in_axes=(None, 0, 0))(params, xs, ys)
+    grads = jax.tree.map(lambda g: g.mean(axis=0), grads)  # the all-reduce (average)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, losses.mean()
+
+  evaluate = make_evaluator(model, dataset, device)
+  rows, losses = [], []
+  for s in range(1, steps + 1):
+    batch = [streams(w, s) for w in range(num_workers)]
+    xs = jax.device_put(np.stack([b[0] for b in batch]), device)
+    ys = jax.device_put(np.stack([b[1] for b in batch]), device)
+    params, opt_state, loss = step(params, opt_state, xs, ys)
+    losses.append(loss)
+    rows.append({"vw": 0, "wave": s - 1, "step": s, "time": s * step_seconds})
+    if s % eval_every == 0 or s == steps:
+      rows[-1]["test_accuracy"] = evaluate(params)
+  for row, loss in zip(rows, jax.device_get(losses)):
+    row["train_loss"] = float(loss)
+  return rows

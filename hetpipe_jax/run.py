@@ -28,6 +28,7 @@ from hetpipe_jax.cluster import Cluster, Gpu, assign_gpus, get_cluster
 from hetpipe_jax.data import Dataset, MinibatchStreams, check_batch_size
 from hetpipe_jax.engine import Engine
 from hetpipe_jax.errors import ConfigError
+from hetpipe_jax.models import FULL_SIZE_INPUT, get_model
 from hetpipe_jax.models.base import LayeredModel
 from hetpipe_jax.partition import partition
 from hetpipe_jax.pipeline import SCHEDULES, VirtualWorker
@@ -73,6 +74,8 @@ class RunConfig:
       partitioner their GPU order, cuts and (with nm "max_fit"/"best") Nm; ``num_vws``, ``stages`` and
       ``cuts`` are then not used.
     placement: PS shard placement of the plan (default or local); recorded in the trace.
+    time_model: "vgg19" or "resnet152": the clock (virtual and sim executors, wall padding) takes task
+      durations from this full-size model's plan on the same GPUs, while the numerics train ``model``.
   """
 
   cluster: str | Cluster = "hetero4"
@@ -97,6 +100,7 @@ class RunConfig:
   trace_path: str | None = None
   policy: str | Sequence[Sequence[int]] | None = None
   placement: str = "default"
+  time_model: str | None = None
 
 
 @dataclasses.dataclass
@@ -124,6 +128,14 @@ def _per_vw(name: str, value, n: int) -> list[int]:
     raise ConfigError(f"{name} has {len(values)} values {values} for {n} virtual workers; give one "
                       "value, or one per virtual worker")
   return values
+
+
+def time_model_profiles(name: str, batch_size: int):
+  """Profiles of a full-size model (``vgg19``, ``resnet152``) at ``batch_size``, for the clock."""
+  if name not in FULL_SIZE_INPUT:
+    raise ConfigError(f"time_model={name!r}; use one of {', '.join(FULL_SIZE_INPUT)} (or none)")
+  shape = jax.ShapeDtypeStruct((batch_size,) + FULL_SIZE_INPUT[name], jnp.float32)
+  return profile_units(get_model(name, 1000), shape)
 
 
 def _check(config: RunConfig) -> None:
@@ -215,19 +227,25 @@ def run_hetpipe(model: LayeredModel, dataset: Dataset, config: RunConfig) -> Run
   profiles = profile_units(model, sample_x)
   param_shapes = jax.eval_shape(model.init, jax.random.key(0), sample_x)
   slots = nbytes(jax.eval_shape(tx.init, param_shapes)) / max(nbytes(param_shapes), 1)  # opt. state / params
+  # The clock's model: the trained one, or a larger one (time_model) whose plan sets the durations.
+  clock_profiles = profiles if config.time_model is None else time_model_profiles(config.time_model,
+                                                                                  config.batch_size)
+  ordered_cuts = lambda prof, groups: [partition(cluster, prof, g, nm, config.weight_mode, slots,
+                                                 ordered=True).cuts for g, nm in zip(groups, nms)]
   if config.policy is not None:
-    gpus, nms, cuts = planned_layout(config, cluster, profiles, slots)
-  elif cuts is None:  # the fastest cuts for each virtual worker's GPUs, in cluster order
-    cuts = [partition(cluster, profiles, g, nm, config.weight_mode, slots, ordered=True).cuts
-            for g, nm in zip(gpus, nms)]
+    gpus, nms, clock_cuts = planned_layout(config, cluster, clock_profiles, slots)
+    cuts = clock_cuts if config.time_model is None else ordered_cuts(profiles, gpus)
+  else:
+    cuts = cuts or ordered_cuts(profiles, gpus)  # the fastest cuts for each VW's GPUs, in cluster order
+    clock_cuts = cuts if config.time_model is None else ordered_cuts(clock_profiles, gpus)
   num_vws, stages = len(gpus), [len(g) for g in gpus]
   if config.executor == "sim":
-    return _simulate(config, cluster, model.name, dataset.name, profiles, gpus, nms, cuts)
+    return _simulate(config, cluster, model.name, dataset.name, clock_profiles, gpus, nms, clock_cuts)
   batches = MinibatchStreams(dataset, config.batch_size, num_vws, config.seed, config.drop_remainder)
   devices = _jax_devices(max(g.index for group in gpus for g in group) + 1)
   check_memory(profiles, cuts, gpus, nms, config.weight_mode, slots)
   init_params = model.init(jax.random.key(config.seed), sample_x)
-  cost_model = CostModel(cluster, profiles, cuts, gpus)
+  cost_model = CostModel(cluster, clock_profiles, clock_cuts, gpus)
   cost = lambda task: cost_model.task_seconds(task.vw, task.stage, task.kind)
 
   vws = []
@@ -294,7 +312,8 @@ def _emit_meta(trace: Trace, config: RunConfig, cluster: Cluster, model_name: st
              weight_mode=config.weight_mode, executor=config.executor, schedule=config.schedule,
              shards=num_units, model=model_name, dataset=dataset_name, batch_size=config.batch_size,
              cuts=cuts, gpus=[[g.name for g in grp] for grp in gpus], cluster=cluster.name,
-             seed=config.seed, policy=config.policy, placement=config.placement)
+             seed=config.seed, policy=config.policy, placement=config.placement,
+             time_model=config.time_model)
 
 
 def _simulate(config: RunConfig, cluster: Cluster, model_name: str, dataset_name: str, profiles,
