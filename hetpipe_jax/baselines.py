@@ -72,6 +72,7 @@ def train_data_parallel(model, dataset, tx, num_workers: int, steps: int, batch_
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   import optax  # pylint: disable=g-import-not-at-top
+  from absl import logging  # pylint: disable=g-import-not-at-top
 
   from hetpipe_jax.data import MinibatchStreams  # pylint: disable=g-import-not-at-top
   from hetpipe_jax.models.base import cross_entropy  # pylint: disable=g-import-not-at-top
@@ -85,10 +86,11 @@ def train_data_parallel(model, dataset, tx, num_workers: int, steps: int, batch_
 
   @jax.jit
   def step(params, opt_state, xs, ys):
-    losses, grads = jax.vmap(jax.value_and_grad(loss_fn), in_axes=(None, 0, 0))(params, xs, ys)
-    grads = jax.tree.map(lambda g: g.mean(axis=0), grads)  # the all-reduce (average)
+    # The average of the workers' gradients (the all-reduce) is the gradient of the mean loss over
+    # their minibatches together (all have the same size), computed here as one batch.
+    loss, grads = jax.value_and_grad(loss_fn)(params, xs.reshape((-1,) + xs.shape[2:]), ys.reshape(-1))
     updates, opt_state = tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, losses.mean()
+    return optax.apply_updates(params, updates), opt_state, loss
 
   evaluate = make_evaluator(model, dataset, device)
   rows, losses = [], []
@@ -101,6 +103,8 @@ def train_data_parallel(model, dataset, tx, num_workers: int, steps: int, batch_
     rows.append({"vw": 0, "wave": s - 1, "step": s, "time": s * step_seconds})
     if s % eval_every == 0 or s == steps:
       rows[-1]["test_accuracy"] = evaluate(params)
+      logging.info("data parallel (%d workers): step %d/%d  t=%.4gs  test accuracy %.4f", num_workers, s,
+                   steps, rows[-1]["time"], rows[-1]["test_accuracy"])
   for row, loss in zip(rows, jax.device_get(losses)):
     row["train_loss"] = float(loss)
   return rows

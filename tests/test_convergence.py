@@ -1,0 +1,84 @@
+"""Convergence harness: runs learn, curves repeat with the seed, DP with one GPU is plain SGD, and the
+cost-model time axis scales with the GPUs' speed."""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+from hetpipe_jax import RunConfig, get_model, load_dataset, run_hetpipe, synthetic
+from hetpipe_jax.baselines import train_data_parallel
+from hetpipe_jax.cluster import GpuType, Link, make_cluster
+
+from helpers import assert_trace_ok
+from test_transparency import plain_sgd, DATA as TDATA, STEPS
+
+FAST_LINKS = (Link("l", 1e18, 0.0), Link("l", 1e18, 0.0))
+
+
+def cluster(speed=1.0):
+  types = [GpuType(n, 1 << 33, f * speed * 1e12, f * speed * 1e12, speed * 1e15, 1.0)
+           for n, f in (("a", 2.0), ("b", 1.0))]
+  return make_cluster("conv", [[types[0]] * 2, [types[1]] * 2], *FAST_LINKS)
+
+
+def first_time(metrics, target):
+  return next((r["time"] for r in metrics if r.get("test_accuracy", 0) >= target), None)
+
+
+def test_data_parallel_with_one_gpu_is_plain_sgd():
+  ref_losses, ref_params = plain_sgd(optax.sgd(0.1))
+  rows = train_data_parallel(get_model("mlp"), TDATA, optax.sgd(0.1), 1, STEPS, 32, 0.5, seed=3,
+                             eval_every=STEPS)
+  np.testing.assert_allclose([r["train_loss"] for r in rows], ref_losses, rtol=1e-5)
+  assert rows[-1]["time"] == pytest.approx(STEPS * 0.5) and "test_accuracy" in rows[-1]
+
+
+def test_short_runs_learn_and_repeat():
+  data = load_dataset("digits")
+  model = get_model("mlp")
+  config = RunConfig(cluster=cluster(), num_vws=2, stages=2, nm=2, d=1, waves=60, batch_size=32,
+                     learning_rate=0.1, eval_every=20)
+  a, b = run_hetpipe(model, data, config), run_hetpipe(model, data, config)
+  assert_trace_ok(a.events)
+  assert a.metrics == b.metrics  # same seed, same curve
+  assert a.metrics[-1]["test_accuracy"] > 0.7  # chance is 0.1
+  ssp = run_hetpipe(model, data, dataclasses.replace(config, policy=[[0], [1], [2], [3]], nm=1, d=2,
+                                                     waves=60))
+  assert_trace_ok(ssp.events)
+  assert ssp.metrics[-1]["test_accuracy"] > 0.7
+  dp = train_data_parallel(model, data, optax.sgd(0.1), 4, 60, 32, 1.0, eval_every=60)
+  assert dp[-1]["test_accuracy"] > 0.7
+
+
+def test_doubling_every_gpu_halves_the_time_to_target():
+  model, data = get_model("mlp"), synthetic(num_train=512, num_test=128)
+  times = []
+  for speed in (1.0, 2.0):
+    result = run_hetpipe(model, data, RunConfig(cluster=cluster(speed), num_vws=2, stages=2, nm=2, d=1,
+                                                waves=30, batch_size=16, learning_rate=0.1, eval_every=2))
+    assert_trace_ok(result.events)
+    times.append(first_time(result.metrics, 0.6))
+  assert times[0] is not None and times[1] == pytest.approx(times[0] / 2, rel=1e-6)
+
+
+def test_convergence_cli(tmp_path):
+  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+  proc = subprocess.run([sys.executable, "-m", "experiments.convergence", "--model=mlp", "--dataset=digits",
+                         "--cluster=paper_mini", "--ds=0,4", "--epochs=2", "--target_accuracy=0.3",
+                         f"--out_dir={tmp_path}"], capture_output=True, text=True, timeout=600, env=env)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  doc = json.loads((tmp_path / "convergence.json").read_text())
+  assert {"target_accuracy", "time_axis", "runs"} <= set(doc)
+  assert [r["system"] for r in doc["runs"]] == ["hetpipe", "hetpipe", "horovod", "ssp"]
+  for run in doc["runs"]:
+    assert {"name", "system", "d", "nm", "gpus", "time_to_target_s", "final_test_accuracy", "curve"} <= set(run)
+    assert all(len(point) == 4 for point in run["curve"])
+  assert (tmp_path / "convergence.png").stat().st_size > 10_000 and (tmp_path / "convergence.csv").exists()
+  assert "speedup vs Horovod" in proc.stdout and "local staleness" in proc.stdout
