@@ -150,7 +150,7 @@ def main(argv):
         f"{'final acc':>9} {'speedup vs Horovod':>18}")
   for run in runs:
     t, th = run["time_to_target_s"], horovod["time_to_target_s"]
-    speed = f"{th / t:.2f}x ({(th - t) / th:.0%} less time)" if t and th else "-"
+    speed = f"{th / t:.2f}x ({(t - th) / th:+.0%} time)" if t and th else "-"
     print(f"{run['name']:28} {run['gpus']:>4} {t if t is not None else float('nan'):14.4g} "
           f"{run['final_test_accuracy']:9.4f} {speed:>18}")
   for run in runs:
