@@ -32,8 +32,6 @@ def main(argv):
   plan = plan_cluster(cluster, profiles, "ED", nm_policy=4, optimizer_slots=1)
   gpus, cuts, nms = [p.gpus for p in plan.vws], [p.cuts for p in plan.vws], [p.nm for p in plan.vws]
   trace = Trace()
-  trace.emit(ev="meta", version=1, num_vws=4, nm=nms, d=0, stages=[4] * 4, weight_mode="stash",
-             executor="sim", shards=len(profiles))
   t = time.perf_counter()
   seconds, vws, _ = simulate(cluster, profiles, gpus, cuts, nms, 0, FLAGS.waves, trace)
   host = time.perf_counter() - t

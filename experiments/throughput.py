@@ -40,8 +40,6 @@ def simulated_images_per_sec(cluster, profiles, plans, d: int = 0, placement: st
   from hetpipe_jax.trace import Trace  # pylint: disable=g-import-not-at-top
   from hetpipe_jax.check import check_trace  # pylint: disable=g-import-not-at-top
   trace = Trace()
-  trace.emit(ev="meta", version=1, num_vws=len(plans), nm=[p.nm for p in plans], d=d,
-             stages=[len(p.stages) for p in plans], weight_mode="stash", executor="sim", shards=len(profiles))
   seconds, vws, _ = simulate(cluster, profiles, [p.gpus for p in plans], [p.cuts for p in plans],
                              [p.nm for p in plans], d, FLAGS.waves, trace, placement)
   violations = check_trace(trace.events)

@@ -258,7 +258,7 @@ def run_hetpipe(model: LayeredModel, dataset: Dataset, config: RunConfig) -> Run
   ps = ParameterServer(init_params, num_vws, config.d, config.ps_tx, devices[0])
 
   trace = Trace(config.trace_path)
-  _emit_meta(trace, config, cluster, model.name, dataset.name, model.num_units, nms, stages, cuts, gpus)
+  trace.emit(**_meta(config, cluster, model.name, dataset.name, model.num_units, nms, cuts, gpus))
 
   rows: list[dict[str, Any]] = []
   snapshots: list[tuple[int, Any]] = []  # (row index, global params) to evaluate after the run
@@ -306,26 +306,27 @@ def run_hetpipe(model: LayeredModel, dataset: Dataset, config: RunConfig) -> Run
   return RunResult(init_params, final, trace.events, rows, seconds, wall_seconds, vws, cuts, images)
 
 
-def _emit_meta(trace: Trace, config: RunConfig, cluster: Cluster, model_name: str, dataset_name: str,
-               num_units: int, nms, stages, cuts, gpus) -> None:
-  trace.emit(ev="meta", version=1, num_vws=len(stages), nm=nms, d=config.d, stages=stages,
-             weight_mode=config.weight_mode, executor=config.executor, schedule=config.schedule,
-             shards=num_units, model=model_name, dataset=dataset_name, batch_size=config.batch_size,
-             cuts=cuts, gpus=[[g.name for g in grp] for grp in gpus], cluster=cluster.name,
-             seed=config.seed, policy=config.policy, placement=config.placement,
-             time_model=config.time_model)
+def _meta(config: RunConfig, cluster: Cluster, model_name: str, dataset_name: str, num_units: int, nms,
+          cuts, gpus) -> dict[str, Any]:
+  """The trace's meta line of a run."""
+  return dict(ev="meta", version=1, num_vws=len(gpus), nm=nms, d=config.d, stages=[len(g) for g in gpus],
+              weight_mode=config.weight_mode, executor=config.executor, schedule=config.schedule,
+              shards=num_units, model=model_name, dataset=dataset_name, batch_size=config.batch_size,
+              cuts=cuts, gpus=[[g.name for g in grp] for grp in gpus], cluster=cluster.name,
+              seed=config.seed, policy=config.policy, placement=config.placement,
+              time_model=config.time_model)
 
 
 def _simulate(config: RunConfig, cluster: Cluster, model_name: str, dataset_name: str, profiles,
               gpus: list[list[Gpu]], nms: list[int], cuts: list[list[int]]) -> RunResult:
   """The ``sim`` executor: the same engine on the cost model with link contention, no numerics."""
   trace = Trace(config.trace_path)
-  _emit_meta(trace, config, cluster, model_name, dataset_name, len(profiles), nms, [len(g) for g in gpus],
-             cuts, gpus)
   t_host = time.perf_counter()
   try:
     seconds, vws, rows = simulate(cluster, profiles, gpus, cuts, nms, config.d, config.waves, trace,
-                                  config.placement, config.schedule, config.weight_mode)
+                                  config.placement, config.schedule, config.weight_mode,
+                                  meta=_meta(config, cluster, model_name, dataset_name, len(profiles),
+                                             nms, cuts, gpus))
   finally:
     trace.close()
   images = sum(vw.completed for vw in vws) * config.batch_size

@@ -168,13 +168,16 @@ class SimComm:
 def simulate(cluster: Cluster, profiles: Sequence[UnitProfile], gpus: Sequence[Sequence[Gpu]],
              cuts: Sequence[Sequence[int]], nms: Sequence[int], d: int, waves: int, trace: Trace,
              placement: str = "default", schedule: str = "1f1b", weight_mode: str = "stash",
-             precision: str = "fp32") -> tuple[float, list[VirtualWorker], list[dict]]:
+             precision: str = "fp32", meta: dict | None = None) -> tuple[float, list[VirtualWorker], list[dict]]:
   """Simulates N virtual workers (GPUs in pipeline order, cuts, Nm each) for ``waves`` waves.
 
-  The caller has written the trace's meta line. Returns (simulated seconds, the virtual workers, one
-  metrics row per pushed wave).
+  Writes the trace's meta line first (``meta`` adds or overrides fields). Returns (simulated seconds,
+  the virtual workers, one metrics row per pushed wave).
   """
   num_vws = len(gpus)
+  trace.emit(**{"ev": "meta", "version": 1, "num_vws": num_vws, "nm": list(nms), "d": d,
+                "stages": [len(g) for g in gpus], "weight_mode": weight_mode, "executor": "sim",
+                "schedule": schedule, "shards": len(profiles), "placement": placement, **(meta or {})})
   plans = [VWPlan(nm, tuple(StagePlan(g, cut[j], cut[j + 1], 0.0, 0) for j, g in enumerate(group)))
            for group, cut, nm in zip(gpus, cuts, nms)]
   shard_nodes = place_shards(cluster, profiles, plans, placement)

@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 
-import jax
 import numpy as np
 import optax
 import pytest

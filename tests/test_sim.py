@@ -9,7 +9,7 @@ from hetpipe_jax.profile import UnitProfile, stage_seconds
 from hetpipe_jax.sim import Simulator, simulate
 from hetpipe_jax.trace import Trace
 
-from helpers import assert_trace_ok, meta
+from helpers import assert_trace_ok
 
 GPU = GpuType("g", 1 << 34, 1e12, 1e12, 1e15, 1.0)
 SLOW = GpuType("slow", 1 << 34, 0.5e12, 0.5e12, 1e15, 1.0)
@@ -23,8 +23,6 @@ def units(n, act_bytes=8, param_bytes=1024):
 
 def run(cluster, profiles, groups, cuts, nms, d, waves):
   trace = Trace()
-  trace.emit(**{**meta(len(groups), nms, d, [len(g) for g in groups], executor="sim"),
-                "shards": len(profiles)})
   seconds, vws, rows = simulate(cluster, profiles, groups, cuts, nms, d, waves, trace)
   return trace.events, seconds, rows
 
