@@ -24,8 +24,8 @@ def main(argv):
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from hetpipe_jax import get_cluster, get_model  # pylint: disable=g-import-not-at-top
-  from hetpipe_jax.partition import plan_virtual_worker  # pylint: disable=g-import-not-at-top
-  from hetpipe_jax.profile import profile_units  # pylint: disable=g-import-not-at-top
+  from hetpipe_jax.plan.partition import plan_virtual_worker  # pylint: disable=g-import-not-at-top
+  from hetpipe_jax.cost.profile import profile_units  # pylint: disable=g-import-not-at-top
 
   shape = jax.ShapeDtypeStruct((32, 224, 224, 3), jnp.float32)
   profiles = {}

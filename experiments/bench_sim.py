@@ -22,18 +22,17 @@ def main(argv):
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from hetpipe_jax import check_trace, get_cluster, get_model  # pylint: disable=g-import-not-at-top
-  from hetpipe_jax.allocation import plan_cluster  # pylint: disable=g-import-not-at-top
-  from hetpipe_jax.profile import profile_units  # pylint: disable=g-import-not-at-top
-  from hetpipe_jax.sim import simulate  # pylint: disable=g-import-not-at-top
-  from hetpipe_jax.trace import Trace  # pylint: disable=g-import-not-at-top
+  from hetpipe_jax.plan.allocation import plan_cluster  # pylint: disable=g-import-not-at-top
+  from hetpipe_jax.cost.profile import profile_units  # pylint: disable=g-import-not-at-top
+  from hetpipe_jax.sim.simulate import simulate  # pylint: disable=g-import-not-at-top
+  from hetpipe_jax.core.trace import Trace  # pylint: disable=g-import-not-at-top
 
   cluster = get_cluster("paper_testbed")
   profiles = profile_units(get_model("vgg19", 1000), jax.ShapeDtypeStruct((32, 224, 224, 3), jnp.float32))
   plan = plan_cluster(cluster, profiles, "ED", nm_policy=4, optimizer_slots=1)
-  gpus, cuts, nms = [p.gpus for p in plan.vws], [p.cuts for p in plan.vws], [p.nm for p in plan.vws]
   trace = Trace()
   t = time.perf_counter()
-  seconds, vws, _ = simulate(cluster, profiles, gpus, cuts, nms, 0, FLAGS.waves, trace)
+  seconds, vws, _ = simulate(cluster, profiles, plan.layout, 0, FLAGS.waves, trace)
   host = time.perf_counter() - t
   images = sum(vw.completed for vw in vws) * 32
   print(f"simulated {FLAGS.waves} waves x 4 virtual workers x 4 stages, Nm=4 (VGG-19, ED): "

@@ -73,12 +73,12 @@ def main(argv):
   import optax  # pylint: disable=g-import-not-at-top
   from hetpipe_jax import (RunConfig, check_trace, get_model, load_dataset, run_hetpipe,  # pylint: disable=g-import-not-at-top
                            staleness_stats)
-  from hetpipe_jax.allocation import horovod_gpus, parse_policy, plan_cluster  # pylint: disable=g-import-not-at-top
-  from hetpipe_jax.baselines import horovod_iteration_seconds, train_data_parallel  # pylint: disable=g-import-not-at-top
-  from hetpipe_jax.run import time_model_profiles  # pylint: disable=g-import-not-at-top
+  from hetpipe_jax.plan.allocation import horovod_gpus, parse_policy, plan_cluster  # pylint: disable=g-import-not-at-top
+  from hetpipe_jax.baselines.horovod import horovod_iteration_seconds, train_data_parallel  # pylint: disable=g-import-not-at-top
+  from hetpipe_jax.api import time_model_profiles  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from hetpipe_jax.profile import profile_units  # pylint: disable=g-import-not-at-top
+  from hetpipe_jax.cost.profile import profile_units  # pylint: disable=g-import-not-at-top
 
   dataset = load_dataset(FLAGS.dataset)
   model = get_model(FLAGS.model, dataset.num_classes)

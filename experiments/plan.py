@@ -60,9 +60,9 @@ def main(argv):
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from hetpipe_jax import ConfigError, get_cluster, get_model  # pylint: disable=g-import-not-at-top
-  from hetpipe_jax.allocation import parse_policy, plan_cluster, plan_to_json  # pylint: disable=g-import-not-at-top
+  from hetpipe_jax.plan.allocation import parse_policy, plan_cluster, plan_to_json  # pylint: disable=g-import-not-at-top
   from hetpipe_jax.models import FULL_SIZE_INPUT  # pylint: disable=g-import-not-at-top
-  from hetpipe_jax.profile import profile_units  # pylint: disable=g-import-not-at-top
+  from hetpipe_jax.cost.profile import profile_units  # pylint: disable=g-import-not-at-top
 
   if FLAGS.optimizer not in OPTIMIZER_SLOTS:
     raise ConfigError(f"unknown optimizer {FLAGS.optimizer!r}; use one of {', '.join(OPTIMIZER_SLOTS)}")

@@ -36,12 +36,13 @@ SLOTS = 1  # momentum
 
 
 def simulated_images_per_sec(cluster, profiles, plans, d: int = 0, placement: str = "default") -> float:
-  from hetpipe_jax.sim import simulate  # pylint: disable=g-import-not-at-top
-  from hetpipe_jax.trace import Trace  # pylint: disable=g-import-not-at-top
-  from hetpipe_jax.check import check_trace  # pylint: disable=g-import-not-at-top
+  from hetpipe_jax.plan.layout import Layout  # pylint: disable=g-import-not-at-top
+  from hetpipe_jax.sim.simulate import simulate  # pylint: disable=g-import-not-at-top
+  from hetpipe_jax.core.trace import Trace  # pylint: disable=g-import-not-at-top
+  from hetpipe_jax.core.check import check_trace  # pylint: disable=g-import-not-at-top
   trace = Trace()
-  seconds, vws, _ = simulate(cluster, profiles, [p.gpus for p in plans], [p.cuts for p in plans],
-                             [p.nm for p in plans], d, FLAGS.waves, trace, placement)
+  seconds, vws, _ = simulate(cluster, profiles, Layout(tuple(p.layout for p in plans)), d, FLAGS.waves,
+                             trace, placement)
   violations = check_trace(trace.events)
   if violations:
     raise RuntimeError(f"simulated trace breaks WSP: {violations[:3]}")
@@ -52,11 +53,11 @@ def study(model_name: str, cluster) -> list[dict]:
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from hetpipe_jax import ConfigError, get_model  # pylint: disable=g-import-not-at-top
-  from hetpipe_jax.allocation import allocate, horovod_gpus, plan_cluster  # pylint: disable=g-import-not-at-top
-  from hetpipe_jax.baselines import horovod_images_per_second  # pylint: disable=g-import-not-at-top
-  from hetpipe_jax.cluster import make_cluster  # pylint: disable=g-import-not-at-top
-  from hetpipe_jax.partition import partition  # pylint: disable=g-import-not-at-top
-  from hetpipe_jax.profile import profile_units  # pylint: disable=g-import-not-at-top
+  from hetpipe_jax.plan.allocation import allocate, horovod_gpus, plan_cluster  # pylint: disable=g-import-not-at-top
+  from hetpipe_jax.baselines.horovod import horovod_images_per_second  # pylint: disable=g-import-not-at-top
+  from hetpipe_jax.cluster.topology import make_cluster  # pylint: disable=g-import-not-at-top
+  from hetpipe_jax.plan.partition import partition  # pylint: disable=g-import-not-at-top
+  from hetpipe_jax.cost.profile import profile_units  # pylint: disable=g-import-not-at-top
 
   profiles = profile_units(get_model(model_name, 1000),
                            jax.ShapeDtypeStruct((FLAGS.batch_size, 224, 224, 3), jnp.float32))

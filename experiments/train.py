@@ -87,7 +87,7 @@ def plot_training(metrics: list[dict], path: str, title: str) -> None:
 def main(argv):
   del argv
   from hetpipe_jax import ConfigError, ensure_cpu_devices, get_cluster  # pylint: disable=g-import-not-at-top
-  from hetpipe_jax.allocation import parse_policy  # pylint: disable=g-import-not-at-top
+  from hetpipe_jax.plan.allocation import parse_policy  # pylint: disable=g-import-not-at-top
   policy = parse_policy(FLAGS.policy) if FLAGS.policy else None
   stages = _ints("stages", FLAGS.stages)
   if policy is not None:
@@ -107,7 +107,7 @@ def main(argv):
 
   from hetpipe_jax import (RunConfig, check_trace, get_model, load_dataset,  # pylint: disable=g-import-not-at-top
                            run_hetpipe, staleness_stats)
-  from hetpipe_jax.timeline import chrome_trace, plot_gantt  # pylint: disable=g-import-not-at-top
+  from hetpipe_jax.viz.timeline import chrome_trace, plot_gantt  # pylint: disable=g-import-not-at-top
   cuts = None
   if FLAGS.cuts:
     cuts = [_ints("cuts", c.split(",")) for c in FLAGS.cuts.split(";")]

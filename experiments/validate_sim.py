@@ -33,7 +33,7 @@ def main(argv):
   from hetpipe_jax import ensure_cpu_devices  # pylint: disable=g-import-not-at-top
   ensure_cpu_devices(8)
   from hetpipe_jax import RunConfig, check_trace, get_model, run_hetpipe, synthetic  # pylint: disable=g-import-not-at-top
-  from hetpipe_jax.cluster import GpuType, Link, make_cluster  # pylint: disable=g-import-not-at-top
+  from hetpipe_jax.cluster.topology import GpuType, Link, make_cluster  # pylint: disable=g-import-not-at-top
 
   # Emulated GPUs at 100, 50 and 33 Mflop/s: an MLP stage task at batch 16 lasts a few milliseconds.
   speeds = {"fast": 1e8, "slow": 5e7, "whimpy": 3.3e7}

@@ -5,15 +5,15 @@ parallel through a parameter server under Wave Synchronous Parallel (WSP). The p
 module exports.
 """
 
-from hetpipe_jax import wsp
-from hetpipe_jax.check import check_trace
-from hetpipe_jax.cluster import Cluster, Gpu, GpuType, ensure_cpu_devices, get_cluster
+from hetpipe_jax.core import wsp
+from hetpipe_jax.core.check import check_trace
+from hetpipe_jax.cluster.topology import Cluster, Gpu, GpuType, ensure_cpu_devices, get_cluster
 from hetpipe_jax.data import Dataset, MinibatchStreams, load_dataset, synthetic
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.models import LayeredModel, get_model
-from hetpipe_jax.ps import ParameterServer
-from hetpipe_jax.run import RunConfig, RunResult, run_hetpipe
-from hetpipe_jax.trace import read_trace, staleness_stats
+from hetpipe_jax.runtime.ps import ParameterServer
+from hetpipe_jax.api import RunConfig, RunResult, run_hetpipe
+from hetpipe_jax.core.trace import read_trace, staleness_stats
 
 __all__ = [
     "Cluster", "ConfigError", "Dataset", "Gpu", "GpuType", "LayeredModel", "MinibatchStreams",

@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Sequence
 
 from hetpipe_jax import check_trace, staleness_stats
-from hetpipe_jax.engine import Engine
-from hetpipe_jax.executors import run_virtual, run_wall
-from hetpipe_jax.pipeline import VirtualWorker
-from hetpipe_jax.ps import ParameterServer
-from hetpipe_jax.trace import Trace
+from hetpipe_jax.core.engine import Engine
+from hetpipe_jax.runtime.executors import run_virtual, run_wall
+from hetpipe_jax.core.pipeline import VirtualWorker
+from hetpipe_jax.runtime.ps import ParameterServer
+from hetpipe_jax.core.trace import Trace
 
 
 def assert_trace_ok(events) -> dict:

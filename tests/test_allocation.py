@@ -5,9 +5,9 @@ import jax.numpy as jnp
 import pytest
 
 from hetpipe_jax import ConfigError, get_cluster, get_model
-from hetpipe_jax.allocation import (allocate, horovod_gpus, plan_cluster, plan_to_json,
+from hetpipe_jax.plan.allocation import (allocate, horovod_gpus, plan_cluster, plan_to_json,
                                     ps_cross_node_bytes)
-from hetpipe_jax.profile import profile_units, stage_memory_bytes
+from hetpipe_jax.cost.profile import profile_units, stage_memory_bytes
 
 TESTBED = get_cluster("paper_testbed")
 
@@ -62,8 +62,8 @@ def vgg19():
 def test_ed_local_placement_keeps_ps_traffic_inside_nodes(vgg19):
   local = plan_cluster(TESTBED, vgg19, "ED", "local", optimizer_slots=1)
   default = plan_cluster(TESTBED, vgg19, "ED", "default", optimizer_slots=1)
-  assert all(ps_cross_node_bytes(vgg19, p, local.shard_nodes) == 0 for p in local.vws)
-  assert all(ps_cross_node_bytes(vgg19, p, default.shard_nodes) > 0 for p in default.vws)
+  assert all(ps_cross_node_bytes(vgg19, vw, local.shard_nodes) == 0 for vw in local.layout.vws)
+  assert all(ps_cross_node_bytes(vgg19, vw, default.shard_nodes) > 0 for vw in default.layout.vws)
   assert len({tuple(p.cuts) for p in local.vws}) == 1  # ED: one shared partition plan
   assert len(set(default.shard_nodes)) == 4  # default spreads the shards over every node
 

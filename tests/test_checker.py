@@ -11,9 +11,9 @@ import sys
 import jax
 
 from hetpipe_jax import RunConfig, check_trace, get_model, run_hetpipe, synthetic
-from hetpipe_jax.engine import Engine
-from hetpipe_jax.ps import ParameterServer, Snapshot
-from hetpipe_jax.stage import Stage
+from hetpipe_jax.core.engine import Engine
+from hetpipe_jax.runtime.ps import ParameterServer, Snapshot
+from hetpipe_jax.runtime.stage import Stage
 
 from helpers import assert_trace_ok, schedule_only
 

@@ -12,8 +12,8 @@ import optax
 import pytest
 
 from hetpipe_jax import RunConfig, get_model, load_dataset, run_hetpipe, synthetic
-from hetpipe_jax.baselines import train_data_parallel
-from hetpipe_jax.cluster import GpuType, Link, make_cluster
+from hetpipe_jax.baselines.horovod import train_data_parallel
+from hetpipe_jax.cluster.topology import GpuType, Link, make_cluster
 
 from helpers import assert_trace_ok
 from test_transparency import plain_sgd, DATA as TDATA, STEPS

@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from hetpipe_jax.engine import Engine
+from hetpipe_jax.core.engine import Engine
 
 from helpers import schedule_only
 

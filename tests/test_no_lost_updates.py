@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from hetpipe_jax import ParameterServer, RunConfig, run_hetpipe, synthetic
-from hetpipe_jax import run as run_module
+from hetpipe_jax import api as run_module
 from hetpipe_jax.models.base import DenseUnit, LayeredModel
 
 from helpers import assert_trace_ok

@@ -10,8 +10,9 @@ import jax.numpy as jnp
 import pytest
 
 from hetpipe_jax import RunConfig, get_cluster, get_model, read_trace, run_hetpipe, synthetic
-from hetpipe_jax.allocation import plan_cluster, plan_to_json
-from hetpipe_jax.profile import CostModel, profile_units
+from hetpipe_jax.plan.allocation import plan_cluster, plan_to_json
+from hetpipe_jax.cost.profile import profile_units
+from hetpipe_jax.plan.costmodel import CostModel
 
 from helpers import assert_trace_ok
 
@@ -58,7 +59,7 @@ def test_training_runs_on_planned_layouts(policy):
   assert meta["gpus"] == [[g.name for g in p.gpus] for p in plan.vws]
   # The virtual clock takes every task's duration from the cluster's cost model.
   cost = CostModel(cluster, profile_units(model, jax.ShapeDtypeStruct((16, 8, 8, 1), jnp.float32)),
-                   meta["cuts"], [p.gpus for p in plan.vws])
+                   plan.layout)
   for ev in result.events:
     if ev["ev"] in ("fwd", "bwd"):
       assert ev["t1"] - ev["t0"] == pytest.approx(cost.task_seconds(ev["vw"], ev["stage"], ev["ev"]))

@@ -7,10 +7,10 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from hetpipe_jax.cluster import CATALOGUE
+from hetpipe_jax.cluster.topology import CATALOGUE
 from hetpipe_jax.models import get_model
 from hetpipe_jax.models.base import DenseUnit, LayeredModel
-from hetpipe_jax.profile import calibrate_efficiency, profile_units
+from hetpipe_jax.cost.profile import calibrate_efficiency, profile_units
 
 
 def test_dense_flops_and_bytes():

@@ -4,10 +4,11 @@ import numpy as np
 import pytest
 
 from hetpipe_jax import RunConfig, get_model, run_hetpipe, synthetic
-from hetpipe_jax.cluster import GpuType, Link, make_cluster
-from hetpipe_jax.profile import UnitProfile, stage_seconds
-from hetpipe_jax.sim import Simulator, simulate
-from hetpipe_jax.trace import Trace
+from hetpipe_jax.cluster.topology import GpuType, Link, make_cluster
+from hetpipe_jax.cost.profile import UnitProfile, stage_seconds
+from hetpipe_jax.plan.layout import Layout, VWLayout
+from hetpipe_jax.sim.simulate import Simulator, simulate
+from hetpipe_jax.core.trace import Trace
 
 from helpers import assert_trace_ok
 
@@ -23,7 +24,8 @@ def units(n, act_bytes=8, param_bytes=1024):
 
 def run(cluster, profiles, groups, cuts, nms, d, waves):
   trace = Trace()
-  seconds, vws, rows = simulate(cluster, profiles, groups, cuts, nms, d, waves, trace)
+  layout = Layout(tuple(VWLayout(tuple(g), tuple(c), nm) for g, c, nm in zip(groups, cuts, nms)))
+  seconds, vws, rows = simulate(cluster, profiles, layout, d, waves, trace)
   return trace.events, seconds, rows
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from hetpipe_jax import wsp
+from hetpipe_jax.core import wsp
 
 
 def test_clock_starts_at_zero_and_ticks_per_push():

@@ -20,8 +20,8 @@ from typing import Callable
 
 import jax
 
-from hetpipe_jax.engine import Engine
-from hetpipe_jax.pipeline import Task
+from hetpipe_jax.core.engine import Engine
+from hetpipe_jax.core.pipeline import Task
 
 CostFn = Callable[[Task], float]
 EXECUTORS = ("virtual", "wall", "sim")  # sim: see sim.py

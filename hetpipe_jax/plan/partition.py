@@ -22,9 +22,10 @@ from typing import Sequence
 
 import numpy as np
 
-from hetpipe_jax.cluster import Cluster, Gpu, format_bytes
+from hetpipe_jax.cluster.topology import Cluster, Gpu, format_bytes
 from hetpipe_jax.errors import ConfigError
-from hetpipe_jax.profile import UnitProfile, stage_memory_bytes, stage_seconds
+from hetpipe_jax.plan.layout import VWLayout
+from hetpipe_jax.cost.profile import UnitProfile, stage_memory_bytes, stage_seconds
 
 NM_POLICIES = ("max_fit", "best")
 
@@ -44,6 +45,11 @@ class VWPlan:
 
   nm: int
   stages: tuple[StagePlan, ...]
+
+  @property
+  def layout(self) -> VWLayout:
+    """The virtual worker's GPUs, cuts and Nm."""
+    return VWLayout(tuple(self.gpus), tuple(self.cuts), self.nm)
 
   @property
   def gpus(self) -> list[Gpu]:

@@ -4,7 +4,7 @@ In HetPipe (Park et al., USENIX ATC 2020) every virtual worker pushes the sum of
 stage to the shard that holds its layers, and the PS applies it at once without waiting for the others.
 Here a shard is a model unit (so virtual workers cut differently still meet at the same shards), the
 apply rule is an optax GradientTransformation over the pushed update (default ``optax.identity()``: add
-the wave's update as is), and the clock and gate are the pure functions of :mod:`hetpipe_jax.wsp`.
+the wave's update as is), and the clock and gate are the pure functions of :mod:`hetpipe_jax.core.wsp`.
 In-process and thread-safe: one condition variable guards the weights and the clocks.
 """
 
@@ -16,7 +16,7 @@ from typing import Any, NamedTuple, Sequence
 import jax
 import optax
 
-from hetpipe_jax import wsp
+from hetpipe_jax.core import wsp
 
 
 class Snapshot(NamedTuple):

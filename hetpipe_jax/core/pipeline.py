@@ -25,8 +25,8 @@ from typing import Any, NamedTuple
 
 import jax
 
-from hetpipe_jax import wsp
-from hetpipe_jax.stage import Stage
+from hetpipe_jax.core import wsp
+from hetpipe_jax.runtime.stage import Stage
 
 SCHEDULES = ("1f1b", "fifo")
 

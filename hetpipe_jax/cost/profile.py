@@ -28,7 +28,7 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 
-from hetpipe_jax.cluster import Cluster, Gpu, GpuType, format_bytes
+from hetpipe_jax.cluster.topology import Cluster, Gpu, GpuType, format_bytes
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.models.base import LayeredModel
 
@@ -165,56 +165,3 @@ def stage_seconds(cluster: Cluster, profiles: Sequence[UnitProfile], cut: Sequen
   if recv_bwd:
     bwd += cluster.transfer_seconds(recv_bwd[1], gpus[j], recv_bwd[0])
   return fwd, bwd
-
-
-class CostModel:
-  """Task durations of every (virtual worker, stage) on a cluster.
-
-  Args:
-    cluster: the cluster (links).
-    profiles: per-unit profile of the model.
-    cuts: per virtual worker, the unit boundaries of its stages (``[0, c1, ..., num_units]``).
-    gpus: per virtual worker, the GPU of each stage.
-  """
-
-  def __init__(self, cluster: Cluster, profiles: Sequence[UnitProfile], cuts: Sequence[Sequence[int]],
-               gpus: Sequence[Sequence[Gpu]], precision: str = "fp32"):
-    self._seconds: dict[tuple[int, int, str], float] = {}
-    self._compute: dict[tuple[int, int, str], float] = {}
-    self._transfer: dict[tuple[int, int, str], tuple[int, Gpu, Gpu] | None] = {}
-    for i, (cut, group) in enumerate(zip(cuts, gpus)):
-      for j in range(len(group)):
-        compute = stage_compute_seconds(profiles, cut, group[j], j, precision)
-        transfers = stage_transfers(profiles, cut, group, j)
-        for kind, c, recv in zip(("fwd", "bwd"), compute, transfers):
-          key = (i, j, kind)
-          self._compute[key] = c
-          self._transfer[key] = None if recv is None else (recv[0], recv[1], group[j])
-          self._seconds[key] = c + (0.0 if recv is None else
-                                    cluster.transfer_seconds(recv[1], group[j], recv[0]))
-
-  def task_seconds(self, vw: int, stage: int, kind: str) -> float:
-    """Compute plus receiving the task's input alone on its link."""
-    return self._seconds[(vw, stage, kind)]
-
-  def compute_seconds(self, vw: int, stage: int, kind: str) -> float:
-    return self._compute[(vw, stage, kind)]
-
-  def transfer(self, vw: int, stage: int, kind: str) -> tuple[int, Gpu, Gpu] | None:
-    """(bytes, from GPU, to GPU) the task must receive before it computes, or None."""
-    return self._transfer[(vw, stage, kind)]
-
-
-def check_memory(profiles: Sequence[UnitProfile], cuts: Sequence[Sequence[int]],
-                 gpus: Sequence[Sequence[Gpu]], nms: Sequence[int], weight_mode: str,
-                 optimizer_slots: float) -> None:
-  """Raises ConfigError naming the first stage that does not fit its GPU's memory."""
-  for i, (cut, group, nm) in enumerate(zip(cuts, gpus, nms)):
-    for j, gpu in enumerate(group):
-      need = stage_memory_bytes(profiles[cut[j]:cut[j + 1]], nm, weight_mode, optimizer_slots)
-      if need > gpu.type.memory_bytes:
-        raise ConfigError(
-            f"stage {j} of virtual worker {i} (units {cut[j]}..{cut[j + 1] - 1}) needs "
-            f"{format_bytes(need)} with Nm={nm} ({weight_mode}), but GPU {gpu.name} has "
-            f"{format_bytes(gpu.type.memory_bytes)}; use more stages, a smaller Nm or batch size, "
-            "weight_mode=latest, or a cluster with more memory")

@@ -22,10 +22,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Sequence
 
-from hetpipe_jax.cluster import Cluster, Gpu
+from hetpipe_jax.cluster.topology import Cluster, Gpu
 from hetpipe_jax.errors import ConfigError
-from hetpipe_jax.partition import StagePlan, VWPlan, plan_virtual_worker
-from hetpipe_jax.profile import UnitProfile, stage_memory_bytes, stage_seconds
+from hetpipe_jax.plan.layout import Layout, VWLayout
+from hetpipe_jax.plan.partition import StagePlan, VWPlan, plan_virtual_worker
+from hetpipe_jax.cost.profile import UnitProfile, stage_memory_bytes, stage_seconds
 
 POLICIES = ("NP", "ED", "HD")
 PLACEMENTS = ("default", "local")
@@ -90,7 +91,7 @@ def allocate(cluster: Cluster, policy: str | Sequence[Sequence[int]]) -> list[li
   raise ConfigError(f"unknown allocation policy {policy!r}; use one of {', '.join(POLICIES)} or a grouping")
 
 
-def place_shards(cluster: Cluster, profiles: Sequence[UnitProfile], plans: Sequence[VWPlan],
+def place_shards(cluster: Cluster, profiles: Sequence[UnitProfile], layout: Layout,
                  placement: str = "default") -> list[int]:
   """The node of every unit's PS shard under ``placement`` (default or local)."""
   if placement == "default":
@@ -104,16 +105,16 @@ def place_shards(cluster: Cluster, profiles: Sequence[UnitProfile], plans: Seque
   if placement == "local":  # the node that runs the unit in the most virtual workers
     out = []
     for u in range(len(profiles)):
-      homes = [s.gpu.node for p in plans for s in p.stages if s.first <= u < s.last]
+      homes = [gpu.node for vw in layout.vws for _, gpu, units in vw.stages() if u in units]
       out.append(min(set(homes), key=lambda n: (-homes.count(n), n)))
     return out
   raise ConfigError(f"unknown placement {placement!r}; use one of {', '.join(PLACEMENTS)}")
 
 
-def ps_cross_node_bytes(profiles: Sequence[UnitProfile], plan: VWPlan, shard_nodes: Sequence[int]) -> int:
+def ps_cross_node_bytes(profiles: Sequence[UnitProfile], vw: VWLayout, shard_nodes: Sequence[int]) -> int:
   """Bytes one push (and one pull) of a virtual worker sends across nodes under a placement."""
-  return sum(profiles[u].param_bytes for s in plan.stages for u in range(s.first, s.last)
-             if shard_nodes[u] != s.gpu.node)
+  return sum(profiles[u].param_bytes for _, gpu, units in vw.stages() for u in units
+             if shard_nodes[u] != gpu.node)
 
 
 def horovod_gpus(cluster: Cluster, profiles: Sequence[UnitProfile], optimizer_slots: float = 0.0) -> list[Gpu]:
@@ -130,6 +131,11 @@ class ClusterPlan:
   placement: str
   vws: tuple[VWPlan, ...]
   shard_nodes: tuple[int, ...]
+
+  @property
+  def layout(self) -> Layout:
+    """The virtual workers' GPUs, cuts and Nm."""
+    return Layout(tuple(p.layout for p in self.vws))
 
   @property
   def throughput(self) -> float:
@@ -170,7 +176,8 @@ def plan_cluster(cluster: Cluster, profiles: Sequence[UnitProfile], policy: str 
   else:
     plans = [plan_virtual_worker(cluster, profiles, g, **kwargs) for g in groups]
   name = policy if isinstance(policy, str) else "custom"
-  return ClusterPlan(name, placement, tuple(plans), tuple(place_shards(cluster, profiles, plans, placement)))
+  layout = Layout(tuple(p.layout for p in plans))
+  return ClusterPlan(name, placement, tuple(plans), tuple(place_shards(cluster, profiles, layout, placement)))
 
 
 def plan_to_json(cluster: Cluster, profiles: Sequence[UnitProfile], plan: ClusterPlan, model: str,
@@ -187,7 +194,7 @@ def plan_to_json(cluster: Cluster, profiles: Sequence[UnitProfile], plan: Cluste
                     "memory_limit_bytes": s.gpu.type.memory_bytes} for s in p.stages],
         "bottleneck_s": p.bottleneck_s, "latency_s": p.latency_s, "throughput": p.throughput,
         "images_per_s": p.throughput * batch_size,
-        "ps_cross_node_bytes_per_wave": ps_cross_node_bytes(profiles, p, plan.shard_nodes),
+        "ps_cross_node_bytes_per_wave": ps_cross_node_bytes(profiles, p.layout, plan.shard_nodes),
     })
   gpu_types = {t: next(g.type for g in cluster.gpus if g.type.name == t) for t in types}
   return {

@@ -22,21 +22,24 @@ import numpy as np
 import optax
 from absl import logging
 
-from hetpipe_jax import executors, wsp
-from hetpipe_jax.allocation import PLACEMENTS, plan_cluster
-from hetpipe_jax.cluster import Cluster, Gpu, assign_gpus, get_cluster
+from hetpipe_jax.core import wsp
+from hetpipe_jax.runtime import executors
+from hetpipe_jax.plan.allocation import PLACEMENTS, plan_cluster
+from hetpipe_jax.cluster.topology import Cluster, assign_gpus, get_cluster
 from hetpipe_jax.data import Dataset, MinibatchStreams, check_batch_size
-from hetpipe_jax.engine import Engine
+from hetpipe_jax.core.engine import Engine
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.models import FULL_SIZE_INPUT, get_model
 from hetpipe_jax.models.base import LayeredModel
-from hetpipe_jax.partition import partition
-from hetpipe_jax.pipeline import SCHEDULES, VirtualWorker
-from hetpipe_jax.profile import CostModel, check_memory, nbytes, profile_units
-from hetpipe_jax.ps import ParameterServer
-from hetpipe_jax.sim import simulate
-from hetpipe_jax.stage import WEIGHT_MODES, Stage
-from hetpipe_jax.trace import Trace
+from hetpipe_jax.plan.partition import partition
+from hetpipe_jax.core.pipeline import SCHEDULES, VirtualWorker
+from hetpipe_jax.cost.profile import nbytes, profile_units
+from hetpipe_jax.plan.costmodel import CostModel, check_memory
+from hetpipe_jax.plan.layout import Layout, VWLayout
+from hetpipe_jax.runtime.ps import ParameterServer
+from hetpipe_jax.sim.simulate import simulate
+from hetpipe_jax.runtime.stage import WEIGHT_MODES, Stage
+from hetpipe_jax.core.trace import Trace
 
 OPTIMIZERS = {
     "sgd": optax.sgd,
@@ -159,10 +162,10 @@ def _check(config: RunConfig) -> None:
     raise ConfigError(f"time_scale={config.time_scale}; use 0 (no padding) or a positive factor")
 
 
-def manual_layout(config: RunConfig, model: LayeredModel,
-                  cluster: Cluster) -> tuple[list[list[Gpu]], list[int], list[list[int]]]:
-  """GPUs (cluster order), Nm and cuts per virtual worker from ``num_vws``, ``stages``, ``nm``, ``cuts``
-  (None when not given: the caller then partitions).
+def manual_layout(config: RunConfig, model: LayeredModel, cluster: Cluster, profiles,
+                  optimizer_slots: float) -> Layout:
+  """The layout from ``num_vws``, ``stages``, ``nm`` and ``cuts``: GPUs in cluster order; without cuts,
+  the partitioner's fastest cuts for each virtual worker's GPUs in that order.
 
   Raises:
     ConfigError: naming the bad value, its limit and the fix.
@@ -182,7 +185,7 @@ def manual_layout(config: RunConfig, model: LayeredModel,
                         f"{model.num_units} units to cut; use at most {model.num_units} stages")
   gpus = assign_gpus(cluster, stages)  # raises when the cluster is too small
   if config.cuts is None:
-    return gpus, nms, None
+    return fastest_cuts(cluster, profiles, gpus, nms, config.weight_mode, optimizer_slots)
   cuts = [list(c) for c in config.cuts]
   if len(cuts) != config.num_vws:
     raise ConfigError(f"cuts has {len(cuts)} entries for {config.num_vws} virtual workers")
@@ -191,18 +194,39 @@ def manual_layout(config: RunConfig, model: LayeredModel,
         or any(a >= b for a, b in zip(cut, cut[1:]))):
       raise ConfigError(f"cuts {cut} of virtual worker {i} must be {k + 1} increasing boundaries from 0 "
                         f"to {model.num_units} (k={k} non-empty stages)")
-  return gpus, nms, cuts
+  return Layout(tuple(VWLayout(tuple(g), tuple(c), nm) for g, c, nm in zip(gpus, cuts, nms)))
 
 
-def planned_layout(config: RunConfig, cluster: Cluster, profiles, optimizer_slots: float):
+def fastest_cuts(cluster: Cluster, profiles, gpus, nms, weight_mode: str, optimizer_slots: float) -> Layout:
+  """Each virtual worker's GPUs kept in the given order, cut by the partitioner for the fastest stages."""
+  return Layout(tuple(partition(cluster, profiles, g, nm, weight_mode, optimizer_slots, ordered=True).layout
+                      for g, nm in zip(gpus, nms)))
+
+
+def planned_layout(config: RunConfig, cluster: Cluster, profiles, optimizer_slots: float) -> Layout:
   """GPUs (pipeline order), Nm and cuts per virtual worker from the allocation policy and partitioner."""
   if config.cuts is not None:
     raise ConfigError(f"cuts={config.cuts} and policy={config.policy!r} both fix the cuts; the policy's "
                       "partitioner cuts the model, so drop one of them")
   nm = config.nm if isinstance(config.nm, str) else _per_vw("nm", config.nm, 1)[0]
-  plan = plan_cluster(cluster, profiles, config.policy, config.placement, nm, None, config.weight_mode,
-                      optimizer_slots)
-  return [p.gpus for p in plan.vws], [p.nm for p in plan.vws], [p.cuts for p in plan.vws]
+  return plan_cluster(cluster, profiles, config.policy, config.placement, nm, None, config.weight_mode,
+                      optimizer_slots).layout
+
+
+def layouts(config: RunConfig, model: LayeredModel, cluster: Cluster, profiles, clock_profiles,
+            optimizer_slots: float) -> tuple[Layout, Layout]:
+  """(the layout the numerics run on, the layout the clock times): the same unless ``time_model`` asks
+  the clock for a larger model's cuts on the same GPUs."""
+  if config.policy is not None:
+    clock = planned_layout(config, cluster, clock_profiles, optimizer_slots)
+    if config.time_model is None:
+      return clock, clock
+    return fastest_cuts(cluster, profiles, clock.gpus, clock.nms, config.weight_mode, optimizer_slots), clock
+  layout = manual_layout(config, model, cluster, profiles, optimizer_slots)
+  if config.time_model is None:
+    return layout, layout
+  return layout, fastest_cuts(cluster, clock_profiles, layout.gpus, layout.nms, config.weight_mode,
+                              optimizer_slots)
 
 
 def _jax_devices(count: int) -> list[jax.Device]:
@@ -220,8 +244,6 @@ def run_hetpipe(model: LayeredModel, dataset: Dataset, config: RunConfig) -> Run
   _check(config)
   check_batch_size(dataset, config.batch_size, config.drop_remainder)
   cluster = get_cluster(config.cluster) if isinstance(config.cluster, str) else config.cluster
-  if config.policy is None:
-    gpus, nms, cuts = manual_layout(config, model, cluster)
   tx = config.tx or OPTIMIZERS[config.optimizer](config.learning_rate)
   sample_x = jnp.asarray(dataset.x_train[:config.batch_size])
   profiles = profile_units(model, sample_x)
@@ -230,22 +252,15 @@ def run_hetpipe(model: LayeredModel, dataset: Dataset, config: RunConfig) -> Run
   # The clock's model: the trained one, or a larger one (time_model) whose plan sets the durations.
   clock_profiles = profiles if config.time_model is None else time_model_profiles(config.time_model,
                                                                                   config.batch_size)
-  ordered_cuts = lambda prof, groups: [partition(cluster, prof, g, nm, config.weight_mode, slots,
-                                                 ordered=True).cuts for g, nm in zip(groups, nms)]
-  if config.policy is not None:
-    gpus, nms, clock_cuts = planned_layout(config, cluster, clock_profiles, slots)
-    cuts = clock_cuts if config.time_model is None else ordered_cuts(profiles, gpus)
-  else:
-    cuts = cuts or ordered_cuts(profiles, gpus)  # the fastest cuts for each VW's GPUs, in cluster order
-    clock_cuts = cuts if config.time_model is None else ordered_cuts(clock_profiles, gpus)
-  num_vws, stages = len(gpus), [len(g) for g in gpus]
+  layout, clock_layout = layouts(config, model, cluster, profiles, clock_profiles, slots)
+  num_vws, stages, nms, cuts, gpus = (layout.num_vws, layout.stages, layout.nms, layout.cuts, layout.gpus)
   if config.executor == "sim":
-    return _simulate(config, cluster, model.name, dataset.name, clock_profiles, gpus, nms, clock_cuts)
+    return _simulate(config, cluster, model.name, dataset.name, clock_profiles, clock_layout)
   batches = MinibatchStreams(dataset, config.batch_size, num_vws, config.seed, config.drop_remainder)
   devices = _jax_devices(max(g.index for group in gpus for g in group) + 1)
-  check_memory(profiles, cuts, gpus, nms, config.weight_mode, slots)
+  check_memory(profiles, layout, config.weight_mode, slots)
   init_params = model.init(jax.random.key(config.seed), sample_x)
-  cost_model = CostModel(cluster, clock_profiles, clock_cuts, gpus)
+  cost_model = CostModel(cluster, clock_profiles, clock_layout)
   cost = lambda task: cost_model.task_seconds(task.vw, task.stage, task.kind)
 
   vws = []
@@ -258,7 +273,7 @@ def run_hetpipe(model: LayeredModel, dataset: Dataset, config: RunConfig) -> Run
   ps = ParameterServer(init_params, num_vws, config.d, config.ps_tx, devices[0])
 
   trace = Trace(config.trace_path)
-  trace.emit(**_meta(config, cluster, model.name, dataset.name, model.num_units, nms, cuts, gpus))
+  trace.emit(**_meta(config, cluster, model.name, dataset.name, model.num_units, layout))
 
   rows: list[dict[str, Any]] = []
   snapshots: list[tuple[int, Any]] = []  # (row index, global params) to evaluate after the run
@@ -306,31 +321,32 @@ def run_hetpipe(model: LayeredModel, dataset: Dataset, config: RunConfig) -> Run
   return RunResult(init_params, final, trace.events, rows, seconds, wall_seconds, vws, cuts, images)
 
 
-def _meta(config: RunConfig, cluster: Cluster, model_name: str, dataset_name: str, num_units: int, nms,
-          cuts, gpus) -> dict[str, Any]:
+def _meta(config: RunConfig, cluster: Cluster, model_name: str, dataset_name: str, num_units: int,
+          layout: Layout) -> dict[str, Any]:
   """The trace's meta line of a run."""
-  return dict(ev="meta", version=1, num_vws=len(gpus), nm=nms, d=config.d, stages=[len(g) for g in gpus],
-              weight_mode=config.weight_mode, executor=config.executor, schedule=config.schedule,
-              shards=num_units, model=model_name, dataset=dataset_name, batch_size=config.batch_size,
-              cuts=cuts, gpus=[[g.name for g in grp] for grp in gpus], cluster=cluster.name,
+  shape = layout.meta()
+  return dict(ev="meta", version=1, num_vws=shape["num_vws"], nm=shape["nm"], d=config.d,
+              stages=shape["stages"], weight_mode=config.weight_mode, executor=config.executor,
+              schedule=config.schedule, shards=num_units, model=model_name, dataset=dataset_name,
+              batch_size=config.batch_size, cuts=shape["cuts"], gpus=shape["gpus"], cluster=cluster.name,
               seed=config.seed, policy=config.policy, placement=config.placement,
               time_model=config.time_model)
 
 
 def _simulate(config: RunConfig, cluster: Cluster, model_name: str, dataset_name: str, profiles,
-              gpus: list[list[Gpu]], nms: list[int], cuts: list[list[int]]) -> RunResult:
+              layout: Layout) -> RunResult:
   """The ``sim`` executor: the same engine on the cost model with link contention, no numerics."""
   trace = Trace(config.trace_path)
   t_host = time.perf_counter()
   try:
-    seconds, vws, rows = simulate(cluster, profiles, gpus, cuts, nms, config.d, config.waves, trace,
+    seconds, vws, rows = simulate(cluster, profiles, layout, config.d, config.waves, trace,
                                   config.placement, config.schedule, config.weight_mode,
-                                  meta=_meta(config, cluster, model_name, dataset_name, len(profiles),
-                                             nms, cuts, gpus))
+                                  meta=_meta(config, cluster, model_name, dataset_name, len(profiles), layout))
   finally:
     trace.close()
   images = sum(vw.completed for vw in vws) * config.batch_size
-  return RunResult(None, None, trace.events, rows, seconds, time.perf_counter() - t_host, vws, cuts, images)
+  return RunResult(None, None, trace.events, rows, seconds, time.perf_counter() - t_host, vws, layout.cuts,
+                   images)
 
 
 def make_evaluator(model: LayeredModel, dataset: Dataset, device: jax.Device, chunk: int = 2000):

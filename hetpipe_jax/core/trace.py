@@ -21,7 +21,7 @@ import json
 import threading
 from typing import Any, Iterable
 
-from hetpipe_jax import wsp
+from hetpipe_jax.core import wsp
 
 
 class Trace:

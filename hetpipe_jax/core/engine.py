@@ -21,10 +21,10 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from hetpipe_jax import wsp
-from hetpipe_jax.pipeline import Task, VirtualWorker
-from hetpipe_jax.ps import ParameterServer
-from hetpipe_jax.trace import Trace
+from hetpipe_jax.core import wsp
+from hetpipe_jax.core.pipeline import Task, VirtualWorker
+from hetpipe_jax.runtime.ps import ParameterServer
+from hetpipe_jax.core.trace import Trace
 
 BatchFn = Callable[[int, int], tuple[Any, Any]]  # (vw, mb) -> (x, labels)
 WaveFn = Callable[[int, int, float, list], None]  # (vw, wave, t, losses of the wave) -> None

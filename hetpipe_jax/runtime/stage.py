@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from hetpipe_jax import wsp
+from hetpipe_jax.core import wsp
 from hetpipe_jax.models.base import LayeredModel, cross_entropy
 
 WEIGHT_MODES = ("stash", "latest")

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from hetpipe_jax.cluster import Cluster, Gpu, Link
-from hetpipe_jax.profile import UnitProfile
+from hetpipe_jax.cluster.topology import Cluster, Gpu, Link
+from hetpipe_jax.cost.profile import UnitProfile
 
 
 def ring_allreduce_seconds(p: int, num_bytes: float, link: Link) -> float:
@@ -76,7 +76,7 @@ def train_data_parallel(model, dataset, tx, num_workers: int, steps: int, batch_
 
   from hetpipe_jax.data import MinibatchStreams  # pylint: disable=g-import-not-at-top
   from hetpipe_jax.models.base import cross_entropy  # pylint: disable=g-import-not-at-top
-  from hetpipe_jax.run import make_evaluator  # pylint: disable=g-import-not-at-top
+  from hetpipe_jax.api import make_evaluator  # pylint: disable=g-import-not-at-top
 
   device = device or jax.devices()[0]
   streams = MinibatchStreams(dataset, batch_size, num_workers, seed)

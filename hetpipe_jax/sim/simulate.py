@@ -22,14 +22,15 @@ import heapq
 import itertools
 from typing import Callable, Sequence
 
-from hetpipe_jax.allocation import place_shards
-from hetpipe_jax.cluster import Cluster, Gpu
-from hetpipe_jax.engine import Done, Engine
-from hetpipe_jax.partition import StagePlan, VWPlan
-from hetpipe_jax.pipeline import Task, VirtualWorker
-from hetpipe_jax.profile import CostModel, UnitProfile
-from hetpipe_jax.ps import ParameterServer
-from hetpipe_jax.trace import Trace
+from hetpipe_jax.plan.allocation import place_shards
+from hetpipe_jax.cluster.topology import Cluster, Gpu
+from hetpipe_jax.core.engine import Done, Engine
+from hetpipe_jax.core.pipeline import Task, VirtualWorker
+from hetpipe_jax.cost.profile import UnitProfile
+from hetpipe_jax.plan.costmodel import CostModel
+from hetpipe_jax.plan.layout import Layout
+from hetpipe_jax.runtime.ps import ParameterServer
+from hetpipe_jax.core.trace import Trace
 
 EPS = 1e-12
 
@@ -128,14 +129,14 @@ class Simulator:
 class SimComm:
   """Push and pull transfers between each stage's GPU and the nodes of its units' PS shards."""
 
-  def __init__(self, sim: Simulator, profiles: Sequence[UnitProfile], cuts: Sequence[Sequence[int]],
-               gpus: Sequence[Sequence[Gpu]], shard_nodes: Sequence[int]):
+  def __init__(self, sim: Simulator, profiles: Sequence[UnitProfile], layout: Layout,
+               shard_nodes: Sequence[int]):
     self.sim = sim
     self._routes: list[list[tuple[int, int, int]]] = []  # per VW: (gpu node, shard node, bytes)
-    for cut, group in zip(cuts, gpus):
+    for vw in layout.vws:
       per_pair: dict[tuple[int, int], int] = {}
-      for j, gpu in enumerate(group):
-        for u in range(cut[j], cut[j + 1]):
+      for _, gpu, units in vw.stages():
+        for u in units:
           key = (gpu.node, shard_nodes[u])
           per_pair[key] = per_pair.get(key, 0) + profiles[u].param_bytes
       self._routes.append([(a, b, n) for (a, b), n in sorted(per_pair.items())])
@@ -165,29 +166,26 @@ class SimComm:
     self._transfer(vw, done, to_ps=False)
 
 
-def simulate(cluster: Cluster, profiles: Sequence[UnitProfile], gpus: Sequence[Sequence[Gpu]],
-             cuts: Sequence[Sequence[int]], nms: Sequence[int], d: int, waves: int, trace: Trace,
-             placement: str = "default", schedule: str = "1f1b", weight_mode: str = "stash",
+def simulate(cluster: Cluster, profiles: Sequence[UnitProfile], layout: Layout, d: int, waves: int,
+             trace: Trace, placement: str = "default", schedule: str = "1f1b", weight_mode: str = "stash",
              precision: str = "fp32", meta: dict | None = None) -> tuple[float, list[VirtualWorker], list[dict]]:
-  """Simulates N virtual workers (GPUs in pipeline order, cuts, Nm each) for ``waves`` waves.
+  """Simulates the virtual workers of ``layout`` for ``waves`` waves.
 
   Writes the trace's meta line first (``meta`` adds or overrides fields). Returns (simulated seconds,
   the virtual workers, one metrics row per pushed wave).
   """
-  num_vws = len(gpus)
-  trace.emit(**{"ev": "meta", "version": 1, "num_vws": num_vws, "nm": list(nms), "d": d,
-                "stages": [len(g) for g in gpus], "weight_mode": weight_mode, "executor": "sim",
+  num_vws, nms = layout.num_vws, layout.nms
+  trace.emit(**{"ev": "meta", "version": 1, "num_vws": num_vws, "nm": nms, "d": d,
+                "stages": layout.stages, "weight_mode": weight_mode, "executor": "sim",
                 "schedule": schedule, "shards": len(profiles), "placement": placement, **(meta or {})})
-  plans = [VWPlan(nm, tuple(StagePlan(g, cut[j], cut[j + 1], 0.0, 0) for j, g in enumerate(group)))
-           for group, cut, nm in zip(gpus, cuts, nms)]
-  shard_nodes = place_shards(cluster, profiles, plans, placement)
-  vws = [VirtualWorker(i, len(gpus[i]), nms[i], waves * nms[i], num_vws, schedule, weight_mode)
-         for i in range(num_vws)]
+  shard_nodes = place_shards(cluster, profiles, layout, placement)
+  vws = [VirtualWorker(i, vw.k, vw.nm, waves * vw.nm, num_vws, schedule, weight_mode)
+         for i, vw in enumerate(layout.vws)]
   rows: list[dict] = []
   on_wave = lambda vw, wave, t, _: rows.append(
       {"vw": vw, "wave": wave, "step": (wave + 1) * nms[vw], "time": t, "train_loss": None})
   simulator = Simulator(cluster)
   engine = Engine(vws, ParameterServer(None, num_vws, d, num_shards=len(profiles)), trace,
-                  on_wave=on_wave, comm=SimComm(simulator, profiles, cuts, gpus, shard_nodes))
-  seconds = simulator.run(engine, CostModel(cluster, profiles, cuts, gpus, precision))
+                  on_wave=on_wave, comm=SimComm(simulator, profiles, layout, shard_nodes))
+  seconds = simulator.run(engine, CostModel(cluster, profiles, layout, precision))
   return seconds, vws, rows

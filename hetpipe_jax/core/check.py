@@ -1,0 +1,276 @@
+"""Checks a trace against every guarantee of WSP (HETPIPE.md section 3).
+
+Replays the events in file order (= causal order) and reports each broken rule with its line number:
+
+==========  ===================================================================================
+rule        what it asserts
+==========  ===================================================================================
+format      a meta line first; known events; virtual worker, stage and minibatch in range
+time        event times never go back; a task ends after it starts
+order       in-order injection within the Nm window; a task only after its predecessor; no task twice;
+            in-order completion after the stage-0 backward
+device      one task at a time per device
+local       a forward of p includes own updates 1 .. p - Nm (local staleness <= Nm - 1)
+rebase      a task's weights hold exactly the updates its stage has applied (none lost, none twice)
+global      the weights of p include every VW's waves 0 .. w-D-2 (0 .. w-D-1 for a wave's last
+            minibatch) and nothing not yet pushed; they come from a real pull, never going back
+gate        a gated injection passes c_local - c_global <= D after a pull; c_local - c_global <= D+1
+push        each wave pushed once, in clock order, after it completed, to every shard
+stash       in stash mode a backward uses its forward's weight version
+end         every injected minibatch completed and every finished wave pushed
+==========  ===================================================================================
+
+CLI: ``python -m hetpipe_jax.check TRACE`` prints the violations (exit 1) or "OK" and the observed
+staleness (exit 0).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import sys
+from typing import Any, Iterable, NamedTuple
+
+from hetpipe_jax.core import wsp
+from hetpipe_jax.core.trace import read_trace, staleness_stats
+
+EPS = 1e-9
+
+
+class Violation(NamedTuple):
+  line: int  # 1-based line of the trace
+  rule: str
+  message: str
+
+  def __str__(self) -> str:
+    return f"line {self.line}: [{self.rule}] {self.message}"
+
+
+class _Checker:
+  """Replays a trace; every ``_on_<event>`` method checks one event against the state so far."""
+
+  def __init__(self, meta: dict[str, Any]):
+    self.n, self.nm, self.d = meta["num_vws"], meta["nm"], meta["d"]
+    self.k, self.stash = meta["stages"], meta["weight_mode"] == "stash"
+    self.shards = meta.get("shards")
+    self.violations: list[Violation] = []
+    self.line = 1
+    self.clock = wsp.init(self.n)
+    self.injected = [0] * self.n
+    self.completed = [0] * self.n
+    self.done: set[tuple] = set()  # (kind, vw, stage, mb)
+    self.applied = collections.Counter()  # (vw, stage) -> backward passes applied
+    self.fwd_version: dict[tuple, tuple] = {}  # (vw, stage, mb) -> (own, glob)
+    self.last_glob: dict[tuple, tuple] = {}  # (vw, stage) -> glob of its last forward
+    self.pulls = [{(0,) * self.n} for _ in range(self.n)]  # globs each VW has pulled
+    self.pulled_since_push = [False] * self.n
+    self.device_free_at: dict[tuple, float] = {}
+    self.t = 0.0
+
+  def fail(self, rule: str, message: str) -> None:
+    self.violations.append(Violation(self.line, rule, message))
+
+  def event(self, ev: dict[str, Any]) -> None:
+    handler = getattr(self, "_on_" + str(ev.get("ev")), None)
+    if handler is None:
+      return  # extra event kinds are allowed
+    try:
+      if not 0 <= ev["vw"] < self.n:
+        return self.fail("format", f"virtual worker {ev['vw']} out of range 0..{self.n - 1}")
+      times = [ev[f] for f in ("t", "t0", "t1") if f in ev]
+      if any(x < y - EPS for x, y in zip(times[1:], times)):
+        self.fail("time", f"{ev['ev']} ends before it starts: {times}")
+      if max(times) < self.t - EPS:
+        self.fail("time", f"{ev['ev']} at t={max(times)} after an event at t={self.t}")
+      self.t = max(self.t, max(times))
+      handler(ev)
+    except KeyError as e:
+      self.fail("format", f"{ev.get('ev')} event lacks field {e}")
+
+  # --- minibatch flow --------------------------------------------------------------------------------
+
+  def _on_inject(self, ev) -> None:
+    i, p = ev["vw"], ev["mb"]
+    nm = self.nm[i]
+    if p != self.injected[i] + 1:
+      self.fail("order", f"VW {i} injected minibatch {p} after {self.injected[i]} (in order only)")
+    if p - nm > self.completed[i]:
+      self.fail("order", f"VW {i} injected minibatch {p} before minibatch {p - nm} completed "
+                f"(Nm={nm} window; {self.completed[i]} completed)")
+    if wsp.is_gated(p, nm):
+      gap = wsp.clock_gap(self.clock, i)
+      if gap > self.d:
+        self.fail("gate", f"VW {i} injected gated minibatch {p} at c_local - c_global = {gap} > D = "
+                  f"{self.d} (clocks {list(self.clock.c_local)})")
+      if not self.pulled_since_push[i]:
+        self.fail("gate", f"VW {i} injected gated minibatch {p} without pulling after its last push")
+    self.injected[i] = max(self.injected[i], p)
+
+  def _task(self, ev) -> tuple[int, int, int, tuple] | None:
+    i, j, p = ev["vw"], ev["stage"], ev["mb"]
+    if not 0 <= j < self.k[i] or not 1 <= p <= self.injected[i]:
+      self.fail("format" if not 0 <= j < self.k[i] else "order",
+                f"{ev['ev']} of VW {i} stage {j} minibatch {p}: stage out of range or minibatch not "
+                "injected")
+      return None
+    key = (ev["ev"], i, j, p)
+    if key in self.done:
+      self.fail("order", f"{ev['ev']} of VW {i} stage {j} minibatch {p} ran twice")
+    self.done.add(key)
+    dev = (i, j)
+    if ev["t0"] < self.device_free_at.get(dev, 0.0) - EPS:
+      self.fail("device", f"VW {i} stage {j} started {ev['ev']} of minibatch {p} at {ev['t0']} while "
+                f"busy until {self.device_free_at[dev]}")
+    self.device_free_at[dev] = max(self.device_free_at.get(dev, 0.0), ev["t1"])
+    return i, j, p, (ev["own"], tuple(ev["glob"]))
+
+  def _check_global(self, i: int, j: int, p: int, glob: tuple, what: str) -> None:
+    if len(glob) != self.n:
+      return self.fail("format", f"{what}: glob has {len(glob)} entries for {self.n} virtual workers")
+    need = wsp.min_global_waves(p, self.nm[i], self.d)
+    for k, g in enumerate(glob):
+      if g < need:
+        self.fail("global", f"{what} of VW {i} minibatch {p} (wave {wsp.wave_of(p, self.nm[i])}) at stage "
+                  f"{j} includes {g} waves of VW {k}; WSP with D={self.d} needs >= {need}")
+      if g > self.clock.c_local[k]:
+        self.fail("global", f"{what} of VW {i} minibatch {p} at stage {j} includes {g} waves of VW {k}, "
+                  f"which had pushed only {self.clock.c_local[k]}")
+    if glob not in self.pulls[i]:
+      self.fail("global", f"{what} of VW {i} minibatch {p} at stage {j} has global base {list(glob)}, "
+                f"which VW {i} never pulled")
+
+  def _on_fwd(self, ev) -> None:
+    task = self._task(ev)
+    if task is None:
+      return
+    i, j, p, (own, glob) = task
+    if j > 0 and ("fwd", i, j - 1, p) not in self.done:
+      self.fail("order", f"forward of VW {i} minibatch {p} at stage {j} before stage {j - 1}")
+    if own < p - self.nm[i]:
+      self.fail("local", f"forward of VW {i} minibatch {p} at stage {j} includes {own} own updates; "
+                f"needs >= {p - self.nm[i]} (Nm={self.nm[i]})")
+    if own != self.applied[(i, j)]:
+      self.fail("rebase", f"forward of VW {i} minibatch {p} at stage {j} uses weights with {own} own "
+                f"updates, but the stage has applied {self.applied[(i, j)]} (lost or double-counted "
+                "local updates)")
+    self._check_global(i, j, p, glob, "forward")
+    last = self.last_glob.get((i, j), (0,) * self.n)
+    if any(a < b for a, b in zip(glob, last)):
+      self.fail("global", f"forward of VW {i} minibatch {p} at stage {j} has global base {list(glob)}, "
+                f"older than an earlier forward's {list(last)}")
+    self.last_glob[(i, j)] = glob
+    self.fwd_version[(i, j, p)] = (own, glob)
+
+  def _on_bwd(self, ev) -> None:
+    task = self._task(ev)
+    if task is None:
+      return
+    i, j, p, version = task
+    before = ("fwd", i, j, p) if j == self.k[i] - 1 else ("bwd", i, j + 1, p)
+    if before not in self.done:
+      self.fail("order", f"backward of VW {i} minibatch {p} at stage {j} before {before[0]} at stage "
+                f"{before[2]}")
+    fwd = self.fwd_version.pop((i, j, p), None)
+    if self.stash and fwd is not None and version != fwd:
+      self.fail("stash", f"backward of VW {i} minibatch {p} at stage {j} used weights (own, glob) = "
+                f"{version[0]}, {list(version[1])} but its forward used {fwd[0]}, {list(fwd[1])}")
+    if not self.stash:
+      if version[0] != self.applied[(i, j)]:
+        self.fail("rebase", f"backward of VW {i} minibatch {p} at stage {j} uses weights with "
+                  f"{version[0]} own updates, but the stage has applied {self.applied[(i, j)]}")
+      self._check_global(i, j, p, version[1], "backward")
+    self.applied[(i, j)] += 1
+
+  def _on_complete(self, ev) -> None:
+    i, p = ev["vw"], ev["mb"]
+    if p != self.completed[i] + 1:
+      self.fail("order", f"VW {i} completed minibatch {p} after {self.completed[i]} (in order only)")
+    if ("bwd", i, 0, p) not in self.done:
+      self.fail("order", f"VW {i} completed minibatch {p} before its backward at stage 0")
+    self.completed[i] = max(self.completed[i], p)
+
+  # --- WSP -------------------------------------------------------------------------------------------
+
+  def _on_push(self, ev) -> None:
+    i, c = ev["vw"], ev["wave"]
+    if c != self.clock.c_local[i]:
+      self.fail("push", f"VW {i} pushed wave {c} but had pushed {self.clock.c_local[i]} waves (each wave "
+                "once, in clock order)")
+    if self.completed[i] < (c + 1) * self.nm[i]:
+      self.fail("push", f"VW {i} pushed wave {c} with {self.completed[i]} minibatches completed; the "
+                f"wave ends at minibatch {(c + 1) * self.nm[i]}")
+    if self.shards is not None and ev.get("shards") != self.shards:
+      self.fail("push", f"VW {i} pushed wave {c} to {ev.get('shards')} shards of {self.shards}")
+    self.clock = wsp.push(self.clock, i)
+    self.pulled_since_push[i] = False
+    for k in range(self.n):
+      gap = wsp.clock_gap(self.clock, k)
+      if gap > self.d + 1:
+        self.fail("gate", f"VW {k} runs {gap} waves ahead of the slowest (clocks "
+                  f"{list(self.clock.c_local)}); WSP allows D + 1 = {self.d + 1}")
+
+  def _on_pull(self, ev) -> None:
+    i, glob = ev["vw"], tuple(ev["glob"])
+    if len(glob) != self.n:
+      return self.fail("format", f"pull of VW {i}: glob has {len(glob)} entries for {self.n} VWs")
+    for k, g in enumerate(glob):
+      if g > self.clock.c_local[k]:
+        self.fail("global", f"VW {i} pulled {g} waves of VW {k}, which had pushed {self.clock.c_local[k]}")
+    if self.clock.c_local[i] - min(glob) > self.d:
+      self.fail("gate", f"VW {i} pulled at clock {self.clock.c_local[i]} with global clock {min(glob)}; "
+                f"the gate allows D = {self.d}")
+    self.pulls[i].add(glob)
+    self.pulled_since_push[i] = True
+
+  def _on_wait(self, ev) -> None:
+    pass  # times are checked for every event
+
+  def finish(self) -> None:
+    for i in range(self.n):
+      if self.completed[i] != self.injected[i]:
+        self.fail("end", f"VW {i} injected {self.injected[i]} minibatches but completed "
+                  f"{self.completed[i]}")
+      if self.clock.c_local[i] != self.completed[i] // self.nm[i]:
+        self.fail("end", f"VW {i} completed {self.completed[i] // self.nm[i]} waves but pushed "
+                  f"{self.clock.c_local[i]}")
+
+
+REQUIRED_META = ("num_vws", "nm", "d", "stages", "weight_mode")
+
+
+def check_trace(events: Iterable[dict[str, Any]]) -> list[Violation]:
+  """Returns every violation of the WSP guarantees in ``events`` (empty when the trace is sound)."""
+  events = list(events)
+  if not events or events[0].get("ev") != "meta":
+    return [Violation(1, "format", "the first line must be the meta event")]
+  missing = [f for f in REQUIRED_META if f not in events[0]]
+  if missing:
+    return [Violation(1, "format", f"meta lacks {missing}")]
+  checker = _Checker(events[0])
+  for line, ev in enumerate(events[1:], start=2):
+    checker.line = line
+    checker.event(ev)
+  checker.line = len(events)
+  checker.finish()
+  return checker.violations
+
+
+def main(argv: list[str]) -> int:
+  if len(argv) != 2:
+    print("usage: python -m hetpipe_jax.check TRACE.jsonl", file=sys.stderr)
+    return 2
+  events = read_trace(argv[1])
+  violations = check_trace(events)
+  if violations:
+    for v in violations[:50]:
+      print(v)
+    print(f"FAILED: {len(violations)} violations of the WSP guarantees in {argv[1]}")
+    return 1
+  stats = staleness_stats(events)
+  print(f"OK: {len(events)} events in {argv[1]} satisfy every WSP guarantee")
+  print(json.dumps(stats, indent=1))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv))

@@ -1,0 +1,110 @@
+"""The shape of a run: for every virtual worker its GPUs in pipeline order, its cuts and its Nm.
+
+One frozen value travels from whoever decides the shape (the partitioner and allocation policies, or a
+user's ``--stages``/``--cuts``) to everything that needs it: the cost model, the memory check, the
+simulator, the PS placement, the runtime and the trace's meta line. No parallel lists::
+
+  layout = Layout((VWLayout(gpus=(g0, g1), cuts=(0, 2, 5), nm=2),
+                   VWLayout(gpus=(g2,), cuts=(0, 5), nm=1)))
+  layout.vws[0].stage_units(1)     # range(2, 5): the units of stage 1 of virtual worker 0
+  layout.meta()                    # the trace's layout fields: num_vws, nm, stages, cuts, gpus
+
+Cuts are unit boundaries ``(0, c_1, ..., num_units)``: stage j holds units ``cuts[j] .. cuts[j+1]-1``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Iterator
+
+from hetpipe_jax.cluster import Gpu
+from hetpipe_jax.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class VWLayout:
+  """One virtual worker: its GPUs in pipeline order, the unit boundaries of its stages, its Nm.
+
+  Attributes:
+    gpus: the GPU of each stage, stage 0 first.
+    cuts: ``len(gpus) + 1`` unit boundaries from 0 to the model's unit count.
+    nm: most minibatches in flight (>= 1).
+  """
+
+  gpus: tuple[Gpu, ...]
+  cuts: tuple[int, ...]
+  nm: int
+
+  def __post_init__(self):
+    object.__setattr__(self, "gpus", tuple(self.gpus))
+    object.__setattr__(self, "cuts", tuple(int(c) for c in self.cuts))
+    if len(self.cuts) != len(self.gpus) + 1:
+      raise ConfigError(f"cuts {list(self.cuts)} give {len(self.cuts) - 1} stages for {len(self.gpus)} "
+                        f"GPUs; give {len(self.gpus) + 1} boundaries")
+
+  @property
+  def k(self) -> int:
+    """The number of stages (= GPUs)."""
+    return len(self.gpus)
+
+  @property
+  def num_units(self) -> int:
+    return self.cuts[-1]
+
+  def stage_units(self, j: int) -> range:
+    """The units of stage ``j``."""
+    return range(self.cuts[j], self.cuts[j + 1])
+
+  def stages(self) -> Iterator[tuple[int, Gpu, range]]:
+    """``(j, gpu, units)`` for every stage, in pipeline order."""
+    for j, gpu in enumerate(self.gpus):
+      yield j, gpu, self.stage_units(j)
+
+  def stage_of_unit(self, unit: int) -> int:
+    """The stage that holds ``unit``."""
+    return next(j for j in range(self.k) if self.cuts[j] <= unit < self.cuts[j + 1])
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """Every virtual worker of a run (see the module docstring)."""
+
+  vws: tuple[VWLayout, ...]
+
+  def __post_init__(self):
+    object.__setattr__(self, "vws", tuple(self.vws))
+    if not self.vws:
+      raise ConfigError("a layout needs at least 1 virtual worker")
+
+  @property
+  def num_vws(self) -> int:
+    return len(self.vws)
+
+  @property
+  def nms(self) -> list[int]:
+    return [vw.nm for vw in self.vws]
+
+  @property
+  def stages(self) -> list[int]:
+    return [vw.k for vw in self.vws]
+
+  @property
+  def cuts(self) -> list[list[int]]:
+    return [list(vw.cuts) for vw in self.vws]
+
+  @property
+  def gpus(self) -> list[list[Gpu]]:
+    return [list(vw.gpus) for vw in self.vws]
+
+  @property
+  def num_gpus(self) -> int:
+    return sum(vw.k for vw in self.vws)
+
+  def with_cuts(self, cuts) -> Layout:
+    """The same GPUs and Nm with other cuts (one boundary list per virtual worker)."""
+    return Layout(tuple(dataclasses.replace(vw, cuts=tuple(c)) for vw, c in zip(self.vws, cuts)))
+
+  def meta(self) -> dict[str, Any]:
+    """The layout fields of a trace's meta line."""
+    return {"num_vws": self.num_vws, "nm": self.nms, "stages": self.stages, "cuts": self.cuts,
+            "gpus": [[g.name for g in vw.gpus] for vw in self.vws]}
