@@ -7,8 +7,8 @@ from typing import Sequence
 from hetpipe_jax import check_trace, staleness_stats
 from hetpipe_jax.core.engine import Engine
 from hetpipe_jax.runtime.executors import run_virtual, run_wall
-from hetpipe_jax.core.pipeline import VirtualWorker
-from hetpipe_jax.runtime.ps import ParameterServer
+from hetpipe_jax.core.server import ClockServer
+from hetpipe_jax.core.worker import VirtualWorker
 from hetpipe_jax.core.trace import Trace
 
 
@@ -26,17 +26,18 @@ def meta(n, nm, d, stages, weight_mode="stash", executor="virtual"):
 
 def schedule_only(stages: Sequence[int], nms: Sequence[int], d: int, waves: int, slowdown: Sequence[float],
                   executor: str = "virtual", schedule: str = "1f1b", fwd: float = 1.0, bwd: float = 2.0,
-                  time_scale: float = 1e-4, weight_mode: str = "stash", ps_class=ParameterServer,
+                  time_scale: float = 1e-4, weight_mode: str = "stash", ps_class=ClockServer,
                   engine_class=Engine) -> list[dict]:
   """Runs the protocol without numerics; VW i's tasks last ``slowdown[i]`` x (fwd, bwd).
 
   ``weight_mode`` is what the workers do; the trace's meta line always says "stash".
   """
   n = len(stages)
-  vws = [VirtualWorker(i, stages[i], nms[i], waves * nms[i], n, schedule, weight_mode) for i in range(n)]
+  vws = [VirtualWorker.create(i, stages[i], nms[i], waves * nms[i], n, schedule, weight_mode)
+         for i in range(n)]
   trace = Trace()
   trace.emit(**meta(n, nms, d, stages, executor=executor))
-  engine = engine_class(vws, ps_class((), n, d), trace)
+  engine = engine_class(vws, ps_class(n, d), trace)
   cost = lambda t: slowdown[t.vw] * (fwd if t.kind == "fwd" else bwd)
   if executor == "virtual":
     run_virtual(engine, cost)

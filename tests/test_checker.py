@@ -12,7 +12,7 @@ import jax
 
 from hetpipe_jax import RunConfig, check_trace, get_model, run_hetpipe, synthetic
 from hetpipe_jax.core.engine import Engine
-from hetpipe_jax.runtime.ps import ParameterServer, Snapshot
+from hetpipe_jax.core.server import ClockServer, Snapshot
 from hetpipe_jax.runtime.stage import Stage
 
 from helpers import assert_trace_ok, schedule_only
@@ -101,24 +101,23 @@ def test_hand_made_format_errors():
 
 # --- faults injected into real runs --------------------------------------------------------------------
 
-class NoGatePS(ParameterServer):
-  """A parameter server whose gate never closes."""
+class NoGateServer(ClockServer):
+  """A server whose gate never closes."""
 
-  def pull(self, vw, block=True, timeout=None):
-    with self._cond:
-      return Snapshot(self._params, self._clock.c_local)
+  def try_pull(self, vw):
+    return Snapshot(None, self.clock.c_local)
 
 
 class DoublePushEngine(Engine):
   """Writes every push twice, as a runtime that re-sent a wave would."""
 
-  def _push(self, vw, wave, updates, t):
-    self.trace.emit(ev="push", vw=vw.index, wave=wave, t=t, shards=self.ps.num_shards)
-    super()._push(vw, wave, updates, t)
+  def _push(self, vw, wave, updates, losses, t):
+    self.trace.emit(ev="push", vw=vw.index, wave=wave, t=t, shards=self.server.num_shards)
+    super()._push(vw, wave, updates, losses, t)
 
 
 def test_fault_gate_never_closes():
-  assert "gate" in rules(schedule_only([2, 2], [2, 2], d=0, waves=6, slowdown=(1, 3), ps_class=NoGatePS))
+  assert "gate" in rules(schedule_only([2, 2], [2, 2], d=0, waves=6, slowdown=(1, 3), ps_class=NoGateServer))
 
 
 def test_fault_stash_switched_off():
@@ -133,7 +132,8 @@ def test_fault_double_push():
 
 def test_fault_rebase_drops_local_updates(monkeypatch):
   def lossy_rebase(self, global_params):
-    self.params = jax.device_put(tuple(global_params), self.device)  # forgets the updates of waves not pushed yet
+    # forgets the updates of waves not pushed yet
+    self.state = self.state._replace(params=jax.device_put(tuple(global_params), self.device))
     return 0
 
   monkeypatch.setattr(Stage, "rebase", lossy_rebase)

@@ -9,6 +9,7 @@ import optax
 import pytest
 
 from hetpipe_jax import ParameterServer, wsp
+from hetpipe_jax.errors import ProtocolError
 
 
 def _params():
@@ -35,12 +36,12 @@ def test_push_goes_through_the_optax_apply_rule():
 
 def test_push_rejects_out_of_order_repeated_and_partial_waves():
   ps = ParameterServer(_params(), num_vws=2, d=0)
-  with pytest.raises(ValueError, match="pushed wave 1 but its clock is 0"):
+  with pytest.raises(ProtocolError, match="pushed wave 1 but its clock is 0"):
     ps.push(0, 1, _update(1.0))
   ps.push(0, 0, _update(1.0))
-  with pytest.raises(ValueError, match="pushed wave 0 but its clock is 1"):
+  with pytest.raises(ProtocolError, match="pushed wave 0 but its clock is 1"):
     ps.push(0, 0, _update(1.0))
-  with pytest.raises(ValueError, match="cover all 2 shards"):
+  with pytest.raises(ProtocolError, match="cover all 2 shards"):
     ps.push(1, 0, {0: _update(1.0)[0]})
 
 

@@ -3,16 +3,16 @@
 An executor only answers two questions: *when* does a task start and end (wall clock, or a virtual clock
 from a cost model), and does it block on the numerics. Everything else happens here, written once:
 
-* ``startable()``: for every free device, the task its pipeline schedule picks next;
-* ``start(task, t)``: record the weight version the task uses and dispatch its numerics;
+* ``startable()``: for every free device, the task its pipeline schedule picks next (a pure query);
+* ``start(task, t)``: the device is busy; record the weight version the task uses; dispatch its numerics;
 * ``finish(task, t)``: write the task's trace line, ready its successor, complete minibatches in order,
   push a finished wave to the PS, then retry every virtual worker's next injection: the Nm window, the
   WSP gate (c_local - c_global <= D), the pull and rebase.
 
-Pushes and pulls go through a ``Comm``: :class:`InstantComm` (the default) completes them at once; the
-``sim`` executor's network model completes them when their transfers have crossed the links. A push is
-applied (and its trace line written) when it completes; a gated injection waits for its own virtual
-worker's last push to be applied, then for the gate, then for the pull to arrive.
+Where a push goes: the engine hands it to the :class:`~hetpipe_jax.core.comm.Comm`, which delivers it
+(at once, or when the simulated transfer lands); then the server applies it (``server.push``) and the
+trace's push line is written. A gated injection waits for its own virtual worker's last push to be
+applied, then for the gate (``server.try_pull``), then for the pull to arrive through the Comm.
 
 Not thread-safe by itself: the ``wall`` executor calls it under one lock.
 """
@@ -21,26 +21,18 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+from hetpipe_jax.core import schedule as schedule_lib
+from hetpipe_jax.core import versions as versions_lib
 from hetpipe_jax.core import wsp
-from hetpipe_jax.core.pipeline import Task, VirtualWorker
-from hetpipe_jax.runtime.ps import ParameterServer
+from hetpipe_jax.core.comm import Comm, InstantComm
+from hetpipe_jax.core.schedule import FWD, Task
+from hetpipe_jax.core.server import Server, Snapshot
 from hetpipe_jax.core.trace import Trace
+from hetpipe_jax.core.versions import Version
+from hetpipe_jax.core.worker import VirtualWorker
 
 BatchFn = Callable[[int, int], tuple[Any, Any]]  # (vw, mb) -> (x, labels)
 WaveFn = Callable[[int, int, float, list], None]  # (vw, wave, t, losses of the wave) -> None
-Done = Callable[[float], None]  # called with the time a push or pull completed
-
-
-class InstantComm:
-  """Pushes and pulls that take no time."""
-
-  def push(self, vw: VirtualWorker, wave: int, t: float, done: Done) -> None:
-    del vw, wave
-    done(t)
-
-  def pull(self, vw: VirtualWorker, t: float, done: Done) -> None:
-    del vw
-    done(t)
 
 
 class Engine:
@@ -48,27 +40,30 @@ class Engine:
 
   Args:
     vws: the virtual workers.
-    ps: the parameter server (holds the clocks and D).
+    server: the parameter server (holds the clocks and D).
     trace: where events go; the caller has written the meta line.
-    batches: minibatch source, called at injection (not needed without numerics).
-    on_wave: called after every push with the wave's losses (device scalars).
-    comm: how long pushes and pulls take (default: no time).
+    batches: minibatch source, called at injection (None without numerics).
+    on_wave: called after every push with the wave's losses.
+    comm: how pushes and pulls travel (default: instantly).
   """
 
-  def __init__(self, vws: Sequence[VirtualWorker], ps: ParameterServer, trace: Trace,
-               batches: BatchFn | None = None, on_wave: WaveFn | None = None, comm=None):
-    self.vws, self.ps, self.trace = list(vws), ps, trace
+  def __init__(self, vws: Sequence[VirtualWorker], server: Server, trace: Trace,
+               batches: BatchFn | None = None, on_wave: WaveFn | None = None, comm: Comm | None = None):
+    self.vws, self.server, self.trace = list(vws), server, trace
     self._batches, self._on_wave = batches, on_wave
     self.comm = comm or InstantComm()
+    self._running: dict[tuple[int, int], tuple[float, Version]] = {}  # device -> (start, version)
+    self._candidates: set[tuple[int, int]] = set()  # devices that may have become able to start a task
     self._pulling: dict[int, int] = {}  # vw -> gated minibatch whose pull is on its way
     self._pulled: dict[int, int] = {}  # vw -> gated minibatch whose pull has arrived
-    self._changed = True  # whether a task may have become startable
+    self._waiting_since: dict[int, float] = {}  # vw -> when its gate was found closed
 
   @property
   def done(self) -> bool:
     return all(vw.done for vw in self.vws)
 
   def devices(self) -> list[tuple[int, int]]:
+    """Every (virtual worker, stage) device."""
     return [(vw.index, j) for vw in self.vws for j in range(vw.k)]
 
   def begin(self, t: float = 0.0) -> None:
@@ -76,43 +71,55 @@ class Engine:
     self._inject_all(t)
 
   def startable(self) -> list[Task]:
-    """One task for every free device that has one ready, in device order."""
-    if not self._changed:  # nothing finished or was injected since the last call
-      return []
-    self._changed = False
+    """One task for every free device that has one ready, in device order (changes nothing)."""
     tasks = []
-    for vw in self.vws:
-      for j in range(vw.k):
-        task = vw.pop_task(j)
-        if task is not None:
-          tasks.append(task)
+    for i, j in sorted(self._candidates):
+      task = schedule_lib.pick(self.vws[i].pipeline, j)
+      if task is not None:
+        tasks.append(task)
     return tasks
 
-  def start(self, task: Task, t: float) -> None:
-    task.t0 = t
-    self.vws[task.vw].run(task)
+  def start(self, task: Task, t: float) -> Any:
+    """Starts ``task`` at ``t``; returns what to wait on for its numerics (None without numerics)."""
+    vw = self.vws[task.vw]
+    vw.pipeline = schedule_lib.start(vw.pipeline, task)
+    self._candidates.discard((task.vw, task.stage))
+    if task.kind == FWD:
+      vw.versions, version = versions_lib.forward(vw.versions, task.stage, task.mb)
+    else:  # the update is applied as the backward starts
+      vw.versions, version = versions_lib.backward(vw.versions, task.stage, task.mb, vw.nm, vw.weight_mode)
+    self._running[(task.vw, task.stage)] = (t, version)
+    return vw.numerics.run(task)
+
+  def started_at(self, task: Task) -> float:
+    """When the running ``task`` started."""
+    return self._running[(task.vw, task.stage)][0]
 
   def finish(self, task: Task, t: float) -> None:
-    self._changed = True
+    """``task`` ended at ``t``: trace it, ready its successor, complete, push, inject."""
     vw = self.vws[task.vw]
-    self.trace.emit(ev=task.kind, vw=task.vw, stage=task.stage, mb=task.mb, t0=task.t0, t1=t,
-                    own=task.version.own, glob=list(task.version.glob))
-    if not vw.finish(task):
+    t0, version = self._running.pop((task.vw, task.stage))
+    self.trace.emit(ev=task.kind, vw=task.vw, stage=task.stage, mb=task.mb, t0=t0, t1=t, own=version.own,
+                    glob=list(version.glob))
+    vw.pipeline, completed = schedule_lib.finish(vw.pipeline, task, vw.schedule)
+    self._candidates.update((task.vw, j) for j in (task.stage - 1, task.stage, task.stage + 1)
+                            if 0 <= j < vw.k)
+    if not completed:
       return
     self.trace.emit(ev="complete", vw=vw.index, mb=task.mb, t=t)
     if wsp.is_wave_end(task.mb, vw.nm):
       wave = wsp.wave_of(task.mb, vw.nm)
-      updates = vw.take_wave(wave)
-      self.comm.push(vw, wave, t, lambda t_done: self._push(vw, wave, updates, t_done))
+      vw.versions = versions_lib.close_wave(vw.versions, wave, vw.nm, vw.index)
+      updates, losses = vw.numerics.take_wave(wave)
+      self.comm.push(vw.index, wave, t, lambda t_done: self._push(vw, wave, updates, losses, t_done))
     self._inject(vw, t)
 
-  def _push(self, vw: VirtualWorker, wave: int, updates, t: float) -> None:
-    clock = self.ps.push(vw.index, wave, updates)
-    self.trace.emit(ev="push", vw=vw.index, wave=wave, t=t, shards=self.ps.num_shards,
+  def _push(self, vw: VirtualWorker, wave: int, updates: dict[int, Any], losses: list, t: float) -> None:
+    clock = self.server.push(vw.index, wave, updates)
+    self.trace.emit(ev="push", vw=vw.index, wave=wave, t=t, shards=self.server.num_shards,
                     gap=wsp.clock_gap(clock, vw.index))
     if self._on_wave is not None:
-      first = wave * vw.nm + 1
-      self._on_wave(vw.index, wave, t, [vw.losses.pop(p, None) for p in range(first, first + vw.nm)])
+      self._on_wave(vw.index, wave, t, losses)
     self._inject_all(t)  # a push can open gates, this virtual worker's own included
 
   def _inject_all(self, t: float) -> None:
@@ -122,30 +129,31 @@ class Engine:
   def _inject(self, vw: VirtualWorker, t: float) -> None:
     """Injects while the window allows; a gated minibatch first passes the gate and pulls."""
     i = vw.index
-    while vw.can_inject():
-      mb = vw.next_mb
+    while schedule_lib.can_inject(vw.pipeline, vw.nm, vw.total_mbs, vw.schedule):
+      mb = vw.pipeline.next_mb
       if wsp.is_gated(mb, vw.nm) and self._pulled.get(i) != mb:
-        if self._pulling.get(i) == mb or self.ps.clock.c_local[i] < wsp.wave_of(mb, vw.nm):
+        if self._pulling.get(i) == mb or self.server.clock.c_local[i] < wsp.wave_of(mb, vw.nm):
           return  # the pull is on its way, or this VW's own last push has not landed yet
-        snapshot = self.ps.pull(i, block=False)
+        snapshot = self.server.try_pull(i)
         if snapshot is None:
-          if vw.waiting_since is None:
-            vw.waiting_since = t
+          self._waiting_since.setdefault(i, t)
           return
-        if vw.waiting_since is not None:
-          self.trace.emit(ev="wait", vw=i, t0=vw.waiting_since, t1=t)
-          vw.waiting_since = None
+        if i in self._waiting_since:
+          self.trace.emit(ev="wait", vw=i, t0=self._waiting_since.pop(i), t1=t)
         self._pulling[i] = mb
-        self.comm.pull(vw, t, lambda t_done: self._pull_arrived(vw, mb, snapshot, t_done))
+        self.comm.pull(i, t, lambda t_done, mb=mb, snapshot=snapshot: self._pull_arrived(vw, mb, snapshot,
+                                                                                          t_done))
         continue  # an instant pull has injected mb already
-      x, labels = self._batches(i, mb) if vw.stages is not None else (None, None)
-      vw.inject(x, labels)
-      self._changed = True
+      x, labels = self._batches(i, mb) if self._batches is not None else (None, None)
+      vw.pipeline, _ = schedule_lib.inject(vw.pipeline, vw.schedule)
+      vw.numerics.inject(mb, x, labels)
+      self._candidates.add((i, 0))
       self.trace.emit(ev="inject", vw=i, mb=mb, t=t)
 
-  def _pull_arrived(self, vw: VirtualWorker, mb: int, snapshot, t: float) -> None:
+  def _pull_arrived(self, vw: VirtualWorker, mb: int, snapshot: Snapshot, t: float) -> None:
     del self._pulling[vw.index]
     self._pulled[vw.index] = mb
-    vw.rebase(snapshot.params, snapshot.waves)
+    added = vw.numerics.rebase(snapshot.params, versions_lib.open_updates(vw.versions))
+    vw.versions = versions_lib.rebase(vw.versions, snapshot.waves, vw.index, vw.nm, added)
     self.trace.emit(ev="pull", vw=vw.index, t=t, glob=list(snapshot.waves))
     self._inject(vw, t)

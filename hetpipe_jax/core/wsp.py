@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from hetpipe_jax.errors import ProtocolError
+
 
 class ClockState(NamedTuple):
   """Clocks of all virtual workers: ``c_local[i]`` = waves VW i has pushed."""
@@ -37,8 +39,15 @@ def c_global(state: ClockState) -> int:
   return min(state.c_local)
 
 
-def push(state: ClockState, vw: int) -> ClockState:
-  """VW ``vw`` pushed one more wave: its local clock ticks."""
+def push(state: ClockState, vw: int, wave: int | None = None) -> ClockState:
+  """VW ``vw`` pushed one more wave (``wave``, when given, must be its next one): its local clock ticks.
+
+  Raises:
+    ProtocolError: when ``wave`` is not ``c_local(vw)``: waves are pushed once each, in order.
+  """
+  if wave is not None and wave != state.c_local[vw]:
+    raise ProtocolError(f"VW {vw} pushed wave {wave} but its clock is {state.c_local[vw]}; waves are pushed "
+                        "once each, in order")
   c = list(state.c_local)
   c[vw] += 1
   return ClockState(tuple(c))

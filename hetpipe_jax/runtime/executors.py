@@ -16,15 +16,16 @@ import heapq
 import itertools
 import threading
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import jax
 
 from hetpipe_jax.core.engine import Engine
-from hetpipe_jax.core.pipeline import Task
+from hetpipe_jax.core.schedule import Task
+from hetpipe_jax.errors import ProtocolError
 
 CostFn = Callable[[Task], float]
-EXECUTORS = ("virtual", "wall", "sim")  # sim: see sim.py
+EXECUTORS = ("virtual", "wall", "sim")  # sim: see hetpipe_jax.sim
 
 
 def run_virtual(engine: Engine, cost: CostFn) -> float:
@@ -44,7 +45,7 @@ def run_virtual(engine: Engine, cost: CostFn) -> float:
     while heap and heap[0][0] == t:  # finish everything due at t before choosing what starts next
       engine.finish(heapq.heappop(heap)[2], t)
   if not engine.done:
-    raise RuntimeError("virtual executor stalled before every minibatch completed (a schedule bug)")
+    raise ProtocolError("virtual executor stalled before every minibatch completed (a schedule bug)")
   return t
 
 
@@ -63,7 +64,7 @@ def run_wall(engine: Engine, cost: CostFn | None = None, time_scale: float = 1.0
   lock = threading.Lock()
   keys = engine.devices()
   wakeups = {key: threading.Condition(lock) for key in keys}
-  running: dict[tuple[int, int], Task | None] = dict.fromkeys(keys)
+  running: dict[tuple[int, int], tuple[Task, float, Any] | None] = dict.fromkeys(keys)  # (task, t0, out)
   errors: list[BaseException] = []
   t_start = time.perf_counter()
   now = lambda: time.perf_counter() - t_start
@@ -74,8 +75,8 @@ def run_wall(engine: Engine, cost: CostFn | None = None, time_scale: float = 1.0
 
   def dispatch() -> None:  # under the lock
     for task in engine.startable():
-      engine.start(task, now())
-      running[(task.vw, task.stage)] = task
+      t0 = now()
+      running[(task.vw, task.stage)] = (task, t0, engine.start(task, t0))
       wakeups[(task.vw, task.stage)].notify()
     if engine.done:
       wake_all()
@@ -88,10 +89,10 @@ def run_wall(engine: Engine, cost: CostFn | None = None, time_scale: float = 1.0
             if errors or engine.done:
               return
             wakeups[key].wait()
-          task = running[key]
-        jax.block_until_ready(task.out)
+          task, t0, out = running[key]
+        jax.block_until_ready(out)
         if cost is not None:
-          remaining = task.t0 + cost(task) * time_scale - now()
+          remaining = t0 + cost(task) * time_scale - now()
           if remaining > 0:
             time.sleep(remaining)
         with lock:

@@ -5,37 +5,40 @@ stage to the shard that holds its layers, and the PS applies it at once without 
 Here a shard is a model unit (so virtual workers cut differently still meet at the same shards), the
 apply rule is an optax GradientTransformation over the pushed update (default ``optax.identity()``: add
 the wave's update as is), and the clock and gate are the pure functions of :mod:`hetpipe_jax.core.wsp`.
-In-process and thread-safe: one condition variable guards the weights and the clocks.
+The whole state is one pytree, :class:`ServerState`. In-process and thread-safe: one condition variable
+guards it. (A server without weights is :class:`hetpipe_jax.core.server.ClockServer`.)
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 import jax
 import optax
 
 from hetpipe_jax.core import wsp
+from hetpipe_jax.core.server import Snapshot
+from hetpipe_jax.errors import ProtocolError
 
 
-class Snapshot(NamedTuple):
-  """What a pull returns: the global weights of some units and the waves of each VW they contain."""
+class ServerState(NamedTuple):
+  """The global weights (one entry per shard), the apply rule's optax state, and the WSP clocks."""
 
   params: tuple[Any, ...]
-  waves: tuple[int, ...]
+  opt_state: Any
+  clock: wsp.ClockState
 
 
 class ParameterServer:
   """Global parameters and WSP clocks shared by all virtual workers.
 
   Args:
-    params: initial global parameters, one entry per unit (shard); None for a clock-only server.
+    params: initial global parameters, one entry per unit (shard).
     num_vws: number of virtual workers.
     d: the clock distance bound D >= 0.
     tx: optax transformation applied to every pushed wave update (default: add as is).
     device: where the global weights live (default: the first JAX device).
-    num_shards: the shard count of a clock-only server.
 
   Example::
 
@@ -44,20 +47,15 @@ class ParameterServer:
     snap = ps.pull(1)                            # waits until VW 1 passes the gate
   """
 
-  def __init__(self, params: Sequence[Any] | None, num_vws: int, d: int,
-               tx: optax.GradientTransformation | None = None, device: jax.Device | None = None,
-               num_shards: int = 0):
+  def __init__(self, params: Sequence[Any], num_vws: int, d: int,
+               tx: optax.GradientTransformation | None = None, device: jax.Device | None = None):
     self.d = d
-    self._clock = wsp.init(num_vws)
-    self._cond = threading.Condition()
-    if params is None:  # clocks only (the sim executor): pushes carry no numbers
-      self.num_shards, self._params = num_shards, None
-      return
     self.device = device or jax.devices()[0]
     self.num_shards = len(params)
     self._tx = tx or optax.identity()
-    self._params = tuple(jax.device_put(tuple(params), self.device))
-    self._opt_state = jax.device_put(self._tx.init(self._params), self.device)
+    params = tuple(jax.device_put(tuple(params), self.device))
+    self._state = ServerState(params, jax.device_put(self._tx.init(params), self.device), wsp.init(num_vws))
+    self._cond = threading.Condition()
     self._apply = jax.jit(self._apply_fn)
 
   def _apply_fn(self, params, opt_state, updates):
@@ -66,57 +64,58 @@ class ParameterServer:
 
   def warm_up(self) -> None:
     """Compiles the apply program on zero updates (results discarded) before a timed run."""
-    if self._params is not None:
-      zeros = jax.tree.map(jax.numpy.zeros_like, self._params)
-      jax.block_until_ready(self._apply(self._params, self._opt_state, zeros))
+    zeros = jax.tree.map(jax.numpy.zeros_like, self._state.params)
+    jax.block_until_ready(self._apply(self._state.params, self._state.opt_state, zeros))
+
+  @property
+  def state(self) -> ServerState:
+    with self._cond:
+      return self._state
 
   @property
   def clock(self) -> wsp.ClockState:
-    with self._cond:
-      return self._clock
+    return self.state.clock
 
   @property
   def params(self) -> tuple[Any, ...]:
-    with self._cond:
-      return self._params
+    return self.state.params
 
-  def push(self, vw: int, wave: int, updates: dict[int, Any]) -> wsp.ClockState:
+  def push(self, vw: int, wave: int, updates: Mapping[int, Any]) -> wsp.ClockState:
     """Applies VW ``vw``'s wave ``wave``: ``updates`` maps every shard (unit) index to its summed update.
 
     Returns the clock state after the push.
 
     Raises:
-      ValueError: when the wave is not the VW's next one or does not cover every shard exactly once.
+      ProtocolError: when the wave is not the VW's next one or does not cover every shard exactly once.
     """
-    if self._params is not None:
-      if sorted(updates) != list(range(self.num_shards)):
-        raise ValueError(f"VW {vw} pushed wave {wave} for shards {sorted(updates)}; a push must cover all "
-                         f"{self.num_shards} shards exactly once")
-      full = jax.device_put(tuple(updates[u] for u in range(self.num_shards)), self.device)
+    if sorted(updates) != list(range(self.num_shards)):
+      raise ProtocolError(f"VW {vw} pushed wave {wave} for shards {sorted(updates)}; a push must cover all "
+                          f"{self.num_shards} shards exactly once")
+    full = jax.device_put(tuple(updates[u] for u in range(self.num_shards)), self.device)
     with self._cond:
-      if wave != self._clock.c_local[vw]:
-        raise ValueError(f"VW {vw} pushed wave {wave} but its clock is {self._clock.c_local[vw]}; waves "
-                         "are pushed once each, in order")
-      if self._params is not None:
-        self._params, self._opt_state = self._apply(self._params, self._opt_state, full)
-      self._clock = wsp.push(self._clock, vw)
+      clock = wsp.push(self._state.clock, vw, wave)
+      params, opt_state = self._apply(self._state.params, self._state.opt_state, full)
+      self._state = ServerState(params, opt_state, clock)
       self._cond.notify_all()
-      return self._clock
+      return clock
 
-  def gate_open(self, vw: int) -> bool:
-    with self._cond:
-      return wsp.gate_open(self._clock, vw, self.d)
+  def try_pull(self, vw: int) -> Snapshot | None:
+    """The global weights if ``vw`` passes the gate (c_local - c_global <= D) now, else None."""
+    return self.pull(vw, block=False)
 
   def pull(self, vw: int, block: bool = True, timeout: float | None = None) -> Snapshot | None:
     """Returns the global weights once ``vw`` passes the gate (c_local - c_global <= D).
 
-    With ``block=False`` returns None at once if the gate is closed; with a ``timeout`` raises
-    TimeoutError when it stays closed that long.
+    With ``block=False`` returns None at once if the gate is closed.
+
+    Raises:
+      TimeoutError: when the gate stays closed for ``timeout`` seconds.
     """
+    open_ = lambda: wsp.gate_open(self._state.clock, vw, self.d)
     with self._cond:
-      if not wsp.gate_open(self._clock, vw, self.d):
+      if not open_():
         if not block:
           return None
-        if not self._cond.wait_for(lambda: wsp.gate_open(self._clock, vw, self.d), timeout):
-          raise TimeoutError(f"VW {vw} waited {timeout}s at the gate; clocks {self._clock.c_local}")
-      return Snapshot(self._params, self._clock.c_local)
+        if not self._cond.wait_for(open_, timeout):
+          raise TimeoutError(f"VW {vw} waited {timeout}s at the gate; clocks {self._state.clock.c_local}")
+      return Snapshot(self._state.params, self._state.clock.c_local)

@@ -11,22 +11,45 @@ its local optimizer state, and one update accumulator per open wave (HETPIPE.md 
   accumulator of p's wave, all in one jitted call.
 * rebase on pull: weights <- global weights + every local update the PS has not seen yet.
 
-Every stage program is traced once per shape; ``Stage.traces`` counts the traces so tests can prove it.
+The stage's state is a pytree, :class:`StageState` (weights, local optimizer state, open wave
+accumulators), that a checkpointer can save. Every stage program is traced once per shape;
+``Stage.traces`` counts the traces per stage so tests can prove it (``chex.assert_max_traces`` keys its
+count on where a function is defined, so it would add up the traces of every stage together).
 """
 
 from __future__ import annotations
 
 import collections
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
 from hetpipe_jax.core import wsp
+from hetpipe_jax.errors import ProtocolError
 from hetpipe_jax.models.base import LayeredModel, cross_entropy
 
-WEIGHT_MODES = ("stash", "latest")
+
+class WaveAccumulator(NamedTuple):
+  """The summed local updates of one open wave (one entry per unit) and how many minibatches they are."""
+
+  update: Any
+  count: int
+
+
+class StageState(NamedTuple):
+  """Everything a stage holds between tasks, as a pytree.
+
+  Attributes:
+    params: the stage's weights (a tuple, one entry per unit).
+    opt_state: the local optimizer's state.
+    waves: wave -> accumulator of the local updates not pushed yet.
+  """
+
+  params: Any
+  opt_state: Any
+  waves: dict[int, WaveAccumulator]
 
 
 class Stage:
@@ -47,9 +70,8 @@ class Stage:
     self.model, self.first, self.last, self.device = model, first, last, device
     self.is_first, self.is_last = first == 0, last == model.num_units
     self.nm, self.weight_mode, self.tx = nm, weight_mode, tx
-    self.params = jax.device_put(tuple(params), device)
-    self.opt_state = jax.device_put(tx.init(self.params), device)
-    self.waves: dict[int, list] = {}  # wave -> [summed update, number of updates]
+    params = jax.device_put(tuple(params), device)
+    self.state = StageState(params, jax.device_put(tx.init(params), device), {})
     self._saved: dict[int, Any] = {}  # mb -> vjp closure (stash) or (x, labels) (latest)
     self.traces: collections.Counter = collections.Counter()
     self._fwd = jax.jit(self._fwd_impl)
@@ -101,9 +123,14 @@ class Stage:
 
   # --- host side -------------------------------------------------------------------------------------
 
+  @property
+  def params(self):
+    """The weights the stage holds now."""
+    return self.state.params
+
   def forward(self, mb: int, x: jax.Array, labels: jax.Array | None) -> jax.Array:
     """Dispatches the forward pass of ``mb``; returns its output (the loss on the last stage)."""
-    out, vjp = self._fwd(self.params, x, labels)
+    out, vjp = self._fwd(self.state.params, x, labels)
     self._saved[mb] = vjp if self.weight_mode == "stash" else (x, labels)
     return out
 
@@ -115,13 +142,15 @@ class Stage:
     """
     saved = self._saved.pop(mb)
     wave = wsp.wave_of(mb, self.nm)
-    if wave in self.waves:
-      acc, count = self.waves[wave]
-      gx, self.params, self.opt_state, acc = self._bwd_acc(saved, g, self.params, self.opt_state, acc)
-      self.waves[wave] = [acc, count + 1]
+    params, opt_state, waves = self.state
+    if wave in waves:
+      acc = waves[wave]
+      gx, params, opt_state, update = self._bwd_acc(saved, g, params, opt_state, acc.update)
+      acc = WaveAccumulator(update, acc.count + 1)
     else:
-      gx, self.params, self.opt_state, update = self._bwd_first(saved, g, self.params, self.opt_state)
-      self.waves[wave] = [update, 1]
+      gx, params, opt_state, update = self._bwd_first(saved, g, params, opt_state)
+      acc = WaveAccumulator(update, 1)
+    self.state = StageState(params, opt_state, {**waves, wave: acc})
     return gx
 
   def warm_up(self, x: jax.Array, labels: jax.Array | None) -> jax.Array:
@@ -133,18 +162,25 @@ class Stage:
     out, vjp = self._fwd(self.params, x, labels)
     saved = vjp if self.weight_mode == "stash" else (x, labels)
     g = None if self.is_last else jnp.ones_like(out)
-    _, _, _, update = self._bwd_first(saved, g, self.params, self.opt_state)
-    jax.block_until_ready(self._bwd_acc(saved, g, self.params, self.opt_state, update))
-    jax.block_until_ready(self._add(self.params, update))
+    params, opt_state, _ = self.state
+    _, _, _, update = self._bwd_first(saved, g, params, opt_state)
+    jax.block_until_ready(self._bwd_acc(saved, g, params, opt_state, update))
+    jax.block_until_ready(self._add(params, update))
     return out
 
   def take_wave(self, wave: int):
-    """Removes and returns the summed update of a finished wave (one entry per unit)."""
-    acc, count = self.waves.pop(wave)
-    if count != self.nm:
-      raise RuntimeError(f"wave {wave} of stage [{self.first},{self.last}) holds {count} updates, "
-                         f"expected Nm={self.nm}")
-    return acc
+    """Removes and returns the summed update of a finished wave (one entry per unit).
+
+    Raises:
+      ProtocolError: when the wave does not hold exactly Nm updates.
+    """
+    waves = dict(self.state.waves)
+    acc = waves.pop(wave)
+    if acc.count != self.nm:
+      raise ProtocolError(f"wave {wave} of stage [{self.first},{self.last}) holds {acc.count} updates, "
+                          f"expected Nm={self.nm}")
+    self.state = self.state._replace(waves=waves)
+    return acc.update
 
   def rebase(self, global_params) -> int:
     """Pull: weights <- global weights + the local updates of waves not pushed yet.
@@ -153,9 +189,9 @@ class Stage:
     """
     params = jax.device_put(tuple(global_params), self.device)
     added = 0
-    for wave in sorted(self.waves):
-      acc, count = self.waves[wave]
-      params = self._add(params, acc)
-      added += count
-    self.params = params
+    for wave in sorted(self.state.waves):
+      acc = self.state.waves[wave]
+      params = self._add(params, acc.update)
+      added += acc.count
+    self.state = self.state._replace(params=params)
     return added

@@ -1,0 +1,205 @@
+"""Pipeline schedules as data: which task each device of a virtual worker runs next.
+
+HETPIPE.md section 2: a virtual worker (VW) has k stages on k devices; minibatches p = 1, 2, ... are
+injected in order, p only once p - Nm has completed (its backward at stage 0 is done), and complete in
+order. Task graph of minibatch p::
+
+  fwd(0,p) -> fwd(1,p) -> ... -> fwd(k-1,p) -> bwd(k-1,p) -> ... -> bwd(0,p) -> complete(p)
+
+Each device runs one task at a time. Which ready task it takes is the *schedule*, an entry of
+:data:`SCHEDULES`: a key (the ready task with the smallest key runs first) and an injection rule on top of
+the Nm window. Adding a schedule is one entry. Written optax-style: the state is a NamedTuple and every
+function is pure::
+
+  state = init(k=2)
+  state, mb = inject(state, "1f1b")         # minibatch 1 is ready at stage 0
+  task = pick(state, 0)                      # Task(stage=0, kind="fwd", mb=1)
+  state = start(state, task)                 # the device is busy
+  state, completed = finish(state, task, "1f1b")
+
+Unit-time golden tables (every forward and backward lasting one tick), as :func:`timetable` prints them
+for k = 2, Nm = 2 under 1F1B::
+
+  t      0    1    2    3    4    5    6    7
+  dev0   F1   F2   .    B1   F3   B2   F4   B3     minibatch 3 waits for 1 to complete (Nm window)
+  dev1   .    F1   B1   F2   B2   F3   B3   F4     backward first once B1 is ready at t = 2
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+from hetpipe_jax.errors import ProtocolError
+
+FWD, BWD = "fwd", "bwd"
+
+
+class Task(NamedTuple):
+  """One forward or backward pass of one minibatch on one stage of one virtual worker."""
+
+  vw: int
+  stage: int
+  kind: str  # "fwd" | "bwd"
+  mb: int
+
+
+class Schedule(NamedTuple):
+  """A pipeline schedule.
+
+  Attributes:
+    key: ``(kind, mb, seq) -> sortable``: among a device's ready tasks the smallest key runs next;
+      ``seq`` counts the moments tasks became ready (FIFO order).
+    may_inject: ``(next_mb, completed, nm) -> bool``: an extra condition on injecting ``next_mb`` beyond
+      the Nm window (which always applies).
+  """
+
+  key: Callable[[str, int, int], tuple]
+  may_inject: Callable[[int, int, int], bool]
+
+
+def _always(next_mb: int, completed: int, nm: int) -> bool:
+  del next_mb, completed, nm
+  return True
+
+
+def _after_flush(next_mb: int, completed: int, nm: int) -> bool:
+  """GPipe-style flush: a wave's minibatches enter only once every earlier wave has completed."""
+  return completed >= (next_mb - 1) // nm * nm
+
+
+SCHEDULES: dict[str, Schedule] = {
+    # backward first, then the lowest minibatch (PipeDream's one-forward-one-backward)
+    "1f1b": Schedule(lambda kind, mb, seq: (kind == FWD, mb), _always),
+    # in the order tasks became ready
+    "fifo": Schedule(lambda kind, mb, seq: (seq,), _always),
+    # every forward of a wave before its backwards, and a flush between waves (GPipe)
+    "gpipe": Schedule(lambda kind, mb, seq: (kind == BWD, mb), _after_flush),
+}
+
+
+class PipelineState(NamedTuple):
+  """Where one virtual worker's pipeline stands.
+
+  Attributes:
+    vw: the virtual worker's index.
+    next_mb: the next minibatch to inject.
+    completed: minibatches completed (in order).
+    busy: per stage, the running task or None.
+    ready: per stage, the ready tasks as ``(key, task)`` pairs.
+    seq: how many tasks have become ready so far (FIFO order).
+  """
+
+  vw: int
+  next_mb: int
+  completed: int
+  busy: tuple[Task | None, ...]
+  ready: tuple[tuple[tuple[tuple, Task], ...], ...]
+  seq: int
+
+
+def init(k: int, vw: int = 0) -> PipelineState:
+  """An empty pipeline of ``k`` stages: nothing injected, every device free."""
+  return PipelineState(vw, 1, 0, (None,) * k, ((),) * k, 0)
+
+
+def can_inject(state: PipelineState, nm: int, total: int, schedule: str) -> bool:
+  """Whether minibatch ``next_mb`` may enter: it exists, the Nm window allows it, and so does the schedule.
+
+  (The WSP gate is the engine's business, on top of this.)
+  """
+  mb = state.next_mb
+  return mb <= total and mb - nm <= state.completed and SCHEDULES[schedule].may_inject(mb, state.completed, nm)
+
+
+def _make_ready(state: PipelineState, stage: int, kind: str, mb: int, schedule: str) -> PipelineState:
+  task = Task(state.vw, stage, kind, mb)
+  entry = (SCHEDULES[schedule].key(kind, mb, state.seq), task)
+  ready = state.ready[:stage] + (state.ready[stage] + (entry,),) + state.ready[stage + 1:]
+  return state._replace(ready=ready, seq=state.seq + 1)
+
+
+def inject(state: PipelineState, schedule: str) -> tuple[PipelineState, int]:
+  """Injects ``next_mb`` (the caller checked :func:`can_inject` and the gate); returns its number."""
+  mb = state.next_mb
+  state = _make_ready(state._replace(next_mb=mb + 1), 0, FWD, mb, schedule)
+  return state, mb
+
+
+def pick(state: PipelineState, stage: int) -> Task | None:
+  """The task ``stage``'s device runs next, or None if it is busy or has nothing ready."""
+  if state.busy[stage] is not None or not state.ready[stage]:
+    return None
+  return min(state.ready[stage], key=lambda entry: entry[0])[1]
+
+
+def start(state: PipelineState, task: Task) -> PipelineState:
+  """``task`` (a ready task of a free device) starts: it leaves the ready set and its device is busy."""
+  j = task.stage
+  if state.busy[j] is not None:
+    raise ProtocolError(f"VW {state.vw} stage {j} started {task} while running {state.busy[j]}")
+  ready = tuple(entry for entry in state.ready[j] if entry[1] != task)
+  if len(ready) == len(state.ready[j]):
+    raise ProtocolError(f"VW {state.vw}: {task} started but it was not ready")
+  return state._replace(busy=state.busy[:j] + (task,) + state.busy[j + 1:],
+                        ready=state.ready[:j] + (ready,) + state.ready[j + 1:])
+
+
+def finish(state: PipelineState, task: Task, schedule: str) -> tuple[PipelineState, bool]:
+  """``task`` is done: its device is free and its successor is ready.
+
+  Returns:
+    The new state, and whether ``task`` completed its minibatch (the backward at stage 0).
+
+  Raises:
+    ProtocolError: when a minibatch would complete out of order.
+  """
+  j, mb, k = task.stage, task.mb, len(state.busy)
+  state = state._replace(busy=state.busy[:j] + (None,) + state.busy[j + 1:])
+  if task.kind == FWD:  # on to the next stage's forward; the last stage turns round
+    stage, kind = (j + 1, FWD) if j + 1 < k else (j, BWD)
+    return _make_ready(state, stage, kind, mb, schedule), False
+  if j > 0:
+    return _make_ready(state, j - 1, BWD, mb, schedule), False
+  if mb != state.completed + 1:
+    raise ProtocolError(f"VW {state.vw}: minibatch {mb} completed before {state.completed + 1}")
+  return state._replace(completed=mb), True
+
+
+def timetable(k: int, nm: int, total: int, schedule: str = "1f1b", bwd_ticks: int = 1) -> list[list[str]]:
+  """The schedule on unit time: per device, what runs at each tick (``F3``, ``B1`` or ``.``).
+
+  Every forward lasts one tick and every backward ``bwd_ticks``; a task ready at tick t can start at t;
+  everything due at a tick finishes (in start order, each completion injecting at once) before anything
+  starts at it, as the engine on the ``virtual`` executor does.
+  The reference for golden tables (``tests/test_schedules.py``), without the engine.
+  """
+  state = init(k)
+  rows: list[list[str]] = [[] for _ in range(k)]
+  running: dict[int, tuple[int, Task, int]] = {}  # stage -> (start order, task, ticks left)
+  tick = started = 0
+  while can_inject(state, nm, total, schedule):
+    state, _ = inject(state, schedule)
+  while state.completed < total:
+    for j in range(k):
+      task = pick(state, j)
+      if task is not None:
+        state = start(state, task)
+        running[j] = (started, task, 1 if task.kind == FWD else bwd_ticks)
+        started += 1
+    for j in range(k):
+      if j in running:
+        order, task, left = running[j]
+        rows[j].append(("F" if task.kind == FWD else "B") + str(task.mb))
+        running[j] = (order, task, left - 1)
+      else:
+        rows[j].append(".")
+    for order, task, left in sorted(running.values()):  # due tasks finish in start order
+      if left == 0:
+        del running[task.stage]
+        state, _ = finish(state, task, schedule)
+        while can_inject(state, nm, total, schedule):  # a completion opens the window at once
+          state, _ = inject(state, schedule)
+    tick += 1
+    if tick > 10 * total * k * (1 + bwd_ticks) + 10:
+      raise ProtocolError(f"schedule {schedule!r} stalled with k={k}, Nm={nm}")
+  return rows

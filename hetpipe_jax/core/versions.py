@@ -1,0 +1,102 @@
+"""Weight versions: which updates the weights of each stage of a virtual worker contain.
+
+A version is ``(own, glob)``: ``own`` counts the virtual worker's own minibatch updates in the weights,
+``glob[k]`` the waves of virtual worker k in their global base (HETPIPE.md section 3). The trace reports
+the version every task used and the checker verifies it, with or without numerics. Pure functions on a
+NamedTuple, like :mod:`hetpipe_jax.core.wsp`:
+
+* a forward uses the stage's current version;
+* a backward uses its forward's version in ``stash`` mode, the current one in ``latest`` mode, and its
+  update is applied at once: ``own`` grows by one and the update joins its wave's open count;
+* a push closes a wave (every stage must hold exactly Nm of its updates);
+* a pull rebases every stage: ``own`` = the VW's pushed waves x Nm + the local updates added back on top.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+from hetpipe_jax.core import wsp
+from hetpipe_jax.errors import ProtocolError
+
+WEIGHT_MODES = ("stash", "latest")
+
+
+class Version(NamedTuple):
+  """Which updates a set of stage weights contains."""
+
+  own: int  # own minibatch updates
+  glob: tuple[int, ...]  # waves of each virtual worker in the global base
+
+
+class VersionBook(NamedTuple):
+  """The versions of one virtual worker's stages.
+
+  Attributes:
+    current: per stage, the version of the weights it holds now.
+    open_waves: per stage, wave -> local updates applied and not pushed yet.
+    forwards: (stage, minibatch) -> the version a forward used, until its backward.
+  """
+
+  current: tuple[Version, ...]
+  open_waves: tuple[dict[int, int], ...]
+  forwards: dict[tuple[int, int], Version]
+
+
+def init(k: int, num_vws: int) -> VersionBook:
+  """``k`` stages holding the initial weights: no own update, no wave of anyone."""
+  return VersionBook((Version(0, (0,) * num_vws),) * k, tuple({} for _ in range(k)), {})
+
+
+def forward(book: VersionBook, stage: int, mb: int) -> tuple[VersionBook, Version]:
+  """A forward of ``mb`` starts at ``stage``: it uses the current version (kept for its backward)."""
+  version = book.current[stage]
+  return book._replace(forwards={**book.forwards, (stage, mb): version}), version
+
+
+def backward(book: VersionBook, stage: int, mb: int, nm: int, weight_mode: str) -> tuple[VersionBook, Version]:
+  """A backward of ``mb`` starts at ``stage`` and applies its update; returns the version it used."""
+  forwards = dict(book.forwards)
+  fwd_version = forwards.pop((stage, mb))
+  now = book.current[stage]
+  used = fwd_version if weight_mode == "stash" else now
+  wave = wsp.wave_of(mb, nm)
+  opened = dict(book.open_waves[stage])
+  opened[wave] = opened.get(wave, 0) + 1
+  return VersionBook(_set(book.current, stage, now._replace(own=now.own + 1)),
+                     _set(book.open_waves, stage, opened), forwards), used
+
+
+def close_wave(book: VersionBook, wave: int, nm: int, vw: int) -> VersionBook:
+  """A finished wave leaves the open counts (it is being pushed).
+
+  Raises:
+    ProtocolError: when a stage does not hold exactly Nm updates of the wave.
+  """
+  open_waves = []
+  for j, opened in enumerate(book.open_waves):
+    opened = dict(opened)
+    count = opened.pop(wave, 0)
+    if count != nm:
+      raise ProtocolError(f"VW {vw} stage {j}: wave {wave} has {count} updates, expected Nm={nm}")
+    open_waves.append(opened)
+  return book._replace(open_waves=tuple(open_waves))
+
+
+def open_updates(book: VersionBook) -> list[int]:
+  """Per stage, the local updates not pushed yet (what a rebase adds back on top of the global base)."""
+  return [sum(opened.values()) for opened in book.open_waves]
+
+
+def rebase(book: VersionBook, waves: Sequence[int], vw: int, nm: int, added: Sequence[int]) -> VersionBook:
+  """A pull of global weights containing ``waves``; ``added[j]`` = local updates stage j added back.
+
+  With numerics, ``added`` is what the stages really added (so a rebase that loses updates shows in the
+  trace); without, :func:`open_updates`.
+  """
+  glob = tuple(waves)
+  return book._replace(current=tuple(Version(glob[vw] * nm + a, glob) for a in added))
+
+
+def _set(values: tuple, index: int, value) -> tuple:
+  return values[:index] + (value,) + values[index + 1:]

@@ -1,0 +1,110 @@
+"""A virtual worker as the engine drives it: its pipeline schedule state, its weight versions, and the
+numerics adapter that runs its tasks (or none).
+
+The three concerns live apart: :mod:`~hetpipe_jax.core.schedule` says which task runs next,
+:mod:`~hetpipe_jax.core.versions` which updates each stage's weights contain, and a :class:`Numerics`
+computes (:class:`hetpipe_jax.runtime.worker.PipelineNumerics` on JAX devices; :class:`NoNumerics`
+for the ``sim`` executor and schedule-only runs). This record only ties them to one virtual worker.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Protocol, Sequence
+
+from hetpipe_jax.core import schedule as schedule_lib
+from hetpipe_jax.core import versions as versions_lib
+from hetpipe_jax.core.schedule import Task
+
+
+class Numerics(Protocol):
+  """What runs a virtual worker's tasks."""
+
+  stages: Sequence[Any]
+
+  def inject(self, mb: int, x: Any, labels: Any) -> None:
+    """Minibatch ``mb`` enters stage 0 with inputs ``x`` (its ``labels`` go to the last stage)."""
+
+  def run(self, task: Task) -> Any:
+    """Dispatches ``task``; returns what to wait on for it to be done (None if nothing)."""
+
+  def take_wave(self, wave: int) -> tuple[dict[int, Any], list[Any]]:
+    """Closes ``wave``: its summed updates by unit (what a push sends) and its minibatches' losses."""
+
+  def rebase(self, params: Sequence[Any] | None, open_updates: Sequence[int]) -> list[int]:
+    """Pull: every stage <- the global weights of its units + its local updates not pushed yet.
+
+    Returns, per stage, how many local updates it added back (``open_updates`` says how many it
+    should have)."""
+
+
+class NoNumerics:
+  """Schedules without computing: tasks take no device time, pushes carry no numbers."""
+
+  stages: Sequence[Any] = ()
+
+  def __init__(self, nm: int):
+    self._nm = nm
+
+  def inject(self, mb: int, x: Any, labels: Any) -> None:
+    del mb, x, labels
+
+  def run(self, task: Task) -> None:
+    del task
+
+  def take_wave(self, wave: int) -> tuple[dict[int, Any], list[Any]]:
+    del wave
+    return {}, [None] * self._nm
+
+  def rebase(self, params: Sequence[Any] | None, open_updates: Sequence[int]) -> list[int]:
+    del params
+    return list(open_updates)
+
+
+@dataclasses.dataclass(eq=False)
+class VirtualWorker:
+  """One virtual worker's state; :meth:`create` builds it fresh.
+
+  Attributes:
+    index: the virtual worker's index i.
+    nm: most minibatches in flight (>= 1).
+    total_mbs: minibatches to run.
+    schedule: a key of :data:`hetpipe_jax.core.schedule.SCHEDULES`.
+    weight_mode: "stash" (a backward uses its forward's weights) or "latest".
+    pipeline: the schedule state (a NamedTuple).
+    versions: the weight versions of its stages (a NamedTuple).
+    numerics: what runs its tasks.
+  """
+
+  index: int
+  nm: int
+  total_mbs: int
+  schedule: str
+  weight_mode: str
+  pipeline: schedule_lib.PipelineState
+  versions: versions_lib.VersionBook
+  numerics: Numerics
+
+  @classmethod
+  def create(cls, index: int, k: int, nm: int, total_mbs: int, num_vws: int, schedule: str = "1f1b",
+             weight_mode: str = "stash", numerics: Numerics | None = None) -> VirtualWorker:
+    """A virtual worker of ``k`` stages before its first minibatch."""
+    return cls(index, nm, total_mbs, schedule, weight_mode, schedule_lib.init(k, index),
+               versions_lib.init(k, num_vws), numerics or NoNumerics(nm))
+
+  @property
+  def k(self) -> int:
+    return len(self.pipeline.busy)
+
+  @property
+  def completed(self) -> int:
+    return self.pipeline.completed
+
+  @property
+  def done(self) -> bool:
+    return self.pipeline.completed == self.total_mbs
+
+  @property
+  def stages(self) -> Sequence[Any]:
+    """The numerics' stage objects (empty without numerics)."""
+    return self.numerics.stages
