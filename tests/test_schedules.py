@@ -1,4 +1,5 @@
-"""Golden schedules: literal per-device task orders of one virtual worker, fwd = 1 and bwd = 1 time unit.
+"""Golden schedules: the pure schedule's unit-time tables asserted literally (no engine), and the engine's
+per-device task orders of one virtual worker, fwd = 1 and bwd = 1 time unit.
 
 Hand-derived for k = 2, Nm = 2 (1F1B)::
 
@@ -7,9 +8,72 @@ Hand-derived for k = 2, Nm = 2 (1F1B)::
   dev1   .    F1   B1   F2   B2   F3   B3   F4  ...   backward first once B1 is ready at t = 2
 """
 
+import itertools
+
 import pytest
 
+from hetpipe_jax.core import schedule
+from hetpipe_jax.errors import ProtocolError
+
 from helpers import assert_trace_ok, schedule_only
+
+TABLES = {  # (k, Nm, minibatches, schedule, backward ticks): one row per device, one column per tick
+    (2, 2, 6, "1f1b", 1): [
+        "F1 F2 .  B1 F3 B2 F4 B3 F5 B4 F6 B5 .  B6",
+        ".  F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 .",
+    ],
+    (4, 4, 8, "1f1b", 1): [
+        "F1 F2 F3 F4 .  .  .  B1 F5 B2 F6 B3 F7 B4 F8 B5 .  B6 .  B7 .  B8",
+        ".  F1 F2 F3 F4 .  B1 .  B2 F5 B3 F6 B4 F7 B5 F8 B6 .  B7 .  B8 .",
+        ".  .  F1 F2 F3 B1 F4 B2 .  B3 F5 B4 F6 B5 F7 B6 F8 B7 .  B8 .  .",
+        ".  .  .  F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7 F8 B8 .  .  .",
+    ],
+    (3, 2, 6, "fifo", 2): [
+        "F1 F2 .  .  .  .  .  .  B1 B1 F3 B2 B2 F4 .  .  .  B3 B3 F5 B4 B4 F6 .  .  .  B5 B5 .  B6 B6",
+        ".  F1 F2 .  .  .  B1 B1 B2 B2 .  F3 .  .  F4 B3 B3 .  B4 B4 F5 .  .  F6 B5 B5 .  B6 B6 .  .",
+        ".  .  F1 F2 B1 B1 B2 B2 .  .  .  .  F3 B3 B3 F4 B4 B4 .  .  .  F5 B5 B5 F6 B6 B6 .  .  .  .",
+    ],
+    # GPipe: a wave's forwards, then its backwards; the next wave only after a flush
+    (3, 3, 6, "gpipe", 1): [
+        "F1 F2 F3 .  .  .  .  B1 B2 B3 F4 F5 F6 .  .  .  .  B4 B5 B6",
+        ".  F1 F2 F3 .  .  B1 B2 B3 .  .  F4 F5 F6 .  .  B4 B5 B6 .",
+        ".  .  F1 F2 F3 B1 B2 B3 .  .  .  .  F4 F5 F6 B4 B5 B6 .  .",
+    ],
+}
+
+
+@pytest.mark.parametrize("case", list(TABLES), ids=str)
+def test_pure_schedule_golden_table(case):
+  assert [" ".join(row) for row in schedule.timetable(*case)] == [" ".join(r.split()) for r in TABLES[case]]
+
+
+@pytest.mark.parametrize("k,nm,name", list(itertools.product((1, 2, 3, 4), (1, 2, 3, 5), schedule.SCHEDULES)))
+def test_engine_follows_the_pure_schedule(k, nm, name):
+  """The engine on the virtual executor (unit task times) runs each device's tasks in the timetable's order."""
+  events = schedule_only([k], [nm], d=0, waves=3, slowdown=[1.0], schedule=name, bwd=1.0)
+  assert_trace_ok(events)
+  table = schedule.timetable(k, nm, 3 * nm, name)
+  want = {j: " ".join(x for x in row if x != ".") for j, row in enumerate(table)}
+  assert device_orders(events, k) == want
+
+
+def test_schedule_state_is_pure_and_checks_its_moves():
+  state = schedule.init(2)
+  state, mb = schedule.inject(state, "1f1b")
+  task = schedule.pick(state, 0)
+  assert (mb, task) == (1, schedule.Task(0, 0, "fwd", 1))
+  assert schedule.pick(state, 0) == task and schedule.pick(state, 1) is None  # pick changes nothing
+  busy = schedule.start(state, task)
+  assert schedule.pick(busy, 0) is None and state.busy == (None, None)
+  with pytest.raises(ProtocolError, match="while running"):
+    schedule.start(busy, task)
+  state, completed = schedule.finish(busy, task, "1f1b")
+  assert not completed and schedule.pick(state, 1) == schedule.Task(0, 1, "fwd", 1)
+  with pytest.raises(ProtocolError, match="was running None"):
+    schedule.finish(state, task, "1f1b")  # not running any more
+  early = schedule.Task(0, 0, "bwd", 2)
+  with pytest.raises(ProtocolError, match="completed before"):
+    schedule.finish(state._replace(busy=(early, None)), early, "1f1b")
 
 
 def device_orders(events, k):

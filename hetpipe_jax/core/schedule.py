@@ -151,9 +151,11 @@ def finish(state: PipelineState, task: Task, schedule: str) -> tuple[PipelineSta
     The new state, and whether ``task`` completed its minibatch (the backward at stage 0).
 
   Raises:
-    ProtocolError: when a minibatch would complete out of order.
+    ProtocolError: when ``task`` was not running, or a minibatch would complete out of order.
   """
   j, mb, k = task.stage, task.mb, len(state.busy)
+  if state.busy[j] != task:
+    raise ProtocolError(f"VW {state.vw}: {task} finished but stage {j} was running {state.busy[j]}")
   state = state._replace(busy=state.busy[:j] + (None,) + state.busy[j + 1:])
   if task.kind == FWD:  # on to the next stage's forward; the last stage turns round
     stage, kind = (j + 1, FWD) if j + 1 < k else (j, BWD)
