@@ -91,10 +91,6 @@ class Engine:
     self._running[(task.vw, task.stage)] = (t, version)
     return vw.numerics.run(task)
 
-  def started_at(self, task: Task) -> float:
-    """When the running ``task`` started."""
-    return self._running[(task.vw, task.stage)][0]
-
   def finish(self, task: Task, t: float) -> None:
     """``task`` ended at ``t``: trace it, ready its successor, complete, push, inject."""
     vw = self.vws[task.vw]

@@ -1,0 +1,1 @@
+"""Pictures of runs: timelines (Chrome/Perfetto JSON, Gantt PNG)."""
