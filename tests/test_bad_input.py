@@ -30,17 +30,26 @@ MLP = get_model("mlp")  # 4 units
     (dict(batch_size=0), r"batch_size=0 must be between 1 and the 512 training examples"),
     (dict(weight_mode="fresh"), r"unknown weight_mode 'fresh'; choose one of stash, latest"),
     (dict(executor="gpu"), r"unknown executor 'gpu'; choose one of virtual, wall, sim"),
-    (dict(schedule="gpipe"), r"unknown schedule 'gpipe'"),
     (dict(waves=0), r"waves=0; run at least 1 wave"),
     (dict(eval_every=0), r"eval_every=0; evaluate every 1 or more global clock ticks"),
     (dict(time_scale=-1.0), r"time_scale=-1.0; use 0 \(no padding\) or a positive factor"),
     (dict(cuts=[[0, 3, 3, 4], [0, 2, 4]], stages=(3, 2)), r"cuts \[0, 3, 3, 4\] of virtual worker 0 must be 4 "
                                                           r"increasing boundaries"),
+    (dict(cuts=[[0, 2, 4]] * 3), r"cuts has 3 entries for 2 virtual workers; give one list for all"),
+    (dict(seed=-5), r"seed=-5; use a seed >= 0"),
+    (dict(schedule="pipedream"), r"unknown schedule 'pipedream'; choose one of 1f1b, fifo, gpipe"),
 ])
 def test_bad_config(config, pattern):
   base = dict(cluster="hetero4", num_vws=2, stages=2, nm=2, d=1, waves=2, batch_size=16)
   with pytest.raises(ConfigError, match=pattern):
     run_hetpipe(MLP, DATA, RunConfig(**{**base, **config}))
+
+
+def test_one_cut_list_serves_every_virtual_worker():
+  result = run_hetpipe(MLP, DATA, RunConfig(cluster="hetero4", num_vws=2, stages=2, nm=2, d=1, waves=2,
+                                            batch_size=16, cuts=[[0, 1, 4]]))
+  assert_trace_ok(result.events)
+  assert result.events[0]["cuts"] == [[0, 1, 4], [0, 1, 4]]
 
 
 def test_batch_size_that_does_not_divide_runs_with_drop_remainder():

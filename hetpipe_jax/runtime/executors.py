@@ -118,5 +118,5 @@ def run_wall(engine: Engine, cost: CostFn | None = None, time_scale: float = 1.0
   if errors:
     raise errors[0]
   if not engine.done:
-    raise RuntimeError("wall executor stopped before every minibatch completed (a schedule bug)")
+    raise ProtocolError("wall executor stopped before every minibatch completed (a schedule bug)")
   return now()
