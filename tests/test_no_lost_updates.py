@@ -6,6 +6,7 @@ A linear model (three Dense units, no activation) keeps the arithmetic exact eno
   (a rebase that dropped or re-added local updates would break this).
 """
 
+import chex
 import jax
 import numpy as np
 import pytest
@@ -58,8 +59,7 @@ def test_every_update_lands_exactly_once(log, executor):
   expected = _f64(result.init_params)
   for _, _, update in pushes:
     expected = jax.tree.map(np.add, expected, update)
-  for got, want in zip(jax.tree.leaves(result.params), jax.tree.leaves(expected)):
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  chex.assert_trees_all_close(_f64(result.params), expected, rtol=1e-5, atol=1e-6)
 
   for vw in result.vws:
     pull_at = max([n for n, e in enumerate(log) if e[0] == "pull" and e[1] == vw.index], default=None)
