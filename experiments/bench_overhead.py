@@ -19,7 +19,9 @@ from __future__ import annotations
 import statistics
 import time
 
-from absl import app, flags
+from absl import flags
+
+from experiments import common
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("steps", 300, "Minibatches per timed throughput run.")
@@ -30,9 +32,10 @@ flags.DEFINE_string("dataset", "auto", "Dataset for the throughput ratio.")
 
 def plain_sgd(model, tx):
   """A plain single-device jitted SGD step: the baseline."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import optax  # pylint: disable=g-import-not-at-top
-  from hetpipe_jax.models import cross_entropy  # pylint: disable=g-import-not-at-top
+  import jax
+  import optax
+
+  from hetpipe_jax.models import cross_entropy
 
   @jax.jit
   def step(params, opt_state, x, y):
@@ -45,7 +48,7 @@ def plain_sgd(model, tx):
 
 def plain_sgd_seconds(step, tx, batches, params, steps: int, warm_up: int = 20) -> float:
   """Seconds for ``steps`` plain SGD steps on the same batches, after ``warm_up`` untimed ones."""
-  import jax  # pylint: disable=g-import-not-at-top
+  import jax
   opt_state = tx.init(params)
   for p in range(1, warm_up + 1):
     jax.block_until_ready(step(params, opt_state, *batches(0, p)))
@@ -58,7 +61,7 @@ def plain_sgd_seconds(step, tx, batches, params, steps: int, warm_up: int = 20) 
 
 def plain_stage_loop_seconds(vws, batches, total_mbs: int) -> float:
   """The stage programs of one virtual worker called back to back (fwd 0..k-1, bwd k-1..0 per minibatch)."""
-  import jax  # pylint: disable=g-import-not-at-top
+  import jax
   stages = vws[0].stages
   t = time.perf_counter()
   for mb in range(1, total_mbs + 1):
@@ -75,21 +78,21 @@ def plain_stage_loop_seconds(vws, batches, total_mbs: int) -> float:
 
 def main(argv):
   del argv
-  from hetpipe_jax import ensure_cpu_devices  # pylint: disable=g-import-not-at-top
-  ensure_cpu_devices(8)
-  import jax  # pylint: disable=g-import-not-at-top
-  import optax  # pylint: disable=g-import-not-at-top
-  from hetpipe_jax import (MinibatchStreams, RunConfig, check_trace, get_model,  # pylint: disable=g-import-not-at-top
-                           load_dataset, run_hetpipe, synthetic)
-  from hetpipe_jax.models.base import DenseUnit, LayeredModel  # pylint: disable=g-import-not-at-top
+  common.ensure_devices(4)
+  import jax
+  import jax.numpy as jnp
+  import optax
+
+  from hetpipe_jax import MinibatchStreams, RunConfig, get_model, load_dataset, run_hetpipe, synthetic
+  from hetpipe_jax.models.base import DenseUnit, LayeredModel
 
   # 1. Throughput ratio, one stage.
   dataset = load_dataset(FLAGS.dataset)
   model = get_model("cnn", dataset.num_classes)
   batches = MinibatchStreams(dataset, 32, num_vws=1, seed=0)
-  params = model.init(jax.random.key(0), dataset.x_train[:32])
+  params = model.init(jax.random.key(0), jnp.asarray(dataset.x_train[:32]))
   config = RunConfig(cluster="uniform8", num_vws=1, stages=1, nm=1, d=0, waves=FLAGS.steps, batch_size=32,
-                     tx=optax.sgd(0.05), executor="wall", eval_every=10**9)
+                     tx=optax.sgd(0.05), executor="wall", eval_every=FLAGS.steps)  # evaluate once, at the end
   ratios, stage_ratios = [], []
   print(f"throughput: small CNN on {dataset.name}, batch 32, {FLAGS.steps} steps, CPU emulation")
   tx = optax.sgd(0.05)
@@ -100,7 +103,7 @@ def main(argv):
     plain = plain_sgd_seconds(step, tx, batches, params, FLAGS.steps)
     if not r % 2:
       result = run_hetpipe(model, dataset, config)
-    assert not check_trace(result.events)
+    common.require_wsp(result.events, f"throughput round {r}")
     programs = plain_stage_loop_seconds(result.vws, batches, FLAGS.steps)
     ratios.append(plain / result.seconds)
     stage_ratios.append(programs / result.seconds)
@@ -125,9 +128,10 @@ def main(argv):
   overhead = {}
   for executor in ("wall", "virtual"):
     tiny_config = RunConfig(cluster="uniform8", num_vws=1, stages=4, nm=nm, d=0, waves=waves,
-                            batch_size=8, tx=optax.sgd(0.05), executor=executor, eval_every=10**9)
+                            batch_size=8, tx=optax.sgd(0.05), executor=executor,
+                            eval_every=waves)  # evaluate once, at the end
     result = run_hetpipe(tiny, data, tiny_config)
-    assert not check_trace(result.events)
+    common.require_wsp(result.events, f"tiny MLP, {executor} executor")
     plain = plain_stage_loop_seconds(result.vws, tiny_batches, nm * waves)
     seconds = result.seconds if executor == "wall" else result.wall_seconds
     overhead[executor] = (seconds - plain) / tasks * 1e6
@@ -137,5 +141,7 @@ def main(argv):
   print(f"overhead_ratio={ratio:.3f} task_overhead_us={overhead['wall']:.1f}")
 
 
+cli = common.console(main)
+
 if __name__ == "__main__":
-  app.run(main)
+  cli()

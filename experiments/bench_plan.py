@@ -16,16 +16,18 @@ from __future__ import annotations
 import tempfile
 import time
 
-from absl import app
+from experiments import common
 
 
 def main(argv):
   del argv
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from hetpipe_jax import get_cluster, get_model  # pylint: disable=g-import-not-at-top
-  from hetpipe_jax.plan.partition import plan_virtual_worker  # pylint: disable=g-import-not-at-top
-  from hetpipe_jax.cost.profile import profile_units  # pylint: disable=g-import-not-at-top
+  import jax
+  import jax.numpy as jnp
+
+  from hetpipe_jax import get_cluster, get_model
+  from hetpipe_jax.cost.profile import profile_units
+  from hetpipe_jax.optim import optimizer_slots
+  from hetpipe_jax.plan.partition import plan_virtual_worker
 
   shape = jax.ShapeDtypeStruct((32, 224, 224, 3), jnp.float32)
   profiles = {}
@@ -46,7 +48,7 @@ def main(argv):
     cluster = get_cluster(cluster_name)
     t = time.perf_counter()
     plan = plan_virtual_worker(cluster, profiles["resnet152"], list(cluster.gpus), "max_fit",
-                               optimizer_slots=1)
+                               optimizer_slots=optimizer_slots("momentum"))
     results[label] = time.perf_counter() - t
     print(f"plan resnet152 on {cluster.num_gpus} GPUs ({cluster_name}): {results[label]:.3f} s -> Nm={plan.nm}, "
           f"order {[g.type.name for g in plan.gpus]}, cuts {plan.cuts}, "
@@ -56,5 +58,7 @@ def main(argv):
   print(f"plan_seconds_4gpu={results['4gpu']:.3f} plan_seconds_8gpu={results['8gpu']:.3f}")
 
 
+cli = common.console(main)
+
 if __name__ == "__main__":
-  app.run(main)
+  cli()

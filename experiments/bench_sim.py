@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import time
 
-from absl import app, flags
+from absl import flags
+
+from experiments import common
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("waves", 1000, "Waves per virtual worker.")
@@ -19,17 +21,19 @@ flags.DEFINE_integer("waves", 1000, "Waves per virtual worker.")
 
 def main(argv):
   del argv
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from hetpipe_jax import check_trace, get_cluster, get_model  # pylint: disable=g-import-not-at-top
-  from hetpipe_jax.plan.allocation import plan_cluster  # pylint: disable=g-import-not-at-top
-  from hetpipe_jax.cost.profile import profile_units  # pylint: disable=g-import-not-at-top
-  from hetpipe_jax.sim.simulate import simulate  # pylint: disable=g-import-not-at-top
-  from hetpipe_jax.core.trace import Trace  # pylint: disable=g-import-not-at-top
+  import jax
+  import jax.numpy as jnp
+
+  from hetpipe_jax import check_trace, get_cluster, get_model
+  from hetpipe_jax.core.trace import Trace
+  from hetpipe_jax.cost.profile import profile_units
+  from hetpipe_jax.optim import optimizer_slots
+  from hetpipe_jax.plan.allocation import plan_cluster
+  from hetpipe_jax.sim.simulate import simulate
 
   cluster = get_cluster("paper_testbed")
   profiles = profile_units(get_model("vgg19", 1000), jax.ShapeDtypeStruct((32, 224, 224, 3), jnp.float32))
-  plan = plan_cluster(cluster, profiles, "ED", nm_policy=4, optimizer_slots=1)
+  plan = plan_cluster(cluster, profiles, "ED", nm_policy=4, optimizer_slots=optimizer_slots("momentum"))
   trace = Trace()
   t = time.perf_counter()
   seconds, vws, _ = simulate(cluster, profiles, plan.layout, 0, FLAGS.waves, trace)
@@ -41,9 +45,13 @@ def main(argv):
   t = time.perf_counter()
   violations = check_trace(trace.events)
   print(f"trace check: {'OK' if not violations else violations[:3]} ({time.perf_counter() - t:.2f} s)")
+  if violations:
+    raise common.TraceCheckError(f"the simulated trace breaks WSP, {len(violations)} violations")
   print(f"goal < 2 s: {'met' if host < 2 else 'MISSED'}")
   print(f"sim_seconds_1000_waves={host * 1000 / FLAGS.waves:.3f}")
 
 
+cli = common.console(main)
+
 if __name__ == "__main__":
-  app.run(main)
+  cli()

@@ -22,12 +22,12 @@ HetPipe run's observed staleness (its trace passes the checker)::
 
 from __future__ import annotations
 
-import csv
-import json
 import math
-import os
+from dataclasses import replace
 
-from absl import app, flags, logging
+from absl import flags
+
+from experiments import common
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model", "cnn", "Model trained: mlp, cnn, vgg, resnet.")
@@ -38,7 +38,8 @@ flags.DEFINE_list("ds", ["0", "4", "32"], "Clock distance bounds D of the HetPip
 flags.DEFINE_string("nm", "max_fit", "HetPipe Nm: max_fit, best or a number.")
 flags.DEFINE_float("epochs", 1.0, "Training examples seen by every run, in epochs.")
 flags.DEFINE_integer("batch_size", 32, "Minibatch size (per worker).")
-flags.DEFINE_float("learning_rate", 0.02, "SGD learning rate of every run (0.05 made the 4-VW D=0 run and the 16-worker SSP run diverge).")
+flags.DEFINE_float("learning_rate", 0.02, "SGD learning rate of every run (0.05 made the 4-VW D=0 run and the "
+                   "16-worker SSP run diverge).")
 flags.DEFINE_float("target_accuracy", 0.75, "Test accuracy whose emulated time is the headline.")
 flags.DEFINE_string("time_model", None, "vgg19 or resnet152: time axis from this model's cost on the cluster.")
 flags.DEFINE_integer("ssp_d", 4, "Staleness bound of the SSP baseline.")
@@ -47,8 +48,10 @@ flags.DEFINE_enum("horovod_lr_scale", "linear", ["linear", "none"], "Data-parall
                   "learning_rate.")
 flags.DEFINE_string("whimpy", None, "GPU type the baselines may not use (the 12 -> 16 GPU experiment).")
 flags.DEFINE_integer("eval_every", 5, "Evaluate every this many global clock ticks (baseline: steps).")
-flags.DEFINE_integer("seed", 0, "Initialisation and shuffling seed.")
+flags.DEFINE_integer("seed", 0, "Initialisation and shuffling seed, in [0, 2**63 - 1].")
 flags.DEFINE_string("out_dir", "outputs/convergence", "Where the JSON, CSV and plots go.")
+
+OPTIMIZER = "sgd"  # every run's: HetPipe's local optimizer, the SSP workers' and the data-parallel step's
 
 
 def time_to(curve: list[list[float]], target: float) -> float | None:
@@ -67,18 +70,20 @@ def hetpipe_curve(metrics: list[dict], nms: list[int]) -> list[list[float]]:
 
 def main(argv):
   del argv
-  from hetpipe_jax import ConfigError, ensure_cpu_devices, get_cluster  # pylint: disable=g-import-not-at-top
+  from hetpipe_jax import ConfigError, get_cluster
+  common.check_seed(FLAGS.seed)
+  ds = common.parse_ints("ds", FLAGS.ds)
   cluster = get_cluster(FLAGS.cluster)
-  ensure_cpu_devices(max(8, cluster.num_gpus))
-  import optax  # pylint: disable=g-import-not-at-top
-  from hetpipe_jax import (RunConfig, check_trace, get_model, load_dataset, run_hetpipe,  # pylint: disable=g-import-not-at-top
-                           staleness_stats)
-  from hetpipe_jax.plan.allocation import horovod_gpus, parse_policy, plan_cluster  # pylint: disable=g-import-not-at-top
-  from hetpipe_jax.baselines.horovod import horovod_iteration_seconds, train_data_parallel  # pylint: disable=g-import-not-at-top
-  from hetpipe_jax.api import time_model_profiles  # pylint: disable=g-import-not-at-top
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from hetpipe_jax.cost.profile import profile_units  # pylint: disable=g-import-not-at-top
+  common.ensure_devices(cluster.num_gpus)
+  import jax
+  import jax.numpy as jnp
+
+  from hetpipe_jax import RunConfig, get_model, load_dataset, run_hetpipe, staleness_stats
+  from hetpipe_jax.api import time_model_profiles
+  from hetpipe_jax.baselines.horovod import horovod_iteration_seconds, train_data_parallel
+  from hetpipe_jax.cost.profile import profile_units
+  from hetpipe_jax.optim import make_optimizer, optimizer_slots
+  from hetpipe_jax.plan.allocation import horovod_gpus, parse_policy, plan_cluster
 
   dataset = load_dataset(FLAGS.dataset)
   model = get_model(FLAGS.model, dataset.num_classes)
@@ -88,38 +93,37 @@ def main(argv):
                                                               jnp.float32)))
   time_axis = (f"cost model of {FLAGS.time_model} (batch {FLAGS.batch_size}) on {cluster.name}"
                if FLAGS.time_model else f"cost model of {model.name} on {cluster.name}")
-  nm = int(FLAGS.nm) if FLAGS.nm.isdigit() else FLAGS.nm
+  nm = common.parse_nm(FLAGS.nm)
   policy = parse_policy(FLAGS.policy)
-  base = dict(cluster=cluster, batch_size=FLAGS.batch_size, optimizer="sgd", learning_rate=FLAGS.learning_rate,
-              seed=FLAGS.seed, eval_every=FLAGS.eval_every, time_model=FLAGS.time_model, executor="virtual")
+  base = RunConfig(cluster=cluster, batch_size=FLAGS.batch_size, optimizer=OPTIMIZER,
+                   learning_rate=FLAGS.learning_rate, seed=FLAGS.seed, eval_every=FLAGS.eval_every,
+                   time_model=FLAGS.time_model, executor="virtual")
   runs = []
-  for d in (int(x) for x in FLAGS.ds):
+  for d in ds:
     nms = [p.nm for p in plan_cluster(cluster, clock_profiles, policy, "default", nm, None).vws]
     waves = max(1, math.ceil(total / sum(nms)))
-    logging.info("HetPipe D=%d: %d virtual workers, Nm=%s, %d waves", d, len(nms), nms, waves)
-    result = run_hetpipe(model, dataset, RunConfig(policy=policy, nm=nm, d=d, waves=waves, **base))
-    violations = check_trace(result.events)
-    if violations:
-      raise RuntimeError(f"HetPipe D={d}: the trace breaks WSP: {violations[:3]}")
+    common.progress("HetPipe D=%d: %d virtual workers, Nm=%s, %d waves", d, len(nms), nms, waves)
+    result = run_hetpipe(model, dataset, replace(base, policy=policy, nm=nm, d=d, waves=waves))
+    common.require_wsp(result.events, f"HetPipe D={d}")
     stats = staleness_stats(result.events)
     runs.append({"name": f"HetPipe {FLAGS.policy} D={d}", "system": "hetpipe", "d": d, "nm": nms,
                  "gpus": sum(result.events[0]["stages"]), "curve": hetpipe_curve(result.metrics, nms),
                  "staleness": stats})
 
-  gpus = [g for g in horovod_gpus(cluster, clock_profiles, 1) if g.type.name != FLAGS.whimpy]
+  gpus = [g for g in horovod_gpus(cluster, clock_profiles, optimizer_slots(OPTIMIZER)) if g.type.name != FLAGS.whimpy]
   if not gpus:
     raise ConfigError("no GPU of the cluster holds the whole model for the data-parallel baselines; use a "
                       "smaller --time_model or a cluster with larger GPUs")
   step_s = horovod_iteration_seconds(cluster, clock_profiles, gpus)
   lr = FLAGS.learning_rate * (len(gpus) if FLAGS.horovod_lr_scale == "linear" else 1)
-  rows = train_data_parallel(model, dataset, optax.sgd(lr), len(gpus), total // len(gpus),
+  rows = train_data_parallel(model, dataset, make_optimizer(OPTIMIZER, lr), len(gpus), total // len(gpus),
                              FLAGS.batch_size, step_s, FLAGS.seed, FLAGS.eval_every)
   runs.append({"name": f"Horovod ({len(gpus)} GPUs)", "system": "horovod", "d": 0, "nm": [1], "lr": lr,
                "gpus": len(gpus), "curve": [[r["time"], r["step"] * len(gpus), r["test_accuracy"],
                                              r["train_loss"]] for r in rows if "test_accuracy" in r]})
-  ssp = run_hetpipe(model, dataset, RunConfig(policy=[[g.index] for g in gpus], nm=1, d=FLAGS.ssp_d,
-                                              waves=max(1, total // len(gpus)), **base))
-  assert not check_trace(ssp.events)
+  ssp = run_hetpipe(model, dataset, replace(base, policy=[[g.index] for g in gpus], nm=1, d=FLAGS.ssp_d,
+                                            waves=max(1, total // len(gpus))))
+  common.require_wsp(ssp.events, f"SSP D={FLAGS.ssp_d}")
   runs.append({"name": f"SSP PS ({len(gpus)} GPUs) D={FLAGS.ssp_d}", "system": "ssp", "d": FLAGS.ssp_d,
                "nm": [1], "gpus": len(gpus), "curve": hetpipe_curve(ssp.metrics, [1] * len(gpus)),
                "staleness": staleness_stats(ssp.events)})
@@ -131,18 +135,13 @@ def main(argv):
   doc = {"target_accuracy": FLAGS.target_accuracy, "time_axis": time_axis, "model": model.name,
          "dataset": dataset.name, "cluster": cluster.name, "epochs": FLAGS.epochs, "whimpy": FLAGS.whimpy,
          "seed": FLAGS.seed, "runs": runs}
-  os.makedirs(FLAGS.out_dir, exist_ok=True)
-  paths = {"json": os.path.join(FLAGS.out_dir, "convergence.json"),
-           "csv": os.path.join(FLAGS.out_dir, "convergence.csv"),
-           "plot": os.path.join(FLAGS.out_dir, "convergence.png")}
-  with open(paths["json"], "w", encoding="utf-8") as f:
-    json.dump(doc, f, indent=1)
-  with open(paths["csv"], "w", newline="", encoding="utf-8") as f:
-    writer = csv.writer(f)
-    writer.writerow(["name", "system", "d", "time_s", "minibatches", "epochs", "test_accuracy", "train_loss"])
-    for run in runs:
-      for t, mbs, acc, loss in run["curve"]:
-        writer.writerow([run["name"], run["system"], run["d"], t, mbs, mbs / epoch, acc, loss])
+  paths = {name: common.output_path(FLAGS.out_dir, f"convergence.{ext}")
+           for name, ext in (("json", "json"), ("csv", "csv"), ("plot", "png"))}
+  common.write_json(paths["json"], doc)
+  common.write_csv(paths["csv"], ["name", "system", "d", "time_s", "minibatches", "epochs", "test_accuracy",
+                                  "train_loss"],
+                   ([run["name"], run["system"], run["d"], t, mbs, mbs / epoch, acc, loss]
+                    for run in runs for t, mbs, acc, loss in run["curve"]))
   plot(runs, epoch, paths["plot"], f"{model.name} on {dataset.name}; time: {time_axis}")
 
   horovod = next(r for r in runs if r["system"] == "horovod")
@@ -162,14 +161,11 @@ def main(argv):
     print(f"the data-parallel baseline did not reach {FLAGS.target_accuracy:.0%} within {FLAGS.epochs} epochs "
           f"(final {horovod['final_test_accuracy']:.4f} at {horovod['curve'][-1][0]:.4g} s): no speedup to report")
   print(f"time axis: {time_axis} (emulated seconds, not wall time)")
-  for name, path in paths.items():
-    print(f"{name:5} {os.path.abspath(path)}")
+  common.print_outputs(paths.items(), width=5)
 
 
 def plot(runs: list[dict], epoch: float, path: str, title: str) -> None:
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  plt = common.pyplot()
   fig, (ax_t, ax_e) = plt.subplots(1, 2, figsize=(12, 4.2))
   for run in runs:
     style = "--" if run["system"] != "hetpipe" else "-"
@@ -188,6 +184,7 @@ def plot(runs: list[dict], epoch: float, path: str, title: str) -> None:
   plt.close(fig)
 
 
+cli = common.console(main)
+
 if __name__ == "__main__":
-  from hetpipe_jax.errors import exit_on_config_error  # pylint: disable=g-import-not-at-top
-  app.run(exit_on_config_error(main))
+  cli()

@@ -24,7 +24,9 @@ import subprocess
 import sys
 import tempfile
 
-from absl import app, flags
+from absl import flags
+
+from experiments import common
 
 FLAGS = flags.FLAGS
 flags.DEFINE_bool("record", False, "Record the runs (overwrites the golden files) instead of checking.")
@@ -136,5 +138,7 @@ def main(argv):
   return 1 if problems else 0
 
 
+cli = common.console(main)
+
 if __name__ == "__main__":
-  app.run(main)
+  cli()

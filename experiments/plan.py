@@ -12,10 +12,9 @@ every number needed to recheck the plan::
 
 from __future__ import annotations
 
-import json
-import os
+from absl import flags
 
-from absl import app, flags
+from experiments import common
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model", "vgg19", "vgg19, resnet152 (224x224x3 inputs) or mlp, cnn, vgg, resnet (28x28x1).")
@@ -30,12 +29,6 @@ flags.DEFINE_string("optimizer", "momentum", "Local optimizer, for its memory: s
 flags.DEFINE_string("weight_mode", "stash", "stash (Nm-1 stashed weight copies) or latest.")
 flags.DEFINE_string("precision", "fp32", "fp32 or fp16 peak flop/s in the roofline.")
 flags.DEFINE_string("out", "outputs/plan/plan.json", "Where to write the plan JSON.")
-
-OPTIMIZER_SLOTS = {"sgd": 0, "momentum": 1, "adam": 2}
-
-
-def parse_nm(text: str):
-  return int(text) if text.isdigit() else text
 
 
 def plan_table(doc: dict) -> str:
@@ -57,29 +50,29 @@ def plan_table(doc: dict) -> str:
 
 def main(argv):
   del argv
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from hetpipe_jax import ConfigError, get_cluster, get_model  # pylint: disable=g-import-not-at-top
-  from hetpipe_jax.plan.allocation import parse_policy, plan_cluster, plan_to_json  # pylint: disable=g-import-not-at-top
-  from hetpipe_jax.models import FULL_SIZE_INPUT  # pylint: disable=g-import-not-at-top
-  from hetpipe_jax.cost.profile import profile_units  # pylint: disable=g-import-not-at-top
+  import jax
+  import jax.numpy as jnp
 
-  if FLAGS.optimizer not in OPTIMIZER_SLOTS:
-    raise ConfigError(f"unknown optimizer {FLAGS.optimizer!r}; use one of {', '.join(OPTIMIZER_SLOTS)}")
+  from hetpipe_jax import get_cluster, get_model
+  from hetpipe_jax.cost.profile import profile_units
+  from hetpipe_jax.models import FULL_SIZE_INPUT
+  from hetpipe_jax.optim import optimizer_slots
+  from hetpipe_jax.plan.allocation import parse_policy, plan_cluster, plan_to_json
+
+  slots = optimizer_slots(FLAGS.optimizer)
   cluster = get_cluster(FLAGS.cluster)
   model = get_model(FLAGS.model, 1000 if FLAGS.model in FULL_SIZE_INPUT else 10)
   shape = (FLAGS.batch_size,) + FULL_SIZE_INPUT.get(FLAGS.model, (28, 28, 1))
   profiles = profile_units(model, jax.ShapeDtypeStruct(shape, jnp.float32))
-  plan = plan_cluster(cluster, profiles, parse_policy(FLAGS.policy), FLAGS.placement, parse_nm(FLAGS.nm),
-                      FLAGS.nm_max, FLAGS.weight_mode, OPTIMIZER_SLOTS[FLAGS.optimizer], FLAGS.precision)
+  plan = plan_cluster(cluster, profiles, parse_policy(FLAGS.policy), FLAGS.placement,
+                      common.parse_nm(FLAGS.nm), FLAGS.nm_max, FLAGS.weight_mode, slots, FLAGS.precision)
   doc = plan_to_json(cluster, profiles, plan, FLAGS.model, FLAGS.batch_size, FLAGS.precision)
   print(plan_table(doc))
-  os.makedirs(os.path.dirname(os.path.abspath(FLAGS.out)), exist_ok=True)
-  with open(FLAGS.out, "w", encoding="utf-8") as f:
-    json.dump(doc, f, indent=1)
-  print(f"plan     {os.path.abspath(FLAGS.out)}")
+  common.write_json(common.ensure_parent(FLAGS.out), doc)
+  common.print_outputs([("plan", FLAGS.out)])
 
+
+cli = common.console(main)
 
 if __name__ == "__main__":
-  from hetpipe_jax.errors import exit_on_config_error  # pylint: disable=g-import-not-at-top
-  app.run(exit_on_config_error(main))
+  cli()

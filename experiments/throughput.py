@@ -17,11 +17,11 @@ PNG charts to --out_dir, prints a table with the ratios to Horovod, and the path
 
 from __future__ import annotations
 
-import csv
-import json
 import os
 
-from absl import app, flags, logging
+from absl import flags
+
+from experiments import common
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("models", ["vgg19", "resnet152"], "Full-size models to study.")
@@ -30,35 +30,34 @@ flags.DEFINE_integer("batch_size", 32, "Minibatch size.")
 flags.DEFINE_integer("waves", 100, "Simulated waves per virtual worker.")
 flags.DEFINE_integer("nm_max", 8, "Largest Nm in the single-virtual-worker sweep.")
 flags.DEFINE_string("whimpy", "RTX 2060", "GPU type left out of the 12-GPU side of study (c).")
+flags.DEFINE_string("optimizer", "momentum", "Local optimizer, for its memory: sgd, momentum, adam.")
 flags.DEFINE_string("out_dir", "outputs/throughput", "Where the JSON, CSV and charts go.")
-
-SLOTS = 1  # momentum
 
 
 def simulated_images_per_sec(cluster, profiles, plans, d: int = 0, placement: str = "default") -> float:
-  from hetpipe_jax.plan.layout import Layout  # pylint: disable=g-import-not-at-top
-  from hetpipe_jax.sim.simulate import simulate  # pylint: disable=g-import-not-at-top
-  from hetpipe_jax.core.trace import Trace  # pylint: disable=g-import-not-at-top
-  from hetpipe_jax.core.check import check_trace  # pylint: disable=g-import-not-at-top
+  from hetpipe_jax.core.trace import Trace
+  from hetpipe_jax.plan.layout import Layout
+  from hetpipe_jax.sim.simulate import simulate
   trace = Trace()
   seconds, vws, _ = simulate(cluster, profiles, Layout(tuple(p.layout for p in plans)), d, FLAGS.waves,
                              trace, placement)
-  violations = check_trace(trace.events)
-  if violations:
-    raise RuntimeError(f"simulated trace breaks WSP: {violations[:3]}")
+  common.require_wsp(trace.events, "simulated run")
   return sum(vw.completed for vw in vws) * FLAGS.batch_size / seconds
 
 
 def study(model_name: str, cluster) -> list[dict]:
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from hetpipe_jax import ConfigError, get_model  # pylint: disable=g-import-not-at-top
-  from hetpipe_jax.plan.allocation import allocate, horovod_gpus, plan_cluster  # pylint: disable=g-import-not-at-top
-  from hetpipe_jax.baselines.horovod import horovod_images_per_second  # pylint: disable=g-import-not-at-top
-  from hetpipe_jax.cluster.topology import make_cluster  # pylint: disable=g-import-not-at-top
-  from hetpipe_jax.plan.partition import partition  # pylint: disable=g-import-not-at-top
-  from hetpipe_jax.cost.profile import profile_units  # pylint: disable=g-import-not-at-top
+  import jax
+  import jax.numpy as jnp
 
+  from hetpipe_jax import ConfigError, get_model
+  from hetpipe_jax.baselines.horovod import horovod_images_per_second
+  from hetpipe_jax.cluster.topology import make_cluster
+  from hetpipe_jax.cost.profile import profile_units
+  from hetpipe_jax.optim import optimizer_slots
+  from hetpipe_jax.plan.allocation import allocate, horovod_gpus, plan_cluster
+  from hetpipe_jax.plan.partition import partition
+
+  slots = optimizer_slots(FLAGS.optimizer)
   profiles = profile_units(get_model(model_name, 1000),
                            jax.ShapeDtypeStruct((FLAGS.batch_size, 224, 224, 3), jnp.float32))
   rows = []
@@ -73,22 +72,22 @@ def study(model_name: str, cluster) -> list[dict]:
   for label, gpus in mixes.items():
     for nm in range(1, FLAGS.nm_max + 1):
       try:
-        plan = partition(cluster, profiles, gpus, nm, optimizer_slots=SLOTS)
+        plan = partition(cluster, profiles, gpus, nm, optimizer_slots=slots)
       except ConfigError:
         break  # memory grows with Nm
       row("nm", label, len(gpus), nm, 0, simulated_images_per_sec(cluster, profiles, [plan]))
-      logging.info("%s %s Nm=%d: %.1f images/s", model_name, label, nm, rows[-1]["images_per_sec"])
+      common.progress("%s %s Nm=%d: %.1f images/s", model_name, label, nm, rows[-1]["images_per_sec"])
 
   # (b) allocation policies and placements vs. Horovod
-  baseline_gpus = horovod_gpus(cluster, profiles, SLOTS)
+  baseline_gpus = horovod_gpus(cluster, profiles, slots)
   horovod = horovod_images_per_second(cluster, profiles, baseline_gpus, FLAGS.batch_size) if baseline_gpus else 0
   row("policy", "Horovod", len(baseline_gpus), 1, 0, horovod)
   for policy in ("NP", "ED", "HD"):
     for placement in ("default", "local"):
-      plan = plan_cluster(cluster, profiles, policy, placement, "max_fit", None, optimizer_slots=SLOTS)
+      plan = plan_cluster(cluster, profiles, policy, placement, "max_fit", None, optimizer_slots=slots)
       ips = simulated_images_per_sec(cluster, profiles, plan.vws, 0, placement)
       row("policy", f"{policy}-{placement}", cluster.num_gpus, max(p.nm for p in plan.vws), 0, ips)
-      logging.info("%s %s-%s: %.1f images/s", model_name, policy, placement, ips)
+      common.progress("%s %s-%s: %.1f images/s", model_name, policy, placement, ips)
 
   # (c) whimpy GPUs: HetPipe on the others, HetPipe on all, Horovod
   kept = [[g.type for g in cluster.node_gpus(n)] for n in sorted({g.node for g in cluster.gpus})
@@ -96,7 +95,7 @@ def study(model_name: str, cluster) -> list[dict]:
   without = make_cluster(f"{cluster.name}-no-whimpy", kept, cluster.intra_node, cluster.inter_node)
   for label, c in ((f"HetPipe ED-local, {without.num_gpus} GPUs (no {FLAGS.whimpy})", without),
                    (f"HetPipe ED-local, {cluster.num_gpus} GPUs", cluster)):
-    plan = plan_cluster(c, profiles, "ED", "local", "max_fit", None, optimizer_slots=SLOTS)
+    plan = plan_cluster(c, profiles, "ED", "local", "max_fit", None, optimizer_slots=slots)
     row("whimpy", label, c.num_gpus, max(p.nm for p in plan.vws), 0,
         simulated_images_per_sec(c, profiles, plan.vws, 0, "local"))
   row("whimpy", f"Horovod, {len(baseline_gpus)} GPUs that hold the model", len(baseline_gpus), 1, 0, horovod)
@@ -104,10 +103,7 @@ def study(model_name: str, cluster) -> list[dict]:
 
 
 def charts(rows: list[dict], out_dir: str) -> list[str]:
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-
+  plt = common.pyplot()
   models = sorted({r["model"] for r in rows})
   paths = []
   fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4), squeeze=False)
@@ -141,17 +137,11 @@ def charts(rows: list[dict], out_dir: str) -> list[str]:
 
 def main(argv):
   del argv
-  from hetpipe_jax import get_cluster  # pylint: disable=g-import-not-at-top
+  from hetpipe_jax import get_cluster
   cluster = get_cluster(FLAGS.cluster)
   rows = [r for model in FLAGS.models for r in study(model, cluster)]
-  os.makedirs(FLAGS.out_dir, exist_ok=True)
-  json_out, csv_out = (os.path.join(FLAGS.out_dir, f"throughput.{ext}") for ext in ("json", "csv"))
-  with open(json_out, "w", encoding="utf-8") as f:
-    json.dump(rows, f, indent=1)
-  with open(csv_out, "w", newline="", encoding="utf-8") as f:
-    writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-    writer.writeheader()
-    writer.writerows(rows)
+  json_out = common.write_json(common.output_path(FLAGS.out_dir, "throughput.json"), rows)
+  csv_out = common.write_dict_csv(common.output_path(FLAGS.out_dir, "throughput.csv"), rows)
   pngs = charts(rows, FLAGS.out_dir)
   print(f"{'model':10} {'study':7} {'config':52} {'GPUs':>4} {'Nm':>3} {'images/s':>9} {'vs Horovod':>10}")
   for r in rows:
@@ -161,10 +151,10 @@ def main(argv):
           f"{r['images_per_sec']:9.1f} {ratio:>10}")
   print("images/s of the simulated cluster (cost model: roofline at efficiency 0.5 for every GPU type, "
         "links of the preset); not measured on GPUs")
-  for name, path in [("json", json_out), ("csv", csv_out)] + [("chart", p) for p in pngs]:
-    print(f"{name:6} {os.path.abspath(path)}")
+  common.print_outputs([("json", json_out), ("csv", csv_out)] + [("chart", p) for p in pngs], width=6)
 
+
+cli = common.console(main)
 
 if __name__ == "__main__":
-  from hetpipe_jax.errors import exit_on_config_error  # pylint: disable=g-import-not-at-top
-  app.run(exit_on_config_error(main))
+  cli()

@@ -13,10 +13,9 @@ trace against the WSP guarantees, and prints the paths::
 
 from __future__ import annotations
 
-import json
-import os
+from absl import flags
 
-from absl import app, flags, logging
+from experiments import common
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model", "cnn", "Model: mlp, cnn, vgg, resnet.")
@@ -42,9 +41,11 @@ flags.DEFINE_string("executor", "virtual", "virtual (emulated cluster clock, det
                     "(cost model with shared links, no numerics).")
 flags.DEFINE_float("time_scale", 0.0, "wall executor: pad every task to its emulated duration x this "
                    "(0: no padding).")
-flags.DEFINE_string("cuts", None, "Unit boundaries per VW, ';'-separated, e.g. '0,2,5;0,3,5' "
-                    "(default: stages as even as possible).")
-flags.DEFINE_integer("seed", 0, "Initialisation and shuffling seed.")
+flags.DEFINE_string("cuts", None, "Unit boundaries of each virtual worker's stages: one list for every VW, "
+                    "e.g. '0,2,5', or one per VW separated by ';', e.g. '0,2,5;0,3,5'; without --stages they "
+                    "also set the stages (default: the partitioner's fastest cuts for each VW's GPUs, taken "
+                    "in cluster order).")
+flags.DEFINE_integer("seed", 0, "Initialisation and shuffling seed, in [0, 2**63 - 1].")
 flags.DEFINE_integer("eval_every", 10, "Evaluate test accuracy every this many global clock ticks.")
 flags.DEFINE_bool("drop_remainder", False, "Drop the examples of an epoch that do not fill a minibatch.")
 flags.DEFINE_string("out_dir", "outputs/train", "Directory for every output.")
@@ -52,21 +53,9 @@ flags.DEFINE_string("trace_out", None, "Trace path (default: OUT_DIR/trace.jsonl
 flags.DEFINE_string("metrics_out", None, "Metrics path (default: OUT_DIR/metrics.jsonl).")
 
 
-def _ints(name: str, values: list[str]) -> list[int]:
-  from hetpipe_jax import ConfigError  # pylint: disable=g-import-not-at-top
-  try:
-    return [int(v) for v in values]
-  except ValueError:
-    raise ConfigError(f"--{name}={','.join(values)} must be integers, e.g. --{name}=2 or "
-                      f"--{name}=2,4") from None
-
-
 def plot_training(metrics: list[dict], path: str, title: str) -> None:
   """Train loss per virtual worker and test accuracy of the global weights against time."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-
+  plt = common.pyplot()
   fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
   for vw in sorted({r["vw"] for r in metrics}):
     rows = [r for r in metrics if r["vw"] == vw]
@@ -86,10 +75,12 @@ def plot_training(metrics: list[dict], path: str, title: str) -> None:
 
 def main(argv):
   del argv
-  from hetpipe_jax import ConfigError, ensure_cpu_devices, get_cluster  # pylint: disable=g-import-not-at-top
-  from hetpipe_jax.plan.allocation import parse_policy  # pylint: disable=g-import-not-at-top
+  from hetpipe_jax import ConfigError, get_cluster
+  from hetpipe_jax.plan.allocation import parse_policy
+  common.check_seed(FLAGS.seed)
   policy = parse_policy(FLAGS.policy) if FLAGS.policy else None
-  stages = _ints("stages", FLAGS.stages)
+  stages = common.parse_ints("stages", FLAGS.stages)
+  cuts = None
   if policy is not None:
     given = [f"--{name}" for name in ("num_vws", "stages", "cuts") if FLAGS[name].present]
     if given:
@@ -98,44 +89,41 @@ def main(argv):
     if len(FLAGS.nm) > 1:
       raise ConfigError(f"--nm={','.join(FLAGS.nm)} gives one Nm per virtual worker, but with --policy the "
                         "planner decides the virtual workers; give one value: a number, max_fit or best")
-    nm = FLAGS.nm[0] if FLAGS["nm"].present else "max_fit"
-    nms = [nm] if nm in ("max_fit", "best") else _ints("nm", FLAGS.nm)
-    ensure_cpu_devices(max(8, get_cluster(FLAGS.cluster).num_gpus))
+    nm_rule = FLAGS.nm[0] if FLAGS["nm"].present else "max_fit"
+    nm = nm_rule if nm_rule in ("max_fit", "best") else common.parse_ints("nm", FLAGS.nm)[0]
+    common.ensure_devices(get_cluster(FLAGS.cluster).num_gpus)
   else:
-    nms = _ints("nm", FLAGS.nm)
-    ensure_cpu_devices(max(8, FLAGS.num_vws * max(stages)))
+    nms = common.parse_ints("nm", FLAGS.nm)
+    nm = nms[0] if len(nms) == 1 else nms
+    if FLAGS.cuts:
+      cuts = common.parse_cuts(FLAGS.cuts, FLAGS.num_vws)
+      if not FLAGS["stages"].present:  # the cuts say how many stages
+        stages = [len(c) - 1 for c in cuts]
+        stages = stages[:1] if len(set(stages)) == 1 else stages
+    common.ensure_devices(FLAGS.num_vws * max(stages))
 
-  from hetpipe_jax import (RunConfig, check_trace, get_model, load_dataset,  # pylint: disable=g-import-not-at-top
-                           run_hetpipe, staleness_stats)
-  from hetpipe_jax.viz.timeline import chrome_trace, plot_gantt  # pylint: disable=g-import-not-at-top
-  cuts = None
-  if FLAGS.cuts:
-    cuts = [_ints("cuts", c.split(",")) for c in FLAGS.cuts.split(";")]
-  os.makedirs(FLAGS.out_dir, exist_ok=True)
-  trace_out = FLAGS.trace_out or os.path.join(FLAGS.out_dir, "trace.jsonl")
-  metrics_out = FLAGS.metrics_out or os.path.join(FLAGS.out_dir, "metrics.jsonl")
-  for path in (trace_out, metrics_out):
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  from hetpipe_jax import RunConfig, check_trace, get_model, load_dataset, run_hetpipe, staleness_stats
+  from hetpipe_jax.viz.timeline import chrome_trace, plot_gantt
+  trace_out = common.output_path(FLAGS.out_dir, "trace.jsonl", FLAGS.trace_out)
+  metrics_out = common.output_path(FLAGS.out_dir, "metrics.jsonl", FLAGS.metrics_out)
 
   config = RunConfig(
       cluster=FLAGS.cluster, num_vws=FLAGS.num_vws, stages=stages[0] if len(stages) == 1 else stages,
-      nm=nms[0] if len(nms) == 1 else nms, d=FLAGS.d, waves=FLAGS.waves, batch_size=FLAGS.batch_size,
+      nm=nm, d=FLAGS.d, waves=FLAGS.waves, batch_size=FLAGS.batch_size,
       optimizer=FLAGS.optimizer, learning_rate=FLAGS.learning_rate, weight_mode=FLAGS.weight_mode,
       schedule=FLAGS.schedule, executor=FLAGS.executor, time_scale=FLAGS.time_scale, cuts=cuts,
       seed=FLAGS.seed, eval_every=FLAGS.eval_every, drop_remainder=FLAGS.drop_remainder,
       trace_path=trace_out, policy=policy, placement=FLAGS.placement)
   dataset = load_dataset(FLAGS.dataset)
   model = get_model(FLAGS.model, dataset.num_classes)
-  logging.info("training %s on %s: %s", model.name, dataset.name, config)
+  common.progress("training %s on %s: %s", model.name, dataset.name, config)
   result = run_hetpipe(model, dataset, config)
   meta = result.events[0]
   stages, nms = meta["stages"], meta["nm"]
   for i, (group, cut) in enumerate(zip(meta["gpus"], meta["cuts"])):
-    logging.info("virtual worker %d: Nm=%d, GPUs %s, cuts %s", i, nms[i], group, cut)
+    common.progress("virtual worker %d: Nm=%d, GPUs %s, cuts %s", i, nms[i], group, cut)
 
-  with open(metrics_out, "w", encoding="utf-8") as f:
-    for row in result.metrics:
-      f.write(json.dumps(row) + "\n")
+  common.write_jsonl(metrics_out, result.metrics)
   violations = check_trace(result.events)
   stats = staleness_stats(result.events)
   final_acc = result.metrics[-1].get("test_accuracy")  # None for the sim executor (no numerics)
@@ -148,23 +136,20 @@ def main(argv):
       "images_per_second": result.images_per_second, "final_test_accuracy": final_acc,
       "trace_violations": [str(v) for v in violations[:20]], "staleness": stats,
   }
-  summary_out = os.path.join(FLAGS.out_dir, "summary.json")
-  with open(summary_out, "w", encoding="utf-8") as f:
-    json.dump(summary, f, indent=1)
+  summary_out = common.write_json(common.output_path(FLAGS.out_dir, "summary.json"), summary)
   clock = {"virtual": "emulated cluster time", "sim": "simulated cluster time",
            "wall": "wall time (CPU emulation)"}[config.executor]
   outputs = [("trace", trace_out), ("metrics", metrics_out), ("summary", summary_out)]
   if final_acc is not None:
-    outputs.append(("plot", os.path.join(FLAGS.out_dir, "training.png")))
+    outputs.append(("plot", common.output_path(FLAGS.out_dir, "training.png")))
     plot_training(result.metrics, outputs[-1][1],
                   f"{model.name} on {dataset.name}, {len(stages)} VWs x {stages} stages, Nm={nms}, "
                   f"D={config.d}, {config.executor} executor ({clock})")
 
-  gantt_out = os.path.join(FLAGS.out_dir, "timeline.png")
-  chrome_out = os.path.join(FLAGS.out_dir, "timeline.chrome.json")
+  gantt_out = common.output_path(FLAGS.out_dir, "timeline.png")
   plot_gantt(result.events, gantt_out, waves=3)
-  with open(chrome_out, "w", encoding="utf-8") as f:
-    json.dump(chrome_trace(result.events), f)
+  chrome_out = common.write_json(common.output_path(FLAGS.out_dir, "timeline.chrome.json"),
+                                 chrome_trace(result.events), indent=None)
 
   accuracy = "no numerics (sim)" if final_acc is None else f"final test accuracy {final_acc:.4f}"
   print(f"{accuracy} after {config.waves} waves per virtual worker; "
@@ -176,12 +161,12 @@ def main(argv):
         f"{', '.join(f'{s:.3g}' for s in stats['blocked_seconds'])} s per VW")
   print("trace check: " + ("OK, every WSP guarantee holds" if not violations else
                            f"FAILED, {len(violations)} violations (see {summary_out})"))
-  for name, path in outputs + [("timeline", gantt_out), ("chrome", chrome_out)]:
-    print(f"{name:8s} {os.path.abspath(path)}")
+  common.print_outputs(outputs + [("timeline", gantt_out), ("chrome", chrome_out)])
   if violations:
     raise SystemExit(1)
 
 
+cli = common.console(main)
+
 if __name__ == "__main__":
-  from hetpipe_jax.errors import exit_on_config_error  # pylint: disable=g-import-not-at-top
-  app.run(exit_on_config_error(main))
+  cli()

@@ -1,7 +1,8 @@
-"""The training CLI end to end, in its own process (it sets up its own CPU devices)."""
+"""The experiment command lines end to end, each in its own process (it sets up its own CPU devices)."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -11,16 +12,19 @@ from hetpipe_jax import read_trace
 
 from helpers import assert_trace_ok
 
+ENV = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+
+
+def run_module(module: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+  return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True,
+                        timeout=timeout, env=ENV)
+
 
 @pytest.mark.parametrize("executor", ["virtual", "wall"])
 def test_train_cli_writes_outputs_the_checker_accepts(tmp_path, executor):
   trace = tmp_path / "t.jsonl"
-  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
-  proc = subprocess.run(
-      [sys.executable, "-m", "experiments.train", "--num_vws=3", "--stages=2", "--nm=3", "--d=1",
-       "--waves=6", f"--executor={executor}", f"--trace_out={trace}", f"--out_dir={tmp_path}",
-       "--eval_every=3"],
-      capture_output=True, text=True, timeout=600, env=env)
+  proc = run_module("experiments.train", "--num_vws=3", "--stages=2", "--nm=3", "--d=1", "--waves=6",
+                    f"--executor={executor}", f"--trace_out={trace}", f"--out_dir={tmp_path}", "--eval_every=3")
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "trace check: OK" in proc.stdout
   events = read_trace(str(trace))
@@ -38,3 +42,31 @@ def test_train_cli_writes_outputs_the_checker_accepts(tmp_path, executor):
   assert json.loads((tmp_path / "timeline.chrome.json").read_text())["traceEvents"]
   for name in ("metrics.jsonl", "summary.json", "training.png", "timeline.png", "timeline.chrome.json"):
     assert str(tmp_path / name) in proc.stdout
+
+
+def test_one_cuts_list_serves_every_virtual_worker_and_sets_the_stages(tmp_path):
+  proc = run_module("experiments.train", "--dataset=digits", "--cuts=0,1,3,5", "--num_vws=2", "--waves=2",
+                    f"--out_dir={tmp_path}")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  meta = read_trace(str(tmp_path / "trace.jsonl"))[0]
+  assert meta["cuts"] == [[0, 1, 3, 5], [0, 1, 3, 5]] and meta["stages"] == [3, 3]
+
+
+@pytest.mark.parametrize("module, args, message", [
+    ("experiments.train", ["--seed=-5"], r"--seed=-5; a seed must be in \[0, 2\*\*63 - 1\]"),
+    ("experiments.train", ["--cuts=0,2,5;0,3,5"], r"--cuts=0,2,5;0,3,5 gives 2 lists of boundaries for "
+                                                  r"--num_vws=3; give one list for every virtual worker"),
+    ("experiments.train", ["--stages=two"], r"--stages=two must be integers"),
+    ("experiments.convergence", ["--seed=-1"], r"--seed=-1; a seed must be in"),
+    ("experiments.convergence", ["--ds=0,x"], r"--ds=0,x must be integers"),
+    ("experiments.plan", ["--optimizer=lion"], r"unknown optimizer 'lion'; choose one of sgd, momentum, adam"),
+    ("experiments.throughput", ["--optimizer=lion"], r"unknown optimizer 'lion'"),
+    ("experiments.validate_sim", ["--waves=0"], r"waves=0; run at least 1 wave"),
+])
+def test_every_script_reports_a_bad_configuration_in_one_line(module, args, message):
+  proc = run_module(module, *args, timeout=300)
+  assert proc.returncode == 1, proc.stderr[-3000:]
+  assert "Traceback" not in proc.stderr
+  last = proc.stderr.strip().splitlines()[-1]
+  assert last.startswith("error: "), proc.stderr[-3000:]
+  assert re.search(message, last), last

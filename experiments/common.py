@@ -1,0 +1,234 @@
+r"""What every experiment script shares: its entry point, flag parsing, output files and the trace check.
+
+A script defines its absl flags and a ``main(argv)``, then ends with::
+
+  cli = common.console(main)   # the zero-argument entry, also named in pyproject.toml [project.scripts]
+
+  if __name__ == "__main__":
+    cli()
+
+``console`` turns a :class:`hetpipe_jax.ConfigError` into one line ``error: ...`` and exit status 1, so a
+bad flag never ends in a traceback. The helpers below import hetpipe_jax (and so JAX) only when called:
+``--help`` stays fast, and a script can still choose the CPU device count before JAX starts.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from absl import app, flags, logging
+
+Main = Callable[[list[str]], int | None]
+
+# CPU devices a script asks JAX for at least, more when its layout places more emulated GPUs (a GPU's
+# index in the cluster is its device's). 8 is the test suite's count (tests/conftest.py), so a command-line
+# run sees the same devices as a test of the same configuration. Numerics do not depend on it (the small
+# golden runs are identical with exactly as many devices as GPUs).
+MIN_CPU_DEVICES = 8
+
+# Seeds go to numpy's default_rng (which takes no negative seed) and to jax.random.key (a C long).
+MAX_SEED = 2**63 - 1
+
+
+class TraceCheckError(RuntimeError):
+  """A run's trace breaks a WSP guarantee: a bug in the runtime, never bad input."""
+
+
+def entry(main: Main) -> Main:
+  """Wraps an absl ``main`` so that a ConfigError ends the program with one line (exit status 1).
+
+  Args:
+    main: the script's ``main(argv)``.
+
+  Returns:
+    ``main`` that raises ``SystemExit("error: <message>")`` instead of a ConfigError.
+  """
+
+  def wrapped(argv: list[str]) -> int | None:
+    from hetpipe_jax.errors import ConfigError
+    try:
+      return main(argv)
+    except ConfigError as e:
+      raise SystemExit(f"error: {e}") from None
+
+  return wrapped
+
+
+def console(main: Main) -> Callable[[], None]:
+  """The zero-argument entry point of a script: absl parses ``sys.argv`` and runs ``entry(main)``.
+
+  Args:
+    main: the script's ``main(argv)``.
+
+  Returns:
+    A function for ``if __name__ == "__main__"`` and for ``[project.scripts]`` in pyproject.toml. Run as
+    an installed script (``hetpipe-train``), it makes ``--helpshort`` list the script's flags, which absl
+    otherwise looks up under the launcher's name.
+  """
+
+  def run() -> None:
+    if main.__module__ != "__main__":  # an installed script: show the script's flags and docstring
+      for flag in flags.FLAGS.get_key_flags_for_module(main.__module__):
+        flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
+      launcher = sys.modules["__main__"]
+      if launcher.__doc__ is None:
+        launcher.__doc__ = sys.modules[main.__module__].__doc__
+    app.run(entry(main))
+
+  return run
+
+
+def config_error(message: str) -> Exception:
+  """A :class:`hetpipe_jax.ConfigError` with ``message`` (imported on use)."""
+  from hetpipe_jax.errors import ConfigError
+  return ConfigError(message)
+
+
+def parse_ints(flag: str, values: Sequence[str]) -> list[int]:
+  """The integers of a list flag, e.g. ``--stages=2,4`` -> [2, 4].
+
+  Raises:
+    ConfigError: naming the flag and its value when one of them is not an integer.
+  """
+  try:
+    return [int(v) for v in values]
+  except ValueError:
+    raise config_error(f"--{flag}={','.join(values)} must be integers, e.g. --{flag}=2 or "
+                       f"--{flag}=2,4") from None
+
+
+def parse_nm(text: str) -> int | str:
+  """An Nm flag: a number, or a planner rule (max_fit, best) passed on as it is."""
+  return int(text) if text.isdigit() else text
+
+
+def parse_cuts(text: str, num_vws: int) -> list[list[int]]:
+  """``--cuts``: one list of unit boundaries for every virtual worker, or one per VW separated by ';'.
+
+  Raises:
+    ConfigError: for a boundary that is not an integer, or a count of lists that is neither 1 nor N.
+  """
+  try:
+    cuts = [[int(b) for b in part.split(",")] for part in text.split(";")]
+  except ValueError:
+    raise config_error(f"--cuts={text} must be integer unit boundaries, e.g. --cuts=0,2,5 (every virtual "
+                       "worker) or --cuts=0,2,5;0,3,5 (one list per virtual worker)") from None
+  if len(cuts) == 1:
+    return [list(cuts[0]) for _ in range(num_vws)]
+  if len(cuts) != num_vws:
+    raise config_error(f"--cuts={text} gives {len(cuts)} lists of boundaries for --num_vws={num_vws}; "
+                       "give one list for every virtual worker (e.g. --cuts=0,2,5) or one per virtual worker "
+                       "separated by ';'")
+  return cuts
+
+
+def check_seed(seed: int, flag: str = "seed") -> int:
+  """Returns ``seed`` if numpy and JAX both take it.
+
+  Raises:
+    ConfigError: naming the value and the range [0, 2**63 - 1].
+  """
+  if not 0 <= seed <= MAX_SEED:
+    raise config_error(f"--{flag}={seed}; a seed must be in [0, 2**63 - 1] (numpy's default_rng takes no "
+                       "negative seed), e.g. --seed=0")
+  return seed
+
+
+def ensure_devices(count: int) -> None:
+  """Makes JAX expose at least ``max(MIN_CPU_DEVICES, count)`` CPU devices; call before JAX computes."""
+  from hetpipe_jax import ensure_cpu_devices
+  ensure_cpu_devices(max(MIN_CPU_DEVICES, count))
+
+
+def output_path(out_dir: str, name: str, given: str | None = None) -> str:
+  """``given``, else ``out_dir/name``; creates the file's directory.
+
+  Args:
+    out_dir: the script's output directory.
+    name: the file's name in it.
+    given: a path the user chose for this file (a flag such as --trace_out), or None.
+
+  Returns:
+    The path, relative as given.
+  """
+  return ensure_parent(given or os.path.join(out_dir, name))
+
+
+def ensure_parent(path: str) -> str:
+  """Creates the directory ``path`` will be written in; returns ``path``."""
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  return path
+
+
+def print_outputs(outputs: Iterable[tuple[str, str]], width: int = 8) -> None:
+  """Prints one ``name   /absolute/path`` line per output, names left-aligned in ``width`` columns."""
+  for name, path in outputs:
+    print(f"{name:{width}s} {os.path.abspath(path)}")
+
+
+def write_json(path: str, doc: Any, indent: int | None = 1) -> str:
+  """Writes ``doc`` as JSON (UTF-8); returns ``path``."""
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(doc, f, indent=indent)
+  return path
+
+
+def write_jsonl(path: str, rows: Iterable[Mapping[str, Any]]) -> str:
+  """Writes one JSON object per line (JSON Lines); returns ``path``."""
+  with open(path, "w", encoding="utf-8") as f:
+    for row in rows:
+      f.write(json.dumps(row) + "\n")
+  return path
+
+
+def write_csv(path: str, header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+  """Writes a header line and one line per row; returns ``path``."""
+  with open(path, "w", newline="", encoding="utf-8") as f:
+    writer = csv.writer(f)
+    writer.writerow(header)
+    writer.writerows(rows)
+  return path
+
+
+def write_dict_csv(path: str, rows: Sequence[Mapping[str, Any]]) -> str:
+  """Writes dicts with the same keys as CSV, the first row's keys as the header; returns ``path``."""
+  header = list(rows[0])
+  return write_csv(path, header, ([row[k] for k in header] for row in rows))
+
+
+def require_wsp(events: Sequence[dict[str, Any]], what: str) -> None:
+  """Runs the trace checker on a run's events.
+
+  Args:
+    events: the run's trace.
+    what: names the run in the error, e.g. "HetPipe D=4".
+
+  Raises:
+    TraceCheckError: with the number of violations and the first three, when a WSP guarantee fails.
+  """
+  from hetpipe_jax import check_trace
+  violations = check_trace(events)
+  if violations:
+    raise TraceCheckError(f"{what}: the trace breaks WSP, {len(violations)} violations; first: "
+                          + "; ".join(str(v) for v in violations[:3]))
+
+
+def pyplot():
+  """matplotlib.pyplot on the Agg backend (files only, no display)."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  return plt
+
+
+def progress(message: str, *args: Any) -> None:
+  """Logs a progress line (absl INFO on stderr; stdout keeps the results), attributed to the caller."""
+  logging.info(message, *args)
+
+
+logging.ABSLLogger.register_frame_to_skip(__file__, "progress")
