@@ -1,9 +1,19 @@
-"""Test setup: 8 CPU devices before JAX starts; shared helpers for building and checking runs."""
+"""Test setup: 8 CPU devices before JAX starts, and a profile cache of the session's own.
 
+The profile cache (``$HETPIPE_JAX_CACHE``, read by every profile call) points at a temporary directory
+made for this session and removed after it, so tests never read or write the user's
+``~/.cache/hetpipe_jax``; the subprocesses tests start inherit it with the environment.
+"""
+
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ["HETPIPE_JAX_CACHE"] = tempfile.mkdtemp(prefix="hetpipe_jax_test_cache-")
+atexit.register(shutil.rmtree, os.environ["HETPIPE_JAX_CACHE"], ignore_errors=True)
 
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 

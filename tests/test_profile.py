@@ -1,6 +1,10 @@
 """Profiler sanity: XLA flop counts, exact parameter bytes, caching, calibration, the roofline."""
 
 import dataclasses
+import os
+import subprocess
+import sys
+import uuid
 
 import flax.linen as nn
 import jax
@@ -10,7 +14,10 @@ import pytest
 from hetpipe_jax.cluster.topology import CATALOGUE
 from hetpipe_jax.models import get_model
 from hetpipe_jax.models.base import DenseUnit, LayeredModel
-from hetpipe_jax.cost.profile import calibrate_efficiency, profile_units
+from hetpipe_jax.cost.profile import calibrate_efficiency, default_cache_dir, profile_units
+
+HOME_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "hetpipe_jax", "profiles")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_dense_flops_and_bytes():
@@ -41,6 +48,55 @@ def test_profiles_are_cached_on_disk(tmp_path):
   assert profile_units(model, x, cache_dir=str(tmp_path)) == first
   profile_units(model, jax.ShapeDtypeStruct((32, 28, 28, 1), jnp.float32), cache_dir=str(tmp_path))
   assert len(list(tmp_path.iterdir())) == 2  # another batch size, another entry
+
+
+def _probe_model() -> LayeredModel:
+  """A tiny model under a name no earlier run used, so its cache entry can be looked for anywhere."""
+  return LayeredModel(f"cache-probe-{uuid.uuid4().hex[:12]}", (DenseUnit(4),), ("d",))
+
+
+def _entries(directory: str, model: LayeredModel) -> list[str]:
+  if not os.path.isdir(directory):
+    return []
+  return [f for f in os.listdir(directory) if f.startswith(model.name + "-")]
+
+
+def test_tests_profile_into_the_sessions_cache_not_the_home_cache():
+  session = os.environ["HETPIPE_JAX_CACHE"]  # set by conftest.py
+  assert os.path.realpath(session) != os.path.realpath(HOME_CACHE)
+  model = _probe_model()
+  profile_units(model, jax.ShapeDtypeStruct((2, 3), jnp.float32))  # the default cache
+  assert len(_entries(session, model)) == 1
+  assert _entries(HOME_CACHE, model) == []
+
+
+def test_cache_directory_comes_from_the_environment_at_call_time(monkeypatch, tmp_path):
+  session, elsewhere = os.environ["HETPIPE_JAX_CACHE"], tmp_path / "elsewhere"
+  monkeypatch.setenv("HETPIPE_JAX_CACHE", str(elsewhere))  # after the package was imported
+  model = _probe_model()
+  profile_units(model, jax.ShapeDtypeStruct((2, 3), jnp.float32))
+  assert len(_entries(str(elsewhere), model)) == 1
+  assert _entries(session, model) == []
+  monkeypatch.delenv("HETPIPE_JAX_CACHE")
+  assert default_cache_dir() == HOME_CACHE  # unset: the home cache, as before
+
+
+def test_subprocesses_inherit_the_sessions_cache():
+  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}  # as CLI tests do
+  name = _probe_model().name
+  code = ("import jax, jax.numpy as jnp\n"
+          "from hetpipe_jax.models.base import DenseUnit, LayeredModel\n"
+          "from hetpipe_jax.cost.profile import default_cache_dir, profile_units\n"
+          f"profile_units(LayeredModel({name!r}, (DenseUnit(4),), ('d',)), "
+          "jax.ShapeDtypeStruct((2, 3), jnp.float32))\n"
+          "print(default_cache_dir())\n")
+  proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                        timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert proc.stdout.strip().splitlines()[-1] == os.environ["HETPIPE_JAX_CACHE"]
+  model = LayeredModel(name, (DenseUnit(4),), ("d",))
+  assert len(_entries(os.environ["HETPIPE_JAX_CACHE"], model)) == 1
+  assert _entries(HOME_CACHE, model) == []
 
 
 def test_roofline_and_calibration():

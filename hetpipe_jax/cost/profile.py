@@ -5,7 +5,8 @@ bytes accessed from XLA's cost analysis of the *lowered* unit (no compilation, n
 and ResNet-152 at 224x224 profile on a CPU), parameter bytes, the bytes of its output activation (sent to
 the next stage; its gradient comes back), and the activation memory it keeps for the backward pass (the
 ``jax.vjp`` residuals that are not parameters). Units with the same definition and input shape (e.g.
-ResNet's repeated blocks) are analysed once; whole profiles are cached on disk.
+ResNet's repeated blocks) are analysed once; whole profiles are cached on disk, in ``$HETPIPE_JAX_CACHE``
+(default ``~/.cache/hetpipe_jax/profiles``).
 
 Time of a unit on a GPU type (roofline)::
 
@@ -32,7 +33,9 @@ from hetpipe_jax.cluster.topology import Cluster, Gpu, GpuType, format_bytes
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.models.base import LayeredModel
 
-CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "hetpipe_jax", "profiles")
+CACHE_ENV = "HETPIPE_JAX_CACHE"  # the environment variable that names the profile cache directory
+CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "hetpipe_jax", "profiles")  # its default
+FROM_ENV = "$" + CACHE_ENV  # profile_units' default cache_dir: default_cache_dir() when called
 PROFILE_FORMAT = 2  # bump when what a profile measures changes: old cache entries are then ignored
 
 
@@ -82,12 +85,23 @@ def _profile_unit(name: str, unit, x) -> tuple[UnitProfile, Any]:
                      max(nbytes(residuals) - params, 0)), y
 
 
-def profile_units(model: LayeredModel, sample_x, cache_dir: str | None = CACHE_DIR) -> list[UnitProfile]:
+def default_cache_dir() -> str:
+  """The profile cache directory: ``$HETPIPE_JAX_CACHE`` if set, else ``~/.cache/hetpipe_jax/profiles``.
+
+  Read at every call, so a process (a test session) can point it elsewhere after importing the package.
+  """
+  return os.path.expanduser(os.environ.get(CACHE_ENV) or CACHE_DIR)
+
+
+def profile_units(model: LayeredModel, sample_x, cache_dir: str | None = FROM_ENV) -> list[UnitProfile]:
   """Profiles every unit of ``model`` on an input shaped like ``sample_x`` (leading axis = batch).
 
   ``sample_x`` may be an array or a ``jax.ShapeDtypeStruct``. With ``cache_dir``, a profile computed once
-  is read back from ``cache_dir`` (keyed on the units, the input shape and the JAX version).
+  is read back from ``cache_dir`` (keyed on the units, the input shape and the JAX version); by default
+  that is :func:`default_cache_dir`, None turns the cache off.
   """
+  if cache_dir == FROM_ENV:
+    cache_dir = default_cache_dir()
   x = jax.ShapeDtypeStruct(sample_x.shape, sample_x.dtype)
   key = hashlib.sha1(repr((PROFILE_FORMAT, model.name, model.units, model.unit_names, x.shape,
                            str(x.dtype), jax.__version__)).encode()).hexdigest()[:20]

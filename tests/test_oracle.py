@@ -1,0 +1,316 @@
+"""A numeric oracle: an independent plain-JAX replay of a run's trace recomputes every weight it ends with.
+
+The replay reads a run's trace (task order, and the weight version ``own``/``glob`` each task used) and
+the same data stream, and redoes the training from the protocol of HETPIPE.md section 3 alone, with none
+of the runtime's stage, worker or engine code:
+
+* per virtual worker i and stage j: local weights, a fresh optax state, one accumulator per open wave,
+  and a snapshot of the weights for every version (own, glob) the stage has held;
+* ``fwd`` of (i, j, p): applies units first..last-1 to minibatch p (stage 0) or to stage j-1's output,
+  with the weights of the version the trace records (the cross-entropy loss on the last stage);
+* ``bwd`` of (i, j, p): ``jax.vjp`` of the stage at its forward's weights (``stash``) or at the weights of
+  its own recorded version (``latest``), with cotangent 1.0 on the loss or stage j+1's input-cotangent;
+  the optax update is applied to the stage's current weights and added to the accumulator of p's wave;
+* ``push`` of wave c: every unit's global weights += the wave's summed update (the default PS rule);
+* ``pull``: every stage's weights <- the global weights that contain the pulled waves + every open
+  (unpushed) wave accumulator of the stage; the new version is (waves[i] * Nm + updates added back, glob).
+
+The engine applies a backward's update when the backward starts, the trace writes it when it ends; only a
+pull can fall in between, and global + accumulators gives the same sum either way (up to rounding).
+
+The final global weights, every stage's final local weights and every wave's mean training loss must match
+the engine's. Planted faults (stashing kept on stage 0 only; a rebase that drops open accumulators while its
+trace still looks right) pass the trace checker but not the oracle.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from hetpipe_jax import MinibatchStreams, RunConfig, check_trace, get_model, run_hetpipe, synthetic
+from hetpipe_jax.models import cross_entropy
+# The only internal import: the class the planted faults patch (not used by the oracle itself).
+from hetpipe_jax.runtime.stage import Stage
+
+MODEL = get_model("mlp")  # 4 units
+DATA = synthetic(num_train=512, num_test=64)
+BATCH, SEED, LR = 16, 0, 0.05
+RTOL, ATOL = 1e-5, 1e-6
+
+# The local optimizers by RunConfig name, built here from optax (fresh for the replay).
+TX = {
+    "sgd": lambda lr: optax.sgd(lr),
+    "momentum": lambda lr: optax.sgd(lr, momentum=0.9),
+    "adam": lambda lr: optax.adam(lr),
+}
+
+_PROGRAMS = {}  # (first, last) -> jitted (forward, vjp) of the stage function
+
+
+def _programs(first, last):
+  """The jitted forward and backward of units first..last-1 of MODEL (the loss on the last stage)."""
+  if (first, last) not in _PROGRAMS:
+    is_last = last == MODEL.num_units
+
+    def f(w, x, labels):
+      y = MODEL.apply(w, x, first, last)
+      return cross_entropy(y, labels) if is_last else y
+
+    def bwd(w, x, labels, g):
+      _, vjp = jax.vjp(lambda w_, x_: f(w_, x_, labels), w, x)
+      return vjp(g)  # (gradient of the weights, cotangent of the input)
+
+    _PROGRAMS[(first, last)] = jax.jit(f), jax.jit(bwd)
+  return _PROGRAMS[(first, last)]
+
+
+def _add(a, b):
+  return jax.tree.map(jnp.add, a, b)
+
+
+class _StageState:
+  """What the replay keeps for one stage of one virtual worker."""
+
+  def __init__(self, first, last, weights, tx, num_vws):
+    self.first, self.last = first, last
+    self.w = weights
+    self.opt = tx.init(weights)
+    self.own, self.glob = 0, (0,) * num_vws
+    self.acc = {}  # wave -> [summed update, count]
+    self.snaps = {self.version: weights}  # (own, glob) -> weights with that version
+
+  @property
+  def version(self):
+    return (self.own, self.glob)
+
+  def snapshot(self):
+    self.snaps[self.version] = self.w
+
+
+def replay(events, init_params, optimizer, learning_rate=LR, dataset=DATA, batch_size=BATCH, seed=SEED):
+  """Recomputes a run's training from its trace.
+
+  Args:
+    events: the run's trace (meta line first; the meta line gives cuts, Nm, stages, weight mode).
+    init_params: the initial weights, one entry per unit.
+    optimizer: a key of TX, the run's local optimizer.
+    learning_rate: the run's learning rate.
+    dataset, batch_size, seed: the run's data stream.
+
+  Returns:
+    A dict: ``global`` (final global weights, one entry per unit), ``local`` ((vw, stage) -> (first, last,
+    weights)), ``losses`` ((vw, wave) -> mean training loss of the wave), and counters that show the run
+    exercised what the oracle checks: ``open_pulls`` (stage rebases that added open accumulators back),
+    ``moved`` (backwards whose stage weights changed since their forward), ``pushes``.
+  """
+  meta = events[0]
+  n, nms, ks, cuts, mode = meta["num_vws"], meta["nm"], meta["stages"], meta["cuts"], meta["weight_mode"]
+  assert mode in ("stash", "latest"), mode
+  tx = TX[optimizer](learning_rate)
+  update = jax.jit(tx.update)
+  streams = MinibatchStreams(dataset, batch_size, n, seed)
+  glob_w = tuple(init_params)
+  clock = (0,) * n
+  history = {clock: glob_w}  # PS clock vector -> global weights holding exactly those waves
+  stages = {}
+  for i in range(n):
+    assert len(cuts[i]) == ks[i] + 1, (cuts[i], ks[i])
+    for j in range(ks[i]):
+      first, last = cuts[i][j], cuts[i][j + 1]
+      stages[(i, j)] = _StageState(first, last, glob_w[first:last], tx, n)
+  inputs, fwd_versions, cotangents, losses = {}, {}, {}, {}
+  counters = {"open_pulls": 0, "moved": 0, "pushes": 0}
+
+  for ev in events[1:]:
+    kind = ev["ev"]
+    if kind in ("fwd", "bwd"):
+      i, j, p = ev["vw"], ev["stage"], ev["mb"]
+      s = stages[(i, j)]
+      is_last = j == ks[i] - 1
+      fwd, bwd = _programs(s.first, s.last)
+      labels = jnp.asarray(streams(i, p)[1]) if is_last else None
+      version = (ev["own"], tuple(ev["glob"]))
+      if kind == "fwd":
+        assert version in s.snaps, (f"forward of VW {i} stage {j} mb {p} used version {version}, which "
+                                    f"the stage never held (held {sorted(s.snaps)})")
+        x = jnp.asarray(streams(i, p)[0]) if j == 0 else inputs.pop((i, j, p))
+        y = fwd(s.snaps[version], x, labels)
+        inputs[(i, j, p)] = x  # kept for the backward pass
+        fwd_versions[(i, j, p)] = version
+        if is_last:
+          losses[(i, p)] = y
+        else:
+          inputs[(i, j + 1, p)] = y
+        continue
+      # The engine applied this update when the backward started; a pull may have come in between. The
+      # replay applies it here, after that pull: global + open accumulators + this update is the same sum,
+      # and the stage's version (own) agrees with the engine's again from this line on.
+      fwd_version = fwd_versions.pop((i, j, p))
+      if mode == "latest":
+        assert version in s.snaps, (f"backward of VW {i} stage {j} mb {p} used version {version}, which "
+                                    "the stage never held")
+      used = fwd_version if mode == "stash" else version
+      if s.version != fwd_version:
+        counters["moved"] += 1
+      g = jnp.ones((), jnp.float32) if is_last else cotangents.pop((i, j, p))
+      grads, gx = bwd(s.snaps[used], inputs.pop((i, j, p)), labels, g)
+      if j > 0:
+        cotangents[(i, j - 1, p)] = gx
+      updates, s.opt = update(grads, s.opt, s.w)
+      s.w = optax.apply_updates(s.w, updates)
+      wave = (p - 1) // nms[i]
+      if wave in s.acc:
+        s.acc[wave] = [_add(s.acc[wave][0], updates), s.acc[wave][1] + 1]
+      else:
+        s.acc[wave] = [updates, 1]
+      s.own += 1
+      s.snapshot()
+    elif kind == "push":
+      i, c = ev["vw"], ev["wave"]
+      assert c == clock[i], f"VW {i} pushed wave {c} at clock {clock[i]}"
+      new = list(glob_w)
+      for j in range(ks[i]):
+        s = stages[(i, j)]
+        acc, count = s.acc.pop(c)
+        assert count == nms[i], f"wave {c} of VW {i} stage {j} holds {count} updates"
+        for u, a in zip(range(s.first, s.last), acc):
+          new[u] = _add(new[u], a)
+      glob_w = tuple(new)
+      clock = tuple(x + (k == i) for k, x in enumerate(clock))
+      history[clock] = glob_w
+      counters["pushes"] += 1
+    elif kind == "pull":
+      i, pulled = ev["vw"], tuple(ev["glob"])
+      assert pulled in history, f"VW {i} pulled {pulled}; the PS only held {sorted(history)}"
+      base = history[pulled]
+      for j in range(ks[i]):
+        s = stages[(i, j)]
+        w, added = base[s.first:s.last], 0
+        for wave in sorted(s.acc):
+          w = _add(w, s.acc[wave][0])
+          added += s.acc[wave][1]
+        counters["open_pulls"] += added > 0
+        s.w, s.own, s.glob = w, pulled[i] * nms[i] + added, pulled
+        s.snapshot()
+
+  wave_losses = {}
+  for (i, p), loss in losses.items():
+    wave_losses.setdefault((i, (p - 1) // nms[i]), []).append(float(loss))
+  return {
+      "global": glob_w,
+      "local": {key: (s.first, s.last, s.w) for key, s in stages.items()},
+      "losses": {key: float(np.mean(v)) for key, v in wave_losses.items()},
+      **counters,
+  }
+
+
+def _pairs(result, oracle):
+  """(what, engine array, oracle array) for every final weight and every wave's loss."""
+  assert jax.tree.structure(result.params) == jax.tree.structure(oracle["global"])
+  for a, b in zip(jax.tree.leaves(result.params), jax.tree.leaves(oracle["global"])):
+    yield "global weights", a, b
+  assert set(oracle["local"]) == {(vw.index, j) for vw in result.vws for j in range(len(vw.stages))}
+  for vw in result.vws:
+    for j, stage in enumerate(vw.stages):
+      first, last, w = oracle["local"][(vw.index, j)]
+      assert (stage.first, stage.last) == (first, last)
+      assert jax.tree.structure(tuple(stage.params)) == jax.tree.structure(tuple(w))
+      for a, b in zip(jax.tree.leaves(stage.params), jax.tree.leaves(w)):
+        yield f"VW {vw.index} stage {j} local weights", a, b
+  rows = {(r["vw"], r["wave"]): r["train_loss"] for r in result.metrics}
+  assert set(rows) == set(oracle["losses"])
+  for key, loss in oracle["losses"].items():
+    yield f"VW {key[0]} wave {key[1]} loss", np.float32(rows[key]), np.float32(loss)
+
+
+def max_abs_diff(result, oracle) -> float:
+  """The largest absolute difference between the engine's final numbers and the oracle's."""
+  return max(float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
+             for _, a, b in _pairs(result, oracle))
+
+
+def assert_matches(result, oracle) -> None:
+  for what, a, b in _pairs(result, oracle):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=RTOL, atol=ATOL, err_msg=what)
+
+
+def _run(optimizer="sgd", **kw):
+  config = dict(cluster="hetero4", batch_size=BATCH, seed=SEED, learning_rate=LR, optimizer=optimizer,
+                eval_every=100)
+  config.update(kw)
+  result = run_hetpipe(MODEL, DATA, RunConfig(**config))
+  violations = check_trace(result.events)
+  assert not violations, "\n".join(map(str, violations[:20]))
+  return result
+
+
+CASES = {  # name -> RunConfig fields; every case pipelines (k > 1, Nm > 1) in some virtual worker
+    "stash-sgd-d0": dict(num_vws=3, stages=(3, 1, 1), nm=(2, 3, 1), d=0, waves=5),
+    "latest-momentum-d0": dict(num_vws=2, stages=(3, 2), nm=(3, 2), d=0, waves=4, weight_mode="latest",
+                               optimizer="momentum"),
+    "stash-adam-d1": dict(num_vws=2, stages=(2, 3), nm=(2, 3), d=1, waves=5, optimizer="adam",
+                          learning_rate=3e-3),
+    "wall-latest-sgd-d1": dict(num_vws=2, stages=(2, 2), nm=(2, 3), d=1, waves=5, weight_mode="latest",
+                               executor="wall", time_scale=3e3),
+}
+_RESULTS = {}
+
+
+def _case(name):
+  """The run of case ``name`` and the oracle's replay of it (each computed once per session)."""
+  if name not in _RESULTS:
+    config = CASES[name]
+    result = _run(**config)
+    _RESULTS[name] = result, replay(result.events, result.init_params, config.get("optimizer", "sgd"),
+                                    config.get("learning_rate", LR))
+  return _RESULTS[name]
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_oracle_recomputes_the_engines_weights(name):
+  result, oracle = _case(name)
+  # The run exercised what the oracle checks: every wave pushed, pulls that add open accumulators back on
+  # top of the global weights (on the wall clock that depends on timing: 2 in every run we tried), and
+  # backwards whose stage weights moved since their forward (where stash and latest differ).
+  assert oracle["pushes"] == CASES[name]["waves"] * CASES[name]["num_vws"]
+  if CASES[name].get("executor", "virtual") == "virtual":
+    assert oracle["open_pulls"] > 0
+  assert oracle["moved"] > 0
+  assert_matches(result, oracle)
+  assert max_abs_diff(result, oracle) < 1e-4
+
+
+def test_oracle_catches_stashing_on_stage_0_only(monkeypatch):
+  """Planted bug: stages after the first recompute with their current weights while the trace says stash."""
+  init = Stage.__init__
+
+  def stash_on_stage_0_only(self, *args, **kwargs):
+    init(self, *args, **kwargs)
+    if self.first > 0:
+      self.weight_mode = "latest"
+
+  name = "stash-sgd-d0"
+  honest, oracle = _case(name)
+  assert max_abs_diff(honest, oracle) < 1e-4
+  monkeypatch.setattr(Stage, "__init__", stash_on_stage_0_only)
+  faulty = _run(**CASES[name])  # the trace checker sees nothing wrong (_run asserts it)
+  assert faulty.events == honest.events and faulty.events[0]["weight_mode"] == "stash"
+  assert max_abs_diff(faulty, replay(faulty.events, faulty.init_params, "sgd")) > 1e-3
+
+
+def test_oracle_catches_a_rebase_that_drops_open_accumulators(monkeypatch):
+  """Planted bug: a pull rebases on the global weights alone but reports the updates as added back."""
+  rebase = Stage.rebase
+
+  def lossy_rebase(self, global_params):
+    added = rebase(self, global_params)
+    self.state = self.state._replace(params=jax.device_put(tuple(global_params), self.device))
+    return added
+
+  monkeypatch.setattr(Stage, "rebase", lossy_rebase)
+  faulty = _run(num_vws=2, stages=(2, 1), nm=(3, 2), d=0, waves=4)  # the trace checker sees nothing wrong
+  oracle = replay(faulty.events, faulty.init_params, "sgd")
+  assert oracle["open_pulls"] > 0
+  assert max_abs_diff(faulty, oracle) > 1e-3
