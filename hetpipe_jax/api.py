@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -42,7 +43,7 @@ from hetpipe_jax.plan.manual import fastest_cuts, manual_layout, per_vw
 from hetpipe_jax.runtime import executors
 from hetpipe_jax.runtime.metrics import WaveMetrics
 from hetpipe_jax.runtime.ps import ParameterServer
-from hetpipe_jax.runtime.stage import Stage
+from hetpipe_jax.runtime.stage import Device, Stage
 from hetpipe_jax.runtime.transport import DeviceComm
 from hetpipe_jax.runtime.worker import PipelineNumerics
 from hetpipe_jax.sim import simulate
@@ -190,7 +191,7 @@ def _layouts(config: RunConfig, model: LayeredModel, cluster: Cluster, profiles,
                               optimizer_slots)
 
 
-def _jax_devices(count: int) -> list[jax.Device]:
+def _jax_devices(count: int) -> list[Device]:
   devices = jax.devices()
   if len(devices) < count:
     raise ConfigError(
@@ -239,17 +240,19 @@ def run_hetpipe(model: LayeredModel, dataset: Dataset, config: RunConfig) -> Run
 
 
 def _build(model: LayeredModel, layout: Layout, config: RunConfig, tx: optax.GradientTransformation,
-           init_params, devices: list[jax.Device]) -> tuple[list[VirtualWorker], ParameterServer]:
-  """The runtime of ``layout``: every stage on its GPU's device, the virtual workers, the server."""
+           init_params, devices: list[Device]) -> tuple[list[VirtualWorker], list[PipelineNumerics],
+                                                        ParameterServer]:
+  """The runtime of ``layout``: every stage on its GPU's device, the virtual workers and their numerics,
+  the server."""
   device_of = {(i, j): devices[gpu.index] for i, vw in enumerate(layout.vws) for j, gpu in enumerate(vw.gpus)}
   comm = DeviceComm(device_of)
-  vws = []
-  for i, vw in enumerate(layout.vws):
-    stages = [Stage(model, units.start, units.stop, init_params[units.start:units.stop], device_of[(i, j)], tx,
-                    vw.nm, config.weight_mode) for j, _, units in vw.stages()]
-    vws.append(VirtualWorker.create(i, vw.k, vw.nm, config.waves * vw.nm, layout.num_vws, config.schedule,
-                                    config.weight_mode, PipelineNumerics(i, stages, comm)))
-  return vws, ParameterServer(init_params, layout.num_vws, config.d, config.ps_tx, devices[0])
+  numerics = [PipelineNumerics(i, [Stage(model, units.start, units.stop, init_params[units.start:units.stop],
+                                         device_of[(i, j)], tx, vw.nm, config.weight_mode)
+                                   for j, _, units in vw.stages()], comm)
+              for i, vw in enumerate(layout.vws)]
+  vws = [VirtualWorker.create(i, vw.k, vw.nm, config.waves * vw.nm, layout.num_vws, config.schedule,
+                              config.weight_mode, numerics[i]) for i, vw in enumerate(layout.vws)]
+  return vws, numerics, ParameterServer(init_params, layout.num_vws, config.d, config.ps_tx, devices[0])
 
 
 def _train(model: LayeredModel, dataset: Dataset, config: RunConfig, tx: optax.GradientTransformation,
@@ -258,15 +261,15 @@ def _train(model: LayeredModel, dataset: Dataset, config: RunConfig, tx: optax.G
   batches = MinibatchStreams(dataset, config.batch_size, layout.num_vws, config.seed, config.drop_remainder)
   devices = _jax_devices(max(g.index for group in layout.gpus for g in group) + 1)
   init_params = model.init(jax.random.key(config.seed), sample_x)
-  vws, ps = _build(model, layout, config, tx, init_params, devices)
+  vws, numerics, ps = _build(model, layout, config, tx, init_params, devices)
   cost = lambda task: cost_model.task_seconds(task.vw, task.stage, task.kind)
   trace = Trace(config.trace_path)
   trace.emit(**meta)
   metrics = WaveMetrics(ps, layout.nms, config.waves, config.eval_every)
   engine = Engine(vws, ps, trace, batches, metrics.on_wave)
   x0, y0 = batches(0, 1)
-  for vw in vws:  # compile before the clock starts
-    vw.numerics.warm_up(x0, y0)
+  for worker in numerics:  # compile before the clock starts
+    worker.warm_up(x0, y0)
   ps.warm_up()
   t_host = time.perf_counter()
   try:
@@ -299,7 +302,7 @@ def _simulate(config: RunConfig, cluster: Cluster, profiles, layout: Layout, met
                    images)
 
 
-def make_evaluator(model: LayeredModel, dataset: Dataset, device: jax.Device, chunk: int = 2000):
+def make_evaluator(model: LayeredModel, dataset: Dataset, device: Device, chunk: int = 2000):
   """Returns ``params -> test accuracy`` of the whole model on ``dataset``'s test split."""
   predict = jax.jit(lambda params, x: jnp.argmax(model.apply(params, x), axis=-1))
   xs = [jax.device_put(dataset.x_test[i:i + chunk], device) for i in range(0, len(dataset.x_test), chunk)]

@@ -10,7 +10,8 @@ scripts (which list the names)::
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import optax
 

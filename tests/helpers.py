@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from hetpipe_jax import check_trace, staleness_stats
 from hetpipe_jax.core.engine import Engine
-from hetpipe_jax.runtime.executors import run_virtual, run_wall
 from hetpipe_jax.core.server import ClockServer
-from hetpipe_jax.core.worker import VirtualWorker
 from hetpipe_jax.core.trace import Trace
+from hetpipe_jax.core.worker import VirtualWorker
+from hetpipe_jax.runtime.executors import run_virtual, run_wall
 
 
 def assert_trace_ok(events) -> dict:

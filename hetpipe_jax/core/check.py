@@ -29,7 +29,8 @@ from __future__ import annotations
 import collections
 import json
 import sys
-from typing import Any, Iterable, NamedTuple
+from collections.abc import Iterable
+from typing import Any, NamedTuple
 
 from hetpipe_jax.core import wsp
 from hetpipe_jax.core.trace import read_trace, staleness_stats
@@ -154,7 +155,7 @@ class _Checker:
                 f"updates, but the stage has applied {self.applied[(i, j)]} (lost or double-counted "
                 "local updates)")
     self._check_global(i, j, p, glob, "forward")
-    last = self.last_glob.get((i, j), (0,) * self.n)
+    last: tuple[int, ...] = self.last_glob.get((i, j)) or (0,) * self.n
     if any(a < b for a, b in zip(glob, last)):
       self.fail("global", f"forward of VW {i} minibatch {p} at stage {j} has global base {list(glob)}, "
                 f"older than an earlier forward's {list(last)}")

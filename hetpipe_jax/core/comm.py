@@ -13,7 +13,8 @@ of neighbouring stages through :meth:`Comm.move`. Implementations:
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 Done = Callable[[float], None]  # called with the time a push or pull completed
 StageId = tuple[int, int]  # (virtual worker, stage)
@@ -24,12 +25,15 @@ class Comm(Protocol):
 
   def push(self, vw: int, wave: int, t: float, done: Done) -> None:
     """Sends VW ``vw``'s summed update of ``wave`` (sent at ``t``) to the PS shards; ``done(t_landed)``."""
+    ...
 
   def pull(self, vw: int, t: float, done: Done) -> None:
     """Brings the global weights to VW ``vw`` (asked at ``t``); ``done(t_arrived)``."""
+    ...
 
   def move(self, x: Any, src: StageId, dst: StageId) -> Any:
     """Moves ``x`` (an activation or a gradient) from stage ``src`` to stage ``dst``; returns it there."""
+    ...
 
 
 class InstantComm:

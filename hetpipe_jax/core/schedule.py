@@ -27,7 +27,8 @@ for k = 2, Nm = 2 under 1F1B::
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 from hetpipe_jax.errors import ProtocolError
 
@@ -195,7 +196,7 @@ def timetable(k: int, nm: int, total: int, schedule: str = "1f1b", bwd_ticks: in
         running[j] = (order, task, left - 1)
       else:
         rows[j].append(".")
-    for order, task, left in sorted(running.values()):  # due tasks finish in start order
+    for _order, task, left in sorted(running.values()):  # due tasks finish in start order
       if left == 0:
         del running[task.stage]
         state, _ = finish(state, task, schedule)

@@ -9,7 +9,8 @@ c_local - c_global <= D.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, NamedTuple, Protocol
+from collections.abc import Mapping
+from typing import Any, NamedTuple, Protocol
 
 from hetpipe_jax.core import wsp
 
@@ -31,12 +32,15 @@ class Server(Protocol):
   @property
   def clock(self) -> wsp.ClockState:
     """The clocks of every virtual worker."""
+    ...
 
   def push(self, vw: int, wave: int, updates: Mapping[int, Any]) -> wsp.ClockState:
     """Applies VW ``vw``'s wave ``wave`` (``updates``: shard -> summed update); returns the new clocks."""
+    ...
 
   def try_pull(self, vw: int) -> Snapshot | None:
     """The global weights if ``vw`` passes the gate now, else None."""
+    ...
 
 
 class ClockServer:

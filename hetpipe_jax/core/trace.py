@@ -19,7 +19,8 @@ from __future__ import annotations
 import collections
 import json
 import threading
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from hetpipe_jax.core import wsp
 
@@ -30,7 +31,7 @@ class Trace:
   def __init__(self, path: str | None = None, keep: bool = True):
     self.events: list[dict[str, Any]] = []
     self._keep = keep
-    self._file = open(path, "w", encoding="utf-8") if path else None
+    self._file = open(path, "w", encoding="utf-8") if path else None  # noqa: SIM115 (open until close())
     self._lock = threading.Lock()
 
   def emit(self, **event) -> None:

@@ -14,7 +14,8 @@ NamedTuple, like :mod:`hetpipe_jax.core.wsp`:
 
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 from hetpipe_jax.core import wsp
 from hetpipe_jax.errors import ProtocolError

@@ -10,7 +10,8 @@ for the ``sim`` executor and schedule-only runs). This record only ties them to 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Protocol, Sequence
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from hetpipe_jax.core import schedule as schedule_lib
 from hetpipe_jax.core import versions as versions_lib
@@ -20,31 +21,40 @@ from hetpipe_jax.core.schedule import Task
 class Numerics(Protocol):
   """What runs a virtual worker's tasks."""
 
-  stages: Sequence[Any]
+  @property
+  def stages(self) -> Sequence[Any]:
+    """The stage objects (empty without numerics)."""
+    ...
 
   def inject(self, mb: int, x: Any, labels: Any) -> None:
     """Minibatch ``mb`` enters stage 0 with inputs ``x`` (its ``labels`` go to the last stage)."""
+    ...
 
   def run(self, task: Task) -> Any:
     """Dispatches ``task``; returns what to wait on for it to be done (None if nothing)."""
+    ...
 
   def take_wave(self, wave: int) -> tuple[dict[int, Any], list[Any]]:
     """Closes ``wave``: its summed updates by unit (what a push sends) and its minibatches' losses."""
+    ...
 
   def rebase(self, params: Sequence[Any] | None, open_updates: Sequence[int]) -> list[int]:
     """Pull: every stage <- the global weights of its units + its local updates not pushed yet.
 
     Returns, per stage, how many local updates it added back (``open_updates`` says how many it
     should have)."""
+    ...
 
 
 class NoNumerics:
   """Schedules without computing: tasks take no device time, pushes carry no numbers."""
 
-  stages: Sequence[Any] = ()
-
   def __init__(self, nm: int):
     self._nm = nm
+
+  @property
+  def stages(self) -> Sequence[Any]:
+    return ()
 
   def inject(self, mb: int, x: Any, labels: Any) -> None:
     del mb, x, labels

@@ -8,11 +8,10 @@ forward, the gradient from stage j+1 before a backward.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from hetpipe_jax.cluster import Cluster, Gpu, format_bytes
-from hetpipe_jax.cost.profile import (UnitProfile, stage_compute_seconds, stage_memory_bytes,
-                                      stage_transfers)
+from hetpipe_jax.cost.profile import UnitProfile, stage_compute_seconds, stage_memory_bytes, stage_transfers
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.plan.layout import Layout
 

@@ -15,7 +15,8 @@ Cuts are unit boundaries ``(0, c_1, ..., num_units)``: stage j holds units ``cut
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from hetpipe_jax.cluster import Gpu
 from hetpipe_jax.errors import ConfigError

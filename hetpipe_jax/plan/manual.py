@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from hetpipe_jax.cluster import Cluster, Gpu, assign_gpus
 from hetpipe_jax.cost.profile import UnitProfile
@@ -37,7 +37,7 @@ def fastest_cuts(cluster: Cluster, profiles: Sequence[UnitProfile], gpus: Sequen
 
 
 def manual_layout(cluster: Cluster, profiles: Sequence[UnitProfile], num_vws: int,
-                  stages: int | Sequence[int], nm: int | Sequence[int], cuts: Sequence[Sequence[int]] | None,
+                  stages: int | Sequence[int], nm: int | Sequence[int] | str, cuts: Sequence[Sequence[int]] | None,
                   weight_mode: str, optimizer_slots: float, model_name: str = "the model") -> Layout:
   """The layout of ``num_vws`` virtual workers with ``stages`` GPUs each (in cluster order), ``nm``, and
   ``cuts`` (one boundary list for all, or one per virtual worker; None: the fastest cuts).

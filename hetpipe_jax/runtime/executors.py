@@ -16,7 +16,8 @@ import heapq
 import itertools
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any, cast
 
 import jax
 
@@ -89,7 +90,7 @@ def run_wall(engine: Engine, cost: CostFn | None = None, time_scale: float = 1.0
             if errors or engine.done:
               return
             wakeups[key].wait()
-          task, t0, out = running[key]
+          task, t0, out = cast(tuple[Task, float, Any], running[key])
         jax.block_until_ready(out)
         if cost is not None:
           remaining = t0 + cost(task) * time_scale - now()

@@ -8,7 +8,8 @@ after the executor stops, so evaluation never perturbs the timing.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import numpy as np

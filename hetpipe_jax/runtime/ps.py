@@ -12,7 +12,8 @@ guards it. (A server without weights is :class:`hetpipe_jax.core.server.ClockSer
 from __future__ import annotations
 
 import threading
-from typing import Any, Mapping, NamedTuple, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
 
 import jax
 import optax
@@ -20,6 +21,7 @@ import optax
 from hetpipe_jax.core import wsp
 from hetpipe_jax.core.server import Snapshot
 from hetpipe_jax.errors import ProtocolError
+from hetpipe_jax.runtime.stage import Device
 
 
 class ServerState(NamedTuple):
@@ -48,7 +50,7 @@ class ParameterServer:
   """
 
   def __init__(self, params: Sequence[Any], num_vws: int, d: int,
-               tx: optax.GradientTransformation | None = None, device: jax.Device | None = None):
+               tx: optax.GradientTransformation | None = None, device: Device | None = None):
     self.d = d
     self.device = device or jax.devices()[0]
     self.num_shards = len(params)

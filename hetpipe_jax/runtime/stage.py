@@ -30,6 +30,8 @@ from hetpipe_jax.core import wsp
 from hetpipe_jax.errors import ProtocolError
 from hetpipe_jax.models.base import LayeredModel, cross_entropy
 
+Device = Any  # a jax.Device (a name pyright cannot use as a type)
+
 
 class WaveAccumulator(NamedTuple):
   """The summed local updates of one open wave (one entry per unit) and how many minibatches they are."""
@@ -65,7 +67,7 @@ class Stage:
     weight_mode: "stash" or "latest".
   """
 
-  def __init__(self, model: LayeredModel, first: int, last: int, params, device: jax.Device,
+  def __init__(self, model: LayeredModel, first: int, last: int, params, device: Device,
                tx: optax.GradientTransformation, nm: int, weight_mode: str = "stash"):
     self.model, self.first, self.last, self.device = model, first, last, device
     self.is_first, self.is_last = first == 0, last == model.num_units

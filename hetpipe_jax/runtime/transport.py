@@ -6,11 +6,13 @@ stage's device belongs to this process.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 
 from hetpipe_jax.core.comm import InstantComm, StageId
+from hetpipe_jax.runtime.stage import Device
 
 
 class DeviceComm(InstantComm):
@@ -20,7 +22,7 @@ class DeviceComm(InstantComm):
     devices: (virtual worker, stage) -> the JAX device of that stage.
   """
 
-  def __init__(self, devices: Mapping[StageId, jax.Device]):
+  def __init__(self, devices: Mapping[StageId, Device]):
     self._devices = dict(devices)
 
   def move(self, x: Any, src: StageId, dst: StageId) -> Any:

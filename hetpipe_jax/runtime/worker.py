@@ -9,12 +9,14 @@ gradient for the previous stage; the last stage's forward computes the loss.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 
 from hetpipe_jax.core.comm import Comm
 from hetpipe_jax.core.schedule import FWD, Task
+from hetpipe_jax.errors import ProtocolError
 from hetpipe_jax.runtime.stage import Stage
 
 
@@ -70,6 +72,8 @@ class PipelineNumerics:
   def rebase(self, params: Sequence[Any] | None, open_updates: Sequence[int]) -> list[int]:
     """Every stage <- global weights of its units + its open wave accumulators; returns what each added."""
     del open_updates  # the stages count what they really add back, so a lost update shows in the trace
+    if params is None:
+      raise ProtocolError(f"VW {self.vw} pulled from a server without weights")
     return [stage.rebase(params[stage.first:stage.last]) for stage in self.stages]
 
   def warm_up(self, x: Any, labels: Any) -> None:

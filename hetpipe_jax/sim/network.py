@@ -21,7 +21,8 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import itertools
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from hetpipe_jax.cluster import Cluster
 from hetpipe_jax.core.comm import Done, StageId
