@@ -161,8 +161,8 @@ def validate(config: RunConfig) -> None:
     raise ConfigError(f"eval_every={config.eval_every}; evaluate every 1 or more global clock ticks")
   if config.time_scale < 0:
     raise ConfigError(f"time_scale={config.time_scale}; use 0 (no padding) or a positive factor")
-  if config.seed < 0:
-    raise ConfigError(f"seed={config.seed}; use a seed >= 0")
+  if not 0 <= config.seed < 2**63:
+    raise ConfigError(f"seed={config.seed}; use a seed in [0, 2**63 - 1]")
 
 
 def _layouts(config: RunConfig, model: LayeredModel, cluster: Cluster, profiles, clock_profiles,

@@ -4,5 +4,11 @@ import sys
 
 from hetpipe_jax.viz.timeline import main
 
-if __name__ == "__main__":
+
+def cli() -> None:
+  """The ``hetpipe-timeline`` console entry point."""
   sys.exit(main(sys.argv))
+
+
+if __name__ == "__main__":
+  cli()

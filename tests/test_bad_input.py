@@ -36,7 +36,7 @@ MLP = get_model("mlp")  # 4 units
     (dict(cuts=[[0, 3, 3, 4], [0, 2, 4]], stages=(3, 2)), r"cuts \[0, 3, 3, 4\] of virtual worker 0 must be 4 "
                                                           r"increasing boundaries"),
     (dict(cuts=[[0, 2, 4]] * 3), r"cuts has 3 entries for 2 virtual workers; give one list for all"),
-    (dict(seed=-5), r"seed=-5; use a seed >= 0"),
+    (dict(seed=-5), r"seed=-5; use a seed in \[0, 2\*\*63 - 1\]"),
     (dict(schedule="pipedream"), r"unknown schedule 'pipedream'; choose one of 1f1b, fifo, gpipe"),
 ])
 def test_bad_config(config, pattern):

@@ -12,7 +12,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)
 with open(os.path.join(ROOT, "pyproject.toml"), "rb") as _f:
   SCRIPTS = tomllib.load(_f)["project"]["scripts"]
-ABSL_SCRIPTS = [name for name, target in SCRIPTS.items() if target.endswith(":cli")]
+ABSL_SCRIPTS = [name for name, target in SCRIPTS.items() if target.startswith("experiments.")]
 
 
 def installed(name: str) -> str:
@@ -48,10 +48,16 @@ def test_train_entry_point_lists_the_cli_contract_flags():
 
 
 @pytest.mark.parametrize("name", ["hetpipe-check", "hetpipe-timeline"])
-def test_trace_tools_report_usage_with_exit_2(name):
+def test_trace_tools_report_usage_with_exit_2(name, tmp_path):
   proc = subprocess.run([installed(name)], capture_output=True, text=True, timeout=120)
   assert proc.returncode == 2, proc.stderr[-3000:]
   assert proc.stderr.startswith("usage:")
+  bad = tmp_path / "bad.jsonl"
+  bad.write_text('{"ev": "meta"}\nnot json\n')
+  for path, message in ((tmp_path / "missing.jsonl", "cannot read trace"), (bad, "line 2 of")):
+    proc = subprocess.run([installed(name), str(path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.stderr.startswith("error: ") and message in proc.stderr and len(proc.stderr.splitlines()) == 1
 
 
 def test_check_entry_point_accepts_a_sound_trace(tmp_path):

@@ -21,7 +21,7 @@ Throughput = |G| x batch / T images per second.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from hetpipe_jax.cluster.topology import Cluster, Gpu, Link
 from hetpipe_jax.cost.profile import UnitProfile
@@ -74,9 +74,9 @@ def train_data_parallel(model, dataset, tx, num_workers: int, steps: int, batch_
   import optax  # pylint: disable=g-import-not-at-top
   from absl import logging  # pylint: disable=g-import-not-at-top
 
+  from hetpipe_jax.api import make_evaluator  # pylint: disable=g-import-not-at-top
   from hetpipe_jax.data import MinibatchStreams  # pylint: disable=g-import-not-at-top
   from hetpipe_jax.models.base import cross_entropy  # pylint: disable=g-import-not-at-top
-  from hetpipe_jax.api import make_evaluator  # pylint: disable=g-import-not-at-top
 
   device = device or jax.devices()[0]
   streams = MinibatchStreams(dataset, batch_size, num_workers, seed)

@@ -34,6 +34,7 @@ from typing import Any, NamedTuple
 
 from hetpipe_jax.core import wsp
 from hetpipe_jax.core.trace import read_trace, staleness_stats
+from hetpipe_jax.errors import ConfigError
 
 EPS = 1e-9
 
@@ -260,7 +261,11 @@ def main(argv: list[str]) -> int:
   if len(argv) != 2:
     print("usage: python -m hetpipe_jax.check TRACE.jsonl", file=sys.stderr)
     return 2
-  events = read_trace(argv[1])
+  try:
+    events = read_trace(argv[1])
+  except ConfigError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
   violations = check_trace(events)
   if violations:
     for v in violations[:50]:

@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from hetpipe_jax.core import wsp
+from hetpipe_jax.errors import ConfigError
 
 
 class Trace:
@@ -48,8 +49,28 @@ class Trace:
 
 
 def read_trace(path: str) -> list[dict[str, Any]]:
-  with open(path, encoding="utf-8") as f:
-    return [json.loads(line) for line in f if line.strip()]
+  """The events of a JSON Lines trace file.
+
+  Raises:
+    ConfigError: when the file cannot be read or a line is not a JSON object.
+  """
+  try:
+    with open(path, encoding="utf-8") as f:
+      lines = f.readlines()
+  except OSError as e:
+    raise ConfigError(f"cannot read trace {path}: {e.strerror}; give the path of a trace.jsonl") from None
+  events = []
+  for n, line in enumerate(lines, start=1):
+    if line.strip():
+      try:
+        event = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise ConfigError(f"line {n} of {path} is not JSON ({e.msg}); a trace has one JSON object per "
+                          "line") from None
+      if not isinstance(event, dict):
+        raise ConfigError(f"line {n} of {path} is {type(event).__name__}, not a JSON object")
+      events.append(event)
+  return events
 
 
 def staleness_stats(events: Iterable[dict[str, Any]]) -> dict[str, Any]:

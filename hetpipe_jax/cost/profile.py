@@ -24,13 +24,13 @@ import dataclasses
 import hashlib
 import json
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from hetpipe_jax.cluster.topology import Cluster, Gpu, GpuType, format_bytes
-from hetpipe_jax.errors import ConfigError
+from hetpipe_jax.cluster.topology import Cluster, Gpu, GpuType
 from hetpipe_jax.models.base import LayeredModel
 
 CACHE_ENV = "HETPIPE_JAX_CACHE"  # the environment variable that names the profile cache directory

@@ -8,7 +8,8 @@ No unit keeps mutable state (no batch statistics), so every stage is a pure func
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import flax.linen as nn
 import jax

@@ -20,13 +20,14 @@ plus a minibatch.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from hetpipe_jax.cluster.topology import Cluster, Gpu
+from hetpipe_jax.cost.profile import UnitProfile, stage_memory_bytes, stage_seconds
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.plan.layout import Layout, VWLayout
 from hetpipe_jax.plan.partition import StagePlan, VWPlan, plan_virtual_worker
-from hetpipe_jax.cost.profile import UnitProfile, stage_memory_bytes, stage_seconds
 
 POLICIES = ("NP", "ED", "HD")
 PLACEMENTS = ("default", "local")

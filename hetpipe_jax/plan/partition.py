@@ -18,14 +18,14 @@ largest modelled throughput min(1/bottleneck, Nm/latency), ties to the smaller N
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 from hetpipe_jax.cluster.topology import Cluster, Gpu, format_bytes
+from hetpipe_jax.cost.profile import UnitProfile, stage_memory_bytes, stage_seconds
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.plan.layout import VWLayout
-from hetpipe_jax.cost.profile import UnitProfile, stage_memory_bytes, stage_seconds
 
 NM_POLICIES = ("max_fit", "best")
 

@@ -13,10 +13,12 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from hetpipe_jax.core import wsp
 from hetpipe_jax.core.trace import read_trace
+from hetpipe_jax.errors import ConfigError
 
 COLOURS = {"fwd": "#4C72B0", "bwd": "#DD8452", "wait": "#BBBBBB"}
 
@@ -74,7 +76,7 @@ def plot_gantt(events: Iterable[dict[str, Any]], path: str, waves: int = 3) -> N
   ax.invert_yaxis()
   ax.set_xlim(0, t_end)
   ax.set_xlabel(f"time (s, {meta.get('executor', '?')} clock)")
-  handles = [matplotlib.patches.Patch(color=c, label=l) for l, c in COLOURS.items()]
+  handles = [matplotlib.patches.Patch(color=c, label=kind) for kind, c in COLOURS.items()]
   ax.legend(handles=handles, loc="upper right", fontsize=7)
   ax.set_title(f"first {waves} waves: Nm={nms}, D={meta['d']}, {meta.get('weight_mode')}", fontsize=9)
   fig.tight_layout()
@@ -86,7 +88,11 @@ def main(argv: list[str]) -> int:
   if len(argv) not in (2, 3):
     print("usage: python -m hetpipe_jax.timeline TRACE.jsonl [WAVES]", file=sys.stderr)
     return 2
-  events = read_trace(argv[1])
+  try:
+    events = read_trace(argv[1])
+  except ConfigError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
   base = os.path.splitext(argv[1])[0]
   with open(base + ".chrome.json", "w", encoding="utf-8") as f:
     json.dump(chrome_trace(events), f)
