@@ -15,6 +15,6 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ["HETPIPE_JAX_CACHE"] = tempfile.mkdtemp(prefix="hetpipe_jax_test_cache-")
 atexit.register(shutil.rmtree, os.environ["HETPIPE_JAX_CACHE"], ignore_errors=True)
 
-import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
+import jax  # noqa: E402  (after the environment it reads)
 
 jax.config.update("jax_num_cpu_devices", 8)

@@ -44,3 +44,16 @@ def schedule_only(stages: Sequence[int], nms: Sequence[int], d: int, waves: int,
   else:
     run_wall(engine, cost, time_scale)
   return trace.events
+
+
+def one_minibatch_trace() -> list[dict]:
+  """A sound trace: one virtual worker, one stage, Nm = 1, D = 0, one minibatch."""
+  return [
+      {"ev": "meta", "version": 1, "num_vws": 1, "nm": [1], "d": 0, "stages": [1], "weight_mode": "stash",
+       "executor": "virtual"},
+      {"ev": "inject", "vw": 0, "mb": 1, "t": 0},
+      {"ev": "fwd", "vw": 0, "stage": 0, "mb": 1, "t0": 0, "t1": 1, "own": 0, "glob": [0]},
+      {"ev": "bwd", "vw": 0, "stage": 0, "mb": 1, "t0": 1, "t1": 2, "own": 0, "glob": [0]},
+      {"ev": "complete", "vw": 0, "mb": 1, "t": 2},
+      {"ev": "push", "vw": 0, "wave": 0, "t": 2},
+  ]

@@ -5,9 +5,8 @@ import jax.numpy as jnp
 import pytest
 
 from hetpipe_jax import ConfigError, get_cluster, get_model
-from hetpipe_jax.plan.allocation import (allocate, horovod_gpus, plan_cluster, plan_to_json,
-                                    ps_cross_node_bytes)
 from hetpipe_jax.cost.profile import profile_units, stage_memory_bytes
+from hetpipe_jax.plan.allocation import allocate, horovod_gpus, plan_cluster, plan_to_json, ps_cross_node_bytes
 
 TESTBED = get_cluster("paper_testbed")
 

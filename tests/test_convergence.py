@@ -10,13 +10,14 @@ import sys
 import numpy as np
 import optax
 import pytest
+from test_transparency import DATA as TDATA
+from test_transparency import STEPS, plain_sgd
 
 from hetpipe_jax import RunConfig, get_model, load_dataset, run_hetpipe, synthetic
 from hetpipe_jax.baselines.horovod import train_data_parallel
 from hetpipe_jax.cluster.topology import GpuType, Link, make_cluster
 
 from helpers import assert_trace_ok
-from test_transparency import plain_sgd, DATA as TDATA, STEPS
 
 FAST_LINKS = (Link("l", 1e18, 0.0), Link("l", 1e18, 0.0))
 

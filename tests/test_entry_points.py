@@ -8,6 +8,8 @@ import tomllib
 
 import pytest
 
+from helpers import one_minibatch_trace
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)
 with open(os.path.join(ROOT, "pyproject.toml"), "rb") as _f:
@@ -61,15 +63,7 @@ def test_trace_tools_report_usage_with_exit_2(name, tmp_path):
 
 
 def test_check_entry_point_accepts_a_sound_trace(tmp_path):
-  events = [  # one virtual worker, one stage, Nm = 1, D = 0, one minibatch
-      {"ev": "meta", "version": 1, "num_vws": 1, "nm": [1], "d": 0, "stages": [1], "weight_mode": "stash",
-       "executor": "virtual"},
-      {"ev": "inject", "vw": 0, "mb": 1, "t": 0},
-      {"ev": "fwd", "vw": 0, "stage": 0, "mb": 1, "t0": 0, "t1": 1, "own": 0, "glob": [0]},
-      {"ev": "bwd", "vw": 0, "stage": 0, "mb": 1, "t0": 1, "t1": 2, "own": 0, "glob": [0]},
-      {"ev": "complete", "vw": 0, "mb": 1, "t": 2},
-      {"ev": "push", "vw": 0, "wave": 0, "t": 2},
-  ]
+  events = one_minibatch_trace()
   trace = tmp_path / "t.jsonl"
   trace.write_text("".join(json.dumps(e) + "\n" for e in events))
   proc = subprocess.run([installed("hetpipe-check"), str(trace)], capture_output=True, text=True, timeout=120)

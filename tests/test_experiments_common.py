@@ -9,6 +9,8 @@ import pytest
 from experiments import common
 from hetpipe_jax import ConfigError
 
+from helpers import one_minibatch_trace
+
 
 def test_parse_ints_names_the_flag_and_its_value():
   assert common.parse_ints("stages", ["2", "4"]) == [2, 4]
@@ -63,15 +65,7 @@ def test_entry_lets_bugs_through():
 
 
 def test_require_wsp_raises_on_a_broken_trace_and_passes_a_sound_one():
-  events = [
-      {"ev": "meta", "version": 1, "num_vws": 1, "nm": [1], "d": 0, "stages": [1], "weight_mode": "stash",
-       "executor": "virtual"},
-      {"ev": "inject", "vw": 0, "mb": 1, "t": 0},
-      {"ev": "fwd", "vw": 0, "stage": 0, "mb": 1, "t0": 0, "t1": 1, "own": 0, "glob": [0]},
-      {"ev": "bwd", "vw": 0, "stage": 0, "mb": 1, "t0": 1, "t1": 2, "own": 0, "glob": [0]},
-      {"ev": "complete", "vw": 0, "mb": 1, "t": 2},
-      {"ev": "push", "vw": 0, "wave": 0, "t": 2},
-  ]
+  events = one_minibatch_trace()
   common.require_wsp(events, "sound run")
   with pytest.raises(common.TraceCheckError, match=r"^unpushed run: the trace breaks WSP, 1 violations; first: "):
     common.require_wsp(events[:-1], "unpushed run")

@@ -31,6 +31,7 @@ import pytest
 
 from hetpipe_jax import MinibatchStreams, RunConfig, check_trace, get_model, run_hetpipe, synthetic
 from hetpipe_jax.models import cross_entropy
+
 # The only internal import: the class the planted faults patch (not used by the oracle itself).
 from hetpipe_jax.runtime.stage import Stage
 

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from hetpipe_jax import ConfigError
-from hetpipe_jax.cluster.topology import GIB, GpuType, LINKS, make_cluster
-from hetpipe_jax.plan.partition import partition, plan_virtual_worker
+from hetpipe_jax.cluster.topology import GIB, LINKS, GpuType, make_cluster
 from hetpipe_jax.cost.profile import UnitProfile, stage_memory_bytes, stage_seconds
+from hetpipe_jax.plan.partition import partition, plan_virtual_worker
 
 
 def random_instance(rng, num_units, num_gpus):

@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import pytest
 
 from hetpipe_jax import RunConfig, get_cluster, get_model, read_trace, run_hetpipe, synthetic
-from hetpipe_jax.plan.allocation import plan_cluster, plan_to_json
 from hetpipe_jax.cost.profile import profile_units
+from hetpipe_jax.plan.allocation import plan_cluster, plan_to_json
 from hetpipe_jax.plan.costmodel import CostModel
 
 from helpers import assert_trace_ok

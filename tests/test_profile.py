@@ -12,9 +12,9 @@ import jax.numpy as jnp
 import pytest
 
 from hetpipe_jax.cluster.topology import CATALOGUE
+from hetpipe_jax.cost.profile import calibrate_efficiency, default_cache_dir, profile_units
 from hetpipe_jax.models import get_model
 from hetpipe_jax.models.base import DenseUnit, LayeredModel
-from hetpipe_jax.cost.profile import calibrate_efficiency, default_cache_dir, profile_units
 
 HOME_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "hetpipe_jax", "profiles")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

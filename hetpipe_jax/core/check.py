@@ -33,8 +33,7 @@ from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 from hetpipe_jax.core import wsp
-from hetpipe_jax.core.trace import read_trace, staleness_stats
-from hetpipe_jax.errors import ConfigError
+from hetpipe_jax.core.trace import staleness_stats, trace_cli
 
 EPS = 1e-9
 
@@ -258,14 +257,11 @@ def check_trace(events: Iterable[dict[str, Any]]) -> list[Violation]:
 
 
 def main(argv: list[str]) -> int:
-  if len(argv) != 2:
-    print("usage: python -m hetpipe_jax.check TRACE.jsonl", file=sys.stderr)
-    return 2
-  try:
-    events = read_trace(argv[1])
-  except ConfigError as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
+  """``python -m hetpipe_jax.check TRACE``: exit 0 and the observed staleness, or 1 and every violation."""
+  return trace_cli(argv, "python -m hetpipe_jax.check TRACE.jsonl", 1, _report)
+
+
+def _report(events: list[dict[str, Any]], argv: list[str]) -> int:
   violations = check_trace(events)
   if violations:
     for v in violations[:50]:

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import collections
 import json
+import sys
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from hetpipe_jax.core import wsp
@@ -113,3 +114,22 @@ def staleness_stats(events: Iterable[dict[str, Any]]) -> dict[str, Any]:
       "blocked_seconds": blocked,
       "run_seconds": t_end,
   }
+
+
+def trace_cli(argv: list[str], usage: str, max_args: int,
+              body: Callable[[list[dict[str, Any]], list[str]], int]) -> int:
+  """Runs a trace tool's ``body(events, argv)`` on the trace named by ``argv[1]``.
+
+  Returns 2 after printing ``usage`` (wrong argument count: 1 to ``max_args`` arguments) or one
+  ``error:`` line (an unreadable or malformed trace), else what ``body`` returns.
+  """
+  if not 2 <= len(argv) <= max_args + 1:
+    print(f"usage: {usage}", file=sys.stderr)
+    return 2
+  try:
+    events = read_trace(argv[1])
+  except ConfigError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  return body(events, argv)
+

@@ -17,8 +17,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from hetpipe_jax.core import wsp
-from hetpipe_jax.core.trace import read_trace
-from hetpipe_jax.errors import ConfigError
+from hetpipe_jax.core.trace import trace_cli
 
 COLOURS = {"fwd": "#4C72B0", "bwd": "#DD8452", "wait": "#BBBBBB"}
 
@@ -85,18 +84,19 @@ def plot_gantt(events: Iterable[dict[str, Any]], path: str, waves: int = 3) -> N
 
 
 def main(argv: list[str]) -> int:
-  if len(argv) not in (2, 3):
-    print("usage: python -m hetpipe_jax.timeline TRACE.jsonl [WAVES]", file=sys.stderr)
-    return 2
-  try:
-    events = read_trace(argv[1])
-  except ConfigError as e:
-    print(f"error: {e}", file=sys.stderr)
+  """``python -m hetpipe_jax.timeline TRACE [WAVES]``: writes the Chrome trace and Gantt chart beside it."""
+  return trace_cli(argv, "python -m hetpipe_jax.timeline TRACE.jsonl [WAVES]", 2, _export)
+
+
+def _export(events: list[dict[str, Any]], argv: list[str]) -> int:
+  waves = argv[2] if len(argv) == 3 else "3"
+  if not waves.isdigit() or int(waves) < 1:
+    print(f"error: WAVES={waves!r}; give how many waves to draw, a whole number >= 1", file=sys.stderr)
     return 2
   base = os.path.splitext(argv[1])[0]
   with open(base + ".chrome.json", "w", encoding="utf-8") as f:
     json.dump(chrome_trace(events), f)
-  plot_gantt(events, base + ".gantt.png", int(argv[2]) if len(argv) == 3 else 3)
+  plot_gantt(events, base + ".gantt.png", int(waves))
   print(f"chrome   {os.path.abspath(base + '.chrome.json')}")
   print(f"gantt    {os.path.abspath(base + '.gantt.png')}")
   return 0
