@@ -1,12 +1,13 @@
 """Allocation policies on the paper testbed, shard placement, Horovod-eligible GPUs, cluster files."""
 
-import jax
-import jax.numpy as jnp
 import pytest
 
-from hetpipe_jax import ConfigError, get_cluster, get_model
-from hetpipe_jax.cost.profile import profile_units, stage_memory_bytes
-from hetpipe_jax.plan.allocation import allocate, horovod_gpus, plan_cluster, plan_to_json, ps_cross_node_bytes
+from hetpipe_jax import ConfigError, get_cluster
+from hetpipe_jax.cost.memory import stage_memory_bytes
+from hetpipe_jax.cost.profile import full_size_profiles
+from hetpipe_jax.plan.allocation import allocate, horovod_gpus, plan_cluster
+from hetpipe_jax.plan.placement import ps_cross_node_bytes
+from hetpipe_jax.plan.plan_json import plan_to_json
 
 TESTBED = get_cluster("paper_testbed")
 
@@ -55,7 +56,7 @@ def test_custom_grouping_and_errors():
 
 @pytest.fixture(scope="module")
 def vgg19():
-  return profile_units(get_model("vgg19", 1000), jax.ShapeDtypeStruct((32, 224, 224, 3), jnp.float32))
+  return full_size_profiles("vgg19", 32)
 
 
 def test_ed_local_placement_keeps_ps_traffic_inside_nodes(vgg19):
@@ -84,7 +85,7 @@ def test_plans_fit_memory_and_json_has_the_contract_fields(vgg19, policy):
 
 
 def test_horovod_uses_the_gpus_that_hold_the_whole_model():
-  resnet152 = profile_units(get_model("resnet152", 1000), jax.ShapeDtypeStruct((32, 224, 224, 3), jnp.float32))
+  resnet152 = full_size_profiles("resnet152", 32)
   need = stage_memory_bytes(resnet152, 1, "latest", 1)
   assert 8 << 30 < need < 12 << 30  # ~11.8 GiB: the 12 and 24 GB cards hold it, the 6 and 8 GB ones not
   gpus = horovod_gpus(TESTBED, resnet152, optimizer_slots=1)

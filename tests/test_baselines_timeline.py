@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from hetpipe_jax.baselines.horovod import allreduce_seconds, horovod_iteration_seconds, ring_allreduce_seconds
-from hetpipe_jax.cluster.topology import GpuType, Link, make_cluster
+from hetpipe_jax.cluster import GpuType, Link, make_cluster
 from hetpipe_jax.cost.profile import UnitProfile
 from hetpipe_jax.viz.timeline import chrome_trace
 

@@ -6,8 +6,11 @@ import numpy as np
 import pytest
 
 from hetpipe_jax import ConfigError
-from hetpipe_jax.cluster.topology import GIB, LINKS, GpuType, make_cluster
-from hetpipe_jax.cost.profile import UnitProfile, stage_memory_bytes, stage_seconds
+from hetpipe_jax.cluster import GIB, LINKS, GpuType, make_cluster
+from hetpipe_jax.cost.memory import stage_memory_bytes
+from hetpipe_jax.cost.profile import UnitProfile
+from hetpipe_jax.cost.transfer import stage_seconds
+from hetpipe_jax.plan import partition as partition_module
 from hetpipe_jax.plan.partition import partition, plan_virtual_worker
 
 
@@ -27,7 +30,7 @@ def random_instance(rng, num_units, num_gpus):
 def brute_force(cluster, profiles, gpus, nm, slots, ordered=False, allow_empty=False):
   """Every order and every cut, evaluated with the public stage time and memory functions."""
   n, best = len(profiles), np.inf
-  cuts = (itertools.combinations_with_replacement(range(0, n + 1), len(gpus) - 1) if allow_empty
+  cuts = (itertools.combinations_with_replacement(range(n + 1), len(gpus) - 1) if allow_empty
           else itertools.combinations(range(1, n), len(gpus) - 1))
   cuts = list(cuts)
   for order in ([gpus] if ordered else itertools.permutations(gpus)):
@@ -71,6 +74,29 @@ def test_dp_equals_brute_force_with_empty_stages(seed):
     return
   plan = partition(cluster, profiles, gpus, 1, allow_empty=True)
   assert plan.bottleneck_s == pytest.approx(want, rel=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_dp_matrices_equal_the_scalar_stage_time_and_memory(seed):
+  """The DP's vectorised T_j(s, e) and M(s, e) are stage_seconds and stage_memory_bytes at every cut."""
+  rng = np.random.default_rng(200 + seed)
+  num_units = int(rng.integers(1, 9))
+  cluster, profiles, gpus = random_instance(rng, num_units, int(rng.integers(1, 5)))
+  gpus = list(rng.permutation(gpus))  # any pipeline order, several GPUs of one node or type included
+  nm, mode, slots = int(rng.integers(1, 4)), ["stash", "latest"][seed % 2], float(rng.uniform(0, 2.5))
+  dp = partition_module._Dp(cluster, profiles, nm, mode, slots, "fp32", allow_empty=True)
+  memory = dp.memory_matrix()
+  for j, gpu in enumerate(gpus):
+    times = dp.stage_matrix(gpus, j)
+    for s in range(num_units + 1):
+      for e in range(s, num_units + 1):
+        need = stage_memory_bytes(profiles[s:e], nm, mode, slots)
+        assert memory[s, e] == pytest.approx(need, rel=1e-12, abs=1)
+        if need > gpu.type.memory_bytes * (1 + 1e-9):
+          assert np.isinf(times[s, e])
+        elif need < gpu.type.memory_bytes * (1 - 1e-9):
+          cut = [0] * j + [s, e] + [num_units] * (len(gpus) - j - 1)
+          assert times[s, e] == pytest.approx(sum(stage_seconds(cluster, profiles, cut, gpus, j)), rel=1e-12)
 
 
 def test_some_random_instances_are_infeasible():

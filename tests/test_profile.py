@@ -11,8 +11,9 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from hetpipe_jax.cluster.topology import CATALOGUE
-from hetpipe_jax.cost.profile import calibrate_efficiency, default_cache_dir, profile_units
+from hetpipe_jax.cluster import CATALOGUE
+from hetpipe_jax.cost.profile import default_cache_dir, full_size_profiles, profile_units
+from hetpipe_jax.cost.roofline import calibrate_efficiency
 from hetpipe_jax.models import get_model
 from hetpipe_jax.models.base import DenseUnit, LayeredModel
 
@@ -32,8 +33,7 @@ def test_dense_flops_and_bytes():
 
 def test_full_size_models_profile_quickly_with_published_sizes():
   for name, params_m, gflop in (("vgg19", 143.67, 39.0), ("resnet152", 60.19, 22.6)):
-    profiles = profile_units(get_model(name, 1000), jax.ShapeDtypeStruct((32, 224, 224, 3), jnp.float32),
-                             cache_dir=None)
+    profiles = full_size_profiles(name, 32, cache_dir=None)
     assert sum(u.param_bytes for u in profiles) / 4 / 1e6 == pytest.approx(params_m, abs=0.01)
     # Forward flops per image (2 per multiply-add): VGG-19 ~19.6 GMACs, ResNet-152 ~11.3 GMACs.
     assert sum(u.fwd_flops for u in profiles) / 32 / 1e9 == pytest.approx(gflop, rel=0.05)

@@ -1,3 +1,29 @@
-"""Clusters of heterogeneous GPUs: catalogue, links, nodes, presets, TOML files, device mapping."""
+"""Clusters of heterogeneous GPUs: the catalogue and links, nodes and presets, TOML files, devices.
 
-from hetpipe_jax.cluster.topology import *  # noqa: F401,F403  (split into modules below)
+``catalogue`` (GPU types, links), ``topology`` (GPUs, clusters, presets, grouping), ``toml`` (cluster
+files), ``devices`` (JAX devices for an emulated cluster).
+"""
+
+from hetpipe_jax.cluster.catalogue import (
+    CATALOGUE,
+    CLASS_A,
+    CLASS_B,
+    CLASS_C,
+    CLASS_D,
+    GIB,
+    LINKS,
+    PAPER_TYPES,
+    SPEED_CLASSES,
+    GpuType,
+    Link,
+    format_bytes,
+)
+from hetpipe_jax.cluster.devices import ensure_cpu_devices
+from hetpipe_jax.cluster.toml import load_cluster_toml
+from hetpipe_jax.cluster.topology import PRESETS, Cluster, Gpu, assign_gpus, get_cluster, make_cluster
+
+__all__ = [
+    "CATALOGUE", "CLASS_A", "CLASS_B", "CLASS_C", "CLASS_D", "GIB", "LINKS", "PAPER_TYPES", "PRESETS",
+    "SPEED_CLASSES", "Cluster", "Gpu", "GpuType", "Link", "assign_gpus", "ensure_cpu_devices",
+    "format_bytes", "get_cluster", "load_cluster_toml", "make_cluster",
+]

@@ -1,21 +1,15 @@
-"""Per-unit cost profile, the roofline time model, stage memory, and the cost model of a cluster.
+"""Per-unit cost profile of a model at the training batch size (HETPIPE.md section 4), cached on disk.
 
-Per unit of a model at the training batch size (HETPIPE.md section 4): forward and backward flops and
-bytes accessed from XLA's cost analysis of the *lowered* unit (no compilation, no run, so full-size VGG-19
-and ResNet-152 at 224x224 profile on a CPU), parameter bytes, the bytes of its output activation (sent to
-the next stage; its gradient comes back), and the activation memory it keeps for the backward pass (the
-``jax.vjp`` residuals that are not parameters). Units with the same definition and input shape (e.g.
-ResNet's repeated blocks) are analysed once; whole profiles are cached on disk, in ``$HETPIPE_JAX_CACHE``
-(default ``~/.cache/hetpipe_jax/profiles``).
+Per unit: forward and backward flops and bytes accessed from XLA's cost analysis of the *lowered* unit
+(no compilation, no run, so full-size VGG-19 and ResNet-152 at 224x224 profile on a CPU), parameter
+bytes, the bytes of its output activation (sent to the next stage; its gradient comes back), and the
+activation memory it keeps for the backward pass (the ``jax.vjp`` residuals that are not parameters).
+Units with the same definition and input shape (e.g. ResNet's repeated blocks) are analysed once, so
+the cost is one lowering per distinct unit; whole profiles are cached on disk, keyed on the units, the
+input shape and the JAX version, in ``$HETPIPE_JAX_CACHE`` (default ``~/.cache/hetpipe_jax/profiles``).
 
-Time of a unit on a GPU type (roofline)::
-
-  t = max(flops / peak_flops, bytes / memory_bandwidth) / efficiency
-
-with a per-type efficiency that :func:`calibrate_efficiency` fits to measured times.
-
-Memory of a stage = parameters x (weights + gradient + optimizer slots + Nm - 1 stashed copies in
-``stash`` mode) + Nm x kept activations.
+What the profile feeds: the roofline time (:mod:`~hetpipe_jax.cost.roofline`), stage memory
+(:mod:`~hetpipe_jax.cost.memory`) and boundary transfers (:mod:`~hetpipe_jax.cost.transfer`).
 """
 
 from __future__ import annotations
@@ -24,13 +18,15 @@ import dataclasses
 import hashlib
 import json
 import os
-from collections.abc import Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from hetpipe_jax.cluster.topology import Cluster, Gpu, GpuType
+from hetpipe_jax.cluster import GpuType
+from hetpipe_jax.cost.memory import nbytes
+from hetpipe_jax.cost.roofline import roofline_seconds
+from hetpipe_jax.models import full_size_input, full_size_model
 from hetpipe_jax.models.base import LayeredModel
 
 CACHE_ENV = "HETPIPE_JAX_CACHE"  # the environment variable that names the profile cache directory
@@ -41,31 +37,38 @@ PROFILE_FORMAT = 2  # bump when what a profile measures changes: old cache entri
 
 @dataclasses.dataclass(frozen=True)
 class UnitProfile:
-  """Cost of one unit at one batch size."""
+  """Cost of one unit at one batch size.
+
+  Attributes:
+    name: the unit's name.
+    fwd_flops / bwd_flops: floating-point operations of the forward / backward pass.
+    fwd_bytes / bwd_bytes: bytes of memory they access.
+    param_bytes: the unit's parameters.
+    out_bytes: its output activation (= the gradient sent back).
+    kept_bytes: activation memory kept for the backward pass.
+  """
 
   name: str
   fwd_flops: float
   bwd_flops: float
-  fwd_bytes: float  # bytes accessed
+  fwd_bytes: float
   bwd_bytes: float
   param_bytes: int
-  out_bytes: int  # output activation (= its gradient)
-  kept_bytes: int  # activation memory kept for the backward pass
+  out_bytes: int
+  kept_bytes: int
 
   def seconds(self, gpu: GpuType, precision: str = "fp32") -> tuple[float, float]:
-    """(forward, backward) seconds on ``gpu`` by the roofline model."""
-    peak = gpu.peak_flops(precision)
-    roof = lambda flops, nbytes: max(flops / peak, nbytes / gpu.mem_bytes_per_s) / gpu.efficiency
-    return roof(self.fwd_flops, self.fwd_bytes), roof(self.bwd_flops, self.bwd_bytes)
+    """The unit's time on a GPU type by the roofline (:func:`~hetpipe_jax.cost.roofline.roofline_seconds`).
 
+    Args:
+      gpu: the GPU type.
+      precision: "fp32" or "fp16".
 
-def nbytes(tree) -> int:
-  """Bytes of every array (or shape struct) in ``tree``."""
-  return sum(int(x.size) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
-
-
-def _spec(tree):
-  return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), tree)
+    Returns:
+      (forward, backward) seconds.
+    """
+    return (roofline_seconds(self.fwd_flops, self.fwd_bytes, gpu, precision),
+            roofline_seconds(self.bwd_flops, self.bwd_bytes, gpu, precision))
 
 
 def _cost(fn, *args) -> tuple[float, float]:
@@ -89,6 +92,9 @@ def default_cache_dir() -> str:
   """The profile cache directory: ``$HETPIPE_JAX_CACHE`` if set, else ``~/.cache/hetpipe_jax/profiles``.
 
   Read at every call, so a process (a test session) can point it elsewhere after importing the package.
+
+  Returns:
+    The directory's path.
   """
   return os.path.expanduser(os.environ.get(CACHE_ENV) or CACHE_DIR)
 
@@ -96,9 +102,14 @@ def default_cache_dir() -> str:
 def profile_units(model: LayeredModel, sample_x, cache_dir: str | None = FROM_ENV) -> list[UnitProfile]:
   """Profiles every unit of ``model`` on an input shaped like ``sample_x`` (leading axis = batch).
 
-  ``sample_x`` may be an array or a ``jax.ShapeDtypeStruct``. With ``cache_dir``, a profile computed once
-  is read back from ``cache_dir`` (keyed on the units, the input shape and the JAX version); by default
-  that is :func:`default_cache_dir`, None turns the cache off.
+  Args:
+    model: the model.
+    sample_x: an array or a ``jax.ShapeDtypeStruct`` of one minibatch.
+    cache_dir: where profiles are cached (keyed on the units, the input shape and the JAX version); by
+      default :func:`default_cache_dir`; None turns the cache off.
+
+  Returns:
+    One profile per unit, in order.
   """
   if cache_dir == FROM_ENV:
     cache_dir = default_cache_dir()
@@ -118,7 +129,7 @@ def profile_units(model: LayeredModel, sample_x, cache_dir: str | None = FROM_EN
     prof, x = seen[sig]
     out.append(dataclasses.replace(prof, name=name))
   if path:
-    os.makedirs(cache_dir, exist_ok=True)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
       json.dump([dataclasses.asdict(u) for u in out], f)
@@ -126,56 +137,23 @@ def profile_units(model: LayeredModel, sample_x, cache_dir: str | None = FROM_EN
   return out
 
 
-def calibrate_efficiency(gpu: GpuType, profiles: Sequence[UnitProfile], measured: dict[int, float],
-                         precision: str = "fp32") -> GpuType:
-  """Returns ``gpu`` with the efficiency that makes the roofline match measured times.
+def full_size_profiles(name: str, batch_size: int, cache_dir: str | None = FROM_ENV) -> list[UnitProfile]:
+  """Profiles of a full-size model (:data:`hetpipe_jax.models.FULL_SIZE`) on its input shape.
 
   Args:
-    gpu: the GPU type the times were measured on.
-    profiles: the model's unit profiles.
-    measured: unit index -> measured forward + backward seconds on ``gpu``.
+    name: ``"vgg19"`` or ``"resnet152"``.
+    batch_size: examples per minibatch.
+    cache_dir: see :func:`profile_units`.
+
+  Returns:
+    One profile per unit.
+
+  Raises:
+    ConfigError: for a name that is not a full-size model.
   """
-  ideal = dataclasses.replace(gpu, efficiency=1.0)
-  model = sum(sum(profiles[u].seconds(ideal, precision)) for u in measured)
-  return dataclasses.replace(gpu, efficiency=model / sum(measured.values()))
+  return profile_units(full_size_model(name), full_size_input(name, batch_size), cache_dir)
 
 
-def stage_memory_bytes(units: Sequence[UnitProfile], nm: int, weight_mode: str,
-                       optimizer_slots: float) -> int:
-  """Memory of one stage: parameters x (weights + gradient + optimizer slots + Nm - 1 stashed copies in
-  stash mode) + Nm x the activations kept for the backward pass."""
-  params = sum(u.param_bytes for u in units)
-  copies = 2 + optimizer_slots + (nm - 1 if weight_mode == "stash" else 0)
-  return int(params * copies + nm * sum(u.kept_bytes for u in units))
-
-
-def stage_transfers(profiles: Sequence[UnitProfile], cut: Sequence[int], gpus: Sequence[Gpu],
-                    j: int) -> tuple[tuple[int, Gpu] | None, tuple[int, Gpu] | None]:
-  """(bytes, source GPU) that stage j receives: its input activation before a forward pass (from stage
-  j-1) and its output gradient before a backward pass (from stage j+1); None where nothing crosses (the
-  first and last stage, and cuts at the very start or end of the model, where only empty stages sit)."""
-  n = len(profiles)
-  fwd = (profiles[cut[j] - 1].out_bytes, gpus[j - 1]) if j > 0 and 0 < cut[j] < n else None
-  bwd = ((profiles[cut[j + 1] - 1].out_bytes, gpus[j + 1])
-         if j < len(gpus) - 1 and 0 < cut[j + 1] < n else None)
-  return fwd, bwd
-
-
-def stage_compute_seconds(profiles: Sequence[UnitProfile], cut: Sequence[int], gpu: Gpu, j: int,
-                          precision: str = "fp32") -> tuple[float, float]:
-  """(forward, backward) seconds of stage j's units on its GPU, by the roofline."""
-  times = [u.seconds(gpu.type, precision) for u in profiles[cut[j]:cut[j + 1]]]
-  return sum(t[0] for t in times), sum(t[1] for t in times)
-
-
-def stage_seconds(cluster: Cluster, profiles: Sequence[UnitProfile], cut: Sequence[int],
-                  gpus: Sequence[Gpu], j: int, precision: str = "fp32") -> tuple[float, float]:
-  """(forward, backward) seconds of stage j: its units on its GPU, plus receiving its input activation
-  (forward) and its output gradient (backward) over the links from its neighbours, alone on the link."""
-  fwd, bwd = stage_compute_seconds(profiles, cut, gpus[j], j, precision)
-  recv_fwd, recv_bwd = stage_transfers(profiles, cut, gpus, j)
-  if recv_fwd:
-    fwd += cluster.transfer_seconds(recv_fwd[1], gpus[j], recv_fwd[0])
-  if recv_bwd:
-    bwd += cluster.transfer_seconds(recv_bwd[1], gpus[j], recv_bwd[0])
-  return fwd, bwd
+from hetpipe_jax.cost.memory import stage_memory_bytes  # noqa: E402,F401  # re-exported for callers; remove when they switch
+from hetpipe_jax.cost.roofline import calibrate_efficiency, stage_compute_seconds  # noqa: E402,F401  # re-exported for callers; remove when they switch
+from hetpipe_jax.cost.transfer import stage_seconds, stage_transfers  # noqa: E402,F401  # re-exported for callers; remove when they switch

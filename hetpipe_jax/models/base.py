@@ -34,10 +34,19 @@ class LayeredModel:
 
   @property
   def num_units(self) -> int:
+    """The number of units (cut positions are 0 .. num_units)."""
     return len(self.units)
 
   def init(self, rng: jax.Array, sample_x: jax.Array) -> Params:
-    """Initialises every unit in turn on the output shape of the one before (one jitted program)."""
+    """Initialises every unit in turn on the output shape of the one before (one jitted program).
+
+    Args:
+      rng: a PRNG key (split into one key per unit).
+      sample_x: a minibatch (its shape and dtype matter).
+
+    Returns:
+      The parameters, one Flax parameter dict per unit.
+    """
     return jax.jit(self._init)(rng, sample_x)
 
   def _init(self, rng, x):
@@ -49,27 +58,39 @@ class LayeredModel:
     return tuple(params)
 
   def apply(self, params: Sequence[Any], x: jax.Array, first: int = 0, last: int | None = None):
-    """Applies units ``first .. last-1`` (the whole model by default) to ``x``."""
+    """Applies units ``first .. last-1`` (the whole model by default) to ``x``.
+
+    Args:
+      params: the parameters of units ``first .. last-1`` (one entry per unit, in order).
+      x: the input of unit ``first``.
+      first / last: the units to apply; ``last`` defaults to the number of units.
+
+    Returns:
+      The output of unit ``last - 1``.
+    """
     last = self.num_units if last is None else last
+    y: Any = x
     for unit, p in zip(self.units[first:last], params):
-      x = unit.apply({"params": p}, x)
-    return x
+      y = unit.apply({"params": p}, y)
+    return y
 
 
 def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
-  """Mean softmax cross-entropy with integer labels."""
+  """Mean softmax cross-entropy with integer labels.
+
+  Args:
+    logits: ``(batch, classes)``.
+    labels: ``(batch,)`` integer classes.
+
+  Returns:
+    The mean loss, a scalar.
+  """
   return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
 
 
 def num_params(params) -> int:
+  """The number of parameters (array elements) in a pytree of arrays or shape structs."""
   return sum(int(x.size) for x in jax.tree.leaves(params))
-
-
-class Flatten(nn.Module):
-
-  @nn.compact
-  def __call__(self, x):
-    return x.reshape((x.shape[0], -1))
 
 
 class DenseUnit(nn.Module):

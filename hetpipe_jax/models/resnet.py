@@ -6,10 +6,13 @@ parameters (no batch statistics to carry across pipeline stages); the parameter 
 
 import flax.linen as nn
 
+from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.models.base import LayeredModel
 
 
 class Stem(nn.Module):
+  """The first unit: a convolution and a normalisation (with ``large``, 7x7 stride 2 and a max pool)."""
+
   features: int
   large: bool = False  # 7x7 stride-2 conv + max pool, for 224x224 inputs
 
@@ -28,6 +31,8 @@ def _norm(features):
 
 
 class BasicBlock(nn.Module):
+  """Two 3x3 convolutions and a shortcut (ResNet-18/34)."""
+
   features: int
   stride: int = 1
 
@@ -42,6 +47,8 @@ class BasicBlock(nn.Module):
 
 
 class Bottleneck(nn.Module):
+  """1x1, 3x3, 1x1 convolutions (4x wider out) and a shortcut (ResNet-50/101/152)."""
+
   features: int
   stride: int = 1
 
@@ -57,6 +64,8 @@ class Bottleneck(nn.Module):
 
 
 class Head(nn.Module):
+  """Global average pooling and a linear classifier."""
+
   num_classes: int
 
   @nn.compact
@@ -70,10 +79,27 @@ DEPTHS = {18: ((2, 2, 2, 2), False), 34: ((3, 4, 6, 3), False), 50: ((3, 4, 6, 3
 
 def resnet(depth: int = 18, width: int = 16, num_classes: int = 10, large_stem: bool = False,
            stages: int = 4) -> LayeredModel:
-  """A ResNet of ``depth`` (18/34/50/101/152) with base ``width``; ``stages`` keeps the first groups."""
+  """A ResNet: a stem unit, one unit per residual block, a head unit.
+
+  Args:
+    depth: 18, 34, 50, 101 or 152.
+    width: channels of the first group (doubled per group).
+    num_classes: outputs of the head.
+    large_stem: the 224x224 stem (7x7 stride-2 convolution and a max pool).
+    stages: keep only the first this many groups of blocks.
+
+  Returns:
+    The model, named ``resnet<depth>``.
+
+  Raises:
+    ConfigError: for an unknown depth.
+  """
+  if depth not in DEPTHS:
+    raise ConfigError(f"ResNet depth {depth} is unknown; use one of {', '.join(map(str, DEPTHS))}")
   blocks, bottleneck = DEPTHS[depth]
   block = Bottleneck if bottleneck else BasicBlock
-  units, names = [Stem(width, large=large_stem)], ["stem"]
+  units: list[nn.Module] = [Stem(width, large=large_stem)]
+  names = ["stem"]
   for group, count in enumerate(blocks[:stages]):
     for b in range(count):
       stride = 2 if (b == 0 and group > 0) else 1

@@ -5,6 +5,7 @@ so the small variants train on 28x28 inputs and the full-size VGG-19 (width 1, 4
 same code.
 """
 
+from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.models.base import ConvUnit, DenseUnit, LayeredModel
 
 CONFIGS = {
@@ -18,7 +19,23 @@ CONFIGS = {
 
 def vgg(cfg: str = "A", width: float = 1 / 8, classifier: int = 128, num_classes: int = 10,
         max_pools: int | None = None) -> LayeredModel:
-  """A VGG net; ``max_pools`` keeps only the first pools (a 28x28 input survives 3 of the 5)."""
+  """A VGG net: one unit per convolution (its max pool included) and per classifier layer.
+
+  Args:
+    cfg: the layer list, "A", "B", "D" or "E" (VGG-11/13/16/19).
+    width: multiplier of the channel counts.
+    classifier: width of the two hidden classifier layers.
+    num_classes: outputs of the last unit.
+    max_pools: keep only the first this many pools (a 28x28 input survives 3 of the 5); None: all.
+
+  Returns:
+    The model, named ``vgg_<cfg>``.
+
+  Raises:
+    ConfigError: for an unknown ``cfg``.
+  """
+  if cfg not in CONFIGS:
+    raise ConfigError(f"VGG configuration {cfg!r} is unknown; use one of {', '.join(CONFIGS)}")
   layers = CONFIGS[cfg]
   units, names, pools = [], [], 0
   for i, item in enumerate(layers):

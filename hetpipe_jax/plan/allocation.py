@@ -1,6 +1,6 @@
-"""Allocation: which GPUs form which virtual worker, and where the parameter-server shards live.
+"""Allocation: which GPUs form which virtual worker; a cluster's plan (HETPIPE.md section 5).
 
-HETPIPE.md section 5 (our reading of the paper):
+Our reading of the paper's policies:
 
 * **NP** (node partition): one virtual worker per node. Fast intra-node pipelines, unequal VW speeds.
 * **ED** (equal distribution): virtual worker v takes the v-th GPU of every type, so all VWs are alike and
@@ -10,27 +10,28 @@ HETPIPE.md section 5 (our reading of the paper):
   node stay inside it.
 * a user grouping: lists of GPU indices.
 
-Parameter placement: ``default`` spreads the shards (units) over all nodes, balancing parameter bytes;
-``local`` puts the shard of a unit on the node that runs it in the most VWs: under ED (one shared plan)
-that is the node running it in every VW, so push and pull never cross nodes; under NP and HD it keeps
-the traffic of the VWs that agree local. The Horovod-style baseline can use the GPUs that hold the whole model
-plus a minibatch.
+The Horovod-style baseline uses the GPUs that hold the whole model plus a minibatch (:func:`horovod_gpus`).
+
+:func:`plan_cluster` allocates, partitions every virtual worker (:mod:`~hetpipe_jax.plan.partition`;
+under ED once, the plan then copied onto the other VWs by GPU type) and places the PS shards
+(:mod:`~hetpipe_jax.plan.placement`). Allocation is O(GPUs log GPUs); the partitions dominate.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
 
-from hetpipe_jax.cluster.topology import Cluster, Gpu
-from hetpipe_jax.cost.profile import UnitProfile, stage_memory_bytes, stage_seconds
+from hetpipe_jax.cluster import Cluster, Gpu
+from hetpipe_jax.cost.memory import stage_memory_bytes
+from hetpipe_jax.cost.profile import UnitProfile
 from hetpipe_jax.errors import ConfigError
-from hetpipe_jax.plan.layout import Layout, VWLayout
-from hetpipe_jax.plan.partition import StagePlan, VWPlan, plan_virtual_worker
+from hetpipe_jax.plan.layout import Layout
+from hetpipe_jax.plan.partition import plan_virtual_worker
+from hetpipe_jax.plan.placement import place_shards
+from hetpipe_jax.plan.vw_plan import VWPlan, vw_plan
 
 POLICIES = ("NP", "ED", "HD")
-PLACEMENTS = ("default", "local")
 
 
 def _node_speed(cluster: Cluster, node: int) -> float:
@@ -39,7 +40,18 @@ def _node_speed(cluster: Cluster, node: int) -> float:
 
 
 def parse_policy(text: str) -> str | list[list[int]]:
-  """"NP", "ED", "HD", or a grouping of GPU indices written "0,1;2,3" (',' within a VW, ';' between)."""
+  """Reads an allocation policy from a flag.
+
+  Args:
+    text: "NP", "ED", "HD", or a grouping of GPU indices written "0,1;2,3" (',' within a virtual worker,
+      ';' between them).
+
+  Returns:
+    The policy name, or the grouping as lists of indices.
+
+  Raises:
+    ConfigError: for a grouping that is not integers.
+  """
   if ";" not in text and "," not in text:
     return text
   try:
@@ -50,10 +62,17 @@ def parse_policy(text: str) -> str | list[list[int]]:
 
 
 def allocate(cluster: Cluster, policy: str | Sequence[Sequence[int]]) -> list[list[Gpu]]:
-  """Groups the cluster's GPUs into virtual workers by ``policy`` (NP, ED, HD, or lists of indices).
+  """Groups the cluster's GPUs into virtual workers by ``policy`` (see the module docstring).
+
+  Args:
+    cluster: the cluster.
+    policy: "NP", "ED", "HD", or lists of GPU indices.
+
+  Returns:
+    Per virtual worker, its GPUs (the partitioner then picks their pipeline order).
 
   Raises:
-    ConfigError: for an unknown policy, or a cluster the policy cannot split.
+    ConfigError: for an unknown policy, a bad grouping, or a cluster the policy cannot split.
   """
   nodes = sorted({g.node for g in cluster.gpus})
   if not isinstance(policy, str):
@@ -92,34 +111,17 @@ def allocate(cluster: Cluster, policy: str | Sequence[Sequence[int]]) -> list[li
   raise ConfigError(f"unknown allocation policy {policy!r}; use one of {', '.join(POLICIES)} or a grouping")
 
 
-def place_shards(cluster: Cluster, profiles: Sequence[UnitProfile], layout: Layout,
-                 placement: str = "default") -> list[int]:
-  """The node of every unit's PS shard under ``placement`` (default or local)."""
-  if placement == "default":
-    nodes = sorted({g.node for g in cluster.gpus})
-    load = dict.fromkeys(nodes, 0)
-    out = [0] * len(profiles)
-    for u in sorted(range(len(profiles)), key=lambda u: -profiles[u].param_bytes):
-      out[u] = min(nodes, key=lambda n: (load[n], n))  # largest shards first, onto the lightest node
-      load[out[u]] += profiles[u].param_bytes
-    return out
-  if placement == "local":  # the node that runs the unit in the most virtual workers
-    out = []
-    for u in range(len(profiles)):
-      homes = [gpu.node for vw in layout.vws for _, gpu, units in vw.stages() if u in units]
-      out.append(min(set(homes), key=lambda n: (-homes.count(n), n)))
-    return out
-  raise ConfigError(f"unknown placement {placement!r}; use one of {', '.join(PLACEMENTS)}")
-
-
-def ps_cross_node_bytes(profiles: Sequence[UnitProfile], vw: VWLayout, shard_nodes: Sequence[int]) -> int:
-  """Bytes one push (and one pull) of a virtual worker sends across nodes under a placement."""
-  return sum(profiles[u].param_bytes for _, gpu, units in vw.stages() for u in units
-             if shard_nodes[u] != gpu.node)
-
-
 def horovod_gpus(cluster: Cluster, profiles: Sequence[UnitProfile], optimizer_slots: float = 0.0) -> list[Gpu]:
-  """GPUs that can train the whole model alone (weights, gradient, optimizer slots, one minibatch)."""
+  """The GPUs that can train the whole model alone: weights, gradient, optimizer slots, one minibatch.
+
+  Args:
+    cluster: the cluster.
+    profiles: per-unit profiles of the model at the training batch size.
+    optimizer_slots: parameter-sized copies of optimizer state.
+
+  Returns:
+    Those GPUs, in cluster order (the model as one stage at Nm = 1 fits their memory).
+  """
   need = stage_memory_bytes(profiles, 1, "latest", optimizer_slots)
   return [g for g in cluster.gpus if g.type.memory_bytes >= need]
 
@@ -144,8 +146,8 @@ class ClusterPlan:
     return sum(p.throughput for p in self.vws)
 
 
-def _same_plan_on(cluster: Cluster, profiles, template: VWPlan, gpus: Sequence[Gpu], precision: str,
-                  weight_mode: str, optimizer_slots: float) -> VWPlan:
+def _same_plan_on(cluster: Cluster, profiles: Sequence[UnitProfile], template: VWPlan, gpus: Sequence[Gpu],
+                  precision: str, weight_mode: str, optimizer_slots: float) -> VWPlan:
   """``template``'s stage order by GPU type and its cuts, on another VW with the same types (ED)."""
   free = list(gpus)
   order = []
@@ -153,23 +155,33 @@ def _same_plan_on(cluster: Cluster, profiles, template: VWPlan, gpus: Sequence[G
     gpu = next(g for g in free if g.type.name == stage.gpu.type.name)
     free.remove(gpu)
     order.append(gpu)
-  cuts = template.cuts
-  stages = []
-  for j, gpu in enumerate(order):
-    fwd, bwd = stage_seconds(cluster, profiles, cuts, order, j, precision)
-    stages.append(StagePlan(gpu, cuts[j], cuts[j + 1], fwd + bwd, stage_memory_bytes(
-        profiles[cuts[j]:cuts[j + 1]], template.nm, weight_mode, optimizer_slots)))
-  return VWPlan(template.nm, tuple(stages))
+  return vw_plan(cluster, profiles, order, template.cuts, template.nm, weight_mode, optimizer_slots, precision)
 
 
 def plan_cluster(cluster: Cluster, profiles: Sequence[UnitProfile], policy: str | Sequence[Sequence[int]],
                  placement: str = "default", nm_policy: str | int = "max_fit", nm_max: int | None = None,
                  weight_mode: str = "stash", optimizer_slots: float = 0.0,
                  precision: str = "fp32") -> ClusterPlan:
-  """Allocates virtual workers, partitions each (ED: one shared plan), and places the PS shards."""
+  """Allocates virtual workers, partitions each (ED: one shared plan), and places the PS shards.
+
+  Args:
+    cluster: the cluster.
+    profiles: per-unit profiles of the model at the training batch size.
+    policy: "NP", "ED", "HD", or lists of GPU indices (:func:`allocate`).
+    placement: "default" or "local" (:func:`hetpipe_jax.plan.placement.place_shards`).
+    nm_policy / nm_max: how Nm is chosen (:func:`hetpipe_jax.plan.partition.plan_virtual_worker`).
+    weight_mode / optimizer_slots: what the memory of a stage holds.
+    precision: "fp32" or "fp16".
+
+  Returns:
+    The plan.
+
+  Raises:
+    ConfigError: for a bad policy or placement, or a virtual worker that no partition fits.
+  """
   groups = allocate(cluster, policy)
-  kwargs = dict(nm_policy=nm_policy, nm_max=nm_max, weight_mode=weight_mode,
-                optimizer_slots=optimizer_slots, precision=precision)
+  kwargs = {"nm_policy": nm_policy, "nm_max": nm_max, "weight_mode": weight_mode,
+            "optimizer_slots": optimizer_slots, "precision": precision}
   if policy == "ED":
     first = plan_virtual_worker(cluster, profiles, groups[0], **kwargs)
     plans = [first] + [_same_plan_on(cluster, profiles, first, g, precision, weight_mode, optimizer_slots)
@@ -181,32 +193,5 @@ def plan_cluster(cluster: Cluster, profiles: Sequence[UnitProfile], policy: str 
   return ClusterPlan(name, placement, tuple(plans), tuple(place_shards(cluster, profiles, layout, placement)))
 
 
-def plan_to_json(cluster: Cluster, profiles: Sequence[UnitProfile], plan: ClusterPlan, model: str,
-                 batch_size: int, precision: str = "fp32") -> dict[str, Any]:
-  """Everything needed to recheck a plan from its own numbers."""
-  types = sorted({g.type.name for g in cluster.gpus}, key=str)
-  gpu = lambda g: {"name": g.name, "type": g.type.name, "node": g.node, "index": g.index}
-  vws = []
-  for p in plan.vws:
-    vws.append({
-        "devices": [gpu(g) for g in p.gpus], "nm": p.nm,
-        "stages": [{"device": s.gpu.name, "first_layer": s.first, "last_layer": s.last - 1,
-                    "time_s": s.seconds, "memory_bytes": s.memory_bytes,
-                    "memory_limit_bytes": s.gpu.type.memory_bytes} for s in p.stages],
-        "bottleneck_s": p.bottleneck_s, "latency_s": p.latency_s, "throughput": p.throughput,
-        "images_per_s": p.throughput * batch_size,
-        "ps_cross_node_bytes_per_wave": ps_cross_node_bytes(profiles, p.layout, plan.shard_nodes),
-    })
-  gpu_types = {t: next(g.type for g in cluster.gpus if g.type.name == t) for t in types}
-  return {
-      "model": model, "batch_size": batch_size, "policy": plan.policy, "placement": plan.placement,
-      "precision": precision, "cluster": cluster.name, "vws": vws,
-      "images_per_s": plan.throughput * batch_size,
-      "shard_nodes": list(plan.shard_nodes),
-      "layers": [{"name": u.name, "time_s": {t: sum(u.seconds(gpu_types[t], precision)) for t in types},
-                  "fwd_flops": u.fwd_flops, "bwd_flops": u.bwd_flops, "param_bytes": u.param_bytes,
-                  "activation_bytes": u.out_bytes, "kept_bytes": u.kept_bytes} for u in profiles],
-      "gpu_types": {t: dataclasses.asdict(gt) for t, gt in gpu_types.items()},
-      "links": {"intra_node": dataclasses.asdict(cluster.intra_node),
-                "inter_node": dataclasses.asdict(cluster.inter_node)},
-  }
+from hetpipe_jax.plan.placement import PLACEMENTS, ps_cross_node_bytes  # noqa: E402,F401  # re-exported for callers; remove when they switch
+from hetpipe_jax.plan.plan_json import plan_to_json  # noqa: E402,F401  # re-exported for callers; remove when they switch

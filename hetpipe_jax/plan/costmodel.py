@@ -1,9 +1,10 @@
 """A layout's costs on a cluster: every task's duration (the virtual clock and the simulator) and the
-memory check of every stage.
+memory check of every stage (HETPIPE.md section 4).
 
-Task time of stage j = its units' roofline time on its GPU (:mod:`hetpipe_jax.cost.profile`) plus
-receiving its boundary tensor over the link from its neighbour: the activation from stage j-1 before a
-forward, the gradient from stage j+1 before a backward.
+Task time of stage j = its units' roofline time on its GPU (:mod:`hetpipe_jax.cost.roofline`) plus
+receiving its boundary tensor alone on the link from its neighbour (:mod:`hetpipe_jax.cost.transfer`):
+the activation from stage j-1 before a forward, the gradient from stage j+1 before a backward. Memory
+of a stage: :func:`hetpipe_jax.cost.memory.stage_memory_bytes`. Both O(units) per stage, computed once.
 """
 
 from __future__ import annotations
@@ -11,7 +12,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from hetpipe_jax.cluster import Cluster, Gpu, format_bytes
-from hetpipe_jax.cost.profile import UnitProfile, stage_compute_seconds, stage_memory_bytes, stage_transfers
+from hetpipe_jax.cost.memory import stage_memory_bytes
+from hetpipe_jax.cost.profile import UnitProfile
+from hetpipe_jax.cost.roofline import stage_compute_seconds
+from hetpipe_jax.cost.transfer import stage_seconds, stage_transfers
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.plan.layout import Layout
 
@@ -23,6 +27,7 @@ class CostModel:
     cluster: the cluster (links).
     profiles: per-unit profile of the model.
     layout: the run's layout (GPUs in pipeline order and cuts of every virtual worker).
+    precision: "fp32" or "fp16".
   """
 
   def __init__(self, cluster: Cluster, profiles: Sequence[UnitProfile], layout: Layout,
@@ -35,28 +40,61 @@ class CostModel:
       for j in range(vw.k):
         compute = stage_compute_seconds(profiles, cut, group[j], j, precision)
         transfers = stage_transfers(profiles, cut, group, j)
-        for kind, c, recv in zip(("fwd", "bwd"), compute, transfers):
+        seconds = stage_seconds(cluster, profiles, cut, group, j, precision)
+        for kind, c, recv, t in zip(("fwd", "bwd"), compute, transfers, seconds):
           key = (i, j, kind)
           self._compute[key] = c
-          self._transfer[key] = None if recv is None else (recv[0], recv[1], group[j])
-          self._seconds[key] = c + (0.0 if recv is None else
-                                    cluster.transfer_seconds(recv[1], group[j], recv[0]))
+          self._transfer[key] = None if recv is None else (recv.num_bytes, recv.src, group[j])
+          self._seconds[key] = t
 
   def task_seconds(self, vw: int, stage: int, kind: str) -> float:
-    """Compute plus receiving the task's input alone on its link."""
+    """Seconds of a task: compute plus receiving its input alone on its link.
+
+    Args:
+      vw: the virtual worker.
+      stage: the stage.
+      kind: "fwd" or "bwd".
+
+    Returns:
+      Seconds.
+    """
     return self._seconds[(vw, stage, kind)]
 
   def compute_seconds(self, vw: int, stage: int, kind: str) -> float:
+    """Seconds of a task's compute alone, without receiving its input.
+
+    Args:
+      vw / stage / kind: as for :meth:`task_seconds`.
+
+    Returns:
+      Seconds.
+    """
     return self._compute[(vw, stage, kind)]
 
   def transfer(self, vw: int, stage: int, kind: str) -> tuple[int, Gpu, Gpu] | None:
-    """(bytes, from GPU, to GPU) the task must receive before it computes, or None."""
+    """What a task must receive before it computes.
+
+    Args:
+      vw / stage / kind: as for :meth:`task_seconds`.
+
+    Returns:
+      (bytes, from GPU, to GPU), or None when nothing crosses a link.
+    """
     return self._transfer[(vw, stage, kind)]
 
 
 def check_memory(profiles: Sequence[UnitProfile], layout: Layout, weight_mode: str,
                  optimizer_slots: float) -> None:
-  """Raises ConfigError naming the first stage of ``layout`` that does not fit its GPU's memory."""
+  """Checks that every stage of ``layout`` fits its GPU's memory.
+
+  Args:
+    profiles: per-unit profiles of the model.
+    layout: the run's layout.
+    weight_mode / optimizer_slots: what a stage holds (:func:`hetpipe_jax.cost.memory.param_copies`).
+
+  Raises:
+    ConfigError: naming the first stage that does not fit, its need, the GPU's memory and the fixes.
+  """
   for i, vw in enumerate(layout.vws):
     for j, gpu, units in vw.stages():
       need = stage_memory_bytes(profiles[units.start:units.stop], vw.nm, weight_mode, optimizer_slots)

@@ -3,8 +3,10 @@
 HETPIPE.md section 4 (our reading of the paper, made exact): choose contiguous stages, one per GPU, and
 the order of the GPUs in the pipeline, to minimise the slowest stage, where a stage's time is its units'
 forward + backward time on its GPU type plus receiving its boundary tensors over the links to its
-neighbours (:func:`hetpipe_jax.profile.stage_seconds`), subject to every stage fitting its GPU's memory
-(:func:`hetpipe_jax.profile.stage_memory_bytes`).
+neighbours (:func:`hetpipe_jax.cost.transfer.stage_seconds`), subject to every stage fitting its GPU's
+memory (:func:`hetpipe_jax.cost.memory.stage_memory_bytes`). The DP's vectorised matrices are built from
+those same definitions: the memory formula applied to each unit, then prefix sums; the receive time at
+every cut position (:func:`hetpipe_jax.cost.transfer.receive_seconds_by_position`).
 
 Algorithm: for a fixed device order, a DP over (stage, last unit) is exact for a chain of L units:
 ``best[j][e] = min_s max(best[j-1][s], T_j(s, e))``, vectorised over (s, e) with prefix sums, O(k L^2)
@@ -17,60 +19,18 @@ largest modelled throughput min(1/bottleneck, Nm/latency), ties to the smaller N
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
 
-from hetpipe_jax.cluster.topology import Cluster, Gpu, format_bytes
-from hetpipe_jax.cost.profile import UnitProfile, stage_memory_bytes, stage_seconds
+from hetpipe_jax.cluster import Cluster, Gpu, format_bytes
+from hetpipe_jax.cost.memory import memory_bytes, stage_memory_bytes
+from hetpipe_jax.cost.profile import UnitProfile
+from hetpipe_jax.cost.transfer import receive_seconds_by_position, stage_neighbours
 from hetpipe_jax.errors import ConfigError
-from hetpipe_jax.plan.layout import VWLayout
+from hetpipe_jax.plan.vw_plan import VWPlan, vw_plan
 
 NM_POLICIES = ("max_fit", "best")
-
-
-@dataclasses.dataclass(frozen=True)
-class StagePlan:
-  gpu: Gpu
-  first: int  # first unit
-  last: int  # one past the last unit
-  seconds: float  # forward + backward + boundary transfers, per minibatch
-  memory_bytes: int
-
-
-@dataclasses.dataclass(frozen=True)
-class VWPlan:
-  """How one virtual worker runs: GPU order, stages, Nm, modelled speed (minibatches per second)."""
-
-  nm: int
-  stages: tuple[StagePlan, ...]
-
-  @property
-  def layout(self) -> VWLayout:
-    """The virtual worker's GPUs, cuts and Nm."""
-    return VWLayout(tuple(self.gpus), tuple(self.cuts), self.nm)
-
-  @property
-  def gpus(self) -> list[Gpu]:
-    return [s.gpu for s in self.stages]
-
-  @property
-  def cuts(self) -> list[int]:
-    return [self.stages[0].first] + [s.last for s in self.stages]
-
-  @property
-  def bottleneck_s(self) -> float:
-    return max(s.seconds for s in self.stages)
-
-  @property
-  def latency_s(self) -> float:
-    return sum(s.seconds for s in self.stages)
-
-  @property
-  def throughput(self) -> float:
-    """Modelled minibatches per second: the slowest stage, or Nm in flight over one round trip."""
-    return min(1.0 / self.bottleneck_s, self.nm / self.latency_s)
 
 
 class _Dp:
@@ -80,11 +40,11 @@ class _Dp:
                optimizer_slots: float, precision: str, allow_empty: bool):
     self.cluster, self.profiles, self.precision = cluster, profiles, precision
     self.n = len(profiles)
-    copies = 2 + optimizer_slots + (nm - 1 if weight_mode == "stash" else 0)
-    mem = np.array([u.param_bytes * copies + nm * u.kept_bytes for u in profiles], np.float64)
+    mem = np.array([memory_bytes(u.param_bytes, u.kept_bytes, nm, weight_mode, optimizer_slots)
+                    for u in profiles], np.float64)
     self._mem = np.concatenate([[0.0], np.cumsum(mem)])
-    self._out = np.array([u.out_bytes for u in profiles], np.float64)
     self._time: dict[str, np.ndarray] = {}
+    self._recv_cache: dict[tuple[int | None, int], np.ndarray] = {}
     s = np.arange(self.n + 1)
     self._valid = (s[:, None] <= s[None, :]) if allow_empty else (s[:, None] < s[None, :])
 
@@ -95,25 +55,38 @@ class _Dp:
     return self._time[gpu.type.name]
 
   def _recv(self, src: Gpu | None, dst: Gpu) -> np.ndarray:
-    """Seconds to receive the boundary tensor at cut position c (0..n) from ``src``; 0 at c = 0 or n."""
-    out = np.zeros(self.n + 1)
-    if src is not None:
-      link = self.cluster.link(src, dst)
-      out[1:self.n] = 0.0 if src.index == dst.index else link.latency_s + self._out[:-1] / link.bytes_per_s
-    return out
+    """Seconds to receive the boundary tensor at every cut position c (0..n) from ``src``."""
+    key = (None if src is None else src.index, dst.index)
+    if key not in self._recv_cache:
+      self._recv_cache[key] = receive_seconds_by_position(self.cluster, self.profiles, src, dst)
+    return self._recv_cache[key]
+
+  def memory_matrix(self) -> np.ndarray:
+    """M(s, e): the memory of a stage holding units s .. e - 1 (meaningful for s <= e)."""
+    return self._mem[None, :] - self._mem[:, None]
 
   def stage_matrix(self, gpus: Sequence[Gpu], j: int, mem_ratio: bool = False) -> np.ndarray:
-    """T_j(s, e) for every cut (s, e) of stage j (inf where invalid or out of memory); or, with
-    ``mem_ratio``, memory needed / memory available."""
+    """T_j(s, e) for every cut (s, e) of stage j.
+
+    Args:
+      gpus: the GPUs in pipeline order (stage j's and its neighbours' matter).
+      j: the stage.
+      mem_ratio: return memory needed / memory available instead of seconds.
+
+    Returns:
+      An ``(n + 1, n + 1)`` array: seconds per minibatch (compute + receives, inf where the cut is
+      invalid or out of memory), or the memory ratio (inf where invalid).
+    """
     gpu = gpus[j]
-    mem = self._mem[None, :] - self._mem[:, None]
+    mem = self.memory_matrix()
     if mem_ratio:
       value = mem / gpu.type.memory_bytes
     else:
+      prev, nxt = stage_neighbours(gpus, j)
       p = self._prefix_time(gpu)
       value = p[None, :] - p[:, None]
-      value = value + self._recv(gpus[j - 1] if j > 0 else None, gpu)[:, None]
-      value = value + self._recv(gpus[j + 1] if j + 1 < len(gpus) else None, gpu)[None, :]
+      value = value + self._recv(prev, gpu)[:, None]  # the activation at the first cut s
+      value = value + self._recv(nxt, gpu)[None, :]  # the gradient at the last cut e
       value = np.where(mem <= gpu.type.memory_bytes, value, np.inf)
     return np.where(self._valid, value, np.inf)
 
@@ -184,10 +157,16 @@ def partition(cluster: Cluster, profiles: Sequence[UnitProfile], gpus: Sequence[
     gpus: the virtual worker's GPUs; their order is searched unless ``ordered``.
     nm: minibatches in flight (memory grows with it).
     weight_mode / optimizer_slots: what the memory of a stage holds (see stage_memory_bytes).
+    ordered: keep the GPUs' order (only the cuts are searched).
     allow_empty: let a GPU take no units (it then only relays activations).
+    precision: "fp32" or "fp16".
+
+  Returns:
+    The plan with the smallest bottleneck; its GPUs in the chosen pipeline order.
 
   Raises:
-    ConfigError: when no partition fits, naming the device, the memory needed and available, and fixes.
+    ConfigError: for Nm < 1, no GPU, more GPUs than units (without ``allow_empty``), or when no partition
+      fits, naming the device, the memory needed and available, and fixes.
   """
   if nm < 1:
     raise ConfigError(f"Nm={nm}; Nm (minibatches in flight) must be >= 1")
@@ -210,12 +189,7 @@ def partition(cluster: Cluster, profiles: Sequence[UnitProfile], gpus: Sequence[
         f"({order[j].type.name}, {format_bytes(order[j].type.memory_bytes)}) for units "
         f"{cuts[j]}..{cuts[j + 1] - 1}; "
         "use more or larger GPUs per virtual worker, a smaller Nm or batch size, or weight_mode=latest")
-  stages = []
-  for j, gpu in enumerate(order):
-    fwd, bwd = stage_seconds(cluster, profiles, cuts, order, j, precision)
-    stages.append(StagePlan(gpu, cuts[j], cuts[j + 1], fwd + bwd,
-                            stage_memory_bytes(profiles[cuts[j]:cuts[j + 1]], nm, weight_mode, optimizer_slots)))
-  return VWPlan(nm, tuple(stages))
+  return vw_plan(cluster, profiles, order, cuts, nm, weight_mode, optimizer_slots, precision)
 
 
 def plan_virtual_worker(cluster: Cluster, profiles: Sequence[UnitProfile], gpus: Sequence[Gpu],
@@ -224,11 +198,20 @@ def plan_virtual_worker(cluster: Cluster, profiles: Sequence[UnitProfile], gpus:
                         allow_empty: bool = False, precision: str = "fp32") -> VWPlan:
   """Partitions the model over ``gpus`` and picks Nm (see the module docstring).
 
-  ``nm_max`` defaults to the number of GPUs (a full pipeline). Raises ConfigError when even Nm = 1 does
-  not fit, or for a bad policy.
+  Args:
+    cluster / profiles / gpus: as for :func:`partition`.
+    nm_policy: "max_fit", "best", or a number (that Nm).
+    nm_max: the largest Nm tried; default: the number of GPUs (a full pipeline).
+    weight_mode / optimizer_slots / ordered / allow_empty / precision: as for :func:`partition`.
+
+  Returns:
+    The plan at the chosen Nm.
+
+  Raises:
+    ConfigError: when even Nm = 1 does not fit, or for a bad policy or ``nm_max``.
   """
-  kwargs = dict(weight_mode=weight_mode, optimizer_slots=optimizer_slots, ordered=ordered,
-                allow_empty=allow_empty, precision=precision)
+  kwargs = {"weight_mode": weight_mode, "optimizer_slots": optimizer_slots, "ordered": ordered,
+            "allow_empty": allow_empty, "precision": precision}
   if isinstance(nm_policy, int):
     return partition(cluster, profiles, gpus, nm_policy, **kwargs)
   if nm_policy not in NM_POLICIES:
@@ -245,3 +228,4 @@ def plan_virtual_worker(cluster: Cluster, profiles: Sequence[UnitProfile], gpus:
   if nm_policy == "max_fit":
     return plans[-1]
   return max(plans, key=lambda p: (p.throughput, -p.nm))
+

@@ -1,0 +1,98 @@
+"""Clusters from TOML files: any mix of catalogue types, new GPU types, and links.
+
+Every bad value raises one ConfigError that names the file, the key, the value and what is expected.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+
+from hetpipe_jax.cluster.catalogue import CATALOGUE, GIB, LINKS, G, GpuType, Link, T
+from hetpipe_jax.cluster.topology import PRESETS, Cluster, make_cluster
+from hetpipe_jax.errors import ConfigError
+
+
+def _positive(path: str, where: str, value, unit: str) -> float:
+  if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+    raise ConfigError(f"{path}: {where} = {value!r}; it must be a positive number ({unit})")
+  return float(value)
+
+
+def _toml_link(path: str, key: str, value) -> Link:
+  if isinstance(value, str):
+    if value not in LINKS:
+      raise ConfigError(f"{path}: links.{key} = {value!r} is not a known link; use one of "
+                        f"{', '.join(LINKS)} or a table {{gbytes_per_s = ..., latency_us = ...}}")
+    return LINKS[value]
+  if not isinstance(value, dict):
+    raise ConfigError(f"{path}: links.{key} must be a link name or a table, not {value!r}")
+  return Link(key, _positive(path, f"links.{key}.gbytes_per_s", value.get("gbytes_per_s"), "GB/s") * G,
+              _positive(path, f"links.{key}.latency_us", value.get("latency_us", 5), "microseconds") * 1e-6)
+
+
+def load_cluster_toml(path: str) -> Cluster:
+  """Reads a cluster description::
+
+    name = "lab"
+    [links]
+    intra_node = "pcie3"                 # a known link, or {gbytes_per_s = 12, latency_us = 5}
+    inter_node = "ib_fdr56"
+    [gpu_types.MyGPU]                    # optional: types beyond the catalogue
+    memory_gib = 8
+    fp32_tflops = 5.0
+    fp16_tflops = 10.0
+    bandwidth_gbytes_per_s = 300
+    efficiency = 0.5                     # optional
+    [[nodes]]
+    gpus = ["TITAN V", "TITAN V"]
+    [[nodes]]
+    gpus = ["MyGPU"]
+
+  Args:
+    path: the file.
+
+  Returns:
+    The cluster (named by ``name``, or else by the file's base name).
+
+  Raises:
+    ConfigError: naming the file, the key, the bad value and what is expected.
+  """
+  try:
+    with open(path, "rb") as f:
+      doc = tomllib.load(f)
+  except FileNotFoundError:
+    raise ConfigError(f"cluster file {path} does not exist; give a preset name "
+                      f"({', '.join(sorted(PRESETS))}) or an existing .toml file") from None
+  except tomllib.TOMLDecodeError as e:
+    raise ConfigError(f"cluster file {path} is not valid TOML: {e}") from None
+  types = dict(CATALOGUE)
+  for name, spec in doc.get("gpu_types", {}).items():
+    if not isinstance(spec, dict):
+      raise ConfigError(f"{path}: gpu_types.{name} must be a table")
+    w = f"gpu_types.{name!r}"
+    types[name] = GpuType(
+        name, int(_positive(path, f"{w}.memory_gib", spec.get("memory_gib"), "GiB") * GIB),
+        _positive(path, f"{w}.fp32_tflops", spec.get("fp32_tflops"), "Tflop/s") * T,
+        _positive(path, f"{w}.fp16_tflops", spec.get("fp16_tflops", spec.get("fp32_tflops")), "Tflop/s") * T,
+        _positive(path, f"{w}.bandwidth_gbytes_per_s", spec.get("bandwidth_gbytes_per_s"), "GB/s") * G,
+        _positive(path, f"{w}.efficiency", spec.get("efficiency", 0.5), "a fraction in (0, 1]"))
+    if types[name].efficiency > 1:
+      raise ConfigError(f"{path}: {w}.efficiency = {types[name].efficiency}; it must be in (0, 1]")
+  nodes = doc.get("nodes")
+  if not isinstance(nodes, list) or not nodes:
+    raise ConfigError(f"{path}: no [[nodes]]; add at least one [[nodes]] table with gpus = [...]")
+  per_node = []
+  for n, node in enumerate(nodes):
+    gpus = node.get("gpus") if isinstance(node, dict) else None
+    if not isinstance(gpus, list) or not gpus:
+      raise ConfigError(f"{path}: nodes[{n}].gpus must be a non-empty list of GPU type names")
+    for g in gpus:
+      if g not in types:
+        raise ConfigError(f"{path}: nodes[{n}] has unknown GPU type {g!r}; known: "
+                          f"{', '.join(sorted(types))} (or define it under [gpu_types.NAME])")
+    per_node.append([types[g] for g in gpus])
+  links = doc.get("links", {})
+  return make_cluster(str(doc.get("name", os.path.splitext(os.path.basename(path))[0])), per_node,
+                      _toml_link(path, "intra_node", links.get("intra_node", "pcie3")),
+                      _toml_link(path, "inter_node", links.get("inter_node", "ib_fdr56")))

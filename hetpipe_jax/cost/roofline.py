@@ -1,0 +1,72 @@
+"""The roofline time of units on a GPU type, and its calibration (HETPIPE.md section 4).
+
+A unit's forward (or backward) pass with ``flops`` floating-point operations touching ``bytes`` of memory
+takes, on a GPU type::
+
+  t = max(flops / peak_flops, bytes / memory_bandwidth) / efficiency
+
+where ``efficiency`` is the fraction of the roofline its training kernels reach, fitted to measured
+times by :func:`calibrate_efficiency`. A stage's compute is the sum over its units. O(1) per unit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from hetpipe_jax.cluster import Gpu, GpuType
+
+if TYPE_CHECKING:
+  from hetpipe_jax.cost.profile import UnitProfile
+
+
+def roofline_seconds(flops: float, num_bytes: float, gpu: GpuType, precision: str = "fp32") -> float:
+  """Seconds of one pass with ``flops`` operations over ``num_bytes`` on ``gpu`` (the formula above).
+
+  Args:
+    flops: floating-point operations.
+    num_bytes: bytes of memory accessed.
+    gpu: the GPU type.
+    precision: "fp32" or "fp16" (which peak applies).
+
+  Returns:
+    Seconds.
+  """
+  return max(flops / gpu.peak_flops(precision), num_bytes / gpu.mem_bytes_per_s) / gpu.efficiency
+
+
+def stage_compute_seconds(profiles: Sequence[UnitProfile], cut: Sequence[int], gpu: Gpu, j: int,
+                          precision: str = "fp32") -> tuple[float, float]:
+  """Compute time of stage j's units ``cut[j] .. cut[j + 1] - 1`` on its GPU, by the roofline.
+
+  Args:
+    profiles: per-unit profiles of the model.
+    cut: the virtual worker's cut positions.
+    gpu: the stage's GPU.
+    j: the stage.
+    precision: "fp32" or "fp16".
+
+  Returns:
+    (forward, backward) seconds.
+  """
+  times = [u.seconds(gpu.type, precision) for u in profiles[cut[j]:cut[j + 1]]]
+  return sum(t[0] for t in times), sum(t[1] for t in times)
+
+
+def calibrate_efficiency(gpu: GpuType, profiles: Sequence[UnitProfile], measured: Mapping[int, float],
+                         precision: str = "fp32") -> GpuType:
+  """Fits a GPU type's efficiency so that the roofline matches measured times.
+
+  Args:
+    gpu: the GPU type the times were measured on.
+    profiles: the model's unit profiles.
+    measured: unit index -> measured forward + backward seconds on ``gpu``.
+    precision: "fp32" or "fp16".
+
+  Returns:
+    ``gpu`` with ``efficiency`` = roofline time at efficiency 1 / measured time, over the measured units.
+  """
+  ideal = dataclasses.replace(gpu, efficiency=1.0)
+  model = sum(sum(profiles[u].seconds(ideal, precision)) for u in measured)
+  return dataclasses.replace(gpu, efficiency=model / sum(measured.values()))

@@ -1,0 +1,164 @@
+"""Boundary transfers between pipeline stages, and a stage's time (HETPIPE.md section 4).
+
+The one definition of what a stage receives and how long that takes, for the partitioner's DP, the
+plans' stage times and the cost model of the virtual clock and the simulator:
+
+* The tensor at cut position ``c`` (between units ``c - 1`` and ``c``) is unit ``c - 1``'s output
+  activation; its gradient, sent back, has the same size. Nothing crosses at ``c = 0`` or
+  ``c = num_units``: only empty stages sit beyond them.
+* Stage j receives, before a forward pass, the activation at its first cut from stage j - 1, and before
+  a backward pass, the gradient at its last cut from stage j + 1 (none for the first / last stage).
+* Receiving ``b`` bytes from GPU ``src`` on GPU ``dst`` takes ``latency + b / bandwidth`` of the link
+  between them (:meth:`hetpipe_jax.cluster.Cluster.link`), and nothing when they are the same GPU. This
+  is the time alone on the link; the simulator adds contention.
+
+Stage time = the roofline compute of its units (:mod:`hetpipe_jax.cost.roofline`) + its receives.
+O(1) per transfer, O(units) per stage; :func:`receive_seconds_by_position` is O(units) per GPU pair.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
+
+from hetpipe_jax.cluster import Cluster, Gpu, Link
+from hetpipe_jax.cost.roofline import stage_compute_seconds
+
+if TYPE_CHECKING:
+  from hetpipe_jax.cost.profile import UnitProfile
+
+
+class Receive(NamedTuple):
+  """A boundary tensor a stage receives before it computes: its size and the GPU that sends it."""
+
+  num_bytes: int
+  src: Gpu
+
+
+def link_seconds(link: Link, num_bytes):
+  """Seconds to move ``num_bytes`` over ``link`` alone: latency + bytes / bandwidth.
+
+  Args:
+    link: the link.
+    num_bytes: bytes (a number or a numpy array).
+
+  Returns:
+    Seconds, of the shape of ``num_bytes``.
+  """
+  return link.latency_s + num_bytes / link.bytes_per_s
+
+
+def transfer_seconds(cluster: Cluster, src: Gpu, dst: Gpu, num_bytes: float) -> float:
+  """Seconds to move ``num_bytes`` from ``src`` to ``dst`` alone on their link; 0 on the same GPU.
+
+  Args:
+    cluster: the cluster (which link joins the two GPUs).
+    src / dst: the sending and the receiving GPU.
+    num_bytes: bytes.
+
+  Returns:
+    Seconds.
+  """
+  return 0.0 if src.index == dst.index else link_seconds(cluster.link(src, dst), num_bytes)
+
+
+def boundary_receive(profiles: Sequence[UnitProfile], position: int, src: Gpu | None) -> Receive | None:
+  """What crosses cut ``position`` from ``src``: unit ``position - 1``'s output, or None.
+
+  Args:
+    profiles: per-unit profiles of the model.
+    position: a cut position, 0 .. number of units.
+    src: the neighbouring stage's GPU, or None where the stage has no neighbour on that side.
+
+  Returns:
+    The receive, or None at positions 0 and ``len(profiles)`` and without a neighbour.
+  """
+  if src is None or not 0 < position < len(profiles):
+    return None
+  return Receive(profiles[position - 1].out_bytes, src)
+
+
+def stage_neighbours(gpus: Sequence[Gpu], j: int) -> tuple[Gpu | None, Gpu | None]:
+  """The GPUs stage j receives from: (stage j - 1's, before a forward pass; stage j + 1's, before a
+  backward pass), None for the first / last stage.
+
+  Args:
+    gpus: the virtual worker's GPUs in pipeline order.
+    j: the stage.
+
+  Returns:
+    (previous GPU or None, next GPU or None).
+  """
+  return gpus[j - 1] if j > 0 else None, gpus[j + 1] if j + 1 < len(gpus) else None
+
+
+def stage_transfers(profiles: Sequence[UnitProfile], cut: Sequence[int], gpus: Sequence[Gpu],
+                    j: int) -> tuple[Receive | None, Receive | None]:
+  """What stage j receives: (before a forward pass, before a backward pass).
+
+  Args:
+    profiles: per-unit profiles of the model.
+    cut: the virtual worker's cut positions ``(0, ..., num_units)``.
+    gpus: the virtual worker's GPUs in pipeline order.
+    j: the stage.
+
+  Returns:
+    The activation at ``cut[j]`` from stage j - 1 and the gradient at ``cut[j + 1]`` from stage j + 1,
+    each a :class:`Receive` ``(num_bytes, src)`` or None where nothing crosses.
+  """
+  prev, nxt = stage_neighbours(gpus, j)
+  return boundary_receive(profiles, cut[j], prev), boundary_receive(profiles, cut[j + 1], nxt)
+
+
+def receive_seconds(cluster: Cluster, receive: Receive | None, dst: Gpu) -> float:
+  """Seconds for ``dst`` to receive ``receive`` alone on the link; 0 for None.
+
+  Args:
+    cluster: the cluster.
+    receive: a boundary tensor, or None.
+    dst: the receiving GPU.
+
+  Returns:
+    Seconds.
+  """
+  return 0.0 if receive is None else transfer_seconds(cluster, receive.src, dst, receive.num_bytes)
+
+
+def receive_seconds_by_position(cluster: Cluster, profiles: Sequence[UnitProfile], src: Gpu | None,
+                                dst: Gpu) -> np.ndarray:
+  """:func:`receive_seconds` at every cut position: the partitioner's vectorised form.
+
+  Args:
+    cluster: the cluster.
+    profiles: per-unit profiles of the model.
+    src: the neighbouring stage's GPU, or None.
+    dst: the receiving GPU.
+
+  Returns:
+    An array of ``len(profiles) + 1`` seconds, entry c for a boundary at cut position c.
+  """
+  return np.array([receive_seconds(cluster, boundary_receive(profiles, c, src), dst)
+                   for c in range(len(profiles) + 1)], np.float64)
+
+
+def stage_seconds(cluster: Cluster, profiles: Sequence[UnitProfile], cut: Sequence[int],
+                  gpus: Sequence[Gpu], j: int, precision: str = "fp32") -> tuple[float, float]:
+  """The time of stage j per minibatch: its units on its GPU plus receiving its boundary tensors.
+
+  Args:
+    cluster: the cluster.
+    profiles: per-unit profiles of the model.
+    cut: the virtual worker's cut positions.
+    gpus: the virtual worker's GPUs in pipeline order.
+    j: the stage.
+    precision: "fp32" or "fp16" (the peak the roofline uses).
+
+  Returns:
+    (forward, backward) seconds: compute plus the activation received before the forward pass, compute
+    plus the gradient received before the backward pass, each alone on its link.
+  """
+  fwd, bwd = stage_compute_seconds(profiles, cut, gpus[j], j, precision)
+  recv_fwd, recv_bwd = stage_transfers(profiles, cut, gpus, j)
+  return fwd + receive_seconds(cluster, recv_fwd, gpus[j]), bwd + receive_seconds(cluster, recv_bwd, gpus[j])

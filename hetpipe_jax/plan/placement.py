@@ -1,0 +1,67 @@
+"""Where the parameter server's shards live, and what a push or a pull then sends across nodes.
+
+HETPIPE.md section 5 (our reading of the paper): one shard per unit. ``default`` spreads the shards over
+all nodes, balancing parameter bytes (largest shard first onto the lightest node: O(U log U + U x nodes)
+for U units); ``local`` puts the shard of a unit on the node that runs it in the most virtual workers:
+under ED (one shared plan) that is the node running it in every VW, so push and pull never cross nodes;
+under NP and HD it keeps the traffic of the VWs that agree local (O(U x GPUs)).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hetpipe_jax.cluster import Cluster
+from hetpipe_jax.cost.profile import UnitProfile
+from hetpipe_jax.errors import ConfigError
+from hetpipe_jax.plan.layout import Layout, VWLayout
+
+PLACEMENTS = ("default", "local")
+
+
+def place_shards(cluster: Cluster, profiles: Sequence[UnitProfile], layout: Layout,
+                 placement: str = "default") -> list[int]:
+  """The node of every unit's PS shard.
+
+  Args:
+    cluster: the cluster (its nodes).
+    profiles: per-unit profiles of the model (parameter bytes).
+    layout: the run's layout (which node runs which unit, for ``local``).
+    placement: "default" or "local" (see the module docstring).
+
+  Returns:
+    One node per unit.
+
+  Raises:
+    ConfigError: for an unknown placement.
+  """
+  if placement == "default":
+    nodes = sorted({g.node for g in cluster.gpus})
+    load = dict.fromkeys(nodes, 0)
+    out = [0] * len(profiles)
+    for u in sorted(range(len(profiles)), key=lambda u: -profiles[u].param_bytes):
+      out[u] = min(nodes, key=lambda n: (load[n], n))  # largest shards first, onto the lightest node
+      load[out[u]] += profiles[u].param_bytes
+    return out
+  if placement == "local":  # the node that runs the unit in the most virtual workers
+    out = []
+    for u in range(len(profiles)):
+      homes = [gpu.node for vw in layout.vws for _, gpu, units in vw.stages() if u in units]
+      out.append(min(set(homes), key=lambda n: (-homes.count(n), n)))
+    return out
+  raise ConfigError(f"unknown placement {placement!r}; use one of {', '.join(PLACEMENTS)}")
+
+
+def ps_cross_node_bytes(profiles: Sequence[UnitProfile], vw: VWLayout, shard_nodes: Sequence[int]) -> int:
+  """Bytes one push (and one pull) of a virtual worker sends across nodes under a placement.
+
+  Args:
+    profiles: per-unit profiles of the model.
+    vw: the virtual worker's layout.
+    shard_nodes: the node of every unit's shard (:func:`place_shards`).
+
+  Returns:
+    The parameter bytes of the units whose shard is on another node than the GPU that runs them.
+  """
+  return sum(profiles[u].param_bytes for _, gpu, units in vw.stages() for u in units
+             if shard_nodes[u] != gpu.node)

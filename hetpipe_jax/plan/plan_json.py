@@ -1,0 +1,58 @@
+"""A cluster plan as JSON: everything needed to recheck it from its own numbers (experiments/plan.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from hetpipe_jax.cluster import Cluster
+from hetpipe_jax.cost.profile import UnitProfile
+from hetpipe_jax.plan.placement import ps_cross_node_bytes
+
+if TYPE_CHECKING:
+  from hetpipe_jax.plan.allocation import ClusterPlan
+
+
+def plan_to_json(cluster: Cluster, profiles: Sequence[UnitProfile], plan: ClusterPlan, model: str,
+                 batch_size: int, precision: str = "fp32") -> dict[str, Any]:
+  """A plan with its inputs: per virtual worker its devices, stages, times, memory; per layer its costs;
+  the GPU types and links.
+
+  Args:
+    cluster: the cluster the plan is for.
+    profiles: per-unit profiles of the model.
+    plan: the plan.
+    model: the model's name.
+    batch_size: examples per minibatch (for images per second).
+    precision: "fp32" or "fp16", as planned.
+
+  Returns:
+    A JSON-serialisable dict.
+  """
+  types = sorted({g.type.name for g in cluster.gpus}, key=str)
+  gpu = lambda g: {"name": g.name, "type": g.type.name, "node": g.node, "index": g.index}
+  vws = []
+  for p in plan.vws:
+    vws.append({
+        "devices": [gpu(g) for g in p.gpus], "nm": p.nm,
+        "stages": [{"device": s.gpu.name, "first_layer": s.first, "last_layer": s.last - 1,
+                    "time_s": s.seconds, "memory_bytes": s.memory_bytes,
+                    "memory_limit_bytes": s.gpu.type.memory_bytes} for s in p.stages],
+        "bottleneck_s": p.bottleneck_s, "latency_s": p.latency_s, "throughput": p.throughput,
+        "images_per_s": p.throughput * batch_size,
+        "ps_cross_node_bytes_per_wave": ps_cross_node_bytes(profiles, p.layout, plan.shard_nodes),
+    })
+  gpu_types = {t: next(g.type for g in cluster.gpus if g.type.name == t) for t in types}
+  return {
+      "model": model, "batch_size": batch_size, "policy": plan.policy, "placement": plan.placement,
+      "precision": precision, "cluster": cluster.name, "vws": vws,
+      "images_per_s": plan.throughput * batch_size,
+      "shard_nodes": list(plan.shard_nodes),
+      "layers": [{"name": u.name, "time_s": {t: sum(u.seconds(gpu_types[t], precision)) for t in types},
+                  "fwd_flops": u.fwd_flops, "bwd_flops": u.bwd_flops, "param_bytes": u.param_bytes,
+                  "activation_bytes": u.out_bytes, "kept_bytes": u.kept_bytes} for u in profiles],
+      "gpu_types": {t: dataclasses.asdict(gt) for t, gt in gpu_types.items()},
+      "links": {"intra_node": dataclasses.asdict(cluster.intra_node),
+                "inter_node": dataclasses.asdict(cluster.inter_node)},
+  }

@@ -1,0 +1,102 @@
+"""A virtual worker's plan: its stages (GPU, units, time, memory) and its modelled speed.
+
+A plan is the partitioner's answer (:mod:`~hetpipe_jax.plan.partition`), or a given GPU order and cuts
+evaluated by :func:`vw_plan` (ED copies one plan onto every virtual worker this way). Stage time and
+memory come from :func:`hetpipe_jax.cost.transfer.stage_seconds` and
+:func:`hetpipe_jax.cost.memory.stage_memory_bytes`. A virtual worker's modelled throughput (HETPIPE.md
+section 4) is min(1 / slowest stage, Nm / round trip) minibatches per second.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from hetpipe_jax.cluster import Cluster, Gpu
+from hetpipe_jax.cost.memory import stage_memory_bytes
+from hetpipe_jax.cost.profile import UnitProfile
+from hetpipe_jax.cost.transfer import stage_seconds
+from hetpipe_jax.plan.layout import VWLayout
+
+
+@dataclasses.dataclass(frozen=True)
+class StagePlan:
+  """One stage of a planned virtual worker.
+
+  Attributes:
+    gpu: its GPU.
+    first: its first unit.
+    last: one past its last unit.
+    seconds: forward + backward + boundary transfers, per minibatch.
+    memory_bytes: what it needs on its GPU.
+  """
+
+  gpu: Gpu
+  first: int
+  last: int
+  seconds: float
+  memory_bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class VWPlan:
+  """How one virtual worker runs: GPU order, stages, Nm, modelled speed (minibatches per second)."""
+
+  nm: int
+  stages: tuple[StagePlan, ...]
+
+  @property
+  def layout(self) -> VWLayout:
+    """The virtual worker's GPUs, cuts and Nm."""
+    return VWLayout(tuple(self.gpus), tuple(self.cuts), self.nm)
+
+  @property
+  def gpus(self) -> list[Gpu]:
+    """The GPUs in pipeline order."""
+    return [s.gpu for s in self.stages]
+
+  @property
+  def cuts(self) -> list[int]:
+    """The cut positions ``(0, ..., num_units)``."""
+    return [self.stages[0].first] + [s.last for s in self.stages]
+
+  @property
+  def bottleneck_s(self) -> float:
+    """The slowest stage's seconds per minibatch."""
+    return max(s.seconds for s in self.stages)
+
+  @property
+  def latency_s(self) -> float:
+    """One minibatch's round trip through every stage, in seconds."""
+    return sum(s.seconds for s in self.stages)
+
+  @property
+  def throughput(self) -> float:
+    """Modelled minibatches per second: the slowest stage, or Nm in flight over one round trip."""
+    return min(1.0 / self.bottleneck_s, self.nm / self.latency_s)
+
+
+
+def vw_plan(cluster: Cluster, profiles: Sequence[UnitProfile], gpus: Sequence[Gpu], cuts: Sequence[int],
+            nm: int, weight_mode: str = "stash", optimizer_slots: float = 0.0,
+            precision: str = "fp32") -> VWPlan:
+  """The plan of a virtual worker whose GPU order, cuts and Nm are given: each stage's time and memory.
+
+  Args:
+    cluster: the cluster (links between the GPUs).
+    profiles: per-unit profiles of the model.
+    gpus: the GPUs in pipeline order.
+    cuts: ``len(gpus) + 1`` cut positions from 0 to the number of units.
+    nm: minibatches in flight.
+    weight_mode / optimizer_slots: what the memory of a stage holds (see stage_memory_bytes).
+    precision: "fp32" or "fp16".
+
+  Returns:
+    The plan; nothing is checked against the GPUs' memory.
+  """
+  stages = []
+  for j, gpu in enumerate(gpus):
+    fwd, bwd = stage_seconds(cluster, profiles, cuts, gpus, j, precision)
+    stages.append(StagePlan(gpu, cuts[j], cuts[j + 1], fwd + bwd,
+                            stage_memory_bytes(profiles[cuts[j]:cuts[j + 1]], nm, weight_mode, optimizer_slots)))
+  return VWPlan(nm, tuple(stages))
