@@ -21,19 +21,16 @@ from experiments import common
 
 def main(argv):
   del argv
-  import jax
-  import jax.numpy as jnp
-
-  from hetpipe_jax import get_cluster, get_model
+  from hetpipe_jax import get_cluster
   from hetpipe_jax.cost.profile import profile_units
+  from hetpipe_jax.models import full_size_input, full_size_model
   from hetpipe_jax.optim import optimizer_slots
   from hetpipe_jax.plan.partition import plan_virtual_worker
 
-  shape = jax.ShapeDtypeStruct((32, 224, 224, 3), jnp.float32)
   profiles = {}
   with tempfile.TemporaryDirectory() as cache:
     for name in ("vgg19", "resnet152"):
-      model = get_model(name, 1000)
+      model, shape = full_size_model(name), full_size_input(name, 32)
       t = time.perf_counter()
       profiles[name] = profile_units(model, shape, cache_dir=cache)
       cold = time.perf_counter() - t

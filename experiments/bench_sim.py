@@ -21,18 +21,16 @@ flags.DEFINE_integer("waves", 1000, "Waves per virtual worker.")
 
 def main(argv):
   del argv
-  import jax
-  import jax.numpy as jnp
 
-  from hetpipe_jax import check_trace, get_cluster, get_model
+  from hetpipe_jax import check_trace, get_cluster
   from hetpipe_jax.core.trace import Trace
-  from hetpipe_jax.cost.profile import profile_units
+  from hetpipe_jax.cost.profile import full_size_profiles
   from hetpipe_jax.optim import optimizer_slots
   from hetpipe_jax.plan.allocation import plan_cluster
   from hetpipe_jax.sim.simulate import simulate
 
   cluster = get_cluster("paper_testbed")
-  profiles = profile_units(get_model("vgg19", 1000), jax.ShapeDtypeStruct((32, 224, 224, 3), jnp.float32))
+  profiles = full_size_profiles("vgg19", 32)
   plan = plan_cluster(cluster, profiles, "ED", nm_policy=4, optimizer_slots=optimizer_slots("momentum"))
   trace = Trace()
   t = time.perf_counter()

@@ -80,7 +80,8 @@ def main(argv):
 
   from hetpipe_jax import RunConfig, get_model, load_dataset, run_hetpipe, staleness_stats
   from hetpipe_jax.api import time_model_profiles
-  from hetpipe_jax.baselines.horovod import horovod_iteration_seconds, train_data_parallel
+  from hetpipe_jax.baselines.data_parallel import train_data_parallel
+  from hetpipe_jax.baselines.horovod import horovod_iteration_seconds
   from hetpipe_jax.cost.profile import profile_units
   from hetpipe_jax.optim import make_optimizer, optimizer_slots
   from hetpipe_jax.plan.allocation import horovod_gpus, parse_policy, plan_cluster

@@ -54,16 +54,18 @@ def main(argv):
   import jax.numpy as jnp
 
   from hetpipe_jax import get_cluster, get_model
-  from hetpipe_jax.cost.profile import profile_units
-  from hetpipe_jax.models import FULL_SIZE_INPUT
+  from hetpipe_jax.cost.profile import full_size_profiles, profile_units
+  from hetpipe_jax.models import FULL_SIZE
   from hetpipe_jax.optim import optimizer_slots
-  from hetpipe_jax.plan.allocation import parse_policy, plan_cluster, plan_to_json
+  from hetpipe_jax.plan.allocation import parse_policy, plan_cluster
+  from hetpipe_jax.plan.plan_json import plan_to_json
 
   slots = optimizer_slots(FLAGS.optimizer)
   cluster = get_cluster(FLAGS.cluster)
-  model = get_model(FLAGS.model, 1000 if FLAGS.model in FULL_SIZE_INPUT else 10)
-  shape = (FLAGS.batch_size,) + FULL_SIZE_INPUT.get(FLAGS.model, (28, 28, 1))
-  profiles = profile_units(model, jax.ShapeDtypeStruct(shape, jnp.float32))
+  if FLAGS.model in FULL_SIZE:
+    profiles = full_size_profiles(FLAGS.model, FLAGS.batch_size)
+  else:  # the small models, on 28x28 grey images
+    profiles = profile_units(get_model(FLAGS.model), jax.ShapeDtypeStruct((FLAGS.batch_size, 28, 28, 1), jnp.float32))
   plan = plan_cluster(cluster, profiles, parse_policy(FLAGS.policy), FLAGS.placement,
                       common.parse_nm(FLAGS.nm), FLAGS.nm_max, FLAGS.weight_mode, slots, FLAGS.precision)
   doc = plan_to_json(cluster, profiles, plan, FLAGS.model, FLAGS.batch_size, FLAGS.precision)

@@ -46,20 +46,17 @@ def simulated_images_per_sec(cluster, profiles, plans, d: int = 0, placement: st
 
 
 def study(model_name: str, cluster) -> list[dict]:
-  import jax
-  import jax.numpy as jnp
 
-  from hetpipe_jax import ConfigError, get_model
+  from hetpipe_jax import ConfigError
   from hetpipe_jax.baselines.horovod import horovod_images_per_second
-  from hetpipe_jax.cluster.topology import make_cluster
-  from hetpipe_jax.cost.profile import profile_units
+  from hetpipe_jax.cluster import make_cluster
+  from hetpipe_jax.cost.profile import full_size_profiles
   from hetpipe_jax.optim import optimizer_slots
   from hetpipe_jax.plan.allocation import allocate, horovod_gpus, plan_cluster
   from hetpipe_jax.plan.partition import partition
 
   slots = optimizer_slots(FLAGS.optimizer)
-  profiles = profile_units(get_model(model_name, 1000),
-                           jax.ShapeDtypeStruct((FLAGS.batch_size, 224, 224, 3), jnp.float32))
+  profiles = full_size_profiles(model_name, FLAGS.batch_size)
   rows = []
   row = lambda study_name, config, gpus, nm, d, ips: rows.append(
       {"model": model_name, "study": study_name, "config": config, "gpus": gpus, "nm": nm, "d": d,

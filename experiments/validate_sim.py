@@ -41,7 +41,7 @@ def main(argv):
   del argv
   common.ensure_devices(max(sum(stages_per_vw(n, k)) for n, k, *_ in CONFIGS))
   from hetpipe_jax import RunConfig, get_model, run_hetpipe, synthetic
-  from hetpipe_jax.cluster.topology import GpuType, Link, make_cluster
+  from hetpipe_jax.cluster import GpuType, Link, make_cluster
 
   # Emulated GPUs at 100, 50 and 33 Mflop/s: an MLP stage task at batch 16 lasts a few milliseconds.
   speeds = {"fast": 1e8, "slow": 5e7, "whimpy": 3.3e7}

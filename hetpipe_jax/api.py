@@ -21,7 +21,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from hetpipe_jax.cluster import Cluster, get_cluster
@@ -30,16 +29,19 @@ from hetpipe_jax.core.schedule import SCHEDULES
 from hetpipe_jax.core.trace import Trace
 from hetpipe_jax.core.versions import WEIGHT_MODES
 from hetpipe_jax.core.worker import VirtualWorker
-from hetpipe_jax.cost.profile import UnitProfile, nbytes, profile_units
+from hetpipe_jax.cost.memory import optimizer_slots_of
+from hetpipe_jax.cost.profile import UnitProfile, full_size_profiles, profile_units
 from hetpipe_jax.data import Dataset, MinibatchStreams, check_batch_size
 from hetpipe_jax.errors import ConfigError
-from hetpipe_jax.models import FULL_SIZE_INPUT, get_model
+from hetpipe_jax.evaluate import make_evaluator
+from hetpipe_jax.models import FULL_SIZE
 from hetpipe_jax.models.base import LayeredModel
 from hetpipe_jax.optim import OPTIMIZERS, make_optimizer
-from hetpipe_jax.plan.allocation import PLACEMENTS, plan_cluster
+from hetpipe_jax.plan.allocation import plan_cluster
 from hetpipe_jax.plan.costmodel import CostModel, check_memory
 from hetpipe_jax.plan.layout import Layout
 from hetpipe_jax.plan.manual import fastest_cuts, manual_layout, per_vw
+from hetpipe_jax.plan.placement import PLACEMENTS
 from hetpipe_jax.runtime import executors
 from hetpipe_jax.runtime.metrics import WaveMetrics
 from hetpipe_jax.runtime.ps import ParameterServer
@@ -132,10 +134,9 @@ def time_model_profiles(name: str, batch_size: int) -> list[UnitProfile]:
   Raises:
     ConfigError: for a model that is not full-size.
   """
-  if name not in FULL_SIZE_INPUT:
-    raise ConfigError(f"time_model={name!r}; use one of {', '.join(FULL_SIZE_INPUT)} (or none)")
-  shape = jax.ShapeDtypeStruct((batch_size,) + FULL_SIZE_INPUT[name], jnp.float32)
-  return profile_units(get_model(name, 1000), shape)
+  if name not in FULL_SIZE:
+    raise ConfigError(f"time_model={name!r}; use one of {', '.join(FULL_SIZE)} (or none)")
+  return full_size_profiles(name, batch_size)
 
 
 def validate(config: RunConfig) -> None:
@@ -226,7 +227,7 @@ def run_hetpipe(model: LayeredModel, dataset: Dataset, config: RunConfig) -> Run
   sample_x = jnp.asarray(dataset.x_train[:config.batch_size])
   profiles = profile_units(model, sample_x)
   param_shapes = jax.eval_shape(model.init, jax.random.key(0), sample_x)
-  slots = nbytes(jax.eval_shape(tx.init, param_shapes)) / max(nbytes(param_shapes), 1)  # opt. state / params
+  slots = optimizer_slots_of(tx, param_shapes)
   # The clock's model: the trained one, or a larger one (time_model) whose plan sets the durations.
   clock_profiles = profiles if config.time_model is None else time_model_profiles(config.time_model,
                                                                                   config.batch_size)
@@ -300,16 +301,3 @@ def _simulate(config: RunConfig, cluster: Cluster, profiles, layout: Layout, met
   images = sum(vw.completed for vw in vws) * config.batch_size
   return RunResult(None, None, trace.events, rows, seconds, time.perf_counter() - t_host, vws, layout.cuts,
                    images)
-
-
-def make_evaluator(model: LayeredModel, dataset: Dataset, device: Device, chunk: int = 2000):
-  """Returns ``params -> test accuracy`` of the whole model on ``dataset``'s test split."""
-  predict = jax.jit(lambda params, x: jnp.argmax(model.apply(params, x), axis=-1))
-  xs = [jax.device_put(dataset.x_test[i:i + chunk], device) for i in range(0, len(dataset.x_test), chunk)]
-
-  def evaluate(params) -> float:
-    params = jax.device_put(params, device)
-    pred = np.concatenate([np.asarray(predict(params, x)) for x in xs])
-    return float((pred == dataset.y_test).mean())
-
-  return evaluate

@@ -59,10 +59,10 @@ def _fashion_mnist(root: str = FASHION_DIR) -> Dataset:
 
 
 def _digits() -> Dataset:
-  from sklearn.datasets import load_digits  # pylint: disable=g-import-not-at-top
-  d = load_digits()
-  x = (d.images[..., None] / 16.0).astype(np.float32)
-  y = d.target.astype(np.int32)
+  from sklearn.datasets import load_digits  # imported here: only this fallback needs scikit-learn
+  images, target = load_digits(return_X_y=True)  # (n, 64) pixels 0..16, labels
+  x = (images.reshape(-1, 8, 8, 1) / 16.0).astype(np.float32)
+  y = target.astype(np.int32)
   perm = np.random.default_rng(0).permutation(len(x))
   train, test = perm[:1536], perm[1536:]
   return Dataset("digits", x[train], y[train], x[test], y[test], 10)

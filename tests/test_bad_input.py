@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from hetpipe_jax import ConfigError, RunConfig, get_model, load_dataset, run_hetpipe, synthetic
-from hetpipe_jax.cluster.topology import CLASS_D, GpuType, make_cluster
+from hetpipe_jax.cluster import CLASS_D, GpuType, make_cluster
 
 from helpers import assert_trace_ok
 

@@ -14,8 +14,8 @@ from test_transparency import DATA as TDATA
 from test_transparency import STEPS, plain_sgd
 
 from hetpipe_jax import RunConfig, get_model, load_dataset, run_hetpipe, synthetic
-from hetpipe_jax.baselines.horovod import train_data_parallel
-from hetpipe_jax.cluster.topology import GpuType, Link, make_cluster
+from hetpipe_jax.baselines.data_parallel import train_data_parallel
+from hetpipe_jax.cluster import GpuType, Link, make_cluster
 
 from helpers import assert_trace_ok
 

@@ -10,9 +10,10 @@ import jax.numpy as jnp
 import pytest
 
 from hetpipe_jax import RunConfig, get_cluster, get_model, read_trace, run_hetpipe, synthetic
-from hetpipe_jax.cost.profile import profile_units
-from hetpipe_jax.plan.allocation import plan_cluster, plan_to_json
+from hetpipe_jax.cost.profile import full_size_profiles, profile_units
+from hetpipe_jax.plan.allocation import plan_cluster
 from hetpipe_jax.plan.costmodel import CostModel
+from hetpipe_jax.plan.plan_json import plan_to_json
 
 from helpers import assert_trace_ok
 
@@ -36,7 +37,7 @@ def test_plan_cli(tmp_path, model, policy, placement):
 @pytest.mark.parametrize("model", ["vgg19", "resnet152"])
 def test_every_policy_and_placement_plans_the_testbed(model):
   testbed = get_cluster("paper_testbed")
-  profiles = profile_units(get_model(model, 1000), jax.ShapeDtypeStruct((32, 224, 224, 3), jnp.float32))
+  profiles = full_size_profiles(model, 32)
   for policy in ("NP", "ED", "HD"):
     for placement in ("default", "local"):
       plan = plan_cluster(testbed, profiles, policy, placement, optimizer_slots=1)

@@ -4,9 +4,10 @@ import numpy as np
 import pytest
 
 from hetpipe_jax import RunConfig, get_model, run_hetpipe, synthetic
-from hetpipe_jax.cluster.topology import GpuType, Link, make_cluster
+from hetpipe_jax.cluster import GpuType, Link, make_cluster
 from hetpipe_jax.core.trace import Trace
-from hetpipe_jax.cost.profile import UnitProfile, stage_seconds
+from hetpipe_jax.cost.profile import UnitProfile
+from hetpipe_jax.cost.transfer import stage_seconds
 from hetpipe_jax.plan.layout import Layout, VWLayout
 from hetpipe_jax.sim import Simulator, simulate
 

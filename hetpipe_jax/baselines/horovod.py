@@ -95,6 +95,3 @@ def horovod_images_per_second(cluster: Cluster, profiles: Sequence[UnitProfile],
     Images per second.
   """
   return len(gpus) * batch_size / horovod_iteration_seconds(cluster, profiles, gpus, precision)
-
-
-from hetpipe_jax.baselines.data_parallel import train_data_parallel  # noqa: E402,F401  # re-exported for callers; remove when they switch

@@ -160,7 +160,3 @@ def assign_gpus(cluster: Cluster, stages_per_vw: list[int]) -> list[list[Gpu]]:
     groups.append(list(cluster.gpus[start:start + k]))
     start += k
   return groups
-
-
-from hetpipe_jax.cluster.catalogue import CLASS_B, CLASS_C, CLASS_D, GIB, format_bytes  # noqa: E402,F401  # re-exported for callers; remove when they switch
-from hetpipe_jax.cluster.devices import ensure_cpu_devices  # noqa: E402,F401  # re-exported for callers; remove when they switch

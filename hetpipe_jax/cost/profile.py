@@ -152,8 +152,3 @@ def full_size_profiles(name: str, batch_size: int, cache_dir: str | None = FROM_
     ConfigError: for a name that is not a full-size model.
   """
   return profile_units(full_size_model(name), full_size_input(name, batch_size), cache_dir)
-
-
-from hetpipe_jax.cost.memory import stage_memory_bytes  # noqa: E402,F401  # re-exported for callers; remove when they switch
-from hetpipe_jax.cost.roofline import calibrate_efficiency, stage_compute_seconds  # noqa: E402,F401  # re-exported for callers; remove when they switch
-from hetpipe_jax.cost.transfer import stage_seconds, stage_transfers  # noqa: E402,F401  # re-exported for callers; remove when they switch

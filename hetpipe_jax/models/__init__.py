@@ -7,7 +7,6 @@ from hetpipe_jax.models.resnet import resnet
 from hetpipe_jax.models.vgg import vgg
 from hetpipe_jax.models.zoo import (
     FULL_SIZE,
-    FULL_SIZE_INPUT,
     MODELS,
     FullSize,
     full_size_input,
@@ -16,6 +15,6 @@ from hetpipe_jax.models.zoo import (
 )
 
 __all__ = [
-    "FULL_SIZE", "FULL_SIZE_INPUT", "MODELS", "FullSize", "LayeredModel", "cross_entropy", "full_size_input",
+    "FULL_SIZE", "MODELS", "FullSize", "LayeredModel", "cross_entropy", "full_size_input",
     "full_size_model", "get_model", "mlp", "num_params", "resnet", "small_cnn", "vgg",
 ]

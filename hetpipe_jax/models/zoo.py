@@ -39,8 +39,6 @@ class FullSize(NamedTuple):
 
 IMAGENET = FullSize((224, 224, 3), 1000)
 FULL_SIZE = {"vgg19": IMAGENET, "resnet152": IMAGENET}
-# The input shapes alone, as callers read them before FULL_SIZE: re-exported for callers; remove when they switch.
-FULL_SIZE_INPUT = {name: f.input_shape for name, f in FULL_SIZE.items()}
 
 
 def get_model(name: str, num_classes: int = 10) -> LayeredModel:

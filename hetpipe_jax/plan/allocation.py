@@ -191,7 +191,3 @@ def plan_cluster(cluster: Cluster, profiles: Sequence[UnitProfile], policy: str 
   name = policy if isinstance(policy, str) else "custom"
   layout = Layout(tuple(p.layout for p in plans))
   return ClusterPlan(name, placement, tuple(plans), tuple(place_shards(cluster, profiles, layout, placement)))
-
-
-from hetpipe_jax.plan.placement import PLACEMENTS, ps_cross_node_bytes  # noqa: E402,F401  # re-exported for callers; remove when they switch
-from hetpipe_jax.plan.plan_json import plan_to_json  # noqa: E402,F401  # re-exported for callers; remove when they switch

@@ -17,9 +17,9 @@ from hetpipe_jax.core.server import ClockServer
 from hetpipe_jax.core.trace import Trace
 from hetpipe_jax.core.worker import VirtualWorker
 from hetpipe_jax.cost.profile import UnitProfile
-from hetpipe_jax.plan.allocation import place_shards
 from hetpipe_jax.plan.costmodel import CostModel
 from hetpipe_jax.plan.layout import Layout
+from hetpipe_jax.plan.placement import place_shards
 from hetpipe_jax.sim.network import SimComm, Simulator
 
 

@@ -53,6 +53,7 @@ def plot_gantt(events: Iterable[dict[str, Any]], path: str, waves: int = 3) -> N
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  from matplotlib.patches import Patch
 
   events = list(events)
   meta = events[0]
@@ -75,7 +76,7 @@ def plot_gantt(events: Iterable[dict[str, Any]], path: str, waves: int = 3) -> N
   ax.invert_yaxis()
   ax.set_xlim(0, t_end)
   ax.set_xlabel(f"time (s, {meta.get('executor', '?')} clock)")
-  handles = [matplotlib.patches.Patch(color=c, label=kind) for kind, c in COLOURS.items()]
+  handles = [Patch(color=c, label=kind) for kind, c in COLOURS.items()]
   ax.legend(handles=handles, loc="upper right", fontsize=7)
   ax.set_title(f"first {waves} waves: Nm={nms}, D={meta['d']}, {meta.get('weight_mode')}", fontsize=9)
   fig.tight_layout()
