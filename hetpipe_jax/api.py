@@ -253,7 +253,7 @@ def _build(model: LayeredModel, layout: Layout, config: RunConfig, tx: optax.Gra
               for i, vw in enumerate(layout.vws)]
   vws = [VirtualWorker.create(i, vw.k, vw.nm, config.waves * vw.nm, layout.num_vws, config.schedule,
                               config.weight_mode, numerics[i]) for i, vw in enumerate(layout.vws)]
-  return vws, numerics, ParameterServer(init_params, layout.num_vws, config.d, config.ps_tx, devices[0])
+  return vws, numerics, ParameterServer(init_params, layout.num_vws, config.d, config.ps_tx)  # on the host
 
 
 def _train(model: LayeredModel, dataset: Dataset, config: RunConfig, tx: optax.GradientTransformation,

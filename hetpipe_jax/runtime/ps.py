@@ -40,7 +40,9 @@ class ParameterServer:
     num_vws: number of virtual workers.
     d: the clock distance bound D >= 0.
     tx: optax transformation applied to every pushed wave update (default: add as is).
-    device: where the global weights live (default: the first JAX device).
+    device: where the global weights live (default: this process's host CPU device: as in the paper, the
+      shards live in host memory; on a GPU host a push is a device-to-host copy and the apply runs on the
+      host).
 
   Example::
 
@@ -52,7 +54,7 @@ class ParameterServer:
   def __init__(self, params: Sequence[Any], num_vws: int, d: int,
                tx: optax.GradientTransformation | None = None, device: Device | None = None):
     self.d = d
-    self.device = device or jax.devices()[0]
+    self.device = device or jax.local_devices(backend="cpu")[0]
     self.num_shards = len(params)
     self._tx = tx or optax.identity()
     params = tuple(jax.device_put(tuple(params), self.device))
