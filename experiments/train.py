@@ -36,7 +36,8 @@ flags.DEFINE_integer("batch_size", 32, "Examples per minibatch.")
 flags.DEFINE_float("learning_rate", 0.05, "Local optimizer learning rate.")
 flags.DEFINE_string("optimizer", "sgd", "Local optimizer: sgd, momentum, adam.")
 flags.DEFINE_string("weight_mode", "stash", "stash (backward uses its forward's weights) or latest.")
-flags.DEFINE_string("schedule", "1f1b", "Device task order: 1f1b (backward first) or fifo.")
+flags.DEFINE_string("schedule", "1f1b", "Device task order: 1f1b (backward first), fifo, or gpipe (a wave's "
+                    "forwards, then its backwards, flush between waves).")
 flags.DEFINE_string("executor", "virtual", "virtual (emulated cluster clock, deterministic), wall, or sim "
                     "(cost model with shared links, no numerics).")
 flags.DEFINE_float("time_scale", 0.0, "wall executor: pad every task to its emulated duration x this "
