@@ -7,49 +7,69 @@ import os
 import socket
 import subprocess
 import sys
-import time
+import tempfile
 
 import pytest
+
+from hetpipe_jax.errors import ConfigError
+from hetpipe_jax.runtime.launch import check_port_free, free_port, launch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 
-def free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
+def run_job(program: str, num_processes: int, timeout_s: float, grace_s: float = 60.0, **extra_env):
+  """Runs ``tests/programs/<program>`` as one job of ``num_processes`` processes on loopback.
 
-
-def launch(program: str, num_processes: int, timeout_s: float) -> list[subprocess.CompletedProcess]:
-  """Runs ``program`` as ``num_processes`` processes of one job; kills them all after ``timeout_s``."""
+  Returns the launcher's JobResult and every process's (stdout, stderr).
+  """
   coord = f"127.0.0.1:{free_port()}"
   env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
-  procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "programs", program)], cwd=ROOT,
-                            env={**env, "COORD": coord, "NPROC": str(num_processes), "PID": str(i)},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-           for i in range(num_processes)]
-  deadline = time.monotonic() + timeout_s
-  results = []
-  try:
-    for p in procs:
-      out, err = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
-      results.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
-  finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
-        p.wait()
-  return results
+  envs = [{**env, **extra_env, "COORD": coord, "NPROC": str(num_processes), "PID": str(i)}
+          for i in range(num_processes)]
+  with tempfile.TemporaryDirectory() as tmp:
+    files = [[open(os.path.join(tmp, f"{i}.{kind}"), "w+") for kind in ("out", "err")]  # noqa: SIM115
+             for i in range(num_processes)]
+    try:
+      result = launch([[sys.executable, os.path.join(HERE, "programs", program)]] * num_processes, envs,
+                      timeout_s, grace_s, names=[f"node {i}" for i in range(num_processes)],
+                      output=lambda i: (files[i][0].fileno(), files[i][1].fileno()))
+      outputs = []
+      for pair in files:
+        for f in pair:
+          f.seek(0)
+        outputs.append(tuple(f.read() for f in pair))
+    finally:
+      for pair in files:
+        for f in pair:
+          f.close()
+  return result, outputs
 
 
 def test_two_processes_exchange_arrays_both_ways():
-  try:
-    results = launch("exchange.py", 2, timeout_s=180)
-  except subprocess.TimeoutExpired:
-    pytest.fail("the 2-process exchange hung (killed after 180 s)")
-  for i, r in enumerate(results):
-    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), f"process {i}:\n{r.stdout}\n{r.stderr[-3000:]}"
+  result, outputs = run_job("exchange.py", 2, timeout_s=180)
+  assert result.ok, (result.message, outputs)
+  assert all(out.strip().endswith("ok") for out, _ in outputs), outputs
+
+
+@pytest.mark.parametrize("mode", ["exit", "kill"])
+def test_a_lost_process_ends_the_job_in_bounded_time(mode):
+  result, outputs = run_job("fail.py", 2, timeout_s=150, grace_s=30, FAIL_MODE=mode)
+  assert not result.ok and result.failed == 1, (result.message, outputs)
+  how = "exited with code 3" if mode == "exit" else "was killed by signal 9"
+  assert result.message.startswith(f"node 1 (process 1) {how}; the job stopped"), result.message
+  assert result.returncodes[0] not in (None, 0)  # the survivor stopped too (aborted or killed)
+  assert result.seconds < 60, result.seconds  # well before its own 120 s wait
+
+
+def test_a_coordinator_port_in_use_is_one_clear_error():
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    port = s.getsockname()[1]
+    with pytest.raises(ConfigError, match=rf"coordinator port {port} on 127.0.0.1 is in use"):
+      check_port_free(f"127.0.0.1:{port}")
+  check_port_free(f"127.0.0.1:{free_port()}")
 
 
 def test_a_process_id_out_of_range_is_one_clear_error():

@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import jax
 import jax.numpy as jnp
@@ -142,6 +144,16 @@ class Node:
         continue
       del self._offered[key]
       self.delete("ack/" + key)
+
+  def abort(self, message: str, code: int = 1) -> NoReturn:
+    """Ends this process at once after a failure: prints ``message``, records it for the others under
+    ``failed/<process>``, and exits with ``code`` without JAX's shutdown barrier (which would wait for
+    every other process). The others learn of it through the heartbeat within its timeout."""
+    print(f"error: process {self.process}: {message}", file=sys.stderr, flush=True)
+    try:
+      self._kv.key_value_set(f"failed/{self.process}", message)
+    finally:
+      os._exit(code)
 
   def close(self, timeout_s: float = 60.0) -> None:
     """Waits (up to ``timeout_s``) until every process is done, so no pull is left pending at exit."""

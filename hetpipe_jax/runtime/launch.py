@@ -1,0 +1,114 @@
+"""Starts the processes of a job on this host and watches them: one failure or a hang ends all of them.
+
+Without a coordinator address, a multi-process run starts one OS process per node of its cluster here
+(loopback). The launcher gives every process the coordinator address, the job size and its index, waits,
+and guarantees three things: when a process fails, every other process is stopped within ``grace_s``
+(they notice the loss themselves through the coordination service's heartbeat, or are killed); when the
+job runs past ``timeout_s``, every process is killed; and no child outlives the launcher. It reports one
+line naming the lost node and process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+
+from hetpipe_jax.errors import ConfigError
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+  """A TCP port nobody listens on now (for the coordinator on loopback)."""
+  with socket.socket() as s:
+    s.bind((host, 0))
+    return s.getsockname()[1]
+
+
+def check_port_free(address: str) -> None:
+  """Raises ConfigError when ``HOST:PORT`` is already taken on this host."""
+  host, _, port = address.rpartition(":")
+  if not port.isdigit():
+    raise ConfigError(f"coordinator address {address!r} must be HOST:PORT, e.g. 10.0.0.1:7777")
+  with socket.socket() as s:
+    try:
+      s.bind((host or "0.0.0.0", int(port)))
+    except OSError as e:
+      raise ConfigError(f"coordinator port {port} on {host or 'this host'} is in use ({e.strerror}); choose "
+                        "another --coordinator_address port or stop what holds it") from None
+
+
+@dataclasses.dataclass
+class JobResult:
+  """How a launched job ended."""
+
+  returncodes: list[int | None]  # per process; negative: killed by that signal
+  failed: int | None  # the first process that failed (None: all succeeded)
+  message: str  # one line: "ok", or what went wrong and where
+  seconds: float
+
+  @property
+  def ok(self) -> bool:
+    return self.failed is None
+
+
+def launch(commands: Sequence[Sequence[str]], envs: Sequence[dict[str, str]], timeout_s: float,
+           grace_s: float = 60.0, names: Sequence[str] | None = None,
+           output: Callable[[int], tuple[int | None, int | None]] | None = None) -> JobResult:
+  """Runs one process per command and waits for all of them.
+
+  Args:
+    commands: the argv of every process.
+    envs: the full environment of every process.
+    timeout_s: the whole job's limit; past it every process is killed.
+    grace_s: after a process fails, how long the others may take to stop on their own before they
+      are killed.
+    names: a readable name per process for the report (e.g. its node).
+    output: ``index -> (stdout fd, stderr fd)`` for each process (default: inherit this process's).
+
+  Returns:
+    A :class:`JobResult`; ``message`` names the first failed process, or the hung ones.
+  """
+  names = list(names or [f"process {i}" for i in range(len(commands))])
+  procs: list[subprocess.Popen] = []
+  failed: int | None = None
+  hung: list[int] = []
+  t0 = time.monotonic()
+  try:
+    for i, (cmd, env) in enumerate(zip(commands, envs)):
+      out, err = output(i) if output else (None, None)
+      procs.append(subprocess.Popen(list(cmd), env=env, stdout=out, stderr=err, start_new_session=True))
+    deadline = t0 + timeout_s
+    while any(p.poll() is None for p in procs):
+      now = time.monotonic()
+      if failed is None:
+        failed = next((i for i, p in enumerate(procs) if p.poll() not in (None, 0)), None)
+        if failed is not None:
+          deadline = min(deadline, now + grace_s)
+      if now >= deadline:
+        break
+      time.sleep(0.05)
+    hung = [i for i, p in enumerate(procs) if p.poll() is None]
+    if failed is None:  # one may have failed in the last moment
+      failed = next((i for i, p in enumerate(procs) if p.poll() not in (None, 0)), None)
+  finally:
+    for p in procs:  # no orphans, whatever happened (KeyboardInterrupt included)
+      if p.poll() is None:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+  codes = [p.returncode for p in procs]
+  seconds = time.monotonic() - t0
+  if failed is not None:
+    code = codes[failed]
+    how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
+    message = (f"{names[failed]} (process {failed}) {how}; the job stopped"
+               + (f" (killed {', '.join(names[i] for i in hung)} after {grace_s:g} s)" if hung else ""))
+  elif hung:
+    message = f"{', '.join(names[i] for i in hung)} still running after {timeout_s:g} s; killed the job"
+    failed = hung[0]
+  else:
+    message = "ok"
+  return JobResult(codes, failed, message, seconds)
