@@ -13,6 +13,9 @@ trace against the WSP guarantees, and prints the paths::
 
 from __future__ import annotations
 
+import os
+import sys
+
 from absl import flags
 
 from experiments import common
@@ -38,8 +41,8 @@ flags.DEFINE_string("optimizer", "sgd", "Local optimizer: sgd, momentum, adam.")
 flags.DEFINE_string("weight_mode", "stash", "stash (backward uses its forward's weights) or latest.")
 flags.DEFINE_string("schedule", "1f1b", "Device task order: 1f1b (backward first), fifo, or gpipe (a wave's "
                     "forwards, then its backwards, flush between waves).")
-flags.DEFINE_string("executor", "virtual", "virtual (emulated cluster clock, deterministic), wall, or sim "
-                    "(cost model with shared links, no numerics).")
+flags.DEFINE_string("executor", "virtual", "virtual (emulated cluster clock, deterministic), wall, sim "
+                    "(cost model with shared links, no numerics), or multiprocess (one process per node).")
 flags.DEFINE_float("time_scale", 0.0, "wall executor: pad every task to its emulated duration x this "
                    "(0: no padding).")
 flags.DEFINE_string("cuts", None, "Unit boundaries of each virtual worker's stages: one list for every VW, "
@@ -49,6 +52,11 @@ flags.DEFINE_string("cuts", None, "Unit boundaries of each virtual worker's stag
 flags.DEFINE_integer("seed", 0, "Initialisation and shuffling seed, in [0, 2**63 - 1].")
 flags.DEFINE_integer("eval_every", 10, "Evaluate test accuracy every this many global clock ticks.")
 flags.DEFINE_bool("drop_remainder", False, "Drop the examples of an epoch that do not fill a minibatch.")
+flags.DEFINE_string("coordinator_address", None, "multiprocess: HOST:PORT of the coordination service "
+                    "(process 0 hosts it); without it, the job starts one process per node on this host.")
+flags.DEFINE_integer("process_id", None, "multiprocess: this process's index = its node, 0..nodes-1.")
+flags.DEFINE_integer("num_processes", None, "multiprocess: the job's processes (= the cluster's nodes).")
+flags.DEFINE_float("job_timeout", 3600, "multiprocess launcher: seconds before the whole job is killed.")
 flags.DEFINE_string("out_dir", "outputs/train", "Directory for every output.")
 flags.DEFINE_string("trace_out", None, "Trace path (default: OUT_DIR/trace.jsonl).")
 flags.DEFINE_string("metrics_out", None, "Metrics path (default: OUT_DIR/metrics.jsonl).")
@@ -74,11 +82,52 @@ def plot_training(metrics: list[dict], path: str, title: str) -> None:
   plt.close(fig)
 
 
+def launch_nodes() -> None:
+  """``--executor=multiprocess`` without a coordinator: runs this command as one process per node of
+  ``--cluster`` on this host (loopback) and waits for them; one failure or a hang ends all of them."""
+  from hetpipe_jax import get_cluster
+  from hetpipe_jax.runtime.launch import free_port, launch
+  nodes = sorted({g.node for g in get_cluster(FLAGS.cluster).gpus})
+  coordinator = f"127.0.0.1:{free_port()}"
+  cmd = [sys.executable, "-m", "experiments.train", *sys.argv[1:], f"--coordinator_address={coordinator}",
+         f"--num_processes={len(nodes)}"]
+  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+  common.progress("launching %d processes (one per node) on this host, coordinator %s", len(nodes), coordinator)
+  result = launch([cmd + [f"--process_id={i}"] for i in range(len(nodes))], [env] * len(nodes),
+                  FLAGS.job_timeout, grace_s=60, names=[f"node {n}" for n in nodes])
+  if not result.ok:
+    raise SystemExit(f"error: {result.message}")
+
+
+def join_job() -> None:
+  """Joins the multi-process job as ``--process_id`` with the CPU devices of its node (before JAX starts)."""
+  from hetpipe_jax import ConfigError, get_cluster
+  from hetpipe_jax.runtime.distributed import join
+  from hetpipe_jax.runtime.launch import check_port_free
+  cluster = get_cluster(FLAGS.cluster)
+  nodes = sorted({g.node for g in cluster.gpus})
+  if FLAGS.num_processes != len(nodes):
+    raise ConfigError(f"--num_processes={FLAGS.num_processes} but cluster {cluster.name!r} has {len(nodes)} "
+                      f"nodes; run one process per node (--num_processes={len(nodes)})")
+  if FLAGS.process_id is None or not 0 <= FLAGS.process_id < len(nodes):
+    raise ConfigError(f"--process_id={FLAGS.process_id}; give each of the {len(nodes)} processes a distinct "
+                      f"id in 0..{len(nodes) - 1}")
+  if FLAGS.process_id == 0:
+    check_port_free(FLAGS.coordinator_address)  # process 0 hosts the coordination service
+  join(FLAGS.coordinator_address, len(nodes), FLAGS.process_id,
+       local_devices=len(cluster.node_gpus(nodes[FLAGS.process_id])))
+
+
 def main(argv):
   del argv
   from hetpipe_jax import ConfigError, get_cluster
   from hetpipe_jax.plan.allocation import parse_policy
   common.check_seed(FLAGS.seed)
+  multiprocess = FLAGS.executor == "multiprocess"
+  if multiprocess and FLAGS.coordinator_address is None:
+    return launch_nodes()
+  if multiprocess:
+    join_job()
   policy = parse_policy(FLAGS.policy) if FLAGS.policy else None
   stages = common.parse_ints("stages", FLAGS.stages)
   cuts = None
@@ -92,7 +141,8 @@ def main(argv):
                         "planner decides the virtual workers; give one value: a number, max_fit or best")
     nm_rule = FLAGS.nm[0] if FLAGS["nm"].present else "max_fit"
     nm = nm_rule if nm_rule in ("max_fit", "best") else common.parse_ints("nm", FLAGS.nm)[0]
-    common.ensure_devices(get_cluster(FLAGS.cluster).num_gpus)
+    if not multiprocess:
+      common.ensure_devices(get_cluster(FLAGS.cluster).num_gpus)
   else:
     nms = common.parse_ints("nm", FLAGS.nm)
     nm = nms[0] if len(nms) == 1 else nms
@@ -101,7 +151,8 @@ def main(argv):
       if not FLAGS["stages"].present:  # the cuts say how many stages
         stages = [len(c) - 1 for c in cuts]
         stages = stages[:1] if len(set(stages)) == 1 else stages
-    common.ensure_devices(FLAGS.num_vws * max(stages))
+    if not multiprocess:
+      common.ensure_devices(FLAGS.num_vws * max(stages))
 
   from hetpipe_jax import RunConfig, check_trace, get_model, load_dataset, run_hetpipe, staleness_stats
   from hetpipe_jax.viz.timeline import chrome_trace, plot_gantt
@@ -119,6 +170,8 @@ def main(argv):
   model = get_model(FLAGS.model, dataset.num_classes)
   common.progress("training %s on %s: %s", model.name, dataset.name, config)
   result = run_hetpipe(model, dataset, config)
+  if multiprocess and FLAGS.process_id != 0:
+    return None  # process 0 runs the engine and writes every output
   meta = result.events[0]
   stages, nms = meta["stages"], meta["nm"]
   for i, (group, cut) in enumerate(zip(meta["gpus"], meta["cuts"])):
@@ -139,7 +192,8 @@ def main(argv):
   }
   summary_out = common.write_json(common.output_path(FLAGS.out_dir, "summary.json"), summary)
   clock = {"virtual": "emulated cluster time", "sim": "simulated cluster time",
-           "wall": "wall time (CPU emulation)"}[config.executor]
+           "wall": "wall time (CPU emulation)", "multiprocess": "wall time of process 0 (CPU emulation)"}[
+               config.executor]
   outputs = [("trace", trace_out), ("metrics", metrics_out), ("summary", summary_out)]
   if final_acc is not None:
     outputs.append(("plot", common.output_path(FLAGS.out_dir, "training.png")))

@@ -25,6 +25,7 @@ import itertools
 import json
 import os
 import sys
+import threading
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
@@ -69,6 +70,7 @@ class Node:
     self._sent: dict[tuple[int, str], int] = {}
     self._received: dict[tuple[int, str], int] = {}
     self._offered: dict[str, list[Any]] = {}  # notice key -> arrays kept alive until acknowledged
+    self._lock = threading.Lock()  # several threads send and receive
 
   # --- control: the key-value store --------------------------------------------------------------------
 
@@ -107,12 +109,13 @@ class Node:
   def send(self, dst: int, tag: str, arrays: Sequence[jax.Array]) -> None:
     """Offers ``arrays`` to process ``dst`` as the next message on channel ``tag``; does not block."""
     arrays = list(arrays)
-    seq = self._sent.get((dst, tag), 0)
-    self._sent[(dst, tag)] = seq + 1
-    uid = next(self._ids)
+    with self._lock:
+      seq = self._sent.get((dst, tag), 0)
+      self._sent[(dst, tag)] = seq + 1
+      uid = next(self._ids)
+      key = _MESSAGE_KEY.format(src=self.process, dst=dst, tag=tag, seq=seq)
+      self._offered[key] = arrays
     self._server.await_pull(uid, arrays)
-    key = _MESSAGE_KEY.format(src=self.process, dst=dst, tag=tag, seq=seq)
-    self._offered[key] = arrays
     self.put(key, json.dumps({"id": uid, "arrays": [[list(a.shape), str(a.dtype)] for a in arrays]}))
     self._release_acknowledged()
 
@@ -122,10 +125,11 @@ class Node:
     Raises:
       TimeoutError: when no message arrives within ``timeout_s``.
     """
-    seq = self._received.get((src, tag), 0)
+    with self._lock:
+      seq = self._received.get((src, tag), 0)
+      self._received[(src, tag)] = seq + 1
     key = _MESSAGE_KEY.format(src=src, dst=self.process, tag=tag, seq=seq)
     notice = json.loads(self.get(key, timeout_s))
-    self._received[(src, tag)] = seq + 1
     sharding = jax.sharding.SingleDeviceSharding(self.device)
     specs = [jax.ShapeDtypeStruct(tuple(shape), jnp.dtype(dtype), sharding=sharding)
              for shape, dtype in notice["arrays"]]
@@ -137,12 +141,16 @@ class Node:
 
   def _release_acknowledged(self) -> None:
     """Drops the offered arrays whose pull the receiver has acknowledged."""
-    for key in list(self._offered):
+    with self._lock:
+      keys = list(self._offered)
+    for key in keys:
       try:
         self._kv.key_value_try_get("ack/" + key)
       except Exception:  # NOT_FOUND: not pulled yet
         continue
-      del self._offered[key]
+      with self._lock:
+        if self._offered.pop(key, None) is None:
+          continue  # another thread released it
       self.delete("ack/" + key)
 
   def abort(self, message: str, code: int = 1) -> NoReturn:
@@ -159,6 +167,14 @@ class Node:
     """Waits (up to ``timeout_s``) until every process is done, so no pull is left pending at exit."""
     self.barrier("hetpipe_jax/close", timeout_s)
     self._offered.clear()
+
+
+_CURRENT: list[Node] = []  # the Node of this process, once it has joined
+
+
+def current_node() -> Node | None:
+  """This process's :class:`Node` if it joined a job, else None."""
+  return _CURRENT[0] if _CURRENT else None
 
 
 def join(coordinator: str, num_processes: int, process: int, local_devices: int,
@@ -185,4 +201,5 @@ def join(coordinator: str, num_processes: int, process: int, local_devices: int,
   jax.distributed.initialize(coordinator, num_processes=num_processes, process_id=process,
                              heartbeat_timeout_seconds=heartbeat_timeout_s,
                              initialization_timeout=init_timeout_s)
-  return Node(process, num_processes, jax.local_devices()[0])
+  _CURRENT[:] = [Node(process, num_processes, jax.local_devices()[0])]
+  return _CURRENT[0]

@@ -26,7 +26,7 @@ from hetpipe_jax.core.schedule import Task
 from hetpipe_jax.errors import ProtocolError
 
 CostFn = Callable[[Task], float]
-EXECUTORS = ("virtual", "wall", "sim")  # sim: see hetpipe_jax.sim
+EXECUTORS = ("virtual", "wall", "sim", "multiprocess")  # sim: hetpipe_jax.sim; multiprocess: .multiprocess
 
 
 def run_virtual(engine: Engine, cost: CostFn) -> float:
@@ -50,7 +50,8 @@ def run_virtual(engine: Engine, cost: CostFn) -> float:
   return t
 
 
-def run_wall(engine: Engine, cost: CostFn | None = None, time_scale: float = 1.0) -> float:
+def run_wall(engine: Engine, cost: CostFn | None = None, time_scale: float = 1.0,
+             wait: Callable[[Any], Any] = jax.block_until_ready) -> float:
   """Runs ``engine`` with one thread per device; returns the wall-clock seconds taken.
 
   Whichever thread finishes a task dispatches every task that became startable, on any device, at once
@@ -61,6 +62,8 @@ def run_wall(engine: Engine, cost: CostFn | None = None, time_scale: float = 1.0
     engine: the engine.
     cost: emulated task durations; when given, every task lasts at least ``cost(task) * time_scale``.
     time_scale: real seconds per emulated second.
+    wait: blocks until a started task's numerics are done, given what ``engine.start`` returned (default:
+      its arrays are ready; the ``multiprocess`` executor waits for the task's process to report).
   """
   lock = threading.Lock()
   keys = engine.devices()
@@ -91,7 +94,7 @@ def run_wall(engine: Engine, cost: CostFn | None = None, time_scale: float = 1.0
               return
             wakeups[key].wait()
           task, t0, out = cast(tuple[Task, float, Any], running[key])
-        jax.block_until_ready(out)
+        wait(out)
         if cost is not None:
           remaining = t0 + cost(task) * time_scale - now()
           if remaining > 0:

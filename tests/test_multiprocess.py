@@ -1,0 +1,100 @@
+"""The ``multiprocess`` executor on loopback: one process per node, one engine, the same protocol.
+
+Each run goes through the training CLI (which launches the processes) as a subprocess with a timeout.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from hetpipe_jax import RunConfig, get_model, read_trace, run_hetpipe, synthetic
+
+from helpers import assert_trace_ok
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TWO_NODES = os.path.join(ROOT, "tests", "data", "two_nodes.toml")
+ENV = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+
+
+def train(tmp_path, *flags: str, timeout: float = 300) -> subprocess.CompletedProcess:
+  return subprocess.run([sys.executable, "-m", "experiments.train", "--executor=multiprocess",
+                         "--dataset=synthetic", "--model=mlp", f"--out_dir={tmp_path}", *flags],
+                        capture_output=True, text=True, timeout=timeout, env=ENV, cwd=ROOT)
+
+
+def test_four_processes_train_with_pipelines_across_nodes(tmp_path):
+  """ED on hetero4: every virtual worker has one GPU on each of the 4 nodes, so every hop crosses processes."""
+  proc = train(tmp_path, "--cluster=hetero4", "--policy=ED", "--d=1", "--waves=4")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "trace check: OK" in proc.stdout
+  events = read_trace(str(tmp_path / "trace.jsonl"))
+  stats = assert_trace_ok(events)
+  meta = events[0]
+  assert meta["executor"] == "multiprocess" and meta["stages"] == [4, 4]
+  assert all(len({g.split(".")[0] for g in group}) == 4 for group in meta["gpus"])  # 4 nodes per VW
+  assert stats["max_global_staleness"] is not None
+  summary = json.loads((tmp_path / "summary.json").read_text())
+  assert summary["final_test_accuracy"] > 0.5
+
+
+def test_one_vw_across_two_processes_is_plain_sgd(tmp_path):
+  """Nm = 1, D = 0, one virtual worker whose 2 stages sit in 2 processes: the same losses as in one process."""
+  flags = ("--num_vws=1", "--stages=2", "--nm=1", "--d=0", "--waves=12", "--batch_size=32", "--seed=3")
+  proc = train(tmp_path, f"--cluster={TWO_NODES}", *flags)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  events = read_trace(str(tmp_path / "trace.jsonl"))
+  assert_trace_ok(events)
+  rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  single = run_hetpipe(get_model("mlp"), synthetic(), RunConfig(
+      cluster="uniform8", num_vws=1, stages=2, nm=1, d=0, waves=12, batch_size=32, seed=3,
+      cuts=[events[0]["cuts"][0]]))
+  np.testing.assert_allclose([r["train_loss"] for r in rows], [r["train_loss"] for r in single.metrics],
+                             rtol=1e-5)
+  assert rows[-1]["train_loss"] < rows[0]["train_loss"]
+
+
+def test_a_killed_process_ends_the_job_with_one_line(tmp_path):
+  proc = subprocess.Popen([sys.executable, "-m", "experiments.train", "--executor=multiprocess",
+                           f"--cluster={TWO_NODES}", "--dataset=synthetic", "--model=mlp", "--num_vws=1",
+                           "--stages=2", "--waves=100000", f"--out_dir={tmp_path}"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=ROOT)
+  try:
+    victim = None
+    deadline = time.monotonic() + 120
+    while victim is None and time.monotonic() < deadline:  # wait until process 1 runs
+      out = subprocess.run(["pgrep", "-f", "--", f"--out_dir={tmp_path} .*--process_id=1"], capture_output=True,
+                           text=True).stdout.split()
+      victim = int(out[0]) if out else None
+      time.sleep(0.5)
+    assert victim is not None, "process 1 never started"
+    time.sleep(15)  # let it join and train
+    os.kill(victim, signal.SIGKILL)
+    t_kill = time.monotonic()
+    _, err = proc.communicate(timeout=120)
+    assert time.monotonic() - t_kill < 90
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+      proc.wait()
+  assert proc.returncode == 1
+  assert err.strip().splitlines()[-1] == (
+      "error: node 1 (process 1) was killed by signal 9; the job stopped"), err[-2000:]
+  left = subprocess.run(["pgrep", "-f", "--", f"--out_dir={tmp_path}"], capture_output=True, text=True).stdout
+  assert not left.strip(), f"orphan processes: {left}"
+
+
+@pytest.mark.parametrize("flags,message", [
+    (("--num_processes=3", "--process_id=0", "--coordinator_address=127.0.0.1:1"),
+     "--num_processes=3 but cluster 'two_nodes' has 2 nodes"),
+    (("--num_processes=2", "--process_id=7", "--coordinator_address=127.0.0.1:1"),
+     "--process_id=7; give each of the 2 processes a distinct id in 0..1"),
+])
+def test_bad_process_flags_are_one_line(tmp_path, flags, message):
+  proc = train(tmp_path, f"--cluster={TWO_NODES}", "--num_vws=1", *flags, timeout=120)
+  assert proc.returncode == 1 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
