@@ -169,7 +169,17 @@ def main(argv):
   dataset = load_dataset(FLAGS.dataset)
   model = get_model(FLAGS.model, dataset.num_classes)
   common.progress("training %s on %s: %s", model.name, dataset.name, config)
-  result = run_hetpipe(model, dataset, config)
+  if multiprocess:
+    from hetpipe_jax.runtime.distributed import current_node
+    node = current_node()
+    try:
+      result = run_hetpipe(model, dataset, config)
+    except Exception as e:  # one line, and out at once: the launcher stops the other processes
+      if node is None or isinstance(e, ConfigError):
+        raise
+      node.abort(f"{type(e).__name__}: {e}")
+  else:
+    result = run_hetpipe(model, dataset, config)
   if multiprocess and FLAGS.process_id != 0:
     return None  # process 0 runs the engine and writes every output
   meta = result.events[0]

@@ -41,11 +41,19 @@ from hetpipe_jax.plan.allocation import plan_cluster
 from hetpipe_jax.plan.costmodel import CostModel, check_memory
 from hetpipe_jax.plan.layout import Layout
 from hetpipe_jax.plan.manual import fastest_cuts, manual_layout, per_vw
-from hetpipe_jax.plan.placement import PLACEMENTS
+from hetpipe_jax.plan.placement import PLACEMENTS, place_shards
 from hetpipe_jax.runtime import executors
 from hetpipe_jax.runtime.distributed import current_node
 from hetpipe_jax.runtime.metrics import WaveMetrics
-from hetpipe_jax.runtime.multiprocess import Mailbox, RemoteNumerics, StageWorker, process_of
+from hetpipe_jax.runtime.multiprocess import (
+  Channel,
+  Mailbox,
+  RemoteNumerics,
+  ShardedServer,
+  ShardWorker,
+  StageWorker,
+  process_of,
+)
 from hetpipe_jax.runtime.ps import ParameterServer
 from hetpipe_jax.runtime.stage import Device, Stage
 from hetpipe_jax.runtime.transport import DeviceComm
@@ -240,7 +248,7 @@ def run_hetpipe(model: LayeredModel, dataset: Dataset, config: RunConfig) -> Run
   check_memory(profiles, layout, config.weight_mode, slots)
   if config.executor == "multiprocess":
     return _train_multiprocess(model, dataset, config, tx, cluster, CostModel(cluster, clock_profiles, clock_layout),
-                               layout, meta, sample_x)
+                               layout, meta, sample_x, profiles)
   return _train(model, dataset, config, tx, CostModel(cluster, clock_profiles, clock_layout), layout, meta,
                 sample_x)
 
@@ -295,9 +303,9 @@ def _train(model: LayeredModel, dataset: Dataset, config: RunConfig, tx: optax.G
 
 def _train_multiprocess(model: LayeredModel, dataset: Dataset, config: RunConfig, tx: optax.GradientTransformation,
                         cluster: Cluster, cost_model: CostModel, layout: Layout, meta: dict[str, Any],
-                        sample_x) -> RunResult:
+                        sample_x, profiles: Sequence[UnitProfile]) -> RunResult:
   """One process of a ``multiprocess`` run (see :mod:`hetpipe_jax.runtime.multiprocess`): every process
-  runs its node's stages; process 0 also runs the engine and returns the run's result."""
+  runs its node's stages and PS shards; process 0 also runs the engine and returns the run's result."""
   node = current_node()
   nodes = sorted({g.node for g in cluster.gpus})
   if node is None:
@@ -309,9 +317,14 @@ def _train_multiprocess(model: LayeredModel, dataset: Dataset, config: RunConfig
   streams = MinibatchStreams(dataset, config.batch_size, layout.num_vws, config.seed, config.drop_remainder)
   init_params = model.init(jax.random.key(config.seed), sample_x)  # the same in every process
   owners = process_of(layout, nodes)
+  shard_owners = [nodes.index(n) for n in place_shards(cluster, profiles, layout, config.placement)]
   local = jax.local_devices()
   mailbox = Mailbox()
-  workers = []
+  mine = [u for u, p in enumerate(shard_owners) if p == node.process]
+  threads = []
+  if mine:  # this process holds these units' PS shards, in host memory
+    threads.append(ShardWorker(node, mine, [init_params[u] for u in mine], layout.num_vws, config.d, config.ps_tx,
+                               owners, layout.cuts, mailbox).thread)
   x0, y0 = streams(0, 1)
   for (i, j), process in owners.items():
     if process != node.process:
@@ -323,40 +336,40 @@ def _train_multiprocess(model: LayeredModel, dataset: Dataset, config: RunConfig
                   config.weight_mode)
     x = model.apply(init_params[:units.start], jnp.asarray(x0), 0, units.start)  # the stage's input shape
     stage.warm_up(x, jax.device_put(y0, device) if stage.is_last else None)
-    workers.append(StageWorker(node, i, j, stage, vw.nm, owners, streams, mailbox))
-  for worker in workers:
-    worker.thread.start()
+    threads.append(StageWorker(node, i, j, stage, vw.nm, owners, shard_owners, streams, mailbox).thread)
+  for thread in threads:
+    thread.start()
   node.barrier("hetpipe_jax/ready", 600)  # every stage compiled before the clock starts
   if node.process != 0:
-    for worker in workers:
-      worker.thread.join()
+    for thread in threads:
+      thread.join()
     node.close()
     return RunResult(None, None, [], [], 0.0, 0.0, [], layout.cuts, 0)
-  treedefs = [jax.tree.structure(p) for p in init_params]
-  numerics = [RemoteNumerics(node, i, vw.k, vw.cuts, vw.nm, owners, mailbox, treedefs)
-              for i, vw in enumerate(layout.vws)]
+  channels = {p: Channel(node, f"ps{p}") for p in sorted(set(shard_owners))}
+  server = ShardedServer(node, layout.num_vws, config.d, shard_owners, channels, mailbox,
+                         [jax.tree.structure(p) for p in init_params])
+  numerics = [RemoteNumerics(node, i, vw.cuts, vw.nm, shard_owners, channels) for i, vw in enumerate(layout.vws)]
   vws = [VirtualWorker.create(i, vw.k, vw.nm, config.waves * vw.nm, layout.num_vws, config.schedule,
                               config.weight_mode, numerics[i]) for i, vw in enumerate(layout.vws)]
-  ps = ParameterServer(init_params, layout.num_vws, config.d, config.ps_tx)  # on the host
-  ps.warm_up()
   trace = Trace(config.trace_path)
   trace.emit(**meta)
-  metrics = WaveMetrics(ps, layout.nms, config.waves, config.eval_every)
-  engine = Engine(vws, ps, trace, None, metrics.on_wave)
+  metrics = WaveMetrics(server, layout.nms, config.waves, config.eval_every)
+  engine = Engine(vws, server, trace, None, metrics.on_wave)
   cost = lambda task: cost_model.task_seconds(task.vw, task.stage, task.kind)
   t_host = time.perf_counter()
   try:
     seconds = executors.run_wall(engine, cost if config.time_scale > 0 else None, config.time_scale,
                                  wait=numerics[0].wait)
-    final = ps.params
-    jax.block_until_ready(final)
   finally:
     trace.close()
   wall_seconds = time.perf_counter() - t_host
+  final = server.params
   for n in numerics:
     n.stop()
-  for worker in workers:
-    worker.thread.join()
+  for channel in channels.values():
+    channel.post(op="stop")
+  for thread in threads:
+    thread.join()
   node.close()
   rows = metrics.finish(final, make_evaluator(model, dataset, local[0]))
   images = sum(vw.completed for vw in vws) * config.batch_size

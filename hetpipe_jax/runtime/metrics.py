@@ -16,20 +16,20 @@ import numpy as np
 from absl import logging
 
 from hetpipe_jax.core import wsp
-from hetpipe_jax.runtime.ps import ParameterServer
+from hetpipe_jax.core.server import Server
 
 
 class WaveMetrics:
   """Collects ``{"vw", "wave", "step", "time", "train_loss", "global_clock"}`` per pushed wave.
 
   Args:
-    ps: the parameter server (its clock decides when to snapshot the global weights).
+    ps: the parameter server (its clock decides when to snapshot its ``params``, the global weights).
     nms: Nm of every virtual worker (a wave of VW i is nms[i] steps).
     waves: waves each virtual worker runs.
     eval_every: snapshot the global weights every this many global clock ticks (and at the end).
   """
 
-  def __init__(self, ps: ParameterServer, nms: list[int], waves: int, eval_every: int):
+  def __init__(self, ps: Server, nms: list[int], waves: int, eval_every: int):
     self._ps, self._nms, self._waves, self._eval_every = ps, nms, waves, eval_every
     self.rows: list[dict[str, Any]] = []
     self._snapshots: list[tuple[int, Any]] = []  # (row index, global params) to evaluate after the run
@@ -45,7 +45,7 @@ class WaveMetrics:
     if clock > self._clock:
       self._clock = clock
       if clock % self._eval_every == 0 or clock == self._waves:
-        self._snapshots.append((len(self.rows) - 1, self._ps.params))
+        self._snapshots.append((len(self.rows) - 1, self._ps.params))  # type: ignore[attr-defined]
         logging.info("global clock %d/%d  t=%.4gs  VW %d wave %d loss %.4f  (%d/%d waves pushed)",
                      clock, self._waves, t, vw, wave, float(np.mean(jax.device_get(losses))),
                      self._pushed, self._waves * len(self._nms))

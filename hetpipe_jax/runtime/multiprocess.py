@@ -24,17 +24,20 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 
+from hetpipe_jax.core import wsp
 from hetpipe_jax.core.schedule import FWD, Task
+from hetpipe_jax.core.server import Snapshot
 from hetpipe_jax.data import MinibatchStreams
 from hetpipe_jax.errors import ProtocolError
 from hetpipe_jax.plan.layout import Layout
 from hetpipe_jax.runtime.distributed import Node
+from hetpipe_jax.runtime.ps import ParameterServer
 from hetpipe_jax.runtime.stage import Stage
 
 TIMEOUT_S = 600.0  # a command or report that takes longer means a lost process
@@ -65,6 +68,60 @@ class Mailbox:
       return self._items.pop(key)
 
 
+def deliver(node: Node, mailbox: Mailbox, dst: int, tag: str, arrays: list[Any]) -> None:
+  """Sends ``arrays`` to process ``dst`` under ``tag`` (through the mailbox when ``dst`` is this process)."""
+  if dst == node.process:
+    mailbox.put(tag, arrays)
+  else:
+    node.send(dst, tag, arrays)
+
+
+def collect(node: Node, mailbox: Mailbox, src: int, tag: str) -> list[Any]:
+  """The arrays process ``src`` delivered under ``tag``."""
+  return mailbox.take(tag, TIMEOUT_S) if src == node.process else node.recv(src, tag, TIMEOUT_S)
+
+
+def command_loop(node: Node, channel: str, handle, what: str) -> None:
+  """Executes the commands of ``channel`` (``cmd/<channel>/<seq>``) in order with ``handle(cmd) -> reply``
+  until a stop command; any failure ends this process at once (the others follow)."""
+  seq = 0
+  try:
+    while True:
+      cmd = json.loads(node.get(f"cmd/{channel}/{seq}", TIMEOUT_S))
+      if cmd["op"] == "stop":
+        return
+      node.put(f"done/{channel}/{seq}", json.dumps(handle(cmd)))
+      seq += 1
+  except BaseException as e:  # pylint: disable=broad-except
+    node.abort(f"{what}: {type(e).__name__}: {e}")
+
+
+class Channel:
+  """The controller's end of one command channel: posts commands in order, waits for their reports."""
+
+  def __init__(self, node: Node, name: str):
+    self.node, self.name, self._seq = node, name, 0
+
+  def post(self, **cmd) -> str:
+    """Posts a command; returns the key its report will have."""
+    seq = self._seq
+    self._seq += 1
+    self.node.put(f"cmd/{self.name}/{seq}", json.dumps(cmd))
+    return f"done/{self.name}/{seq}"
+
+
+def wait(node: Node, key: str) -> dict:
+  """The report under ``key`` (blocks until its process posts it).
+
+  Raises:
+    ProtocolError: when no report comes within the timeout (its process hung or is gone).
+  """
+  try:
+    return json.loads(node.get(key, TIMEOUT_S))
+  except TimeoutError:
+    raise ProtocolError(f"no report {key!r} within {TIMEOUT_S:g} s: its process hung or is gone") from None
+
+
 class StageWorker:
   """Executes the commands of one stage of one virtual worker in this process, in order.
 
@@ -79,26 +136,31 @@ class StageWorker:
   """
 
   def __init__(self, node: Node, vw: int, stage: int, stage_obj: Stage, nm: int,
-               owners: dict[tuple[int, int], int], streams: MinibatchStreams, mailbox: Mailbox):
+               owners: dict[tuple[int, int], int], shard_owners: Sequence[int], streams: MinibatchStreams,
+               mailbox: Mailbox):
     self.node, self.vw, self.j, self.stage, self.nm = node, vw, stage, stage_obj, nm
-    self._owners, self._streams, self._mailbox = owners, streams, mailbox
+    self._owners, self._shards, self._streams, self._mailbox = owners, shard_owners, streams, mailbox
     self._losses: dict[int, Any] = {}
-    self.thread = threading.Thread(target=self._loop, name=f"vw{vw}-stage{stage}", daemon=True)
+    self._treedefs = [jax.tree.structure(p) for p in stage_obj.params]  # one per unit
+    handlers = {FWD: lambda c: self._forward(c["mb"]), "bwd": lambda c: self._backward(c["mb"]),
+                "take": lambda c: self._take(c["wave"]), "rebase": lambda c: self._rebase(c["n"])}
+    self.thread = threading.Thread(
+        target=command_loop, args=(node, f"{vw}.{stage}", lambda c: handlers[c["op"]](c), f"VW {vw} stage {stage}"),
+        name=f"vw{vw}-stage{stage}", daemon=True)
+
+  def _by_owner(self) -> dict[int, list[int]]:
+    """The shard owner of each of this stage's units: owner process -> units, in unit order."""
+    out: dict[int, list[int]] = {}
+    for unit in range(self.stage.first, self.stage.last):
+      out.setdefault(self._shards[unit], []).append(unit)
+    return out
 
   def _send(self, stage: int, kind: str, mb: int, x: Any) -> None:
     """Sends activation (kind "a") or gradient ("g") of ``mb`` to ``stage`` of this virtual worker."""
-    key, dst = f"{kind}{self.vw}.{stage}.{mb}", self._owners[(self.vw, stage)]
-    if dst == self.node.process:
-      self._mailbox.put(key, x)
-    else:
-      self.node.send(dst, key, [x])
+    deliver(self.node, self._mailbox, self._owners[(self.vw, stage)], f"{kind}{self.vw}.{stage}.{mb}", [x])
 
   def _receive(self, stage: int, kind: str, mb: int) -> Any:
-    key, src = f"{kind}{self.vw}.{self.j}.{mb}", self._owners[(self.vw, stage)]
-    if src == self.node.process:
-      x = self._mailbox.take(key, TIMEOUT_S)
-    else:
-      (x,) = self.node.recv(src, key, TIMEOUT_S)
+    (x,) = collect(self.node, self._mailbox, self._owners[(self.vw, stage)], f"{kind}{self.vw}.{self.j}.{mb}")
     return jax.device_put(x, self.stage.device)
 
   def _forward(self, mb: int) -> dict:
@@ -125,44 +187,137 @@ class StageWorker:
     return {}
 
   def _take(self, wave: int) -> dict:
-    update = jax.tree.leaves(self.stage.take_wave(wave))
-    key = f"u{self.vw}.{self.j}.{wave}"
-    if self.node.process == 0:
-      self._mailbox.put(key, update)
-    else:
-      self.node.send(0, key, update)
+    """Closes ``wave``: sends each unit's summed update to the process that owns its shard."""
+    update = self.stage.take_wave(wave)
+    for owner, units in self._by_owner().items():
+      leaves = jax.tree.leaves(tuple(update[u - self.stage.first] for u in units))
+      deliver(self.node, self._mailbox, owner, f"u{self.vw}.{self.j}.{wave}", leaves)
     first = wave * self.nm + 1
     losses = [float(self._losses.pop(p)) for p in range(first, first + self.nm)] if self.stage.is_last else []
     return {"losses": losses}
 
-  def _rebase(self, n: int, treedef: Any) -> dict:
-    key = f"p{self.vw}.{self.j}.{n}"
-    leaves = self._mailbox.take(key, TIMEOUT_S) if self.node.process == 0 else self.node.recv(0, key, TIMEOUT_S)
-    return {"added": self.stage.rebase(jax.tree.unflatten(treedef, leaves))}
+  def _rebase(self, n: int) -> dict:
+    """Pull: the global weights of this stage's units from their owners, plus the open accumulators."""
+    params: dict[int, Any] = {}
+    for owner, units in self._by_owner().items():
+      leaves = collect(self.node, self._mailbox, owner, f"p{self.vw}.{self.j}.{n}")
+      for u in units:  # in unit order, as the owner flattened them
+        treedef = self._treedefs[u - self.stage.first]
+        params[u] = jax.tree.unflatten(treedef, leaves[:treedef.num_leaves])
+        leaves = leaves[treedef.num_leaves:]
+    return {"added": self.stage.rebase(tuple(params[u] for u in sorted(params)))}
 
-  def _loop(self) -> None:
-    treedef = jax.tree.structure(self.stage.params)
-    seq = 0
-    try:
-      while True:
-        cmd = json.loads(self.node.get(f"cmd/{self.vw}.{self.j}/{seq}", TIMEOUT_S))
-        op = cmd["op"]
-        if op == "stop":
-          return
-        if op == FWD:
-          reply = self._forward(cmd["mb"])
-        elif op == "bwd":
-          reply = self._backward(cmd["mb"])
-        elif op == "take":
-          reply = self._take(cmd["wave"])
-        elif op == "rebase":
-          reply = self._rebase(cmd["n"], treedef)
-        else:
-          raise ProtocolError(f"unknown command {cmd}")
-        self.node.put(f"done/{self.vw}.{self.j}/{seq}", json.dumps(reply))
-        seq += 1
-    except BaseException as e:  # any failure ends this process at once; the others follow
-      self.node.abort(f"VW {self.vw} stage {self.j}: {type(e).__name__}: {e}")
+
+class ShardWorker:
+  """The PS shards this process owns: their global weights and optax state, applied and served in the
+  order the controller posts (channel ``ps<process>``).
+
+  Args:
+    node: this process's node.
+    units: the units whose shards live here.
+    params: their initial global weights.
+    layout_owners: (virtual worker, stage) -> process; ``cuts``: each virtual worker's unit boundaries.
+  """
+
+  def __init__(self, node: Node, units: Sequence[int], params: Sequence[Any], num_vws: int, d: int,
+               tx, owners: dict[tuple[int, int], int], cuts: Sequence[Sequence[int]], mailbox: Mailbox):
+    self.node, self.units, self._owners, self._cuts, self._mailbox = node, list(units), owners, cuts, mailbox
+    self.ps = ParameterServer(params, num_vws, d, tx)  # the same apply rule as in one process
+    self.ps.warm_up()
+    self._treedefs = [jax.tree.structure(p) for p in params]
+    handlers = {"apply": self._apply, "serve": self._serve, "gather": self._gather}
+    self.thread = threading.Thread(target=command_loop, daemon=True, name=f"ps{node.process}",
+                                   args=(node, f"ps{node.process}", lambda c: handlers[c["op"]](c),
+                                         f"PS shards of process {node.process}"))
+
+  def _stage_units(self, vw: int) -> list[tuple[int, list[int]]]:
+    """(stage, its units that live here) for every stage of ``vw`` that holds any."""
+    cuts, out = self._cuts[vw], []
+    for j in range(len(cuts) - 1):
+      units = [u for u in range(cuts[j], cuts[j + 1]) if u in self.units]
+      if units:
+        out.append((j, units))
+    return out
+
+  def _apply(self, cmd: dict) -> dict:
+    vw, wave = cmd["vw"], cmd["wave"]
+    updates = {}
+    for j, units in self._stage_units(vw):
+      leaves = collect(self.node, self._mailbox, self._owners[(vw, j)], f"u{vw}.{j}.{wave}")
+      for u in units:
+        treedef = self._treedefs[self.units.index(u)]
+        updates[self.units.index(u)] = jax.tree.unflatten(treedef, leaves[:treedef.num_leaves])
+        leaves = leaves[treedef.num_leaves:]
+    self.ps.push(vw, wave, updates)
+    return {}
+
+  def _serve(self, cmd: dict) -> dict:
+    vw, j, n = cmd["vw"], cmd["stage"], cmd["n"]
+    units = dict(self._stage_units(vw))[j]
+    params = self.ps.params
+    leaves = jax.tree.leaves(tuple(params[self.units.index(u)] for u in units))
+    deliver(self.node, self._mailbox, self._owners[(vw, j)], f"p{vw}.{j}.{n}", leaves)
+    return {}
+
+  def _gather(self, cmd: dict) -> dict:
+    deliver(self.node, self._mailbox, 0, f"w{self.node.process}.{cmd['n']}", jax.tree.leaves(self.ps.params))
+    return {}
+
+
+class ShardedServer:
+  """The controller's parameter server: the WSP clocks here, the weights in the shard owners' processes.
+
+  A push is applied by every owner (each receives its units' summed updates straight from the stages)
+  before the clock ticks, and nothing else happens in the engine meanwhile, so the clocks always count
+  exactly the waves the shards hold: a pull served after them sees exactly its snapshot's waves.
+
+  Args:
+    node: process 0's node.
+    num_vws, d: as for :class:`~hetpipe_jax.core.server.ClockServer`.
+    shard_owners: the process of every unit's shard.
+    channels: process -> its PS command channel (shared with :class:`RemoteNumerics`).
+    mailbox: process 0's mailbox.
+    unit_treedefs: the parameter tree structure of every unit.
+  """
+
+  def __init__(self, node: Node, num_vws: int, d: int, shard_owners: Sequence[int], channels: dict[int, Channel],
+               mailbox: Mailbox, unit_treedefs: Sequence[Any]):
+    self.node, self.d, self.num_shards = node, d, len(shard_owners)
+    self._owners, self._channels, self._mailbox, self._treedefs = list(shard_owners), channels, mailbox, unit_treedefs
+    self._clock = wsp.init(num_vws)
+    self._gathers = 0
+
+  @property
+  def clock(self) -> wsp.ClockState:
+    return self._clock
+
+  def push(self, vw: int, wave: int, updates: Mapping[int, Any]) -> wsp.ClockState:
+    del updates  # they travel from the stages to the owners
+    clock = wsp.push(self._clock, vw, wave)  # raises before anything is applied
+    for key in [channel.post(op="apply", vw=vw, wave=wave) for channel in self._channels.values()]:
+      wait(self.node, key)
+    self._clock = clock
+    return clock
+
+  def try_pull(self, vw: int) -> Snapshot | None:
+    if not wsp.gate_open(self._clock, vw, self.d):
+      return None
+    return Snapshot(None, self._clock.c_local)
+
+  @property
+  def params(self) -> tuple[Any, ...]:
+    """Every unit's global weights, gathered into process 0 (for evaluation)."""
+    n = self._gathers
+    self._gathers += 1
+    keys = {p: channel.post(op="gather", n=n) for p, channel in self._channels.items()}
+    params: list[Any] = [None] * self.num_shards
+    for p, key in keys.items():
+      leaves = collect(self.node, self._mailbox, p, f"w{p}.{n}")
+      wait(self.node, key)
+      for u in (u for u, owner in enumerate(self._owners) if owner == p):
+        params[u] = jax.tree.unflatten(self._treedefs[u], leaves[:self._treedefs[u].num_leaves])
+        leaves = leaves[self._treedefs[u].num_leaves:]
+    return tuple(params)
 
 
 class RemoteNumerics:
@@ -171,75 +326,53 @@ class RemoteNumerics:
   Args:
     node: process 0's node.
     vw: the virtual worker.
-    k: its stage count.
     cuts: its unit boundaries.
     nm: its Nm.
-    mailbox: tensors between process 0's own stages and the controller.
-    unit_treedefs: the parameter tree structure of every unit (to rebuild pushed updates).
+    shard_owners: the process of every unit's shard.
+    channels: process -> its PS command channel (shared with :class:`ShardedServer`).
   """
 
-  def __init__(self, node: Node, vw: int, k: int, cuts: Sequence[int], nm: int,
-               owners: dict[tuple[int, int], int], mailbox: Mailbox, unit_treedefs: Sequence[Any]):
-    self.node, self.vw, self.k, self.cuts, self.nm = node, vw, k, list(cuts), nm
-    self._owners, self._mailbox, self._treedefs = owners, mailbox, unit_treedefs
-    self._seq = [0] * k
+  def __init__(self, node: Node, vw: int, cuts: Sequence[int], nm: int, shard_owners: Sequence[int],
+               channels: dict[int, Channel]):
+    self.node, self.vw, self.cuts, self.nm = node, vw, list(cuts), nm
+    self.k = len(cuts) - 1
+    self._stages = [Channel(node, f"{vw}.{j}") for j in range(self.k)]
+    self._shard_owners, self._ps = list(shard_owners), channels
     self._rebases = 0
 
   @property
   def stages(self) -> Sequence[Any]:
     return ()  # they live in the node processes
 
-  def _command(self, j: int, **cmd) -> str:
-    """Posts a command to stage ``j``; returns the key its report will have."""
-    seq = self._seq[j]
-    self._seq[j] += 1
-    self.node.put(f"cmd/{self.vw}.{j}/{seq}", json.dumps(cmd))
-    return f"done/{self.vw}.{j}/{seq}"
-
   def wait(self, key: str) -> dict:
-    """The report of a command (blocks until its stage's process posts it)."""
-    return json.loads(self.node.get(key, TIMEOUT_S))
+    return wait(self.node, key)
 
   def inject(self, mb: int, x: Any, labels: Any) -> None:
     del mb, x, labels  # stage 0's process draws minibatch mb itself (same seed, same streams)
 
   def run(self, task: Task) -> str:
-    return self._command(task.stage, op=task.kind, mb=task.mb)
+    return self._stages[task.stage].post(op=task.kind, mb=task.mb)
 
   def take_wave(self, wave: int) -> tuple[dict[int, Any], list[Any]]:
-    keys = [self._command(j, op="take", wave=wave) for j in range(self.k)]
-    updates: dict[int, Any] = {}
-    losses: list[Any] = []
-    for j, key in enumerate(keys):
-      tag = f"u{self.vw}.{j}.{wave}"
-      src = self._owners[(self.vw, j)]
-      leaves = self._mailbox.take(tag, TIMEOUT_S) if src == 0 else self.node.recv(src, tag, TIMEOUT_S)
-      for unit in range(self.cuts[j], self.cuts[j + 1]):
-        count = self._treedefs[unit].num_leaves
-        updates[unit] = jax.tree.unflatten(self._treedefs[unit], leaves[:count])
-        leaves = leaves[count:]
-      losses += [np.float32(x) for x in self.wait(key)["losses"]]
-    return updates, losses
+    """Closes ``wave`` in every stage (their updates go to the shard owners); returns its losses."""
+    keys = [channel.post(op="take", wave=wave) for channel in self._stages]
+    losses = [np.float32(x) for key in keys for x in self.wait(key)["losses"]]
+    return {}, losses
 
   def rebase(self, params: Sequence[Any] | None, open_updates: Sequence[int]) -> list[int]:
-    del open_updates  # the stages count what they really add back
-    if params is None:
-      raise ProtocolError(f"VW {self.vw} pulled from a server without weights")
+    """Every stage <- its units' global weights, served by their owners, + its open accumulators."""
+    del params, open_updates  # the owners serve the weights; the stages count what they add back
     n = self._rebases
     self._rebases += 1
-    keys = []
+    served, keys = [], []
     for j in range(self.k):
-      leaves = jax.tree.leaves(tuple(params[self.cuts[j]:self.cuts[j + 1]]))
-      tag = f"p{self.vw}.{j}.{n}"
-      if self._owners[(self.vw, j)] == 0:
-        self._mailbox.put(tag, leaves)
-      else:
-        self.node.send(self._owners[(self.vw, j)], tag, leaves)
-      keys.append(self._command(j, op="rebase", n=n))
+      for owner in sorted({self._shard_owners[u] for u in range(self.cuts[j], self.cuts[j + 1])}):
+        served.append(self._ps[owner].post(op="serve", vw=self.vw, stage=j, n=n))
+      keys.append(self._stages[j].post(op="rebase", n=n))
+    for key in served:
+      self.wait(key)
     return [self.wait(key)["added"] for key in keys]
 
   def stop(self) -> None:
-    for j in range(self.k):
-      self._command(j, op="stop")
-
-
+    for channel in self._stages:
+      channel.post(op="stop")
