@@ -59,34 +59,55 @@ def test_one_vw_across_two_processes_is_plain_sgd(tmp_path):
   assert rows[-1]["train_loss"] < rows[0]["train_loss"]
 
 
-def test_a_killed_process_ends_the_job_with_one_line(tmp_path):
+def start_long_job(tmp_path) -> tuple[subprocess.Popen, int]:
+  """Starts a long 2-process job; returns the launcher and, once it runs, process 1's pid."""
   proc = subprocess.Popen([sys.executable, "-m", "experiments.train", "--executor=multiprocess",
                            f"--cluster={TWO_NODES}", "--dataset=synthetic", "--model=mlp", "--num_vws=1",
                            "--stages=2", "--waves=100000", f"--out_dir={tmp_path}"],
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=ROOT)
+  deadline = time.monotonic() + 120
+  while time.monotonic() < deadline:  # wait until process 1 runs
+    out = running(tmp_path, "--process_id=1")
+    if out:
+      time.sleep(15)  # let it join and train
+      return proc, out[0]
+    time.sleep(0.5)
+  proc.terminate()
+  proc.communicate(timeout=30)
+  raise AssertionError("process 1 never started")
+
+
+def running(tmp_path, pattern: str = "") -> list[int]:
+  """The pids of this test's job processes (matching ``pattern`` too)."""
+  out = subprocess.run(["pgrep", "-f", "--", f"--out_dir={tmp_path} .*{pattern}"], capture_output=True, text=True)
+  return [int(pid) for pid in out.stdout.split()]
+
+
+def test_a_killed_process_ends_the_job_with_one_line(tmp_path):
+  proc, victim = start_long_job(tmp_path)
   try:
-    victim = None
-    deadline = time.monotonic() + 120
-    while victim is None and time.monotonic() < deadline:  # wait until process 1 runs
-      out = subprocess.run(["pgrep", "-f", "--", f"--out_dir={tmp_path} .*--process_id=1"], capture_output=True,
-                           text=True).stdout.split()
-      victim = int(out[0]) if out else None
-      time.sleep(0.5)
-    assert victim is not None, "process 1 never started"
-    time.sleep(15)  # let it join and train
     os.kill(victim, signal.SIGKILL)
     t_kill = time.monotonic()
     _, err = proc.communicate(timeout=120)
     assert time.monotonic() - t_kill < 90
   finally:
-    if proc.poll() is None:
-      proc.kill()
-      proc.wait()
-  assert proc.returncode == 1
-  assert err.strip().splitlines()[-1] == (
-      "error: node 1 (process 1) was killed by signal 9; the job stopped"), err[-2000:]
-  left = subprocess.run(["pgrep", "-f", "--", f"--out_dir={tmp_path}"], capture_output=True, text=True).stdout
-  assert not left.strip(), f"orphan processes: {left}"
+    if proc.poll() is None:  # the launcher kills its processes on SIGTERM (and they die with it anyway)
+      proc.terminate()
+      proc.communicate(timeout=30)
+  assert proc.returncode == 1, err[-3000:]
+  verdict = [line for line in err.splitlines() if line.startswith("error: node")]
+  assert verdict == ["error: node 1 (process 1) was killed by signal 9; the job stopped"], err[-3000:]
+  assert not running(tmp_path), "orphan processes"
+
+
+def test_a_killed_launcher_leaves_no_orphans(tmp_path):
+  proc, _ = start_long_job(tmp_path)
+  proc.kill()  # SIGKILL: no clean-up runs in the launcher; its children die with it
+  proc.communicate(timeout=30)
+  deadline = time.monotonic() + 30
+  while running(tmp_path) and time.monotonic() < deadline:
+    time.sleep(0.5)
+  assert not running(tmp_path), "orphan processes after the launcher was killed"
 
 
 @pytest.mark.parametrize("flags,message", [

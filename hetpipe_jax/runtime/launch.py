@@ -15,6 +15,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Sequence
 
@@ -55,6 +56,20 @@ class JobResult:
     return self.failed is None
 
 
+def _die_with_parent() -> None:  # pragma: no cover (runs in the child before exec)
+  """Linux: the child gets SIGKILL when the launcher dies, however it dies (no orphans)."""
+  try:
+    import ctypes
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+  except OSError:
+    pass  # not Linux: the launcher's own clean-up still kills its children on every normal exit
+
+
+def _raise_on_sigterm(signum, frame) -> None:
+  del frame
+  raise SystemExit(128 + signum)
+
+
 def launch(commands: Sequence[Sequence[str]], envs: Sequence[dict[str, str]], timeout_s: float,
            grace_s: float = 60.0, names: Sequence[str] | None = None,
            output: Callable[[int], tuple[int | None, int | None]] | None = None) -> JobResult:
@@ -77,10 +92,13 @@ def launch(commands: Sequence[Sequence[str]], envs: Sequence[dict[str, str]], ti
   failed: int | None = None
   hung: list[int] = []
   t0 = time.monotonic()
+  main_thread = threading.current_thread() is threading.main_thread()
+  previous = signal.signal(signal.SIGTERM, _raise_on_sigterm) if main_thread else None  # clean up on SIGTERM
   try:
     for i, (cmd, env) in enumerate(zip(commands, envs)):
       out, err = output(i) if output else (None, None)
-      procs.append(subprocess.Popen(list(cmd), env=env, stdout=out, stderr=err, start_new_session=True))
+      procs.append(subprocess.Popen(list(cmd), env=env, stdout=out, stderr=err, start_new_session=True,
+                                    preexec_fn=_die_with_parent))
     deadline = t0 + timeout_s
     while any(p.poll() is None for p in procs):
       now = time.monotonic()
@@ -95,7 +113,9 @@ def launch(commands: Sequence[Sequence[str]], envs: Sequence[dict[str, str]], ti
     if failed is None:  # one may have failed in the last moment
       failed = next((i for i, p in enumerate(procs) if p.poll() not in (None, 0)), None)
   finally:
-    for p in procs:  # no orphans, whatever happened (KeyboardInterrupt included)
+    if main_thread:
+      signal.signal(signal.SIGTERM, previous)
+    for p in procs:  # no orphans, whatever happened (KeyboardInterrupt, SIGTERM included)
       if p.poll() is None:
         os.killpg(p.pid, signal.SIGKILL)
         p.wait()

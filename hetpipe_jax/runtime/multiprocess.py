@@ -40,7 +40,8 @@ from hetpipe_jax.runtime.distributed import Node
 from hetpipe_jax.runtime.ps import ParameterServer
 from hetpipe_jax.runtime.stage import Stage
 
-TIMEOUT_S = 600.0  # a command or report that takes longer means a lost process
+TIMEOUT_S = 120.0  # a report or a tensor that takes longer means a hung or lost process: the job ends
+IDLE_S = 3600.0  # how long a stage or shard may wait for its next command
 
 
 def process_of(layout: Layout, nodes: Sequence[int]) -> dict[tuple[int, int], int]:
@@ -87,7 +88,7 @@ def command_loop(node: Node, channel: str, handle, what: str) -> None:
   seq = 0
   try:
     while True:
-      cmd = json.loads(node.get(f"cmd/{channel}/{seq}", TIMEOUT_S))
+      cmd = json.loads(node.get(f"cmd/{channel}/{seq}", IDLE_S))
       if cmd["op"] == "stop":
         return
       node.put(f"done/{channel}/{seq}", json.dumps(handle(cmd)))
