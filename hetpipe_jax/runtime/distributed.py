@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 
 from hetpipe_jax.errors import ConfigError
+from hetpipe_jax.runtime.launch import die_with_launcher
 
 _ADDRESS_KEY = "xfer/addr/{process}"
 _MESSAGE_KEY = "msg/{src}->{dst}/{tag}/{seq}"
@@ -194,6 +195,7 @@ def join(coordinator: str, num_processes: int, process: int, local_devices: int,
   Raises:
     ConfigError: for a process index out of range.
   """
+  die_with_launcher()
   if not 0 <= process < num_processes:
     raise ConfigError(f"process_id={process} is outside 0..{num_processes - 1}; give each of the "
                       f"{num_processes} processes a distinct id in that range")

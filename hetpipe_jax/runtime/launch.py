@@ -56,13 +56,25 @@ class JobResult:
     return self.failed is None
 
 
-def _die_with_parent() -> None:  # pragma: no cover (runs in the child before exec)
-  """Linux: the child gets SIGKILL when the launcher dies, however it dies (no orphans)."""
+LAUNCHER_ENV = "HETPIPE_LAUNCHER_PID"  # set in every launched process: the launcher's pid
+
+
+def die_with_launcher() -> None:
+  """Called early in a launched process: on Linux it gets SIGKILL when its launcher dies, however the
+  launcher dies (no orphans). A process not started by :func:`launch` is left alone.
+
+  (Set in the child itself: a ``preexec_fn`` would fork a multithreaded JAX process.)
+  """
+  launcher = os.environ.get(LAUNCHER_ENV)
+  if not launcher:
+    return
   try:
     import ctypes
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
   except OSError:
-    pass  # not Linux: the launcher's own clean-up still kills its children on every normal exit
+    return  # not Linux: the launcher's own clean-up still kills its children on every normal exit
+  if os.getppid() != int(launcher):  # the launcher died before the line above
+    os._exit(1)
 
 
 def _raise_on_sigterm(signum, frame) -> None:
@@ -97,8 +109,8 @@ def launch(commands: Sequence[Sequence[str]], envs: Sequence[dict[str, str]], ti
   try:
     for i, (cmd, env) in enumerate(zip(commands, envs)):
       out, err = output(i) if output else (None, None)
-      procs.append(subprocess.Popen(list(cmd), env=env, stdout=out, stderr=err, start_new_session=True,
-                                    preexec_fn=_die_with_parent))
+      procs.append(subprocess.Popen(list(cmd), env={**env, LAUNCHER_ENV: str(os.getpid())}, stdout=out,
+                                    stderr=err, start_new_session=True))
     deadline = t0 + timeout_s
     while any(p.poll() is None for p in procs):
       now = time.monotonic()
