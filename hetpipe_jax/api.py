@@ -269,6 +269,27 @@ def _build(model: LayeredModel, layout: Layout, config: RunConfig, tx: optax.Gra
   return vws, numerics, ParameterServer(init_params, layout.num_vws, config.d, config.ps_tx)  # on the host
 
 
+def _run_engine(model: LayeredModel, dataset: Dataset, config: RunConfig, layout: Layout, meta: dict[str, Any],
+                vws: list[VirtualWorker], server, batches, run, init_params, eval_device: Device) -> RunResult:
+  """Writes the trace's meta line, runs the engine with ``run(engine) -> seconds``, evaluates, and returns
+  the result (``server`` holds the clocks and has the global ``params``)."""
+  trace = Trace(config.trace_path)
+  trace.emit(**meta)
+  metrics = WaveMetrics(server, layout.nms, config.waves, config.eval_every)
+  engine = Engine(vws, server, trace, batches, metrics.on_wave)
+  t_host = time.perf_counter()
+  try:
+    seconds = run(engine)
+    final = server.params
+    jax.block_until_ready(final)
+  finally:
+    trace.close()
+  wall_seconds = time.perf_counter() - t_host
+  rows = metrics.finish(final, make_evaluator(model, dataset, eval_device))
+  images = sum(vw.completed for vw in vws) * config.batch_size
+  return RunResult(init_params, final, trace.events, rows, seconds, wall_seconds, vws, layout.cuts, images)
+
+
 def _train(model: LayeredModel, dataset: Dataset, config: RunConfig, tx: optax.GradientTransformation,
            cost_model: CostModel, layout: Layout, meta: dict[str, Any], sample_x) -> RunResult:
   """Runs the ``virtual`` or ``wall`` executor with real numerics."""
@@ -277,28 +298,15 @@ def _train(model: LayeredModel, dataset: Dataset, config: RunConfig, tx: optax.G
   init_params = model.init(jax.random.key(config.seed), sample_x)
   vws, numerics, ps = _build(model, layout, config, tx, init_params, devices)
   cost = lambda task: cost_model.task_seconds(task.vw, task.stage, task.kind)
-  trace = Trace(config.trace_path)
-  trace.emit(**meta)
-  metrics = WaveMetrics(ps, layout.nms, config.waves, config.eval_every)
-  engine = Engine(vws, ps, trace, batches, metrics.on_wave)
   x0, y0 = batches(0, 1)
   for worker in numerics:  # compile before the clock starts
     worker.warm_up(x0, y0)
   ps.warm_up()
-  t_host = time.perf_counter()
-  try:
-    if config.executor == "virtual":
-      seconds = executors.run_virtual(engine, cost)
-    else:
-      seconds = executors.run_wall(engine, cost if config.time_scale > 0 else None, config.time_scale)
-    final = ps.params
-    jax.block_until_ready(final)
-  finally:
-    trace.close()
-  wall_seconds = time.perf_counter() - t_host
-  rows = metrics.finish(final, make_evaluator(model, dataset, devices[0]))
-  images = sum(vw.completed for vw in vws) * config.batch_size
-  return RunResult(init_params, final, trace.events, rows, seconds, wall_seconds, vws, layout.cuts, images)
+  if config.executor == "virtual":
+    run = lambda engine: executors.run_virtual(engine, cost)
+  else:
+    run = lambda engine: executors.run_wall(engine, cost if config.time_scale > 0 else None, config.time_scale)
+  return _run_engine(model, dataset, config, layout, meta, vws, ps, batches, run, init_params, devices[0])
 
 
 def _train_multiprocess(model: LayeredModel, dataset: Dataset, config: RunConfig, tx: optax.GradientTransformation,
@@ -351,29 +359,18 @@ def _train_multiprocess(model: LayeredModel, dataset: Dataset, config: RunConfig
   numerics = [RemoteNumerics(node, i, vw.cuts, vw.nm, shard_owners, channels) for i, vw in enumerate(layout.vws)]
   vws = [VirtualWorker.create(i, vw.k, vw.nm, config.waves * vw.nm, layout.num_vws, config.schedule,
                               config.weight_mode, numerics[i]) for i, vw in enumerate(layout.vws)]
-  trace = Trace(config.trace_path)
-  trace.emit(**meta)
-  metrics = WaveMetrics(server, layout.nms, config.waves, config.eval_every)
-  engine = Engine(vws, server, trace, None, metrics.on_wave)
   cost = lambda task: cost_model.task_seconds(task.vw, task.stage, task.kind)
-  t_host = time.perf_counter()
-  try:
-    seconds = executors.run_wall(engine, cost if config.time_scale > 0 else None, config.time_scale,
-                                 wait=numerics[0].wait)
-  finally:
-    trace.close()
-  wall_seconds = time.perf_counter() - t_host
-  final = server.params
-  for n in numerics:
+  run = lambda engine: executors.run_wall(engine, cost if config.time_scale > 0 else None, config.time_scale,
+                                          wait=numerics[0].wait)
+  result = _run_engine(model, dataset, config, layout, meta, vws, server, None, run, init_params, local[0])
+  for n in numerics:  # on failure nothing is cleaned up here: the process ends at once (Node.abort)
     n.stop()
   for channel in channels.values():
     channel.post(op="stop")
   for thread in threads:
     thread.join()
   node.close()
-  rows = metrics.finish(final, make_evaluator(model, dataset, local[0]))
-  images = sum(vw.completed for vw in vws) * config.batch_size
-  return RunResult(init_params, final, trace.events, rows, seconds, wall_seconds, vws, layout.cuts, images)
+  return result
 
 
 def _simulate(config: RunConfig, cluster: Cluster, profiles, layout: Layout, meta: dict[str, Any]) -> RunResult:
