@@ -82,6 +82,15 @@ def _raise_on_sigterm(signum, frame) -> None:
   raise SystemExit(128 + signum)
 
 
+def _first_failure(procs: Sequence[subprocess.Popen]) -> int | None:
+  """The process to blame among those that have failed by now: one killed from outside (a signal) before
+  one that exited with an error, before one that aborted (SIGABRT: how JAX ends the survivors of a lost
+  peer); then the lowest index."""
+  rank = lambda code: 2 if code == -signal.SIGABRT else 0 if code < 0 else 1
+  failed = [i for i, p in enumerate(procs) if p.poll() not in (None, 0)]
+  return min(failed, key=lambda i: (rank(procs[i].returncode), i)) if failed else None
+
+
 def launch(commands: Sequence[Sequence[str]], envs: Sequence[dict[str, str]], timeout_s: float,
            grace_s: float = 60.0, names: Sequence[str] | None = None,
            output: Callable[[int], tuple[int | None, int | None]] | None = None) -> JobResult:
@@ -115,7 +124,7 @@ def launch(commands: Sequence[Sequence[str]], envs: Sequence[dict[str, str]], ti
     while any(p.poll() is None for p in procs):
       now = time.monotonic()
       if failed is None:
-        failed = next((i for i, p in enumerate(procs) if p.poll() not in (None, 0)), None)
+        failed = _first_failure(procs)
         if failed is not None:
           deadline = min(deadline, now + grace_s)
       if now >= deadline:
@@ -123,7 +132,7 @@ def launch(commands: Sequence[Sequence[str]], envs: Sequence[dict[str, str]], ti
       time.sleep(0.05)
     hung = [i for i, p in enumerate(procs) if p.poll() is None]
     if failed is None:  # one may have failed in the last moment
-      failed = next((i for i, p in enumerate(procs) if p.poll() not in (None, 0)), None)
+      failed = _first_failure(procs)
   finally:
     if main_thread:
       signal.signal(signal.SIGTERM, previous)
