@@ -83,9 +83,9 @@ def worker() -> int:
 
 def main(argv):
   del argv
-  from hetpipe_jax.runtime.launch import free_port, launch
+  from hetpipe_jax.runtime.launch import child_environment, free_port, launch
   sizes = common.parse_ints("mbytes", FLAGS.mbytes)
-  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+  env = child_environment()
   with tempfile.TemporaryDirectory() as tmp:
     out = os.path.join(tmp, "timings.json")
     job_env = {**env, "COORD": f"127.0.0.1:{free_port()}", "SIZES": ",".join(map(str, sizes)),

@@ -13,7 +13,6 @@ trace against the WSP guarantees, and prints the paths::
 
 from __future__ import annotations
 
-import os
 import sys
 
 from absl import flags
@@ -86,12 +85,12 @@ def launch_nodes() -> None:
   """``--executor=multiprocess`` without a coordinator: runs this command as one process per node of
   ``--cluster`` on this host (loopback) and waits for them; one failure or a hang ends all of them."""
   from hetpipe_jax import get_cluster
-  from hetpipe_jax.runtime.launch import free_port, launch
+  from hetpipe_jax.runtime.launch import child_environment, free_port, launch
   nodes = sorted({g.node for g in get_cluster(FLAGS.cluster).gpus})
   coordinator = f"127.0.0.1:{free_port()}"
   cmd = [sys.executable, "-m", "experiments.train", *sys.argv[1:], f"--coordinator_address={coordinator}",
          f"--num_processes={len(nodes)}"]
-  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+  env = child_environment()
   common.progress("launching %d processes (one per node) on this host, coordinator %s", len(nodes), coordinator)
   result = launch([cmd + [f"--process_id={i}"] for i in range(len(nodes))], [env] * len(nodes),
                   FLAGS.job_timeout, grace_s=60, names=[f"node {n}" for n in nodes])

@@ -38,7 +38,7 @@ def fastest_cuts(cluster: Cluster, profiles: Sequence[UnitProfile], gpus: Sequen
 
 def manual_layout(cluster: Cluster, profiles: Sequence[UnitProfile], num_vws: int,
                   stages: int | Sequence[int], nm: int | Sequence[int] | str, cuts: Sequence[Sequence[int]] | None,
-                  weight_mode: str, optimizer_slots: float, model_name: str = "the model") -> Layout:
+                  weight_mode: str, optimizer_slots: float, model_name: str) -> Layout:
   """The layout of ``num_vws`` virtual workers with ``stages`` GPUs each (in cluster order), ``nm``, and
   ``cuts`` (one boundary list for all, or one per virtual worker; None: the fastest cuts).
 

@@ -59,6 +59,12 @@ class JobResult:
 LAUNCHER_ENV = "HETPIPE_LAUNCHER_PID"  # set in every launched process: the launcher's pid
 
 
+def child_environment() -> dict[str, str]:
+  """This process's environment without the CPU-device settings: each launched process sets its own
+  device count (``join`` does), so an inherited ``XLA_FLAGS``/``JAX_PLATFORMS`` must not override it."""
+  return {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+
+
 def die_with_launcher() -> None:
   """Called early in a launched process: on Linux it gets SIGKILL when its launcher dies, however the
   launcher dies (no orphans). A process not started by :func:`launch` is left alone.
