@@ -48,7 +48,9 @@ def test_one_cuts_list_serves_every_virtual_worker_and_sets_the_stages(tmp_path)
   proc = run_module("experiments.train", "--dataset=digits", "--cuts=0,1,3,5", "--num_vws=2", "--waves=2",
                     f"--out_dir={tmp_path}")
   assert proc.returncode == 0, proc.stderr[-3000:]
-  meta = read_trace(str(tmp_path / "trace.jsonl"))[0]
+  events = read_trace(str(tmp_path / "trace.jsonl"))
+  assert_trace_ok(events)
+  meta = events[0]
   assert meta["cuts"] == [[0, 1, 3, 5], [0, 1, 3, 5]] and meta["stages"] == [3, 3]
 
 
