@@ -53,6 +53,7 @@ from hetpipe_jax.runtime.multiprocess import (
   ShardWorker,
   StageWorker,
   process_of,
+  wait,
 )
 from hetpipe_jax.runtime.ps import ParameterServer
 from hetpipe_jax.runtime.stage import Device, Stage
@@ -353,15 +354,16 @@ def _train_multiprocess(model: LayeredModel, dataset: Dataset, config: RunConfig
       thread.join()
     node.close()
     return RunResult(None, None, [], [], 0.0, 0.0, [], layout.cuts, 0)
-  channels = {p: Channel(node, f"ps{p}") for p in sorted(set(shard_owners))}
+  channels = {p: Channel(node, f"ps{p}", p, f"the PS shards of process {p}") for p in sorted(set(shard_owners))}
   server = ShardedServer(node, layout.num_vws, config.d, shard_owners, channels, mailbox,
                          [jax.tree.structure(p) for p in init_params])
-  numerics = [RemoteNumerics(node, i, vw.cuts, vw.nm, shard_owners, channels) for i, vw in enumerate(layout.vws)]
+  numerics = [RemoteNumerics(node, i, vw.cuts, vw.nm, owners, shard_owners, channels)
+              for i, vw in enumerate(layout.vws)]
   vws = [VirtualWorker.create(i, vw.k, vw.nm, config.waves * vw.nm, layout.num_vws, config.schedule,
                               config.weight_mode, numerics[i]) for i, vw in enumerate(layout.vws)]
   cost = lambda task: cost_model.task_seconds(task.vw, task.stage, task.kind)
   run = lambda engine: executors.run_wall(engine, cost if config.time_scale > 0 else None, config.time_scale,
-                                          wait=numerics[0].wait)
+                                          wait=wait)
   result = _run_engine(model, dataset, config, layout, meta, vws, server, None, run, init_params, local[0])
   for n in numerics:  # on failure nothing is cleaned up here: the process ends at once (Node.abort)
     n.stop()

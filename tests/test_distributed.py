@@ -4,6 +4,7 @@ Every multi-process test runs its processes as subprocesses with a timeout and k
 """
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -56,10 +57,19 @@ def test_two_processes_exchange_arrays_both_ways():
 def test_a_lost_process_ends_the_job_in_bounded_time(mode):
   result, outputs = run_job("fail.py", 2, timeout_s=150, grace_s=30, FAIL_MODE=mode)
   assert not result.ok and result.failed == 1, (result.message, outputs)
-  how = "exited with code 3" if mode == "exit" else "was killed by signal 9"
+  how = "exited with code 3 (a planted failure)" if mode == "exit" else "was killed by signal 9"
   assert result.message.startswith(f"node 1 (process 1) {how}; the job stopped"), result.message
   assert result.returncodes[0] not in (None, 0)  # the survivor stopped too (aborted or killed)
   assert result.seconds < 60, result.seconds  # well before its own 120 s wait
+
+
+def test_a_hung_process_is_named_and_the_job_ends_in_bounded_time():
+  """Process 1 stops (SIGSTOP: alive, silent): the service ends process 0, the launcher names and kills 1."""
+  result, outputs = run_job("fail.py", 2, timeout_s=150, grace_s=60, FAIL_MODE="hang")
+  assert not result.ok and result.failed == 1, (result.message, outputs)
+  assert result.message.startswith("node 1 (process 1) hung: it stopped answering"), result.message
+  assert result.returncodes == [-signal.SIGABRT, -signal.SIGKILL], result.returncodes
+  assert result.seconds < 60, result.seconds  # heartbeat timeout (5 s) + settle (5 s), not the grace
 
 
 def test_a_coordinator_port_in_use_is_one_clear_error():

@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 
 from hetpipe_jax.errors import ConfigError
-from hetpipe_jax.runtime.launch import die_with_launcher
+from hetpipe_jax.runtime.launch import die_with_launcher, record_reason
 
 _ADDRESS_KEY = "xfer/addr/{process}"
 _MESSAGE_KEY = "msg/{src}->{dst}/{tag}/{seq}"
@@ -159,6 +159,7 @@ class Node:
     ``failed/<process>``, and exits with ``code`` without JAX's shutdown barrier (which would wait for
     every other process). The others learn of it through the heartbeat within its timeout."""
     print(f"error: process {self.process}: {message}", file=sys.stderr, flush=True)
+    record_reason(message)
     try:
       self._kv.key_value_set(f"failed/{self.process}", message)
     finally:

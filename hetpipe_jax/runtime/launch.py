@@ -5,16 +5,22 @@ Without a coordinator address, a multi-process run starts one OS process per nod
 and guarantees three things: when a process fails, every other process is stopped within ``grace_s``
 (they notice the loss themselves through the coordination service's heartbeat, or are killed); when the
 job runs past ``timeout_s``, every process is killed; and no child outlives the launcher. It reports one
-line naming the lost node and process.
+line naming the lost node and process, with the reason the failed process gave (:func:`record_reason`).
+
+A process that hangs (stopped, or stuck without heartbeats) is found too: the coordination service ends
+the others (SIGABRT) within its heartbeat timeout, and a process still running ``settle_s`` after every
+other one has stopped that way is the hung one.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -57,6 +63,27 @@ class JobResult:
 
 
 LAUNCHER_ENV = "HETPIPE_LAUNCHER_PID"  # set in every launched process: the launcher's pid
+INDEX_ENV = "HETPIPE_LAUNCH_INDEX"  # set in every launched process: its index in the job
+REASONS_ENV = "HETPIPE_LAUNCH_REASONS"  # set in every launched process: where it records why it failed
+
+
+def record_reason(message: str) -> None:
+  """Called by a launched process that is about to fail: its launcher's report quotes ``message``."""
+  folder, index = os.environ.get(REASONS_ENV), os.environ.get(INDEX_ENV)
+  if folder and index:
+    try:
+      with open(os.path.join(folder, index), "w", encoding="utf-8") as f:
+        f.write(" ".join(message.split()))
+    except OSError:
+      pass  # the launcher is gone or its folder with it: nobody to report to
+
+
+def _reason(folder: str, index: int) -> str | None:
+  try:
+    with open(os.path.join(folder, str(index)), encoding="utf-8") as f:
+      return f.read().strip() or None
+  except OSError:
+    return None
 
 
 def child_environment() -> dict[str, str]:
@@ -97,9 +124,18 @@ def _first_failure(procs: Sequence[subprocess.Popen]) -> int | None:
   return min(failed, key=lambda i: (rank(procs[i].returncode), i)) if failed else None
 
 
+def _hung(procs: Sequence[subprocess.Popen]) -> list[int]:
+  """The processes still running when every other one has been ended by SIGABRT (how the coordination
+  service ends the survivors of a peer that stopped heartbeating): those are the hung ones."""
+  running = [i for i, p in enumerate(procs) if p.poll() is None]
+  ended = [p.returncode for p in procs if p.returncode is not None]
+  return running if running and ended and all(code == -signal.SIGABRT for code in ended) else []
+
+
 def launch(commands: Sequence[Sequence[str]], envs: Sequence[dict[str, str]], timeout_s: float,
            grace_s: float = 60.0, names: Sequence[str] | None = None,
-           output: Callable[[int], tuple[int | None, int | None]] | None = None) -> JobResult:
+           output: Callable[[int], tuple[int | None, int | None]] | None = None,
+           settle_s: float = 5.0) -> JobResult:
   """Runs one process per command and waits for all of them.
 
   Args:
@@ -110,6 +146,8 @@ def launch(commands: Sequence[Sequence[str]], envs: Sequence[dict[str, str]], ti
       are killed.
     names: a readable name per process for the report (e.g. its node).
     output: ``index -> (stdout fd, stderr fd)`` for each process (default: inherit this process's).
+    settle_s: how long processes may keep running after every other one was ended by SIGABRT before
+      they count as hung.
 
   Returns:
     A :class:`JobResult`; ``message`` names the first failed process, or the hung ones.
@@ -121,24 +159,30 @@ def launch(commands: Sequence[Sequence[str]], envs: Sequence[dict[str, str]], ti
   t0 = time.monotonic()
   main_thread = threading.current_thread() is threading.main_thread()
   previous = signal.signal(signal.SIGTERM, _raise_on_sigterm) if main_thread else None  # clean up on SIGTERM
+  reasons = tempfile.mkdtemp(prefix="hetpipe_launch_")
   try:
     for i, (cmd, env) in enumerate(zip(commands, envs)):
       out, err = output(i) if output else (None, None)
-      procs.append(subprocess.Popen(list(cmd), env={**env, LAUNCHER_ENV: str(os.getpid())}, stdout=out,
-                                    stderr=err, start_new_session=True))
+      env = {**env, LAUNCHER_ENV: str(os.getpid()), INDEX_ENV: str(i), REASONS_ENV: reasons}
+      procs.append(subprocess.Popen(list(cmd), env=env, stdout=out, stderr=err, start_new_session=True))
     deadline = t0 + timeout_s
+    stalled_since = None  # when only hung-looking processes were left running
     while any(p.poll() is None for p in procs):
       now = time.monotonic()
       if failed is None:
         failed = _first_failure(procs)
         if failed is not None:
           deadline = min(deadline, now + grace_s)
-      if now >= deadline:
+      stalled_since = (stalled_since or now) if _hung(procs) else None
+      if now >= deadline or (stalled_since is not None and now - stalled_since >= settle_s):
         break
       time.sleep(0.05)
     hung = [i for i, p in enumerate(procs) if p.poll() is None]
     if failed is None:  # one may have failed in the last moment
       failed = _first_failure(procs)
+    if hung and _hung(procs):  # the others were ended because these stopped answering
+      failed = hung[0]
+    reason = _reason(reasons, failed) if failed is not None else None
   finally:
     if main_thread:
       signal.signal(signal.SIGTERM, previous)
@@ -146,12 +190,17 @@ def launch(commands: Sequence[Sequence[str]], envs: Sequence[dict[str, str]], ti
       if p.poll() is None:
         os.killpg(p.pid, signal.SIGKILL)
         p.wait()
+    shutil.rmtree(reasons, ignore_errors=True)
   codes = [p.returncode for p in procs]
   seconds = time.monotonic() - t0
-  if failed is not None:
+  if failed is not None and failed in hung:
+    message = (f"{names[failed]} (process {failed}) hung: it stopped answering and the others were ended "
+               "(SIGABRT from the coordination service); killed it")
+  elif failed is not None:
     code = codes[failed]
     how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
-    message = (f"{names[failed]} (process {failed}) {how}; the job stopped"
+    message = (f"{names[failed]} (process {failed}) {how}" + (f" ({reason})" if reason else "")
+               + "; the job stopped"
                + (f" (killed {', '.join(names[i] for i in hung)} after {grace_s:g} s)" if hung else ""))
   elif hung:
     message = f"{', '.join(names[i] for i in hung)} still running after {timeout_s:g} s; killed the job"

@@ -40,7 +40,7 @@ from hetpipe_jax.runtime.distributed import Node
 from hetpipe_jax.runtime.ps import ParameterServer
 from hetpipe_jax.runtime.stage import Stage
 
-TIMEOUT_S = 120.0  # a report or a tensor that takes longer means a hung or lost process: the job ends
+TIMEOUT_S = 60.0  # a report or a tensor that takes longer means a hung or lost process: the job ends
 IDLE_S = 3600.0  # how long a stage or shard may wait for its next command
 
 
@@ -98,29 +98,38 @@ def command_loop(node: Node, channel: str, handle, what: str) -> None:
 
 
 class Channel:
-  """The controller's end of one command channel: posts commands in order, waits for their reports."""
+  """The controller's end of one command channel: posts commands in order, waits for their reports.
 
-  def __init__(self, node: Node, name: str):
-    self.node, self.name, self._seq = node, name, 0
+  Args:
+    node: process 0's node.
+    name: the channel (``<vw>.<stage>`` or ``ps<process>``).
+    process: the process that executes its commands.
+    what: what executes them, for error messages (e.g. "VW 0 stage 1").
+  """
 
-  def post(self, **cmd) -> str:
-    """Posts a command; returns the key its report will have."""
+  def __init__(self, node: Node, name: str, process: int, what: str):
+    self.node, self.name, self.process, self.what, self._seq = node, name, process, what, 0
+
+  def post(self, **cmd) -> tuple[Channel, str]:
+    """Posts a command; returns the handle of its report (for :func:`wait`)."""
     seq = self._seq
     self._seq += 1
     self.node.put(f"cmd/{self.name}/{seq}", json.dumps(cmd))
-    return f"done/{self.name}/{seq}"
+    return self, f"done/{self.name}/{seq}"
 
 
-def wait(node: Node, key: str) -> dict:
-  """The report under ``key`` (blocks until its process posts it).
+def wait(handle: tuple[Channel, str]) -> dict:
+  """The report of a posted command (blocks until its process posts it).
 
   Raises:
-    ProtocolError: when no report comes within the timeout (its process hung or is gone).
+    ProtocolError: naming the process, when no report comes within the timeout (it hung or is gone).
   """
+  channel, key = handle
   try:
-    return json.loads(node.get(key, TIMEOUT_S))
+    return json.loads(channel.node.get(key, TIMEOUT_S))
   except TimeoutError:
-    raise ProtocolError(f"no report {key!r} within {TIMEOUT_S:g} s: its process hung or is gone") from None
+    raise ProtocolError(f"no report from process {channel.process} ({channel.what}, {key!r}) within "
+                        f"{TIMEOUT_S:g} s: that process hung or is gone") from None
 
 
 class StageWorker:
@@ -255,7 +264,9 @@ class ShardWorker:
   def _serve(self, cmd: dict) -> dict:
     vw, j, n = cmd["vw"], cmd["stage"], cmd["n"]
     units = dict(self._stage_units(vw))[j]
-    params = self.ps.params
+    # The server's own buffers, which the next apply donates: safe, because the controller waits for the
+    # stage's rebase (its pull of these) before it posts anything else (pulls run under the engine's lock).
+    params = self.ps.state.params
     leaves = jax.tree.leaves(tuple(params[self.units.index(u)] for u in units))
     deliver(self.node, self._mailbox, self._owners[(vw, j)], f"p{vw}.{j}.{n}", leaves)
     return {}
@@ -295,8 +306,8 @@ class ShardedServer:
   def push(self, vw: int, wave: int, updates: Mapping[int, Any]) -> wsp.ClockState:
     del updates  # they travel from the stages to the owners
     clock = wsp.push(self._clock, vw, wave)  # raises before anything is applied
-    for key in [channel.post(op="apply", vw=vw, wave=wave) for channel in self._channels.values()]:
-      wait(self.node, key)
+    for handle in [channel.post(op="apply", vw=vw, wave=wave) for channel in self._channels.values()]:
+      wait(handle)
     self._clock = clock
     return clock
 
@@ -314,7 +325,7 @@ class ShardedServer:
     params: list[Any] = [None] * self.num_shards
     for p, key in keys.items():
       leaves = collect(self.node, self._mailbox, p, f"w{p}.{n}")
-      wait(self.node, key)
+      wait(key)
       for u in (u for u, owner in enumerate(self._owners) if owner == p):
         params[u] = jax.tree.unflatten(self._treedefs[u], leaves[:self._treedefs[u].num_leaves])
         leaves = leaves[self._treedefs[u].num_leaves:]
@@ -329,15 +340,16 @@ class RemoteNumerics:
     vw: the virtual worker.
     cuts: its unit boundaries.
     nm: its Nm.
+    owners: (virtual worker, stage) -> the process that runs it.
     shard_owners: the process of every unit's shard.
     channels: process -> its PS command channel (shared with :class:`ShardedServer`).
   """
 
-  def __init__(self, node: Node, vw: int, cuts: Sequence[int], nm: int, shard_owners: Sequence[int],
-               channels: dict[int, Channel]):
+  def __init__(self, node: Node, vw: int, cuts: Sequence[int], nm: int, owners: dict[tuple[int, int], int],
+               shard_owners: Sequence[int], channels: dict[int, Channel]):
     self.node, self.vw, self.cuts, self.nm = node, vw, list(cuts), nm
     self.k = len(cuts) - 1
-    self._stages = [Channel(node, f"{vw}.{j}") for j in range(self.k)]
+    self._stages = [Channel(node, f"{vw}.{j}", owners[(vw, j)], f"VW {vw} stage {j}") for j in range(self.k)]
     self._shard_owners, self._ps = list(shard_owners), channels
     self._rebases = 0
 
@@ -345,19 +357,16 @@ class RemoteNumerics:
   def stages(self) -> Sequence[Any]:
     return ()  # they live in the node processes
 
-  def wait(self, key: str) -> dict:
-    return wait(self.node, key)
-
   def inject(self, mb: int, x: Any, labels: Any) -> None:
     del mb, x, labels  # stage 0's process draws minibatch mb itself (same seed, same streams)
 
-  def run(self, task: Task) -> str:
+  def run(self, task: Task) -> tuple[Channel, str]:
     return self._stages[task.stage].post(op=task.kind, mb=task.mb)
 
   def take_wave(self, wave: int) -> tuple[dict[int, Any], list[Any]]:
     """Closes ``wave`` in every stage (their updates go to the shard owners); returns its losses."""
     keys = [channel.post(op="take", wave=wave) for channel in self._stages]
-    losses = [np.float32(x) for key in keys for x in self.wait(key)["losses"]]
+    losses = [np.float32(x) for key in keys for x in wait(key)["losses"]]
     return {}, losses
 
   def rebase(self, params: Sequence[Any] | None, open_updates: Sequence[int]) -> list[int]:
@@ -371,8 +380,8 @@ class RemoteNumerics:
         served.append(self._ps[owner].post(op="serve", vw=self.vw, stage=j, n=n))
       keys.append(self._stages[j].post(op="rebase", n=n))
     for key in served:
-      self.wait(key)
-    return [self.wait(key)["added"] for key in keys]
+      wait(key)
+    return [wait(key)["added"] for key in keys]
 
   def stop(self) -> None:
     for channel in self._stages:

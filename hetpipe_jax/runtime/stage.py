@@ -189,7 +189,7 @@ class Stage:
 
     Returns how many local minibatch updates it added back on top of the global weights.
     """
-    params = jax.device_put(tuple(global_params), self.device)
+    params = jax.device_put(tuple(global_params), self.device, may_alias=False)  # a copy: the PS donates its own
     added = 0
     for wave in sorted(self.state.waves):
       acc = self.state.waves[wave]
