@@ -34,9 +34,10 @@ flags.DEFINE_string("out_dir", "outputs/validate_multiprocess", "Directory for e
 flags.DEFINE_float("timeout", 600, "Seconds before one configuration's job is killed.")
 
 GOAL = 0.10  # the largest acceptable relative error of a prediction
+NM = "max_fit"  # the planner's Nm rule in both runs (the train CLI's default with --policy)
 
-# Emulated GPU types (flop/s; memory is no limit for the MLP): a stage task lasts ~10-60 ms.
-TYPES = {"fast": 8e7, "mid": 6e7, "slow": 4e7, "whimpy": 3e7}
+# Emulated GPU types (flop/s; memory is no limit for the MLP): a stage task lasts ~5-240 ms.
+TYPES = {"fast": 2.4e7, "mid": 1.8e7, "slow": 1.2e7, "whimpy": 0.9e7}
 # name -> the GPU types of each node (one process per node)
 CLUSTERS = {
     "two": [["fast", "fast"], ["slow", "slow"]],
@@ -70,7 +71,7 @@ def cluster_toml(name: str, nodes: list[list[str]]) -> str:
 def run_job(cluster_path: str, policy: str, d: int, out_dir: str) -> dict:
   """One multi-process job on loopback; returns its summary (raises SystemExit with its error if it failed)."""
   cmd = [sys.executable, "-m", "experiments.train", "--executor=multiprocess", f"--cluster={cluster_path}",
-         f"--policy={policy}", f"--d={d}", f"--waves={FLAGS.waves}", "--time_scale=1", "--model=mlp",
+         f"--policy={policy}", f"--nm={NM}", f"--d={d}", f"--waves={FLAGS.waves}", "--time_scale=1", "--model=mlp",
          "--dataset=synthetic", f"--eval_every={FLAGS.waves}", f"--out_dir={out_dir}"]
   env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
   try:
@@ -123,10 +124,11 @@ def main(argv):
     events = read_trace(os.path.join(job_dir, "trace.jsonl"))
     common.require_wsp(events, f"multiprocess run {name} {policy} D={d}")
     predicted = run_hetpipe(model, data, RunConfig(
-        cluster=paths[name], policy=parse_policy(policy), d=d, waves=FLAGS.waves, executor="sim"))
+        cluster=paths[name], policy=parse_policy(policy), nm=NM, d=d, waves=FLAGS.waves, executor="sim"))
     common.require_wsp(predicted.events, f"sim run {name} {policy} D={d}")
-    if predicted.cuts != summary["cuts"]:
-      raise SystemExit(f"error: the sim planned cuts {predicted.cuts}, the job ran {summary['cuts']}")
+    planned = (predicted.events[0]["cuts"], predicted.events[0]["nm"])
+    if planned != (summary["cuts"], summary["nm"]):
+      raise SystemExit(f"error: the sim planned (cuts, Nm) {planned}, the job ran {summary['cuts'], summary['nm']}")
     measured = summary["images_per_second"]
     error = abs(predicted.images_per_second - measured) / measured
     worst = max(worst, error)

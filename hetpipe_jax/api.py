@@ -346,9 +346,10 @@ def _train_multiprocess(model: LayeredModel, dataset: Dataset, config: RunConfig
     x = model.apply(init_params[:units.start], jnp.asarray(x0), 0, units.start)  # the stage's input shape
     stage.warm_up(x, jax.device_put(y0, device) if stage.is_last else None)
     threads.append(StageWorker(node, i, j, stage, vw.nm, owners, shard_owners, streams, mailbox).thread)
+  node.connect_all()
   for thread in threads:
     thread.start()
-  node.barrier("hetpipe_jax/ready", 600)  # every stage compiled before the clock starts
+  node.barrier("hetpipe_jax/ready", 600)  # every stage compiled and connected before the clock starts
   if node.process != 0:
     for thread in threads:
       thread.join()

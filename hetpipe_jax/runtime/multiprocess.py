@@ -22,9 +22,10 @@ a push is applied before any pull that sees it). Its times are process 0's wall 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -84,21 +85,26 @@ def collect(node: Node, mailbox: Mailbox, src: int, tag: str) -> list[Any]:
 
 def command_loop(node: Node, channel: str, handle, what: str) -> None:
   """Executes the commands of ``channel`` (``cmd/<channel>/<seq>``) in order with ``handle(cmd) -> reply``
-  until a stop command; any failure ends this process at once (the others follow)."""
+  until a stop command, reporting under ``done/<channel>/<seq>`` the commands that ask for a report; any
+  failure ends this process at once (the others follow)."""
   seq = 0
   try:
     while True:
       cmd = json.loads(node.get(f"cmd/{channel}/{seq}", IDLE_S))
       if cmd["op"] == "stop":
         return
-      node.put(f"done/{channel}/{seq}", json.dumps(handle(cmd)))
+      reply = handle(cmd)
+      if cmd.get("report", True):
+        node.put(f"done/{channel}/{seq}", json.dumps(reply))
       seq += 1
   except BaseException as e:  # pylint: disable=broad-except
     node.abort(f"{what}: {type(e).__name__}: {e}")
 
 
 class Channel:
-  """The controller's end of one command channel: posts commands in order, waits for their reports.
+  """The controller's end of one command channel: posts commands, which its process executes in the order
+  posted; a command posted with ``report=False`` is not reported (its effects are ordered by the channel:
+  a failure ends its process, and with it the job).
 
   Args:
     node: process 0's node.
@@ -110,26 +116,38 @@ class Channel:
   def __init__(self, node: Node, name: str, process: int, what: str):
     self.node, self.name, self.process, self.what, self._seq = node, name, process, what, 0
 
-  def post(self, **cmd) -> tuple[Channel, str]:
-    """Posts a command; returns the handle of its report (for :func:`wait`)."""
+  def post(self, **cmd) -> Pending:
+    """Posts a command; returns its pending report (for :func:`wait`)."""
     seq = self._seq
     self._seq += 1
     self.node.put(f"cmd/{self.name}/{seq}", json.dumps(cmd))
-    return self, f"done/{self.name}/{seq}"
+    return Pending(self, f"done/{self.name}/{seq}")
 
 
-def wait(handle: tuple[Channel, str]) -> dict:
+@dataclasses.dataclass
+class Pending:
+  """A posted command's report to come; ``then(report)`` runs when :func:`wait` gets it."""
+
+  channel: Channel
+  key: str
+  then: Callable[[dict], None] | None = None
+
+
+def wait(pending: Pending) -> dict:
   """The report of a posted command (blocks until its process posts it).
 
   Raises:
     ProtocolError: naming the process, when no report comes within the timeout (it hung or is gone).
   """
-  channel, key = handle
+  channel = pending.channel
   try:
-    return json.loads(channel.node.get(key, TIMEOUT_S))
+    report = json.loads(channel.node.get(pending.key, TIMEOUT_S))
   except TimeoutError:
-    raise ProtocolError(f"no report from process {channel.process} ({channel.what}, {key!r}) within "
+    raise ProtocolError(f"no report from process {channel.process} ({channel.what}, {pending.key!r}) within "
                         f"{TIMEOUT_S:g} s: that process hung or is gone") from None
+  if pending.then is not None:
+    pending.then(report)
+  return report
 
 
 class StageWorker:
@@ -150,10 +168,9 @@ class StageWorker:
                mailbox: Mailbox):
     self.node, self.vw, self.j, self.stage, self.nm = node, vw, stage, stage_obj, nm
     self._owners, self._shards, self._streams, self._mailbox = owners, shard_owners, streams, mailbox
-    self._losses: dict[int, Any] = {}
     self._treedefs = [jax.tree.structure(p) for p in stage_obj.params]  # one per unit
     handlers = {FWD: lambda c: self._forward(c["mb"]), "bwd": lambda c: self._backward(c["mb"]),
-                "take": lambda c: self._take(c["wave"]), "rebase": lambda c: self._rebase(c["n"])}
+                "take": lambda c: self._take(c["wave"]), "rebase": lambda c: self._rebase(c["n"], c["expect"])}
     self.thread = threading.Thread(
         target=command_loop, args=(node, f"{vw}.{stage}", lambda c: handlers[c["op"]](c), f"VW {vw} stage {stage}"),
         name=f"vw{vw}-stage{stage}", daemon=True)
@@ -182,9 +199,8 @@ class StageWorker:
     labels = jax.device_put(self._streams(self.vw, mb)[1], stage.device) if stage.is_last else None
     out = stage.forward(mb, x, labels)
     if stage.is_last:
-      self._losses[mb] = out
-    else:
-      self._send(self.j + 1, "a", mb, out)
+      return {"loss": float(out)}  # the controller keeps each wave's losses
+    self._send(self.j + 1, "a", mb, out)
     jax.block_until_ready(out)
     return {}
 
@@ -202,12 +218,15 @@ class StageWorker:
     for owner, units in self._by_owner().items():
       leaves = jax.tree.leaves(tuple(update[u - self.stage.first] for u in units))
       deliver(self.node, self._mailbox, owner, f"u{self.vw}.{self.j}.{wave}", leaves)
-    first = wave * self.nm + 1
-    losses = [float(self._losses.pop(p)) for p in range(first, first + self.nm)] if self.stage.is_last else []
-    return {"losses": losses}
+    return {}
 
-  def _rebase(self, n: int) -> dict:
-    """Pull: the global weights of this stage's units from their owners, plus the open accumulators."""
+  def _rebase(self, n: int, expect: int) -> dict:
+    """Pull: the global weights of this stage's units from their owners, plus the open accumulators (the
+    ``expect`` local updates the engine counted: anything else is a lost or extra update).
+
+    Raises:
+      ProtocolError: when the stage added back another number of updates than the engine counted.
+    """
     params: dict[int, Any] = {}
     for owner, units in self._by_owner().items():
       leaves = collect(self.node, self._mailbox, owner, f"p{self.vw}.{self.j}.{n}")
@@ -215,7 +234,11 @@ class StageWorker:
         treedef = self._treedefs[u - self.stage.first]
         params[u] = jax.tree.unflatten(treedef, leaves[:treedef.num_leaves])
         leaves = leaves[treedef.num_leaves:]
-    return {"added": self.stage.rebase(tuple(params[u] for u in sorted(params)))}
+    added = self.stage.rebase(tuple(params[u] for u in sorted(params)))
+    if added != expect:
+      raise ProtocolError(f"VW {self.vw} stage {self.j} added back {added} local updates at pull {n}; the "
+                          f"engine counted {expect}")
+    return {"added": added}
 
 
 class ShardWorker:
@@ -264,9 +287,7 @@ class ShardWorker:
   def _serve(self, cmd: dict) -> dict:
     vw, j, n = cmd["vw"], cmd["stage"], cmd["n"]
     units = dict(self._stage_units(vw))[j]
-    # The server's own buffers, which the next apply donates: safe, because the controller waits for the
-    # stage's rebase (its pull of these) before it posts anything else (pulls run under the engine's lock).
-    params = self.ps.state.params
+    params = self.ps.params  # a copy: the next apply donates the server's own buffers, maybe before the pull
     leaves = jax.tree.leaves(tuple(params[self.units.index(u)] for u in units))
     deliver(self.node, self._mailbox, self._owners[(vw, j)], f"p{vw}.{j}.{n}", leaves)
     return {}
@@ -279,9 +300,10 @@ class ShardWorker:
 class ShardedServer:
   """The controller's parameter server: the WSP clocks here, the weights in the shard owners' processes.
 
-  A push is applied by every owner (each receives its units' summed updates straight from the stages)
-  before the clock ticks, and nothing else happens in the engine meanwhile, so the clocks always count
-  exactly the waves the shards hold: a pull served after them sees exactly its snapshot's waves.
+  A push ticks the clock and posts an apply to every owner (each receives its units' summed updates
+  straight from the stages) at once, without waiting: an owner executes its commands in the order posted,
+  so a pull's serve, posted later, sees exactly the waves its snapshot's clock counts, however long the
+  applies take. A command that fails ends its process, and with it the job.
 
   Args:
     node: process 0's node.
@@ -306,8 +328,8 @@ class ShardedServer:
   def push(self, vw: int, wave: int, updates: Mapping[int, Any]) -> wsp.ClockState:
     del updates  # they travel from the stages to the owners
     clock = wsp.push(self._clock, vw, wave)  # raises before anything is applied
-    for handle in [channel.post(op="apply", vw=vw, wave=wave) for channel in self._channels.values()]:
-      wait(handle)
+    for channel in self._channels.values():
+      channel.post(op="apply", vw=vw, wave=wave, report=False)
     self._clock = clock
     return clock
 
@@ -318,7 +340,7 @@ class ShardedServer:
 
   @property
   def params(self) -> tuple[Any, ...]:
-    """Every unit's global weights, gathered into process 0 (for evaluation)."""
+    """Every unit's global weights, gathered into process 0 (for evaluation), after every push so far."""
     n = self._gathers
     self._gathers += 1
     keys = {p: channel.post(op="gather", n=n) for p, channel in self._channels.items()}
@@ -352,6 +374,7 @@ class RemoteNumerics:
     self._stages = [Channel(node, f"{vw}.{j}", owners[(vw, j)], f"VW {vw} stage {j}") for j in range(self.k)]
     self._shard_owners, self._ps = list(shard_owners), channels
     self._rebases = 0
+    self._losses: dict[int, np.float32] = {}  # minibatch -> its loss, from the last stage's forward report
 
   @property
   def stages(self) -> Sequence[Any]:
@@ -360,28 +383,36 @@ class RemoteNumerics:
   def inject(self, mb: int, x: Any, labels: Any) -> None:
     del mb, x, labels  # stage 0's process draws minibatch mb itself (same seed, same streams)
 
-  def run(self, task: Task) -> tuple[Channel, str]:
-    return self._stages[task.stage].post(op=task.kind, mb=task.mb)
+  def run(self, task: Task) -> Pending:
+    pending = self._stages[task.stage].post(op=task.kind, mb=task.mb)
+    if task.kind == FWD and task.stage == self.k - 1:
+      pending.then = lambda report: self._losses.__setitem__(task.mb, np.float32(report["loss"]))
+    return pending
 
   def take_wave(self, wave: int) -> tuple[dict[int, Any], list[Any]]:
-    """Closes ``wave`` in every stage (their updates go to the shard owners); returns its losses."""
-    keys = [channel.post(op="take", wave=wave) for channel in self._stages]
-    losses = [np.float32(x) for key in keys for x in wait(key)["losses"]]
-    return {}, losses
+    """Closes ``wave`` in every stage (their updates go to the shard owners, unreported: see
+    :class:`ShardedServer`); returns its losses (every forward of the wave has been reported)."""
+    for channel in self._stages:
+      channel.post(op="take", wave=wave, report=False)
+    first = wave * self.nm + 1
+    return {}, [self._losses.pop(mb) for mb in range(first, first + self.nm)]
 
   def rebase(self, params: Sequence[Any] | None, open_updates: Sequence[int]) -> list[int]:
-    """Every stage <- its units' global weights, served by their owners, + its open accumulators."""
-    del params, open_updates  # the owners serve the weights; the stages count what they add back
+    """Every stage <- its units' global weights, served by their owners, + its open accumulators.
+
+    Posted, not waited for: each owner serves in its command order (so exactly the snapshot's waves, see
+    :class:`ShardedServer`), and each stage rebases in its own, after every task the engine started on it
+    before and before every task it starts after, which is where the engine's weight versions put the pull.
+    Each stage checks that it added back the ``open_updates`` the engine counted (else the job stops).
+    """
+    del params  # the owners serve the weights
     n = self._rebases
     self._rebases += 1
-    served, keys = [], []
     for j in range(self.k):
       for owner in sorted({self._shard_owners[u] for u in range(self.cuts[j], self.cuts[j + 1])}):
-        served.append(self._ps[owner].post(op="serve", vw=self.vw, stage=j, n=n))
-      keys.append(self._stages[j].post(op="rebase", n=n))
-    for key in served:
-      wait(key)
-    return [wait(key)["added"] for key in keys]
+        self._ps[owner].post(op="serve", vw=self.vw, stage=j, n=n, report=False)
+      self._stages[j].post(op="rebase", n=n, expect=open_updates[j], report=False)
+    return list(open_updates)
 
   def stop(self) -> None:
     for channel in self._stages:
