@@ -26,7 +26,7 @@ import optax
 from hetpipe_jax.cluster import Cluster, get_cluster
 from hetpipe_jax.core.engine import Engine
 from hetpipe_jax.core.schedule import SCHEDULES
-from hetpipe_jax.core.trace import Trace
+from hetpipe_jax.core.trace import Trace, write_trace
 from hetpipe_jax.core.versions import WEIGHT_MODES
 from hetpipe_jax.core.worker import VirtualWorker
 from hetpipe_jax.cost.memory import optimizer_slots_of
@@ -52,6 +52,7 @@ from hetpipe_jax.runtime.multiprocess import (
   ShardedServer,
   ShardWorker,
   StageWorker,
+  merge_records,
   process_of,
   wait,
 )
@@ -366,6 +367,9 @@ def _train_multiprocess(model: LayeredModel, dataset: Dataset, config: RunConfig
   run = lambda engine: executors.run_wall(engine, cost if config.time_scale > 0 else None, config.time_scale,
                                           wait=wait)
   result = _run_engine(model, dataset, config, layout, meta, vws, server, None, run, init_params, local[0])
+  merge_records(result.events, numerics)  # every process's own records of its tasks, into the one trace
+  if config.trace_path:
+    write_trace(config.trace_path, result.events)
   for n in numerics:  # on failure nothing is cleaned up here: the process ends at once (Node.abort)
     n.stop()
   for channel in channels.values():

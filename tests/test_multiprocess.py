@@ -38,6 +38,10 @@ def test_four_processes_train_with_pipelines_across_nodes(tmp_path):
   meta = events[0]
   assert meta["executor"] == "multiprocess" and meta["stages"] == [4, 4]
   assert all(len({g.split(".")[0] for g in group}) == 4 for group in meta["gpus"])  # 4 nodes per VW
+  tasks = [e for e in events if e["ev"] in ("fwd", "bwd")]
+  # merged: every task carries the record of the process that ran it (the process of its GPU's node)
+  assert all(e["process"] == int(meta["gpus"][e["vw"]][e["stage"]].split(".")[0][1:]) for e in tasks)
+  assert all(0 < e["busy"] <= e["t1"] - e["t0"] + 1e-3 for e in tasks)  # inside the engine's interval
   assert stats["max_global_staleness"] is not None
   summary = json.loads((tmp_path / "summary.json").read_text())
   assert summary["final_test_accuracy"] > 0.5

@@ -49,6 +49,13 @@ class Trace:
       self._file = None
 
 
+def write_trace(path: str, events: Iterable[dict[str, Any]]) -> None:
+  """Writes ``events`` as a JSON Lines trace (as :class:`Trace` does)."""
+  with open(path, "w", encoding="utf-8") as f:
+    for event in events:
+      f.write(json.dumps(event, separators=(",", ":")) + "\n")
+
+
 def read_trace(path: str) -> list[dict[str, Any]]:
   """The events of a JSON Lines trace file.
 

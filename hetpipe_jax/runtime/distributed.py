@@ -10,9 +10,10 @@ This is the one module that touches JAX's experimental and private distributed A
 * A message is an *offer* and a *notice*: :meth:`Node.send` offers the arrays on the transfer server
   under a fresh id (``await_pull`` does not block) and posts a JSON notice with that id and the arrays'
   shapes and dtypes under the predictable key ``msg/<src>-><dst>/<tag>/<seq>``; :meth:`Node.recv` waits
-  for that key (a timeout here is how a dead sender shows), deletes it and pulls. An offer can be pulled
-  exactly once; the sender keeps the offered arrays alive until the receiver acknowledges
-  (``ack/...``), because deleting or donating an offered buffer before its pull breaks the pull.
+  for that key (a timeout here is how a dead sender shows), pulls, and deletes it. An offer can be pulled
+  exactly once; the sender keeps the offered arrays alive until the receiver acknowledges by deleting the
+  notice (checked once more than a few messages or MB are held), because deleting or donating an offered
+  buffer before its pull breaks the pull.
 
 Measured on this 2-core machine (BUILD_NOTES.md, "Multi-process transport"): 0.70-0.75 GB/s for 1-100 MB
 pulls on loopback (a local ``device_put`` between two CPU devices: 1.5-1.7 GB/s), ~0.19 ms to pull a tiny
@@ -37,6 +38,7 @@ from hetpipe_jax.runtime.launch import die_with_launcher, record_reason
 
 _ADDRESS_KEY = "xfer/addr/{process}"
 _MESSAGE_KEY = "msg/{src}->{dst}/{tag}/{seq}"
+_HOLD_MESSAGES, _HOLD_BYTES = 16, 64 << 20  # offered arrays held before checking which were pulled
 
 
 def _client():
@@ -118,7 +120,11 @@ class Node:
       self._offered[key] = arrays
     self._server.await_pull(uid, arrays)
     self.put(key, json.dumps({"id": uid, "arrays": [[list(a.shape), str(a.dtype)] for a in arrays]}))
-    self._release_acknowledged()
+    with self._lock:  # checking every offer costs a key-value operation each: only when many are held
+      held = sum(a.nbytes for arrays_ in self._offered.values() for a in arrays_)
+      check = len(self._offered) > _HOLD_MESSAGES or held > _HOLD_BYTES
+    if check:
+      self._release_acknowledged()
 
   def recv(self, src: int, tag: str, timeout_s: float) -> list[jax.Array]:
     """The next message from process ``src`` on channel ``tag``, pulled onto this process's device.
@@ -136,23 +142,21 @@ class Node:
              for shape, dtype in notice["arrays"]]
     arrays = self._connection(src, timeout_s).pull(notice["id"], specs)
     jax.block_until_ready(arrays)
-    self.delete(key)
-    self.put("ack/" + key, "1")
+    self.delete(key)  # the acknowledgement: the sender may drop the arrays
     return list(arrays)
 
   def _release_acknowledged(self) -> None:
-    """Drops the offered arrays whose pull the receiver has acknowledged."""
+    """Drops the offered arrays whose notice the receiver has deleted (it pulled them)."""
     with self._lock:
       keys = list(self._offered)
     for key in keys:
       try:
-        self._kv.key_value_try_get("ack/" + key)
-      except Exception:  # NOT_FOUND: not pulled yet
-        continue
+        self._kv.key_value_try_get(key)
+        continue  # the notice is still there: not pulled yet
+      except Exception:  # NOT_FOUND: pulled
+        pass
       with self._lock:
-        if self._offered.pop(key, None) is None:
-          continue  # another thread released it
-      self.delete("ack/" + key)
+        self._offered.pop(key, None)
 
   def connect_all(self, timeout_s: float = 60.0) -> None:
     """Opens the transfer connections to every other process and moves one tiny message each way, so the

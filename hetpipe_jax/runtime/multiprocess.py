@@ -9,15 +9,22 @@ inside a process they stay local.
 Process 0 is also the controller: it runs the single-process :class:`~hetpipe_jax.core.engine.Engine`
 (the schedule, the WSP clock, gate, push and pull, the trace: not a second copy) on the ``wall``
 executor, whose device threads wait for each task's process to report it done. Its numerics adapter,
-:class:`RemoteNumerics`, turns "start this task" into a command for the stage's process; closing a wave
-gathers each stage's summed update in process 0, where the parameter server applies it on the host CPU;
-a pull sends each stage its units' global weights and the stage reports how many local updates it
-added back. Control goes through the coordination service's key-value store
-(``cmd/<vw>.<stage>/<seq>`` -> ``done/<vw>.<stage>/<seq>``).
+:class:`RemoteNumerics`, turns "start this task" into a command for the stage's process, and its server,
+:class:`ShardedServer`, keeps the WSP clocks while the weights live in the processes that own their PS
+shards (:class:`ShardWorker`, host CPU, placed by ``--placement``). Closing a wave sends each stage's
+summed update straight to the owners of its units' shards, which apply it; a pull has the owners send
+each stage its units' global weights, and the stage adds its open accumulators back. Control goes
+through the coordination service's key-value store (``cmd/<channel>/<seq>``, reports under
+``done/<channel>/<seq>``); each channel (a stage, a process's shards) executes its commands in the order
+posted, which is what orders pushes, pulls and tasks: pushes and pulls are posted without waiting.
 
-The trace is the controller's: every event is written by the one engine, in the order it happened
+The trace: every process records its own tasks (which process ran it, and ``busy``: how long it worked
+on it, on that process's clock) and reports them; the engine writes every event in the order it happened
 there, which is causal by construction (a task is started only after the reports it depends on arrived;
-a push is applied before any pull that sees it). Its times are process 0's wall clock.
+a push is posted before any pull that sees it, and its owners apply it before they serve that pull; a
+gate opens before the injection it allows). At the end, :func:`merge_records` joins each task event with
+its process's record by identity, never by timestamps: the clocks of different hosts are not compared.
+Event times are process 0's wall clock.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -169,7 +177,8 @@ class StageWorker:
     self.node, self.vw, self.j, self.stage, self.nm = node, vw, stage, stage_obj, nm
     self._owners, self._shards, self._streams, self._mailbox = owners, shard_owners, streams, mailbox
     self._treedefs = [jax.tree.structure(p) for p in stage_obj.params]  # one per unit
-    handlers = {FWD: lambda c: self._forward(c["mb"]), "bwd": lambda c: self._backward(c["mb"]),
+    handlers = {FWD: lambda c: self._timed(self._forward, c["mb"]),
+                "bwd": lambda c: self._timed(self._backward, c["mb"]),
                 "take": lambda c: self._take(c["wave"]), "rebase": lambda c: self._rebase(c["n"], c["expect"])}
     self.thread = threading.Thread(
         target=command_loop, args=(node, f"{vw}.{stage}", lambda c: handlers[c["op"]](c), f"VW {vw} stage {stage}"),
@@ -189,6 +198,14 @@ class StageWorker:
   def _receive(self, stage: int, kind: str, mb: int) -> Any:
     (x,) = collect(self.node, self._mailbox, self._owners[(self.vw, stage)], f"{kind}{self.vw}.{self.j}.{mb}")
     return jax.device_put(x, self.stage.device)
+
+  @staticmethod
+  def _timed(task, mb: int) -> dict:
+    """Runs a task and adds to its report how long it took on this process's clock (``busy``, seconds)."""
+    t = time.perf_counter()
+    report = task(mb)
+    report["busy"] = time.perf_counter() - t
+    return report
 
   def _forward(self, mb: int) -> dict:
     stage = self.stage
@@ -375,6 +392,8 @@ class RemoteNumerics:
     self._shard_owners, self._ps = list(shard_owners), channels
     self._rebases = 0
     self._losses: dict[int, np.float32] = {}  # minibatch -> its loss, from the last stage's forward report
+    self._owners = owners
+    self.records: dict[tuple[str, int, int], dict] = {}  # (kind, stage, mb) -> what its process recorded
 
   @property
   def stages(self) -> Sequence[Any]:
@@ -385,9 +404,14 @@ class RemoteNumerics:
 
   def run(self, task: Task) -> Pending:
     pending = self._stages[task.stage].post(op=task.kind, mb=task.mb)
-    if task.kind == FWD and task.stage == self.k - 1:
-      pending.then = lambda report: self._losses.__setitem__(task.mb, np.float32(report["loss"]))
+    pending.then = lambda report: self._reported(task, report)
     return pending
+
+  def _reported(self, task: Task, report: dict) -> None:
+    if "loss" in report:
+      self._losses[task.mb] = np.float32(report["loss"])
+    self.records[(task.kind, task.stage, task.mb)] = {"process": self._owners[(self.vw, task.stage)],
+                                                      "busy": report["busy"]}
 
   def take_wave(self, wave: int) -> tuple[dict[int, Any], list[Any]]:
     """Closes ``wave`` in every stage (their updates go to the shard owners, unreported: see
@@ -417,3 +441,14 @@ class RemoteNumerics:
   def stop(self) -> None:
     for channel in self._stages:
       channel.post(op="stop")
+
+
+def merge_records(events: list[dict[str, Any]], numerics: Sequence[RemoteNumerics]) -> list[dict[str, Any]]:
+  """The job's one trace: the engine's events in their causal order, each task event joined by identity
+  (virtual worker, stage, minibatch, kind) with what the process that ran it recorded: ``process`` and
+  ``busy`` (seconds it worked on the task, on that process's own clock). Changes ``events`` in place."""
+  for event in events:
+    if event["ev"] in (FWD, "bwd"):
+      event.update(numerics[event["vw"]].records[(event["ev"], event["stage"], event["mb"])])
+  return events
+
