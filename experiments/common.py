@@ -40,20 +40,21 @@ class TraceCheckError(RuntimeError):
 
 
 def entry(main: Main) -> Main:
-  """Wraps an absl ``main`` so that a ConfigError ends the program with one line (exit status 1).
+  """Wraps an absl ``main`` so that a ConfigError or a RunStopped ends the program with one line (exit
+  status 1).
 
   Args:
     main: the script's ``main(argv)``.
 
   Returns:
-    ``main`` that raises ``SystemExit("error: <message>")`` instead of a ConfigError.
+    ``main`` that raises ``SystemExit("error: <message>")`` instead of a ConfigError or RunStopped.
   """
 
   def wrapped(argv: list[str]) -> int | None:
-    from hetpipe_jax.errors import ConfigError
+    from hetpipe_jax.errors import ConfigError, RunStopped
     try:
       return main(argv)
-    except ConfigError as e:
+    except (ConfigError, RunStopped) as e:
       raise SystemExit(f"error: {e}") from None
 
   return wrapped

@@ -50,6 +50,9 @@ flags.DEFINE_string("cuts", None, "Unit boundaries of each virtual worker's stag
                     "in cluster order).")
 flags.DEFINE_integer("seed", 0, "Initialisation and shuffling seed, in [0, 2**63 - 1].")
 flags.DEFINE_integer("eval_every", 10, "Evaluate test accuracy every this many global clock ticks.")
+flags.DEFINE_enum("on_nonfinite", "stop", ["stop", "skip"], "A pushed update with NaN or Inf: stop the run "
+                  "(one line: VW, wave, stage, unit, last good global clock) or skip (drop that wave's "
+                  "update, note it in the trace, go on).")
 flags.DEFINE_bool("drop_remainder", False, "Drop the examples of an epoch that do not fill a minibatch.")
 flags.DEFINE_string("coordinator_address", None, "multiprocess: HOST:PORT of the coordination service "
                     "(process 0 hosts it); without it, the job starts one process per node on this host.")
@@ -120,6 +123,7 @@ def join_job() -> None:
 def main(argv):
   del argv
   from hetpipe_jax import ConfigError, get_cluster
+  from hetpipe_jax.errors import RunStopped
   from hetpipe_jax.plan.allocation import parse_policy
   common.check_seed(FLAGS.seed)
   multiprocess = FLAGS.executor == "multiprocess"
@@ -164,17 +168,21 @@ def main(argv):
       optimizer=FLAGS.optimizer, learning_rate=FLAGS.learning_rate, weight_mode=FLAGS.weight_mode,
       schedule=FLAGS.schedule, executor=FLAGS.executor, time_scale=FLAGS.time_scale, cuts=cuts,
       seed=FLAGS.seed, eval_every=FLAGS.eval_every, drop_remainder=FLAGS.drop_remainder,
-      trace_path=trace_out, policy=policy, placement=FLAGS.placement)
-  dataset = load_dataset(FLAGS.dataset)
-  model = get_model(FLAGS.model, dataset.num_classes)
-  common.progress("training %s on %s: %s", model.name, dataset.name, config)
+      trace_path=trace_out, policy=policy, placement=FLAGS.placement, on_nonfinite=FLAGS.on_nonfinite)
+  from hetpipe_jax.models import FULL_SIZE, full_size_model
+  if FLAGS.executor == "sim" and FLAGS.model in FULL_SIZE:  # no numerics: the model's own input, no data
+    dataset, model = FULL_SIZE[FLAGS.model], full_size_model(FLAGS.model)
+  else:
+    dataset = load_dataset(FLAGS.dataset)
+    model = get_model(FLAGS.model, dataset.num_classes)
+  common.progress("training %s on %s: %s", model.name, getattr(dataset, "name", dataset), config)
   if multiprocess:
     from hetpipe_jax.runtime.distributed import current_node
     node = current_node()
     try:
       result = run_hetpipe(model, dataset, config)
     except Exception as e:  # one line, and out at once: the launcher stops the other processes
-      if node is None or isinstance(e, ConfigError):
+      if node is None or isinstance(e, (ConfigError, RunStopped)):
         raise
       node.abort(f"{type(e).__name__}: {e}")
   else:
@@ -191,7 +199,7 @@ def main(argv):
   stats = staleness_stats(result.events)
   final_acc = result.metrics[-1].get("test_accuracy")  # None for the sim executor (no numerics)
   summary = {
-      "model": model.name, "dataset": dataset.name, "cluster": config.cluster,
+      "model": model.name, "dataset": meta["dataset"], "cluster": config.cluster,
       "executor": config.executor, "num_vws": len(stages), "stages": stages, "nm": nms, "d": config.d,
       "policy": FLAGS.policy, "placement": FLAGS.placement, "gpus": meta["gpus"],
       "cuts": result.cuts, "waves": config.waves, "batch_size": config.batch_size,
@@ -207,7 +215,7 @@ def main(argv):
   if final_acc is not None:
     outputs.append(("plot", common.output_path(FLAGS.out_dir, "training.png")))
     plot_training(result.metrics, outputs[-1][1],
-                  f"{model.name} on {dataset.name}, {len(stages)} VWs x {stages} stages, Nm={nms}, "
+                  f"{model.name} on {meta['dataset']}, {len(stages)} VWs x {stages} stages, Nm={nms}, "
                   f"D={config.d}, {config.executor} executor ({clock})")
 
   gantt_out = common.output_path(FLAGS.out_dir, "timeline.png")

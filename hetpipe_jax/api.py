@@ -15,6 +15,7 @@ devices, virtual workers, parameter server) -> executor (``virtual``, ``wall``; 
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -32,9 +33,9 @@ from hetpipe_jax.core.worker import VirtualWorker
 from hetpipe_jax.cost.memory import optimizer_slots_of
 from hetpipe_jax.cost.profile import UnitProfile, full_size_profiles, profile_units
 from hetpipe_jax.data import Dataset, MinibatchStreams, check_batch_size
-from hetpipe_jax.errors import ConfigError
+from hetpipe_jax.errors import ConfigError, NonFiniteUpdate
 from hetpipe_jax.evaluate import make_evaluator
-from hetpipe_jax.models import FULL_SIZE
+from hetpipe_jax.models import FULL_SIZE, FullSize, get_model
 from hetpipe_jax.models.base import LayeredModel
 from hetpipe_jax.optim import OPTIMIZERS, make_optimizer
 from hetpipe_jax.plan.allocation import plan_cluster
@@ -56,7 +57,7 @@ from hetpipe_jax.runtime.multiprocess import (
   process_of,
   wait,
 )
-from hetpipe_jax.runtime.ps import ParameterServer
+from hetpipe_jax.runtime.ps import ON_NONFINITE, ParameterServer
 from hetpipe_jax.runtime.stage import Device, Stage
 from hetpipe_jax.runtime.transport import DeviceComm
 from hetpipe_jax.runtime.worker import PipelineNumerics
@@ -94,6 +95,10 @@ class RunConfig:
     placement: PS shard placement of the plan (default or local); recorded in the trace.
     time_model: "vgg19" or "resnet152": the clock (virtual and sim executors, wall padding) takes task
       durations from this full-size model's plan on the same GPUs, while the numerics train ``model``.
+    on_nonfinite: a pushed wave update with NaN or Inf is refused before it touches the global weights:
+      "stop" ends the run (:class:`~hetpipe_jax.errors.NonFiniteUpdate`, naming VW, wave, stage, unit and
+      the last good global clock); "skip" drops that wave's update and goes on (the trace's push event
+      says ``"dropped": "nonfinite"``).
   """
 
   cluster: str | Cluster = "hetero4"
@@ -119,6 +124,7 @@ class RunConfig:
   policy: str | Sequence[Sequence[int]] | None = None
   placement: str = "default"
   time_model: str | None = None
+  on_nonfinite: str = "stop"
 
 
 @dataclasses.dataclass
@@ -165,7 +171,8 @@ def validate(config: RunConfig) -> None:
   for name, value, known in (("weight_mode", config.weight_mode, WEIGHT_MODES),
                              ("schedule", config.schedule, SCHEDULES),
                              ("executor", config.executor, executors.EXECUTORS),
-                             ("placement", config.placement, PLACEMENTS)):
+                             ("placement", config.placement, PLACEMENTS),
+                             ("on_nonfinite", config.on_nonfinite, ON_NONFINITE)):
     if value not in known:
       raise ConfigError(f"unknown {name} {value!r}; choose one of {', '.join(known)}")
   if config.tx is None and config.optimizer not in OPTIMIZERS:
@@ -176,6 +183,13 @@ def validate(config: RunConfig) -> None:
     raise ConfigError(f"time_scale={config.time_scale}; use 0 (no padding) or a positive factor")
   if not 0 <= config.seed < 2**63:
     raise ConfigError(f"seed={config.seed}; use a seed in [0, 2**63 - 1]")
+  if config.tx is None and not (math.isfinite(config.learning_rate) and config.learning_rate > 0):
+    raise ConfigError(f"learning_rate={config.learning_rate}; use a finite learning rate > 0 (e.g. 0.05)")
+  if config.on_nonfinite == "skip" and config.executor == "multiprocess":
+    raise ConfigError("on_nonfinite='skip' is not available with executor='multiprocess' yet (the shard "
+                      "owners would have to agree to drop a wave); use 'stop' or another executor")
+  if not math.isfinite(config.time_scale):
+    raise ConfigError(f"time_scale={config.time_scale}; use 0 (no padding) or a finite positive factor")
 
 
 def _layouts(config: RunConfig, model: LayeredModel, cluster: Cluster, profiles, clock_profiles,
@@ -226,27 +240,57 @@ def _meta(config: RunConfig, cluster: Cluster, model_name: str, dataset_name: st
               time_model=config.time_model)
 
 
-def run_hetpipe(model: LayeredModel, dataset: Dataset, config: RunConfig) -> RunResult:
+def _param_shapes(model: LayeredModel, sample_x, data_name: str):
+  """The shapes of ``model``'s parameters on inputs like ``sample_x``.
+
+  Raises:
+    ConfigError: when the model cannot take that input (say which model, which input, and what would).
+  """
+  try:
+    return jax.eval_shape(model.init, jax.random.key(0), sample_x)
+  except Exception as e:  # pylint: disable=broad-except  # layers fail in many ways on a too-small input
+    shape = "x".join(map(str, sample_x.shape[1:]))
+    full = [name for name, size in FULL_SIZE.items() if get_model(name).name == model.name]
+    hint = (f"{full[0]} is a full-size model for {'x'.join(map(str, FULL_SIZE[full[0]].input_shape))} inputs: "
+            "simulate it without data (executor sim), or train mlp, cnn, vgg or resnet on this dataset"
+            if full else "choose a model whose layers fit this input, or a dataset with larger inputs")
+    raise ConfigError(f"model {model.name!r} cannot take {data_name}'s {shape} inputs "
+                      f"({str(e).splitlines()[0][:120]}); {hint}") from None
+
+
+def run_hetpipe(model: LayeredModel, dataset: Dataset | FullSize, config: RunConfig) -> RunResult:
   """Trains ``model`` on ``dataset`` with N virtual workers under WSP; see :class:`RunConfig`.
+
+  ``dataset`` may be a :class:`~hetpipe_jax.models.FullSize` input description instead (the ``sim``
+  executor runs no numerics, so it needs no data: e.g. VGG-19 at its 224x224 ImageNet input).
 
   Raises:
     ConfigError: for a configuration that cannot run, before anything runs.
   """
   validate(config)
-  check_batch_size(dataset, config.batch_size, config.drop_remainder)
+  if isinstance(dataset, FullSize):
+    if config.executor != "sim":
+      raise ConfigError(f"executor={config.executor!r} trains on data, but the run has only an input shape "
+                        f"{dataset.input_shape}; give a dataset, or simulate (executor='sim')")
+    sample_x = jax.ShapeDtypeStruct((config.batch_size, *dataset.input_shape), jnp.float32)
+    data_name = f"none (input {'x'.join(map(str, dataset.input_shape))}, {dataset.num_classes} classes)"
+  else:
+    check_batch_size(dataset, config.batch_size, config.drop_remainder)
+    sample_x = jnp.asarray(dataset.x_train[:config.batch_size])
+    data_name = dataset.name
   cluster = get_cluster(config.cluster) if isinstance(config.cluster, str) else config.cluster
   tx = config.tx or make_optimizer(config.optimizer, config.learning_rate)
-  sample_x = jnp.asarray(dataset.x_train[:config.batch_size])
+  param_shapes = _param_shapes(model, sample_x, data_name)
   profiles = profile_units(model, sample_x)
-  param_shapes = jax.eval_shape(model.init, jax.random.key(0), sample_x)
   slots = optimizer_slots_of(tx, param_shapes)
   # The clock's model: the trained one, or a larger one (time_model) whose plan sets the durations.
   clock_profiles = profiles if config.time_model is None else time_model_profiles(config.time_model,
                                                                                   config.batch_size)
   layout, clock_layout = _layouts(config, model, cluster, profiles, clock_profiles, slots)
-  meta = _meta(config, cluster, model.name, dataset.name, model.num_units, layout)
+  meta = _meta(config, cluster, model.name, data_name, model.num_units, layout)
   if config.executor == "sim":
     return _simulate(config, cluster, clock_profiles, clock_layout, meta)
+  assert isinstance(dataset, Dataset)  # a FullSize input was refused above for every other executor
   check_memory(profiles, layout, config.weight_mode, slots)
   if config.executor == "multiprocess":
     return _train_multiprocess(model, dataset, config, tx, cluster, CostModel(cluster, clock_profiles, clock_layout),
@@ -268,7 +312,8 @@ def _build(model: LayeredModel, layout: Layout, config: RunConfig, tx: optax.Gra
               for i, vw in enumerate(layout.vws)]
   vws = [VirtualWorker.create(i, vw.k, vw.nm, config.waves * vw.nm, layout.num_vws, config.schedule,
                               config.weight_mode, numerics[i]) for i, vw in enumerate(layout.vws)]
-  return vws, numerics, ParameterServer(init_params, layout.num_vws, config.d, config.ps_tx)  # on the host
+  server = ParameterServer(init_params, layout.num_vws, config.d, config.ps_tx, on_nonfinite=config.on_nonfinite)
+  return vws, numerics, server  # the server on the host CPU
 
 
 def _run_engine(model: LayeredModel, dataset: Dataset, config: RunConfig, layout: Layout, meta: dict[str, Any],
@@ -284,6 +329,14 @@ def _run_engine(model: LayeredModel, dataset: Dataset, config: RunConfig, layout
     seconds = run(engine)
     final = server.params
     jax.block_until_ready(final)
+  except NonFiniteUpdate as e:  # name the stage too, for the user
+    vw = layout.vws[e.vw]
+    stages = sorted({j for j in range(vw.k) for u in e.units if u in vw.stage_units(j)})
+    raise NonFiniteUpdate(e.vw, e.wave, e.units, e.clock, (
+        f"VW {e.vw} pushed a non-finite update (NaN or Inf) in wave {e.wave}: stage {', '.join(map(str, stages))}, "
+        f"unit {', '.join(map(str, e.units))}; refused, so the global weights are those of global clock "
+        f"{e.clock}, the last good one; lower the learning rate, or drop such waves with "
+        "on_nonfinite='skip'")) from None
   finally:
     trace.close()
   wall_seconds = time.perf_counter() - t_host

@@ -1,8 +1,28 @@
-"""The two error types: a configuration that cannot run, and a breach of the pipeline or WSP protocol."""
+"""The error types: a configuration that cannot run, a run stopped on purpose (say why in one line), and a
+breach of the pipeline or WSP protocol."""
 
 
 class ConfigError(ValueError):
   """A configuration that cannot run; the message names the value, the limit and what to change."""
+
+
+class RunStopped(RuntimeError):
+  """A run stopped on purpose, not by a bug: the message says why and what to change."""
+
+
+class NonFiniteUpdate(RunStopped):
+  """A pushed wave update holds NaN or Inf; it was refused before it touched the global weights.
+
+  Attributes:
+    vw, wave: whose push.
+    units: the units (PS shards) whose update is not finite.
+    clock: the global clock of the weights, which are unchanged (the last good one).
+  """
+
+  def __init__(self, vw: int, wave: int, units: list[int], clock: int, message: str | None = None):
+    super().__init__(message or f"VW {vw} pushed a non-finite update (NaN or Inf) in wave {wave}, units {units}; "
+                     f"refused: the global weights are those of global clock {clock}")
+    self.vw, self.wave, self.units, self.clock = vw, wave, units, clock
 
 
 class ProtocolError(RuntimeError):

@@ -113,8 +113,10 @@ class Engine:
 
   def _push(self, vw: VirtualWorker, wave: int, updates: dict[int, Any], losses: list, t: float) -> None:
     clock = self.server.push(vw.index, wave, updates)
+    dropped = self.server.dropped.get((vw.index, wave))
+    extra = {} if dropped is None else {"dropped": "nonfinite", "units": dropped}  # clock ticked, not applied
     self.trace.emit(ev="push", vw=vw.index, wave=wave, t=t, shards=self.server.num_shards,
-                    gap=wsp.clock_gap(clock, vw.index))
+                    gap=wsp.clock_gap(clock, vw.index), **extra)
     if self._on_wave is not None:
       self._on_wave(vw.index, wave, t, losses)
     self._inject_all(t)  # a push can open gates, this virtual worker's own included

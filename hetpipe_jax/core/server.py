@@ -28,6 +28,7 @@ class Server(Protocol):
 
   d: int
   num_shards: int
+  dropped: dict[tuple[int, int], list[int]]  # (vw, wave) -> units of a push refused as non-finite, skipped
 
   @property
   def clock(self) -> wsp.ClockState:
@@ -55,6 +56,7 @@ class ClockServer:
   def __init__(self, num_vws: int, d: int, num_shards: int = 0):
     self.d, self.num_shards = d, num_shards
     self._clock = wsp.init(num_vws)
+    self.dropped: dict[tuple[int, int], list[int]] = {}  # no numbers, nothing to drop
 
   @property
   def clock(self) -> wsp.ClockState:

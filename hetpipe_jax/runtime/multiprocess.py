@@ -337,6 +337,7 @@ class ShardedServer:
     self._owners, self._channels, self._mailbox, self._treedefs = list(shard_owners), channels, mailbox, unit_treedefs
     self._clock = wsp.init(num_vws)
     self._gathers = 0
+    self.dropped: dict[tuple[int, int], list[int]] = {}  # owners stop the job on a non-finite update
 
   @property
   def clock(self) -> wsp.ClockState:

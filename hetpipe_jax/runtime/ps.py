@@ -21,12 +21,15 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from hetpipe_jax.core import wsp
 from hetpipe_jax.core.server import Snapshot
-from hetpipe_jax.errors import ProtocolError
+from hetpipe_jax.errors import ConfigError, NonFiniteUpdate, ProtocolError
 from hetpipe_jax.runtime.stage import Device
+
+ON_NONFINITE = ("stop", "skip")  # what a push with NaN or Inf does: stop the run, or drop that wave's update
 
 
 class ServerState(NamedTuple):
@@ -48,6 +51,8 @@ class ParameterServer:
     device: where the global weights live (default: this process's host CPU device: as in the paper, the
       shards live in host memory; on a GPU host a push is a device-to-host copy and the apply runs on the
       host).
+    on_nonfinite: a push with NaN or Inf: "stop" (raise :class:`~hetpipe_jax.errors.NonFiniteUpdate`) or
+      "skip" (drop that wave's update; see :meth:`push`).
 
   Example::
 
@@ -57,8 +62,12 @@ class ParameterServer:
   """
 
   def __init__(self, params: Sequence[Any], num_vws: int, d: int,
-               tx: optax.GradientTransformation | None = None, device: Device | None = None):
-    self.d = d
+               tx: optax.GradientTransformation | None = None, device: Device | None = None,
+               on_nonfinite: str = "stop"):
+    if on_nonfinite not in ON_NONFINITE:
+      raise ConfigError(f"on_nonfinite={on_nonfinite!r}; choose one of {', '.join(ON_NONFINITE)}")
+    self.d, self.on_nonfinite = d, on_nonfinite
+    self.dropped: dict[tuple[int, int], list[int]] = {}
     self.device = device or jax.local_devices(backend="cpu")[0]
     self.num_shards = len(params)
     self._tx = tx or optax.identity()
@@ -66,6 +75,10 @@ class ParameterServer:
     self._state = ServerState(params, jax.device_put(self._tx.init(params), self.device), wsp.init(num_vws))
     self._cond = threading.Condition()
     self._apply = jax.jit(self._apply_fn, donate_argnums=(0, 1))  # in place: see the module docstring
+    self._finite = jax.jit(lambda shards: jnp.stack([jnp.all(jnp.stack([jnp.all(jnp.isfinite(x))
+                                                                        for x in jax.tree.leaves(s)] or
+                                                                       [jnp.bool_(True)]))
+                                                     for s in shards]))
 
   def _apply_fn(self, params, opt_state, updates):
     updates, opt_state = self._tx.update(updates, opt_state, params)
@@ -97,16 +110,28 @@ class ParameterServer:
 
     Returns the clock state after the push.
 
+    A wave whose update holds NaN or Inf is refused before it touches the weights: with
+    ``on_nonfinite="stop"`` the push raises; with ``"skip"`` the wave counts (its clock ticks) but its
+    update is dropped, and ``dropped[(vw, wave)]`` names the units that were not finite.
+
     Raises:
       ProtocolError: when the wave is not the VW's next one or does not cover every shard exactly once.
+      NonFiniteUpdate: for a non-finite update with ``on_nonfinite="stop"`` (nothing changed).
     """
     if sorted(updates) != list(range(self.num_shards)):
       raise ProtocolError(f"VW {vw} pushed wave {wave} for shards {sorted(updates)}; a push must cover all "
                           f"{self.num_shards} shards exactly once")
     full = jax.device_put(tuple(updates[u] for u in range(self.num_shards)), self.device)
+    bad = [int(u) for u in np.flatnonzero(~np.asarray(self._finite(full)))]
     with self._cond:
       clock = wsp.push(self._state.clock, vw, wave)
-      params, opt_state = self._apply(self._state.params, self._state.opt_state, full)
+      if bad and self.on_nonfinite == "stop":
+        raise NonFiniteUpdate(vw, wave, bad, wsp.c_global(self._state.clock))
+      if bad:  # skip: the wave counts (the clock ticks), its update is dropped
+        self.dropped[(vw, wave)] = bad
+        params, opt_state = self._state.params, self._state.opt_state
+      else:
+        params, opt_state = self._apply(self._state.params, self._state.opt_state, full)
       self._state = ServerState(params, opt_state, clock)
       self._cond.notify_all()
       return clock
