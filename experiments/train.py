@@ -53,6 +53,12 @@ flags.DEFINE_integer("eval_every", 10, "Evaluate test accuracy every this many g
 flags.DEFINE_enum("on_nonfinite", "stop", ["stop", "skip"], "A pushed update with NaN or Inf: stop the run "
                   "(one line: VW, wave, stage, unit, last good global clock) or skip (drop that wave's "
                   "update, note it in the trace, go on).")
+flags.DEFINE_string("checkpoint_dir", None, "Save checkpoints here (orbax), every --checkpoint_every global "
+                    "clock ticks; with --resume, continue the newest complete one (virtual executor).")
+flags.DEFINE_integer("checkpoint_every", 10, "Global clock ticks between checkpoints.")
+flags.DEFINE_integer("keep_checkpoints", 3, "How many of the newest checkpoints to keep.")
+flags.DEFINE_bool("resume", False, "Continue the newest complete checkpoint in --checkpoint_dir, appending to "
+                  "the same trace (what the interrupted run wrote after it is rolled back).")
 flags.DEFINE_bool("drop_remainder", False, "Drop the examples of an epoch that do not fill a minibatch.")
 flags.DEFINE_string("coordinator_address", None, "multiprocess: HOST:PORT of the coordination service "
                     "(process 0 hosts it); without it, the job starts one process per node on this host.")
@@ -168,7 +174,9 @@ def main(argv):
       optimizer=FLAGS.optimizer, learning_rate=FLAGS.learning_rate, weight_mode=FLAGS.weight_mode,
       schedule=FLAGS.schedule, executor=FLAGS.executor, time_scale=FLAGS.time_scale, cuts=cuts,
       seed=FLAGS.seed, eval_every=FLAGS.eval_every, drop_remainder=FLAGS.drop_remainder,
-      trace_path=trace_out, policy=policy, placement=FLAGS.placement, on_nonfinite=FLAGS.on_nonfinite)
+      trace_path=trace_out, policy=policy, placement=FLAGS.placement, on_nonfinite=FLAGS.on_nonfinite,
+      checkpoint_dir=FLAGS.checkpoint_dir, checkpoint_every=FLAGS.checkpoint_every,
+      keep_checkpoints=FLAGS.keep_checkpoints, resume=FLAGS.resume)
   from hetpipe_jax.models import FULL_SIZE, full_size_model
   if FLAGS.executor == "sim" and FLAGS.model in FULL_SIZE:  # no numerics: the model's own input, no data
     dataset, model = FULL_SIZE[FLAGS.model], full_size_model(FLAGS.model)
@@ -206,6 +214,7 @@ def main(argv):
       "seconds": result.seconds, "host_seconds": result.wall_seconds,
       "images_per_second": result.images_per_second, "final_test_accuracy": final_acc,
       "trace_violations": [str(v) for v in violations[:20]], "staleness": stats,
+      "checkpoints": result.checkpoints,
   }
   summary_out = common.write_json(common.output_path(FLAGS.out_dir, "summary.json"), summary)
   clock = {"virtual": "emulated cluster time", "sim": "simulated cluster time",
@@ -231,6 +240,12 @@ def main(argv):
         f"{max(stats['local_bound'])}), global max {stats['max_global_staleness']} (bound "
         f"{max(stats['global_bound'])}); blocked at the gate "
         f"{', '.join(f'{s:.3g}' for s in stats['blocked_seconds'])} s per VW")
+  if result.checkpoints is not None:
+    ck = result.checkpoints
+    resumed = "" if ck["resumed_from"] is None else f"resumed from global clock {ck['resumed_from']}; "
+    cost = (f", {sum(ck['seconds']) / len(ck['seconds']):.3g} s and {ck['bytes'][-1] / 1e6:.3g} MB each"
+            if ck["saved"] else "")
+    print(f"checkpoints: {resumed}{ck['saved']} saved in {ck['directory']}{cost}")
   print("trace check: " + ("OK, every WSP guarantee holds" if not violations else
                            f"FAILED, {len(violations)} violations (see {summary_out})"))
   common.print_outputs(outputs + [("timeline", gantt_out), ("chrome", chrome_out)])

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import optax
 
 from hetpipe_jax.cluster import Cluster, get_cluster
+from hetpipe_jax.core import wsp
 from hetpipe_jax.core.engine import Engine
 from hetpipe_jax.core.schedule import SCHEDULES
 from hetpipe_jax.core.trace import Trace, write_trace
@@ -44,6 +45,7 @@ from hetpipe_jax.plan.layout import Layout
 from hetpipe_jax.plan.manual import fastest_cuts, manual_layout, per_vw
 from hetpipe_jax.plan.placement import PLACEMENTS, place_shards
 from hetpipe_jax.runtime import executors
+from hetpipe_jax.runtime.checkpoint import Checkpointer
 from hetpipe_jax.runtime.distributed import current_node
 from hetpipe_jax.runtime.metrics import WaveMetrics
 from hetpipe_jax.runtime.multiprocess import (
@@ -99,6 +101,11 @@ class RunConfig:
       "stop" ends the run (:class:`~hetpipe_jax.errors.NonFiniteUpdate`, naming VW, wave, stage, unit and
       the last good global clock); "skip" drops that wave's update and goes on (the trace's push event
       says ``"dropped": "nonfinite"``).
+    checkpoint_dir / checkpoint_every / keep_checkpoints: save a checkpoint every this many global clock
+      ticks in this directory (orbax), keeping the newest ones (:mod:`hetpipe_jax.runtime.checkpoint`).
+    resume: continue the newest complete checkpoint in ``checkpoint_dir``, appending to ``trace_path``
+      (what the interrupted run wrote after the checkpoint is rolled back); the run then ends as the
+      uninterrupted one would (bit for bit on the ``virtual`` executor).
   """
 
   cluster: str | Cluster = "hetero4"
@@ -125,6 +132,10 @@ class RunConfig:
   placement: str = "default"
   time_model: str | None = None
   on_nonfinite: str = "stop"
+  checkpoint_dir: str | None = None
+  checkpoint_every: int = 10
+  keep_checkpoints: int = 3
+  resume: bool = False
 
 
 @dataclasses.dataclass
@@ -140,6 +151,7 @@ class RunResult:
   vws: list[VirtualWorker]
   cuts: list[list[int]]
   images: int
+  checkpoints: dict[str, Any] | None = None  # saved by this run: count, seconds and bytes each, resumed from
 
   @property
   def images_per_second(self) -> float:
@@ -185,6 +197,13 @@ def validate(config: RunConfig) -> None:
     raise ConfigError(f"seed={config.seed}; use a seed in [0, 2**63 - 1]")
   if config.tx is None and not (math.isfinite(config.learning_rate) and config.learning_rate > 0):
     raise ConfigError(f"learning_rate={config.learning_rate}; use a finite learning rate > 0 (e.g. 0.05)")
+  if (config.checkpoint_dir or config.resume) and config.executor != "virtual":
+    raise ConfigError(f"checkpoints work with executor='virtual' in this version, not {config.executor!r}; "
+                      "drop checkpoint_dir/resume or use the virtual executor")
+  if config.resume and not config.checkpoint_dir:
+    raise ConfigError("resume needs checkpoint_dir: the directory whose newest checkpoint to continue")
+  if config.checkpoint_dir and not config.trace_path:
+    raise ConfigError("checkpoint_dir needs trace_path: a resumed run appends to the trace file it wrote")
   if config.on_nonfinite == "skip" and config.executor == "multiprocess":
     raise ConfigError("on_nonfinite='skip' is not available with executor='multiprocess' yet (the shard "
                       "owners would have to agree to drop a wave); use 'stop' or another executor")
@@ -316,17 +335,65 @@ def _build(model: LayeredModel, layout: Layout, config: RunConfig, tx: optax.Gra
   return vws, numerics, server  # the server on the host CPU
 
 
+def _identity(config: RunConfig, meta: dict[str, Any]) -> dict[str, Any]:
+  """What a checkpoint's run is: a resume must match every entry."""
+  fields = ("optimizer", "learning_rate", "waves", "eval_every", "drop_remainder", "on_nonfinite")
+  return {**{k: v for k, v in meta.items() if k not in ("ev", "version")},
+          **{k: getattr(config, k) for k in fields}, "custom_tx": config.tx is not None or config.ps_tx is not None}
+
+
 def _run_engine(model: LayeredModel, dataset: Dataset, config: RunConfig, layout: Layout, meta: dict[str, Any],
-                vws: list[VirtualWorker], server, batches, run, init_params, eval_device: Device) -> RunResult:
-  """Writes the trace's meta line, runs the engine with ``run(engine) -> seconds``, evaluates, and returns
-  the result (``server`` holds the clocks and has the global ``params``)."""
-  trace = Trace(config.trace_path)
-  trace.emit(**meta)
+                vws: list[VirtualWorker], server, batches, run, init_params, eval_device: Device,
+                numerics: Sequence[Any] = ()) -> RunResult:
+  """Writes the trace's meta line, runs the engine with ``run(engine, resume, between) -> seconds``,
+  evaluates, and returns the result (``server`` holds the clocks and has the global ``params``).
+
+  With ``config.checkpoint_dir``, ``between`` saves a checkpoint of the engine, ``numerics``, the server,
+  the metrics and the trace every ``checkpoint_every`` global clock ticks; with ``config.resume`` the
+  run first restores the newest one and ``resume`` is the executor's clock to continue from.
+  """
+  evaluate = make_evaluator(model, dataset, eval_device)
+  checkpointer = state = None
+  if config.checkpoint_dir:
+    checkpointer = Checkpointer(config.checkpoint_dir, config.checkpoint_every, config.keep_checkpoints,
+                                _identity(config, meta))
+    if config.resume:
+      step = checkpointer.latest()
+      if step is None:
+        raise ConfigError(f"resume: no complete checkpoint in {config.checkpoint_dir}; run without resume to "
+                          "start afresh")
+      state, _ = checkpointer.restore(step)
+      state["step"] = step
+  if state is None:
+    trace = Trace(config.trace_path)
+    trace.emit(**meta)
+  else:
+    assert config.trace_path is not None  # validate() asks for it with a checkpoint_dir
+    trace = Trace.resume(config.trace_path, state["trace_events"])
   metrics = WaveMetrics(server, layout.nms, config.waves, config.eval_every)
   engine = Engine(vws, server, trace, batches, metrics.on_wave)
+  resume: executors.VirtualClock | None = None
+  if state is not None:
+    engine.restore_host_state(state["engine"])
+    server.restore_checkpoint_state(state["server"])
+    for worker, worker_state in zip(numerics, state["numerics"]):
+      worker.restore_checkpoint_state(worker_state)
+    metrics.restore_checkpoint_state(state["metrics"])
+    resume = executors.VirtualClock(**state["clock"])
+  def save(clock: executors.VirtualClock) -> None:
+    assert checkpointer is not None
+    step = wsp.c_global(server.clock)
+    if checkpointer.due(step):
+      trace.flush()
+      checkpointer.save(step, {
+          "engine": engine.host_state(), "server": server.checkpoint_state(),
+          "numerics": [worker.checkpoint_state() for worker in numerics],
+          "metrics": metrics.checkpoint_state(evaluate), "trace_events": len(trace.events),
+          "clock": {"t": clock.t, "heap": list(clock.heap), "seq": clock.seq}}, {"virtual_time": clock.t})
+  between = save if checkpointer is not None else None
   t_host = time.perf_counter()
   try:
-    seconds = run(engine)
+    seconds = run(engine, resume, between)
     final = server.params
     jax.block_until_ready(final)
   except NonFiniteUpdate as e:  # name the stage too, for the user
@@ -339,10 +406,15 @@ def _run_engine(model: LayeredModel, dataset: Dataset, config: RunConfig, layout
         "on_nonfinite='skip'")) from None
   finally:
     trace.close()
+    if checkpointer is not None:
+      checkpointer.close()
   wall_seconds = time.perf_counter() - t_host
-  rows = metrics.finish(final, make_evaluator(model, dataset, eval_device))
+  rows = metrics.finish(final, evaluate)
   images = sum(vw.completed for vw in vws) * config.batch_size
-  return RunResult(init_params, final, trace.events, rows, seconds, wall_seconds, vws, layout.cuts, images)
+  stats = None if checkpointer is None else {
+      "directory": checkpointer.directory, "saved": len(checkpointer.seconds), "seconds": checkpointer.seconds,
+      "bytes": checkpointer.bytes, "resumed_from": None if state is None else state["step"]}
+  return RunResult(init_params, final, trace.events, rows, seconds, wall_seconds, vws, layout.cuts, images, stats)
 
 
 def _train(model: LayeredModel, dataset: Dataset, config: RunConfig, tx: optax.GradientTransformation,
@@ -358,10 +430,12 @@ def _train(model: LayeredModel, dataset: Dataset, config: RunConfig, tx: optax.G
     worker.warm_up(x0, y0)
   ps.warm_up()
   if config.executor == "virtual":
-    run = lambda engine: executors.run_virtual(engine, cost)
+    run = lambda engine, resume, between: executors.run_virtual(engine, cost, resume, between)
   else:
-    run = lambda engine: executors.run_wall(engine, cost if config.time_scale > 0 else None, config.time_scale)
-  return _run_engine(model, dataset, config, layout, meta, vws, ps, batches, run, init_params, devices[0])
+    run = lambda engine, resume, between: executors.run_wall(engine, cost if config.time_scale > 0 else None,
+                                                             config.time_scale)
+  return _run_engine(model, dataset, config, layout, meta, vws, ps, batches, run, init_params, devices[0],
+                     numerics)
 
 
 def _train_multiprocess(model: LayeredModel, dataset: Dataset, config: RunConfig, tx: optax.GradientTransformation,
@@ -417,8 +491,8 @@ def _train_multiprocess(model: LayeredModel, dataset: Dataset, config: RunConfig
   vws = [VirtualWorker.create(i, vw.k, vw.nm, config.waves * vw.nm, layout.num_vws, config.schedule,
                               config.weight_mode, numerics[i]) for i, vw in enumerate(layout.vws)]
   cost = lambda task: cost_model.task_seconds(task.vw, task.stage, task.kind)
-  run = lambda engine: executors.run_wall(engine, cost if config.time_scale > 0 else None, config.time_scale,
-                                          wait=wait)
+  run = lambda engine, resume, between: executors.run_wall(engine, cost if config.time_scale > 0 else None,
+                                                           config.time_scale, wait=wait)
   result = _run_engine(model, dataset, config, layout, meta, vws, server, None, run, init_params, local[0])
   merge_records(result.events, numerics)  # every process's own records of its tasks, into the one trace
   if config.trace_path:

@@ -63,6 +63,21 @@ class Engine:
   def done(self) -> bool:
     return all(vw.done for vw in self.vws)
 
+  def host_state(self) -> dict[str, Any]:
+    """Everything the engine and its virtual workers hold between events (plain Python values; the
+    numerics and the server keep their own), for a checkpoint."""
+    return {"pipelines": [vw.pipeline for vw in self.vws], "versions": [vw.versions for vw in self.vws],
+            "running": dict(self._running), "candidates": set(self._candidates), "pulling": dict(self._pulling),
+            "pulled": dict(self._pulled), "waiting_since": dict(self._waiting_since)}
+
+  def restore_host_state(self, state: dict[str, Any]) -> None:
+    """Puts back what :meth:`host_state` returned."""
+    for vw, pipeline, versions in zip(self.vws, state["pipelines"], state["versions"]):
+      vw.pipeline, vw.versions = pipeline, versions
+    self._running, self._candidates = dict(state["running"]), set(state["candidates"])
+    self._pulling, self._pulled = dict(state["pulling"]), dict(state["pulled"])
+    self._waiting_since = dict(state["waiting_since"])
+
   def devices(self) -> list[tuple[int, int]]:
     """Every (virtual worker, stage) device."""
     return [(vw.index, j) for vw in self.vws for j in range(vw.k)]

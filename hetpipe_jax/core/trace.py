@@ -48,6 +48,36 @@ class Trace:
       self._file.close()
       self._file = None
 
+  def flush(self) -> None:
+    """Hands what was written so far to the operating system (a checkpoint counts on it)."""
+    if self._file:
+      self._file.flush()
+
+  @classmethod
+  def resume(cls, path: str, count: int) -> Trace:
+    """The trace of a resumed run: the first ``count`` events of the file at ``path`` are kept (what a
+    killed run wrote after them is rolled back), and new events are appended after them.
+
+    Raises:
+      ConfigError: when the file is missing or holds fewer than ``count`` complete events.
+    """
+    try:
+      with open(path, encoding="utf-8") as f:
+        lines = [line for _, line in zip(range(count), f) if line.endswith("\n")]  # a cut line: not complete
+      if len(lines) < count:
+        raise ConfigError(f"cannot resume: trace {path} holds {len(lines)} complete events, the checkpoint "
+                          f"needs its first {count}; resume with the trace the run wrote, or start afresh")
+      events = [json.loads(line) for line in lines]
+    except (OSError, json.JSONDecodeError) as e:
+      raise ConfigError(f"cannot resume: trace {path} is unreadable ({type(e).__name__}); the checkpoint "
+                        f"needs its first {count} events") from None
+    with open(path, "w", encoding="utf-8") as f:
+      f.writelines(lines)
+    trace = cls()
+    trace.events = events
+    trace._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 (open until close())
+    return trace
+
 
 def write_trace(path: str, events: Iterable[dict[str, Any]]) -> None:
   """Writes ``events`` as a JSON Lines trace (as :class:`Trace` does)."""

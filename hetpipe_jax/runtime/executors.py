@@ -12,8 +12,8 @@
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
-import itertools
 import threading
 import time
 from collections.abc import Callable
@@ -29,22 +29,45 @@ CostFn = Callable[[Task], float]
 EXECUTORS = ("virtual", "wall", "sim", "multiprocess")  # sim: hetpipe_jax.sim; multiprocess: .multiprocess
 
 
-def run_virtual(engine: Engine, cost: CostFn) -> float:
-  """Runs ``engine`` to the end on a virtual clock; returns the virtual time at the end."""
-  heap: list = []
-  seq = itertools.count()
-  t = 0.0
-  engine.begin(t)
+@dataclasses.dataclass
+class VirtualClock:
+  """The ``virtual`` executor between two events: the time, the running tasks as ``(end, seq, task)``
+  (a heap), and how many tasks have started (the tie-break of equal ends)."""
+
+  t: float = 0.0
+  heap: list = dataclasses.field(default_factory=list)
+  seq: int = 0
+
+
+def run_virtual(engine: Engine, cost: CostFn, resume: VirtualClock | None = None,
+                between: Callable[[VirtualClock], None] | None = None) -> float:
+  """Runs ``engine`` to the end on a virtual clock; returns the virtual time at the end.
+
+  Args:
+    engine: the engine.
+    cost: task durations.
+    resume: continue from this clock (the engine restored to the same moment) instead of the start.
+    between: called after the tasks due at each time have finished and before any starts (a consistent
+      cut: a checkpoint can be taken there and resumed with ``resume``).
+  """
+  clock = resume or VirtualClock()
+  heap = clock.heap
+  if resume is None:
+    engine.begin(clock.t)
   while True:
     for task in engine.startable():
-      engine.start(task, t)
-      heapq.heappush(heap, (t + cost(task), next(seq), task))
+      engine.start(task, clock.t)
+      heapq.heappush(heap, (clock.t + cost(task), clock.seq, task))
+      clock.seq += 1
     if not heap:
       break
-    t, _, task = heapq.heappop(heap)
-    engine.finish(task, t)
-    while heap and heap[0][0] == t:  # finish everything due at t before choosing what starts next
-      engine.finish(heapq.heappop(heap)[2], t)
+    clock.t, _, task = heapq.heappop(heap)
+    engine.finish(task, clock.t)
+    while heap and heap[0][0] == clock.t:  # finish everything due at t before choosing what starts next
+      engine.finish(heapq.heappop(heap)[2], clock.t)
+    if between is not None:
+      between(clock)
+  t = clock.t
   if not engine.done:
     raise ProtocolError("virtual executor stalled before every minibatch completed (a schedule bug)")
   return t

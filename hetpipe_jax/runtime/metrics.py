@@ -8,6 +8,7 @@ after the executor stops, so evaluation never perturbs the timing.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -49,6 +50,25 @@ class WaveMetrics:
         logging.info("global clock %d/%d  t=%.4gs  VW %d wave %d loss %.4f  (%d/%d waves pushed)",
                      clock, self._waves, t, vw, wave, float(np.mean(jax.device_get(losses))),
                      self._pushed, self._waves * len(self._nms))
+
+  def resolve(self, evaluate: Callable[[Any], float]) -> None:
+    """Evaluates the snapshots taken so far and resolves the losses to floats (what :meth:`finish` does;
+    before a checkpoint, so that it holds numbers, not arrays)."""
+    for row_index, params in self._snapshots:
+      self.rows[row_index]["test_accuracy"] = evaluate(params)
+    self._snapshots = []
+    pending = [row for row in self.rows if not isinstance(row["train_loss"], float)]
+    for row, losses in zip(pending, jax.device_get([row["train_loss"] for row in pending])):
+      row["train_loss"] = float(np.mean(losses))
+
+  def checkpoint_state(self, evaluate: Callable[[Any], float]) -> dict[str, Any]:
+    """The rows so far (resolved; as JSON text, which keeps their key order), for a checkpoint."""
+    self.resolve(evaluate)
+    return {"rows": json.dumps(self.rows), "clock": self._clock, "pushed": self._pushed}
+
+  def restore_checkpoint_state(self, state: dict[str, Any]) -> None:
+    self.rows = json.loads(state["rows"])
+    self._clock, self._pushed, self._snapshots = state["clock"], state["pushed"], []
 
   def finish(self, final_params, evaluate: Callable[[Any], float]) -> list[dict[str, Any]]:
     """Evaluates every snapshot (and ``final_params`` on the last row), resolves the losses to floats."""

@@ -27,7 +27,7 @@ import optax
 from hetpipe_jax.core import wsp
 from hetpipe_jax.core.server import Snapshot
 from hetpipe_jax.errors import ConfigError, NonFiniteUpdate, ProtocolError
-from hetpipe_jax.runtime.stage import Device
+from hetpipe_jax.runtime.stage import Device, put_arrays
 
 ON_NONFINITE = ("stop", "skip")  # what a push with NaN or Inf does: stop the run, or drop that wave's update
 
@@ -98,6 +98,20 @@ class ParameterServer:
   @property
   def clock(self) -> wsp.ClockState:
     return self.state.clock
+
+  def checkpoint_state(self) -> dict[str, Any]:
+    """Weights, optax state, clocks and dropped waves (copies), for a checkpoint."""
+    with self._cond:
+      s = self._state
+      copy = lambda tree: jax.tree.map(jnp.copy, tree)
+      return {"state": s._replace(params=copy(s.params), opt_state=copy(s.opt_state)), "dropped": dict(self.dropped)}
+
+  def restore_checkpoint_state(self, state: dict[str, Any]) -> None:
+    """Puts back what :meth:`checkpoint_state` returned (arrays anywhere; placed on the server's device)."""
+    with self._cond:
+      s = state["state"]
+      self._state = ServerState(put_arrays(s.params, self.device), put_arrays(s.opt_state, self.device), s.clock)
+      self.dropped = dict(state["dropped"])
 
   @property
   def params(self) -> tuple[Any, ...]:

@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from hetpipe_jax.core import wsp
@@ -31,6 +32,13 @@ from hetpipe_jax.errors import ProtocolError
 from hetpipe_jax.models.base import LayeredModel, cross_entropy
 
 Device = Any  # a jax.Device (a name pyright cannot use as a type)
+
+
+def put_arrays(tree: Any, device: Device) -> Any:
+  """``tree`` with its arrays (numpy or JAX) on ``device`` as fresh buffers; other leaves (Python
+  numbers such as an accumulator's count) stay as they are."""
+  is_array = lambda x: isinstance(x, (jax.Array, np.ndarray, np.generic))
+  return jax.tree.map(lambda x: jax.device_put(x, device, may_alias=False) if is_array(x) else x, tree)
 
 
 class WaveAccumulator(NamedTuple):
@@ -125,6 +133,17 @@ class Stage:
 
   # --- host side -------------------------------------------------------------------------------------
 
+  def checkpoint_state(self) -> dict[str, Any]:
+    """The stage's state and what its forwards keep for their backwards (as arrays), for a checkpoint."""
+    return {"state": self.state, "saved": {mb: jax.tree.leaves(s) for mb, s in self._saved.items()}}
+
+  def restore_checkpoint_state(self, state: dict[str, Any]) -> None:
+    """Puts back what :meth:`checkpoint_state` returned (arrays anywhere; placed on this stage's device).
+    Needs :meth:`warm_up` first (it learns the structure of a forward's saved values)."""
+    put = lambda tree: put_arrays(tree, self.device)
+    self.state = put(state["state"])
+    self._saved = {mb: jax.tree.unflatten(self.saved_treedef, put(leaves)) for mb, leaves in state["saved"].items()}
+
   @property
   def params(self):
     """The weights the stage holds now."""
@@ -163,6 +182,7 @@ class Stage:
     x = jax.device_put(x, self.device)
     out, vjp = self._fwd(self.params, x, labels)
     saved = vjp if self.weight_mode == "stash" else (x, labels)
+    self.saved_treedef = jax.tree.structure(saved)  # what a forward keeps for its backward, for a restore
     g = None if self.is_last else jnp.ones_like(out)
     params, opt_state, _ = self.state
     _, _, _, update = self._bwd_first(saved, g, params, opt_state)

@@ -17,7 +17,7 @@ import jax
 from hetpipe_jax.core.comm import Comm
 from hetpipe_jax.core.schedule import FWD, Task
 from hetpipe_jax.errors import ProtocolError
-from hetpipe_jax.runtime.stage import Stage
+from hetpipe_jax.runtime.stage import Stage, put_arrays
 
 
 class PipelineNumerics:
@@ -34,6 +34,19 @@ class PipelineNumerics:
     self._inputs: dict[tuple[int, int], Any] = {}  # (stage, mb) -> input of that stage's next task
     self._labels: dict[int, Any] = {}
     self._losses: dict[int, Any] = {}  # mb -> loss (device scalar), until its wave is pushed
+
+  def checkpoint_state(self) -> dict[str, Any]:
+    """The tensors between stages and every stage's state, for a checkpoint."""
+    return {"inputs": dict(self._inputs), "labels": dict(self._labels), "losses": dict(self._losses),
+            "stages": [stage.checkpoint_state() for stage in self.stages]}
+
+  def restore_checkpoint_state(self, state: dict[str, Any]) -> None:
+    """Puts back what :meth:`checkpoint_state` returned."""
+    self._inputs = {(j, mb): put_arrays(x, self.stages[j].device) for (j, mb), x in state["inputs"].items()}
+    self._labels = {mb: put_arrays(y, self.stages[-1].device) for mb, y in state["labels"].items()}
+    self._losses = {mb: put_arrays(x, self.stages[-1].device) for mb, x in state["losses"].items()}
+    for stage, stage_state in zip(self.stages, state["stages"]):
+      stage.restore_checkpoint_state(stage_state)
 
   def inject(self, mb: int, x: Any, labels: Any) -> None:
     self._inputs[(0, mb)] = jax.device_put(x, self.stages[0].device)
