@@ -53,6 +53,10 @@ flags.DEFINE_integer("eval_every", 10, "Evaluate test accuracy every this many g
 flags.DEFINE_enum("on_nonfinite", "stop", ["stop", "skip"], "A pushed update with NaN or Inf: stop the run "
                   "(one line: VW, wave, stage, unit, last good global clock) or skip (drop that wave's "
                   "update, note it in the trace, go on).")
+flags.DEFINE_multi_string("fail", [], "Fault injection, VW@WAVE (repeatable): that virtual worker fails when "
+                          "it reaches that wave; the others go on under WSP without it.")
+flags.DEFINE_bool("rejoin", False, "A failed virtual worker is replaced at once: it pulls the global weights "
+                  "and enters at the current global clock.")
 flags.DEFINE_string("checkpoint_dir", None, "Save checkpoints here (orbax), every --checkpoint_every global "
                     "clock ticks; with --resume, continue the newest complete one (virtual executor).")
 flags.DEFINE_integer("checkpoint_every", 10, "Global clock ticks between checkpoints.")
@@ -88,6 +92,18 @@ def plot_training(metrics: list[dict], path: str, title: str) -> None:
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)
+
+
+def parse_failures(values: list[str]) -> list[tuple[int, int]]:
+  """``--fail`` values ``VW@WAVE`` as (virtual worker, wave) pairs."""
+  out = []
+  for value in values:
+    vw, sep, wave = value.partition("@")
+    if not sep or not vw.strip().isdigit() or not wave.strip().isdigit():
+      raise common.config_error(f"--fail={value}; write VW@WAVE with two non-negative integers, e.g. "
+                                "--fail=1@5")
+    out.append((int(vw), int(wave)))
+  return out
 
 
 def launch_nodes() -> None:
@@ -176,7 +192,8 @@ def main(argv):
       seed=FLAGS.seed, eval_every=FLAGS.eval_every, drop_remainder=FLAGS.drop_remainder,
       trace_path=trace_out, policy=policy, placement=FLAGS.placement, on_nonfinite=FLAGS.on_nonfinite,
       checkpoint_dir=FLAGS.checkpoint_dir, checkpoint_every=FLAGS.checkpoint_every,
-      keep_checkpoints=FLAGS.keep_checkpoints, resume=FLAGS.resume)
+      keep_checkpoints=FLAGS.keep_checkpoints, resume=FLAGS.resume, failures=parse_failures(FLAGS.fail),
+      rejoin=FLAGS.rejoin)
   from hetpipe_jax.models import FULL_SIZE, full_size_model
   if FLAGS.executor == "sim" and FLAGS.model in FULL_SIZE:  # no numerics: the model's own input, no data
     dataset, model = FULL_SIZE[FLAGS.model], full_size_model(FLAGS.model)

@@ -101,6 +101,10 @@ class RunConfig:
       "stop" ends the run (:class:`~hetpipe_jax.errors.NonFiniteUpdate`, naming VW, wave, stage, unit and
       the last good global clock); "skip" drops that wave's update and goes on (the trace's push event
       says ``"dropped": "nonfinite"``).
+    failures: fault injection: (virtual worker, wave) pairs; the virtual worker fails when it reaches
+      that wave (its first minibatch), leaves, and the others go on under WSP over the live ones.
+    rejoin: a failed virtual worker is replaced at once: the replacement pulls the global weights and
+      enters at the current global clock.
     checkpoint_dir / checkpoint_every / keep_checkpoints: save a checkpoint every this many global clock
       ticks in this directory (orbax), keeping the newest ones (:mod:`hetpipe_jax.runtime.checkpoint`).
     resume: continue the newest complete checkpoint in ``checkpoint_dir``, appending to ``trace_path``
@@ -132,6 +136,8 @@ class RunConfig:
   placement: str = "default"
   time_model: str | None = None
   on_nonfinite: str = "stop"
+  failures: Sequence[tuple[int, int]] = ()
+  rejoin: bool = False
   checkpoint_dir: str | None = None
   checkpoint_every: int = 10
   keep_checkpoints: int = 3
@@ -204,6 +210,13 @@ def validate(config: RunConfig) -> None:
     raise ConfigError("resume needs checkpoint_dir: the directory whose newest checkpoint to continue")
   if config.checkpoint_dir and not config.trace_path:
     raise ConfigError("checkpoint_dir needs trace_path: a resumed run appends to the trace file it wrote")
+  if (config.failures or config.rejoin) and config.executor == "multiprocess":
+    raise ConfigError("failures/rejoin (fault injection, membership) work in one process in this version; "
+                      "use the virtual, wall or sim executor")
+  for vw, wave in config.failures:
+    if not 0 <= wave < config.waves:
+      raise ConfigError(f"fail={vw}@{wave}: the wave must be in 0..{config.waves - 1} (the run has "
+                        f"{config.waves} waves)")
   if config.on_nonfinite == "skip" and config.executor == "multiprocess":
     raise ConfigError("on_nonfinite='skip' is not available with executor='multiprocess' yet (the shard "
                       "owners would have to agree to drop a wave); use 'stop' or another executor")
@@ -306,6 +319,9 @@ def run_hetpipe(model: LayeredModel, dataset: Dataset | FullSize, config: RunCon
   clock_profiles = profiles if config.time_model is None else time_model_profiles(config.time_model,
                                                                                   config.batch_size)
   layout, clock_layout = _layouts(config, model, cluster, profiles, clock_profiles, slots)
+  for vw, wave in config.failures:
+    if not 0 <= vw < layout.num_vws:
+      raise ConfigError(f"fail={vw}@{wave}: the run has virtual workers 0..{layout.num_vws - 1}")
   meta = _meta(config, cluster, model.name, data_name, model.num_units, layout)
   if config.executor == "sim":
     return _simulate(config, cluster, clock_profiles, clock_layout, meta)
@@ -335,9 +351,17 @@ def _build(model: LayeredModel, layout: Layout, config: RunConfig, tx: optax.Gra
   return vws, numerics, server  # the server on the host CPU
 
 
+def _failures(config: RunConfig) -> dict[int, list[int]]:
+  """``config.failures`` as virtual worker -> waves."""
+  out: dict[int, list[int]] = {}
+  for vw, wave in config.failures:
+    out.setdefault(vw, []).append(wave)
+  return out
+
+
 def _identity(config: RunConfig, meta: dict[str, Any]) -> dict[str, Any]:
   """What a checkpoint's run is: a resume must match every entry."""
-  fields = ("optimizer", "learning_rate", "waves", "eval_every", "drop_remainder", "on_nonfinite")
+  fields = ("optimizer", "learning_rate", "waves", "eval_every", "drop_remainder", "on_nonfinite", "rejoin")
   return {**{k: v for k, v in meta.items() if k not in ("ev", "version")},
           **{k: getattr(config, k) for k in fields}, "custom_tx": config.tx is not None or config.ps_tx is not None}
 
@@ -371,7 +395,7 @@ def _run_engine(model: LayeredModel, dataset: Dataset, config: RunConfig, layout
     assert config.trace_path is not None  # validate() asks for it with a checkpoint_dir
     trace = Trace.resume(config.trace_path, state["trace_events"])
   metrics = WaveMetrics(server, layout.nms, config.waves, config.eval_every)
-  engine = Engine(vws, server, trace, batches, metrics.on_wave)
+  engine = Engine(vws, server, trace, batches, metrics.on_wave, failures=_failures(config), rejoin=config.rejoin)
   resume: executors.VirtualClock | None = None
   if state is not None:
     engine.restore_host_state(state["engine"])
@@ -514,7 +538,8 @@ def _simulate(config: RunConfig, cluster: Cluster, profiles, layout: Layout, met
   try:
     seconds, vws, rows = simulate(cluster, profiles, layout, config.d, config.waves, trace, config.placement,
                                   config.schedule, config.weight_mode,
-                                  meta={**meta, "shards": len(profiles), "cuts": layout.cuts})
+                                  meta={**meta, "shards": len(profiles), "cuts": layout.cuts},
+                                  failures=_failures(config), rejoin=config.rejoin)
   finally:
     trace.close()
   images = sum(vw.completed for vw in vws) * config.batch_size

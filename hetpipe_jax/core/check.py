@@ -17,7 +17,10 @@ global      the weights of p include every VW's waves 0 .. w-D-2 (0 .. w-D-1 for
 gate        a gated injection passes c_local - c_global <= D after a pull; c_local - c_global <= D+1
 push        each wave pushed once, in clock order, after it completed, to every shard
 stash       in stash mode a backward uses its forward's weight version
-end         every injected minibatch completed and every finished wave pushed
+member      a VW that left runs nothing until it joins; it joins at the global clock of the live
+            VWs and pulls first (the rules above then hold over the live VWs; a VW that left
+            counts with at most the waves it pushed)
+end         every injected minibatch completed and every finished wave pushed (live VWs)
 ==========  ===================================================================================
 
 CLI: ``python -m hetpipe_jax.check TRACE`` prints the violations (exit 1) or "OK" and the observed
@@ -67,6 +70,7 @@ class _Checker:
     self.pulled_since_push = [False] * self.n
     self.device_free_at: dict[tuple, float] = {}
     self.t = 0.0
+    self.joining: set[int] = set()  # joined, not pulled yet
 
   def fail(self, rule: str, message: str) -> None:
     self.violations.append(Violation(self.line, rule, message))
@@ -90,8 +94,18 @@ class _Checker:
 
   # --- minibatch flow --------------------------------------------------------------------------------
 
+  def _gone(self, i: int, what: str) -> bool:
+    """Whether VW ``i`` has left (a violation: ``what`` happened anyway)."""
+    if i in self.clock.left or i in self.joining:
+      self.fail("member", f"{what} of VW {i}, which " + ("left and has not joined again" if i in self.clock.left
+                                                          else "joined and has not pulled yet"))
+      return True
+    return False
+
   def _on_inject(self, ev) -> None:
     i, p = ev["vw"], ev["mb"]
+    if self._gone(i, f"injection of minibatch {p}"):
+      return
     nm = self.nm[i]
     if p != self.injected[i] + 1:
       self.fail("order", f"VW {i} injected minibatch {p} after {self.injected[i]} (in order only)")
@@ -109,6 +123,8 @@ class _Checker:
 
   def _task(self, ev) -> tuple[int, int, int, tuple] | None:
     i, j, p = ev["vw"], ev["stage"], ev["mb"]
+    if self._gone(i, f"{ev['ev']} of minibatch {p} at stage {j}"):
+      return None
     if not 0 <= j < self.k[i] or not 1 <= p <= self.injected[i]:
       self.fail("format" if not 0 <= j < self.k[i] else "order",
                 f"{ev['ev']} of VW {i} stage {j} minibatch {p}: stage out of range or minibatch not "
@@ -128,8 +144,9 @@ class _Checker:
   def _check_global(self, i: int, j: int, p: int, glob: tuple, what: str) -> None:
     if len(glob) != self.n:
       return self.fail("format", f"{what}: glob has {len(glob)} entries for {self.n} virtual workers")
-    need = wsp.min_global_waves(p, self.nm[i], self.d)
+    need_live = wsp.min_global_waves(p, self.nm[i], self.d)
     for k, g in enumerate(glob):
+      need = min(need_live, self.clock.c_local[k]) if k in self.clock.left else need_live
       if g < need:
         self.fail("global", f"{what} of VW {i} minibatch {p} (wave {wsp.wave_of(p, self.nm[i])}) at stage "
                   f"{j} includes {g} waves of VW {k}; WSP with D={self.d} needs >= {need}")
@@ -202,9 +219,11 @@ class _Checker:
                 f"wave ends at minibatch {(c + 1) * self.nm[i]}")
     if self.shards is not None and ev.get("shards") != self.shards:
       self.fail("push", f"VW {i} pushed wave {c} to {ev.get('shards')} shards of {self.shards}")
+    if self._gone(i, f"push of wave {c}"):
+      return
     self.clock = wsp.push(self.clock, i)
     self.pulled_since_push[i] = False
-    for k in range(self.n):
+    for k in (k for k in range(self.n) if k not in self.clock.left):
       gap = wsp.clock_gap(self.clock, k)
       if gap > self.d + 1:
         self.fail("gate", f"VW {k} runs {gap} waves ahead of the slowest (clocks "
@@ -212,13 +231,17 @@ class _Checker:
 
   def _on_pull(self, ev) -> None:
     i, glob = ev["vw"], tuple(ev["glob"])
+    if i in self.clock.left:
+      return self.fail("member", f"pull of VW {i}, which left and has not joined again")
+    self.joining.discard(i)
     if len(glob) != self.n:
       return self.fail("format", f"pull of VW {i}: glob has {len(glob)} entries for {self.n} VWs")
     for k, g in enumerate(glob):
       if g > self.clock.c_local[k]:
         self.fail("global", f"VW {i} pulled {g} waves of VW {k}, which had pushed {self.clock.c_local[k]}")
-    if self.clock.c_local[i] - min(glob) > self.d:
-      self.fail("gate", f"VW {i} pulled at clock {self.clock.c_local[i]} with global clock {min(glob)}; "
+    global_clock = min(g for k, g in enumerate(glob) if k not in self.clock.left)
+    if self.clock.c_local[i] - global_clock > self.d:
+      self.fail("gate", f"VW {i} pulled at clock {self.clock.c_local[i]} with global clock {global_clock}; "
                 f"the gate allows D = {self.d}")
     self.pulls[i].add(glob)
     self.pulled_since_push[i] = True
@@ -226,8 +249,41 @@ class _Checker:
   def _on_wait(self, ev) -> None:
     pass  # times are checked for every event
 
+  # --- membership ------------------------------------------------------------------------------------
+
+  def _on_leave(self, ev) -> None:
+    i = ev["vw"]
+    if self._gone(i, "leave"):
+      return
+    if ev.get("pushed", self.clock.c_local[i]) != self.clock.c_local[i]:
+      self.fail("member", f"VW {i} left with {ev['pushed']} waves pushed; the trace shows "
+                f"{self.clock.c_local[i]}")
+    self.clock = wsp.leave(self.clock, i)
+
+  def _on_join(self, ev) -> None:
+    i, c = ev["vw"], ev["clock"]
+    if i not in self.clock.left:
+      return self.fail("member", f"VW {i} joined without having left")
+    joined = wsp.join(self.clock, i)
+    if c != joined.c_local[i]:
+      self.fail("member", f"VW {i} joined at clock {c}; the global clock of the live VWs is "
+                f"{joined.c_local[i]}")
+    self.clock = joined._replace(c_local=tuple(c if k == i else x for k, x in enumerate(joined.c_local)))
+    start = c * self.nm[i]  # it runs the minibatches of waves c, c+1, ... on fresh stages
+    self.injected[i] = self.completed[i] = start
+    self.done = {key for key in self.done if key[1] != i}
+    self.fwd_version = {key: v for key, v in self.fwd_version.items() if key[0] != i}
+    for j in range(self.k[i]):
+      self.applied[(i, j)] = start
+      self.last_glob.pop((i, j), None)
+    self.pulls[i] = set()
+    self.pulled_since_push[i] = False
+    self.joining.add(i)  # its first event must be its pull
+
   def finish(self) -> None:
     for i in range(self.n):
+      if i in self.clock.left:
+        continue  # it left: its unfinished work was dropped (the leave event says how much)
       if self.completed[i] != self.injected[i]:
         self.fail("end", f"VW {i} injected {self.injected[i]} minibatches but completed "
                   f"{self.completed[i]}")

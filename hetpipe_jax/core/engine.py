@@ -14,12 +14,21 @@ Where a push goes: the engine hands it to the :class:`~hetpipe_jax.core.comm.Com
 trace's push line is written. A gated injection waits for its own virtual worker's last push to be
 applied, then for the gate (``server.try_pull``), then for the pull to arrive through the Comm.
 
+Membership (HETPIPE.md section 3): a virtual worker *fails* when a fault is injected at the first
+minibatch of one of its ``failures`` waves, or when dispatching its task raises. It leaves: the server
+drops it from the global clock, its updates not pushed yet are dropped, the tasks it had running finish
+on their devices unrecorded, and the trace says ``leave`` (with what was dropped). With ``rejoin`` a
+replacement joins on the same devices as soon as the global clock of the live ones has reached the
+failed one's clock (at once if it was the slowest; a replacement entering lower would push wave numbers
+that the global weights already hold): it takes the current global clock as its clock, pulls the global
+weights (``join`` + ``pull`` in the trace) and runs the waves from there.
+
 Not thread-safe by itself: the ``wall`` executor calls it under one lock.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hetpipe_jax.core import schedule as schedule_lib
@@ -31,6 +40,7 @@ from hetpipe_jax.core.server import Server, Snapshot
 from hetpipe_jax.core.trace import Trace
 from hetpipe_jax.core.versions import Version
 from hetpipe_jax.core.worker import VirtualWorker
+from hetpipe_jax.errors import ProtocolError
 
 BatchFn = Callable[[int, int], tuple[Any, Any]]  # (vw, mb) -> (x, labels)
 WaveFn = Callable[[int, int, float, list], None]  # (vw, wave, t, losses of the wave) -> None
@@ -46,13 +56,21 @@ class Engine:
     batches: minibatch source, called at injection (None without numerics).
     on_wave: called after every push with the wave's losses.
     comm: how pushes and pulls travel (default: instantly).
+    failures: fault injection: virtual worker -> the waves at whose first minibatch it fails.
+    rejoin: a failed virtual worker is replaced at once (else it stays out).
   """
 
   def __init__(self, vws: Sequence[VirtualWorker], server: Server, trace: Trace,
-               batches: BatchFn | None = None, on_wave: WaveFn | None = None, comm: Comm | None = None):
+               batches: BatchFn | None = None, on_wave: WaveFn | None = None, comm: Comm | None = None,
+               failures: Mapping[int, Sequence[int]] | None = None, rejoin: bool = False):
     self.vws, self.server, self.trace = list(vws), server, trace
     self._batches, self._on_wave = batches, on_wave
     self.comm = comm or InstantComm()
+    self._failures = {i: set(waves) for i, waves in (failures or {}).items()}  # faults not injected yet
+    self._rejoin = rejoin
+    self._zombies: set[tuple[int, int]] = set()  # devices still running a task of a failed virtual worker
+    self._generation = [0] * len(self.vws)  # bumped when a virtual worker fails: late pushes/pulls are void
+    self._awaiting_join: set[int] = set()  # failed, a replacement joins once the global clock allows
     self._running: dict[tuple[int, int], tuple[float, Version]] = {}  # device -> (start, version)
     self._candidates: set[tuple[int, int]] = set()  # devices that may have become able to start a task
     self._pulling: dict[int, int] = {}  # vw -> gated minibatch whose pull is on its way
@@ -68,7 +86,10 @@ class Engine:
     numerics and the server keep their own), for a checkpoint."""
     return {"pipelines": [vw.pipeline for vw in self.vws], "versions": [vw.versions for vw in self.vws],
             "running": dict(self._running), "candidates": set(self._candidates), "pulling": dict(self._pulling),
-            "pulled": dict(self._pulled), "waiting_since": dict(self._waiting_since)}
+            "pulled": dict(self._pulled), "waiting_since": dict(self._waiting_since),
+            "live": [vw.live for vw in self.vws], "failures": {i: set(w) for i, w in self._failures.items()},
+            "zombies": set(self._zombies), "generation": list(self._generation),
+            "awaiting_join": set(self._awaiting_join)}
 
   def restore_host_state(self, state: dict[str, Any]) -> None:
     """Puts back what :meth:`host_state` returned."""
@@ -77,6 +98,11 @@ class Engine:
     self._running, self._candidates = dict(state["running"]), set(state["candidates"])
     self._pulling, self._pulled = dict(state["pulling"]), dict(state["pulled"])
     self._waiting_since = dict(state["waiting_since"])
+    for vw, live in zip(self.vws, state["live"]):
+      vw.live = live
+    self._failures = {i: set(w) for i, w in state["failures"].items()}
+    self._zombies, self._generation = set(state["zombies"]), list(state["generation"])
+    self._awaiting_join = set(state["awaiting_join"])
 
   def devices(self) -> list[tuple[int, int]]:
     """Every (virtual worker, stage) device."""
@@ -90,6 +116,8 @@ class Engine:
     """One task for every free device that has one ready, in device order (changes nothing)."""
     tasks = []
     for i, j in sorted(self._candidates):
+      if (i, j) in self._running or not self.vws[i].live:  # busy (maybe with a failed VW's task), or gone
+        continue
       task = schedule_lib.pick(self.vws[i].pipeline, j)
       if task is not None:
         tasks.append(task)
@@ -105,11 +133,22 @@ class Engine:
     else:  # the update is applied as the backward starts
       vw.versions, version = versions_lib.backward(vw.versions, task.stage, task.mb, vw.nm, vw.weight_mode)
     self._running[(task.vw, task.stage)] = (t, version)
-    return vw.numerics.run(task)
+    try:
+      return vw.numerics.run(task)
+    except Exception as e:  # pylint: disable=broad-except  # the virtual worker fails, the others go on
+      if not self._rejoin and not any(other.live for other in self.vws if other is not vw):
+        raise
+      self._fail(vw, t, f"{type(e).__name__}: {e}")
+      return None
 
   def finish(self, task: Task, t: float) -> None:
     """``task`` ended at ``t``: trace it, ready its successor, complete, push, inject."""
     vw = self.vws[task.vw]
+    if (task.vw, task.stage) in self._zombies:  # a failed virtual worker's last task: its device is free
+      self._zombies.discard((task.vw, task.stage))
+      del self._running[(task.vw, task.stage)]
+      self._candidates.add((task.vw, task.stage))
+      return
     t0, version = self._running.pop((task.vw, task.stage))
     self.trace.emit(ev=task.kind, vw=task.vw, stage=task.stage, mb=task.mb, t0=t0, t1=t, own=version.own,
                     glob=list(version.glob))
@@ -123,7 +162,9 @@ class Engine:
       wave = wsp.wave_of(task.mb, vw.nm)
       vw.versions = versions_lib.close_wave(vw.versions, wave, vw.nm, vw.index)
       updates, losses = vw.numerics.take_wave(wave)
-      self.comm.push(vw.index, wave, t, lambda t_done: self._push(vw, wave, updates, losses, t_done))
+      gen = self._generation[vw.index]
+      self.comm.push(vw.index, wave, t, lambda t_done: self._push(vw, wave, updates, losses, t_done)
+                     if self._generation[vw.index] == gen else None)
     self._inject(vw, t)
 
   def _push(self, vw: VirtualWorker, wave: int, updates: dict[int, Any], losses: list, t: float) -> None:
@@ -134,6 +175,7 @@ class Engine:
                     gap=wsp.clock_gap(clock, vw.index), **extra)
     if self._on_wave is not None:
       self._on_wave(vw.index, wave, t, losses)
+    self._join_waiting(t)
     self._inject_all(t)  # a push can open gates, this virtual worker's own included
 
   def _inject_all(self, t: float) -> None:
@@ -143,8 +185,11 @@ class Engine:
   def _inject(self, vw: VirtualWorker, t: float) -> None:
     """Injects while the window allows; a gated minibatch first passes the gate and pulls."""
     i = vw.index
-    while schedule_lib.can_inject(vw.pipeline, vw.nm, vw.total_mbs, vw.schedule):
+    while vw.live and schedule_lib.can_inject(vw.pipeline, vw.nm, vw.total_mbs, vw.schedule):
       mb = vw.pipeline.next_mb
+      if (mb - 1) % vw.nm == 0 and wsp.wave_of(mb, vw.nm) in self._failures.get(i, ()):
+        self._failures[i].discard(wsp.wave_of(mb, vw.nm))  # each injected fault fires once
+        return self._fail(vw, t, f"fault injected at wave {wsp.wave_of(mb, vw.nm)}")
       if wsp.is_gated(mb, vw.nm) and self._pulled.get(i) != mb:
         if self._pulling.get(i) == mb or self.server.clock.c_local[i] < wsp.wave_of(mb, vw.nm):
           return  # the pull is on its way, or this VW's own last push has not landed yet
@@ -155,8 +200,9 @@ class Engine:
         if i in self._waiting_since:
           self.trace.emit(ev="wait", vw=i, t0=self._waiting_since.pop(i), t1=t)
         self._pulling[i] = mb
-        self.comm.pull(i, t, lambda t_done, mb=mb, snapshot=snapshot: self._pull_arrived(vw, mb, snapshot,
-                                                                                          t_done))
+        gen = self._generation[i]
+        self.comm.pull(i, t, lambda t_done, mb=mb, snapshot=snapshot, gen=gen: self._pull_arrived(
+            vw, mb, snapshot, t_done) if self._generation[i] == gen else None)
         continue  # an instant pull has injected mb already
       x, labels = self._batches(i, mb) if self._batches is not None else (None, None)
       vw.pipeline, _ = schedule_lib.inject(vw.pipeline, vw.schedule)
@@ -171,3 +217,49 @@ class Engine:
     vw.versions = versions_lib.rebase(vw.versions, snapshot.waves, vw.index, vw.nm, added)
     self.trace.emit(ev="pull", vw=vw.index, t=t, glob=list(snapshot.waves))
     self._inject(vw, t)
+
+  # --- membership ------------------------------------------------------------------------------------
+
+  def _fail(self, vw: VirtualWorker, t: float, reason: str) -> None:
+    """``vw`` failed at ``t``: it leaves (and a replacement joins, with ``rejoin``)."""
+    i = vw.index
+    dropped = sum(versions_lib.open_updates(vw.versions))
+    in_flight = vw.pipeline.next_mb - 1 - vw.pipeline.completed
+    self._zombies.update(dev for dev in self._running if dev[0] == i)
+    self._generation[i] += 1
+    vw.numerics.drop()
+    clock = self.server.leave(i)
+    vw.live = False
+    for book in (self._pulling, self._pulled, self._waiting_since):
+      book.pop(i, None)
+    self.trace.emit(ev="leave", vw=i, t=t, pushed=clock.c_local[i], dropped_updates=dropped,
+                    dropped_minibatches=in_flight, reason=reason)
+    if self._rejoin:
+      self._awaiting_join.add(i)
+      self._join_waiting(t)
+    self._inject_all(t)  # the global clock may have moved: gates may open
+
+  def _join_waiting(self, t: float) -> None:
+    """Replacements join once the live virtual workers' global clock reached the failed ones' clocks."""
+    for i in sorted(self._awaiting_join):
+      clock = self.server.clock
+      if wsp.c_global(clock) >= clock.c_local[i]:
+        self._awaiting_join.discard(i)
+        self._join(self.vws[i], t)
+
+  def _join(self, vw: VirtualWorker, t: float) -> None:
+    """A replacement for ``vw`` joins at the current global clock and pulls the global weights."""
+    i = vw.index
+    c = self.server.join(i).c_local[i]
+    snapshot = self.server.try_pull(i)
+    if snapshot is None:  # c_local = c_global: the gate is open
+      raise ProtocolError(f"VW {i} joined at clock {c} but the gate stayed closed")
+    vw.pipeline = schedule_lib.init(vw.k, i)._replace(next_mb=c * vw.nm + 1, completed=c * vw.nm)
+    vw.versions = versions_lib.rebase(versions_lib.init(vw.k, len(self.vws)), snapshot.waves, i, vw.nm,
+                                      [0] * vw.k)
+    vw.numerics.rejoin(snapshot.params)
+    vw.live = True
+    self._candidates.update((i, j) for j in range(vw.k))
+    self.trace.emit(ev="join", vw=i, t=t, clock=c)
+    self.trace.emit(ev="pull", vw=i, t=t, glob=list(snapshot.waves))
+

@@ -43,6 +43,14 @@ class Server(Protocol):
     """The global weights if ``vw`` passes the gate now, else None."""
     ...
 
+  def leave(self, vw: int) -> wsp.ClockState:
+    """``vw`` left: its clock no longer counts (its pushed waves stay applied)."""
+    ...
+
+  def join(self, vw: int) -> wsp.ClockState:
+    """``vw`` (re)joins at the current global clock."""
+    ...
+
 
 class ClockServer:
   """WSP clocks without weights: pushes carry no numbers.
@@ -70,6 +78,14 @@ class ClockServer:
     """
     del updates
     self._clock = wsp.push(self._clock, vw, wave)
+    return self._clock
+
+  def leave(self, vw: int) -> wsp.ClockState:
+    self._clock = wsp.leave(self._clock, vw)
+    return self._clock
+
+  def join(self, vw: int) -> wsp.ClockState:
+    self._clock = wsp.join(self._clock, vw)
     return self._clock
 
   def try_pull(self, vw: int) -> Snapshot | None:

@@ -115,8 +115,8 @@ def staleness_stats(events: Iterable[dict[str, Any]]) -> dict[str, Any]:
   """Observed staleness of a trace.
 
   * local staleness of a forward pass of p: own minibatches it misses, ``p - 1 - own`` (<= Nm - 1);
-  * global staleness: ``p - 1 - Nm_i * min_{k != i} glob[k]`` in VW i's minibatches (<= (D+2)*Nm_i - 2,
-    only with more than one virtual worker);
+  * global staleness: ``p - 1 - Nm_i * min_{k != i} glob[k]`` in VW i's minibatches over the live VWs k
+    (<= (D+2)*Nm_i - 2, only with more than one virtual worker);
   * clock gap: c_local - c_global of the pushing VW right after each push (<= D + 1);
   * blocked time: seconds each VW waited at the gate.
   """
@@ -133,7 +133,7 @@ def staleness_stats(events: Iterable[dict[str, Any]]) -> dict[str, Any]:
     if kind == "fwd":
       i, p = ev["vw"], ev["mb"]
       local[p - 1 - ev["own"]] += 1
-      others = [g for k, g in enumerate(ev["glob"]) if k != i]
+      others = [g for k, g in enumerate(ev["glob"]) if k != i and k not in clock.left]
       if others:
         glob[p - 1 - nms[i] * min(others)] += 1
     elif kind == "push":
@@ -141,6 +141,11 @@ def staleness_stats(events: Iterable[dict[str, Any]]) -> dict[str, Any]:
       gaps[wsp.clock_gap(clock, ev["vw"])] += 1
     elif kind == "wait":
       blocked[ev["vw"]] += ev["t1"] - ev["t0"]
+    elif kind == "leave":
+      clock = wsp.leave(clock, ev["vw"])
+    elif kind == "join":
+      clock = wsp.join(clock, ev["vw"])
+      clock = clock._replace(c_local=tuple(ev["clock"] if k == ev["vw"] else c for k, c in enumerate(clock.c_local)))
   return {
       "local_staleness": dict(sorted(local.items())),
       "local_bound": [wsp.local_staleness_bound(nm) for nm in nms],

@@ -45,6 +45,14 @@ class Numerics(Protocol):
     should have)."""
     ...
 
+  def drop(self) -> None:
+    """The virtual worker failed: forget its in-flight work and its updates not pushed yet."""
+    ...
+
+  def rejoin(self, params: Sequence[Any] | None) -> None:
+    """A replacement starts: every stage <- the global weights of its units, a fresh local optimizer."""
+    ...
+
 
 class NoNumerics:
   """Schedules without computing: tasks take no device time, pushes carry no numbers."""
@@ -70,6 +78,12 @@ class NoNumerics:
     del params
     return list(open_updates)
 
+  def drop(self) -> None:
+    pass
+
+  def rejoin(self, params: Sequence[Any] | None) -> None:
+    del params
+
 
 @dataclasses.dataclass(eq=False)
 class VirtualWorker:
@@ -84,6 +98,7 @@ class VirtualWorker:
     pipeline: the schedule state (a NamedTuple).
     versions: the weight versions of its stages (a NamedTuple).
     numerics: what runs its tasks.
+    live: False once it failed (and no replacement joined).
   """
 
   index: int
@@ -94,6 +109,7 @@ class VirtualWorker:
   pipeline: schedule_lib.PipelineState
   versions: versions_lib.VersionBook
   numerics: Numerics
+  live: bool = True
 
   @classmethod
   def create(cls, index: int, k: int, nm: int, total_mbs: int, num_vws: int, schedule: str = "1f1b",
@@ -112,7 +128,7 @@ class VirtualWorker:
 
   @property
   def done(self) -> bool:
-    return self.pipeline.completed == self.total_mbs
+    return not self.live or self.pipeline.completed == self.total_mbs
 
   @property
   def stages(self) -> Sequence[Any]:

@@ -24,9 +24,11 @@ from hetpipe_jax.errors import ProtocolError
 
 
 class ClockState(NamedTuple):
-  """Clocks of all virtual workers: ``c_local[i]`` = waves VW i has pushed."""
+  """Clocks of all virtual workers: ``c_local[i]`` = waves VW i has pushed; ``left``: the VWs that left
+  (membership, HETPIPE.md section 3): their clocks are frozen and no longer count."""
 
   c_local: tuple[int, ...]
+  left: frozenset[int] = frozenset()
 
 
 def init(num_vws: int) -> ClockState:
@@ -35,8 +37,23 @@ def init(num_vws: int) -> ClockState:
 
 
 def c_global(state: ClockState) -> int:
-  """The global clock: the minimum of the local clocks."""
-  return min(state.c_local)
+  """The global clock: the minimum of the local clocks of the live virtual workers (of all, if none is
+  live)."""
+  live = [c for i, c in enumerate(state.c_local) if i not in state.left]
+  return min(live) if live else min(state.c_local)
+
+
+def leave(state: ClockState, vw: int) -> ClockState:
+  """VW ``vw`` left: its clock is frozen and no longer counts in c_global."""
+  return state._replace(left=state.left | {vw})
+
+
+def join(state: ClockState, vw: int) -> ClockState:
+  """VW ``vw`` (re)joins: it takes c_local = c_global of the live ones (its first wave is that value)."""
+  live = state._replace(left=state.left | {vw})
+  c = list(state.c_local)
+  c[vw] = c_global(live) if len(live.left) < len(c) else c[vw]
+  return ClockState(tuple(c), state.left - {vw})
 
 
 def push(state: ClockState, vw: int, wave: int | None = None) -> ClockState:
@@ -50,7 +67,7 @@ def push(state: ClockState, vw: int, wave: int | None = None) -> ClockState:
                         "once each, in order")
   c = list(state.c_local)
   c[vw] += 1
-  return ClockState(tuple(c))
+  return state._replace(c_local=tuple(c))
 
 
 def clock_gap(state: ClockState, vw: int) -> int:

@@ -356,6 +356,13 @@ class ShardedServer:
       return None
     return Snapshot(None, self._clock.c_local)
 
+  def leave(self, vw: int) -> wsp.ClockState:
+    raise ProtocolError(f"VW {vw} cannot leave a multiprocess run in this version (membership is "
+                        "single-process)")
+
+  def join(self, vw: int) -> wsp.ClockState:
+    raise ProtocolError(f"VW {vw} cannot join a multiprocess run in this version")
+
   @property
   def params(self) -> tuple[Any, ...]:
     """Every unit's global weights, gathered into process 0 (for evaluation), after every push so far."""
@@ -438,6 +445,12 @@ class RemoteNumerics:
         self._ps[owner].post(op="serve", vw=self.vw, stage=j, n=n, report=False)
       self._stages[j].post(op="rebase", n=n, expect=open_updates[j], report=False)
     return list(open_updates)
+
+  def drop(self) -> None:
+    raise ProtocolError(f"VW {self.vw} cannot fail over in a multiprocess run in this version")
+
+  def rejoin(self, params: Sequence[Any] | None) -> None:
+    raise ProtocolError(f"VW {self.vw} cannot rejoin a multiprocess run in this version")
 
   def stop(self) -> None:
     for channel in self._stages:

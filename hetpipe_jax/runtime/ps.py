@@ -150,6 +150,20 @@ class ParameterServer:
       self._cond.notify_all()
       return clock
 
+  def leave(self, vw: int) -> wsp.ClockState:
+    """``vw`` left: its clock no longer counts in the global clock (gates may open); its waves stay."""
+    with self._cond:
+      self._state = self._state._replace(clock=wsp.leave(self._state.clock, vw))
+      self._cond.notify_all()
+      return self._state.clock
+
+  def join(self, vw: int) -> wsp.ClockState:
+    """``vw`` (re)joins with c_local = the current global clock."""
+    with self._cond:
+      self._state = self._state._replace(clock=wsp.join(self._state.clock, vw))
+      self._cond.notify_all()
+      return self._state.clock
+
   def try_pull(self, vw: int) -> Snapshot | None:
     """The global weights if ``vw`` passes the gate (c_local - c_global <= D) now, else None."""
     return self.pull(vw, block=False)

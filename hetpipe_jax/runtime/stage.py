@@ -133,6 +133,17 @@ class Stage:
 
   # --- host side -------------------------------------------------------------------------------------
 
+  def drop(self) -> None:
+    """Forgets what forwards kept for their backwards and the open wave accumulators (a failure)."""
+    self._saved = {}
+    self.state = self.state._replace(waves={})
+
+  def restart(self, global_params) -> None:
+    """A replacement of a failed stage: the global weights, a fresh local optimizer, nothing open."""
+    params = jax.device_put(tuple(global_params), self.device, may_alias=False)
+    self._saved = {}
+    self.state = StageState(params, jax.device_put(self.tx.init(params), self.device), {})
+
   def checkpoint_state(self) -> dict[str, Any]:
     """The stage's state and what its forwards keep for their backwards (as arrays), for a checkpoint."""
     return {"state": self.state, "saved": {mb: jax.tree.leaves(s) for mb, s in self._saved.items()}}

@@ -48,6 +48,19 @@ class PipelineNumerics:
     for stage, stage_state in zip(self.stages, state["stages"]):
       stage.restore_checkpoint_state(stage_state)
 
+  def drop(self) -> None:
+    """The virtual worker failed: its tensors in flight and its stages' open accumulators are gone."""
+    self._inputs, self._labels, self._losses = {}, {}, {}
+    for stage in self.stages:
+      stage.drop()
+
+  def rejoin(self, params: Sequence[Any] | None) -> None:
+    """A replacement: every stage <- the global weights of its units and a fresh local optimizer."""
+    if params is None:
+      raise ProtocolError(f"VW {self.vw} rejoined from a server without weights")
+    for stage in self.stages:
+      stage.restart(params[stage.first:stage.last])
+
   def inject(self, mb: int, x: Any, labels: Any) -> None:
     self._inputs[(0, mb)] = jax.device_put(x, self.stages[0].device)
     self._labels[mb] = jax.device_put(labels, self.stages[-1].device)

@@ -9,7 +9,7 @@ the same as every executor's, and the checker accepts it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from hetpipe_jax.cluster import Cluster
 from hetpipe_jax.core.engine import Engine
@@ -25,8 +25,10 @@ from hetpipe_jax.sim.network import SimComm, Simulator
 
 def simulate(cluster: Cluster, profiles: Sequence[UnitProfile], layout: Layout, d: int, waves: int,
              trace: Trace, placement: str = "default", schedule: str = "1f1b", weight_mode: str = "stash",
-             precision: str = "fp32", meta: dict | None = None) -> tuple[float, list[VirtualWorker], list[dict]]:
-  """Simulates the virtual workers of ``layout`` for ``waves`` waves.
+             precision: str = "fp32", meta: dict | None = None, failures: Mapping[int, Sequence[int]] | None = None,
+             rejoin: bool = False) -> tuple[float, list[VirtualWorker], list[dict]]:
+  """Simulates the virtual workers of ``layout`` for ``waves`` waves (``failures``/``rejoin``: fault
+  injection, as for :class:`~hetpipe_jax.core.engine.Engine`).
 
   Writes the trace's meta line first (``meta`` adds or overrides fields). Returns (simulated seconds,
   the virtual workers, one metrics row per pushed wave).
@@ -43,6 +45,6 @@ def simulate(cluster: Cluster, profiles: Sequence[UnitProfile], layout: Layout, 
       {"vw": vw, "wave": wave, "step": (wave + 1) * nms[vw], "time": t, "train_loss": None})
   simulator = Simulator(cluster)
   engine = Engine(vws, ClockServer(num_vws, d, num_shards=len(profiles)), trace, on_wave=on_wave,
-                  comm=SimComm(simulator, profiles, layout, shard_nodes))
+                  comm=SimComm(simulator, profiles, layout, shard_nodes), failures=failures, rejoin=rejoin)
   seconds = simulator.run(engine, CostModel(cluster, profiles, layout, precision))
   return seconds, vws, rows

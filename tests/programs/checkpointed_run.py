@@ -21,6 +21,7 @@ def main() -> int:
   config = RunConfig(cluster="hetero4", num_vws=3, stages=2, nm=(2, 3, 1), d=1, waves=40, optimizer="adam",
                      learning_rate=0.01, trace_path=os.path.join(out, "trace.jsonl"),
                      checkpoint_dir=os.path.join(out, "ck"), checkpoint_every=4, keep_checkpoints=2,
+                     failures=[(1, 11), (2, 25)], rejoin=True,
                      resume="--resume" in sys.argv)
   result = run_hetpipe(get_model("mlp"), synthetic(), config)
   leaves = jax.tree.leaves(jax.device_get(result.params))
