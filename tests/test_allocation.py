@@ -108,7 +108,7 @@ def test_cluster_toml(tmp_path):
     ('[[nodes]]\ngpus = ["GTX 9090"]\n', r"nodes\[0\] has unknown GPU type 'GTX 9090'; known: .*gpu_types"),
     ('name = "x"\n', r"no \[\[nodes\]\]"),
     ('[gpu_types.G]\nmemory_gib = -1\nfp32_tflops = 1\nbandwidth_gbytes_per_s = 1\n[[nodes]]\ngpus = ["G"]\n',
-     r"gpu_types.'G'.memory_gib = -1; it must be a positive number \(GiB\)"),
+     r"gpu_types.'G'.memory_gib = -1; it must be a finite positive number \(GiB\)"),
     ('[links]\ninter_node = "carrier_pigeon"\n[[nodes]]\ngpus = ["T4"]\n',
      r"links.inter_node = 'carrier_pigeon' is not a known link"),
     ('nodes = [\n', "is not valid TOML"),

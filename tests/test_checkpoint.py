@@ -30,6 +30,7 @@ def steps(ck) -> list[int]:
   return sorted(int(name) for name in os.listdir(ck) if name.isdigit()) if os.path.isdir(ck) else []
 
 
+@pytest.mark.slow
 def test_a_run_killed_at_any_moment_resumes_bit_identical(tmp_path):
   whole, killed = tmp_path / "whole", tmp_path / "killed"
   whole.mkdir()

@@ -68,6 +68,7 @@ def test_doubling_every_gpu_halves_the_time_to_target():
   assert times[0] is not None and times[1] == pytest.approx(times[0] / 2, rel=1e-6)
 
 
+@pytest.mark.slow
 def test_convergence_cli(tmp_path):
   env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
   proc = subprocess.run([sys.executable, "-m", "experiments.convergence", "--model=mlp", "--dataset=digits",

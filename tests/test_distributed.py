@@ -63,6 +63,7 @@ def test_a_lost_process_ends_the_job_in_bounded_time(mode):
   assert result.seconds < 60, result.seconds  # well before its own 120 s wait
 
 
+@pytest.mark.slow
 def test_a_hung_process_is_named_and_the_job_ends_in_bounded_time():
   """Process 1 stops (SIGSTOP: alive, silent): the service ends process 0, the launcher names and kills 1."""
   result, outputs = run_job("fail.py", 2, timeout_s=150, grace_s=60, FAIL_MODE="hang")

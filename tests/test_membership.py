@@ -80,6 +80,7 @@ def test_the_checker_replays_membership():
                            + events[join + 1:])  # a join below the global clock
 
 
+@pytest.mark.slow
 def test_a_long_sim_run_with_failures_and_rejoins_passes_the_checker():
   t = time.perf_counter()
   failures = [(vw, wave) for wave in range(500, 10_000, 1500) for vw in range(3)]

@@ -87,6 +87,7 @@ def running(tmp_path, pattern: str = "") -> list[int]:
   return [int(pid) for pid in out.stdout.split()]
 
 
+@pytest.mark.slow
 def test_a_killed_process_ends_the_job_with_one_line(tmp_path):
   proc, victim = start_long_job(tmp_path)
   try:
@@ -104,6 +105,7 @@ def test_a_killed_process_ends_the_job_with_one_line(tmp_path):
   assert not running(tmp_path), "orphan processes"
 
 
+@pytest.mark.slow
 def test_a_killed_launcher_leaves_no_orphans(tmp_path):
   proc, _ = start_long_job(tmp_path)
   proc.kill()  # SIGKILL: no clean-up runs in the launcher; its children die with it

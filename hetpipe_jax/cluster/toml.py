@@ -5,6 +5,7 @@ Every bad value raises one ConfigError that names the file, the key, the value a
 
 from __future__ import annotations
 
+import math
 import os
 import tomllib
 
@@ -14,8 +15,8 @@ from hetpipe_jax.errors import ConfigError
 
 
 def _positive(path: str, where: str, value, unit: str) -> float:
-  if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
-    raise ConfigError(f"{path}: {where} = {value!r}; it must be a positive number ({unit})")
+  if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+    raise ConfigError(f"{path}: {where} = {value!r}; it must be a finite positive number ({unit})")
   return float(value)
 
 
@@ -67,7 +68,10 @@ def load_cluster_toml(path: str) -> Cluster:
   except tomllib.TOMLDecodeError as e:
     raise ConfigError(f"cluster file {path} is not valid TOML: {e}") from None
   types = dict(CATALOGUE)
-  for name, spec in doc.get("gpu_types", {}).items():
+  gpu_types = doc.get("gpu_types", {})
+  if not isinstance(gpu_types, dict):
+    raise ConfigError(f"{path}: gpu_types must be a table of [gpu_types.NAME] tables, not {gpu_types!r}")
+  for name, spec in gpu_types.items():
     if not isinstance(spec, dict):
       raise ConfigError(f"{path}: gpu_types.{name} must be a table")
     w = f"gpu_types.{name!r}"
@@ -93,6 +97,8 @@ def load_cluster_toml(path: str) -> Cluster:
                           f"{', '.join(sorted(types))} (or define it under [gpu_types.NAME])")
     per_node.append([types[g] for g in gpus])
   links = doc.get("links", {})
+  if not isinstance(links, dict):
+    raise ConfigError(f"{path}: links must be a table (intra_node = ..., inter_node = ...), not {links!r}")
   return make_cluster(str(doc.get("name", os.path.splitext(os.path.basename(path))[0])), per_node,
                       _toml_link(path, "intra_node", links.get("intra_node", "pcie3")),
                       _toml_link(path, "inter_node", links.get("inter_node", "ib_fdr56")))
