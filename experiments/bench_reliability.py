@@ -90,10 +90,11 @@ def failure_cost() -> tuple[float, float]:
   from hetpipe_jax.models import FULL_SIZE, full_size_model
   model = full_size_model("vgg19")
   rates = {}
-  for name, kw in (("no failure", {}), ("VW 1 lost", {"failures": [(1, FLAGS.waves // 3)]}),
-                   ("VW 1 replaced", {"failures": [(1, FLAGS.waves // 3)], "rejoin": True})):
-    result = run_hetpipe(model, FULL_SIZE["vgg19"], RunConfig(cluster="paper_testbed", policy="HD",
-                                                              waves=FLAGS.waves, executor="sim", **kw))
+  fault = [(1, FLAGS.waves // 3)]
+  for name, failures, rejoin in (("no failure", [], False), ("VW 1 lost", fault, False),
+                                 ("VW 1 replaced", fault, True)):
+    result = run_hetpipe(model, FULL_SIZE["vgg19"], RunConfig(cluster="paper_testbed", policy="HD", waves=FLAGS.waves,
+                                                              executor="sim", failures=failures, rejoin=rejoin))
     common.require_wsp(result.events, f"sim run ({name})")
     rates[name] = result.images_per_second
   print(f"3. VGG-19 on the simulated paper testbed (HD, {FLAGS.waves} waves, failure at wave "

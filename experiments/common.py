@@ -161,8 +161,19 @@ def output_path(out_dir: str, name: str, given: str | None = None) -> str:
 
 
 def ensure_parent(path: str) -> str:
-  """Creates the directory ``path`` will be written in; returns ``path``."""
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  """Creates the directory ``path`` will be written in; returns ``path``.
+
+  Raises:
+    ConfigError: when that directory cannot be created or written (one line naming it).
+  """
+  folder = os.path.dirname(os.path.abspath(path))
+  try:
+    os.makedirs(folder, exist_ok=True)
+    if not os.access(folder, os.W_OK):
+      raise PermissionError(13, "Permission denied")
+  except OSError as e:
+    raise config_error(f"cannot write {path}: {folder} is not a writable directory ({e.strerror}); choose "
+                       "another --out_dir (or output path)") from None
   return path
 
 

@@ -156,7 +156,7 @@ class RunResult:
   wall_seconds: float  # host time the run took
   vws: list[VirtualWorker]
   cuts: list[list[int]]
-  images: int
+  images: int  # in the waves pushed to the parameter server
   checkpoints: dict[str, Any] | None = None  # saved by this run: count, seconds and bytes each, resumed from
 
   @property
@@ -359,6 +359,12 @@ def _failures(config: RunConfig) -> dict[int, list[int]]:
   return out
 
 
+def _trained_images(events: Sequence[dict[str, Any]], batch_size: int) -> int:
+  """Images in the waves pushed to the parameter server (work a failure dropped does not count)."""
+  nms = events[0]["nm"]
+  return batch_size * sum(nms[e["vw"]] for e in events if e["ev"] == "push")
+
+
 def _identity(config: RunConfig, meta: dict[str, Any]) -> dict[str, Any]:
   """What a checkpoint's run is: a resume must match every entry."""
   fields = ("optimizer", "learning_rate", "waves", "eval_every", "drop_remainder", "on_nonfinite", "rejoin")
@@ -434,7 +440,7 @@ def _run_engine(model: LayeredModel, dataset: Dataset, config: RunConfig, layout
       checkpointer.close()
   wall_seconds = time.perf_counter() - t_host
   rows = metrics.finish(final, evaluate)
-  images = sum(vw.completed for vw in vws) * config.batch_size
+  images = _trained_images(trace.events, config.batch_size)
   stats = None if checkpointer is None else {
       "directory": checkpointer.directory, "saved": len(checkpointer.seconds), "seconds": checkpointer.seconds,
       "bytes": checkpointer.bytes, "resumed_from": None if state is None else state["step"]}
@@ -542,6 +548,6 @@ def _simulate(config: RunConfig, cluster: Cluster, profiles, layout: Layout, met
                                   failures=_failures(config), rejoin=config.rejoin)
   finally:
     trace.close()
-  images = sum(vw.completed for vw in vws) * config.batch_size
+  images = _trained_images(trace.events, config.batch_size)
   return RunResult(None, None, trace.events, rows, seconds, time.perf_counter() - t_host, vws, layout.cuts,
                    images)
