@@ -203,9 +203,9 @@ def validate(config: RunConfig) -> None:
     raise ConfigError(f"seed={config.seed}; use a seed in [0, 2**63 - 1]")
   if config.tx is None and not (math.isfinite(config.learning_rate) and config.learning_rate > 0):
     raise ConfigError(f"learning_rate={config.learning_rate}; use a finite learning rate > 0 (e.g. 0.05)")
-  if (config.checkpoint_dir or config.resume) and config.executor != "virtual":
-    raise ConfigError(f"checkpoints work with executor='virtual' in this version, not {config.executor!r}; "
-                      "drop checkpoint_dir/resume or use the virtual executor")
+  if (config.checkpoint_dir or config.resume) and config.executor not in ("virtual", "wall"):
+    raise ConfigError(f"checkpoints work with the virtual and wall executors in this version, not "
+                      f"{config.executor!r}; drop checkpoint_dir/resume or use one of those")
   if config.resume and not config.checkpoint_dir:
     raise ConfigError("resume needs checkpoint_dir: the directory whose newest checkpoint to continue")
   if config.checkpoint_dir and not config.trace_path:
@@ -413,14 +413,14 @@ def _run_engine(model: LayeredModel, dataset: Dataset, config: RunConfig, layout
   def save(clock: executors.VirtualClock) -> None:
     assert checkpointer is not None
     step = wsp.c_global(server.clock)
-    if checkpointer.due(step):
-      trace.flush()
-      checkpointer.save(step, {
-          "engine": engine.host_state(), "server": server.checkpoint_state(),
-          "numerics": [worker.checkpoint_state() for worker in numerics],
-          "metrics": metrics.checkpoint_state(evaluate), "trace_events": len(trace.events),
-          "clock": {"t": clock.t, "heap": list(clock.heap), "seq": clock.seq}}, {"virtual_time": clock.t})
-  between = save if checkpointer is not None else None
+    trace.flush()
+    checkpointer.save(step, {
+        "engine": engine.host_state(), "server": server.checkpoint_state(),
+        "numerics": [worker.checkpoint_state() for worker in numerics],
+        "metrics": metrics.checkpoint_state(evaluate), "trace_events": len(trace.events),
+        "clock": {"t": clock.t, "heap": list(clock.heap), "seq": clock.seq}}, {"virtual_time": clock.t})
+  between = None if checkpointer is None else executors.Checkpointing(
+      lambda: checkpointer.due(wsp.c_global(server.clock)), save)
   t_host = time.perf_counter()
   try:
     seconds = run(engine, resume, between)
@@ -463,7 +463,7 @@ def _train(model: LayeredModel, dataset: Dataset, config: RunConfig, tx: optax.G
     run = lambda engine, resume, between: executors.run_virtual(engine, cost, resume, between)
   else:
     run = lambda engine, resume, between: executors.run_wall(engine, cost if config.time_scale > 0 else None,
-                                                             config.time_scale)
+                                                             config.time_scale, resume=resume, between=between)
   return _run_engine(model, dataset, config, layout, meta, vws, ps, batches, run, init_params, devices[0],
                      numerics)
 

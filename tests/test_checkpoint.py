@@ -89,6 +89,25 @@ def test_resume_refuses_a_changed_run_and_reads_no_damaged_checkpoint(tmp_path):
   assert_trace_ok(resumed.events)
 
 
+def test_a_wall_run_resumed_from_a_middle_checkpoint_passes_the_checker(tmp_path):
+  """On real threads the cut waits until no device runs a task; a resume goes on from its clock."""
+  import shutil
+  model, data = get_model("mlp"), synthetic()
+  whole = run_hetpipe(model, data, _config(tmp_path, executor="wall", failures=[(1, 7)], rejoin=True))
+  assert_trace_ok(whole.events)
+  assert steps(tmp_path / "ck") == [3, 6, 9, 12]
+  for step in (9, 12):  # as if the run had been killed after its checkpoint at global clock 6
+    shutil.rmtree(tmp_path / "ck" / str(step))
+  resumed = run_hetpipe(model, data, _config(tmp_path, executor="wall", failures=[(1, 7)], rejoin=True,
+                                             resume=True))
+  assert resumed.checkpoints["resumed_from"] == 6
+  events = read_trace(str(tmp_path / "t.jsonl"))
+  assert events == resumed.events
+  assert_trace_ok(events)
+  assert all(max(e["wave"] for e in events if e["ev"] == "push" and e["vw"] == vw) == 11 for vw in (0, 1))
+  assert [e["ev"] for e in events if e["ev"] in ("leave", "join")] == ["leave", "join"]
+
+
 def test_a_truncated_trace_cannot_be_resumed(tmp_path):
   run_hetpipe(get_model("mlp"), synthetic(), _config(tmp_path))
   (tmp_path / "t.jsonl").write_text((tmp_path / "t.jsonl").read_text()[:500])
@@ -99,7 +118,7 @@ def test_a_truncated_trace_cannot_be_resumed(tmp_path):
 @pytest.mark.parametrize("change,message", [
     (dict(resume=True), r"resume: no complete checkpoint in .*; run without resume to start afresh"),
     (dict(checkpoint_dir="/dev/null/ck"), r"checkpoint_dir='/dev/null/ck' is not writable"),
-    (dict(executor="wall"), r"checkpoints work with executor='virtual' in this version, not 'wall'"),
+    (dict(executor="sim"), r"checkpoints work with the virtual and wall executors in this version, not 'sim'"),
     (dict(checkpoint_every=0), r"checkpoint_every=0; save every 1 or more global clock ticks"),
     (dict(keep_checkpoints=0), r"keep_checkpoints=0; keep at least 1 checkpoint"),
     (dict(trace_path=None), r"checkpoint_dir needs trace_path"),

@@ -135,6 +135,8 @@ class Engine:
     self._running[(task.vw, task.stage)] = (t, version)
     try:
       return vw.numerics.run(task)
+    except ProtocolError:
+      raise  # a bug in the runtime, not a failing virtual worker
     except Exception as e:  # pylint: disable=broad-except  # the virtual worker fails, the others go on
       if not self._rejoin and not any(other.live for other in self.vws if other is not vw):
         raise

@@ -39,16 +39,24 @@ class VirtualClock:
   seq: int = 0
 
 
+@dataclasses.dataclass(frozen=True)
+class Checkpointing:
+  """When a checkpoint is due (``due()``), and how to save one at a consistent cut (``save(clock)``)."""
+
+  due: Callable[[], bool]
+  save: Callable[[VirtualClock], None]
+
+
 def run_virtual(engine: Engine, cost: CostFn, resume: VirtualClock | None = None,
-                between: Callable[[VirtualClock], None] | None = None) -> float:
+                between: Checkpointing | None = None) -> float:
   """Runs ``engine`` to the end on a virtual clock; returns the virtual time at the end.
 
   Args:
     engine: the engine.
     cost: task durations.
     resume: continue from this clock (the engine restored to the same moment) instead of the start.
-    between: called after the tasks due at each time have finished and before any starts (a consistent
-      cut: a checkpoint can be taken there and resumed with ``resume``).
+    between: checked after the tasks due at each time have finished and before any starts (a consistent
+      cut: a checkpoint saved there is resumed with ``resume``).
   """
   clock = resume or VirtualClock()
   heap = clock.heap
@@ -65,8 +73,8 @@ def run_virtual(engine: Engine, cost: CostFn, resume: VirtualClock | None = None
     engine.finish(task, clock.t)
     while heap and heap[0][0] == clock.t:  # finish everything due at t before choosing what starts next
       engine.finish(heapq.heappop(heap)[2], clock.t)
-    if between is not None:
-      between(clock)
+    if between is not None and between.due():
+      between.save(clock)
   t = clock.t
   if not engine.done:
     raise ProtocolError("virtual executor stalled before every minibatch completed (a schedule bug)")
@@ -74,7 +82,8 @@ def run_virtual(engine: Engine, cost: CostFn, resume: VirtualClock | None = None
 
 
 def run_wall(engine: Engine, cost: CostFn | None = None, time_scale: float = 1.0,
-             wait: Callable[[Any], Any] = jax.block_until_ready) -> float:
+             wait: Callable[[Any], Any] = jax.block_until_ready, resume: VirtualClock | None = None,
+             between: Checkpointing | None = None) -> float:
   """Runs ``engine`` with one thread per device; returns the wall-clock seconds taken.
 
   Whichever thread finishes a task dispatches every task that became startable, on any device, at once
@@ -87,20 +96,30 @@ def run_wall(engine: Engine, cost: CostFn | None = None, time_scale: float = 1.0
     time_scale: real seconds per emulated second.
     wait: blocks until a started task's numerics are done, given what ``engine.start`` returned (default:
       its arrays are ready; the ``multiprocess`` executor waits for the task's process to report).
+    resume: continue a checkpointed run: its clock restarts at ``resume.t`` (no task was running then).
+    between: once a checkpoint is due, no task starts until every running one has finished; then it is
+      saved (a consistent cut with nothing in flight on any device) and dispatching goes on.
   """
   lock = threading.Lock()
   keys = engine.devices()
   wakeups = {key: threading.Condition(lock) for key in keys}
   running: dict[tuple[int, int], tuple[Task, float, Any] | None] = dict.fromkeys(keys)  # (task, t0, out)
   errors: list[BaseException] = []
-  t_start = time.perf_counter()
+  t_start = time.perf_counter() - (resume.t if resume is not None else 0.0)
   now = lambda: time.perf_counter() - t_start
+  draining = [False]  # a checkpoint is due: start nothing until every device is idle
 
   def wake_all() -> None:  # under the lock
     for cond in wakeups.values():
       cond.notify()
 
   def dispatch() -> None:  # under the lock
+    if between is not None and (draining[0] or between.due()):
+      draining[0] = True
+      if any(r is not None for r in running.values()):
+        return  # the last device to finish saves the checkpoint
+      between.save(VirtualClock(now()))
+      draining[0] = False
     for task in engine.startable():
       t0 = now()
       running[(task.vw, task.stage)] = (task, t0, engine.start(task, t0))
@@ -134,7 +153,8 @@ def run_wall(engine: Engine, cost: CostFn | None = None, time_scale: float = 1.0
         wake_all()
 
   with lock:
-    engine.begin(now())
+    if resume is None:
+      engine.begin(now())
     dispatch()
   threads = [threading.Thread(target=device_loop, args=(key,), name=f"vw{key[0]}-stage{key[1]}",
                               daemon=True) for key in keys]
