@@ -73,9 +73,9 @@ def run_job(cluster_path: str, policy: str, d: int, out_dir: str) -> dict:
   cmd = [sys.executable, "-m", "experiments.train", "--executor=multiprocess", f"--cluster={cluster_path}",
          f"--policy={policy}", f"--nm={NM}", f"--d={d}", f"--waves={FLAGS.waves}", "--time_scale=1", "--model=mlp",
          "--dataset=synthetic", f"--eval_every={FLAGS.waves}", f"--out_dir={out_dir}"]
-  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+  from hetpipe_jax.runtime.launch import child_environment
   try:
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=FLAGS.timeout, env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=FLAGS.timeout, env=child_environment())
   except subprocess.TimeoutExpired:
     raise SystemExit(f"error: {' '.join(cmd[2:])} took longer than --timeout={FLAGS.timeout:g} s") from None
   if proc.returncode != 0:

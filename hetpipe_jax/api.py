@@ -34,7 +34,7 @@ from hetpipe_jax.core.worker import VirtualWorker
 from hetpipe_jax.cost.memory import optimizer_slots_of
 from hetpipe_jax.cost.profile import UnitProfile, full_size_profiles, profile_units
 from hetpipe_jax.data import Dataset, MinibatchStreams, check_batch_size
-from hetpipe_jax.errors import ConfigError, NonFiniteUpdate
+from hetpipe_jax.errors import ConfigError, NonFiniteUpdate, RunStopped
 from hetpipe_jax.evaluate import make_evaluator
 from hetpipe_jax.models import FULL_SIZE, FullSize, get_model
 from hetpipe_jax.models.base import LayeredModel
@@ -197,7 +197,7 @@ def validate(config: RunConfig) -> None:
     raise ConfigError(f"unknown optimizer {config.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
   if config.eval_every < 1:
     raise ConfigError(f"eval_every={config.eval_every}; evaluate every 1 or more global clock ticks")
-  if config.time_scale < 0:
+  if not (math.isfinite(config.time_scale) and config.time_scale >= 0):
     raise ConfigError(f"time_scale={config.time_scale}; use 0 (no padding) or a positive factor")
   if not 0 <= config.seed < 2**63:
     raise ConfigError(f"seed={config.seed}; use a seed in [0, 2**63 - 1]")
@@ -220,8 +220,6 @@ def validate(config: RunConfig) -> None:
   if config.on_nonfinite == "skip" and config.executor == "multiprocess":
     raise ConfigError("on_nonfinite='skip' is not available with executor='multiprocess' yet (the shard "
                       "owners would have to agree to drop a wave); use 'stop' or another executor")
-  if not math.isfinite(config.time_scale):
-    raise ConfigError(f"time_scale={config.time_scale}; use 0 (no padding) or a finite positive factor")
 
 
 def _layouts(config: RunConfig, model: LayeredModel, cluster: Cluster, profiles, clock_profiles,
@@ -359,6 +357,13 @@ def _failures(config: RunConfig) -> dict[int, list[int]]:
   return out
 
 
+def _require_pushes(rows: Sequence[dict[str, Any]]) -> None:
+  """Raises RunStopped when no wave reached the parameter server (every virtual worker failed first)."""
+  if not rows:
+    raise RunStopped("every virtual worker failed before pushing a wave, so nothing was trained; inject "
+                     "failures at later waves, or let replacements join (rejoin)")
+
+
 def _trained_images(events: Sequence[dict[str, Any]], batch_size: int) -> int:
   """Images in the waves pushed to the parameter server (work a failure dropped does not count)."""
   nms = events[0]["nm"]
@@ -439,12 +444,19 @@ def _run_engine(model: LayeredModel, dataset: Dataset, config: RunConfig, layout
     if checkpointer is not None:
       checkpointer.close()
   wall_seconds = time.perf_counter() - t_host
+  _require_pushes(metrics.rows)
   rows = metrics.finish(final, evaluate)
   images = _trained_images(trace.events, config.batch_size)
   stats = None if checkpointer is None else {
       "directory": checkpointer.directory, "saved": len(checkpointer.seconds), "seconds": checkpointer.seconds,
       "bytes": checkpointer.bytes, "resumed_from": None if state is None else state["step"]}
   return RunResult(init_params, final, trace.events, rows, seconds, wall_seconds, vws, layout.cuts, images, stats)
+
+
+def _wall_runner(config: RunConfig, cost: executors.CostFn, **kw):
+  """``run(engine, resume, between)`` on the ``wall`` executor, padded to ``cost`` when ``time_scale`` > 0."""
+  return lambda engine, resume, between: executors.run_wall(
+      engine, cost if config.time_scale > 0 else None, config.time_scale, resume=resume, between=between, **kw)
 
 
 def _train(model: LayeredModel, dataset: Dataset, config: RunConfig, tx: optax.GradientTransformation,
@@ -462,8 +474,7 @@ def _train(model: LayeredModel, dataset: Dataset, config: RunConfig, tx: optax.G
   if config.executor == "virtual":
     run = lambda engine, resume, between: executors.run_virtual(engine, cost, resume, between)
   else:
-    run = lambda engine, resume, between: executors.run_wall(engine, cost if config.time_scale > 0 else None,
-                                                             config.time_scale, resume=resume, between=between)
+    run = _wall_runner(config, cost)
   return _run_engine(model, dataset, config, layout, meta, vws, ps, batches, run, init_params, devices[0],
                      numerics)
 
@@ -520,9 +531,7 @@ def _train_multiprocess(model: LayeredModel, dataset: Dataset, config: RunConfig
               for i, vw in enumerate(layout.vws)]
   vws = [VirtualWorker.create(i, vw.k, vw.nm, config.waves * vw.nm, layout.num_vws, config.schedule,
                               config.weight_mode, numerics[i]) for i, vw in enumerate(layout.vws)]
-  cost = lambda task: cost_model.task_seconds(task.vw, task.stage, task.kind)
-  run = lambda engine, resume, between: executors.run_wall(engine, cost if config.time_scale > 0 else None,
-                                                           config.time_scale, wait=wait)
+  run = _wall_runner(config, lambda task: cost_model.task_seconds(task.vw, task.stage, task.kind), wait=wait)
   result = _run_engine(model, dataset, config, layout, meta, vws, server, None, run, init_params, local[0])
   merge_records(result.events, numerics)  # every process's own records of its tasks, into the one trace
   if config.trace_path:
@@ -548,6 +557,7 @@ def _simulate(config: RunConfig, cluster: Cluster, profiles, layout: Layout, met
                                   failures=_failures(config), rejoin=config.rejoin)
   finally:
     trace.close()
+  _require_pushes(rows)
   images = _trained_images(trace.events, config.batch_size)
   return RunResult(None, None, trace.events, rows, seconds, time.perf_counter() - t_host, vws, layout.cuts,
                    images)

@@ -89,3 +89,10 @@ def test_a_long_sim_run_with_failures_and_rejoins_passes_the_checker():
   assert len(events_of(result, "leave")) == len(failures) == len(events_of(result, "join"))
   assert all(vw.completed == 10_000 * 2 for vw in result.vws)
   print(f"10,000 waves x 3 VWs, {len(failures)} failures: {time.perf_counter() - t:.1f} s")
+
+
+@pytest.mark.parametrize("executor", ["virtual", "sim"])
+def test_a_run_whose_every_vw_fails_before_pushing_stops_in_one_line(executor):
+  from hetpipe_jax.errors import RunStopped
+  with pytest.raises(RunStopped, match=r"^every virtual worker failed before pushing a wave"):
+    run(failures=[(0, 0), (1, 0), (2, 0)], executor=executor)

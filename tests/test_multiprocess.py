@@ -14,12 +14,13 @@ import numpy as np
 import pytest
 
 from hetpipe_jax import RunConfig, get_model, read_trace, run_hetpipe, synthetic
+from hetpipe_jax.runtime.launch import child_environment
 
 from helpers import assert_trace_ok
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TWO_NODES = os.path.join(ROOT, "tests", "data", "two_nodes.toml")
-ENV = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+ENV = child_environment()  # each launched process sets its own device count
 
 
 def train(tmp_path, *flags: str, timeout: float = 300) -> subprocess.CompletedProcess:

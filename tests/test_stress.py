@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from hetpipe_jax import RunConfig, get_model, read_trace, run_hetpipe, synthetic
+from hetpipe_jax.runtime.launch import child_environment
 
 from helpers import assert_trace_ok
 
@@ -30,12 +31,11 @@ def test_eight_virtual_workers_on_threads_for_a_thousand_waves(d):
 
 @pytest.mark.slow
 def test_two_processes_for_hundreds_of_waves(tmp_path):
-  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
   proc = subprocess.run([sys.executable, "-m", "experiments.train", "--executor=multiprocess",
                          f"--cluster={os.path.join(ROOT, 'tests', 'data', 'two_nodes.toml')}", "--model=mlp",
                          "--dataset=synthetic", "--num_vws=2", "--stages=1", "--nm=2", "--d=0", "--waves=400",
                          "--eval_every=400", f"--out_dir={tmp_path}"],
-                        capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+                        capture_output=True, text=True, timeout=600, env=child_environment(), cwd=ROOT)
   assert proc.returncode == 0, proc.stderr[-3000:]
   events = read_trace(str(tmp_path / "trace.jsonl"))
   assert_trace_ok(events)

@@ -264,11 +264,10 @@ class _Checker:
     i, c = ev["vw"], ev["clock"]
     if i not in self.clock.left:
       return self.fail("member", f"VW {i} joined without having left")
-    joined = wsp.join(self.clock, i)
-    if c != joined.c_local[i]:
-      self.fail("member", f"VW {i} joined at clock {c}; the global clock of the live VWs is "
-                f"{joined.c_local[i]}")
-    self.clock = joined._replace(c_local=tuple(c if k == i else x for k, x in enumerate(joined.c_local)))
+    expected = wsp.join(self.clock, i).c_local[i]
+    if c != expected:
+      self.fail("member", f"VW {i} joined at clock {c}; the global clock of the live VWs is {expected}")
+    self.clock = wsp.join(self.clock, i, c)
     start = c * self.nm[i]  # it runs the minibatches of waves c, c+1, ... on fresh stages
     self.injected[i] = self.completed[i] = start
     self.done = {key for key in self.done if key[1] != i}

@@ -144,8 +144,7 @@ def staleness_stats(events: Iterable[dict[str, Any]]) -> dict[str, Any]:
     elif kind == "leave":
       clock = wsp.leave(clock, ev["vw"])
     elif kind == "join":
-      clock = wsp.join(clock, ev["vw"])
-      clock = clock._replace(c_local=tuple(ev["clock"] if k == ev["vw"] else c for k, c in enumerate(clock.c_local)))
+      clock = wsp.join(clock, ev["vw"], ev["clock"])
   return {
       "local_staleness": dict(sorted(local.items())),
       "local_bound": [wsp.local_staleness_bound(nm) for nm in nms],

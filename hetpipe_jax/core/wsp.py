@@ -48,11 +48,15 @@ def leave(state: ClockState, vw: int) -> ClockState:
   return state._replace(left=state.left | {vw})
 
 
-def join(state: ClockState, vw: int) -> ClockState:
-  """VW ``vw`` (re)joins: it takes c_local = c_global of the live ones (its first wave is that value)."""
+def join(state: ClockState, vw: int, clock: int | None = None) -> ClockState:
+  """VW ``vw`` (re)joins: it takes c_local = ``clock``, by default c_global of the live ones (its first
+  wave is that value; a trace replay passes the clock the trace recorded)."""
   live = state._replace(left=state.left | {vw})
   c = list(state.c_local)
-  c[vw] = c_global(live) if len(live.left) < len(c) else c[vw]
+  if clock is not None:
+    c[vw] = clock
+  elif len(live.left) < len(c):
+    c[vw] = c_global(live)
   return ClockState(tuple(c), state.left - {vw})
 
 

@@ -75,8 +75,5 @@ class WaveMetrics:
     rows = self.rows
     if not self._snapshots or self._snapshots[-1][0] != len(rows) - 1:
       self._snapshots.append((len(rows) - 1, final_params))
-    for row_index, params in self._snapshots:
-      rows[row_index]["test_accuracy"] = evaluate(params)
-    for row, losses in zip(rows, jax.device_get([row["train_loss"] for row in rows])):
-      row["train_loss"] = float(np.mean(losses))
+    self.resolve(evaluate)
     return rows

@@ -32,6 +32,11 @@ from hetpipe_jax.runtime.stage import Device, put_arrays
 ON_NONFINITE = ("stop", "skip")  # what a push with NaN or Inf does: stop the run, or drop that wave's update
 
 
+def _all_finite(tree: Any) -> jax.Array:
+  """Whether every number in ``tree`` is finite (True for a tree without arrays)."""
+  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)] or [jnp.bool_(True)]))
+
+
 class ServerState(NamedTuple):
   """The global weights (one entry per shard), the apply rule's optax state, and the WSP clocks."""
 
@@ -75,10 +80,7 @@ class ParameterServer:
     self._state = ServerState(params, jax.device_put(self._tx.init(params), self.device), wsp.init(num_vws))
     self._cond = threading.Condition()
     self._apply = jax.jit(self._apply_fn, donate_argnums=(0, 1))  # in place: see the module docstring
-    self._finite = jax.jit(lambda shards: jnp.stack([jnp.all(jnp.stack([jnp.all(jnp.isfinite(x))
-                                                                        for x in jax.tree.leaves(s)] or
-                                                                       [jnp.bool_(True)]))
-                                                     for s in shards]))
+    self._finite = jax.jit(lambda shards: jnp.stack([_all_finite(shard) for shard in shards]))
 
   def _apply_fn(self, params, opt_state, updates):
     updates, opt_state = self._tx.update(updates, opt_state, params)
