@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -128,20 +127,12 @@ def transport() -> tuple[float, float]:
 def task_overhead(out_dir: str) -> float:
   """Part 2; returns multiprocess / wall seconds per task."""
   from hetpipe_jax import RunConfig, get_model, run_hetpipe, synthetic
-  from hetpipe_jax.runtime.launch import child_environment
   cluster = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "data",
                          "two_nodes.toml")
   flags_ = ["--num_vws=1", "--stages=2", "--nm=2", "--d=0", f"--waves={FLAGS.waves}", "--batch_size=32"]
-  cmd = [sys.executable, "-m", "experiments.train", "--executor=multiprocess", f"--cluster={cluster}",
-         "--model=mlp", "--dataset=synthetic", f"--eval_every={FLAGS.waves}", f"--out_dir={out_dir}", *flags_]
-  try:
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=FLAGS.timeout, env=child_environment())
-  except subprocess.TimeoutExpired:
-    raise SystemExit(f"error: the multiprocess run took longer than --timeout={FLAGS.timeout:g} s") from None
-  if proc.returncode != 0:
-    raise SystemExit(f"error: the multiprocess run failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
-  with open(os.path.join(out_dir, "summary.json"), encoding="utf-8") as f:
-    summary = json.load(f)
+  summary = common.run_train_job(["--executor=multiprocess", f"--cluster={cluster}", "--model=mlp",
+                                  "--dataset=synthetic", f"--eval_every={FLAGS.waves}", *flags_], out_dir,
+                                  FLAGS.timeout)
   tasks = FLAGS.waves * 2 * 2 * 2  # waves x Nm minibatches x 2 stages x (forward, backward)
   wall = run_hetpipe(get_model("mlp"), synthetic(), RunConfig(
       cluster=cluster, num_vws=1, stages=2, nm=2, d=0, waves=FLAGS.waves, batch_size=32, executor="wall",

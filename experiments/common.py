@@ -17,6 +17,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import subprocess
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -244,3 +245,24 @@ def progress(message: str, *args: Any) -> None:
 
 
 logging.ABSLLogger.register_frame_to_skip(__file__, "progress")
+
+
+def run_train_job(flags: Sequence[str], out_dir: str, timeout_s: float) -> dict[str, Any]:
+  """Runs ``python -m experiments.train FLAGS --out_dir=OUT_DIR`` as a subprocess (the environment of a
+  launched process: it sets its own device count) and returns its ``summary.json``.
+
+  Raises:
+    SystemExit: with one ``error:`` line when the job fails or runs past ``timeout_s``.
+  """
+  from hetpipe_jax.runtime.launch import child_environment
+  cmd = [sys.executable, "-m", "experiments.train", *flags, f"--out_dir={out_dir}"]
+  what = " ".join(cmd[2:])
+  try:
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=child_environment())
+  except subprocess.TimeoutExpired:
+    raise SystemExit(f"error: {what} took longer than {timeout_s:g} s (--timeout)") from None
+  if proc.returncode != 0:
+    raise SystemExit(f"error: {what} failed: {(proc.stderr.strip().splitlines() or ['(no output)'])[-1]}")
+  with open(os.path.join(out_dir, "summary.json"), encoding="utf-8") as f:
+    return json.load(f)
+

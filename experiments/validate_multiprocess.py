@@ -18,10 +18,7 @@ Writes a CSV, a JSON and a PNG (measured vs. predicted images/s) and prints thei
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 import time
 
 from absl import flags
@@ -70,19 +67,10 @@ def cluster_toml(name: str, nodes: list[list[str]]) -> str:
 
 def run_job(cluster_path: str, policy: str, d: int, out_dir: str) -> dict:
   """One multi-process job on loopback; returns its summary (raises SystemExit with its error if it failed)."""
-  cmd = [sys.executable, "-m", "experiments.train", "--executor=multiprocess", f"--cluster={cluster_path}",
-         f"--policy={policy}", f"--nm={NM}", f"--d={d}", f"--waves={FLAGS.waves}", "--time_scale=1", "--model=mlp",
-         "--dataset=synthetic", f"--eval_every={FLAGS.waves}", f"--out_dir={out_dir}"]
-  from hetpipe_jax.runtime.launch import child_environment
-  try:
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=FLAGS.timeout, env=child_environment())
-  except subprocess.TimeoutExpired:
-    raise SystemExit(f"error: {' '.join(cmd[2:])} took longer than --timeout={FLAGS.timeout:g} s") from None
-  if proc.returncode != 0:
-    last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-    raise SystemExit(f"error: {' '.join(cmd[2:])} failed: {last}")
-  with open(os.path.join(out_dir, "summary.json"), encoding="utf-8") as f:
-    return json.load(f)
+  return common.run_train_job(
+      ["--executor=multiprocess", f"--cluster={cluster_path}", f"--policy={policy}", f"--nm={NM}", f"--d={d}",
+       f"--waves={FLAGS.waves}", "--time_scale=1", "--model=mlp", "--dataset=synthetic",
+       f"--eval_every={FLAGS.waves}"], out_dir, FLAGS.timeout)
 
 
 def plot(rows: list[dict], path: str) -> None:
