@@ -41,13 +41,16 @@ def test_a_run_killed_at_any_moment_resumes_bit_identical(tmp_path):
   wait_for, extra = rng.choice([4, 8, 12, 16, 20]), rng.uniform(0.0, 0.3)
   proc = subprocess.Popen([sys.executable, PROGRAM, str(killed)], env=ENV, cwd=ROOT, stdout=subprocess.DEVNULL,
                           stderr=subprocess.DEVNULL)
-  deadline = time.monotonic() + 240
-  while not any(s >= wait_for for s in steps(killed / "ck")) and proc.poll() is None:
-    assert time.monotonic() < deadline, "no checkpoint appeared"
-    time.sleep(0.01)
-  time.sleep(extra)
-  os.kill(proc.pid, signal.SIGKILL)
-  proc.wait()
+  try:
+    deadline = time.monotonic() + 240
+    while not any(s >= wait_for for s in steps(killed / "ck")) and proc.poll() is None:
+      assert time.monotonic() < deadline, "no checkpoint appeared"
+      time.sleep(0.01)
+    time.sleep(extra)
+  finally:  # killed whatever happened above: no process outlives the test
+    if proc.poll() is None:
+      os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
   if proc.returncode == 0:  # it finished before the kill: nothing to resume from the middle
     pytest.skip(f"the run ended before the kill (checkpoint {wait_for} + {extra:.2f} s)")
   resumed = run_program(killed, "--resume")
