@@ -118,9 +118,12 @@ def launch_nodes() -> None:
   env = child_environment()
   common.progress("launching %d processes (one per node) on this host, coordinator %s", len(nodes), coordinator)
   result = launch([cmd + [f"--process_id={i}"] for i in range(len(nodes))], [env] * len(nodes),
-                  FLAGS.job_timeout, grace_s=60, names=[f"node {n}" for n in nodes])
-  if not result.ok:
-    raise SystemExit(f"error: {result.message}")
+                  FLAGS.job_timeout, grace_s=60, names=[f"node {n}" for n in nodes], survivable=True)
+  if result.ok and result.lost:
+    print(f"lost during the run: {'; '.join(result.lost)} (the job went on without them: see the trace's "
+          "leave events)", flush=True)
+  if not result.ok:  # a run that process 0 stopped on purpose has said why in one line already
+    raise SystemExit(1 if result.stopped else f"error: {result.message}")
 
 
 def join_job() -> None:
@@ -139,7 +142,7 @@ def join_job() -> None:
   if FLAGS.process_id == 0:
     check_port_free(FLAGS.coordinator_address)  # process 0 hosts the coordination service
   join(FLAGS.coordinator_address, len(nodes), FLAGS.process_id,
-       local_devices=len(cluster.node_gpus(nodes[FLAGS.process_id])))
+       local_devices=len(cluster.node_gpus(nodes[FLAGS.process_id])), recoverable=True)
 
 
 def main(argv):

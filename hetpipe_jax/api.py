@@ -49,6 +49,7 @@ from hetpipe_jax.runtime.checkpoint import Checkpointer
 from hetpipe_jax.runtime.distributed import current_node
 from hetpipe_jax.runtime.metrics import WaveMetrics
 from hetpipe_jax.runtime.multiprocess import (
+  TIMEOUT_S,
   Channel,
   Mailbox,
   RemoteNumerics,
@@ -203,23 +204,17 @@ def validate(config: RunConfig) -> None:
     raise ConfigError(f"seed={config.seed}; use a seed in [0, 2**63 - 1]")
   if config.tx is None and not (math.isfinite(config.learning_rate) and config.learning_rate > 0):
     raise ConfigError(f"learning_rate={config.learning_rate}; use a finite learning rate > 0 (e.g. 0.05)")
-  if (config.checkpoint_dir or config.resume) and config.executor not in ("virtual", "wall"):
-    raise ConfigError(f"checkpoints work with the virtual and wall executors in this version, not "
-                      f"{config.executor!r}; drop checkpoint_dir/resume or use one of those")
+  if (config.checkpoint_dir or config.resume) and config.executor == "sim":
+    raise ConfigError("checkpoints are for runs with numerics; the sim executor has none (rerunning it is "
+                      "cheaper than a checkpoint): drop checkpoint_dir/resume or use another executor")
   if config.resume and not config.checkpoint_dir:
     raise ConfigError("resume needs checkpoint_dir: the directory whose newest checkpoint to continue")
   if config.checkpoint_dir and not config.trace_path:
     raise ConfigError("checkpoint_dir needs trace_path: a resumed run appends to the trace file it wrote")
-  if (config.failures or config.rejoin) and config.executor == "multiprocess":
-    raise ConfigError("failures/rejoin (fault injection, membership) work in one process in this version; "
-                      "use the virtual, wall or sim executor")
   for vw, wave in config.failures:
     if not 0 <= wave < config.waves:
       raise ConfigError(f"fail={vw}@{wave}: the wave must be in 0..{config.waves - 1} (the run has "
                         f"{config.waves} waves)")
-  if config.on_nonfinite == "skip" and config.executor == "multiprocess":
-    raise ConfigError("on_nonfinite='skip' is not available with executor='multiprocess' yet (the shard "
-                      "owners would have to agree to drop a wave); use 'stop' or another executor")
 
 
 def _layouts(config: RunConfig, model: LayeredModel, cluster: Cluster, profiles, clock_profiles,
@@ -432,13 +427,7 @@ def _run_engine(model: LayeredModel, dataset: Dataset, config: RunConfig, layout
     final = server.params
     jax.block_until_ready(final)
   except NonFiniteUpdate as e:  # name the stage too, for the user
-    vw = layout.vws[e.vw]
-    stages = sorted({j for j in range(vw.k) for u in e.units if u in vw.stage_units(j)})
-    raise NonFiniteUpdate(e.vw, e.wave, e.units, e.clock, (
-        f"VW {e.vw} pushed a non-finite update (NaN or Inf) in wave {e.wave}: stage {', '.join(map(str, stages))}, "
-        f"unit {', '.join(map(str, e.units))}; refused, so the global weights are those of global clock "
-        f"{e.clock}, the last good one; lower the learning rate, or drop such waves with "
-        "on_nonfinite='skip'")) from None
+    raise e.with_stages(layout.cuts[e.vw]) from None
   finally:
     trace.close()
     if checkpointer is not None:
@@ -524,25 +513,45 @@ def _train_multiprocess(model: LayeredModel, dataset: Dataset, config: RunConfig
       thread.join()
     node.close()
     return RunResult(None, None, [], [], 0.0, 0.0, [], layout.cuts, 0)
+
+  def on_gone(p: int) -> str | None:  # a lost process: its virtual workers leave, unless it held PS shards
+    units = [u for u, owner in enumerate(shard_owners) if owner == p]
+    return None if not units else (
+        f"process {p} (node {nodes[p]}) is gone, and with it the PS shards of units {units}: the global weights "
+        "are lost; resume from the newest checkpoint (--checkpoint_dir with --resume), or keep the shards "
+        "off nodes that may fail (--placement)")
+
+  node.watch(on_gone)
   channels = {p: Channel(node, f"ps{p}", p, f"the PS shards of process {p}") for p in sorted(set(shard_owners))}
   server = ShardedServer(node, layout.num_vws, config.d, shard_owners, channels, mailbox,
                          [jax.tree.structure(p) for p in init_params])
-  numerics = [RemoteNumerics(node, i, vw.cuts, vw.nm, owners, shard_owners, channels)
-              for i, vw in enumerate(layout.vws)]
+  numerics = [RemoteNumerics(node, i, vw.cuts, vw.nm, owners, shard_owners, channels, mailbox,
+                             check_finite=config.on_nonfinite == "skip") for i, vw in enumerate(layout.vws)]
   vws = [VirtualWorker.create(i, vw.k, vw.nm, config.waves * vw.nm, layout.num_vws, config.schedule,
                               config.weight_mode, numerics[i]) for i, vw in enumerate(layout.vws)]
   run = _wall_runner(config, lambda task: cost_model.task_seconds(task.vw, task.stage, task.kind), wait=wait)
-  result = _run_engine(model, dataset, config, layout, meta, vws, server, None, run, init_params, local[0])
+
+  def stop_all() -> None:  # every command posted so far is executed first
+    for n in numerics:
+      n.stop()
+    for channel in channels.values():
+      channel.post(op="stop")
+    for thread in threads:
+      thread.join(timeout=TIMEOUT_S)  # a thread still waiting for a lost process is left behind
+    node.close()
+
+  try:
+    result = _run_engine(model, dataset, config, layout, meta, vws, server, None, run, init_params, local[0],
+                         numerics)
+  except (ConfigError, RunStopped):  # stopped on purpose (e.g. a non-finite update): every process ends cleanly
+    node.stop_job()  # a command still waiting for what will never come gives up
+    stop_all()
+    raise
+  # on any other failure nothing is cleaned up here: the process ends at once (Node.abort)
   merge_records(result.events, numerics)  # every process's own records of its tasks, into the one trace
   if config.trace_path:
     write_trace(config.trace_path, result.events)
-  for n in numerics:  # on failure nothing is cleaned up here: the process ends at once (Node.abort)
-    n.stop()
-  for channel in channels.values():
-    channel.post(op="stop")
-  for thread in threads:
-    thread.join()
-  node.close()
+  stop_all()
   return result
 
 

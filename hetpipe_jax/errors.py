@@ -24,8 +24,27 @@ class NonFiniteUpdate(RunStopped):
                      f"refused: the global weights are those of global clock {clock}")
     self.vw, self.wave, self.units, self.clock = vw, wave, units, clock
 
+  def with_stages(self, cuts) -> "NonFiniteUpdate":
+    """The same error, its message naming the stages too, given the virtual worker's unit boundaries."""
+    stages = sorted({j for j in range(len(cuts) - 1) for u in self.units if cuts[j] <= u < cuts[j + 1]})
+    return NonFiniteUpdate(self.vw, self.wave, self.units, self.clock, (
+        f"VW {self.vw} pushed a non-finite update (NaN or Inf) in wave {self.wave}: stage "
+        f"{', '.join(map(str, stages))}, unit {', '.join(map(str, self.units))}; refused, so the global weights "
+        f"are those of global clock {self.clock}, the last good one; lower the learning rate, or drop such "
+        "waves with on_nonfinite='skip'"))
+
 
 class ProtocolError(RuntimeError):
   """A breach of the pipeline or WSP protocol at run time (a wave pushed twice or out of order, a
   minibatch completed out of order, an executor that stalled): a bug in the runtime, never bad input."""
 
+
+
+class TaskFailed(RunStopped):
+  """A started task's numerics failed where it ran (an exception in its stage, or its process gone): its
+  virtual worker fails and leaves; the others go on (when it was the last one, the run stops with this
+  error). ``final``: no replacement can run where it ran (its process is gone)."""
+
+  def __init__(self, message: str, final: bool = False):
+    super().__init__(message)
+    self.final = final

@@ -19,7 +19,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 
-def run_job(program: str, num_processes: int, timeout_s: float, grace_s: float = 60.0, **extra_env):
+def run_job(program: str, num_processes: int, timeout_s: float, grace_s: float = 60.0, survivable: bool = False,
+            **extra_env):
   """Runs ``tests/programs/<program>`` as one job of ``num_processes`` processes on loopback.
 
   Returns the launcher's JobResult and every process's (stdout, stderr).
@@ -33,7 +34,7 @@ def run_job(program: str, num_processes: int, timeout_s: float, grace_s: float =
              for i in range(num_processes)]
     try:
       result = launch([[sys.executable, os.path.join(HERE, "programs", program)]] * num_processes, envs,
-                      timeout_s, grace_s, names=[f"node {i}" for i in range(num_processes)],
+                      timeout_s, grace_s, names=[f"node {i}" for i in range(num_processes)], survivable=survivable,
                       output=lambda i: (files[i][0].fileno(), files[i][1].fileno()))
       outputs = []
       for pair in files:
@@ -71,6 +72,19 @@ def test_a_hung_process_is_named_and_the_job_ends_in_bounded_time():
   assert result.message.startswith("node 1 (process 1) hung: it stopped answering"), result.message
   assert result.returncodes == [-signal.SIGABRT, -signal.SIGKILL], result.returncodes
   assert result.seconds < 60, result.seconds  # heartbeat timeout (5 s) + settle (5 s), not the grace
+
+
+@pytest.mark.parametrize("mode", ["kill", "hang"])
+def test_a_recoverable_job_goes_on_without_a_lost_process(mode):
+  """Process 2 is lost (killed, or stopped: alive but silent); process 0 declares it gone within ~5 s,
+  process 1's wait for it gives up, both end cleanly; the launcher lists what the job went on without."""
+  result, outputs = run_job("survive.py", 3, timeout_s=150, survivable=True, SURVIVE_MODE=mode)
+  assert result.ok and result.returncodes[:2] == [0, 0], (result.message, outputs)
+  assert outputs[0][0].strip().endswith("ok dead=[2]"), outputs[0]
+  assert "ok gave up: process 2 is gone" in outputs[1][0], outputs[1]
+  how = "was killed by signal 9" if mode == "kill" else "hung (killed)"
+  assert result.lost == [f"node 2 (process 2) {how}"], result.lost
+  assert result.seconds < 60, result.seconds
 
 
 def test_a_coordinator_port_in_use_is_one_clear_error():

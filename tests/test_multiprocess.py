@@ -89,7 +89,7 @@ def running(tmp_path, pattern: str = "") -> list[int]:
 
 
 @pytest.mark.slow
-def test_a_killed_process_ends_the_job_with_one_line(tmp_path):
+def test_a_killed_process_that_held_the_only_vw_ends_the_job_with_one_line(tmp_path):
   proc, victim = start_long_job(tmp_path)
   try:
     os.kill(victim, signal.SIGKILL)
@@ -101,8 +101,8 @@ def test_a_killed_process_ends_the_job_with_one_line(tmp_path):
       proc.terminate()
       proc.communicate(timeout=30)
   assert proc.returncode == 1, err[-3000:]
-  verdict = [line for line in err.splitlines() if line.startswith("error: node")]
-  assert verdict == ["error: node 1 (process 1) was killed by signal 9; the job stopped"], err[-3000:]
+  verdict = [line for line in err.splitlines() if line.startswith("error")]  # its one VW spans both processes
+  assert len(verdict) == 1 and "process 1 is gone" in verdict[0], err[-3000:]
   assert not running(tmp_path), "orphan processes"
 
 

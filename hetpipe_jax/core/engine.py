@@ -15,7 +15,9 @@ trace's push line is written. A gated injection waits for its own virtual worker
 applied, then for the gate (``server.try_pull``), then for the pull to arrive through the Comm.
 
 Membership (HETPIPE.md section 3): a virtual worker *fails* when a fault is injected at the first
-minibatch of one of its ``failures`` waves, or when dispatching its task raises. It leaves: the server
+minibatch of one of its ``failures`` waves (where the numerics can crash for real, e.g. kill the
+processes that run it, the failure is then found like a real one), when dispatching its task raises, or
+when its task fails where it runs (:meth:`Engine.task_failed`). It leaves: the server
 drops it from the global clock, its updates not pushed yet are dropped, the tasks it had running finish
 on their devices unrecorded, and the trace says ``leave`` (with what was dropped). With ``rejoin`` a
 replacement joins on the same devices as soon as the global clock of the live ones has reached the
@@ -40,7 +42,7 @@ from hetpipe_jax.core.server import Server, Snapshot
 from hetpipe_jax.core.trace import Trace
 from hetpipe_jax.core.versions import Version
 from hetpipe_jax.core.worker import VirtualWorker
-from hetpipe_jax.errors import ProtocolError
+from hetpipe_jax.errors import ProtocolError, TaskFailed
 
 BatchFn = Callable[[int, int], tuple[Any, Any]]  # (vw, mb) -> (x, labels)
 WaveFn = Callable[[int, int, float, list], None]  # (vw, wave, t, losses of the wave) -> None
@@ -143,6 +145,21 @@ class Engine:
       self._fail(vw, t, f"{type(e).__name__}: {e}")
       return None
 
+  def task_failed(self, task: Task, t: float, error: TaskFailed) -> None:
+    """``task``'s numerics failed after it started (an executor learns it when it waits for them): its
+    virtual worker fails as if dispatching had raised (for good when ``error.final``: nothing can run where
+    it ran), and the task ends unrecorded.
+
+    Raises:
+      TaskFailed: when it was the last live virtual worker and none will replace it.
+    """
+    vw = self.vws[task.vw]
+    if (task.vw, task.stage) not in self._zombies:
+      if (error.final or not self._rejoin) and not any(other.live for other in self.vws if other is not vw):
+        raise TaskFailed(f"{error}; no virtual worker is left to go on", error.final)
+      self._fail(vw, t, str(error), final=error.final)
+    self.finish(task, t)  # a failed virtual worker's task: it just frees its device
+
   def finish(self, task: Task, t: float) -> None:
     """``task`` ended at ``t``: trace it, ready its successor, complete, push, inject."""
     vw = self.vws[task.vw]
@@ -191,7 +208,8 @@ class Engine:
       mb = vw.pipeline.next_mb
       if (mb - 1) % vw.nm == 0 and wsp.wave_of(mb, vw.nm) in self._failures.get(i, ()):
         self._failures[i].discard(wsp.wave_of(mb, vw.nm))  # each injected fault fires once
-        return self._fail(vw, t, f"fault injected at wave {wsp.wave_of(mb, vw.nm)}")
+        if not vw.numerics.crash():  # else: a real crash, found as such (its next task fails)
+          return self._fail(vw, t, f"fault injected at wave {wsp.wave_of(mb, vw.nm)}")
       if wsp.is_gated(mb, vw.nm) and self._pulled.get(i) != mb:
         if self._pulling.get(i) == mb or self.server.clock.c_local[i] < wsp.wave_of(mb, vw.nm):
           return  # the pull is on its way, or this VW's own last push has not landed yet
@@ -222,8 +240,8 @@ class Engine:
 
   # --- membership ------------------------------------------------------------------------------------
 
-  def _fail(self, vw: VirtualWorker, t: float, reason: str) -> None:
-    """``vw`` failed at ``t``: it leaves (and a replacement joins, with ``rejoin``)."""
+  def _fail(self, vw: VirtualWorker, t: float, reason: str, final: bool = False) -> None:
+    """``vw`` failed at ``t``: it leaves (and a replacement joins, with ``rejoin``, unless ``final``)."""
     i = vw.index
     dropped = sum(versions_lib.open_updates(vw.versions))
     in_flight = vw.pipeline.next_mb - 1 - vw.pipeline.completed
@@ -236,7 +254,7 @@ class Engine:
       book.pop(i, None)
     self.trace.emit(ev="leave", vw=i, t=t, pushed=clock.c_local[i], dropped_updates=dropped,
                     dropped_minibatches=in_flight, reason=reason)
-    if self._rejoin:
+    if self._rejoin and not final:
       self._awaiting_join.add(i)
       self._join_waiting(t)
     self._inject_all(t)  # the global clock may have moved: gates may open

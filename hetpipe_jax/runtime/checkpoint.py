@@ -98,7 +98,11 @@ class Checkpointer:
     except OSError as e:
       raise ConfigError(f"checkpoint_dir={directory!r} is not writable ({e.strerror}); choose another "
                         "directory") from None
-    options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=False)
+    # Written by this process alone: in a multi-process job, process 0 gathers the state and saves it.
+    alone = ocp.options.MultiprocessingOptions(primary_host=jax.process_index(),
+                                               active_processes={jax.process_index()})
+    options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=False,
+                                           multiprocessing_options=alone, create=False)  # made above
     self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=("arrays", "meta"))
     self._next = every  # the global clock at which the next checkpoint is due
     self.seconds: list[float] = []  # per save

@@ -22,12 +22,15 @@ array that is already offered, ~0.4 ms per key-value operation.
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import itertools
 import json
 import os
 import sys
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 import jax
@@ -39,6 +42,22 @@ from hetpipe_jax.runtime.launch import die_with_launcher, record_reason
 _ADDRESS_KEY = "xfer/addr/{process}"
 _MESSAGE_KEY = "msg/{src}->{dst}/{tag}/{seq}"
 _HOLD_MESSAGES, _HOLD_BYTES = 16, 64 << 20  # offered arrays held before checking which were pulled
+_ALIVE_KEY, _DEAD_KEY, _CLOSED_KEY = "alive/{process}", "dead/{process}", "closed/{process}"
+_FATAL_KEY, _STOPPING_KEY, _BYE_KEY = "fatal", "stopping", "bye/{process}"
+BEAT_S = 0.5  # a recoverable job's processes beat this often
+DEAD_AFTER_S = 5.0  # a process whose beat has not moved for this long is gone (dead, hung or cut off)
+POLL_S = 0.5  # how often a wait checks whether its peer is gone
+
+
+_PULLS = concurrent.futures.ThreadPoolExecutor(16, thread_name_prefix="pull")  # recoverable jobs' pulls
+
+
+class PeerGone(RuntimeError):
+  """The process this one waits for is gone (declared dead by process 0, or its connection closed)."""
+
+  def __init__(self, process: int, what: str = ""):
+    super().__init__(f"process {process} is gone{what}")
+    self.process = process
 
 
 def _client():
@@ -74,12 +93,22 @@ class Node:
     self._received: dict[tuple[int, str], int] = {}
     self._offered: dict[str, list[Any]] = {}  # notice key -> arrays kept alive until acknowledged
     self._lock = threading.Lock()  # several threads send and receive
+    self.recoverable, self._beating = False, False  # see :meth:`beat`
+    self.dead: set[int] = set()  # process 0's verdicts (see :meth:`watch`)
+    self.fatal: str | None = None  # why the job cannot go on (process 0, see :meth:`watch`)
 
   # --- control: the key-value store --------------------------------------------------------------------
 
   def put(self, key: str, value: str) -> None:
     """Sets ``key`` (once: keys are never overwritten)."""
     self._kv.key_value_set(key, value)
+
+  def try_get(self, key: str) -> str | None:
+    """The value of ``key``, or None if it is not set."""
+    try:
+      return self._kv.key_value_try_get(key)
+    except Exception:  # NOT_FOUND  # pylint: disable=broad-except
+      return None
 
   def get(self, key: str, timeout_s: float) -> str:
     """Waits up to ``timeout_s`` for ``key``.
@@ -136,14 +165,61 @@ class Node:
       seq = self._received.get((src, tag), 0)
       self._received[(src, tag)] = seq + 1
     key = _MESSAGE_KEY.format(src=src, dst=self.process, tag=tag, seq=seq)
-    notice = json.loads(self.get(key, timeout_s))
+    notice = json.loads(self._get_from(src, key, timeout_s))
     sharding = jax.sharding.SingleDeviceSharding(self.device)
     specs = [jax.ShapeDtypeStruct(tuple(shape), jnp.dtype(dtype), sharding=sharding)
              for shape, dtype in notice["arrays"]]
-    arrays = self._connection(src, timeout_s).pull(notice["id"], specs)
-    jax.block_until_ready(arrays)
+    connection = self._connection(src, timeout_s)
+    pull = lambda: jax.block_until_ready(connection.pull(notice["id"], specs))
+    arrays = pull() if not self.recoverable else self._pull_unless_gone(src, tag, pull)
     self.delete(key)  # the acknowledgement: the sender may drop the arrays
     return list(arrays)
+
+  def _pull_unless_gone(self, src: int, tag: str, pull: Callable[[], Any]) -> Any:
+    """``pull()`` in a helper thread, given up (:class:`PeerGone`) if ``src`` is declared gone meanwhile:
+    a pull from a process that died after offering can fail, or block for good."""
+    future = _PULLS.submit(pull)
+    while True:
+      try:
+        return future.result(timeout=POLL_S)
+      except concurrent.futures.TimeoutError:
+        if self.gone(src):
+          raise PeerGone(src, f" (while process {self.process} pulled {tag!r})") from None
+      except Exception as e:  # pylint: disable=broad-except  # its transfer server went away
+        raise PeerGone(src, f" (process {self.process} could not pull {tag!r} from it: "
+                            f"{str(e).splitlines()[0][:100]})") from None
+
+  def _get_from(self, src: int, key: str, timeout_s: float) -> str:
+    """Waits for ``key``, which process ``src`` will write; in a recoverable job, raises
+    :class:`PeerGone` as soon as ``src`` is declared gone."""
+    if not self.recoverable:
+      return self.get(key, timeout_s)
+    deadline = time.monotonic() + timeout_s
+    while True:
+      try:
+        return self.get(key, min(POLL_S, max(deadline - time.monotonic(), 0.001)))
+      except TimeoutError:
+        if self.gone(src):
+          raise PeerGone(src) from None
+        if time.monotonic() >= deadline:
+          raise
+
+  def gone(self, process: int) -> bool:
+    """Whether ``process`` has been declared gone (process 0's verdict, see :meth:`watch`), or the job is
+    stopping (nothing more will come)."""
+    return self._dead(process) or self.stopping()
+
+  def _dead(self, process: int) -> bool:
+    return process in self.dead or self.try_get(_DEAD_KEY.format(process=process)) is not None
+
+  def stopping(self) -> bool:
+    """Whether process 0 is stopping the job early (:meth:`stop_job`)."""
+    return self.try_get(_STOPPING_KEY) is not None
+
+  def stop_job(self) -> None:
+    """Process 0 stops the job early: every wait for another process gives up (:class:`PeerGone`)."""
+    with contextlib.suppress(Exception):
+      self.put(_STOPPING_KEY, "1")
 
   def _release_acknowledged(self) -> None:
     """Drops the offered arrays whose notice the receiver has deleted (it pulled them)."""
@@ -179,9 +255,86 @@ class Node:
       os._exit(code)
 
   def close(self, timeout_s: float = 60.0) -> None:
-    """Waits (up to ``timeout_s``) until every process is done, so no pull is left pending at exit."""
-    self.barrier("hetpipe_jax/close", timeout_s)
+    """Waits (up to ``timeout_s``) until every process is done, so no pull is left pending at exit.
+
+    In a recoverable job there is no barrier (a gone process would hold it for its whole timeout): this
+    process says it is closed (nothing of it will pull any more), then waits until every process not
+    declared gone has said so."""
+    if not self.recoverable:
+      self.barrier("hetpipe_jax/close", timeout_s)
+      self._offered.clear()
+      return
+    deadline = time.monotonic() + timeout_s
+
+    def wait_all(key: str) -> None:
+      for p in range(1, self.num_processes) if key == _BYE_KEY else range(self.num_processes):
+        while not self._dead(p) and self.try_get(key.format(process=p)) is None and time.monotonic() < deadline:
+          time.sleep(0.05)
+
+    self.put(_CLOSED_KEY.format(process=self.process), "1")
+    wait_all(_CLOSED_KEY)
+    self._beating = False
     self._offered.clear()
+    if self.process != 0:  # leave the service before process 0, whose exit ends it (and aborts who is left)
+      self.put(_BYE_KEY.format(process=self.process), "1")
+      jax.distributed.shutdown()
+    else:
+      wait_all(_BYE_KEY)
+      time.sleep(0.5)  # their shutdown calls land
+
+  # --- membership (a recoverable job: a lost process does not end the others) ---------------------------
+
+  def beat(self) -> None:
+    """Starts this process's heartbeat (a counter in the key-value store, bumped every ``BEAT_S``) for
+    process 0's :meth:`watch`."""
+    self.recoverable, self._beating = True, True
+    key = _ALIVE_KEY.format(process=self.process)
+
+    def loop() -> None:
+      while self._beating:
+        try:
+          self._kv.key_value_increment(key, 1)
+        except Exception:  # pylint: disable=broad-except  # the service is gone: so is the job
+          return
+        time.sleep(BEAT_S)
+
+    threading.Thread(target=loop, name="heartbeat", daemon=True).start()
+
+  def watch(self, on_gone: Callable[[int], str | None]) -> None:
+    """Process 0: declares gone every process whose heartbeat stops moving for ``DEAD_AFTER_S`` (dead,
+    hung or cut off), adds it to :attr:`dead` and publishes it (``dead/<process>``: peers waiting for
+    it give up at once); ``on_gone(process)`` returns why the job cannot go on without it, if so. A
+    process that ended itself on an error (:meth:`abort`) stops the job with its message, and a process
+    may publish such a reason and go on (``fatal``). Each sets :attr:`fatal`."""
+    last: dict[int, tuple[int, float]] = {}
+
+    def loop() -> None:
+      while self._beating:
+        now = time.monotonic()
+        for p in range(1, self.num_processes):
+          if p in self.dead:
+            continue
+          try:
+            count = self._kv.key_value_increment(_ALIVE_KEY.format(process=p), 0)
+          except Exception:  # pylint: disable=broad-except
+            return
+          if p not in last or last[p][0] != count:
+            last[p] = (count, now)
+          elif now - last[p][1] > DEAD_AFTER_S and self.try_get(_CLOSED_KEY.format(process=p)) is None:
+            failed = self.try_get(f"failed/{p}")  # it ended itself on an error (abort): a bug, not a loss
+            self.fatal = self.fatal or (f"process {p}: {failed}" if failed else on_gone(p))  # before it counts
+            # as dead: a wait sees the reason first
+            self.dead.add(p)
+            self.put(_DEAD_KEY.format(process=p), "1")
+        self.fatal = self.fatal or self.try_get(_FATAL_KEY)
+        time.sleep(POLL_S)
+
+    threading.Thread(target=loop, name="watch", daemon=True).start()
+
+  def publish_fatal(self, message: str) -> None:
+    """Tells process 0 why the job cannot go on (the first reason published wins)."""
+    with contextlib.suppress(Exception):  # another one was first
+      self.put(_FATAL_KEY, message)
 
 
 _CURRENT: list[Node] = []  # the Node of this process, once it has joined
@@ -193,7 +346,7 @@ def current_node() -> Node | None:
 
 
 def join(coordinator: str, num_processes: int, process: int, local_devices: int,
-         heartbeat_timeout_s: int = 10, init_timeout_s: int = 60) -> Node:
+         heartbeat_timeout_s: int = 10, init_timeout_s: int = 60, recoverable: bool = False) -> Node:
   """Joins the job as process ``process`` of ``num_processes`` with ``local_devices`` CPU devices.
 
   Must run before anything else uses JAX in this process.
@@ -205,6 +358,8 @@ def join(coordinator: str, num_processes: int, process: int, local_devices: int,
     local_devices: CPU devices this process holds (the GPUs of its node, emulated).
     heartbeat_timeout_s: a process silent this long counts as dead (JAX's default is 100 s).
     init_timeout_s: how long to wait for every process to arrive.
+    recoverable: a lost process (other than process 0, which hosts the coordination service) does not
+      end the others (JAX's ``jax_enable_recoverability``); they learn of it through :meth:`Node.watch`.
 
   Raises:
     ConfigError: for a process index out of range.
@@ -214,8 +369,12 @@ def join(coordinator: str, num_processes: int, process: int, local_devices: int,
     raise ConfigError(f"process_id={process} is outside 0..{num_processes - 1}; give each of the "
                       f"{num_processes} processes a distinct id in that range")
   jax.config.update("jax_num_cpu_devices", local_devices)
+  jax.config.update("jax_enable_recoverability", recoverable)
   jax.distributed.initialize(coordinator, num_processes=num_processes, process_id=process,
                              heartbeat_timeout_seconds=heartbeat_timeout_s,
                              initialization_timeout=init_timeout_s)
-  _CURRENT[:] = [Node(process, num_processes, jax.local_devices()[0])]
-  return _CURRENT[0]
+  node = Node(process, num_processes, jax.local_devices()[0])
+  if recoverable:
+    node.beat()
+  _CURRENT[:] = [node]
+  return node

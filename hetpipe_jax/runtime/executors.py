@@ -23,7 +23,7 @@ import jax
 
 from hetpipe_jax.core.engine import Engine
 from hetpipe_jax.core.schedule import Task
-from hetpipe_jax.errors import ProtocolError
+from hetpipe_jax.errors import ProtocolError, TaskFailed
 
 CostFn = Callable[[Task], float]
 EXECUTORS = ("virtual", "wall", "sim", "multiprocess")  # sim: hetpipe_jax.sim; multiprocess: .multiprocess
@@ -95,7 +95,8 @@ def run_wall(engine: Engine, cost: CostFn | None = None, time_scale: float = 1.0
     cost: emulated task durations; when given, every task lasts at least ``cost(task) * time_scale``.
     time_scale: real seconds per emulated second.
     wait: blocks until a started task's numerics are done, given what ``engine.start`` returned (default:
-      its arrays are ready; the ``multiprocess`` executor waits for the task's process to report).
+      its arrays are ready; the ``multiprocess`` executor waits for the task's process to report). A
+      :class:`~hetpipe_jax.errors.TaskFailed` it raises fails the task's virtual worker (the others go on).
     resume: continue a checkpointed run: its clock restarts at ``resume.t`` (no task was running then).
     between: once a checkpoint is due, no task starts until every running one has finished; then it is
       saved (a consistent cut with nothing in flight on any device) and dispatching goes on.
@@ -136,8 +137,12 @@ def run_wall(engine: Engine, cost: CostFn | None = None, time_scale: float = 1.0
               return
             wakeups[key].wait()
           task, t0, out = cast(tuple[Task, float, Any], running[key])
-        wait(out)
-        if cost is not None:
+        failed = None
+        try:
+          wait(out)
+        except TaskFailed as e:  # where it ran: its virtual worker fails, the others go on
+          failed = e
+        if cost is not None and failed is None:
           remaining = t0 + cost(task) * time_scale - now()
           if remaining > 0:
             time.sleep(remaining)
@@ -145,7 +150,10 @@ def run_wall(engine: Engine, cost: CostFn | None = None, time_scale: float = 1.0
           if errors:
             return
           running[key] = None
-          engine.finish(task, now())
+          if failed is None:
+            engine.finish(task, now())
+          else:
+            engine.task_failed(task, now(), failed)
           dispatch()
     except BaseException as e:  # pylint: disable=broad-except
       with lock:

@@ -10,6 +10,11 @@ line naming the lost node and process, with the reason the failed process gave (
 A process that hangs (stopped, or stuck without heartbeats) is found too: the coordination service ends
 the others (SIGABRT) within its heartbeat timeout, and a process still running ``settle_s`` after every
 other one has stopped that way is the hung one.
+
+A *survivable* job (a training job with membership: its processes join with ``recoverable=True``) is
+process 0's to end: another process that dies or hangs does not end it (process 0's engine lets its
+virtual workers leave, or stops the job itself, saying why); once process 0 has exited, the others get
+``settle_s`` to follow and are then killed, and the report lists every process the job went on without.
 """
 
 from __future__ import annotations
@@ -57,9 +62,16 @@ class JobResult:
   message: str  # one line: "ok", or what went wrong and where
   seconds: float
 
+  lost: list[str] = dataclasses.field(default_factory=list)  # survivable jobs: processes the job went on without
+
   @property
   def ok(self) -> bool:
     return self.failed is None
+
+  @property
+  def stopped(self) -> bool:
+    """A survivable job whose process 0 exited with code 1: it stopped the job and said why itself."""
+    return self.returncodes[0] == 1
 
 
 LAUNCHER_ENV = "HETPIPE_LAUNCHER_PID"  # set in every launched process: the launcher's pid
@@ -135,7 +147,7 @@ def _hung(procs: Sequence[subprocess.Popen]) -> list[int]:
 def launch(commands: Sequence[Sequence[str]], envs: Sequence[dict[str, str]], timeout_s: float,
            grace_s: float = 60.0, names: Sequence[str] | None = None,
            output: Callable[[int], tuple[int | None, int | None]] | None = None,
-           settle_s: float = 5.0) -> JobResult:
+           settle_s: float = 5.0, survivable: bool = False) -> JobResult:
   """Runs one process per command and waits for all of them.
 
   Args:
@@ -147,7 +159,8 @@ def launch(commands: Sequence[Sequence[str]], envs: Sequence[dict[str, str]], ti
     names: a readable name per process for the report (e.g. its node).
     output: ``index -> (stdout fd, stderr fd)`` for each process (default: inherit this process's).
     settle_s: how long processes may keep running after every other one was ended by SIGABRT before
-      they count as hung.
+      they count as hung (survivable: after process 0 exited).
+    survivable: process 0 decides (see the module docstring): the job failed iff process 0 failed.
 
   Returns:
     A :class:`JobResult`; ``message`` names the first failed process, or the hung ones.
@@ -167,9 +180,19 @@ def launch(commands: Sequence[Sequence[str]], envs: Sequence[dict[str, str]], ti
       procs.append(subprocess.Popen(list(cmd), env=env, stdout=out, stderr=err, start_new_session=True))
     deadline = t0 + timeout_s
     stalled_since = None  # when only hung-looking processes were left running
+    ended0 = None  # survivable: when process 0 ended
+    lost_first: set[int] = set()  # survivable: processes that ended with an error while process 0 ran
     while any(p.poll() is None for p in procs):
       now = time.monotonic()
-      if failed is None:
+      if ended0 is None:
+        lost_first.update(i for i, p in enumerate(procs) if i > 0 and p.poll() not in (None, 0))
+      if survivable and procs[0].poll() is not None:
+        ended0 = ended0 or now
+        if now >= min(deadline, ended0 + settle_s):
+          break
+        time.sleep(0.05)
+        continue
+      if failed is None and not survivable:
         failed = _first_failure(procs)
         if failed is not None:
           deadline = min(deadline, now + grace_s)
@@ -178,7 +201,9 @@ def launch(commands: Sequence[Sequence[str]], envs: Sequence[dict[str, str]], ti
         break
       time.sleep(0.05)
     hung = [i for i, p in enumerate(procs) if p.poll() is None]
-    if failed is None:  # one may have failed in the last moment
+    if survivable:
+      failed = None if procs[0].poll() == 0 else 0
+    elif failed is None:  # one may have failed in the last moment
       failed = _first_failure(procs)
     if hung and _hung(procs):  # the others were ended because these stopped answering
       failed = hung[0]
@@ -193,18 +218,22 @@ def launch(commands: Sequence[Sequence[str]], envs: Sequence[dict[str, str]], ti
     shutil.rmtree(reasons, ignore_errors=True)
   codes = [p.returncode for p in procs]
   seconds = time.monotonic() - t0
+  lost = [f"{names[i]} (process {i}) " + ("hung (killed)" if i in hung else _how(codes[i]))
+          for i in range(1, len(procs)) if survivable and (i in hung or i in lost_first)]
   if failed is not None and failed in hung:
     message = (f"{names[failed]} (process {failed}) hung: it stopped answering and the others were ended "
                "(SIGABRT from the coordination service); killed it")
   elif failed is not None:
-    code = codes[failed]
-    how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
-    message = (f"{names[failed]} (process {failed}) {how}" + (f" ({reason})" if reason else "")
+    message = (f"{names[failed]} (process {failed}) {_how(codes[failed])}" + (f" ({reason})" if reason else "")
                + "; the job stopped"
                + (f" (killed {', '.join(names[i] for i in hung)} after {grace_s:g} s)" if hung else ""))
-  elif hung:
+  elif hung and not survivable:  # survivable: process 0 ended fine; the ones still running are lost
     message = f"{', '.join(names[i] for i in hung)} still running after {timeout_s:g} s; killed the job"
     failed = hung[0]
   else:
     message = "ok"
-  return JobResult(codes, failed, message, seconds)
+  return JobResult(codes, failed, message, seconds, lost)
+
+
+def _how(code: int | None) -> str:
+  return f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"

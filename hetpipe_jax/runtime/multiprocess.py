@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -43,10 +45,11 @@ from hetpipe_jax.core import wsp
 from hetpipe_jax.core.schedule import FWD, Task
 from hetpipe_jax.core.server import Snapshot
 from hetpipe_jax.data import MinibatchStreams
-from hetpipe_jax.errors import ProtocolError
+from hetpipe_jax.errors import NonFiniteUpdate, ProtocolError, RunStopped, TaskFailed
 from hetpipe_jax.plan.layout import Layout
-from hetpipe_jax.runtime.distributed import Node
-from hetpipe_jax.runtime.ps import ParameterServer
+from hetpipe_jax.runtime import checkpoint
+from hetpipe_jax.runtime.distributed import POLL_S, Node, PeerGone
+from hetpipe_jax.runtime.ps import ParameterServer, nonfinite_units
 from hetpipe_jax.runtime.stage import Stage
 
 TIMEOUT_S = 60.0  # a report or a tensor that takes longer means a hung or lost process: the job ends
@@ -71,10 +74,22 @@ class Mailbox:
       self._items[key] = value
       self._cond.notify_all()
 
-  def take(self, key: str, timeout_s: float) -> Any:
+  def take(self, key: str, timeout_s: float, node: Node | None = None) -> Any:
+    """The value put under ``key``; in a recoverable job (``node``), gives up once the job is stopping.
+
+    Raises:
+      TimeoutError: after ``timeout_s``.
+      PeerGone: when the job is stopping.
+    """
+    deadline = time.monotonic() + timeout_s
     with self._cond:
-      if not self._cond.wait_for(lambda: key in self._items, timeout_s):
-        raise TimeoutError(f"no {key} within {timeout_s:g} s")
+      while key not in self._items:
+        if node is not None and node.recoverable and node.stopping():
+          raise PeerGone(node.process, " (the job is stopping)")
+        left = deadline - time.monotonic()
+        if left <= 0:
+          raise TimeoutError(f"no {key} within {timeout_s:g} s")
+        self._cond.wait(min(left, POLL_S))
       return self._items.pop(key)
 
 
@@ -88,14 +103,45 @@ def deliver(node: Node, mailbox: Mailbox, dst: int, tag: str, arrays: list[Any])
 
 def collect(node: Node, mailbox: Mailbox, src: int, tag: str) -> list[Any]:
   """The arrays process ``src`` delivered under ``tag``."""
-  return mailbox.take(tag, TIMEOUT_S) if src == node.process else node.recv(src, tag, TIMEOUT_S)
+  return mailbox.take(tag, TIMEOUT_S, node) if src == node.process else node.recv(src, tag, TIMEOUT_S)
+
+
+class JobStopped(Exception):
+  """Raised by a command that found why the job must stop (e.g. a non-finite update): its channel ends
+  and process 0 stops the job with this message."""
+
+
+def send_tree(node: Node, mailbox: Mailbox, dst: int, tag: str, tree: Any) -> None:
+  """Sends any tree of plain values and arrays (a checkpoint's part) to process ``dst`` under ``tag``."""
+  skeleton, arrays = checkpoint.split(tree)
+  leaves = [np.frombuffer(skeleton, np.uint8)] + [arrays[str(i)] for i in range(len(arrays))]
+  deliver(node, mailbox, dst, tag, [jax.device_put(x, node.device) for x in leaves])
+
+
+def receive_tree(node: Node, mailbox: Mailbox, src: int, tag: str) -> Any:
+  """The tree process ``src`` sent with :func:`send_tree` (its arrays as numpy)."""
+  skeleton, *arrays = collect(node, mailbox, src, tag)
+  return checkpoint.join(np.asarray(skeleton).tobytes(), {str(i): np.asarray(a) for i, a in enumerate(arrays)})
+
+
+def unflatten_units(treedefs: Sequence[Any], leaves: Sequence[Any]) -> list[Any]:
+  """Splits the leaves of several units, flattened one after another, back into one tree per unit."""
+  out, leaves = [], list(leaves)
+  for treedef in treedefs:
+    out.append(jax.tree.unflatten(treedef, leaves[:treedef.num_leaves]))
+    leaves = leaves[treedef.num_leaves:]
+  return out
 
 
 def command_loop(node: Node, channel: str, handle, what: str) -> None:
   """Executes the commands of ``channel`` (``cmd/<channel>/<seq>``) in order with ``handle(cmd) -> reply``
-  until a stop command, reporting under ``done/<channel>/<seq>`` the commands that ask for a report; any
-  failure ends this process at once (the others follow)."""
-  seq = 0
+  until a stop command, reporting under ``done/<channel>/<seq>`` the commands that ask for a report.
+
+  A command that waited for a process that is gone (:class:`PeerGone`, outside a task) or found why the
+  job must stop (:class:`JobStopped`) leaves this channel unable to go on: it tells process 0 why (which
+  stops the job in one line) and ends the channel. Any other failure ends this process at once (the
+  others follow, or go on without it)."""
+  seq, cmd = 0, {}
   try:
     while True:
       cmd = json.loads(node.get(f"cmd/{channel}/{seq}", IDLE_S))
@@ -105,6 +151,12 @@ def command_loop(node: Node, channel: str, handle, what: str) -> None:
       if cmd.get("report", True):
         node.put(f"done/{channel}/{seq}", json.dumps(reply))
       seq += 1
+  except JobStopped as e:
+    node.publish_fatal(str(e))
+  except PeerGone as e:
+    node.publish_fatal(f"{e}, so {what} (process {node.process}) could not finish its {cmd.get('op')} command "
+                       f"{json.dumps(cmd)}: the job cannot go on consistently; resume from the newest checkpoint "
+                       "(--resume)")
   except BaseException as e:  # pylint: disable=broad-except
     node.abort(f"{what}: {type(e).__name__}: {e}")
 
@@ -146,20 +198,38 @@ def wait(pending: Pending) -> dict:
 
   Raises:
     ProtocolError: naming the process, when no report comes within the timeout (it hung or is gone).
+    TaskFailed: when the command raised in its process, or its process is gone (a task: its virtual
+      worker fails).
+    RunStopped: when the job cannot go on (:attr:`Node.fatal`: e.g. a process gone with PS shards).
   """
   channel = pending.channel
-  try:
-    report = json.loads(channel.node.get(pending.key, TIMEOUT_S))
-  except TimeoutError:
-    raise ProtocolError(f"no report from process {channel.process} ({channel.what}, {pending.key!r}) within "
-                        f"{TIMEOUT_S:g} s: that process hung or is gone") from None
+  node = channel.node
+  deadline = time.monotonic() + TIMEOUT_S
+  while True:
+    if node.fatal:
+      raise RunStopped(node.fatal)
+    if channel.process in node.dead:
+      raise TaskFailed(f"{channel.what}: process {channel.process} is gone", final=True)
+    try:
+      report = json.loads(node.get(pending.key, POLL_S if node.recoverable else TIMEOUT_S))
+      break
+    except TimeoutError:
+      if time.monotonic() >= deadline:
+        raise ProtocolError(f"no report from process {channel.process} ({channel.what}, {pending.key!r}) "
+                            f"within {TIMEOUT_S:g} s: that process hung or is gone") from None
   if pending.then is not None:
     pending.then(report)
+  if "error" in report:
+    raise TaskFailed(f"{channel.what} (process {channel.process}): {report['error']}", report.get("final", False))
   return report
 
 
 class StageWorker:
   """Executes the commands of one stage of one virtual worker in this process, in order.
+
+  A forward or backward that raises reports the error (its virtual worker then fails and leaves; this
+  process goes on); any other failure ends the process. Activation and gradient tags carry the virtual
+  worker's generation (bumped when it fails), so a replacement never takes a tensor of the failed one.
 
   Args:
     node: this process's node.
@@ -167,6 +237,7 @@ class StageWorker:
     stage_obj: the stage (on a local device).
     nm: the virtual worker's Nm.
     owners: (virtual worker, stage) -> process, for every stage of the job.
+    shard_owners: the process of every unit's PS shard.
     streams: the minibatch source (every process draws the same minibatches from the same seed).
     mailbox: tensors between this process's stages.
   """
@@ -177,9 +248,15 @@ class StageWorker:
     self.node, self.vw, self.j, self.stage, self.nm = node, vw, stage, stage_obj, nm
     self._owners, self._shards, self._streams, self._mailbox = owners, shard_owners, streams, mailbox
     self._treedefs = [jax.tree.structure(p) for p in stage_obj.params]  # one per unit
-    handlers = {FWD: lambda c: self._timed(self._forward, c["mb"]),
-                "bwd": lambda c: self._timed(self._backward, c["mb"]),
-                "take": lambda c: self._take(c["wave"]), "rebase": lambda c: self._rebase(c["n"], c["expect"])}
+    self._gen = 0  # the virtual worker's generation: bumped when it fails
+    self._held: dict[tuple[str, int], Any] = {}  # (kind, mb) -> an input taken for a checkpoint, not used yet
+    handlers = {FWD: lambda c: self._task(self._forward, c["mb"]),
+                "bwd": lambda c: self._task(self._backward, c["mb"]),
+                "take": lambda c: self._take(c["wave"], c["check"]),
+                "rebase": lambda c: self._rebase(c["n"], c["expect"]),
+                "drop": lambda c: self._drop(), "restart": lambda c: self._restart(c["n"]),
+                "snapshot": self._snapshot, "restore": lambda c: self._restore(c["n"]),
+                "die": lambda c: os.kill(os.getpid(), signal.SIGKILL)}  # an injected crash
     self.thread = threading.Thread(
         target=command_loop, args=(node, f"{vw}.{stage}", lambda c: handlers[c["op"]](c), f"VW {vw} stage {stage}"),
         name=f"vw{vw}-stage{stage}", daemon=True)
@@ -191,19 +268,31 @@ class StageWorker:
       out.setdefault(self._shards[unit], []).append(unit)
     return out
 
+  def _tag(self, kind: str, stage: int, mb: int) -> str:
+    return f"{kind}{self.vw}g{self._gen}.{stage}.{mb}"
+
   def _send(self, stage: int, kind: str, mb: int, x: Any) -> None:
     """Sends activation (kind "a") or gradient ("g") of ``mb`` to ``stage`` of this virtual worker."""
-    deliver(self.node, self._mailbox, self._owners[(self.vw, stage)], f"{kind}{self.vw}.{stage}.{mb}", [x])
+    deliver(self.node, self._mailbox, self._owners[(self.vw, stage)], self._tag(kind, stage, mb), [x])
 
   def _receive(self, stage: int, kind: str, mb: int) -> Any:
-    (x,) = collect(self.node, self._mailbox, self._owners[(self.vw, stage)], f"{kind}{self.vw}.{self.j}.{mb}")
+    if (kind, mb) in self._held:  # taken for a checkpoint
+      return jax.device_put(self._held.pop((kind, mb)), self.stage.device)
+    (x,) = collect(self.node, self._mailbox, self._owners[(self.vw, stage)], self._tag(kind, self.j, mb))
     return jax.device_put(x, self.stage.device)
 
-  @staticmethod
-  def _timed(task, mb: int) -> dict:
-    """Runs a task and adds to its report how long it took on this process's clock (``busy``, seconds)."""
+  def _task(self, task, mb: int) -> dict:
+    """Runs a task; its report says how long it took on this process's clock (``busy``, seconds), or
+    the error it raised."""
     t = time.perf_counter()
-    report = task(mb)
+    try:
+      report = task(mb)
+    except ProtocolError:
+      raise  # a bug: the job ends
+    except PeerGone as e:  # another stage's process is gone: so is this virtual worker, for good
+      return {"error": str(e), "final": True}
+    except Exception as e:  # pylint: disable=broad-except  # the virtual worker fails, the others go on
+      return {"error": f"{type(e).__name__}: {e}"}
     report["busy"] = time.perf_counter() - t
     return report
 
@@ -229,33 +318,65 @@ class StageWorker:
     jax.block_until_ready(self.stage.params)
     return {}
 
-  def _take(self, wave: int) -> dict:
-    """Closes ``wave``: sends each unit's summed update to the process that owns its shard."""
+  def _take(self, wave: int, check: bool) -> dict:
+    """Closes ``wave``: sends each unit's summed update to the process that owns its shard; with
+    ``check``, reports the units whose update is not finite."""
     update = self.stage.take_wave(wave)
     for owner, units in self._by_owner().items():
       leaves = jax.tree.leaves(tuple(update[u - self.stage.first] for u in units))
       deliver(self.node, self._mailbox, owner, f"u{self.vw}.{self.j}.{wave}", leaves)
-    return {}
+    return {"nonfinite": [self.stage.first + u for u in nonfinite_units(update)] if check else []}
+
+  def _pull(self, n: int) -> tuple[Any, ...]:
+    """Pull ``n``: the global weights of this stage's units, from their owners."""
+    params: dict[int, Any] = {}
+    for owner, units in self._by_owner().items():
+      leaves = collect(self.node, self._mailbox, owner, f"p{self.vw}.{self.j}.{n}")
+      params.update(zip(units, unflatten_units([self._treedefs[u - self.stage.first] for u in units], leaves)))
+    return tuple(params[u] for u in sorted(params))
 
   def _rebase(self, n: int, expect: int) -> dict:
-    """Pull: the global weights of this stage's units from their owners, plus the open accumulators (the
-    ``expect`` local updates the engine counted: anything else is a lost or extra update).
+    """Pull ``n`` plus the open accumulators (the ``expect`` local updates the engine counted: anything
+    else is a lost or extra update).
 
     Raises:
       ProtocolError: when the stage added back another number of updates than the engine counted.
     """
-    params: dict[int, Any] = {}
-    for owner, units in self._by_owner().items():
-      leaves = collect(self.node, self._mailbox, owner, f"p{self.vw}.{self.j}.{n}")
-      for u in units:  # in unit order, as the owner flattened them
-        treedef = self._treedefs[u - self.stage.first]
-        params[u] = jax.tree.unflatten(treedef, leaves[:treedef.num_leaves])
-        leaves = leaves[treedef.num_leaves:]
-    added = self.stage.rebase(tuple(params[u] for u in sorted(params)))
+    added = self.stage.rebase(self._pull(n))
     if added != expect:
       raise ProtocolError(f"VW {self.vw} stage {self.j} added back {added} local updates at pull {n}; the "
                           f"engine counted {expect}")
     return {"added": added}
+
+  def _drop(self) -> dict:
+    """The virtual worker failed: what its forwards kept, its open accumulators and inputs are gone."""
+    self.stage.drop()
+    self._held.clear()
+    self._gen += 1
+    return {}
+
+  def _restart(self, n: int) -> dict:
+    """A replacement: pull ``n``'s global weights and a fresh local optimizer."""
+    self.stage.restart(self._pull(n))
+    return {}
+
+  def _snapshot(self, cmd: dict) -> dict:
+    """For a checkpoint (every task drained): takes the inputs sent to this stage but not used yet
+    (``inbound``: [kind, mb] pairs), then sends the stage's state to process 0."""
+    for kind, mb in cmd["inbound"]:
+      src = self.j - 1 if kind == "a" else self.j + 1
+      (x,) = collect(self.node, self._mailbox, self._owners[(self.vw, src)], self._tag(kind, self.j, mb))
+      self._held[(kind, mb)] = x
+    send_tree(self.node, self._mailbox, 0, f"s{self.vw}.{self.j}.{cmd['n']}",
+              {"stage": self.stage.checkpoint_state(), "held": dict(self._held), "gen": self._gen})
+    return {}
+
+  def _restore(self, n: int) -> dict:
+    """A resumed run: the state process 0 sends (what :meth:`_snapshot` sent)."""
+    state = receive_tree(self.node, self._mailbox, 0, f"r{self.vw}.{self.j}.{n}")
+    self.stage.restore_checkpoint_state(state["stage"])
+    self._held, self._gen = dict(state["held"]), state["gen"]
+    return {}
 
 
 class ShardWorker:
@@ -266,7 +387,9 @@ class ShardWorker:
     node: this process's node.
     units: the units whose shards live here.
     params: their initial global weights.
-    layout_owners: (virtual worker, stage) -> process; ``cuts``: each virtual worker's unit boundaries.
+    num_vws, d, tx: as for :class:`~hetpipe_jax.runtime.ps.ParameterServer`.
+    owners: (virtual worker, stage) -> process; ``cuts``: each virtual worker's unit boundaries.
+    mailbox: tensors between this process's threads.
   """
 
   def __init__(self, node: Node, units: Sequence[int], params: Sequence[Any], num_vws: int, d: int,
@@ -275,10 +398,19 @@ class ShardWorker:
     self.ps = ParameterServer(params, num_vws, d, tx)  # the same apply rule as in one process
     self.ps.warm_up()
     self._treedefs = [jax.tree.structure(p) for p in params]
-    handlers = {"apply": self._apply, "serve": self._serve, "gather": self._gather}
-    self.thread = threading.Thread(target=command_loop, daemon=True, name=f"ps{node.process}",
-                                   args=(node, f"ps{node.process}", lambda c: handlers[c["op"]](c),
-                                         f"PS shards of process {node.process}"))
+    me = node.process
+    handlers = {"apply": self._apply, "serve": self._serve, "gather": self._gather, "sync": lambda c: None,
+                "leave": lambda c: self.ps.leave(c["vw"]), "join": lambda c: self.ps.join(c["vw"]),
+                "snapshot": lambda c: send_tree(node, mailbox, 0, f"S{me}.{c['n']}", self.ps.checkpoint_state()),
+                "restore": lambda c: self.ps.restore_checkpoint_state(
+                    receive_tree(node, mailbox, 0, f"R{me}.{c['n']}"))}
+
+    def handle(cmd: dict) -> dict:
+      handlers[cmd["op"]](cmd)
+      return {}
+
+    self.thread = threading.Thread(target=command_loop, daemon=True, name=f"ps{me}",
+                                   args=(node, f"ps{me}", handle, f"PS shards of process {me}"))
 
   def _stage_units(self, vw: int) -> list[tuple[int, list[int]]]:
     """(stage, its units that live here) for every stage of ``vw`` that holds any."""
@@ -289,29 +421,33 @@ class ShardWorker:
         out.append((j, units))
     return out
 
-  def _apply(self, cmd: dict) -> dict:
+  def _apply(self, cmd: dict) -> None:
+    """Applies wave ``cmd["wave"]`` of VW ``cmd["vw"]``, received from its stages; with ``drop`` (a unit
+    of the wave, maybe elsewhere, was not finite) only counts it."""
     vw, wave = cmd["vw"], cmd["wave"]
     updates = {}
     for j, units in self._stage_units(vw):
       leaves = collect(self.node, self._mailbox, self._owners[(vw, j)], f"u{vw}.{j}.{wave}")
-      for u in units:
-        treedef = self._treedefs[self.units.index(u)]
-        updates[self.units.index(u)] = jax.tree.unflatten(treedef, leaves[:treedef.num_leaves])
-        leaves = leaves[treedef.num_leaves:]
-    self.ps.push(vw, wave, updates)
-    return {}
+      local = [self.units.index(u) for u in units]
+      updates.update(zip(local, unflatten_units([self._treedefs[i] for i in local], leaves)))
+    if cmd.get("drop"):
+      self.ps.skip(vw, wave, cmd["drop"])
+      return
+    try:
+      self.ps.push(vw, wave, updates)
+    except NonFiniteUpdate as e:  # refused (on_nonfinite="stop"): process 0 stops the job, naming it
+      units = [self.units[i] for i in e.units]
+      raise JobStopped(str(NonFiniteUpdate(vw, wave, units, e.clock).with_stages(self._cuts[vw]))) from None
 
-  def _serve(self, cmd: dict) -> dict:
+  def _serve(self, cmd: dict) -> None:
     vw, j, n = cmd["vw"], cmd["stage"], cmd["n"]
     units = dict(self._stage_units(vw))[j]
     params = self.ps.params  # a copy: the next apply donates the server's own buffers, maybe before the pull
     leaves = jax.tree.leaves(tuple(params[self.units.index(u)] for u in units))
     deliver(self.node, self._mailbox, self._owners[(vw, j)], f"p{vw}.{j}.{n}", leaves)
-    return {}
 
-  def _gather(self, cmd: dict) -> dict:
+  def _gather(self, cmd: dict) -> None:
     deliver(self.node, self._mailbox, 0, f"w{self.node.process}.{cmd['n']}", jax.tree.leaves(self.ps.params))
-    return {}
 
 
 class ShardedServer:
@@ -320,7 +456,8 @@ class ShardedServer:
   A push ticks the clock and posts an apply to every owner (each receives its units' summed updates
   straight from the stages) at once, without waiting: an owner executes its commands in the order posted,
   so a pull's serve, posted later, sees exactly the waves its snapshot's clock counts, however long the
-  applies take. A command that fails ends its process, and with it the job.
+  applies take. Leaving and joining are posted the same way. A command that fails ends its process, and
+  with it the job.
 
   Args:
     node: process 0's node.
@@ -329,6 +466,11 @@ class ShardedServer:
     channels: process -> its PS command channel (shared with :class:`RemoteNumerics`).
     mailbox: process 0's mailbox.
     unit_treedefs: the parameter tree structure of every unit.
+
+  A non-finite update: with ``on_nonfinite="stop"`` the owner that receives it ends the job (naming it);
+  with "skip" the stages report the units whose update is not finite (:class:`RemoteNumerics`) and the
+  push of such a wave is posted to every owner as a drop (the clock ticks, no weight changes), recorded
+  in ``dropped``.
   """
 
   def __init__(self, node: Node, num_vws: int, d: int, shard_owners: Sequence[int], channels: dict[int, Channel],
@@ -336,18 +478,26 @@ class ShardedServer:
     self.node, self.d, self.num_shards = node, d, len(shard_owners)
     self._owners, self._channels, self._mailbox, self._treedefs = list(shard_owners), channels, mailbox, unit_treedefs
     self._clock = wsp.init(num_vws)
-    self._gathers = 0
-    self.dropped: dict[tuple[int, int], list[int]] = {}  # owners stop the job on a non-finite update
+    self._gathers = 0  # tags of gathers and snapshots
+    self.dropped: dict[tuple[int, int], list[int]] = {}
 
   @property
   def clock(self) -> wsp.ClockState:
     return self._clock
 
-  def push(self, vw: int, wave: int, updates: Mapping[int, Any]) -> wsp.ClockState:
-    del updates  # they travel from the stages to the owners
-    clock = wsp.push(self._clock, vw, wave)  # raises before anything is applied
+  def _post_all(self, **cmd) -> None:
     for channel in self._channels.values():
-      channel.post(op="apply", vw=vw, wave=wave, report=False)
+      channel.post(**cmd, report=False)
+
+  def push(self, vw: int, wave: int, updates: Mapping[int, Any]) -> wsp.ClockState:
+    """Counts the wave and posts its apply. ``updates`` holds only the units whose update is not finite
+    (the updates themselves travel from the stages to the owners): with any, the wave is dropped
+    (``on_nonfinite="skip"``: :class:`RemoteNumerics` then reports them)."""
+    clock = wsp.push(self._clock, vw, wave)  # raises before anything is applied
+    bad = sorted(updates)
+    if bad:
+      self.dropped[(vw, wave)] = bad
+    self._post_all(op="apply", vw=vw, wave=wave, drop=bad)
     self._clock = clock
     return clock
 
@@ -357,26 +507,50 @@ class ShardedServer:
     return Snapshot(None, self._clock.c_local)
 
   def leave(self, vw: int) -> wsp.ClockState:
-    raise ProtocolError(f"VW {vw} cannot leave a multiprocess run in this version (membership is "
-                        "single-process)")
+    self._clock = wsp.leave(self._clock, vw)
+    self._post_all(op="leave", vw=vw)
+    return self._clock
 
   def join(self, vw: int) -> wsp.ClockState:
-    raise ProtocolError(f"VW {vw} cannot join a multiprocess run in this version")
+    self._clock = wsp.join(self._clock, vw)
+    self._post_all(op="join", vw=vw)
+    return self._clock
+
+  def _next_tag(self) -> int:
+    n = self._gathers
+    self._gathers += 1
+    return n
 
   @property
   def params(self) -> tuple[Any, ...]:
     """Every unit's global weights, gathered into process 0 (for evaluation), after every push so far."""
-    n = self._gathers
-    self._gathers += 1
+    n = self._next_tag()
     keys = {p: channel.post(op="gather", n=n) for p, channel in self._channels.items()}
     params: list[Any] = [None] * self.num_shards
     for p, key in keys.items():
       leaves = collect(self.node, self._mailbox, p, f"w{p}.{n}")
       wait(key)
-      for u in (u for u, owner in enumerate(self._owners) if owner == p):
-        params[u] = jax.tree.unflatten(self._treedefs[u], leaves[:self._treedefs[u].num_leaves])
-        leaves = leaves[self._treedefs[u].num_leaves:]
+      units = [u for u, owner in enumerate(self._owners) if owner == p]
+      for u, tree in zip(units, unflatten_units([self._treedefs[u] for u in units], leaves)):
+        params[u] = tree
     return tuple(params)
+
+  def checkpoint_state(self) -> dict[str, Any]:
+    """The clocks here and every owner's shards (weights, optax state, its clocks), for a checkpoint taken
+    with nothing running: each owner snapshots after every command posted before."""
+    n = self._next_tag()
+    for channel in self._channels.values():
+      channel.post(op="snapshot", n=n, report=False)
+    shards = {p: receive_tree(self.node, self._mailbox, p, f"S{p}.{n}") for p in self._channels}
+    return {"clock": self._clock, "dropped": dict(self.dropped), "shards": shards}
+
+  def restore_checkpoint_state(self, state: dict[str, Any]) -> None:
+    """Puts back what :meth:`checkpoint_state` returned (each owner restores before any later command)."""
+    self._clock, self.dropped = state["clock"], dict(state["dropped"])
+    n = self._next_tag()
+    for p, channel in self._channels.items():
+      channel.post(op="restore", n=n, report=False)
+      send_tree(self.node, self._mailbox, p, f"R{p}.{n}", state["shards"][p])
 
 
 class RemoteNumerics:
@@ -390,18 +564,24 @@ class RemoteNumerics:
     owners: (virtual worker, stage) -> the process that runs it.
     shard_owners: the process of every unit's shard.
     channels: process -> its PS command channel (shared with :class:`ShardedServer`).
+    mailbox: process 0's mailbox.
+    check_finite: the stages report the units whose wave update is not finite (for
+      ``on_nonfinite="skip"``: then closing a wave waits for their reports).
   """
 
   def __init__(self, node: Node, vw: int, cuts: Sequence[int], nm: int, owners: dict[tuple[int, int], int],
-               shard_owners: Sequence[int], channels: dict[int, Channel]):
-    self.node, self.vw, self.cuts, self.nm = node, vw, list(cuts), nm
+               shard_owners: Sequence[int], channels: dict[int, Channel], mailbox: Mailbox,
+               check_finite: bool = False):
+    self.node, self.vw, self.cuts, self.nm, self._check = node, vw, list(cuts), nm, check_finite
     self.k = len(cuts) - 1
     self._stages = [Channel(node, f"{vw}.{j}", owners[(vw, j)], f"VW {vw} stage {j}") for j in range(self.k)]
-    self._shard_owners, self._ps = list(shard_owners), channels
-    self._rebases = 0
+    self._shard_owners, self._ps, self._mailbox = list(shard_owners), channels, mailbox
+    self._pulls = 0  # tags of pulls, restarts and snapshots
     self._losses: dict[int, np.float32] = {}  # minibatch -> its loss, from the last stage's forward report
     self._owners = owners
-    self.records: dict[tuple[str, int, int], dict] = {}  # (kind, stage, mb) -> what its process recorded
+    self.generation = 0  # bumped when the virtual worker fails (its stages bump theirs in the same order)
+    self._inbound: set[tuple[int, str, int]] = set()  # (stage, kind, mb): sent to that stage, not used yet
+    self.records: dict[tuple[int, str, int, int], dict] = {}  # (generation, kind, stage, mb) -> its record
 
   @property
   def stages(self) -> Sequence[Any]:
@@ -411,23 +591,38 @@ class RemoteNumerics:
     del mb, x, labels  # stage 0's process draws minibatch mb itself (same seed, same streams)
 
   def run(self, task: Task) -> Pending:
-    pending = self._stages[task.stage].post(op=task.kind, mb=task.mb)
-    pending.then = lambda report: self._reported(task, report)
+    j, gen = task.stage, self.generation
+    self._inbound.discard((j, "a" if task.kind == FWD else "g", task.mb))
+    pending = self._stages[j].post(op=task.kind, mb=task.mb)
+    pending.then = lambda report: self._reported(task, report, gen)
     return pending
 
-  def _reported(self, task: Task, report: dict) -> None:
+  def _reported(self, task: Task, report: dict, gen: int) -> None:
+    if "error" in report or gen != self.generation:
+      return  # failed (wait raises), or a failed generation's task: unrecorded
     if "loss" in report:
       self._losses[task.mb] = np.float32(report["loss"])
-    self.records[(task.kind, task.stage, task.mb)] = {"process": self._owners[(self.vw, task.stage)],
-                                                      "busy": report["busy"]}
+    j = task.stage
+    if task.kind == FWD and j + 1 < self.k:
+      self._inbound.add((j + 1, "a", task.mb))
+    elif task.kind == "bwd" and j > 0:
+      self._inbound.add((j - 1, "g", task.mb))
+    self.records[(gen, task.kind, j, task.mb)] = {"process": self._owners[(self.vw, j)], "busy": report["busy"]}
 
   def take_wave(self, wave: int) -> tuple[dict[int, Any], list[Any]]:
-    """Closes ``wave`` in every stage (their updates go to the shard owners, unreported: see
-    :class:`ShardedServer`); returns its losses (every forward of the wave has been reported)."""
-    for channel in self._stages:
-      channel.post(op="take", wave=wave, report=False)
+    """Closes ``wave`` in every stage (their updates go to the shard owners, see :class:`ShardedServer`);
+    returns the units whose update is not finite (only with ``check_finite``: it waits for the stages'
+    reports) and the wave's losses (every forward of the wave has been reported)."""
+    posted = [channel.post(op="take", wave=wave, check=self._check, report=self._check) for channel in self._stages]
+    bad = sorted(u for pending in posted for u in wait(pending)["nonfinite"]) if self._check else []
     first = wave * self.nm + 1
-    return {}, [self._losses.pop(mb) for mb in range(first, first + self.nm)]
+    return dict.fromkeys(bad), [self._losses.pop(mb) for mb in range(first, first + self.nm)]
+
+  def _serve(self, n: int) -> None:
+    """Has the owners send every stage its units' global weights as pull ``n``."""
+    for j in range(self.k):
+      for owner in sorted({self._shard_owners[u] for u in range(self.cuts[j], self.cuts[j + 1])}):
+        self._ps[owner].post(op="serve", vw=self.vw, stage=j, n=n, report=False)
 
   def rebase(self, params: Sequence[Any] | None, open_updates: Sequence[int]) -> list[int]:
     """Every stage <- its units' global weights, served by their owners, + its open accumulators.
@@ -438,19 +633,67 @@ class RemoteNumerics:
     Each stage checks that it added back the ``open_updates`` the engine counted (else the job stops).
     """
     del params  # the owners serve the weights
-    n = self._rebases
-    self._rebases += 1
+    n = self._pulls
+    self._pulls += 1
+    self._serve(n)
     for j in range(self.k):
-      for owner in sorted({self._shard_owners[u] for u in range(self.cuts[j], self.cuts[j + 1])}):
-        self._ps[owner].post(op="serve", vw=self.vw, stage=j, n=n, report=False)
       self._stages[j].post(op="rebase", n=n, expect=open_updates[j], report=False)
     return list(open_updates)
 
   def drop(self) -> None:
-    raise ProtocolError(f"VW {self.vw} cannot fail over in a multiprocess run in this version")
+    """The virtual worker failed: each stage, after the tasks it was running, forgets what it held."""
+    self.generation += 1
+    self._losses.clear()
+    self._inbound.clear()
+    for channel in self._stages:
+      channel.post(op="drop", report=False)
 
   def rejoin(self, params: Sequence[Any] | None) -> None:
-    raise ProtocolError(f"VW {self.vw} cannot rejoin a multiprocess run in this version")
+    """A replacement: every stage <- its units' global weights (served by the owners), a fresh optimizer."""
+    del params  # the owners serve the weights
+    n = self._pulls
+    self._pulls += 1
+    self._serve(n)
+    for channel in self._stages:
+      channel.post(op="restart", n=n, report=False)
+
+  def crash(self) -> bool:
+    """An injected fault kills the processes that run this virtual worker (SIGKILL), when they run no
+    other virtual worker and no PS shard and are not process 0 (else: False, it fails in software). First
+    every push posted so far is applied (no update in flight dies with them); then the processes stop
+    beating, process 0's watch declares them gone, and the next task posted there fails."""
+    mine = {channel.process for channel in self._stages}
+    others = {p for (vw, _), p in self._owners.items() if vw != self.vw} | set(self._shard_owners) | {0}
+    if mine & others:
+      return False
+    for pending in [channel.post(op="sync") for channel in self._ps.values()]:
+      wait(pending)
+    for channel in self._stages:
+      channel.post(op="die", report=False)
+    return True
+
+  def checkpoint_state(self) -> dict[str, Any]:
+    """Every stage's state and the tensors between stages (each stage takes those sent to it), with the
+    controller's own books, for a checkpoint taken with nothing running."""
+    n = self._pulls
+    self._pulls += 1
+    for j, channel in enumerate(self._stages):
+      inbound = sorted([kind, mb] for stage, kind, mb in self._inbound if stage == j)
+      channel.post(op="snapshot", n=n, inbound=inbound, report=False)
+    stages = [receive_tree(self.node, self._mailbox, channel.process, f"s{self.vw}.{j}.{n}")
+              for j, channel in enumerate(self._stages)]
+    self._inbound.clear()  # the stages hold them now
+    return {"stages": stages, "losses": dict(self._losses), "generation": self.generation,
+            "records": dict(self.records)}
+
+  def restore_checkpoint_state(self, state: dict[str, Any]) -> None:
+    """Puts back what :meth:`checkpoint_state` returned (each stage restores before any later command)."""
+    self._losses, self.generation, self.records = dict(state["losses"]), state["generation"], dict(state["records"])
+    n = self._pulls
+    self._pulls += 1
+    for j, channel in enumerate(self._stages):
+      channel.post(op="restore", n=n, report=False)
+      send_tree(self.node, self._mailbox, channel.process, f"r{self.vw}.{j}.{n}", state["stages"][j])
 
   def stop(self) -> None:
     for channel in self._stages:
@@ -459,10 +702,13 @@ class RemoteNumerics:
 
 def merge_records(events: list[dict[str, Any]], numerics: Sequence[RemoteNumerics]) -> list[dict[str, Any]]:
   """The job's one trace: the engine's events in their causal order, each task event joined by identity
-  (virtual worker, stage, minibatch, kind) with what the process that ran it recorded: ``process`` and
-  ``busy`` (seconds it worked on the task, on that process's own clock). Changes ``events`` in place."""
+  (virtual worker, generation, stage, minibatch, kind) with what the process that ran it recorded:
+  ``process`` and ``busy`` (seconds it worked on the task, on that process's own clock). A virtual
+  worker's generation is how many times it left before the event. Changes ``events`` in place."""
+  generation = [0] * len(numerics)
   for event in events:
-    if event["ev"] in (FWD, "bwd"):
-      event.update(numerics[event["vw"]].records[(event["ev"], event["stage"], event["mb"])])
+    if event["ev"] == "leave":
+      generation[event["vw"]] += 1
+    elif event["ev"] in (FWD, "bwd"):
+      event.update(numerics[event["vw"]].records[(generation[event["vw"]], event["ev"], event["stage"], event["mb"])])
   return events
-

@@ -37,6 +37,14 @@ def _all_finite(tree: Any) -> jax.Array:
   return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)] or [jnp.bool_(True)]))
 
 
+_finite_shards = jax.jit(lambda shards: jnp.stack([_all_finite(shard) for shard in shards]))
+
+
+def nonfinite_units(shards: Sequence[Any]) -> list[int]:
+  """The indices of the entries of ``shards`` (one update per unit) that hold NaN or Inf."""
+  return [int(u) for u in np.flatnonzero(~np.asarray(_finite_shards(tuple(shards))))]
+
+
 class ServerState(NamedTuple):
   """The global weights (one entry per shard), the apply rule's optax state, and the WSP clocks."""
 
@@ -80,7 +88,6 @@ class ParameterServer:
     self._state = ServerState(params, jax.device_put(self._tx.init(params), self.device), wsp.init(num_vws))
     self._cond = threading.Condition()
     self._apply = jax.jit(self._apply_fn, donate_argnums=(0, 1))  # in place: see the module docstring
-    self._finite = jax.jit(lambda shards: jnp.stack([_all_finite(shard) for shard in shards]))
 
   def _apply_fn(self, params, opt_state, updates):
     updates, opt_state = self._tx.update(updates, opt_state, params)
@@ -138,17 +145,25 @@ class ParameterServer:
       raise ProtocolError(f"VW {vw} pushed wave {wave} for shards {sorted(updates)}; a push must cover all "
                           f"{self.num_shards} shards exactly once")
     full = jax.device_put(tuple(updates[u] for u in range(self.num_shards)), self.device)
-    bad = [int(u) for u in np.flatnonzero(~np.asarray(self._finite(full)))]
+    bad = nonfinite_units(full)
+    if bad and self.on_nonfinite == "skip":
+      return self.skip(vw, wave, bad)
     with self._cond:
       clock = wsp.push(self._state.clock, vw, wave)
-      if bad and self.on_nonfinite == "stop":
+      if bad:
         raise NonFiniteUpdate(vw, wave, bad, wsp.c_global(self._state.clock))
-      if bad:  # skip: the wave counts (the clock ticks), its update is dropped
-        self.dropped[(vw, wave)] = bad
-        params, opt_state = self._state.params, self._state.opt_state
-      else:
-        params, opt_state = self._apply(self._state.params, self._state.opt_state, full)
+      params, opt_state = self._apply(self._state.params, self._state.opt_state, full)
       self._state = ServerState(params, opt_state, clock)
+      self._cond.notify_all()
+      return clock
+
+  def skip(self, vw: int, wave: int, units: list[int]) -> wsp.ClockState:
+    """VW ``vw``'s wave ``wave`` counts (its clock ticks) but its update is dropped, because ``units``
+    were not finite (``dropped[(vw, wave)]`` says so); returns the clock state after it."""
+    with self._cond:
+      clock = wsp.push(self._state.clock, vw, wave)
+      self.dropped[(vw, wave)] = units
+      self._state = self._state._replace(clock=clock)
       self._cond.notify_all()
       return clock
 
