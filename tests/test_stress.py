@@ -30,13 +30,13 @@ def test_eight_virtual_workers_on_threads_for_a_thousand_waves(d):
 
 
 @pytest.mark.slow
-def test_two_processes_for_hundreds_of_waves(tmp_path):
+def test_two_processes_for_a_thousand_waves_each(tmp_path):
   proc = subprocess.run([sys.executable, "-m", "experiments.train", "--executor=multiprocess",
                          f"--cluster={os.path.join(ROOT, 'tests', 'data', 'two_nodes.toml')}", "--model=mlp",
-                         "--dataset=synthetic", "--num_vws=2", "--stages=1", "--nm=2", "--d=0", "--waves=400",
-                         "--eval_every=400", f"--out_dir={tmp_path}"],
+                         "--dataset=synthetic", "--num_vws=2", "--stages=1", "--nm=2", "--d=0", "--waves=1000",
+                         "--eval_every=1000", f"--out_dir={tmp_path}"],
                         capture_output=True, text=True, timeout=600, env=child_environment(), cwd=ROOT)
   assert proc.returncode == 0, proc.stderr[-3000:]
   events = read_trace(str(tmp_path / "trace.jsonl"))
   assert_trace_ok(events)
-  assert sum(e["ev"] == "push" for e in events) == 2 * 400
+  assert sum(e["ev"] == "push" for e in events) == 2 * 1000
