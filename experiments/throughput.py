@@ -8,7 +8,9 @@ batch 32, momentum SGD, weight stashing. For each model:
                Horovod-style baseline on the GPUs that hold the whole model;
   (c) whimpy:  HetPipe (ED, local) on the 12 non-whimpy GPUs vs. all 16, and Horovod.
 
-Writes throughput.json (rows {"model", "study", "config", "gpus", "nm", "d", "images_per_sec"}), a CSV and
+Writes throughput.json (rows {"model", "study", "config", "gpus", "nm", "d", "images_per_sec",
+"ideal_images_per_sec", "efficiency"}: the ideal heterogeneous aggregate of the row's GPUs, and images/s
+over it), a CSV and
 PNG charts to --out_dir, prints a table with the ratios to Horovod, and the paths::
 
   python -m experiments.throughput
@@ -57,10 +59,13 @@ def study(model_name: str, cluster) -> list[dict]:
 
   slots = optimizer_slots(FLAGS.optimizer)
   profiles = full_size_profiles(model_name, FLAGS.batch_size)
+  from hetpipe_jax.plan.costmodel import ideal_images_per_sec
+
   rows = []
-  row = lambda study_name, config, gpus, nm, d, ips: rows.append(
+  ideal = lambda gpus: ideal_images_per_sec(cluster, profiles, FLAGS.batch_size, gpus)
+  row = lambda study_name, config, gpus, nm, d, ips, best: rows.append(
       {"model": model_name, "study": study_name, "config": config, "gpus": gpus, "nm": nm, "d": d,
-       "images_per_sec": ips})
+       "images_per_sec": ips, "ideal_images_per_sec": best, "efficiency": ips / best})
 
   # (a) one virtual worker, Nm = 1 .. nm_max
   ed, hd, nodes = allocate(cluster, "ED")[0], allocate(cluster, "HD")[0], allocate(cluster, "NP")
@@ -72,18 +77,18 @@ def study(model_name: str, cluster) -> list[dict]:
         plan = partition(cluster, profiles, gpus, nm, optimizer_slots=slots)
       except ConfigError:
         break  # memory grows with Nm
-      row("nm", label, len(gpus), nm, 0, simulated_images_per_sec(cluster, profiles, [plan]))
+      row("nm", label, len(gpus), nm, 0, simulated_images_per_sec(cluster, profiles, [plan]), ideal(gpus))
       common.progress("%s %s Nm=%d: %.1f images/s", model_name, label, nm, rows[-1]["images_per_sec"])
 
   # (b) allocation policies and placements vs. Horovod
   baseline_gpus = horovod_gpus(cluster, profiles, slots)
   horovod = horovod_images_per_second(cluster, profiles, baseline_gpus, FLAGS.batch_size) if baseline_gpus else 0
-  row("policy", "Horovod", len(baseline_gpus), 1, 0, horovod)
+  row("policy", "Horovod", len(baseline_gpus), 1, 0, horovod, ideal(None))  # the others sit idle
   for policy in ("NP", "ED", "HD"):
     for placement in ("default", "local"):
       plan = plan_cluster(cluster, profiles, policy, placement, "max_fit", None, optimizer_slots=slots)
       ips = simulated_images_per_sec(cluster, profiles, plan.vws, 0, placement)
-      row("policy", f"{policy}-{placement}", cluster.num_gpus, max(p.nm for p in plan.vws), 0, ips)
+      row("policy", f"{policy}-{placement}", cluster.num_gpus, max(p.nm for p in plan.vws), 0, ips, ideal(None))
       common.progress("%s %s-%s: %.1f images/s", model_name, policy, placement, ips)
 
   # (c) whimpy GPUs: HetPipe on the others, HetPipe on all, Horovod
@@ -94,8 +99,10 @@ def study(model_name: str, cluster) -> list[dict]:
                    (f"HetPipe ED-local, {cluster.num_gpus} GPUs", cluster)):
     plan = plan_cluster(c, profiles, "ED", "local", "max_fit", None, optimizer_slots=slots)
     row("whimpy", label, c.num_gpus, max(p.nm for p in plan.vws), 0,
-        simulated_images_per_sec(c, profiles, plan.vws, 0, "local"))
-  row("whimpy", f"Horovod, {len(baseline_gpus)} GPUs that hold the model", len(baseline_gpus), 1, 0, horovod)
+        simulated_images_per_sec(c, profiles, plan.vws, 0, "local"),
+        ideal_images_per_sec(c, profiles, FLAGS.batch_size))
+  row("whimpy", f"Horovod, {len(baseline_gpus)} GPUs that hold the model", len(baseline_gpus), 1, 0, horovod,
+      ideal(None))
   return rows
 
 
@@ -121,6 +128,10 @@ def charts(rows: list[dict], out_dir: str) -> list[str]:
       pts = [r for r in rows if r["model"] == model and r["study"] == study_name]
       colours = ["#999999" if r["config"].startswith("Horovod") else "#4C72B0" for r in pts]
       ax.bar(range(len(pts)), [r["images_per_sec"] for r in pts], color=colours)
+      best = max(r["ideal_images_per_sec"] for r in pts)
+      ax.axhline(best, color="#C44E52", linestyle="--", linewidth=1)
+      ax.text(len(pts) - 0.5, best, f"ideal aggregate {best:.0f}", ha="right", va="bottom", fontsize=7,
+              color="#C44E52")
       ax.set_xticks(range(len(pts)))
       ax.set_xticklabels([r["config"] for r in pts], rotation=30, ha="right", fontsize=7)
       ax.set(title=f"{model}: {study_name}", ylabel="images/s (simulated)")
@@ -140,12 +151,15 @@ def main(argv):
   json_out = common.write_json(common.output_path(FLAGS.out_dir, "throughput.json"), rows)
   csv_out = common.write_dict_csv(common.output_path(FLAGS.out_dir, "throughput.csv"), rows)
   pngs = charts(rows, FLAGS.out_dir)
-  print(f"{'model':10} {'study':7} {'config':52} {'GPUs':>4} {'Nm':>3} {'images/s':>9} {'vs Horovod':>10}")
+  print(f"{'model':10} {'study':7} {'config':52} {'GPUs':>4} {'Nm':>3} {'images/s':>9} {'vs Horovod':>10} "
+        f"{'ideal':>7} {'eff.':>5}")
   for r in rows:
     horovod = next(x["images_per_sec"] for x in rows if x["model"] == r["model"] and x["config"] == "Horovod")
     ratio = f"{r['images_per_sec'] / horovod:.2f}x" if horovod else "-"
     print(f"{r['model']:10} {r['study']:7} {r['config']:52} {r['gpus']:>4} {r['nm']:>3} "
-          f"{r['images_per_sec']:9.1f} {ratio:>10}")
+          f"{r['images_per_sec']:9.1f} {ratio:>10} {r['ideal_images_per_sec']:7.1f} {r['efficiency']:5.2f}")
+  print("ideal: the sum of the standalone rates of the row's GPUs (the policy rows and Horovod: every GPU of "
+        "the cluster); eff.: images/s over it")
   print("images/s of the simulated cluster (cost model: roofline at efficiency 0.5 for every GPU type, "
         "links of the preset); not measured on GPUs")
   common.print_outputs([("json", json_out), ("csv", csv_out)] + [("chart", p) for p in pngs], width=6)

@@ -26,7 +26,7 @@ def installed(name: str) -> str:
 
 def test_the_main_commands_have_entry_points():
   assert {"hetpipe-train", "hetpipe-plan", "hetpipe-check", "hetpipe-timeline", "hetpipe-throughput",
-          "hetpipe-convergence"} <= set(SCRIPTS)
+          "hetpipe-convergence", "hetpipe-efficiency"} <= set(SCRIPTS)
 
 
 def helpshort(name: str) -> str:
@@ -49,7 +49,7 @@ def test_train_entry_point_lists_the_cli_contract_flags():
     assert flag in text
 
 
-@pytest.mark.parametrize("name", ["hetpipe-check", "hetpipe-timeline"])
+@pytest.mark.parametrize("name", ["hetpipe-check", "hetpipe-timeline", "hetpipe-efficiency"])
 def test_trace_tools_report_usage_with_exit_2(name, tmp_path):
   proc = subprocess.run([installed(name)], capture_output=True, text=True, timeout=120)
   assert proc.returncode == 2, proc.stderr[-3000:]

@@ -129,7 +129,12 @@ def test_throughput_study_cli(tmp_path):
                         env=env)
   assert proc.returncode == 0, proc.stderr[-2000:]
   rows = json.loads((tmp_path / "throughput.json").read_text())
-  assert all(set(r) == {"model", "study", "config", "gpus", "nm", "d", "images_per_sec"} for r in rows)
+  assert all(set(r) == {"model", "study", "config", "gpus", "nm", "d", "images_per_sec", "ideal_images_per_sec",
+                        "efficiency"} for r in rows)
+  assert all(0 < r["efficiency"] < 1 and r["efficiency"] == r["images_per_sec"] / r["ideal_images_per_sec"]
+             for r in rows)
+  policy = [r for r in rows if r["study"] == "policy"]
+  assert len({r["ideal_images_per_sec"] for r in policy}) == 1  # every policy row: the whole cluster's ideal
   assert {r["study"] for r in rows} == {"nm", "policy", "whimpy"}
   assert {r["config"] for r in rows if r["study"] == "policy"} >= {"Horovod", "NP-default", "ED-local",
                                                                   "HD-default"}

@@ -13,10 +13,15 @@ latency a) moves 2 (p-1)/p S bytes per GPU in 2 (p-1) steps:
   T_ring(p, S, link) = 2 (p-1) a + 2 (p-1)/p * S / B
 
 Across nodes it is hierarchical (NCCL/Horovod's hierarchical all-reduce): a ring reduce-scatter inside
-each node (g = most GPUs of one node), a ring all-reduce of the S/g shards across the n nodes, a ring
-all-gather inside each node:
+each node (g = most GPUs of one node), then g rings at once, one per shard of S/g bytes, all-reduce
+across the n nodes, then a ring all-gather inside each node. The g concurrent rings share each node's
+network link (as the simulator shares a node's egress among its flows), so each moves at B_inter / g:
 
-  T = 2 (g-1) a_intra + 2 (g-1)/g * S / B_intra + T_ring(n, S/g, inter-node link)
+  T = 2 (g-1) a_intra + 2 (g-1)/g * S / B_intra + 2 (n-1) a_inter + 2 (n-1)/n * (S/g) / (B_inter/g)
+    = T_ring(g, S, intra-node link) + T_ring(n, S, inter-node link)
+
+(Until issue 11 the cross-node phase was T_ring(n, S/g, inter-node link): every ring as if it had the
+node's whole link, g times too fast.)
 
 Throughput = |G| x batch / T images per second. O(units x GPUs) per iteration time.
 """
@@ -63,7 +68,8 @@ def allreduce_seconds(cluster: Cluster, gpus: Sequence[Gpu], num_bytes: float) -
     return ring_allreduce_seconds(len(gpus), num_bytes, cluster.intra_node)
   g = max(per_node.values())
   intra = ring_allreduce_seconds(g, num_bytes, cluster.intra_node)  # reduce-scatter + all-gather
-  return intra + ring_allreduce_seconds(len(per_node), num_bytes / g, cluster.inter_node)
+  # g rings of S/g bytes at once, sharing each node's link: as long as one ring of S on the whole link
+  return intra + ring_allreduce_seconds(len(per_node), num_bytes, cluster.inter_node)
 
 
 def horovod_iteration_seconds(cluster: Cluster, profiles: Sequence[UnitProfile], gpus: Sequence[Gpu],

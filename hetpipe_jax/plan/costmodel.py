@@ -104,3 +104,16 @@ def check_memory(profiles: Sequence[UnitProfile], layout: Layout, weight_mode: s
             f"{format_bytes(need)} with Nm={vw.nm} ({weight_mode}), but GPU {gpu.name} has "
             f"{format_bytes(gpu.type.memory_bytes)}; use more stages, a smaller Nm or batch size, "
             "weight_mode=latest, or a cluster with more memory")
+
+
+def standalone_images_per_sec(profiles: Sequence[UnitProfile], gpu: Gpu, batch_size: int,
+                              precision: str = "fp32") -> float:
+  """One GPU training the whole model alone (memory ignored): batch / (forward + backward of every unit)."""
+  return batch_size / sum(sum(u.seconds(gpu.type, precision)) for u in profiles)
+
+
+def ideal_images_per_sec(cluster: Cluster, profiles: Sequence[UnitProfile], batch_size: int,
+                         gpus: Sequence[Gpu] | None = None, precision: str = "fp32") -> float:
+  """The ideal heterogeneous aggregate: the sum over ``gpus`` (default: every GPU of the cluster) of each
+  one's standalone training rate on the model, memory ignored (issue 11's yardstick)."""
+  return sum(standalone_images_per_sec(profiles, g, batch_size, precision) for g in (gpus or cluster.gpus))

@@ -1,0 +1,181 @@
+"""``python -m hetpipe_jax.efficiency TRACE [TIME_SCALE]``: where every GPU-second of a run went, and how
+close it came to the ideal heterogeneous aggregate.
+
+Prints, per GPU, the share of the run spent computing, receiving inputs over links, in pipeline bubbles,
+blocked by the Nm window, blocked at the WSP gate, pulling, waiting for its own push, done early or
+failed (:mod:`hetpipe_jax.core.breakdown`); per virtual worker and for the cluster, efficiency = achieved
+images/s over the ideal aggregate (the sum of each GPU's standalone rate on the model by the cost model:
+:func:`hetpipe_jax.plan.costmodel.ideal_images_per_sec`). Writes a stacked bar chart (``.efficiency.png``)
+and the numbers (``.efficiency.json``) beside the trace.
+
+The cost model (for the compute part of each task and for the ideal) is rebuilt from the trace's meta
+line: cluster, model (or ``time_model``), batch size, layout. ``virtual`` and ``sim`` traces are on the
+emulated cluster's clock; a ``wall`` or ``multiprocess`` trace is in wall seconds, so efficiency needs
+the run's ``--time_scale`` (TIME_SCALE: wall seconds per emulated second); without it, tasks count as
+compute and no efficiency is given.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+from hetpipe_jax.core.breakdown import CATEGORIES, pushed_images, shares, time_breakdown
+from hetpipe_jax.core.trace import trace_cli
+from hetpipe_jax.errors import ConfigError
+
+COLOURS = {"compute": "#4C72B0", "link": "#8172B2", "bubble": "#CCB974", "window": "#64B5CD", "gate": "#C44E52",
+           "pull": "#DD8452", "push": "#937860", "done": "#BBBBBB", "left": "#333333"}
+
+
+def trace_costs(meta: dict[str, Any]):
+  """(cluster, profiles, layout) of a trace's run, rebuilt from its meta line.
+
+  Raises:
+    ConfigError: when the cluster or the model cannot be rebuilt (naming which).
+  """
+  from hetpipe_jax.cluster import get_cluster  # pylint: disable=g-import-not-at-top
+  from hetpipe_jax.cost.profile import full_size_profiles, profile_units
+  from hetpipe_jax.models import FULL_SIZE
+  from hetpipe_jax.plan.layout import Layout, VWLayout
+
+  cluster = get_cluster(meta["cluster"])
+  batch = meta["batch_size"]
+  from hetpipe_jax import get_model, load_dataset
+
+  name = meta.get("time_model") or meta["model"]
+  full = [key for key in FULL_SIZE if name in (key, get_model(key).name)]  # traces name the model class
+  if full:
+    profiles = full_size_profiles(full[0], batch)
+  else:  # a small model trained on a dataset: profile it as the run did
+    import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
+    dataset = load_dataset(meta["dataset"])
+    profiles = profile_units(get_model(name, dataset.num_classes), jnp.asarray(dataset.x_train[:batch]))
+  by_name = {g.name: g for g in cluster.gpus}
+  missing = [n for group in meta["gpus"] for n in group if n not in by_name]
+  if missing:
+    raise ConfigError(f"the trace's GPUs {missing[:3]} are not in cluster {meta['cluster']!r}")
+  layout = Layout(tuple(VWLayout(tuple(by_name[n] for n in group), tuple(cuts), nm)
+                        for group, cuts, nm in zip(meta["gpus"], meta["cuts"], meta["nm"])))
+  return cluster, profiles, layout
+
+
+def efficiency_report(events: list[dict[str, Any]], time_scale: float | None = None) -> dict[str, Any]:
+  """The breakdown and the efficiencies of a trace (see the module docstring).
+
+  Args:
+    events: the trace.
+    time_scale: wall seconds per emulated second of a ``wall``/``multiprocess`` run (None: the trace is
+      on the emulated clock for ``virtual`` and ``sim``, unknown otherwise).
+  """
+  from hetpipe_jax.plan.costmodel import CostModel, ideal_images_per_sec, standalone_images_per_sec
+
+  meta = events[0]
+  scale = time_scale if time_scale else (1.0 if meta.get("executor") in ("virtual", "sim") else None)
+  note, cost = None, None
+  try:
+    cluster, profiles, layout = trace_costs(meta)
+    cost = CostModel(cluster, profiles, layout)
+  except (ConfigError, KeyError) as e:
+    note = f"no cost model for this trace ({e}): tasks count as compute, no efficiency"
+  if cost is not None and scale is None:
+    note = (f"a {meta.get('executor')} trace is in wall seconds: give its --time_scale to get efficiency; "
+            "tasks count as compute")
+  compute = None if cost is None or scale is None else (
+      lambda i, j, kind: cost.compute_seconds(i, j, kind) * scale)
+  breakdown = time_breakdown(events, compute)
+  report: dict[str, Any] = {"seconds": breakdown["seconds"], "devices": breakdown["devices"],
+                            "shares": shares(breakdown), "note": note}
+  if compute is None or scale is None or breakdown["seconds"] <= 0:
+    return report
+  emulated = breakdown["seconds"] / scale
+  images = pushed_images(events, meta["batch_size"])
+  batch = meta["batch_size"]
+  report["vws"] = [{"vw": i, "images_per_sec": images[i] / emulated,
+                    "ideal_images_per_sec": sum(standalone_images_per_sec(profiles, g, batch) for g in vw.gpus)}
+                   for i, vw in enumerate(layout.vws)]
+  for row in report["vws"]:
+    row["efficiency"] = row["images_per_sec"] / row["ideal_images_per_sec"]
+  report["images_per_sec"] = sum(images) / emulated
+  report["ideal_images_per_sec"] = ideal_images_per_sec(cluster, profiles, batch)
+  report["efficiency"] = report["images_per_sec"] / report["ideal_images_per_sec"]
+  return report
+
+
+def plot_breakdown(report: dict[str, Any], path: str, title: str = "") -> None:
+  """A stacked bar per GPU: the share of the run in each category."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  devices, fractions = report["devices"], report["shares"]
+  fig, ax = plt.subplots(figsize=(max(6.0, 0.5 * len(devices) + 2), 4.5))
+  bottom = [0.0] * len(devices)
+  for c in CATEGORIES:
+    values = [f[c] for f in fractions]
+    if any(v > 0 for v in values):
+      ax.bar(range(len(devices)), values, bottom=bottom, color=COLOURS[c], label=c)
+      bottom = [b + v for b, v in zip(bottom, values)]
+  ax.set_xticks(range(len(devices)))
+  ax.set_xticklabels([f"VW{d['vw']}.{d['stage']} {d['gpu']}" for d in devices], rotation=60, ha="right",
+                     fontsize=7)
+  eff = f"; efficiency {report['efficiency']:.2f} of the ideal aggregate" if "efficiency" in report else ""
+  ax.set(ylabel="share of the run", ylim=(0, 1), title=(title + eff).strip("; "))
+  ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+def main(argv: list[str]) -> int:
+  return trace_cli(argv, "python -m hetpipe_jax.efficiency TRACE.jsonl [TIME_SCALE]", 2, _report)
+
+
+def _report(events: list[dict[str, Any]], argv: list[str]) -> int:
+  time_scale = None
+  if len(argv) == 3:
+    try:
+      time_scale = float(argv[2])
+    except ValueError:
+      time_scale = -1.0
+    if not time_scale > 0 or time_scale == float("inf"):
+      print(f"error: TIME_SCALE={argv[2]!r}; give the run's --time_scale, a number > 0", file=sys.stderr)
+      return 2
+  try:
+    report = efficiency_report(events, time_scale)
+  except (KeyError, TypeError, IndexError) as e:
+    print(f"error: {argv[1]} is not a complete hetpipe trace ({type(e).__name__}: {e}); give a trace that "
+          "experiments.train wrote", file=sys.stderr)
+    return 2
+  print(f"{'GPU':24} {'VW.stage':8} " + " ".join(f"{c:>7}" for c in CATEGORIES))
+  for d, f in zip(report["devices"], report["shares"]):
+    print(f"{d['gpu']:24} {d['vw']:>4}.{d['stage']:<3} " + " ".join(f"{f[c]:7.3f}" for c in CATEGORIES))
+  if report["note"]:
+    print(report["note"])
+  for row in report.get("vws", []):
+    print(f"VW {row['vw']}: {row['images_per_sec']:.1f} images/s of an ideal {row['ideal_images_per_sec']:.1f} "
+          f"(its GPUs alone): efficiency {row['efficiency']:.3f}")
+  if "efficiency" in report:
+    print(f"cluster: {report['images_per_sec']:.1f} images/s of an ideal aggregate "
+          f"{report['ideal_images_per_sec']:.1f}: efficiency {report['efficiency']:.3f}")
+  base = os.path.splitext(argv[1])[0]
+  with open(base + ".efficiency.json", "w", encoding="utf-8") as f:
+    json.dump(report, f, indent=1)
+  meta = events[0]
+  plot_breakdown(report, base + ".efficiency.png", f"{meta.get('model')} on {meta.get('cluster')}, "
+                 f"{meta.get('executor')}")
+  print(f"json     {os.path.abspath(base + '.efficiency.json')}")
+  print(f"chart    {os.path.abspath(base + '.efficiency.png')}")
+  return 0
+
+
+def cli() -> None:
+  """The ``hetpipe-efficiency`` console entry point."""
+  sys.exit(main(sys.argv))
+
+
+if __name__ == "__main__":
+  cli()
