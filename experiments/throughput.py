@@ -34,6 +34,8 @@ flags.DEFINE_integer("nm_max", 8, "Largest Nm in the single-virtual-worker sweep
 flags.DEFINE_string("whimpy", "RTX 2060", "GPU type left out of the 12-GPU side of study (c).")
 flags.DEFINE_string("optimizer", "momentum", "Local optimizer, for its memory: sgd, momentum, adam.")
 flags.DEFINE_string("out_dir", "outputs/throughput", "Where the JSON, CSV and charts go.")
+flags.DEFINE_bool("overlap_transfers", False, "Simulate stage-to-stage transfers overlapped with computation "
+                  "(a GPU receives its next input while it computes) instead of charged in series.")
 
 
 def simulated_images_per_sec(cluster, profiles, plans, d: int = 0, placement: str = "default") -> float:
@@ -42,7 +44,7 @@ def simulated_images_per_sec(cluster, profiles, plans, d: int = 0, placement: st
   from hetpipe_jax.sim.simulate import simulate
   trace = Trace()
   seconds, vws, _ = simulate(cluster, profiles, Layout(tuple(p.layout for p in plans)), d, FLAGS.waves,
-                             trace, placement)
+                             trace, placement, overlap_transfers=FLAGS.overlap_transfers)
   common.require_wsp(trace.events, "simulated run")
   return sum(vw.completed for vw in vws) * FLAGS.batch_size / seconds
 

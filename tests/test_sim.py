@@ -142,3 +142,25 @@ def test_throughput_study_cli(tmp_path):
   for name in ("throughput.csv", "throughput_nm.png", "throughput_policy.png", "throughput_whimpy.png"):
     assert (tmp_path / name).stat().st_size > 0 and str(tmp_path / name) in proc.stdout
   assert "vs Horovod" in proc.stdout
+
+
+@pytest.mark.parametrize("failures,rejoin", [({}, False), ({1: [3], 2: [5]}, True)])
+def test_transfers_overlapped_with_compute(failures, rejoin):
+  """With overlap_transfers a stage's input travels while its device computes something else: every WSP
+  guarantee still holds (failures and rejoins included), and VGG-19 ED-local runs faster (not every plan
+  does: BUILD_NOTES.md, "Throughput accounting")."""
+  from hetpipe_jax.cluster import get_cluster
+  from hetpipe_jax.cost.profile import full_size_profiles
+  from hetpipe_jax.plan.allocation import plan_cluster
+
+  cluster, profiles = get_cluster("paper_testbed"), full_size_profiles("vgg19", 32)
+  layout = plan_cluster(cluster, profiles, "ED", "local", "max_fit", None).layout
+  seconds = {}
+  for overlap in (False, True):
+    trace = Trace()
+    seconds[overlap], _, _ = simulate(cluster, profiles, layout, 1, 12, trace, "local", failures=failures,
+                                      rejoin=rejoin, overlap_transfers=overlap)
+    assert_trace_ok(trace.events)
+    assert sum(e["ev"] == "push" for e in trace.events) > 0
+  if not failures:
+    assert seconds[True] < seconds[False]

@@ -79,6 +79,10 @@ class Engine:
     self._pulled: dict[int, int] = {}  # vw -> gated minibatch whose pull has arrived
     self._waiting_since: dict[int, float] = {}  # vw -> when its gate was found closed
 
+  def generation(self, vw: int) -> int:
+    """How many times virtual worker ``vw`` has failed (work of an older generation is void)."""
+    return self._generation[vw]
+
   @property
   def done(self) -> bool:
     return all(vw.done for vw in self.vws)

@@ -4,7 +4,9 @@ Same :class:`~hetpipe_jax.engine.Engine` as the other executors (virtual workers
 clock-only parameter server), on a discrete-event clock where
 
 * a task first receives its input (the activation from the previous stage, or the gradient from the next)
-  as a *flow* over the links between the two GPUs, then computes for its roofline time;
+  as a *flow* over the links between the two GPUs, then computes for its roofline time (with
+  ``overlap_transfers``: the input leaves as soon as it is produced and travels while the receiving device
+  works on other tasks, as a GPU's copy engines allow; the task computes once it has landed);
 * a push sends every stage's summed update of each unit to the node of that unit's PS shard, a pull
   brings them back; the push is applied (the clock ticks) when its last flow lands;
 * links are shared resources: a node's PCIe (inside a node) and each node's network egress and ingress
@@ -47,8 +49,10 @@ class _Flow:
 class Simulator:
   """Timers and flows on one clock."""
 
-  def __init__(self, cluster: Cluster):
-    self.cluster = cluster
+  def __init__(self, cluster: Cluster, overlap_transfers: bool = False):
+    self.cluster, self.overlap = cluster, overlap_transfers
+    self._arrived: set[tuple] = set()  # overlap: inputs that landed before their task started
+    self._waiting: dict[tuple, Callable[[float], None]] = {}  # overlap: started tasks waiting for their input
     self.t = 0.0
     self._timers: list = []
     self._seq = itertools.count()
@@ -118,13 +122,43 @@ class Simulator:
   def _start_task(self, engine: Engine, cost: CostModel, task: Task) -> None:
     engine.start(task, self.t)
     compute = cost.compute_seconds(task.vw, task.stage, task.kind)
-    finish = lambda t: engine.finish(task, t)
+    finish = lambda t: self._finish(engine, cost, task, t)
     transfer = cost.transfer(task.vw, task.stage, task.kind)
     if transfer is None:
       self.at(self.t + compute, finish)
-    else:
+    elif not self.overlap:  # the device receives its input, then computes
       num_bytes, src, dst = transfer
       self.send(src.node, dst.node, num_bytes, lambda t: self.at(t + compute, finish))
+    else:  # the input was sent when it was produced: compute once it has landed
+      key = (task.vw, engine.generation(task.vw), task.stage, task.kind, task.mb)
+      if key in self._arrived:
+        self._arrived.discard(key)
+        self.at(self.t + compute, finish)
+      else:
+        self._waiting[key] = lambda t: self.at(t + compute, finish)
+
+  def _finish(self, engine: Engine, cost: CostModel, task: Task, t: float) -> None:
+    """The task is done; with ``overlap``, its output leaves for the next stage at once, travelling while
+    that stage's device works on something else."""
+    engine.finish(task, t)
+    if not self.overlap:
+      return
+    k = engine.vws[task.vw].k
+    stage, kind = (task.stage + 1, "fwd") if task.kind == "fwd" else (task.stage - 1, "bwd")
+    if not 0 <= stage < k:
+      return
+    transfer = cost.transfer(task.vw, stage, kind)
+    if transfer is None:
+      return
+    num_bytes, src, dst = transfer
+    key = (task.vw, engine.generation(task.vw), stage, kind, task.mb)
+    self.send(src.node, dst.node, num_bytes, lambda t_landed: self._landed(key, t_landed))
+
+  def _landed(self, key: tuple, t: float) -> None:
+    if key in self._waiting:
+      self._waiting.pop(key)(t)
+    else:
+      self._arrived.add(key)
 
 
 class SimComm:

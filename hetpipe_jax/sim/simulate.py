@@ -26,9 +26,10 @@ from hetpipe_jax.sim.network import SimComm, Simulator
 def simulate(cluster: Cluster, profiles: Sequence[UnitProfile], layout: Layout, d: int, waves: int,
              trace: Trace, placement: str = "default", schedule: str = "1f1b", weight_mode: str = "stash",
              precision: str = "fp32", meta: dict | None = None, failures: Mapping[int, Sequence[int]] | None = None,
-             rejoin: bool = False) -> tuple[float, list[VirtualWorker], list[dict]]:
+             rejoin: bool = False, overlap_transfers: bool = False) -> tuple[float, list[VirtualWorker], list[dict]]:
   """Simulates the virtual workers of ``layout`` for ``waves`` waves (``failures``/``rejoin``: fault
-  injection, as for :class:`~hetpipe_jax.core.engine.Engine`).
+  injection, as for :class:`~hetpipe_jax.core.engine.Engine`; ``overlap_transfers``: stage-to-stage
+  transfers overlap computation, see :mod:`hetpipe_jax.sim.network`).
 
   Writes the trace's meta line first (``meta`` adds or overrides fields). Returns (simulated seconds,
   the virtual workers, one metrics row per pushed wave).
@@ -43,7 +44,7 @@ def simulate(cluster: Cluster, profiles: Sequence[UnitProfile], layout: Layout, 
   rows: list[dict] = []
   on_wave = lambda vw, wave, t, _: rows.append(
       {"vw": vw, "wave": wave, "step": (wave + 1) * nms[vw], "time": t, "train_loss": None})
-  simulator = Simulator(cluster)
+  simulator = Simulator(cluster, overlap_transfers)
   engine = Engine(vws, ClockServer(num_vws, d, num_shards=len(profiles)), trace, on_wave=on_wave,
                   comm=SimComm(simulator, profiles, layout, shard_nodes), failures=failures, rejoin=rejoin)
   seconds = simulator.run(engine, CostModel(cluster, profiles, layout, precision))
