@@ -74,7 +74,7 @@ def test_a_hung_process_is_named_and_the_job_ends_in_bounded_time():
   assert result.seconds < 60, result.seconds  # heartbeat timeout (5 s) + settle (5 s), not the grace
 
 
-@pytest.mark.parametrize("mode", ["kill", "hang"])
+@pytest.mark.parametrize("mode", ["kill", pytest.param("hang", marks=pytest.mark.slow)])
 def test_a_recoverable_job_goes_on_without_a_lost_process(mode):
   """Process 2 is lost (killed, or stopped: alive but silent); process 0 declares it gone within ~5 s,
   process 1's wait for it gives up, both end cleanly; the launcher lists what the job went on without."""

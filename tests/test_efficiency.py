@@ -89,6 +89,7 @@ def test_the_ideal_aggregate_is_the_sum_of_standalone_rates():
   assert set(FULL_SIZE) == {"vgg19", "resnet152"}
 
 
+@pytest.mark.slow
 def test_the_cli_reports_efficiency_of_a_sim_trace(tmp_path):
   trace = tmp_path / "trace.jsonl"
   run = subprocess.run([sys.executable, "-m", "experiments.train", "--executor=sim", "--model=vgg19",
