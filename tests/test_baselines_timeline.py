@@ -67,7 +67,8 @@ def simulated_cross_node_seconds(cluster, g: int, num_bytes: float) -> float:
     def begin(self, t):
       del t
 
-    def startable(self):
+    def startable(self, allow=None):
+      del allow
       return []
 
   sim.at(0.0, step)

@@ -83,7 +83,8 @@ def test_concurrent_flows_share_a_link():
     def begin(self, t):
       pass
 
-    def startable(self):
+    def startable(self, allow=None):
+      del allow
       return []
 
   sim.run(Idle(), cost=None)

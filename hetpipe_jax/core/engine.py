@@ -118,16 +118,23 @@ class Engine:
     """Injects every virtual worker's first window."""
     self._inject_all(t)
 
-  def startable(self) -> list[Task]:
-    """One task for every free device that has one ready, in device order (changes nothing)."""
+  def startable(self, allow: Callable[[Task], bool] | None = None) -> list[Task]:
+    """One task for every free device that has one ready, in device order (changes nothing); with
+    ``allow``, only among the ready tasks it accepts (a device passed over this way is considered again
+    after :meth:`wake`)."""
     tasks = []
     for i, j in sorted(self._candidates):
       if (i, j) in self._running or not self.vws[i].live:  # busy (maybe with a failed VW's task), or gone
         continue
-      task = schedule_lib.pick(self.vws[i].pipeline, j)
+      task = schedule_lib.pick(self.vws[i].pipeline, j, allow)
       if task is not None:
         tasks.append(task)
     return tasks
+
+  def wake(self, vw: int, stage: int) -> None:
+    """Something an ``allow`` of :meth:`startable` depends on changed for this device (e.g. an input
+    landed): consider it again."""
+    self._candidates.add((vw, stage))
 
   def start(self, task: Task, t: float) -> Any:
     """Starts ``task`` at ``t``; returns what to wait on for its numerics (None without numerics)."""

@@ -126,11 +126,13 @@ def inject(state: PipelineState, schedule: str) -> tuple[PipelineState, int]:
   return state, mb
 
 
-def pick(state: PipelineState, stage: int) -> Task | None:
-  """The task ``stage``'s device runs next, or None if it is busy or has nothing ready."""
-  if state.busy[stage] is not None or not state.ready[stage]:
+def pick(state: PipelineState, stage: int, allow: Callable[[Task], bool] | None = None) -> Task | None:
+  """The task ``stage``'s device runs next, or None if it is busy or has nothing ready (among the ready
+  tasks that ``allow`` accepts, when given: e.g. those whose input has arrived)."""
+  if state.busy[stage] is not None:
     return None
-  return min(state.ready[stage], key=lambda entry: entry[0])[1]
+  ready = state.ready[stage] if allow is None else [entry for entry in state.ready[stage] if allow(entry[1])]
+  return min(ready, key=lambda entry: entry[0])[1] if ready else None
 
 
 def start(state: PipelineState, task: Task) -> PipelineState:

@@ -6,7 +6,8 @@ clock-only parameter server), on a discrete-event clock where
 * a task first receives its input (the activation from the previous stage, or the gradient from the next)
   as a *flow* over the links between the two GPUs, then computes for its roofline time (with
   ``overlap_transfers``: the input leaves as soon as it is produced and travels while the receiving device
-  works on other tasks, as a GPU's copy engines allow; the task computes once it has landed);
+  works on other tasks, as a GPU's copy engines allow; a device starts, among its ready tasks, the first
+  by its schedule whose input has landed);
 * a push sends every stage's summed update of each unit to the node of that unit's PS shard, a pull
   brings them back; the push is applied (the clock ticks) when its last flow lands;
 * links are shared resources: a node's PCIe (inside a node) and each node's network egress and ingress
@@ -51,8 +52,7 @@ class Simulator:
 
   def __init__(self, cluster: Cluster, overlap_transfers: bool = False):
     self.cluster, self.overlap = cluster, overlap_transfers
-    self._arrived: set[tuple] = set()  # overlap: inputs that landed before their task started
-    self._waiting: dict[tuple, Callable[[float], None]] = {}  # overlap: started tasks waiting for their input
+    self._arrived: set[tuple] = set()  # overlap: inputs that landed, their tasks not started yet
     self.t = 0.0
     self._timers: list = []
     self._seq = itertools.count()
@@ -91,7 +91,8 @@ class Simulator:
     """Runs ``engine`` to the end; returns the simulated seconds."""
     engine.begin(self.t)
     while True:
-      for task in engine.startable():
+      allow = (lambda task: self._input_landed(engine, cost, task)) if self.overlap else None
+      for task in engine.startable(allow):
         self._start_task(engine, cost, task)
       if self._dirty:
         self._rates(self._dirty)
@@ -129,13 +130,18 @@ class Simulator:
     elif not self.overlap:  # the device receives its input, then computes
       num_bytes, src, dst = transfer
       self.send(src.node, dst.node, num_bytes, lambda t: self.at(t + compute, finish))
-    else:  # the input was sent when it was produced: compute once it has landed
-      key = (task.vw, engine.generation(task.vw), task.stage, task.kind, task.mb)
-      if key in self._arrived:
-        self._arrived.discard(key)
-        self.at(self.t + compute, finish)
-      else:
-        self._waiting[key] = lambda t: self.at(t + compute, finish)
+    else:  # its input was sent when it was produced, and has landed (``_landed``)
+      self._arrived.discard(self._key(engine, task.vw, task.stage, task.kind, task.mb))
+      self.at(self.t + compute, finish)
+
+  @staticmethod
+  def _key(engine: Engine, vw: int, stage: int, kind: str, mb: int) -> tuple:
+    return vw, engine.generation(vw), stage, kind, mb
+
+  def _input_landed(self, engine: Engine, cost: CostModel, task: Task) -> bool:
+    """Overlap: a device starts only a task whose input is there (its other ready tasks may be)."""
+    return (cost.transfer(task.vw, task.stage, task.kind) is None
+            or self._key(engine, task.vw, task.stage, task.kind, task.mb) in self._arrived)
 
   def _finish(self, engine: Engine, cost: CostModel, task: Task, t: float) -> None:
     """The task is done; with ``overlap``, its output leaves for the next stage at once, travelling while
@@ -151,14 +157,14 @@ class Simulator:
     if transfer is None:
       return
     num_bytes, src, dst = transfer
-    key = (task.vw, engine.generation(task.vw), stage, kind, task.mb)
-    self.send(src.node, dst.node, num_bytes, lambda t_landed: self._landed(key, t_landed))
+    key = self._key(engine, task.vw, stage, kind, task.mb)
 
-  def _landed(self, key: tuple, t: float) -> None:
-    if key in self._waiting:
-      self._waiting.pop(key)(t)
-    else:
+    def landed(t_landed: float) -> None:
+      del t_landed
       self._arrived.add(key)
+      engine.wake(task.vw, stage)
+
+    self.send(src.node, dst.node, num_bytes, landed)
 
 
 class SimComm:
