@@ -103,7 +103,8 @@ class RunConfig:
       the last good global clock); "skip" drops that wave's update and goes on (the trace's push event
       says ``"dropped": "nonfinite"``).
     failures: fault injection: (virtual worker, wave) pairs; the virtual worker fails when it reaches
-      that wave (its first minibatch), leaves, and the others go on under WSP over the live ones.
+      that wave (its first minibatch), leaves, and the others go on under WSP over the live ones (in a
+      multiprocess run its processes are killed for real when they run nothing else).
     rejoin: a failed virtual worker is replaced at once: the replacement pulls the global weights and
       enters at the current global clock.
     checkpoint_dir / checkpoint_every / keep_checkpoints: save a checkpoint every this many global clock

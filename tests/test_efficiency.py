@@ -117,3 +117,21 @@ def test_a_bad_time_scale_is_one_line(tmp_path, arg, message):
   proc = subprocess.run([sys.executable, "-m", "hetpipe_jax.efficiency", str(trace), arg], capture_output=True,
                         text=True, timeout=120, cwd=ROOT)
   assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_a_padded_wall_trace_gets_efficiency_with_its_time_scale():
+  """A wall run padded to the emulated durations (time_scale: wall seconds per emulated second) is read on
+  the emulated clock when its time_scale is given, and gets no efficiency without it."""
+  from hetpipe_jax.efficiency import efficiency_report
+
+  result = run_hetpipe(get_model("mlp"), synthetic(num_train=256), RunConfig(
+      cluster="hetero4", num_vws=2, stages=2, nm=2, d=1, waves=4, batch_size=16, executor="wall",
+      time_scale=2000.0, eval_every=100))
+  assert_trace_ok(result.events)
+  unscaled = efficiency_report(result.events)
+  assert "efficiency" not in unscaled and "time_scale" in unscaled["note"]
+  report = efficiency_report(result.events, time_scale=2000.0)
+  assert 0 < report["efficiency"] < 1.5  # on the emulated clock (CPU noise may pad a task beyond its cost)
+  assert report["images_per_sec"] == pytest.approx(result.images / (report["seconds"] / 2000.0))
+  for fraction in report["shares"]:
+    assert sum(fraction.values()) == pytest.approx(1.0)
