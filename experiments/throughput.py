@@ -4,7 +4,7 @@ Defaults reproduce the paper's setting: the 16-GPU ``paper_testbed``, VGG-19 and
 batch 32, momentum SGD, weight stashing. For each model:
 
   (a) nm:      one virtual worker as Nm grows, for several GPU mixes;
-  (b) policy:  NP, ED, HD with default and local placement (planned partitions and Nm, D = 0), and the
+  (b) policy:  NP, ED, HD with default and local placement (planned partitions and Nm, D in --ds), and the
                Horovod-style baseline on the GPUs that hold the whole model;
   (c) whimpy:  HetPipe (ED, local) on the 12 non-whimpy GPUs vs. all 16, and Horovod.
 
@@ -31,6 +31,7 @@ flags.DEFINE_string("cluster", "paper_testbed", "Cluster preset or .toml file.")
 flags.DEFINE_integer("batch_size", 32, "Minibatch size.")
 flags.DEFINE_integer("waves", 100, "Simulated waves per virtual worker.")
 flags.DEFINE_integer("nm_max", 8, "Largest Nm in the single-virtual-worker sweep.")
+flags.DEFINE_list("ds", ["0", "4", "32"], "Clock distance bounds D of the policy study.")
 flags.DEFINE_string("whimpy", "RTX 2060", "GPU type left out of the 12-GPU side of study (c).")
 flags.DEFINE_string("optimizer", "momentum", "Local optimizer, for its memory: sgd, momentum, adam.")
 flags.DEFINE_string("out_dir", "outputs/throughput", "Where the JSON, CSV and charts go.")
@@ -49,7 +50,7 @@ def simulated_images_per_sec(cluster, profiles, plans, d: int = 0, placement: st
   return sum(vw.completed for vw in vws) * FLAGS.batch_size / seconds
 
 
-def study(model_name: str, cluster) -> list[dict]:
+def study(model_name: str, cluster, ds: list[int]) -> list[dict]:
 
   from hetpipe_jax import ConfigError
   from hetpipe_jax.baselines.horovod import horovod_images_per_second
@@ -89,9 +90,11 @@ def study(model_name: str, cluster) -> list[dict]:
   for policy in ("NP", "ED", "HD"):
     for placement in ("default", "local"):
       plan = plan_cluster(cluster, profiles, policy, placement, "max_fit", None, optimizer_slots=slots)
-      ips = simulated_images_per_sec(cluster, profiles, plan.vws, 0, placement)
-      row("policy", f"{policy}-{placement}", cluster.num_gpus, max(p.nm for p in plan.vws), 0, ips, ideal(None))
-      common.progress("%s %s-%s: %.1f images/s", model_name, policy, placement, ips)
+      for d in ds:
+        ips = simulated_images_per_sec(cluster, profiles, plan.vws, d, placement)
+        config = f"{policy}-{placement}" + (f" D={d}" if d else "")
+        row("policy", config, cluster.num_gpus, max(p.nm for p in plan.vws), d, ips, ideal(None))
+        common.progress("%s %s: %.1f images/s", model_name, config, ips)
 
   # (c) whimpy GPUs: HetPipe on the others, HetPipe on all, Horovod
   kept = [[g.type for g in cluster.node_gpus(n)] for n in sorted({g.node for g in cluster.gpus})
@@ -148,8 +151,11 @@ def charts(rows: list[dict], out_dir: str) -> list[str]:
 def main(argv):
   del argv
   from hetpipe_jax import get_cluster
+  ds = common.parse_ints("ds", FLAGS.ds)
+  if not ds or any(d < 0 for d in ds):
+    raise common.config_error(f"--ds={','.join(FLAGS.ds)}; give one or more clock distance bounds D >= 0")
   cluster = get_cluster(FLAGS.cluster)
-  rows = [r for model in FLAGS.models for r in study(model, cluster)]
+  rows = [r for model in FLAGS.models for r in study(model, cluster, ds)]
   json_out = common.write_json(common.output_path(FLAGS.out_dir, "throughput.json"), rows)
   csv_out = common.write_dict_csv(common.output_path(FLAGS.out_dir, "throughput.csv"), rows)
   pngs = charts(rows, FLAGS.out_dir)

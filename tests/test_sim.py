@@ -136,6 +136,7 @@ def test_throughput_study_cli(tmp_path):
              for r in rows)
   policy = [r for r in rows if r["study"] == "policy"]
   assert len({r["ideal_images_per_sec"] for r in policy}) == 1  # every policy row: the whole cluster's ideal
+  assert {(r["config"], r["d"]) for r in policy} >= {("HD-local", 0), ("HD-local D=4", 4), ("HD-local D=32", 32)}
   assert {r["study"] for r in rows} == {"nm", "policy", "whimpy"}
   assert {r["config"] for r in rows if r["study"] == "policy"} >= {"Horovod", "NP-default", "ED-local",
                                                                   "HD-default"}
