@@ -5,6 +5,7 @@ Each run goes through the training CLI (which launches the processes) as a subpr
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -102,7 +103,8 @@ def test_a_killed_process_that_held_the_only_vw_ends_the_job_with_one_line(tmp_p
       proc.communicate(timeout=30)
   assert proc.returncode == 1, err[-3000:]
   verdict = [line for line in err.splitlines() if line.startswith("error")]  # its one VW spans both processes
-  assert len(verdict) == 1 and "process 1 is gone" in verdict[0], err[-3000:]
+  # whichever process 0 notices first: the VW's task failing there, or the loss of the PS shards it held
+  assert len(verdict) == 1 and re.search(r"process 1 (\(node 1\) )?is gone", verdict[0]), err[-3000:]
   assert not running(tmp_path), "orphan processes"
 
 
