@@ -26,6 +26,7 @@ import optax
 
 from hetpipe_jax.cluster import Cluster, get_cluster
 from hetpipe_jax.core import wsp
+from hetpipe_jax.core.breakdown import pushed_images
 from hetpipe_jax.core.engine import Engine
 from hetpipe_jax.core.schedule import SCHEDULES
 from hetpipe_jax.core.trace import Trace, write_trace
@@ -362,8 +363,7 @@ def _require_pushes(rows: Sequence[dict[str, Any]]) -> None:
 
 def _trained_images(events: Sequence[dict[str, Any]], batch_size: int) -> int:
   """Images in the waves pushed to the parameter server (work a failure dropped does not count)."""
-  nms = events[0]["nm"]
-  return batch_size * sum(nms[e["vw"]] for e in events if e["ev"] == "push")
+  return sum(pushed_images(events, batch_size))
 
 
 def _identity(config: RunConfig, meta: dict[str, Any]) -> dict[str, Any]:

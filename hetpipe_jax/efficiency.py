@@ -71,7 +71,7 @@ def efficiency_report(events: list[dict[str, Any]], time_scale: float | None = N
     time_scale: wall seconds per emulated second of a ``wall``/``multiprocess`` run (None: the trace is
       on the emulated clock for ``virtual`` and ``sim``, unknown otherwise).
   """
-  from hetpipe_jax.plan.costmodel import CostModel, ideal_images_per_sec, standalone_images_per_sec
+  from hetpipe_jax.plan.costmodel import CostModel, ideal_images_per_sec
 
   meta = events[0]
   scale = time_scale if time_scale else (1.0 if meta.get("executor") in ("virtual", "sim") else None)
@@ -89,13 +89,13 @@ def efficiency_report(events: list[dict[str, Any]], time_scale: float | None = N
   breakdown = time_breakdown(events, compute)
   report: dict[str, Any] = {"seconds": breakdown["seconds"], "devices": breakdown["devices"],
                             "shares": shares(breakdown), "note": note}
-  if compute is None or scale is None or breakdown["seconds"] <= 0:
+  if compute is None or breakdown["seconds"] <= 0:
     return report
   emulated = breakdown["seconds"] / scale
   images = pushed_images(events, meta["batch_size"])
   batch = meta["batch_size"]
   report["vws"] = [{"vw": i, "images_per_sec": images[i] / emulated,
-                    "ideal_images_per_sec": sum(standalone_images_per_sec(profiles, g, batch) for g in vw.gpus)}
+                    "ideal_images_per_sec": ideal_images_per_sec(cluster, profiles, batch, vw.gpus)}
                    for i, vw in enumerate(layout.vws)]
   for row in report["vws"]:
     row["efficiency"] = row["images_per_sec"] / row["ideal_images_per_sec"]

@@ -32,6 +32,7 @@ from collections.abc import Sequence
 
 from hetpipe_jax.cluster import Cluster, Gpu, Link
 from hetpipe_jax.cost.profile import UnitProfile
+from hetpipe_jax.cost.roofline import model_compute_seconds
 
 
 def ring_allreduce_seconds(p: int, num_bytes: float, link: Link) -> float:
@@ -85,7 +86,7 @@ def horovod_iteration_seconds(cluster: Cluster, profiles: Sequence[UnitProfile],
   Returns:
     Seconds per step.
   """
-  compute = max(sum(sum(u.seconds(g.type, precision)) for u in profiles) for g in gpus)
+  compute = max(model_compute_seconds(profiles, g.type, precision) for g in gpus)
   return compute + allreduce_seconds(cluster, gpus, sum(u.param_bytes for u in profiles))
 
 

@@ -28,12 +28,10 @@ import bisect
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from hetpipe_jax.core.trace import end_time
+
 CATEGORIES = ("compute", "link", "bubble", "window", "gate", "pull", "push", "done", "left")
 ComputeFn = Callable[[int, int, str], float]  # (vw, stage, kind) -> compute seconds on the trace's clock
-
-
-def _end_time(events: Sequence[dict[str, Any]]) -> float:
-  return max([e.get("t1", e.get("t", 0.0)) for e in events[1:]] + [0.0])
 
 
 def _vw_states(events: Sequence[dict[str, Any]], vw: int, nm: int) -> list[tuple[float, float, str]]:
@@ -42,7 +40,7 @@ def _vw_states(events: Sequence[dict[str, Any]], vw: int, nm: int) -> list[tuple
   complete, push, out = {}, {}, []
   waits: list[tuple[float, float]] = []
   left_at = None
-  end = _end_time(events)
+  end = end_time(events)
   for e in events[1:]:
     if e.get("vw") != vw:
       continue
@@ -111,7 +109,7 @@ def time_breakdown(events: Sequence[dict[str, Any]], compute: ComputeFn | None =
     device's seconds add up to T.
   """
   meta = events[0]
-  end = _end_time(events)
+  end = end_time(events)
   order = {"gate": 0, "left": 0, "pull": 1, "push": 2}
   states = {i: sorted(_vw_states(events, i, nm), key=lambda s: order[s[2]]) for i, nm in enumerate(meta["nm"])}
   finished: dict[tuple[str, int, int, int], float] = {}  # (kind, vw, stage, mb) -> t1

@@ -147,6 +147,16 @@ def start(state: PipelineState, task: Task) -> PipelineState:
                         ready=state.ready[:j] + (ready,) + state.ready[j + 1:])
 
 
+def successor(task: Task, k: int) -> tuple[int, str] | None:
+  """(stage, kind) of the task that ``task``'s output feeds in a pipeline of ``k`` stages: the next
+  stage's forward, the last stage's own backward (it turns round), the previous stage's backward; None
+  after the backward at stage 0 (the minibatch completes)."""
+  j = task.stage
+  if task.kind == FWD:
+    return (j + 1, FWD) if j + 1 < k else (j, BWD)
+  return (j - 1, BWD) if j > 0 else None
+
+
 def finish(state: PipelineState, task: Task, schedule: str) -> tuple[PipelineState, bool]:
   """``task`` is done: its device is free and its successor is ready.
 
@@ -160,11 +170,9 @@ def finish(state: PipelineState, task: Task, schedule: str) -> tuple[PipelineSta
   if state.busy[j] != task:
     raise ProtocolError(f"VW {state.vw}: {task} finished but stage {j} was running {state.busy[j]}")
   state = state._replace(busy=state.busy[:j] + (None,) + state.busy[j + 1:])
-  if task.kind == FWD:  # on to the next stage's forward; the last stage turns round
-    stage, kind = (j + 1, FWD) if j + 1 < k else (j, BWD)
-    return _make_ready(state, stage, kind, mb, schedule), False
-  if j > 0:
-    return _make_ready(state, j - 1, BWD, mb, schedule), False
+  nxt = successor(task, k)
+  if nxt is not None:
+    return _make_ready(state, *nxt, mb, schedule), False
   if mb != state.completed + 1:
     raise ProtocolError(f"VW {state.vw}: minibatch {mb} completed before {state.completed + 1}")
   return state._replace(completed=mb), True

@@ -54,6 +54,11 @@ def stage_compute_seconds(profiles: Sequence[UnitProfile], cut: Sequence[int], g
   return sum(t[0] for t in times), sum(t[1] for t in times)
 
 
+def model_compute_seconds(profiles: Sequence[UnitProfile], gpu: GpuType, precision: str = "fp32") -> float:
+  """Forward + backward of every unit of the model on one GPU of type ``gpu`` (one step on it alone)."""
+  return sum(sum(u.seconds(gpu, precision)) for u in profiles)
+
+
 def calibrate_efficiency(gpu: GpuType, profiles: Sequence[UnitProfile], measured: Mapping[int, float],
                          precision: str = "fp32") -> GpuType:
   """Fits a GPU type's efficiency so that the roofline matches measured times.

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from hetpipe_jax.cluster import Cluster, Gpu, format_bytes
 from hetpipe_jax.cost.memory import stage_memory_bytes
 from hetpipe_jax.cost.profile import UnitProfile
-from hetpipe_jax.cost.roofline import stage_compute_seconds
+from hetpipe_jax.cost.roofline import model_compute_seconds, stage_compute_seconds
 from hetpipe_jax.cost.transfer import stage_seconds, stage_transfers
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.plan.layout import Layout
@@ -109,7 +109,7 @@ def check_memory(profiles: Sequence[UnitProfile], layout: Layout, weight_mode: s
 def standalone_images_per_sec(profiles: Sequence[UnitProfile], gpu: Gpu, batch_size: int,
                               precision: str = "fp32") -> float:
   """One GPU training the whole model alone (memory ignored): batch / (forward + backward of every unit)."""
-  return batch_size / sum(sum(u.seconds(gpu.type, precision)) for u in profiles)
+  return batch_size / model_compute_seconds(profiles, gpu.type, precision)
 
 
 def ideal_images_per_sec(cluster: Cluster, profiles: Sequence[UnitProfile], batch_size: int,

@@ -43,7 +43,7 @@ _ADDRESS_KEY = "xfer/addr/{process}"
 _MESSAGE_KEY = "msg/{src}->{dst}/{tag}/{seq}"
 _HOLD_MESSAGES, _HOLD_BYTES = 16, 64 << 20  # offered arrays held before checking which were pulled
 _ALIVE_KEY, _DEAD_KEY, _CLOSED_KEY = "alive/{process}", "dead/{process}", "closed/{process}"
-_FATAL_KEY, _STOPPING_KEY, _BYE_KEY = "fatal", "stopping", "bye/{process}"
+_FATAL_KEY, _STOPPING_KEY, _BYE_KEY, _FAILED_KEY = "fatal", "stopping", "bye/{process}", "failed/{process}"
 BEAT_S = 0.5  # a recoverable job's processes beat this often
 DEAD_AFTER_S = 5.0  # a process whose beat has not moved for this long is gone (dead, hung or cut off)
 POLL_S = 0.5  # how often a wait checks whether its peer is gone
@@ -250,7 +250,7 @@ class Node:
     print(f"error: process {self.process}: {message}", file=sys.stderr, flush=True)
     record_reason(message)
     try:
-      self._kv.key_value_set(f"failed/{self.process}", message)
+      self._kv.key_value_set(_FAILED_KEY.format(process=self.process), message)
     finally:
       os._exit(code)
 
@@ -266,20 +266,20 @@ class Node:
       return
     deadline = time.monotonic() + timeout_s
 
-    def wait_all(key: str) -> None:
-      for p in range(1, self.num_processes) if key == _BYE_KEY else range(self.num_processes):
+    def wait_all(key: str, processes: range) -> None:  # each has set its key, or is gone
+      for p in processes:
         while not self._dead(p) and self.try_get(key.format(process=p)) is None and time.monotonic() < deadline:
           time.sleep(0.05)
 
     self.put(_CLOSED_KEY.format(process=self.process), "1")
-    wait_all(_CLOSED_KEY)
+    wait_all(_CLOSED_KEY, range(self.num_processes))
     self._beating = False
     self._offered.clear()
     if self.process != 0:  # leave the service before process 0, whose exit ends it (and aborts who is left)
       self.put(_BYE_KEY.format(process=self.process), "1")
       jax.distributed.shutdown()
     else:
-      wait_all(_BYE_KEY)
+      wait_all(_BYE_KEY, range(1, self.num_processes))
       time.sleep(0.5)  # their shutdown calls land
 
   # --- membership (a recoverable job: a lost process does not end the others) ---------------------------
@@ -321,9 +321,10 @@ class Node:
           if p not in last or last[p][0] != count:
             last[p] = (count, now)
           elif now - last[p][1] > DEAD_AFTER_S and self.try_get(_CLOSED_KEY.format(process=p)) is None:
-            failed = self.try_get(f"failed/{p}")  # it ended itself on an error (abort): a bug, not a loss
-            self.fatal = self.fatal or (f"process {p}: {failed}" if failed else on_gone(p))  # before it counts
-            # as dead: a wait sees the reason first
+            # it ended itself on an error (abort): a bug, not a loss. The reason is set before it counts
+            # as dead, so a wait sees the reason first.
+            failed = self.try_get(_FAILED_KEY.format(process=p))
+            self.fatal = self.fatal or (f"process {p}: {failed}" if failed else on_gone(p))
             self.dead.add(p)
             self.put(_DEAD_KEY.format(process=p), "1")
         self.fatal = self.fatal or self.try_get(_FATAL_KEY)

@@ -30,6 +30,7 @@ Event times are process 0's wall clock.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import signal
@@ -42,7 +43,7 @@ import jax
 import numpy as np
 
 from hetpipe_jax.core import wsp
-from hetpipe_jax.core.schedule import FWD, Task
+from hetpipe_jax.core.schedule import FWD, Task, successor
 from hetpipe_jax.core.server import Snapshot
 from hetpipe_jax.data import MinibatchStreams
 from hetpipe_jax.errors import NonFiniteUpdate, ProtocolError, RunStopped, TaskFailed
@@ -364,9 +365,7 @@ class StageWorker:
     """For a checkpoint (every task drained): takes the inputs sent to this stage but not used yet
     (``inbound``: [kind, mb] pairs), then sends the stage's state to process 0."""
     for kind, mb in cmd["inbound"]:
-      src = self.j - 1 if kind == "a" else self.j + 1
-      (x,) = collect(self.node, self._mailbox, self._owners[(self.vw, src)], self._tag(kind, self.j, mb))
-      self._held[(kind, mb)] = x
+      self._held[(kind, mb)] = self._receive(self.j - 1 if kind == "a" else self.j + 1, kind, mb)
     send_tree(self.node, self._mailbox, 0, f"s{self.vw}.{self.j}.{cmd['n']}",
               {"stage": self.stage.checkpoint_state(), "held": dict(self._held), "gen": self._gen})
     return {}
@@ -478,7 +477,7 @@ class ShardedServer:
     self.node, self.d, self.num_shards = node, d, len(shard_owners)
     self._owners, self._channels, self._mailbox, self._treedefs = list(shard_owners), channels, mailbox, unit_treedefs
     self._clock = wsp.init(num_vws)
-    self._gathers = 0  # tags of gathers and snapshots
+    self._tags = itertools.count()  # tags of gathers, snapshots and restores
     self.dropped: dict[tuple[int, int], list[int]] = {}
 
   @property
@@ -516,15 +515,10 @@ class ShardedServer:
     self._post_all(op="join", vw=vw)
     return self._clock
 
-  def _next_tag(self) -> int:
-    n = self._gathers
-    self._gathers += 1
-    return n
-
   @property
   def params(self) -> tuple[Any, ...]:
     """Every unit's global weights, gathered into process 0 (for evaluation), after every push so far."""
-    n = self._next_tag()
+    n = next(self._tags)
     keys = {p: channel.post(op="gather", n=n) for p, channel in self._channels.items()}
     params: list[Any] = [None] * self.num_shards
     for p, key in keys.items():
@@ -538,7 +532,7 @@ class ShardedServer:
   def checkpoint_state(self) -> dict[str, Any]:
     """The clocks here and every owner's shards (weights, optax state, its clocks), for a checkpoint taken
     with nothing running: each owner snapshots after every command posted before."""
-    n = self._next_tag()
+    n = next(self._tags)
     for channel in self._channels.values():
       channel.post(op="snapshot", n=n, report=False)
     shards = {p: receive_tree(self.node, self._mailbox, p, f"S{p}.{n}") for p in self._channels}
@@ -547,7 +541,7 @@ class ShardedServer:
   def restore_checkpoint_state(self, state: dict[str, Any]) -> None:
     """Puts back what :meth:`checkpoint_state` returned (each owner restores before any later command)."""
     self._clock, self.dropped = state["clock"], dict(state["dropped"])
-    n = self._next_tag()
+    n = next(self._tags)
     for p, channel in self._channels.items():
       channel.post(op="restore", n=n, report=False)
       send_tree(self.node, self._mailbox, p, f"R{p}.{n}", state["shards"][p])
@@ -576,7 +570,7 @@ class RemoteNumerics:
     self.k = len(cuts) - 1
     self._stages = [Channel(node, f"{vw}.{j}", owners[(vw, j)], f"VW {vw} stage {j}") for j in range(self.k)]
     self._shard_owners, self._ps, self._mailbox = list(shard_owners), channels, mailbox
-    self._pulls = 0  # tags of pulls, restarts and snapshots
+    self._tags = itertools.count()  # tags of pulls, restarts, snapshots and restores
     self._losses: dict[int, np.float32] = {}  # minibatch -> its loss, from the last stage's forward report
     self._owners = owners
     self.generation = 0  # bumped when the virtual worker fails (its stages bump theirs in the same order)
@@ -602,11 +596,9 @@ class RemoteNumerics:
       return  # failed (wait raises), or a failed generation's task: unrecorded
     if "loss" in report:
       self._losses[task.mb] = np.float32(report["loss"])
-    j = task.stage
-    if task.kind == FWD and j + 1 < self.k:
-      self._inbound.add((j + 1, "a", task.mb))
-    elif task.kind == "bwd" and j > 0:
-      self._inbound.add((j - 1, "g", task.mb))
+    j, nxt = task.stage, successor(task, self.k)
+    if nxt is not None and nxt[0] != j:  # its output now waits at that stage
+      self._inbound.add((nxt[0], "a" if nxt[1] == FWD else "g", task.mb))
     self.records[(gen, task.kind, j, task.mb)] = {"process": self._owners[(self.vw, j)], "busy": report["busy"]}
 
   def take_wave(self, wave: int) -> tuple[dict[int, Any], list[Any]]:
@@ -633,8 +625,7 @@ class RemoteNumerics:
     Each stage checks that it added back the ``open_updates`` the engine counted (else the job stops).
     """
     del params  # the owners serve the weights
-    n = self._pulls
-    self._pulls += 1
+    n = next(self._tags)
     self._serve(n)
     for j in range(self.k):
       self._stages[j].post(op="rebase", n=n, expect=open_updates[j], report=False)
@@ -651,8 +642,7 @@ class RemoteNumerics:
   def rejoin(self, params: Sequence[Any] | None) -> None:
     """A replacement: every stage <- its units' global weights (served by the owners), a fresh optimizer."""
     del params  # the owners serve the weights
-    n = self._pulls
-    self._pulls += 1
+    n = next(self._tags)
     self._serve(n)
     for channel in self._stages:
       channel.post(op="restart", n=n, report=False)
@@ -675,8 +665,7 @@ class RemoteNumerics:
   def checkpoint_state(self) -> dict[str, Any]:
     """Every stage's state and the tensors between stages (each stage takes those sent to it), with the
     controller's own books, for a checkpoint taken with nothing running."""
-    n = self._pulls
-    self._pulls += 1
+    n = next(self._tags)
     for j, channel in enumerate(self._stages):
       inbound = sorted([kind, mb] for stage, kind, mb in self._inbound if stage == j)
       channel.post(op="snapshot", n=n, inbound=inbound, report=False)
@@ -689,8 +678,7 @@ class RemoteNumerics:
   def restore_checkpoint_state(self, state: dict[str, Any]) -> None:
     """Puts back what :meth:`checkpoint_state` returned (each stage restores before any later command)."""
     self._losses, self.generation, self.records = dict(state["losses"]), state["generation"], dict(state["records"])
-    n = self._pulls
-    self._pulls += 1
+    n = next(self._tags)
     for j, channel in enumerate(self._stages):
       channel.post(op="restore", n=n, report=False)
       send_tree(self.node, self._mailbox, channel.process, f"r{self.vw}.{j}.{n}", state["stages"][j])

@@ -30,7 +30,7 @@ from typing import Any
 from hetpipe_jax.cluster import Cluster
 from hetpipe_jax.core.comm import Done, StageId
 from hetpipe_jax.core.engine import Engine
-from hetpipe_jax.core.schedule import Task
+from hetpipe_jax.core.schedule import Task, successor
 from hetpipe_jax.cost.profile import UnitProfile
 from hetpipe_jax.errors import ProtocolError
 from hetpipe_jax.plan.costmodel import CostModel
@@ -149,10 +149,10 @@ class Simulator:
     engine.finish(task, t)
     if not self.overlap:
       return
-    k = engine.vws[task.vw].k
-    stage, kind = (task.stage + 1, "fwd") if task.kind == "fwd" else (task.stage - 1, "bwd")
-    if not 0 <= stage < k:
+    nxt = successor(task, engine.vws[task.vw].k)
+    if nxt is None or nxt[0] == task.stage:  # completed, or the last stage turning round: nothing travels
       return
+    stage, kind = nxt
     transfer = cost.transfer(task.vw, stage, kind)
     if transfer is None:
       return
