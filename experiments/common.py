@@ -239,6 +239,15 @@ def pyplot():
   return plt
 
 
+def save_figure(fig, path: str) -> str:
+  """Lays ``fig`` out, writes it to ``path`` (PNG, 110 dpi), closes it; returns ``path``."""
+  import matplotlib.pyplot as plt
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path
+
+
 def progress(message: str, *args: Any) -> None:
   """Logs a progress line (absl INFO on stderr; stdout keeps the results), attributed to the caller."""
   logging.info(message, *args)

@@ -1,23 +1,36 @@
-r"""Convergence study: HetPipe at several D against Horovod-style data parallelism and an SSP server.
+r"""Convergence study: HetPipe at several D and the tuned configuration against Horovod-style data
+parallelism (and, with --ssp, an SSP parameter server).
 
 Real training (real gradients, Fashion-MNIST by default) under the exact staleness pattern of an
-emulated heterogeneous cluster: the ``virtual`` executor's clock is the cost model of the cluster (and,
-with --time_model, of a larger model's plan on it, while the numerics train the small model). Every run
-sees the same examples (same number of epochs) from the same initialisation:
+emulated heterogeneous cluster. The default is the paper's setting: the time axis is VGG-19's cost on the
+16-GPU testbed (--time_model; "none" times the trained model's own cost) while the numerics train the small
+CNN, and the 12 -> 16 GPU comparison (--whimpy: the baselines may not use the RTX 2060s, HetPipe uses all
+16). Every run sees the same examples (same epochs) from the same initialisation, for every seed of
+--seeds:
 
-* HetPipe at each D of --ds (allocation --policy, partitions and Nm from the planner);
+* HetPipe at each D of --ds (allocation --policy, partitions and Nm from the planner), and the tuned
+  configuration (``experiments.tune``'s search on the time model: grouping, Nm per virtual worker, D,
+  placement, transfer model);
 * Horovod-style synchronous data parallelism on the GPUs that hold the whole model (time per step:
-  slowest GPU + all-reduce);
-* an SSP parameter server without pipelining (one worker per GPU, Nm = 1, D = --ssp_d) on those GPUs.
+  slowest GPU + all-reduce overlapped with the backward pass, the faster of the two baselines);
+* with --ssp, an SSP parameter server without pipelining (one worker per GPU, Nm = 1, D = --ssp_d).
 
---whimpy=TYPE runs the 12 -> 16 GPU experiment: the baselines may not use GPUs of TYPE, HetPipe uses all.
+HetPipe and SSP runs train on the ``virtual`` executor, whose clock charges stage-to-stage transfers but
+not the PS's pushes and pulls; their time axis is scaled so that each configuration's images/s equal the
+``sim`` executor's for it (links shared, PS traffic, the configuration's transfer model), as the throughput
+study measures it.
 
-Writes convergence.json, a CSV and PNG plots (test accuracy against emulated time and against epochs),
-prints time to --target_accuracy, each HetPipe run's speedup over the data-parallel baseline, and each
-HetPipe run's observed staleness (its trace passes the checker)::
+The time to --target_accuracy is when a run's test accuracy first reaches the target and stays there at
+the next evaluation too (reached clearly, not a noisy peak). From the HetPipe runs that reach it, the
+study fits the tuner's staleness-aware estimate (images to target = images0 x (1 + beta x mean staleness):
+:class:`hetpipe_jax.tune.StalenessModel`) and validates it leaving one run out at a time.
+
+Writes convergence.json (every run with its ``seed``; the fitted ``staleness_model`` and its validation),
+a CSV and PNG plots (test accuracy against emulated time and against epochs, mean over seeds with the
+spread), prints each run's time to target (mean and range over seeds) and speedup over Horovod::
 
   python -m experiments.convergence
-  python -m experiments.convergence --time_model=vgg19 --whimpy="RTX 2060" --out_dir=outputs/whimpy
+  python -m experiments.convergence --time_model=none --whimpy= --seeds=0 --out_dir=outputs/own_cost
 """
 
 from __future__ import annotations
@@ -36,42 +49,58 @@ flags.DEFINE_string("cluster", "paper_testbed", "Cluster preset or .toml file.")
 flags.DEFINE_string("policy", "ED", "HetPipe allocation policy: NP, ED, HD or a grouping.")
 flags.DEFINE_list("ds", ["0", "4", "32"], "Clock distance bounds D of the HetPipe runs.")
 flags.DEFINE_string("nm", "max_fit", "HetPipe Nm: max_fit, best or a number.")
+flags.DEFINE_bool("tuned", True, "Add the tuned configuration (experiments.tune's search on the time model).")
+flags.DEFINE_list("seeds", ["0", "1", "2"], "Initialisation and shuffling seeds: every run once per seed.")
 flags.DEFINE_float("epochs", 1.0, "Training examples seen by every run, in epochs.")
 flags.DEFINE_integer("batch_size", 32, "Minibatch size (per worker).")
 flags.DEFINE_float("learning_rate", 0.02, "SGD learning rate of every run (0.05 made the 4-VW D=0 run and the "
                    "16-worker SSP run diverge).")
-flags.DEFINE_float("target_accuracy", 0.75, "Test accuracy whose emulated time is the headline.")
-flags.DEFINE_string("time_model", None, "vgg19 or resnet152: time axis from this model's cost on the cluster.")
+flags.DEFINE_float("target_accuracy", 0.75, "Test accuracy whose emulated time is the headline (reached when a "
+                   "run reaches it and stays there at the next evaluation).")
+flags.DEFINE_string("time_model", "vgg19", "vgg19 or resnet152: time axis from this model's cost on the cluster; "
+                    "none: the trained model's own cost.")
+flags.DEFINE_bool("ssp", False, "Add the SSP parameter-server baseline (one worker per GPU, Nm = 1).")
 flags.DEFINE_integer("ssp_d", 4, "Staleness bound of the SSP baseline.")
 flags.DEFINE_enum("horovod_lr_scale", "linear", ["linear", "none"], "Data-parallel learning rate: linear = "
                   "learning_rate x workers (its step averages their gradients; Goyal et al. 2017), none = "
                   "learning_rate.")
-flags.DEFINE_string("whimpy", None, "GPU type the baselines may not use (the 12 -> 16 GPU experiment).")
+flags.DEFINE_string("whimpy", "RTX 2060", "GPU type the baselines may not use (the 12 -> 16 GPU experiment); "
+                    "empty: they use every GPU that holds the model.")
 flags.DEFINE_integer("eval_every", 5, "Evaluate every this many global clock ticks (baseline: steps).")
-flags.DEFINE_integer("seed", 0, "Initialisation and shuffling seed, in [0, 2**63 - 1].")
 flags.DEFINE_string("out_dir", "outputs/convergence", "Where the JSON, CSV and plots go.")
 
 OPTIMIZER = "sgd"  # every run's: HetPipe's local optimizer, the SSP workers' and the data-parallel step's
 
 
 def time_to(curve: list[list[float]], target: float) -> float | None:
-  return next((t for t, _, acc, _ in curve if acc >= target), None)
+  """When the accuracy first reaches ``target`` and is still there at the next evaluation (or the run ends)."""
+  for i, (t, _, acc, _) in enumerate(curve):
+    if acc >= target and (i + 1 == len(curve) or curve[i + 1][2] >= target):
+      return t
+  return None
 
 
-def hetpipe_curve(metrics: list[dict], nms: list[int]) -> list[list[float]]:
-  """[time, minibatches so far (all workers), test accuracy, train loss] at every evaluation."""
+def images_to(curve: list[list[float]], target: float, batch_size: int) -> float | None:
+  t = time_to(curve, target)
+  return None if t is None else next(mbs for tt, mbs, _, _ in curve if tt == t) * batch_size
+
+
+def hetpipe_curve(metrics: list[dict], nms: list[int], scale: float = 1.0) -> list[list[float]]:
+  """[time x scale, minibatches so far (all workers), test accuracy, train loss] at every evaluation."""
   curve, done = [], 0
   for row in metrics:
     done += nms[row["vw"]]
     if "test_accuracy" in row:
-      curve.append([row["time"], done, row["test_accuracy"], row["train_loss"]])
+      curve.append([row["time"] * scale, done, row["test_accuracy"], row["train_loss"]])
   return curve
 
 
 def main(argv):
   del argv
   from hetpipe_jax import ConfigError, get_cluster
-  common.check_seed(FLAGS.seed)
+  seeds = [common.check_seed(s) for s in common.parse_ints("seeds", FLAGS.seeds)]
+  if not seeds:
+    raise ConfigError("--seeds is empty; give one or more seeds, e.g. --seeds=0,1,2")
   ds = common.parse_ints("ds", FLAGS.ds)
   cluster = get_cluster(FLAGS.cluster)
   common.ensure_devices(cluster.num_gpus)
@@ -83,106 +112,212 @@ def main(argv):
   from hetpipe_jax.baselines.data_parallel import train_data_parallel
   from hetpipe_jax.baselines.horovod import horovod_iteration_seconds
   from hetpipe_jax.cost.profile import profile_units
+  from hetpipe_jax.models import FULL_SIZE, full_size_model
   from hetpipe_jax.optim import make_optimizer, optimizer_slots
   from hetpipe_jax.plan.allocation import horovod_gpus, parse_policy, plan_cluster
+  from hetpipe_jax.tune import fit_staleness_model, mean_staleness, tune
 
+  time_model = None if FLAGS.time_model.lower() in ("", "none") else FLAGS.time_model
+  if time_model is not None and time_model not in FULL_SIZE:
+    raise ConfigError(f"--time_model={FLAGS.time_model}; use one of {', '.join(FULL_SIZE)} or none")
   dataset = load_dataset(FLAGS.dataset)
   model = get_model(FLAGS.model, dataset.num_classes)
   total = int(FLAGS.epochs * len(dataset.x_train) / FLAGS.batch_size)  # minibatches every run sees
-  clock_profiles = (time_model_profiles(FLAGS.time_model, FLAGS.batch_size) if FLAGS.time_model else
+  clock_profiles = (time_model_profiles(time_model, FLAGS.batch_size) if time_model else
                     profile_units(model, jax.ShapeDtypeStruct((FLAGS.batch_size,) + dataset.x_train.shape[1:],
                                                               jnp.float32)))
-  time_axis = (f"cost model of {FLAGS.time_model} (batch {FLAGS.batch_size}) on {cluster.name}"
-               if FLAGS.time_model else f"cost model of {model.name} on {cluster.name}")
+  time_axis = (f"cost model of {time_model} (batch {FLAGS.batch_size}) on {cluster.name}"
+               if time_model else f"cost model of {model.name} on {cluster.name}")
   nm = common.parse_nm(FLAGS.nm)
   policy = parse_policy(FLAGS.policy)
+  slots = optimizer_slots(OPTIMIZER)
   base = RunConfig(cluster=cluster, batch_size=FLAGS.batch_size, optimizer=OPTIMIZER,
-                   learning_rate=FLAGS.learning_rate, seed=FLAGS.seed, eval_every=FLAGS.eval_every,
-                   time_model=FLAGS.time_model, executor="virtual")
-  runs = []
+                   learning_rate=FLAGS.learning_rate, eval_every=FLAGS.eval_every, time_model=time_model,
+                   executor="virtual")
+  configs = []  # (name, RunConfig fields, overlapped transfers on the sim)
   for d in ds:
-    nms = [p.nm for p in plan_cluster(cluster, clock_profiles, policy, "default", nm, None).vws]
-    waves = max(1, math.ceil(total / sum(nms)))
-    common.progress("HetPipe D=%d: %d virtual workers, Nm=%s, %d waves", d, len(nms), nms, waves)
-    result = run_hetpipe(model, dataset, replace(base, policy=policy, nm=nm, d=d, waves=waves))
-    common.require_wsp(result.events, f"HetPipe D={d}")
-    stats = staleness_stats(result.events)
-    runs.append({"name": f"HetPipe {FLAGS.policy} D={d}", "system": "hetpipe", "d": d, "nm": nms,
-                 "gpus": sum(result.events[0]["stages"]), "curve": hetpipe_curve(result.metrics, nms),
-                 "staleness": stats})
+    configs.append((f"HetPipe {FLAGS.policy} D={d}", {"policy": policy, "nm": nm, "d": d}, False))
+  if FLAGS.tuned:
+    best = tune(cluster, clock_profiles, FLAGS.batch_size, ds=ds, optimizer_slots=slots,
+                progress=lambda line: common.progress("tuner: %s", line))["best"].candidate
+    common.progress("tuned: %s", best.label)
+    configs.append((f"HetPipe tuned ({best.grouping}, D={best.d})",
+                    {"policy": [[g.index for g in p.gpus] for p in best.plans],
+                     "cuts": [list(p.cuts) for p in best.plans], "nm": [p.nm for p in best.plans], "d": best.d,
+                     "placement": best.placement},
+                    best.overlap_transfers))
+  sim_model, sim_data = ((full_size_model(time_model), FULL_SIZE[time_model]) if time_model else (model, dataset))
 
-  gpus = [g for g in horovod_gpus(cluster, clock_profiles, optimizer_slots(OPTIMIZER)) if g.type.name != FLAGS.whimpy]
-  if not gpus:
-    raise ConfigError("no GPU of the cluster holds the whole model for the data-parallel baselines; use a "
-                      "smaller --time_model or a cluster with larger GPUs")
-  step_s = horovod_iteration_seconds(cluster, clock_profiles, gpus)
-  lr = FLAGS.learning_rate * (len(gpus) if FLAGS.horovod_lr_scale == "linear" else 1)
-  rows = train_data_parallel(model, dataset, make_optimizer(OPTIMIZER, lr), len(gpus), total // len(gpus),
-                             FLAGS.batch_size, step_s, FLAGS.seed, FLAGS.eval_every)
-  runs.append({"name": f"Horovod ({len(gpus)} GPUs)", "system": "horovod", "d": 0, "nm": [1], "lr": lr,
-               "gpus": len(gpus), "curve": [[r["time"], r["step"] * len(gpus), r["test_accuracy"],
-                                             r["train_loss"]] for r in rows if "test_accuracy" in r]})
-  ssp = run_hetpipe(model, dataset, replace(base, policy=[[g.index] for g in gpus], nm=1, d=FLAGS.ssp_d,
-                                            waves=max(1, total // len(gpus))))
-  common.require_wsp(ssp.events, f"SSP D={FLAGS.ssp_d}")
-  runs.append({"name": f"SSP PS ({len(gpus)} GPUs) D={FLAGS.ssp_d}", "system": "ssp", "d": FLAGS.ssp_d,
-               "nm": [1], "gpus": len(gpus), "curve": hetpipe_curve(ssp.metrics, [1] * len(gpus)),
-               "staleness": staleness_stats(ssp.events)})
+  def sim_scale(fields: dict, overlap: bool, waves: int, virtual_ips: float) -> float:
+    """Emulated seconds on the sim executor per second of the virtual executor's clock."""
+    sim = run_hetpipe(sim_model, sim_data, replace(base, **fields, time_model=None, executor="sim",
+                                                   waves=min(waves, 50), overlap_transfers=overlap))
+    common.require_wsp(sim.events, "simulated run")
+    return virtual_ips / sim.images_per_second
+
+  runs, scales = [], {}
+  for seed in seeds:
+    for name, fields, overlap in configs:
+      layout_nms = [p.nm for p in plan_cluster(cluster, clock_profiles, policy, "default", nm, None,
+                                               optimizer_slots=slots).vws] if "cuts" not in fields else fields["nm"]
+      waves = max(1, math.ceil(total / sum(layout_nms)))
+      common.progress("seed %d, %s: %d virtual workers, Nm=%s, %d waves", seed, name, len(layout_nms), layout_nms,
+                      waves)
+      result = run_hetpipe(model, dataset, replace(base, seed=seed, waves=waves, **fields))
+      common.require_wsp(result.events, f"{name}, seed {seed}")
+      if name not in scales:
+        scales[name] = sim_scale(fields, overlap, waves, result.images_per_second)
+      nms = result.events[0]["nm"]
+      runs.append({"name": name, "system": "hetpipe", "seed": seed, "d": fields["d"], "nm": nms,
+                   "gpus": sum(result.events[0]["stages"]), "time_scale": scales[name],
+                   "curve": hetpipe_curve(result.metrics, nms, scales[name]),
+                   "staleness": staleness_stats(result.events), "mean_staleness": mean_staleness(result.events)})
+
+    gpus = [g for g in horovod_gpus(cluster, clock_profiles, slots) if g.type.name != FLAGS.whimpy]
+    if not gpus:
+      raise ConfigError("no GPU of the cluster holds the whole model for the data-parallel baselines; use a "
+                        "smaller --time_model or a cluster with larger GPUs")
+    step_s = horovod_iteration_seconds(cluster, clock_profiles, gpus, overlap=True)
+    lr = FLAGS.learning_rate * (len(gpus) if FLAGS.horovod_lr_scale == "linear" else 1)
+    common.progress("seed %d, Horovod on %d GPUs: %d steps", seed, len(gpus), total // len(gpus))
+    rows = train_data_parallel(model, dataset, make_optimizer(OPTIMIZER, lr), len(gpus), total // len(gpus),
+                               FLAGS.batch_size, step_s, seed, FLAGS.eval_every)
+    runs.append({"name": f"Horovod ({len(gpus)} GPUs)", "system": "horovod", "seed": seed, "d": 0, "nm": [1],
+                 "lr": lr, "gpus": len(gpus), "curve": [[r["time"], r["step"] * len(gpus), r["test_accuracy"],
+                                                         r["train_loss"]] for r in rows if "test_accuracy" in r]})
+    if FLAGS.ssp:
+      fields = {"policy": [[g.index] for g in gpus], "nm": 1, "d": FLAGS.ssp_d}
+      name = f"SSP PS ({len(gpus)} GPUs) D={FLAGS.ssp_d}"
+      ssp = run_hetpipe(model, dataset, replace(base, seed=seed, waves=max(1, total // len(gpus)), **fields))
+      common.require_wsp(ssp.events, f"{name}, seed {seed}")
+      if name not in scales:
+        scales[name] = sim_scale(fields, False, total // len(gpus), ssp.images_per_second)
+      runs.append({"name": name, "system": "ssp", "seed": seed, "d": FLAGS.ssp_d, "nm": [1], "gpus": len(gpus),
+                   "time_scale": scales[name], "curve": hetpipe_curve(ssp.metrics, [1] * len(gpus), scales[name]),
+                   "staleness": staleness_stats(ssp.events), "mean_staleness": mean_staleness(ssp.events)})
 
   epoch = len(dataset.x_train) / FLAGS.batch_size
   for run in runs:
     run["time_to_target_s"] = time_to(run["curve"], FLAGS.target_accuracy)
+    run["images_to_target"] = images_to(run["curve"], FLAGS.target_accuracy, FLAGS.batch_size)
     run["final_test_accuracy"] = run["curve"][-1][2]
+  staleness_doc = validate_staleness_model(runs, fit_staleness_model)
+  names = list(dict.fromkeys(run["name"] for run in runs))
+  summary = {name: summarise([r for r in runs if r["name"] == name]) for name in names}
   doc = {"target_accuracy": FLAGS.target_accuracy, "time_axis": time_axis, "model": model.name,
          "dataset": dataset.name, "cluster": cluster.name, "epochs": FLAGS.epochs, "whimpy": FLAGS.whimpy,
-         "seed": FLAGS.seed, "runs": runs}
+         "seeds": seeds, "summary": summary, **staleness_doc, "runs": runs}
   paths = {name: common.output_path(FLAGS.out_dir, f"convergence.{ext}")
            for name, ext in (("json", "json"), ("csv", "csv"), ("plot", "png"))}
   common.write_json(paths["json"], doc)
-  common.write_csv(paths["csv"], ["name", "system", "d", "time_s", "minibatches", "epochs", "test_accuracy",
+  common.write_csv(paths["csv"], ["name", "system", "seed", "d", "time_s", "minibatches", "epochs", "test_accuracy",
                                   "train_loss"],
-                   ([run["name"], run["system"], run["d"], t, mbs, mbs / epoch, acc, loss]
+                   ([run["name"], run["system"], run["seed"], run["d"], t, mbs, mbs / epoch, acc, loss]
                     for run in runs for t, mbs, acc, loss in run["curve"]))
-  plot(runs, epoch, paths["plot"], f"{model.name} on {dataset.name}; time: {time_axis}")
+  plot(runs, epoch, paths["plot"], f"{model.name} on {dataset.name}; time: {time_axis}; seeds {seeds}")
 
-  horovod = next(r for r in runs if r["system"] == "horovod")
-  print(f"{'run':28} {'GPUs':>4} {'time to ' + format(FLAGS.target_accuracy, '.0%'):>14} "
-        f"{'final acc':>9} {'speedup vs Horovod':>18}")
-  for run in runs:
-    t, th = run["time_to_target_s"], horovod["time_to_target_s"]
+  horovod = next(name for name in names if name.startswith("Horovod"))
+  th = summary[horovod]["mean_time_to_target_s"]
+  print(f"{'run':34} {'GPUs':>4} {'time to ' + format(FLAGS.target_accuracy, '.0%') + ' (mean, range)':>30} "
+        f"{'final acc':>9} {'speedup vs Horovod':>20}")
+  for name in names:
+    s = summary[name]
+    t = s["mean_time_to_target_s"]
+    when = (f"{t:.4g} ({s['min_time_to_target_s']:.4g}..{s['max_time_to_target_s']:.4g})" if t is not None
+            else f"not reached by {s['missed']} of {len(seeds)}")
     speed = f"{th / t:.2f}x ({(t - th) / th:+.0%} time)" if t and th else "-"
-    print(f"{run['name']:28} {run['gpus']:>4} {t if t is not None else float('nan'):14.4g} "
-          f"{run['final_test_accuracy']:9.4f} {speed:>18}")
-  for run in runs:
-    if "staleness" in run:
-      s = run["staleness"]
-      print(f"{run['name']}: local staleness {s['local_staleness']}, global {s['global_staleness']} "
-            f"(bound {max(s['global_bound'])}), blocked {sum(s['blocked_seconds']):.4g} s")
-  if horovod["time_to_target_s"] is None:
-    print(f"the data-parallel baseline did not reach {FLAGS.target_accuracy:.0%} within {FLAGS.epochs} epochs "
-          f"(final {horovod['final_test_accuracy']:.4f} at {horovod['curve'][-1][0]:.4g} s): no speedup to report")
+    print(f"{name:34} {s['gpus']:>4} {when:>30} {s['mean_final_test_accuracy']:9.4f} {speed:>20}")
+  for name in names:
+    per_seed = [r for r in runs if r["name"] == name]
+    if "staleness" in per_seed[0]:
+      stats = per_seed[0]["staleness"]
+      print(f"{name}: mean staleness {sum(r['mean_staleness'] for r in per_seed) / len(per_seed):.2f}, global max "
+            f"{max(r['staleness']['max_global_staleness'] or 0 for r in per_seed)} (bound "
+            f"{max(stats['global_bound'])}); time axis x{per_seed[0]['time_scale']:.3f} to the sim executor")
+  fit = doc.get("staleness_model")
+  if fit is not None:
+    check = doc["staleness_validation"]
+    error = ("no run to leave out" if check["mean_abs_error"] is None else
+             f"mean {check['mean_abs_error']:.1%}, worst {check['max_abs_error']:.1%} over {len(check['runs'])} runs")
+    print(f"staleness-aware estimate: images to {FLAGS.target_accuracy:.0%} = {fit['images0']:.4g} x (1 + "
+          f"{fit['beta']:.4g} x mean staleness); leave-one-out error on time to target: {error}")
+  else:
+    print(f"staleness-aware estimate: not fitted ({doc['staleness_note']})")
+  best = min((n for n in names if n.startswith("HetPipe") and summary[n]["mean_time_to_target_s"] is not None),
+             key=lambda n: summary[n]["mean_time_to_target_s"], default=None)
+  if best is not None and th:
+    ratios = [r["time_to_target_s"] / h["time_to_target_s"] for r in runs if r["name"] == best
+              for h in runs if h["name"] == horovod and h["seed"] == r["seed"]
+              if r["time_to_target_s"] is not None and h["time_to_target_s"] is not None]
+    print(f"best HetPipe run: {best}, {summary[best]['mean_time_to_target_s'] / th:.2f} of Horovod's time to "
+          f"target (mean over seeds); per seed {', '.join(f'{x:.2f}' for x in ratios)}")
+  if th is None:
+    print(f"the data-parallel baseline did not reach {FLAGS.target_accuracy:.0%} within {FLAGS.epochs} epochs for "
+          "every seed: no mean speedup to report")
   print(f"time axis: {time_axis} (emulated seconds, not wall time)")
   common.print_outputs(paths.items(), width=5)
 
 
+def summarise(runs: list[dict]) -> dict:
+  """Mean and range over seeds of one configuration's time to target and final accuracy."""
+  times = [r["time_to_target_s"] for r in runs if r["time_to_target_s"] is not None]
+  reached = len(times) == len(runs)
+  return {"gpus": runs[0]["gpus"], "seeds": [r["seed"] for r in runs], "missed": len(runs) - len(times),
+          "mean_time_to_target_s": sum(times) / len(times) if reached else None,
+          "min_time_to_target_s": min(times) if times else None, "max_time_to_target_s": max(times) if times else None,
+          "mean_final_test_accuracy": sum(r["final_test_accuracy"] for r in runs) / len(runs)}
+
+
+def validate_staleness_model(runs: list[dict], fit) -> dict:
+  """Fits images to target against mean staleness over the HetPipe and SSP runs that reached the target, and
+  validates it leaving one run out: the predicted time to target (images over the run's images/s) against
+  the measured one."""
+  from hetpipe_jax import ConfigError
+  points = [r for r in runs if "mean_staleness" in r and r["images_to_target"] is not None]
+  try:
+    model = fit([(r["mean_staleness"], r["images_to_target"]) for r in points], FLAGS.target_accuracy)
+  except ConfigError as e:
+    return {"staleness_note": str(e)}
+  checks = []
+  for i, r in enumerate(points):
+    rest = points[:i] + points[i + 1:]
+    try:
+      held = fit([(x["mean_staleness"], x["images_to_target"]) for x in rest]) if rest else model
+    except ConfigError:
+      continue
+    images_per_s = r["images_to_target"] / r["time_to_target_s"]
+    predicted = held.seconds(images_per_s, r["mean_staleness"])
+    checks.append({"name": r["name"], "seed": r["seed"], "measured_s": r["time_to_target_s"], "predicted_s": predicted,
+                   "error": predicted / r["time_to_target_s"] - 1})
+  errors = [abs(c["error"]) for c in checks]
+  return {"staleness_model": {"images0": model.images0, "beta": model.beta, "target_accuracy": FLAGS.target_accuracy},
+          "staleness_validation": {"runs": checks, "mean_abs_error": sum(errors) / len(errors) if errors else None,
+                                   "max_abs_error": max(errors) if errors else None}}
+
+
 def plot(runs: list[dict], epoch: float, path: str, title: str) -> None:
+  """Test accuracy against emulated time and against epochs: per configuration the mean over seeds, and
+  the band between the lowest and highest seed (every seed is evaluated at the same points)."""
+  import numpy as np
   plt = common.pyplot()
   fig, (ax_t, ax_e) = plt.subplots(1, 2, figsize=(12, 4.2))
-  for run in runs:
-    style = "--" if run["system"] != "hetpipe" else "-"
-    ax_t.plot([c[0] for c in run["curve"]], [c[2] for c in run["curve"]], style, label=run["name"])
-    ax_e.plot([c[1] / epoch for c in run["curve"]], [c[2] for c in run["curve"]], style, label=run["name"])
-  ax_t.axhline(FLAGS.target_accuracy, color="grey", lw=0.8)
-  ax_e.axhline(FLAGS.target_accuracy, color="grey", lw=0.8)
-  ax_t.set(xlabel="emulated time (s)", ylabel="test accuracy")
-  ax_e.set(xlabel="epochs", ylabel="test accuracy")
+  for name in dict.fromkeys(run["name"] for run in runs):
+    curves = [r["curve"] for r in runs if r["name"] == name]
+    n = min(len(c) for c in curves)
+    acc = np.array([[p[2] for p in c[:n]] for c in curves])
+    style = "--" if runs[[r["name"] for r in runs].index(name)]["system"] != "hetpipe" else "-"
+    for ax, x in ((ax_t, [p[0] for p in curves[0][:n]]), (ax_e, [p[1] / epoch for p in curves[0][:n]])):
+      line, = ax.plot(x, acc.mean(axis=0), style, label=f"{name} ({len(curves)} seeds)")
+      if len(curves) > 1:
+        ax.fill_between(x, acc.min(axis=0), acc.max(axis=0), color=line.get_color(), alpha=0.15, lw=0)
   for ax in (ax_t, ax_e):
+    ax.axhline(FLAGS.target_accuracy, color="grey", lw=0.8)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
+  ax_t.set(xlabel="emulated time (s)", ylabel="test accuracy (mean; band: seeds' range)")
+  ax_e.set(xlabel="epochs", ylabel="test accuracy (mean; band: seeds' range)")
   fig.suptitle(title, fontsize=9)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  common.save_figure(fig, path)
 
 
 cli = common.console(main)

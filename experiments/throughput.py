@@ -4,13 +4,17 @@ Defaults reproduce the paper's setting: the 16-GPU ``paper_testbed``, VGG-19 and
 batch 32, momentum SGD, weight stashing. For each model:
 
   (a) nm:      one virtual worker as Nm grows, for several GPU mixes;
-  (b) policy:  NP, ED, HD with default and local placement (planned partitions and Nm, D in --ds), and the
-               Horovod-style baseline on the GPUs that hold the whole model;
+  (b) policy:  NP, ED, HD with default and local placement (planned partitions and Nm, D in --ds), the
+               tuned configuration (``experiments.tune``: grouping, Nm per virtual worker, D, placement and
+               transfer model searched), and the Horovod-style baseline on the GPUs that hold the whole model,
+               with its all-reduce after the backward pass and overlapped with it (the fair baseline of a
+               run whose transfers overlap computation);
   (c) whimpy:  HetPipe (ED, local) on the 12 non-whimpy GPUs vs. all 16, and Horovod.
 
-Writes throughput.json (rows {"model", "study", "config", "gpus", "nm", "d", "images_per_sec",
+Writes throughput.json (rows {"model", "study", "config", "gpus", "nm", "d", "transfers", "images_per_sec",
 "ideal_images_per_sec", "efficiency"}: the ideal heterogeneous aggregate of the row's GPUs, and images/s
-over it), a CSV and
+over it; "transfers": serial or overlapped with computation, and the ratio to Horovod is to the baseline
+with the same transfer model), a CSV and
 PNG charts to --out_dir, prints a table with the ratios to Horovod, and the paths::
 
   python -m experiments.throughput
@@ -35,8 +39,10 @@ flags.DEFINE_list("ds", ["0", "4", "32"], "Clock distance bounds D of the policy
 flags.DEFINE_string("whimpy", "RTX 2060", "GPU type left out of the 12-GPU side of study (c).")
 flags.DEFINE_string("optimizer", "momentum", "Local optimizer, for its memory: sgd, momentum, adam.")
 flags.DEFINE_string("out_dir", "outputs/throughput", "Where the JSON, CSV and charts go.")
-flags.DEFINE_bool("overlap_transfers", False, "Simulate stage-to-stage transfers overlapped with computation "
-                  "(a GPU receives its next input while it computes) instead of charged in series.")
+flags.DEFINE_bool("overlap_transfers", False, "Simulate the NP/ED/HD rows' stage-to-stage transfers overlapped "
+                  "with computation (a GPU receives its next input while it computes) instead of charged in "
+                  "series.")
+flags.DEFINE_bool("tuned", True, "Add the tuned configuration (experiments.tune's search) to the policy study.")
 
 
 def simulated_images_per_sec(cluster, profiles, plans, d: int = 0, placement: str = "default") -> float:
@@ -66,9 +72,10 @@ def study(model_name: str, cluster, ds: list[int]) -> list[dict]:
 
   rows = []
   ideal = lambda gpus: ideal_images_per_sec(cluster, profiles, FLAGS.batch_size, gpus)
-  row = lambda study_name, config, gpus, nm, d, ips, best: rows.append(
+  serial = "overlap" if FLAGS.overlap_transfers else "serial"  # the transfer model of the planned rows
+  row = lambda study_name, config, gpus, nm, d, ips, best, transfers=serial: rows.append(
       {"model": model_name, "study": study_name, "config": config, "gpus": gpus, "nm": nm, "d": d,
-       "images_per_sec": ips, "ideal_images_per_sec": best, "efficiency": ips / best})
+       "transfers": transfers, "images_per_sec": ips, "ideal_images_per_sec": best, "efficiency": ips / best})
 
   # (a) one virtual worker, Nm = 1 .. nm_max
   ed, hd, nodes = allocate(cluster, "ED")[0], allocate(cluster, "HD")[0], allocate(cluster, "NP")
@@ -85,8 +92,10 @@ def study(model_name: str, cluster, ds: list[int]) -> list[dict]:
 
   # (b) allocation policies and placements vs. Horovod
   baseline_gpus = horovod_gpus(cluster, profiles, slots)
-  horovod = horovod_images_per_second(cluster, profiles, baseline_gpus, FLAGS.batch_size) if baseline_gpus else 0
-  row("policy", "Horovod", len(baseline_gpus), 1, 0, horovod, ideal(None))  # the others sit idle
+  horovod = {overlap: horovod_images_per_second(cluster, profiles, baseline_gpus, FLAGS.batch_size, overlap=overlap)
+             if baseline_gpus else 0 for overlap in (False, True)}
+  row("policy", "Horovod", len(baseline_gpus), 1, 0, horovod[False], ideal(None), "serial")  # the others idle
+  row("policy", "Horovod, all-reduce overlapped", len(baseline_gpus), 1, 0, horovod[True], ideal(None), "overlap")
   for policy in ("NP", "ED", "HD"):
     for placement in ("default", "local"):
       plan = plan_cluster(cluster, profiles, policy, placement, "max_fit", None, optimizer_slots=slots)
@@ -95,6 +104,15 @@ def study(model_name: str, cluster, ds: list[int]) -> list[dict]:
         config = f"{policy}-{placement}" + (f" D={d}" if d else "")
         row("policy", config, cluster.num_gpus, max(p.nm for p in plan.vws), d, ips, ideal(None))
         common.progress("%s %s: %.1f images/s", model_name, config, ips)
+  if FLAGS.tuned:
+    from hetpipe_jax.tune import tune
+    best = tune(cluster, profiles, FLAGS.batch_size, waves=FLAGS.waves, ds=ds, optimizer_slots=slots,
+                progress=lambda line: common.progress("%s tuner: %s", model_name, line))["best"]
+    c = best.candidate
+    row("policy", f"tuned: {c.grouping}, Nm {c.nm_rule}, D={c.d}, {c.placement}", cluster.num_gpus,
+        max(p.nm for p in c.plans), c.d, best.images_per_sec, ideal(None),
+        "overlap" if c.overlap_transfers else "serial")
+    common.progress("%s tuned (%s): %.1f images/s", model_name, c.label, best.images_per_sec)
 
   # (c) whimpy GPUs: HetPipe on the others, HetPipe on all, Horovod
   kept = [[g.type for g in cluster.node_gpus(n)] for n in sorted({g.node for g in cluster.gpus})
@@ -106,8 +124,8 @@ def study(model_name: str, cluster, ds: list[int]) -> list[dict]:
     row("whimpy", label, c.num_gpus, max(p.nm for p in plan.vws), 0,
         simulated_images_per_sec(c, profiles, plan.vws, 0, "local"),
         ideal_images_per_sec(c, profiles, FLAGS.batch_size))
-  row("whimpy", f"Horovod, {len(baseline_gpus)} GPUs that hold the model", len(baseline_gpus), 1, 0, horovod,
-      ideal(None))
+  row("whimpy", f"Horovod, {len(baseline_gpus)} GPUs that hold the model", len(baseline_gpus), 1, 0,
+      horovod[False], ideal(None), "serial")
   return rows
 
 
@@ -124,9 +142,7 @@ def charts(rows: list[dict], out_dir: str) -> list[str]:
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
   paths.append(os.path.join(out_dir, "throughput_nm.png"))
-  fig.tight_layout()
-  fig.savefig(paths[-1], dpi=110)
-  plt.close(fig)
+  common.save_figure(fig, paths[-1])
   for study_name in ("policy", "whimpy"):
     fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4.5), squeeze=False)
     for ax, model in zip(axes[0], models):
@@ -142,9 +158,7 @@ def charts(rows: list[dict], out_dir: str) -> list[str]:
       ax.set(title=f"{model}: {study_name}", ylabel="images/s (simulated)")
       ax.grid(alpha=0.3, axis="y")
     paths.append(os.path.join(out_dir, f"throughput_{study_name}.png"))
-    fig.tight_layout()
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    common.save_figure(fig, paths[-1])
   return paths
 
 
@@ -159,17 +173,19 @@ def main(argv):
   json_out = common.write_json(common.output_path(FLAGS.out_dir, "throughput.json"), rows)
   csv_out = common.write_dict_csv(common.output_path(FLAGS.out_dir, "throughput.csv"), rows)
   pngs = charts(rows, FLAGS.out_dir)
-  print(f"{'model':10} {'study':7} {'config':52} {'GPUs':>4} {'Nm':>3} {'images/s':>9} {'vs Horovod':>10} "
-        f"{'ideal':>7} {'eff.':>5}")
+  print(f"{'model':10} {'study':7} {'config':52} {'GPUs':>4} {'Nm':>3} {'xfer':>7} {'images/s':>9} "
+        f"{'vs Horovod':>10} {'ideal':>7} {'eff.':>5}")
   for r in rows:
-    horovod = next(x["images_per_sec"] for x in rows if x["model"] == r["model"] and x["config"] == "Horovod")
+    horovod = next(x["images_per_sec"] for x in rows if x["model"] == r["model"] and x["study"] == "policy"
+                   and x["config"].startswith("Horovod") and x["transfers"] == r["transfers"])
     ratio = f"{r['images_per_sec'] / horovod:.2f}x" if horovod else "-"
-    print(f"{r['model']:10} {r['study']:7} {r['config']:52} {r['gpus']:>4} {r['nm']:>3} "
+    print(f"{r['model']:10} {r['study']:7} {r['config'][:52]:52} {r['gpus']:>4} {r['nm']:>3} {r['transfers']:>7} "
           f"{r['images_per_sec']:9.1f} {ratio:>10} {r['ideal_images_per_sec']:7.1f} {r['efficiency']:5.2f}")
   print("ideal: the sum of the standalone rates of the row's GPUs (the policy rows and Horovod: every GPU of "
-        "the cluster); eff.: images/s over it")
-  print("images/s of the simulated cluster (cost model: roofline at efficiency 0.5 for every GPU type, "
-        "links of the preset); not measured on GPUs")
+        "the cluster); eff.: images/s over it; vs Horovod: over the baseline with the same transfer model "
+        "(serial: all-reduce after the backward; overlap: all-reduce overlapped with it)")
+  print("images/s of the simulated cluster (cost model: roofline with the calibrated catalogue's efficiency per "
+        "GPU type and model family, links of the preset); not measured on GPUs")
   common.print_outputs([("json", json_out), ("csv", csv_out)] + [("chart", p) for p in pngs], width=6)
 
 

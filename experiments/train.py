@@ -69,6 +69,12 @@ flags.DEFINE_string("coordinator_address", None, "multiprocess: HOST:PORT of the
 flags.DEFINE_integer("process_id", None, "multiprocess: this process's index = its node, 0..nodes-1.")
 flags.DEFINE_integer("num_processes", None, "multiprocess: the job's processes (= the cluster's nodes).")
 flags.DEFINE_float("job_timeout", 3600, "multiprocess launcher: seconds before the whole job is killed.")
+flags.DEFINE_string("plan", None, "A tuned plan (tune.json of experiments.tune): run its best configuration "
+                    "(model, cluster, batch size, grouping, cuts, Nm, D, placement, ...); a flag given beside it that "
+                    "disagrees is refused. On a numerics executor, --model=SMALL trains that model on the plan's "
+                    "full-size model's clock.")
+flags.DEFINE_bool("overlap_transfers", False, "sim executor: a stage's input travels while its device computes "
+                  "other tasks, instead of being received in series inside the task.")
 flags.DEFINE_string("out_dir", "outputs/train", "Directory for every output.")
 flags.DEFINE_string("trace_out", None, "Trace path (default: OUT_DIR/trace.jsonl).")
 flags.DEFINE_string("metrics_out", None, "Metrics path (default: OUT_DIR/metrics.jsonl).")
@@ -89,9 +95,7 @@ def plot_training(metrics: list[dict], path: str, title: str) -> None:
     ax.grid(alpha=0.3)
   ax_loss.legend()
   fig.suptitle(title, fontsize=9)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  common.save_figure(fig, path)
 
 
 def parse_failures(values: list[str]) -> list[tuple[int, int]]:
@@ -145,12 +149,66 @@ def join_job() -> None:
        local_devices=len(cluster.node_gpus(nodes[FLAGS.process_id])), recoverable=True)
 
 
+# What a tuned plan sets (a flag given beside it must match).
+PLAN_FLAGS = ("model", "dataset", "cluster", "batch_size", "optimizer", "weight_mode", "schedule", "policy",
+              "cuts", "nm", "d", "placement", "overlap_transfers")
+
+
+def apply_plan(path: str) -> dict | None:
+  """Sets the flags of ``--plan``'s best configuration; returns it (with ``time_model`` when the numerics
+  train a small ``--model`` on the plan's full-size model's clock).
+
+  Raises:
+    ConfigError: for an unreadable plan, or a flag given beside it that disagrees with it.
+  """
+  import json
+
+  from hetpipe_jax import ConfigError
+  from hetpipe_jax.models import FULL_SIZE
+  try:
+    with open(path, encoding="utf-8") as f:
+      best = json.load(f)["best"]
+    values = {
+        "model": best["model"], "cluster": best["cluster"], "batch_size": int(best["batch_size"]),
+        "optimizer": best["optimizer"], "weight_mode": best["weight_mode"], "schedule": best["schedule"],
+        "policy": ";".join(",".join(map(str, g)) for g in best["policy"]),
+        "cuts": ";".join(",".join(map(str, c)) for c in best["cuts"]), "nm": [str(n) for n in best["nm"]],
+        "d": int(best["d"]), "placement": best["placement"], "overlap_transfers": bool(best["overlap_transfers"]),
+        "dataset": best.get("dataset") or FLAGS.dataset}  # a small model's plan was profiled on its dataset
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    raise ConfigError(f"--plan={path}: not a tuned plan ({type(e).__name__}: {e}); write one with python -m "
+                      "experiments.tune") from None
+  time_model = None
+  if FLAGS.executor != "sim" and values["model"] in FULL_SIZE:
+    if not FLAGS["model"].present or FLAGS.model in FULL_SIZE:
+      raise ConfigError(f"--plan={path} is for the full-size {values['model']}, which trains on no data here: "
+                        f"simulate it (--executor=sim), or train a small model on its clock (e.g. --model=cnn)")
+    time_model, values["model"] = values["model"], FLAGS.model  # the numerics' model, the plan's clock
+    values["dataset"] = FLAGS.dataset
+  if FLAGS.executor != "sim" and values["overlap_transfers"]:
+    print(f"note: the plan's overlapped transfers are a model of the sim executor; the {FLAGS.executor} "
+          "executor receives each task's input in series", flush=True)
+    values["overlap_transfers"] = False
+  for name in PLAN_FLAGS:
+    given = FLAGS[name].value
+    if FLAGS[name].present and given != values[name]:
+      shown = ",".join(given) if isinstance(given, list) else given
+      want = ",".join(values[name]) if isinstance(values[name], list) else values[name]
+      raise ConfigError(f"--{name}={shown} disagrees with --plan={path}, which sets {name}={want}; drop "
+                        f"--{name} or tune again with it")
+    FLAGS[name].value = values[name]
+  if not FLAGS["waves"].present:
+    FLAGS.waves = int(best.get("waves", FLAGS.waves))
+  return {**best, "time_model": time_model}
+
+
 def main(argv):
   del argv
   from hetpipe_jax import ConfigError, get_cluster
   from hetpipe_jax.errors import RunStopped
   from hetpipe_jax.plan.allocation import parse_policy
   common.check_seed(FLAGS.seed)
+  plan = apply_plan(FLAGS.plan) if FLAGS.plan else None
   multiprocess = FLAGS.executor == "multiprocess"
   if multiprocess and FLAGS.coordinator_address is None:
     return launch_nodes()
@@ -160,15 +218,25 @@ def main(argv):
   stages = common.parse_ints("stages", FLAGS.stages)
   cuts = None
   if policy is not None:
-    given = [f"--{name}" for name in ("num_vws", "stages", "cuts") if FLAGS[name].present]
+    given = [f"--{name}" for name in ("num_vws", "stages") if FLAGS[name].present]
+    if isinstance(policy, str) and FLAGS.cuts:
+      given.append("--cuts")
     if given:
       raise ConfigError(f"--policy={FLAGS.policy} lets the planner choose the virtual workers, their stages "
-                        f"and cuts; drop {', '.join(given)}")
-    if len(FLAGS.nm) > 1:
+                        f"and cuts; drop {', '.join(given)} (a grouping of GPU indices with --cuts is taken as "
+                        "given)")
+    if FLAGS.cuts:  # a grouping in pipeline order, cut as given: an explicit layout (a tuned plan)
+      cuts = common.parse_cuts(FLAGS.cuts, len(policy))
+      nms = common.parse_ints("nm", FLAGS.nm)
+      nm = nms[0] if len(nms) == 1 else nms
+    elif len(FLAGS.nm) > 1 and isinstance(policy, str):
       raise ConfigError(f"--nm={','.join(FLAGS.nm)} gives one Nm per virtual worker, but with --policy the "
                         "planner decides the virtual workers; give one value: a number, max_fit or best")
-    nm_rule = FLAGS.nm[0] if FLAGS["nm"].present else "max_fit"
-    nm = nm_rule if nm_rule in ("max_fit", "best") else common.parse_ints("nm", FLAGS.nm)[0]
+    elif len(FLAGS.nm) > 1:
+      nm = common.parse_ints("nm", FLAGS.nm)
+    else:
+      nm_rule = FLAGS.nm[0] if FLAGS["nm"].present else "max_fit"
+      nm = nm_rule if nm_rule in ("max_fit", "best") else common.parse_ints("nm", FLAGS.nm)[0]
     if not multiprocess:
       common.ensure_devices(get_cluster(FLAGS.cluster).num_gpus)
   else:
@@ -196,7 +264,8 @@ def main(argv):
       trace_path=trace_out, policy=policy, placement=FLAGS.placement, on_nonfinite=FLAGS.on_nonfinite,
       checkpoint_dir=FLAGS.checkpoint_dir, checkpoint_every=FLAGS.checkpoint_every,
       keep_checkpoints=FLAGS.keep_checkpoints, resume=FLAGS.resume, failures=parse_failures(FLAGS.fail),
-      rejoin=FLAGS.rejoin)
+      rejoin=FLAGS.rejoin, overlap_transfers=FLAGS.overlap_transfers,
+      time_model=plan["time_model"] if plan else None)
   from hetpipe_jax.models import FULL_SIZE, full_size_model
   if FLAGS.executor == "sim" and FLAGS.model in FULL_SIZE:  # no numerics: the model's own input, no data
     dataset, model = FULL_SIZE[FLAGS.model], full_size_model(FLAGS.model)
@@ -234,8 +303,12 @@ def main(argv):
       "seconds": result.seconds, "host_seconds": result.wall_seconds,
       "images_per_second": result.images_per_second, "final_test_accuracy": final_acc,
       "trace_violations": [str(v) for v in violations[:20]], "staleness": stats,
-      "checkpoints": result.checkpoints,
+      "checkpoints": result.checkpoints, "overlap_transfers": config.overlap_transfers,
+      "time_model": config.time_model,
   }
+  if plan is not None:
+    summary["plan"] = {"path": FLAGS.plan, "predicted_images_per_sec": plan["images_per_sec"],
+                       "predicted_waves": plan.get("waves")}
   summary_out = common.write_json(common.output_path(FLAGS.out_dir, "summary.json"), summary)
   clock = {"virtual": "emulated cluster time", "sim": "simulated cluster time",
            "wall": "wall time (CPU emulation)", "multiprocess": "wall time of process 0 (CPU emulation)"}[
@@ -260,6 +333,9 @@ def main(argv):
         f"{max(stats['local_bound'])}), global max {stats['max_global_staleness']} (bound "
         f"{max(stats['global_bound'])}); blocked at the gate "
         f"{', '.join(f'{s:.3g}' for s in stats['blocked_seconds'])} s per VW")
+  if plan is not None and config.executor == "sim" and plan["time_model"] is None:
+    print(f"tuned plan {FLAGS.plan}: predicted {plan['images_per_sec']:,.1f} images/s, this run "
+          f"{result.images_per_second:,.1f} ({result.images_per_second / plan['images_per_sec'] - 1:+.2%})")
   if result.checkpoints is not None:
     ck = result.checkpoints
     resumed = "" if ck["resumed_from"] is None else f"resumed from global clock {ck['resumed_from']}; "

@@ -83,9 +83,7 @@ def plot(rows: list[dict], path: str) -> None:
   ax.set_ylabel("images/s (emulated speeds)")
   ax.legend(fontsize=8)
   ax.grid(alpha=0.3, axis="y")
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  common.save_figure(fig, path)
 
 
 def main(argv):

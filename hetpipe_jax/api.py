@@ -43,7 +43,7 @@ from hetpipe_jax.optim import OPTIMIZERS, make_optimizer
 from hetpipe_jax.plan.allocation import plan_cluster
 from hetpipe_jax.plan.costmodel import CostModel, check_memory
 from hetpipe_jax.plan.layout import Layout
-from hetpipe_jax.plan.manual import fastest_cuts, manual_layout, per_vw
+from hetpipe_jax.plan.manual import fastest_cuts, grouped_layout, manual_layout
 from hetpipe_jax.plan.placement import PLACEMENTS, place_shards
 from hetpipe_jax.runtime import executors
 from hetpipe_jax.runtime.checkpoint import Checkpointer
@@ -113,6 +113,11 @@ class RunConfig:
     resume: continue the newest complete checkpoint in ``checkpoint_dir``, appending to ``trace_path``
       (what the interrupted run wrote after the checkpoint is rolled back); the run then ends as the
       uninterrupted one would (bit for bit on the ``virtual`` executor).
+    overlap_transfers: sim executor only: a stage's input travels while its device computes other tasks
+      (as a GPU's copy engines allow) instead of being received in series inside the task.
+
+  A grouping policy with ``cuts`` is an explicit layout (a tuned plan): each group's GPUs in pipeline
+  order, cut at ``cuts``, with ``nm`` (one value or one per virtual worker); nothing is searched.
   """
 
   cluster: str | Cluster = "hetero4"
@@ -145,6 +150,7 @@ class RunConfig:
   checkpoint_every: int = 10
   keep_checkpoints: int = 3
   resume: bool = False
+  overlap_transfers: bool = False
 
 
 @dataclasses.dataclass
@@ -209,6 +215,9 @@ def validate(config: RunConfig) -> None:
   if (config.checkpoint_dir or config.resume) and config.executor == "sim":
     raise ConfigError("checkpoints are for runs with numerics; the sim executor has none (rerunning it is "
                       "cheaper than a checkpoint): drop checkpoint_dir/resume or use another executor")
+  if config.overlap_transfers and config.executor != "sim":
+    raise ConfigError(f"overlap_transfers is a model of the sim executor; the {config.executor} executor "
+                      "receives each task's input in series: drop overlap_transfers or use executor=sim")
   if config.resume and not config.checkpoint_dir:
     raise ConfigError("resume needs checkpoint_dir: the directory whose newest checkpoint to continue")
   if config.checkpoint_dir and not config.trace_path:
@@ -228,12 +237,21 @@ def _layouts(config: RunConfig, model: LayeredModel, cluster: Cluster, profiles,
   ``nm`` and ``cuts`` do.
   """
   if config.policy is not None:
-    if config.cuts is not None:
+    if config.cuts is not None and isinstance(config.policy, str):
       raise ConfigError(f"cuts={config.cuts} and policy={config.policy!r} both fix the cuts; the policy's "
-                        "partitioner cuts the model, so drop one of them")
-    nm = config.nm if isinstance(config.nm, str) else per_vw("nm", config.nm, 1)[0]
-    clock = plan_cluster(cluster, clock_profiles, config.policy, config.placement, nm, None,
-                         config.weight_mode, optimizer_slots).layout
+                        "partitioner cuts the model, so drop one of them (or give the policy as a grouping "
+                        "of GPU indices in pipeline order, which is then cut as given)")
+    if config.cuts is not None and not isinstance(config.policy, str):
+      if isinstance(config.nm, str):
+        raise ConfigError(f"nm={config.nm!r} asks the planner for Nm, but a grouping with cuts is an explicit "
+                          "layout: give Nm as a number, or one per virtual worker")
+      clock = grouped_layout(cluster, clock_profiles, config.policy, config.cuts, config.nm, config.weight_mode,
+                             optimizer_slots)
+    else:
+      nm = config.nm if isinstance(config.nm, (str, int)) else list(config.nm)
+      clock = plan_cluster(cluster, clock_profiles, config.policy, config.placement,
+                           nm[0] if isinstance(nm, list) and len(nm) == 1 else nm, None, config.weight_mode,
+                           optimizer_slots).layout
     if config.time_model is None:
       return clock, clock
     return fastest_cuts(cluster, profiles, clock.gpus, clock.nms, config.weight_mode, optimizer_slots), clock
@@ -264,7 +282,7 @@ def _meta(config: RunConfig, cluster: Cluster, model_name: str, dataset_name: st
               schedule=config.schedule, shards=num_units, model=model_name, dataset=dataset_name,
               batch_size=config.batch_size, cuts=shape["cuts"], gpus=shape["gpus"], cluster=cluster.name,
               seed=config.seed, policy=config.policy, placement=config.placement,
-              time_model=config.time_model)
+              time_model=config.time_model, **({"overlap_transfers": True} if config.overlap_transfers else {}))
 
 
 def _param_shapes(model: LayeredModel, sample_x, data_name: str):
@@ -564,7 +582,8 @@ def _simulate(config: RunConfig, cluster: Cluster, profiles, layout: Layout, met
     seconds, vws, rows = simulate(cluster, profiles, layout, config.d, config.waves, trace, config.placement,
                                   config.schedule, config.weight_mode,
                                   meta={**meta, "shards": len(profiles), "cuts": layout.cuts},
-                                  failures=_failures(config), rejoin=config.rejoin)
+                                  failures=_failures(config), rejoin=config.rejoin,
+                                  overlap_transfers=config.overlap_transfers)
   finally:
     trace.close()
   _require_pushes(rows)

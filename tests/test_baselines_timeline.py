@@ -26,6 +26,18 @@ def test_horovod_on_two_gpus_by_hand():
   assert horovod_iteration_seconds(cluster, units, list(cluster.gpus)) == pytest.approx(0.64002)
 
 
+def test_horovod_overlaps_allreduce_with_backward_by_hand():
+  cluster = make_cluster("two", [[FAST, SLOW]], PCIE, NET)
+  units = [UnitProfile("a", 1e12, 2e12, 0, 0, 400_000_000, 0, 0),
+           UnitProfile("b", 0.5e12, 1e12, 0, 0, 200_000_000, 0, 0)]
+  # on the slow GPU: forward 0.2 + 0.1 = 0.3 s; b's backward ends at 0.5 s, its all-reduce takes
+  # 2e-5 + 2e8 / 1e10 = 0.02002 s (network free at 0.52002); a's backward ends at 0.9 s, its all-reduce
+  # 2e-5 + 4e8 / 1e10 = 0.04002 s: the step ends at 0.94002 s (in series: 0.9 + 0.06002)
+  gpus = list(cluster.gpus)
+  assert horovod_iteration_seconds(cluster, units, gpus, overlap=True) == pytest.approx(0.94002)
+  assert horovod_iteration_seconds(cluster, units, gpus) == pytest.approx(0.96002)
+
+
 def test_allreduce_is_hierarchical_across_nodes():
   cluster = make_cluster("2x2", [[FAST, FAST], [FAST, FAST]], PCIE, NET)
   s = 4e8

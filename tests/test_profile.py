@@ -111,6 +111,12 @@ def test_roofline_and_calibration():
   measured = {i: sum(profiles[i].seconds(ideal)) / 0.3 for i in range(3)}  # a GPU at 30% of its roofline
   assert calibrate_efficiency(gpu, profiles, measured).efficiency == pytest.approx(0.3)
   assert u.seconds(gpu, "fp16")[0] <= fwd
+  # a unit of a family takes that family's factor of the type (the catalogue's VGG figure), others the default
+  vgg = dataclasses.replace(u, family="vgg")
+  assert gpu.efficiency_for("vgg") != gpu.efficiency
+  assert vgg.seconds(gpu)[0] == pytest.approx(fwd * gpu.efficiency / gpu.efficiency_for("vgg"))
+  assert [p.family for p in profile_units(get_model("vgg"), jax.ShapeDtypeStruct((8, 32, 32, 3), jnp.float32),
+                                          cache_dir=None)][:1] == ["vgg"]
 
 
 class Twice(nn.Module):

@@ -74,31 +74,49 @@ def allreduce_seconds(cluster: Cluster, gpus: Sequence[Gpu], num_bytes: float) -
 
 
 def horovod_iteration_seconds(cluster: Cluster, profiles: Sequence[UnitProfile], gpus: Sequence[Gpu],
-                              precision: str = "fp32") -> float:
+                              precision: str = "fp32", overlap: bool = False) -> float:
   """One synchronous step: the slowest GPU's forward + backward, then the gradient all-reduce.
+
+  With ``overlap`` the all-reduce overlaps the backward pass, as Horovod's background all-reduce does:
+  a unit's gradient is all-reduced once every GPU has finished that unit's backward (last unit first),
+  the all-reduces queue on the network one after another (each its own ring; no tensor fusion), and the
+  step ends when the last is done (or the backward, if later). The fair baseline for a HetPipe run whose
+  transfers overlap its computation.
 
   Args:
     cluster: the cluster.
     profiles: per-unit profiles of the model.
     gpus: the participating GPUs.
     precision: "fp32" or "fp16".
+    overlap: all-reduce each unit's gradient as soon as it is ready (else after the whole backward).
 
   Returns:
     Seconds per step.
   """
-  compute = max(model_compute_seconds(profiles, g.type, precision) for g in gpus)
-  return compute + allreduce_seconds(cluster, gpus, sum(u.param_bytes for u in profiles))
+  types = {g.type.name: g.type for g in gpus}.values()
+  compute = max(model_compute_seconds(profiles, t, precision) for t in types)
+  if not overlap:
+    return compute + allreduce_seconds(cluster, gpus, sum(u.param_bytes for u in profiles))
+  times = {t.name: [u.seconds(t, precision) for u in profiles] for t in types}
+  clock = {name: sum(f for f, _ in ts) for name, ts in times.items()}  # every GPU's forward is done
+  network = 0.0  # when the network is free
+  for u in range(len(profiles) - 1, -1, -1):
+    for name, ts in times.items():
+      clock[name] += ts[u][1]
+    if profiles[u].param_bytes:
+      network = max(network, max(clock.values())) + allreduce_seconds(cluster, gpus, profiles[u].param_bytes)
+  return max(network, compute)
 
 
 def horovod_images_per_second(cluster: Cluster, profiles: Sequence[UnitProfile], gpus: Sequence[Gpu],
-                              batch_size: int, precision: str = "fp32") -> float:
+                              batch_size: int, precision: str = "fp32", overlap: bool = False) -> float:
   """Throughput of the baseline: every GPU's minibatch per iteration.
 
   Args:
-    cluster / profiles / gpus / precision: as for :func:`horovod_iteration_seconds`.
+    cluster / profiles / gpus / precision / overlap: as for :func:`horovod_iteration_seconds`.
     batch_size: examples per GPU's minibatch.
 
   Returns:
     Images per second.
   """
-  return len(gpus) * batch_size / horovod_iteration_seconds(cluster, profiles, gpus, precision)
+  return len(gpus) * batch_size / horovod_iteration_seconds(cluster, profiles, gpus, precision, overlap)

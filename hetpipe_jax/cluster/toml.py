@@ -44,7 +44,7 @@ def load_cluster_toml(path: str) -> Cluster:
     fp32_tflops = 5.0
     fp16_tflops = 10.0
     bandwidth_gbytes_per_s = 300
-    efficiency = 0.5                     # optional
+    efficiency = 1.0                     # optional: roofline correction factor (catalogue.py)
     [[nodes]]
     gpus = ["TITAN V", "TITAN V"]
     [[nodes]]
@@ -80,9 +80,10 @@ def load_cluster_toml(path: str) -> Cluster:
         _positive(path, f"{w}.fp32_tflops", spec.get("fp32_tflops"), "Tflop/s") * T,
         _positive(path, f"{w}.fp16_tflops", spec.get("fp16_tflops", spec.get("fp32_tflops")), "Tflop/s") * T,
         _positive(path, f"{w}.bandwidth_gbytes_per_s", spec.get("bandwidth_gbytes_per_s"), "GB/s") * G,
-        _positive(path, f"{w}.efficiency", spec.get("efficiency", 0.5), "a fraction in (0, 1]"))
-    if types[name].efficiency > 1:
-      raise ConfigError(f"{path}: {w}.efficiency = {types[name].efficiency}; it must be in (0, 1]")
+        _positive(path, f"{w}.efficiency", spec.get("efficiency", 1.0), "a factor in (0, 4]"))
+    if types[name].efficiency > 4:
+      raise ConfigError(f"{path}: {w}.efficiency = {types[name].efficiency}; it must be in (0, 4] (the "
+                        "roofline's correction factor: measured throughput over the roofline's, about 1)")
   nodes = doc.get("nodes")
   if not isinstance(nodes, list) or not nodes:
     raise ConfigError(f"{path}: no [[nodes]]; add at least one [[nodes]] table with gpus = [...]")

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from hetpipe_jax.cluster import GpuType
+from hetpipe_jax.cluster.catalogue import model_family
 from hetpipe_jax.cost.memory import nbytes
 from hetpipe_jax.cost.roofline import roofline_seconds
 from hetpipe_jax.models import full_size_input, full_size_model
@@ -46,6 +47,7 @@ class UnitProfile:
     param_bytes: the unit's parameters.
     out_bytes: its output activation (= the gradient sent back).
     kept_bytes: activation memory kept for the backward pass.
+    family: the model's family, whose efficiency of a GPU type applies (vgg, resnet or default).
   """
 
   name: str
@@ -56,6 +58,7 @@ class UnitProfile:
   param_bytes: int
   out_bytes: int
   kept_bytes: int
+  family: str = "default"
 
   def seconds(self, gpu: GpuType, precision: str = "fp32") -> tuple[float, float]:
     """The unit's time on a GPU type by the roofline (:func:`~hetpipe_jax.cost.roofline.roofline_seconds`).
@@ -67,8 +70,8 @@ class UnitProfile:
     Returns:
       (forward, backward) seconds.
     """
-    return (roofline_seconds(self.fwd_flops, self.fwd_bytes, gpu, precision),
-            roofline_seconds(self.bwd_flops, self.bwd_bytes, gpu, precision))
+    return (roofline_seconds(self.fwd_flops, self.fwd_bytes, gpu, precision, self.family),
+            roofline_seconds(self.bwd_flops, self.bwd_bytes, gpu, precision, self.family))
 
 
 def _cost(fn, *args) -> tuple[float, float]:
@@ -117,9 +120,10 @@ def profile_units(model: LayeredModel, sample_x, cache_dir: str | None = FROM_EN
   key = hashlib.sha1(repr((PROFILE_FORMAT, model.name, model.units, model.unit_names, x.shape,
                            str(x.dtype), jax.__version__)).encode()).hexdigest()[:20]
   path = os.path.join(cache_dir, f"{model.name}-{key}.json") if cache_dir else None
+  family = model_family(model.name)
   if path and os.path.exists(path):
     with open(path, encoding="utf-8") as f:
-      return [UnitProfile(**u) for u in json.load(f)]
+      return [UnitProfile(**{**u, "family": family}) for u in json.load(f)]
   seen: dict[str, tuple[UnitProfile, Any]] = {}
   out = []
   for name, unit in zip(model.unit_names, model.units):
@@ -127,7 +131,7 @@ def profile_units(model: LayeredModel, sample_x, cache_dir: str | None = FROM_EN
     if sig not in seen:
       seen[sig] = _profile_unit(name, unit, x)
     prof, x = seen[sig]
-    out.append(dataclasses.replace(prof, name=name))
+    out.append(dataclasses.replace(prof, name=name, family=family))
   if path:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.{os.getpid()}.tmp"

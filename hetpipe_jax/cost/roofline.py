@@ -5,8 +5,9 @@ takes, on a GPU type::
 
   t = max(flops / peak_flops, bytes / memory_bandwidth) / efficiency
 
-where ``efficiency`` is the fraction of the roofline its training kernels reach, fitted to measured
-times by :func:`calibrate_efficiency`. A stage's compute is the sum over its units. O(1) per unit.
+where ``efficiency`` is the type's correction factor for the model's family, fitted to measured
+throughput (the catalogue cites each figure) or to measured times by
+:func:`calibrate_efficiency`. A stage's compute is the sum over its units. O(1) per unit.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ if TYPE_CHECKING:
   from hetpipe_jax.cost.profile import UnitProfile
 
 
-def roofline_seconds(flops: float, num_bytes: float, gpu: GpuType, precision: str = "fp32") -> float:
+def roofline_seconds(flops: float, num_bytes: float, gpu: GpuType, precision: str = "fp32",
+                     family: str = "default") -> float:
   """Seconds of one pass with ``flops`` operations over ``num_bytes`` on ``gpu`` (the formula above).
 
   Args:
@@ -29,11 +31,12 @@ def roofline_seconds(flops: float, num_bytes: float, gpu: GpuType, precision: st
     num_bytes: bytes of memory accessed.
     gpu: the GPU type.
     precision: "fp32" or "fp16" (which peak applies).
+    family: the model family, whose efficiency applies (:func:`hetpipe_jax.cluster.catalogue.model_family`).
 
   Returns:
     Seconds.
   """
-  return max(flops / gpu.peak_flops(precision), num_bytes / gpu.mem_bytes_per_s) / gpu.efficiency
+  return max(flops / gpu.peak_flops(precision), num_bytes / gpu.mem_bytes_per_s) / gpu.efficiency_for(family)
 
 
 def stage_compute_seconds(profiles: Sequence[UnitProfile], cut: Sequence[int], gpu: Gpu, j: int,
@@ -72,6 +75,6 @@ def calibrate_efficiency(gpu: GpuType, profiles: Sequence[UnitProfile], measured
   Returns:
     ``gpu`` with ``efficiency`` = roofline time at efficiency 1 / measured time, over the measured units.
   """
-  ideal = dataclasses.replace(gpu, efficiency=1.0)
+  ideal = dataclasses.replace(gpu, efficiency=1.0, family_efficiency=())
   model = sum(sum(profiles[u].seconds(ideal, precision)) for u in measured)
   return dataclasses.replace(gpu, efficiency=model / sum(measured.values()))

@@ -159,7 +159,8 @@ def _same_plan_on(cluster: Cluster, profiles: Sequence[UnitProfile], template: V
 
 
 def plan_cluster(cluster: Cluster, profiles: Sequence[UnitProfile], policy: str | Sequence[Sequence[int]],
-                 placement: str = "default", nm_policy: str | int = "max_fit", nm_max: int | None = None,
+                 placement: str = "default", nm_policy: str | int | Sequence[int] = "max_fit",
+                 nm_max: int | None = None,
                  weight_mode: str = "stash", optimizer_slots: float = 0.0,
                  precision: str = "fp32") -> ClusterPlan:
   """Allocates virtual workers, partitions each (ED: one shared plan), and places the PS shards.
@@ -169,7 +170,8 @@ def plan_cluster(cluster: Cluster, profiles: Sequence[UnitProfile], policy: str 
     profiles: per-unit profiles of the model at the training batch size.
     policy: "NP", "ED", "HD", or lists of GPU indices (:func:`allocate`).
     placement: "default" or "local" (:func:`hetpipe_jax.plan.placement.place_shards`).
-    nm_policy / nm_max: how Nm is chosen (:func:`hetpipe_jax.plan.partition.plan_virtual_worker`).
+    nm_policy / nm_max: how Nm is chosen (:func:`hetpipe_jax.plan.partition.plan_virtual_worker`), or one
+      Nm per virtual worker.
     weight_mode / optimizer_slots: what the memory of a stage holds.
     precision: "fp32" or "fp16".
 
@@ -180,14 +182,20 @@ def plan_cluster(cluster: Cluster, profiles: Sequence[UnitProfile], policy: str 
     ConfigError: for a bad policy or placement, or a virtual worker that no partition fits.
   """
   groups = allocate(cluster, policy)
-  kwargs = {"nm_policy": nm_policy, "nm_max": nm_max, "weight_mode": weight_mode,
-            "optimizer_slots": optimizer_slots, "precision": precision}
-  if policy == "ED":
-    first = plan_virtual_worker(cluster, profiles, groups[0], **kwargs)
+  kwargs = {"nm_max": nm_max, "weight_mode": weight_mode, "optimizer_slots": optimizer_slots,
+            "precision": precision}
+  if not isinstance(nm_policy, (str, int)):
+    nms = [int(n) for n in nm_policy]
+    if len(nms) != len(groups):
+      raise ConfigError(f"nm has {len(nms)} values {nms} for the {len(groups)} virtual workers of policy "
+                        f"{policy!r}; give one value, or one per virtual worker")
+    plans = [plan_virtual_worker(cluster, profiles, g, n, **kwargs) for g, n in zip(groups, nms)]
+  elif policy == "ED":
+    first = plan_virtual_worker(cluster, profiles, groups[0], nm_policy, **kwargs)
     plans = [first] + [_same_plan_on(cluster, profiles, first, g, precision, weight_mode, optimizer_slots)
                        for g in groups[1:]]
   else:
-    plans = [plan_virtual_worker(cluster, profiles, g, **kwargs) for g in groups]
+    plans = [plan_virtual_worker(cluster, profiles, g, nm_policy, **kwargs) for g in groups]
   name = policy if isinstance(policy, str) else "custom"
   layout = Layout(tuple(p.layout for p in plans))
   return ClusterPlan(name, placement, tuple(plans), tuple(place_shards(cluster, profiles, layout, placement)))

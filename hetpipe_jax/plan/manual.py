@@ -1,5 +1,6 @@
 """Layouts a user gives by hand: virtual workers of ``stages`` GPUs each, taken in cluster order, cut at
-``cuts`` or, without cuts, by the partitioner for the fastest stages in that GPU order."""
+``cuts`` or, without cuts, by the partitioner for the fastest stages in that GPU order; or, with
+:func:`grouped_layout`, every virtual worker's GPUs, order, cuts and Nm given (a tuned plan)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Sequence
 from hetpipe_jax.cluster import Cluster, Gpu, assign_gpus
 from hetpipe_jax.cost.profile import UnitProfile
 from hetpipe_jax.errors import ConfigError
+from hetpipe_jax.plan.costmodel import check_memory
 from hetpipe_jax.plan.layout import Layout, VWLayout
 from hetpipe_jax.plan.partition import partition
 
@@ -74,3 +76,35 @@ def manual_layout(cluster: Cluster, profiles: Sequence[UnitProfile], num_vws: in
       raise ConfigError(f"cuts {cut} of virtual worker {i} must be {k + 1} increasing boundaries from 0 "
                         f"to {num_units} (k={k} non-empty stages)")
   return Layout(tuple(VWLayout(tuple(g), tuple(c), n) for g, c, n in zip(gpus, cut_lists, nms)))
+
+
+def grouped_layout(cluster: Cluster, profiles: Sequence[UnitProfile], groups: Sequence[Sequence[int]],
+                   cuts: Sequence[Sequence[int]], nm: int | Sequence[int], weight_mode: str,
+                   optimizer_slots: float) -> Layout:
+  """An explicit layout: each virtual worker's GPUs by cluster index in pipeline order, its cuts and Nm
+  (what a tuned plan file holds). Nothing is searched; every stage must fit its GPU's memory.
+
+  Raises:
+    ConfigError: naming the bad value, its limit and the fix.
+  """
+  num_units = len(profiles)
+  flat = [i for group in groups for i in group]
+  if not groups or not all(groups) or len(set(flat)) != len(flat) or not all(0 <= i < cluster.num_gpus
+                                                                              for i in flat):
+    raise ConfigError(f"grouping {[list(g) for g in groups]} must use each GPU index 0..{cluster.num_gpus - 1} "
+                      "at most once, in non-empty groups")
+  nms = per_vw("nm", nm, len(groups))
+  if len(cuts) != len(groups):
+    raise ConfigError(f"cuts has {len(cuts)} entries for {len(groups)} virtual workers; give one boundary "
+                      "list per virtual worker")
+  for i, (cut, group, n) in enumerate(zip(cuts, groups, nms)):
+    if n < 1:
+      raise ConfigError(f"Nm={n} for virtual worker {i}; Nm (minibatches in flight) must be >= 1")
+    if (len(cut) != len(group) + 1 or cut[0] != 0 or cut[-1] != num_units
+        or any(a >= b for a, b in zip(cut, cut[1:]))):
+      raise ConfigError(f"cuts {list(cut)} of virtual worker {i} must be {len(group) + 1} increasing "
+                        f"boundaries from 0 to {num_units} (one non-empty stage per GPU)")
+  layout = Layout(tuple(VWLayout(tuple(cluster.gpus[g] for g in group), tuple(cut), n)
+                        for group, cut, n in zip(groups, cuts, nms)))
+  check_memory(profiles, layout, weight_mode, optimizer_slots)
+  return layout

@@ -1,0 +1,431 @@
+"""The auto-tuner: the fastest configuration of a model on a cluster, searched with the planner and the
+``sim`` executor (issue 11).
+
+A configuration is a grouping of the cluster's GPUs into virtual workers, each virtual worker's GPU order,
+cuts and Nm, the clock distance bound D, the PS shard placement, and whether stage-to-stage transfers
+overlap computation. The search, in three rounds:
+
+1. **Plan** every grouping: NP, ED, HD, and general ones (ED with m GPUs of every type per virtual worker,
+   every node split into s virtual workers, HD's node pairs split into p virtual workers). Each virtual
+   worker is partitioned (exactly, :mod:`hetpipe_jax.plan.partition`) at every Nm that fits its memory;
+   alike virtual workers share one partition. Nm per virtual worker is then chosen three ways: the same
+   Nm for all, the planner's ``max_fit``, and *sized to speed* (a faster virtual worker does more
+   minibatches per wave, so that the waves of all take about as long: under WSP the long-run wave rate of
+   every virtual worker is the slowest one's). Each choice gets the WSP-aware modelled rate:
+   ``batch x sum_i Nm_i x min_i (T_i / Nm_i)`` for T_i the virtual worker's modelled minibatches/s.
+2. **Screen** the best modelled choices (and the best two of every grouping) on the simulator at D = 0,
+   for every placement and transfer model, on short runs.
+3. **Refine** the fastest few at every D, on runs of full length, and run the fixed policies (NP, ED, HD at
+   the planner's max_fit Nm) in every setting too, so that the tuned configuration is at least as fast as
+   each of them. The best is the prediction.
+
+Every simulated run's trace passes the WSP checker. Cost: O(groupings x Nm) partitions plus a few dozen
+short simulations; the paper testbed takes seconds.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import itertools
+import math
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from hetpipe_jax.cluster import Cluster, Gpu
+from hetpipe_jax.core.breakdown import pushed_images
+from hetpipe_jax.core.check import check_trace
+from hetpipe_jax.core.trace import Trace, staleness_stats
+from hetpipe_jax.cost.profile import UnitProfile
+from hetpipe_jax.errors import ConfigError, ProtocolError
+from hetpipe_jax.plan.allocation import POLICIES, allocate
+from hetpipe_jax.plan.costmodel import ideal_images_per_sec
+from hetpipe_jax.plan.layout import Layout
+from hetpipe_jax.plan.partition import partition
+from hetpipe_jax.plan.placement import PLACEMENTS
+from hetpipe_jax.plan.vw_plan import VWPlan, vw_plan
+from hetpipe_jax.sim.simulate import simulate
+
+Progress = Callable[[str], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+  """One configuration: virtual workers (GPU order, cuts, Nm), D, placement, transfer model."""
+
+  grouping: str
+  nm_rule: str
+  plans: tuple[VWPlan, ...]
+  d: int = 0
+  placement: str = "default"
+  overlap_transfers: bool = False
+
+  @property
+  def layout(self) -> Layout:
+    return Layout(tuple(p.layout for p in self.plans))
+
+  @property
+  def label(self) -> str:
+    transfers = "overlapped" if self.overlap_transfers else "serial"
+    return (f"{self.grouping}, Nm {self.nm_rule} {[p.nm for p in self.plans]}, D={self.d}, "
+            f"{self.placement} placement, {transfers} transfers")
+
+  def modelled_images_per_sec(self, batch_size: int) -> float:
+    """The plan's rate under WSP: every virtual worker runs waves at the slowest one's wave rate."""
+    return modelled_images_per_sec(self.plans, batch_size)
+
+
+def modelled_images_per_sec(plans: Sequence[VWPlan], batch_size: int) -> float:
+  """``batch x sum_i Nm_i x min_i (T_i / Nm_i)``: the planned rate once WSP holds every virtual worker to
+  the slowest wave rate (T_i: virtual worker i's modelled minibatches per second)."""
+  waves_per_s = min(p.throughput / p.nm for p in plans)
+  return batch_size * waves_per_s * sum(p.nm for p in plans)
+
+
+def groupings(cluster: Cluster) -> list[tuple[str, list[list[Gpu]]]]:
+  """Named groupings of the cluster's GPUs into virtual workers (see the module docstring); those a
+  cluster cannot form are left out."""
+  out: list[tuple[str, list[list[Gpu]]]] = []
+  for policy in POLICIES:
+    with contextlib.suppress(ConfigError):  # a cluster the policy cannot split
+      out.append((policy, allocate(cluster, policy)))
+  by_type: dict[str, list[Gpu]] = collections.defaultdict(list)
+  for g in cluster.gpus:
+    by_type[g.type.name].append(g)
+  counts = {len(gs) for gs in by_type.values()}
+  if len(counts) == 1:  # ED with m of every type per virtual worker
+    n = counts.pop()
+    for m in range(2, n + 1):
+      if n % m == 0:
+        out.append((f"ED x{m}", [[g for gs in by_type.values() for g in gs[v * m:(v + 1) * m]]
+                                 for v in range(n // m)]))
+  nodes = [cluster.node_gpus(n) for n in sorted({g.node for g in cluster.gpus})]
+  sizes = {len(gs) for gs in nodes}
+  for s in range(2, max(sizes) + 1):  # every node split into s virtual workers
+    if all(size % s == 0 for size in sizes):
+      out.append((f"NP /{s}", [gs[p * (len(gs) // s):(p + 1) * (len(gs) // s)] for gs in nodes
+                               for p in range(s)]))
+  hd = next((groups for name, groups in out if name == "HD"), None)
+  if hd is not None:  # HD's node pairs as one virtual worker, or split finer than HD does
+    pairs = _hd_pairs(cluster)
+    for parts in range(1, max(min(len(a), len(b)) for a, b in pairs) + 1):
+      if all(len(a) % parts == 0 and len(b) % parts == 0 for a, b in pairs):
+        groups = [a[p * (len(a) // parts):(p + 1) * (len(a) // parts)] +
+                  b[p * (len(b) // parts):(p + 1) * (len(b) // parts)] for a, b in pairs for p in range(parts)]
+        if sorted(map(_names, groups)) != sorted(map(_names, hd)):
+          out.append((f"HD pairs /{parts}", groups + _hd_odd(cluster, pairs)))
+  return out
+
+
+def device_orders(gpus: Sequence[Gpu]) -> int:
+  """Distinct pipeline orders of ``gpus`` (GPUs of one type on one node are interchangeable):
+  k! / prod m_i!."""
+  counts = collections.Counter((g.type.name, g.node) for g in gpus)
+  out = math.factorial(len(gpus))
+  for m in counts.values():
+    out //= math.factorial(m)
+  return out
+
+
+def _names(group: Sequence[Gpu]) -> tuple[str, ...]:
+  return tuple(g.name for g in group)
+
+
+def _hd_pairs(cluster: Cluster) -> list[tuple[list[Gpu], list[Gpu]]]:
+  """HD's node pairs, fastest with slowest (as :func:`hetpipe_jax.plan.allocation.allocate` ranks them)."""
+  from hetpipe_jax.plan.allocation import _node_speed  # pylint: disable=g-import-not-at-top
+  ranked = sorted({g.node for g in cluster.gpus}, key=lambda n: -_node_speed(cluster, n))
+  pairs = []
+  while len(ranked) >= 2:
+    pairs.append((cluster.node_gpus(ranked.pop(0)), cluster.node_gpus(ranked.pop(-1))))
+  return pairs
+
+
+def _hd_odd(cluster: Cluster, pairs) -> list[list[Gpu]]:
+  paired = {g.node for a, b in pairs for g in a + b}
+  return [cluster.node_gpus(n) for n in sorted({g.node for g in cluster.gpus} - paired)]
+
+
+class _Planner:
+  """Partitions of virtual workers at every Nm that fits, shared by alike virtual workers."""
+
+  def __init__(self, cluster: Cluster, profiles: Sequence[UnitProfile], nm_max: int, weight_mode: str,
+               optimizer_slots: float, precision: str):
+    self.cluster, self.profiles, self.nm_max = cluster, profiles, nm_max
+    self.kwargs = {"weight_mode": weight_mode, "optimizer_slots": optimizer_slots, "precision": precision}
+    self._cache: dict[tuple, dict[int, VWPlan]] = {}
+    self.partitions = 0
+
+  @staticmethod
+  def _key(gpus: Sequence[Gpu]) -> tuple:
+    """Alike virtual workers: the same GPU types, split over nodes the same way."""
+    by_node: dict[int, list[str]] = collections.defaultdict(list)
+    for g in gpus:
+      by_node[g.node].append(g.type.name)
+    return tuple(sorted(tuple(sorted(types)) for types in by_node.values()))
+
+  def plans(self, gpus: Sequence[Gpu]) -> dict[int, VWPlan]:
+    """Nm -> the fastest partition of ``gpus`` at that Nm, for every Nm <= nm_max that fits."""
+    key = self._key(gpus)
+    template = self._cache.get(key)
+    if template is not None:
+      moved = {nm: self._move(p, gpus) for nm, p in template.items()}
+      if all(m is not None for m in moved.values()):
+        return {nm: m for nm, m in moved.items() if m is not None}
+    out = {}
+    for nm in range(1, self.nm_max + 1):
+      try:
+        out[nm] = partition(self.cluster, self.profiles, gpus, nm, **self.kwargs)
+        self.partitions += 1
+      except ConfigError:
+        break  # memory only grows with Nm
+    self._cache.setdefault(key, out)
+    return out
+
+  def _move(self, plan: VWPlan, gpus: Sequence[Gpu]) -> VWPlan | None:
+    """``plan``'s order and cuts on alike GPUs (None when the copy is not exactly as fast)."""
+    free = list(gpus)
+    node_map: dict[int, int] = {}
+    order = []
+    for g in plan.gpus:
+      match = next((h for h in free if h.type.name == g.type.name and node_map.get(g.node, h.node) == h.node
+                    and (g.node in node_map or h.node not in node_map.values())), None)
+      if match is None:
+        return None
+      node_map.setdefault(g.node, match.node)
+      free.remove(match)
+      order.append(match)
+    moved = vw_plan(self.cluster, self.profiles, order, plan.cuts, plan.nm, **self.kwargs)
+    return moved if abs(moved.bottleneck_s - plan.bottleneck_s) <= 1e-12 * plan.bottleneck_s else None
+
+
+def nm_choices(per_vw: Sequence[dict[int, VWPlan]], k_max: Sequence[int]) -> list[tuple[str, tuple[VWPlan, ...]]]:
+  """Nm per virtual worker, three ways (the module docstring): the same for all, the planner's max_fit
+  (the largest Nm <= the virtual worker's stage count), sized to speed. Distinct choices only."""
+  out: dict[tuple[int, ...], tuple[str, tuple[VWPlan, ...]]] = {}
+
+  def add(rule: str, nms: Sequence[int]) -> None:
+    key = tuple(nms)
+    if key not in out:
+      out[key] = (rule, tuple(plans[n] for plans, n in zip(per_vw, nms)))
+
+  add("max_fit", [max(n for n in plans if n <= max(k, 1)) for plans, k in zip(per_vw, k_max)])
+  for n in sorted(set.intersection(*(set(p) for p in per_vw))):
+    add("uniform", [n] * len(per_vw))
+  wave_times = sorted({n / p.throughput for plans in per_vw for n, p in plans.items()})
+  for w in wave_times:  # each virtual worker: the most minibatches whose wave lasts at most w
+    nms = [max((n for n, p in plans.items() if n / p.throughput <= w * (1 + 1e-9)), default=0) for plans in per_vw]
+    if all(nms):
+      add("speed-sized", nms)
+  return list(out.values())
+
+
+@dataclasses.dataclass(frozen=True)
+class StalenessModel:
+  """The staleness-aware estimate of time to accuracy: a run needs ``images0 x (1 + beta x staleness)``
+  training images to reach the target, for ``staleness`` the mean global staleness of its forward passes
+  (:func:`mean_staleness`), so its time to accuracy is that over its images/s. Fitted to real runs by
+  :func:`fit_staleness_model` (the convergence study does, and validates it)."""
+
+  images0: float
+  beta: float
+  target_accuracy: float | None = None
+
+  def images(self, staleness: float) -> float:
+    return self.images0 * (1 + self.beta * staleness)
+
+  def seconds(self, images_per_sec: float, staleness: float) -> float:
+    return self.images(staleness) / images_per_sec
+
+
+def fit_staleness_model(points: Sequence[tuple[float, float]], target_accuracy: float | None = None
+                        ) -> StalenessModel:
+  """Least squares of images to target = a + b x staleness over ``(staleness, images)`` points of real
+  runs; images0 = a, beta = b / a (beta = 0 with one point, or when the points all share one staleness).
+
+  Raises:
+    ConfigError: without points, or when the fit gives no positive images at zero staleness.
+  """
+  if not points:
+    raise ConfigError("the staleness-aware estimate needs real runs that reached the target accuracy; none "
+                      "did: lower the target or train longer")
+  xs, ys = [p[0] for p in points], [p[1] for p in points]
+  mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+  sxx = sum((x - mx) ** 2 for x in xs)
+  b = 0.0 if sxx == 0 else sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+  a = my - b * mx
+  if a <= 0:
+    raise ConfigError(f"the staleness fit gives {a:.4g} images at zero staleness (slope {b:.4g} per unit of "
+                      "staleness): the runs do not support a staleness-aware estimate; use more or longer runs")
+  return StalenessModel(a, b / a, target_accuracy)
+
+
+def mean_staleness(events: Sequence[dict[str, Any]]) -> float:
+  """The mean global staleness of a trace's forward passes, in the virtual worker's minibatches
+  (:func:`hetpipe_jax.core.trace.staleness_stats`; the local staleness with one virtual worker)."""
+  stats = staleness_stats(events)
+  counts = stats["global_staleness"] or stats["local_staleness"]
+  total = sum(counts.values())
+  return sum(s * c for s, c in counts.items()) / total if total else 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+  """A simulated candidate: its images/s, the mean staleness of its trace."""
+
+  candidate: Candidate
+  images_per_sec: float
+  ideal_images_per_sec: float
+  waves: int
+  staleness: float = 0.0
+
+  @property
+  def efficiency(self) -> float:
+    return self.images_per_sec / self.ideal_images_per_sec
+
+
+def simulate_candidate(cluster: Cluster, profiles: Sequence[UnitProfile], candidate: Candidate, waves: int,
+                       batch_size: int, schedule: str = "1f1b", weight_mode: str = "stash",
+                       precision: str = "fp32") -> tuple[float, float]:
+  """Images per second of ``candidate`` on the ``sim`` executor (images of the pushed waves over the
+  simulated time, as a run's ``images_per_second``), and its trace's mean staleness.
+
+  Raises:
+    ProtocolError: when the trace breaks a WSP guarantee.
+  """
+  trace = Trace()
+  seconds, _, _ = simulate(cluster, profiles, candidate.layout, candidate.d, waves, trace, candidate.placement,
+                           schedule, weight_mode, precision, overlap_transfers=candidate.overlap_transfers)
+  violations = check_trace(trace.events)
+  if violations:
+    raise ProtocolError(f"tuner candidate {candidate.label}: {violations[0]}")
+  return sum(pushed_images(trace.events, batch_size)) / seconds, mean_staleness(trace.events)
+
+
+def tune(cluster: Cluster, profiles: Sequence[UnitProfile], batch_size: int, *, waves: int = 50,
+         ds: Sequence[int] = (0, 4, 32), placements: Sequence[str] = PLACEMENTS,
+         transfers: Sequence[bool] = (False, True), nm_max: int = 16, screen: int = 16, refine: int = 6,
+         weight_mode: str = "stash", optimizer_slots: float = 0.0, precision: str = "fp32",
+         schedule: str = "1f1b", max_orders: int = 5000, staleness_model: StalenessModel | None = None,
+         progress: Progress | None = None) -> dict[str, Any]:
+  """Searches configurations of ``profiles``' model on ``cluster`` (the module docstring).
+
+  Args:
+    cluster / profiles / batch_size: the model at its batch size on the cluster.
+    waves: waves per virtual worker of the refining (and predicting) runs; screening runs half as many.
+    ds / placements / transfers: the D values, placements and transfer models searched.
+    nm_max: the largest Nm tried.
+    screen / refine: how many modelled choices are screened, and how many screened ones refined.
+    weight_mode / optimizer_slots / precision / schedule: as for a run.
+    max_orders: groupings whose virtual workers have more distinct device orders than this are skipped
+      (the exact partitioner enumerates them).
+    staleness_model: rank by its predicted time to accuracy (fastest first) instead of by images/s.
+    progress: called with a line at every step.
+
+  Returns:
+    ``{"best": Result, "results": [Result] fastest first (every simulated run), "planned": count of
+    modelled choices, "partitions": count, "seconds": host seconds}``.
+
+  Raises:
+    ConfigError: when no grouping of the cluster fits the model.
+  """
+  t0 = time.perf_counter()
+  say = progress or (lambda _: None)
+  if waves < 2:
+    raise ConfigError(f"waves={waves}; the tuner needs at least 2 waves per virtual worker")
+  planner = _Planner(cluster, profiles, nm_max, weight_mode, optimizer_slots, precision)
+  choices: list[Candidate] = []
+  for name, groups in groupings(cluster):
+    if any(len(g) > len(profiles) for g in groups):
+      continue
+    orders = max(device_orders(g) for g in groups)
+    if orders > max_orders:
+      say(f"skipped {name}: a virtual worker has {orders:,} device orders to search (at most {max_orders:,})")
+      continue
+    try:
+      per_vw = [planner.plans(g) for g in groups]
+    except ConfigError:
+      continue  # a virtual worker that no partition fits
+    if any(not p for p in per_vw):
+      continue
+    found = nm_choices(per_vw, [len(g) for g in groups])
+    choices += [Candidate(name, rule, plans) for rule, plans in found]
+    say(f"planned {name}: {len(groups)} virtual workers, {len(found)} Nm choices "
+        f"({time.perf_counter() - t0:.1f} s)")
+  if not choices:
+    raise ConfigError(f"no grouping of cluster {cluster.name!r} fits the model at Nm = 1; use a cluster with "
+                      "more GPU memory or a smaller batch size")
+  ranked = sorted(choices, key=lambda c: -c.modelled_images_per_sec(batch_size))
+  keep = ranked[:screen]
+  for name in {c.grouping for c in choices}:
+    keep += [c for c in ranked if c.grouping == name][:2]
+  keep = list(dict.fromkeys(keep))
+  ideal = ideal_images_per_sec(cluster, profiles, batch_size, precision=precision)
+
+  def sim(c: Candidate, w: int) -> Result:
+    ips, staleness = simulate_candidate(cluster, profiles, c, w, batch_size, schedule, weight_mode, precision)
+    return Result(c, ips, ideal, w, staleness)
+
+  key = lambda r: -r.images_per_sec if staleness_model is None else staleness_model.seconds(r.images_per_sec,
+                                                                                           r.staleness)
+  short = max(2, waves // 2)
+  screened = []
+  for i, c in enumerate(keep):
+    for placement in placements:
+      for overlap in transfers:
+        screened.append(sim(dataclasses.replace(c, d=min(ds), placement=placement, overlap_transfers=overlap),
+                            short))
+    say(f"screened {i + 1}/{len(keep)}: {c.grouping} Nm {[p.nm for p in c.plans]} "
+        f"best {max(r.images_per_sec for r in screened[-len(placements) * len(transfers):]):.1f} images/s "
+        f"({time.perf_counter() - t0:.1f} s)")
+  screened.sort(key=key)
+  refined: dict[Candidate, Result] = {}
+  for i, r in enumerate(screened[:refine]):
+    for d in ds:
+      c = dataclasses.replace(r.candidate, d=d)
+      refined[c] = sim(c, waves)
+    say(f"refined {i + 1}/{min(refine, len(screened))}: {r.candidate.grouping} "
+        f"{max(refined[dataclasses.replace(r.candidate, d=d)].images_per_sec for d in ds):.1f} images/s "
+        f"({time.perf_counter() - t0:.1f} s)")
+  # the fixed policies as the planner runs them (NP, ED, HD at max_fit), in every setting: the tuned
+  # configuration is then at least as fast as each of them
+  for c in (c for c in choices if c.grouping in POLICIES and c.nm_rule == "max_fit"):
+    for placement, overlap, d in itertools.product(placements, transfers, ds):
+      setting = dataclasses.replace(c, d=d, placement=placement, overlap_transfers=overlap)
+      if setting not in refined:
+        refined[setting] = sim(setting, waves)
+    say(f"ran the fixed policy {c.grouping} in every setting ({time.perf_counter() - t0:.1f} s)")
+  results = sorted(refined.values(), key=key)
+  return {"best": results[0], "results": results + screened[refine:], "planned": len(choices),
+          "partitions": planner.partitions, "seconds": time.perf_counter() - t0}
+
+
+def candidate_json(candidate: Candidate) -> dict[str, Any]:
+  """A candidate's settings as a run takes them: the grouping (GPU indices in pipeline order), cuts, Nm,
+  D, placement, transfer model."""
+  return {"grouping": candidate.grouping, "nm_rule": candidate.nm_rule,
+          "policy": [[g.index for g in p.gpus] for p in candidate.plans],
+          "cuts": [list(p.cuts) for p in candidate.plans], "nm": [p.nm for p in candidate.plans],
+          "d": candidate.d, "placement": candidate.placement, "overlap_transfers": candidate.overlap_transfers}
+
+
+def result_json(result: Result, batch_size: int, staleness_model: StalenessModel | None = None) -> dict[str, Any]:
+  """A result as ``tune.json`` holds it: the settings, the predicted images/s and efficiency, the plan's
+  modelled images/s, the mean staleness and (with a staleness model) the predicted time to accuracy."""
+  out = {**candidate_json(result.candidate), "images_per_sec": result.images_per_sec,
+         "efficiency": result.efficiency, "modelled_images_per_sec":
+             result.candidate.modelled_images_per_sec(batch_size), "waves": result.waves,
+         "mean_staleness": result.staleness}
+  if staleness_model is not None:
+    out["time_to_accuracy_s"] = staleness_model.seconds(result.images_per_sec, result.staleness)
+  return out
+
+
+def policy_rows(results: Iterable[Result]) -> dict[str, Result]:
+  """The first result of every grouping in ``results`` (the best, when they are ranked)."""
+  best: dict[str, Result] = {}
+  for r in results:
+    best.setdefault(r.candidate.grouping, r)
+  return best

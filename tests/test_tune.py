@@ -1,0 +1,157 @@
+"""The auto-tuner (issue 11): groupings, Nm choices, the WSP-aware modelled rate, the search, tuned plans run
+by ``experiments.train --plan``, and the staleness-aware estimate of time to accuracy."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from hetpipe_jax import ConfigError, RunConfig, get_cluster, get_model, load_dataset, run_hetpipe
+from hetpipe_jax.core.check import check_trace
+from hetpipe_jax.cost.profile import profile_units
+from hetpipe_jax.plan.vw_plan import StagePlan, VWPlan
+from hetpipe_jax.tune import (
+    StalenessModel,
+    device_orders,
+    fit_staleness_model,
+    groupings,
+    modelled_images_per_sec,
+    nm_choices,
+    policy_rows,
+    tune,
+)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def mlp_profiles():
+  import jax
+  import jax.numpy as jnp
+  data = load_dataset("digits")
+  return profile_units(get_model("mlp", data.num_classes), jax.ShapeDtypeStruct((32, 8, 8, 1), jnp.float32))
+
+
+def test_device_orders():
+  cluster = get_cluster("paper_testbed")
+  assert device_orders(cluster.gpus[:4]) == 1  # four alike GPUs of one node
+  assert device_orders([cluster.gpus[i] for i in (0, 4, 8, 12)]) == 24  # four types: 4!
+  assert device_orders(cluster.gpus) == 63_063_000  # 16! / (4!)^4
+
+
+def test_groupings_cover_every_gpu_once():
+  cluster = get_cluster("paper_testbed")
+  found = dict(groupings(cluster))
+  assert {"NP", "ED", "HD", "ED x2", "NP /2", "NP /4", "HD pairs /1", "HD pairs /4"} <= set(found)
+  for name, groups in found.items():
+    indices = sorted(g.index for group in groups for g in group)
+    assert indices == list(range(16)), name
+  assert all(len({g.type.name for g in group}) == 4 for group in found["ED x2"])
+  assert all(len(group) == 1 for group in found["NP /4"])
+
+
+def _plan(nm: int, seconds: float) -> VWPlan:
+  return VWPlan(nm, (StagePlan(get_cluster("hetero4").gpus[0], 0, 1, seconds, 0),))
+
+
+def test_modelled_rate_holds_every_virtual_worker_to_the_slowest_wave_rate():
+  # VW 0: 2 minibatches/s, Nm 2 -> 1 wave/s; VW 1: 4 minibatches/s, Nm 1 -> 4 waves/s. Under WSP both run
+  # 1 wave/s: 2 + 1 minibatches of 32 images per second.
+  assert modelled_images_per_sec([_plan(2, 0.5), _plan(1, 0.25)], 32) == pytest.approx(96.0)
+  assert modelled_images_per_sec([_plan(2, 0.5), _plan(4, 0.25)], 32) == pytest.approx(32 * 6)
+
+
+def test_speed_sized_nm_gives_the_faster_virtual_worker_more_minibatches_per_wave():
+  fast = {n: _plan(n, 0.25) for n in range(1, 9)}  # 4 minibatches/s at any Nm
+  slow = {n: _plan(n, 1.0) for n in range(1, 9)}  # 1 minibatch/s
+  choices = {tuple(p.nm for p in plans): rule for rule, plans in nm_choices([fast, slow], [1, 1])}
+  assert choices[(1, 1)] == "max_fit"
+  assert choices[(8, 2)] == "speed-sized"  # waves of 2 s each
+  assert (4, 1) in choices and (2, 2) in choices  # speed-sized and uniform
+  assert all(rule != "speed-sized" or nms[0] >= nms[1] for nms, rule in choices.items())
+
+
+def test_tuner_finds_the_fastest_checked_configuration(mlp_profiles):
+  cluster = get_cluster("hetero4")
+  lines = []
+  out = tune(cluster, mlp_profiles, 32, waves=6, ds=(0, 2), nm_max=4, screen=6, refine=3, progress=lines.append)
+  results = out["results"]
+  assert out["best"] is results[0]
+  refined = [r for r in results if r.waves == 6]
+  assert out["best"].images_per_sec == max(r.images_per_sec for r in refined)
+  assert {r.candidate.d for r in refined} == {0, 2}
+  assert {r.candidate.overlap_transfers for r in results} == {False, True}
+  assert 0 < out["best"].efficiency <= 1
+  assert {"NP", "ED", "HD"} <= set(policy_rows(results))
+  assert any(line.startswith("planned NP") for line in lines) and any("refined" in line for line in lines)
+
+
+def test_tuner_refuses_too_few_waves(mlp_profiles):
+  with pytest.raises(ConfigError, match="waves=1"):
+    tune(get_cluster("hetero4"), mlp_profiles, 32, waves=1)
+
+
+def test_staleness_model_fit_by_hand():
+  fit = fit_staleness_model([(0.0, 100.0), (2.0, 120.0), (4.0, 140.0)], 0.8)
+  assert fit.images0 == pytest.approx(100.0) and fit.beta == pytest.approx(0.1)
+  assert fit.seconds(images_per_sec=50.0, staleness=10.0) == pytest.approx(4.0)
+  assert fit_staleness_model([(3.0, 90.0)]).beta == 0.0
+  with pytest.raises(ConfigError, match="reached the target"):
+    fit_staleness_model([])
+  with pytest.raises(ConfigError, match="zero staleness"):
+    fit_staleness_model([(1.0, 10.0), (2.0, 100.0)])
+  assert StalenessModel(10.0, 0.5).images(2.0) == pytest.approx(20.0)
+
+
+def test_grouping_with_cuts_is_an_explicit_layout():
+  data = load_dataset("digits")
+  model = get_model("mlp", data.num_classes)
+  config = RunConfig(cluster="hetero4", policy=[[2, 0], [5]], cuts=[[0, 1, 4], [0, 4]], nm=[3, 1], d=1,
+                     waves=4, executor="sim")
+  result = run_hetpipe(model, data, config)
+  meta = result.events[0]
+  assert meta["gpus"][0] == [get_cluster("hetero4").gpus[i].name for i in (2, 0)]
+  assert meta["cuts"] == [[0, 1, 4], [0, 4]] and meta["nm"] == [3, 1]
+  assert check_trace(result.events) == []
+  with pytest.raises(ConfigError, match="cuts .* of virtual worker 1"):
+    run_hetpipe(model, data, RunConfig(cluster="hetero4", policy=[[2, 0], [5]], cuts=[[0, 1, 4], [0, 2]],
+                                       nm=1, executor="sim"))
+  with pytest.raises(ConfigError, match="overlap_transfers is a model of the sim executor"):
+    run_hetpipe(model, data, RunConfig(cluster="hetero4", overlap_transfers=True))
+
+
+def _run(args, tmp_path, timeout=300):
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+  return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                        timeout=timeout)
+
+
+def test_tune_cli_and_train_plan(tmp_path):
+  """A tuned plan: the tuner writes it, train --plan runs it on sim (reproducing the prediction) and on the
+  virtual executor (with numerics, the trace checked), and refuses a flag that disagrees in one line."""
+  out = tmp_path / "tune"
+  proc = _run(["experiments.tune", "--model=mlp", "--dataset=digits", "--cluster=hetero4", "--waves=6",
+               "--nm_max=3", "--ds=0,1", f"--out_dir={out}"], tmp_path)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert "best:" in proc.stdout and (out / "tune.png").exists() and (out / "tune.csv").exists()
+  doc = json.loads((out / "tune.json").read_text())
+  best = doc["best"]
+  assert {"model", "cluster", "batch_size", "policy", "cuts", "nm", "d", "placement", "images_per_sec",
+          "efficiency"} <= set(best)
+  assert best["images_per_sec"] == max(r["images_per_sec"] for r in doc["results"] if r["waves"] == 6)
+  plan = f"--plan={out / 'tune.json'}"
+  proc = _run(["experiments.train", plan, "--executor=sim", f"--out_dir={tmp_path / 'sim'}"], tmp_path)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  summary = json.loads((tmp_path / "sim" / "summary.json").read_text())
+  assert summary["images_per_second"] == pytest.approx(best["images_per_sec"], rel=0.02)
+  assert summary["nm"] == best["nm"] and summary["d"] == best["d"]
+  proc = _run(["experiments.train", plan, "--executor=virtual", "--waves=3", f"--out_dir={tmp_path / 'virtual'}"],
+              tmp_path)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert "trace check: OK" in proc.stdout
+  other = 1 - best["d"] if best["d"] <= 1 else 0
+  proc = _run(["experiments.train", plan, "--executor=sim", f"--d={other}"], tmp_path)
+  assert proc.returncode == 1
+  assert proc.stderr.strip().splitlines()[-1].startswith(f"error: --d={other} disagrees with --plan=")
