@@ -25,6 +25,7 @@ short simulations; the paper testbed takes seconds.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import contextlib
 import dataclasses
@@ -37,10 +38,10 @@ from typing import Any
 from hetpipe_jax.cluster import Cluster, Gpu
 from hetpipe_jax.core.breakdown import pushed_images
 from hetpipe_jax.core.check import check_trace
-from hetpipe_jax.core.trace import Trace, staleness_stats
+from hetpipe_jax.core.trace import Trace
 from hetpipe_jax.cost.profile import UnitProfile
 from hetpipe_jax.errors import ConfigError, ProtocolError
-from hetpipe_jax.plan.allocation import POLICIES, allocate
+from hetpipe_jax.plan.allocation import POLICIES, allocate, hd_pairs, split_pair
 from hetpipe_jax.plan.costmodel import ideal_images_per_sec
 from hetpipe_jax.plan.layout import Layout
 from hetpipe_jax.plan.partition import partition
@@ -109,13 +110,12 @@ def groupings(cluster: Cluster) -> list[tuple[str, list[list[Gpu]]]]:
                                for p in range(s)]))
   hd = next((groups for name, groups in out if name == "HD"), None)
   if hd is not None:  # HD's node pairs as one virtual worker, or split finer than HD does
-    pairs = _hd_pairs(cluster)
+    pairs, odd = hd_pairs(cluster)
     for parts in range(1, max(min(len(a), len(b)) for a, b in pairs) + 1):
       if all(len(a) % parts == 0 and len(b) % parts == 0 for a, b in pairs):
-        groups = [a[p * (len(a) // parts):(p + 1) * (len(a) // parts)] +
-                  b[p * (len(b) // parts):(p + 1) * (len(b) // parts)] for a, b in pairs for p in range(parts)]
+        groups = [g for a, b in pairs for g in split_pair(a, b, parts)] + odd
         if sorted(map(_names, groups)) != sorted(map(_names, hd)):
-          out.append((f"HD pairs /{parts}", groups + _hd_odd(cluster, pairs)))
+          out.append((f"HD pairs /{parts}", groups))
   return out
 
 
@@ -131,21 +131,6 @@ def device_orders(gpus: Sequence[Gpu]) -> int:
 
 def _names(group: Sequence[Gpu]) -> tuple[str, ...]:
   return tuple(g.name for g in group)
-
-
-def _hd_pairs(cluster: Cluster) -> list[tuple[list[Gpu], list[Gpu]]]:
-  """HD's node pairs, fastest with slowest (as :func:`hetpipe_jax.plan.allocation.allocate` ranks them)."""
-  from hetpipe_jax.plan.allocation import _node_speed  # pylint: disable=g-import-not-at-top
-  ranked = sorted({g.node for g in cluster.gpus}, key=lambda n: -_node_speed(cluster, n))
-  pairs = []
-  while len(ranked) >= 2:
-    pairs.append((cluster.node_gpus(ranked.pop(0)), cluster.node_gpus(ranked.pop(-1))))
-  return pairs
-
-
-def _hd_odd(cluster: Cluster, pairs) -> list[list[Gpu]]:
-  paired = {g.node for a, b in pairs for g in a + b}
-  return [cluster.node_gpus(n) for n in sorted({g.node for g in cluster.gpus} - paired)]
 
 
 class _Planner:
@@ -225,8 +210,8 @@ def nm_choices(per_vw: Sequence[dict[int, VWPlan]], k_max: Sequence[int]) -> lis
 @dataclasses.dataclass(frozen=True)
 class StalenessModel:
   """The staleness-aware estimate of time to accuracy: a run needs ``images0 x (1 + beta x staleness)``
-  training images to reach the target, for ``staleness`` the mean global staleness of its forward passes
-  (:func:`mean_staleness`), so its time to accuracy is that over its images/s. Fitted to real runs by
+  training images to reach the target, for ``staleness`` the mean count of updates missing from its forward
+  passes (:func:`mean_staleness`), so its time to accuracy is that over its images/s. Fitted to real runs by
   :func:`fit_staleness_model` (the convergence study does, and validates it)."""
 
   images0: float
@@ -263,12 +248,34 @@ def fit_staleness_model(points: Sequence[tuple[float, float]], target_accuracy: 
 
 
 def mean_staleness(events: Sequence[dict[str, Any]]) -> float:
-  """The mean global staleness of a trace's forward passes, in the virtual worker's minibatches
-  (:func:`hetpipe_jax.core.trace.staleness_stats`; the local staleness with one virtual worker)."""
-  stats = staleness_stats(events)
-  counts = stats["global_staleness"] or stats["local_staleness"]
-  total = sum(counts.values())
-  return sum(s * c for s, c in counts.items()) / total if total else 0.0
+  """The mean staleness of a trace's forward passes, counted as asynchronous SGD counts it: the minibatch
+  updates of *every* virtual worker that were done when the forward started but are missing from its
+  weights. For minibatch p of virtual worker i starting at t: its own missing updates p - 1 - own, plus,
+  for every other live virtual worker k, the minibatches k had completed by t minus the Nm_k x glob[k]
+  its weights hold. (More virtual workers, larger Nm and larger D all raise it.)"""
+  meta = events[0]
+  nms = meta["nm"]
+  done: list[list[float]] = [[] for _ in nms]  # completion times per virtual worker, in order
+  left: set[int] = set()
+  for ev in events[1:]:
+    if ev["ev"] == "complete":
+      done[ev["vw"]].append(ev["t"])
+  total = count = 0
+  for ev in events[1:]:
+    kind = ev["ev"]
+    if kind == "leave":
+      left.add(ev["vw"])
+    elif kind == "join":
+      left.discard(ev["vw"])
+    elif kind == "fwd":
+      i, t = ev["vw"], ev["t0"]
+      missing = ev["mb"] - 1 - ev["own"]
+      for k, g in enumerate(ev["glob"]):
+        if k != i and k not in left:
+          missing += max(0, bisect.bisect_right(done[k], t) - nms[k] * g)
+      total += missing
+      count += 1
+  return total / count if count else 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -308,7 +315,8 @@ def tune(cluster: Cluster, profiles: Sequence[UnitProfile], batch_size: int, *, 
          ds: Sequence[int] = (0, 4, 32), placements: Sequence[str] = PLACEMENTS,
          transfers: Sequence[bool] = (False, True), nm_max: int = 16, screen: int = 16, refine: int = 6,
          weight_mode: str = "stash", optimizer_slots: float = 0.0, precision: str = "fp32",
-         schedule: str = "1f1b", max_orders: int = 5000, staleness_model: StalenessModel | None = None,
+         schedule: str = "1f1b", max_orders: int = 5000, max_stages: int | None = None,
+         staleness_model: StalenessModel | None = None,
          progress: Progress | None = None) -> dict[str, Any]:
   """Searches configurations of ``profiles``' model on ``cluster`` (the module docstring).
 
@@ -321,6 +329,8 @@ def tune(cluster: Cluster, profiles: Sequence[UnitProfile], batch_size: int, *, 
     weight_mode / optimizer_slots / precision / schedule: as for a run.
     max_orders: groupings whose virtual workers have more distinct device orders than this are skipped
       (the exact partitioner enumerates them).
+    max_stages: groupings with a larger virtual worker are skipped (e.g. a small model trained on the
+      tuned configuration's clock has only so many units to cut).
     staleness_model: rank by its predicted time to accuracy (fastest first) instead of by images/s.
     progress: called with a line at every step.
 
@@ -338,7 +348,7 @@ def tune(cluster: Cluster, profiles: Sequence[UnitProfile], batch_size: int, *, 
   planner = _Planner(cluster, profiles, nm_max, weight_mode, optimizer_slots, precision)
   choices: list[Candidate] = []
   for name, groups in groupings(cluster):
-    if any(len(g) > len(profiles) for g in groups):
+    if any(len(g) > min(len(profiles), max_stages or len(profiles)) for g in groups):
       continue
     orders = max(device_orders(g) for g in groups)
     if orders > max_orders:

@@ -73,13 +73,20 @@ def test_convergence_cli(tmp_path):
   env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
   proc = subprocess.run([sys.executable, "-m", "experiments.convergence", "--model=mlp", "--dataset=digits",
                          "--cluster=paper_mini", "--ds=0,4", "--epochs=2", "--target_accuracy=0.3",
-                         f"--out_dir={tmp_path}"], capture_output=True, text=True, timeout=600, env=env)
+                         "--time_model=none", "--whimpy=", "--seeds=0,1", "--ssp", f"--out_dir={tmp_path}"],
+                        capture_output=True, text=True, timeout=600, env=env)
   assert proc.returncode == 0, proc.stderr[-3000:]
   doc = json.loads((tmp_path / "convergence.json").read_text())
-  assert {"target_accuracy", "time_axis", "runs"} <= set(doc)
-  assert [r["system"] for r in doc["runs"]] == ["hetpipe", "hetpipe", "horovod", "ssp"]
+  assert {"target_accuracy", "time_axis", "runs", "summary", "seeds"} <= set(doc)
+  assert [r["system"] for r in doc["runs"]] == ["hetpipe", "hetpipe", "hetpipe", "horovod", "ssp"] * 2
+  assert [r["seed"] for r in doc["runs"]] == [0] * 5 + [1] * 5
+  assert doc["runs"][2]["name"].startswith("HetPipe tuned")
   for run in doc["runs"]:
-    assert {"name", "system", "d", "nm", "gpus", "time_to_target_s", "final_test_accuracy", "curve"} <= set(run)
+    assert {"name", "system", "seed", "d", "nm", "gpus", "time_to_target_s", "final_test_accuracy",
+            "curve"} <= set(run)
     assert all(len(point) == 4 for point in run["curve"])
+    if run["system"] != "horovod":  # the time axis follows the sim executor's rate for the configuration
+      assert run["time_scale"] > 0 and run["mean_staleness"] >= 0
+  assert "staleness_model" in doc or "staleness_note" in doc
   assert (tmp_path / "convergence.png").stat().st_size > 10_000 and (tmp_path / "convergence.csv").exists()
   assert "speedup vs Horovod" in proc.stdout and "local staleness" in proc.stdout

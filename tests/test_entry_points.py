@@ -26,7 +26,7 @@ def installed(name: str) -> str:
 
 def test_the_main_commands_have_entry_points():
   assert {"hetpipe-train", "hetpipe-plan", "hetpipe-check", "hetpipe-timeline", "hetpipe-throughput",
-          "hetpipe-convergence", "hetpipe-efficiency"} <= set(SCRIPTS)
+          "hetpipe-convergence", "hetpipe-efficiency", "hetpipe-tune"} <= set(SCRIPTS)
 
 
 def helpshort(name: str) -> str:

@@ -13,14 +13,15 @@ from hetpipe_jax.core.check import check_trace
 from hetpipe_jax.cost.profile import profile_units
 from hetpipe_jax.plan.vw_plan import StagePlan, VWPlan
 from hetpipe_jax.tune import (
-    StalenessModel,
-    device_orders,
-    fit_staleness_model,
-    groupings,
-    modelled_images_per_sec,
-    nm_choices,
-    policy_rows,
-    tune,
+  StalenessModel,
+  device_orders,
+  fit_staleness_model,
+  groupings,
+  mean_staleness,
+  modelled_images_per_sec,
+  nm_choices,
+  policy_rows,
+  tune,
 )
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -105,6 +106,20 @@ def test_staleness_model_fit_by_hand():
   assert StalenessModel(10.0, 0.5).images(2.0) == pytest.approx(20.0)
 
 
+def test_mean_staleness_counts_every_virtual_workers_missing_updates_by_hand():
+  meta = {"ev": "meta", "num_vws": 2, "nm": [2, 1], "d": 1}
+  events = [meta,
+            {"ev": "fwd", "vw": 1, "stage": 0, "mb": 3, "t0": 0.5, "t1": 0.6, "own": 2, "glob": [0, 0]},
+            {"ev": "complete", "vw": 1, "mb": 1, "t": 1.0},
+            {"ev": "complete", "vw": 1, "mb": 2, "t": 2.0},
+            # VW 0's minibatch 3 starts at 2.5: it misses its own minibatch 2 (own = 1) and one of VW 1's two
+            # completed minibatches (glob[1] = 1 wave of Nm 1)
+            {"ev": "fwd", "vw": 0, "stage": 0, "mb": 3, "t0": 2.5, "t1": 3.0, "own": 1, "glob": [0, 1]}]
+  assert mean_staleness(events) == pytest.approx((0 + 2) / 2)
+  # a virtual worker that left no longer counts
+  assert mean_staleness(events[:4] + [{"ev": "leave", "vw": 1, "t": 2.2}] + events[4:]) == pytest.approx(0.5)
+
+
 def test_grouping_with_cuts_is_an_explicit_layout():
   data = load_dataset("digits")
   model = get_model("mlp", data.num_classes)
@@ -155,3 +170,15 @@ def test_tune_cli_and_train_plan(tmp_path):
   proc = _run(["experiments.train", plan, "--executor=sim", f"--d={other}"], tmp_path)
   assert proc.returncode == 1
   assert proc.stderr.strip().splitlines()[-1].startswith(f"error: --d={other} disagrees with --plan=")
+
+
+@pytest.mark.parametrize("args,start", [
+    (["--transfers=sometimes"], "error: --transfers=sometimes; give serial, overlap or both"),
+    (["--objective=time_to_accuracy", "--staleness_model=/nonexistent/convergence.json"],
+     "error: --staleness_model=/nonexistent/convergence.json: cannot read it"),
+])
+def test_tune_bad_input_is_one_line(args, start, tmp_path):
+  proc = _run(["experiments.tune", *args, f"--out_dir={tmp_path}"], tmp_path, timeout=120)
+  assert proc.returncode == 1
+  lines = proc.stderr.strip().splitlines()
+  assert lines[-1].startswith(start) and "Traceback" not in proc.stderr

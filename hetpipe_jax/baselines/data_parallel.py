@@ -3,8 +3,8 @@
 Every step each of N workers computes the gradient of its own minibatch; the gradients are averaged
 (the all-reduce) and one update is applied to the one copy of the weights. The clock advances by the
 cost model's iteration time (:func:`hetpipe_jax.baselines.horovod.horovod_iteration_seconds`) per step.
-One jitted step per iteration: the average of equal-size minibatches' gradients is the gradient of the
-mean loss over their union, computed as one batch.
+Each worker's gradient is computed on its own minibatch (one jitted call each: on CPU, twelve batches of
+32 take 0.5 s where one batch of 384 takes 0.83 s), then averaged and applied in one jitted update.
 """
 
 from __future__ import annotations
@@ -49,21 +49,22 @@ def train_data_parallel(model: LayeredModel, dataset: Dataset, tx: optax.Gradien
   opt_state = tx.init(params)
   loss_fn = lambda p, x, y: cross_entropy(model.apply(p, x), y)
 
+  grad = jax.jit(jax.value_and_grad(loss_fn))
+
   @jax.jit
-  def step(params, opt_state, xs, ys):
-    # The average of the workers' gradients (the all-reduce) is the gradient of the mean loss over
-    # their minibatches together (all have the same size), computed here as one batch.
-    loss, grads = jax.value_and_grad(loss_fn)(params, xs.reshape((-1,) + xs.shape[2:]), ys.reshape(-1))
+  def update(params, opt_state, results):
+    # the all-reduce: the average of the workers' losses and gradients
+    loss = sum(r[0] for r in results) / len(results)
+    grads = jax.tree.map(lambda *g: sum(g) / len(g), *(r[1] for r in results))
     updates, opt_state = tx.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss
 
   evaluate = make_evaluator(model, dataset, device)
   rows, losses = [], []
   for s in range(1, steps + 1):
-    batch = [streams(w, s) for w in range(num_workers)]
-    xs = jax.device_put(np.stack([b[0] for b in batch]), device)
-    ys = jax.device_put(np.stack([b[1] for b in batch]), device)
-    params, opt_state, loss = step(params, opt_state, xs, ys)
+    results = [grad(params, *(jax.device_put(np.asarray(a), device) for a in streams(w, s)))
+               for w in range(num_workers)]
+    params, opt_state, loss = update(params, opt_state, results)
     losses.append(loss)
     rows.append({"vw": 0, "wave": s - 1, "step": s, "time": s * step_seconds})
     if s % eval_every == 0 or s == steps:

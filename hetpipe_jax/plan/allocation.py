@@ -95,20 +95,32 @@ def allocate(cluster: Cluster, policy: str | Sequence[Sequence[int]]) -> list[li
                         f"GPUs of every type; cluster {cluster.name!r} has {counts}; use NP, HD or a grouping")
     return [[gs[v] for gs in by_type.values()] for v in range(next(iter(counts.values())))]
   if policy == "HD":
-    ranked = sorted(nodes, key=lambda n: -_node_speed(cluster, n))
+    pairs, odd = hd_pairs(cluster)
     groups = []
-    while len(ranked) >= 2:
-      fast, slow = cluster.node_gpus(ranked.pop(0)), cluster.node_gpus(ranked.pop(-1))
+    for fast, slow in pairs:
       parts = max(1, min(len(fast), len(slow)) // 2)
       if len(fast) % parts or len(slow) % parts:
         raise ConfigError(f"HD splits a node pair into {parts} virtual workers, but its nodes have "
                           f"{len(fast)} and {len(slow)} GPUs; use NP, ED or a grouping")
-      a, b = len(fast) // parts, len(slow) // parts
-      groups += [fast[p * a:(p + 1) * a] + slow[p * b:(p + 1) * b] for p in range(parts)]
-    if ranked:  # an odd node out runs alone (NP)
-      groups.append(cluster.node_gpus(ranked[0]))
-    return groups
+      groups += split_pair(fast, slow, parts)
+    return groups + odd
   raise ConfigError(f"unknown allocation policy {policy!r}; use one of {', '.join(POLICIES)} or a grouping")
+
+
+def hd_pairs(cluster: Cluster) -> tuple[list[tuple[list[Gpu], list[Gpu]]], list[list[Gpu]]]:
+  """HD's node pairs, the fastest node with the slowest, then inwards; and the odd node out (alone, as
+  under NP), if any."""
+  ranked = sorted(sorted({g.node for g in cluster.gpus}), key=lambda n: -_node_speed(cluster, n))
+  pairs = []
+  while len(ranked) >= 2:
+    pairs.append((cluster.node_gpus(ranked.pop(0)), cluster.node_gpus(ranked.pop(-1))))
+  return pairs, [cluster.node_gpus(n) for n in ranked]
+
+
+def split_pair(fast: Sequence[Gpu], slow: Sequence[Gpu], parts: int) -> list[list[Gpu]]:
+  """A node pair as ``parts`` virtual workers, each an equal share of both nodes' GPUs."""
+  a, b = len(fast) // parts, len(slow) // parts
+  return [list(fast[p * a:(p + 1) * a]) + list(slow[p * b:(p + 1) * b]) for p in range(parts)]
 
 
 def horovod_gpus(cluster: Cluster, profiles: Sequence[UnitProfile], optimizer_slots: float = 0.0) -> list[Gpu]:
