@@ -281,7 +281,7 @@ def main(argv):
           f"{fit['beta']:.4g} x mean staleness); leave-one-out error on time to target: {error}")
   else:
     print(f"staleness-aware estimate: not fitted ({doc['staleness_note']})")
-  if tuned.get("predicted_time_to_target_s") is not None:
+  if tuned_run is not None and tuned.get("predicted_time_to_target_s") is not None:
     name = tuned_run[0]
     measured = summary[name]["mean_time_to_target_s"]
     print(f"tuned by predicted time to {FLAGS.target_accuracy:.0%} ({tuned['label']}): predicted "
