@@ -137,7 +137,7 @@ def check_seed(seed: int, flag: str = "seed") -> int:
   """
   if not 0 <= seed <= MAX_SEED:
     raise config_error(f"--{flag}={seed}; a seed must be in [0, 2**63 - 1] (numpy's default_rng takes no "
-                       "negative seed), e.g. --seed=0")
+                       f"negative seed), e.g. --{flag}=0")
   return seed
 
 

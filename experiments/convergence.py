@@ -103,7 +103,7 @@ def hetpipe_curve(metrics: list[dict], nms: list[int], scale: float = 1.0) -> li
 def main(argv):
   del argv
   from hetpipe_jax import ConfigError, get_cluster
-  seeds = [common.check_seed(s) for s in common.parse_ints("seeds", FLAGS.seeds)]
+  seeds = [common.check_seed(s, "seeds") for s in common.parse_ints("seeds", FLAGS.seeds)]
   if not seeds:
     raise ConfigError("--seeds is empty; give one or more seeds, e.g. --seeds=0,1,2")
   ds = common.parse_ints("ds", FLAGS.ds)

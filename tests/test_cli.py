@@ -59,7 +59,7 @@ def test_one_cuts_list_serves_every_virtual_worker_and_sets_the_stages(tmp_path)
     ("experiments.train", ["--cuts=0,2,5;0,3,5"], r"--cuts=0,2,5;0,3,5 gives 2 lists of boundaries for "
                                                   r"--num_vws=3; give one list for every virtual worker"),
     ("experiments.train", ["--stages=two"], r"--stages=two must be integers"),
-    ("experiments.convergence", ["--seed=-1"], r"--seed=-1; a seed must be in"),
+    ("experiments.convergence", ["--seeds=0,-1"], r"--seeds=-1; a seed must be in"),
     ("experiments.convergence", ["--ds=0,x"], r"--ds=0,x must be integers"),
     ("experiments.plan", ["--optimizer=lion"], r"unknown optimizer 'lion'; choose one of sgd, momentum, adam"),
     ("experiments.throughput", ["--optimizer=lion"], r"unknown optimizer 'lion'"),
