@@ -89,4 +89,4 @@ def test_convergence_cli(tmp_path):
       assert run["time_scale"] > 0 and run["mean_staleness"] >= 0
   assert "staleness_model" in doc or "staleness_note" in doc
   assert (tmp_path / "convergence.png").stat().st_size > 10_000 and (tmp_path / "convergence.csv").exists()
-  assert "speedup vs Horovod" in proc.stdout and "local staleness" in proc.stdout
+  assert "speedup vs Horovod" in proc.stdout and "mean staleness" in proc.stdout
