@@ -75,6 +75,9 @@ flags.DEFINE_string("plan", None, "A tuned plan (tune.json of experiments.tune):
                     "full-size model's clock.")
 flags.DEFINE_bool("overlap_transfers", False, "sim executor: a stage's input travels while its device computes "
                   "other tasks, instead of being received in series inside the task.")
+flags.DEFINE_bool("fast_sim", False, "sim executor: simulate until every virtual worker's wave period settles, "
+                  "then extrapolate the rest of --waves (hetpipe_jax.sim.steady; checked by "
+                  "experiments.validate_fast).")
 flags.DEFINE_string("out_dir", "outputs/train", "Directory for every output.")
 flags.DEFINE_string("trace_out", None, "Trace path (default: OUT_DIR/trace.jsonl).")
 flags.DEFINE_string("metrics_out", None, "Metrics path (default: OUT_DIR/metrics.jsonl).")
@@ -264,7 +267,7 @@ def main(argv):
       trace_path=trace_out, policy=policy, placement=FLAGS.placement, on_nonfinite=FLAGS.on_nonfinite,
       checkpoint_dir=FLAGS.checkpoint_dir, checkpoint_every=FLAGS.checkpoint_every,
       keep_checkpoints=FLAGS.keep_checkpoints, resume=FLAGS.resume, failures=parse_failures(FLAGS.fail),
-      rejoin=FLAGS.rejoin, overlap_transfers=FLAGS.overlap_transfers,
+      rejoin=FLAGS.rejoin, overlap_transfers=FLAGS.overlap_transfers, fast_sim=FLAGS.fast_sim,
       time_model=plan["time_model"] if plan else None)
   from hetpipe_jax.models import FULL_SIZE, full_size_model
   if FLAGS.executor == "sim" and FLAGS.model in FULL_SIZE:  # no numerics: the model's own input, no data
@@ -304,7 +307,7 @@ def main(argv):
       "images_per_second": result.images_per_second, "final_test_accuracy": final_acc,
       "trace_violations": [str(v) for v in violations[:20]], "staleness": stats,
       "checkpoints": result.checkpoints, "overlap_transfers": config.overlap_transfers,
-      "time_model": config.time_model,
+      "time_model": config.time_model, "fast_sim": result.fast_sim,
   }
   if plan is not None:
     summary["plan"] = {"path": FLAGS.plan, "predicted_images_per_sec": plan["images_per_sec"],
@@ -329,6 +332,9 @@ def main(argv):
   print(f"{accuracy} after {config.waves} waves per virtual worker; "
         f"{result.images_per_second:,.0f} images/s on the {clock} ({result.seconds:.4g} s; host "
         f"{result.wall_seconds:.1f} s)")
+  if result.fast_sim is not None:
+    print(f"fast sim ({result.fast_sim['method']}): simulated {max(result.fast_sim['simulated_waves'])} of "
+          f"{config.waves} waves per virtual worker; the trace holds those")
   print(f"observed staleness: local max {max(stats['local_staleness'])} (bound "
         f"{max(stats['local_bound'])}), global max {stats['max_global_staleness']} (bound "
         f"{max(stats['global_bound'])}); blocked at the gate "

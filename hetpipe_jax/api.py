@@ -65,7 +65,7 @@ from hetpipe_jax.runtime.ps import ON_NONFINITE, ParameterServer
 from hetpipe_jax.runtime.stage import Device, Stage
 from hetpipe_jax.runtime.transport import DeviceComm
 from hetpipe_jax.runtime.worker import PipelineNumerics
-from hetpipe_jax.sim import simulate
+from hetpipe_jax.sim import simulate, simulate_fast
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,6 +115,9 @@ class RunConfig:
       uninterrupted one would (bit for bit on the ``virtual`` executor).
     overlap_transfers: sim executor only: a stage's input travels while its device computes other tasks
       (as a GPU's copy engines allow) instead of being received in series inside the task.
+    fast_sim: sim executor only: simulate until the waves settle and extrapolate the rest of the run
+      (:mod:`hetpipe_jax.sim.steady`; the trace holds the simulated waves, ``seconds`` and ``images`` are
+      the whole run's).
 
   A grouping policy with ``cuts`` is an explicit layout (a tuned plan): each group's GPUs in pipeline
   order, cut at ``cuts``, with ``nm`` (one value or one per virtual worker); nothing is searched.
@@ -151,6 +154,7 @@ class RunConfig:
   keep_checkpoints: int = 3
   resume: bool = False
   overlap_transfers: bool = False
+  fast_sim: bool = False
 
 
 @dataclasses.dataclass
@@ -167,6 +171,7 @@ class RunResult:
   cuts: list[list[int]]
   images: int  # in the waves pushed to the parameter server
   checkpoints: dict[str, Any] | None = None  # saved by this run: count, seconds and bytes each, resumed from
+  fast_sim: dict[str, Any] | None = None  # the sim's fast mode: how the run was extrapolated
 
   @property
   def images_per_second(self) -> float:
@@ -218,6 +223,12 @@ def validate(config: RunConfig) -> None:
   if config.overlap_transfers and config.executor != "sim":
     raise ConfigError(f"overlap_transfers is a model of the sim executor; the {config.executor} executor "
                       "receives each task's input in series: drop overlap_transfers or use executor=sim")
+  if config.fast_sim and config.executor != "sim":
+    raise ConfigError(f"fast_sim extrapolates the sim executor's settled waves; the {config.executor} "
+                      "executor runs every wave: drop fast_sim or use executor=sim")
+  if config.fast_sim and config.failures:
+    raise ConfigError("fast_sim extrapolates settled waves, and an injected failure unsettles them: drop "
+                      "fast_sim or the failures")
   if config.resume and not config.checkpoint_dir:
     raise ConfigError("resume needs checkpoint_dir: the directory whose newest checkpoint to continue")
   if config.checkpoint_dir and not config.trace_path:
@@ -578,15 +589,21 @@ def _simulate(config: RunConfig, cluster: Cluster, profiles, layout: Layout, met
   """The ``sim`` executor: the same engine on the cost model with link contention, no numerics."""
   trace = Trace(config.trace_path)
   t_host = time.perf_counter()
+  meta = {**meta, "shards": len(profiles), "cuts": layout.cuts}
+  fast = None
   try:
-    seconds, vws, rows = simulate(cluster, profiles, layout, config.d, config.waves, trace, config.placement,
-                                  config.schedule, config.weight_mode,
-                                  meta={**meta, "shards": len(profiles), "cuts": layout.cuts},
-                                  failures=_failures(config), rejoin=config.rejoin,
-                                  overlap_transfers=config.overlap_transfers)
+    if config.fast_sim:
+      seconds, vws, rows, fast = simulate_fast(cluster, profiles, layout, config.d, config.waves, trace,
+                                               config.placement, config.schedule, config.weight_mode, meta=meta,
+                                               overlap_transfers=config.overlap_transfers)
+    else:
+      seconds, vws, rows = simulate(cluster, profiles, layout, config.d, config.waves, trace, config.placement,
+                                    config.schedule, config.weight_mode, meta=meta, failures=_failures(config),
+                                    rejoin=config.rejoin, overlap_transfers=config.overlap_transfers)
   finally:
     trace.close()
   _require_pushes(rows)
-  images = _trained_images(trace.events, config.batch_size)
+  images = (config.batch_size * config.waves * sum(layout.nms) if fast is not None
+            else _trained_images(trace.events, config.batch_size))
   return RunResult(None, None, trace.events, rows, seconds, time.perf_counter() - t_host, vws, layout.cuts,
-                   images)
+                   images, fast_sim=fast)

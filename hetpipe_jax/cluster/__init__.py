@@ -13,6 +13,7 @@ from hetpipe_jax.cluster.catalogue import (
     GIB,
     LINKS,
     PAPER_TYPES,
+    SCALE_TYPES,
     SPEED_CLASSES,
     GpuType,
     Link,
@@ -20,10 +21,19 @@ from hetpipe_jax.cluster.catalogue import (
 )
 from hetpipe_jax.cluster.devices import ensure_cpu_devices
 from hetpipe_jax.cluster.toml import load_cluster_toml
-from hetpipe_jax.cluster.topology import PRESETS, Cluster, Gpu, assign_gpus, get_cluster, make_cluster
+from hetpipe_jax.cluster.topology import (
+    PRESETS,
+    Cluster,
+    Gpu,
+    assign_gpus,
+    get_cluster,
+    make_cluster,
+    mixed_cluster,
+)
 
 __all__ = [
     "CATALOGUE", "CLASS_A", "CLASS_B", "CLASS_C", "CLASS_D", "GIB", "LINKS", "PAPER_TYPES", "PRESETS",
-    "SPEED_CLASSES", "Cluster", "Gpu", "GpuType", "Link", "assign_gpus", "ensure_cpu_devices",
+    "SCALE_TYPES", "SPEED_CLASSES", "Cluster", "Gpu", "GpuType", "Link", "assign_gpus", "ensure_cpu_devices",
     "format_bytes", "get_cluster", "load_cluster_toml", "make_cluster",
+    "mixed_cluster",
 ]

@@ -145,6 +145,8 @@ CATALOGUE = {t.name: t for t in (
 CLASS_A, CLASS_B, CLASS_C, CLASS_D = (CATALOGUE[n] for n in "ABCD")
 SPEED_CLASSES = (CLASS_A, CLASS_B, CLASS_C, CLASS_D)
 PAPER_TYPES = ("TITAN V", "TITAN RTX", "RTX 2060", "Quadro P4000")  # the testbed's four types
+# The scaling clusters' eight types (issue 12): the testbed's four, then four newer or cloud ones.
+SCALE_TYPES = PAPER_TYPES + ("V100", "A100", "T4", "RTX 3090")
 
 LINKS = {link.name: link for link in (
     Link("pcie3", 12e9, 5e-6),  # PCIe 3.0 x16, achievable

@@ -10,8 +10,18 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 
-from hetpipe_jax.cluster.catalogue import CATALOGUE, CLASS_A, LINKS, PAPER_TYPES, SPEED_CLASSES, GpuType, Link
+from hetpipe_jax.cluster.catalogue import (
+  CATALOGUE,
+  CLASS_A,
+  LINKS,
+  PAPER_TYPES,
+  SCALE_TYPES,
+  SPEED_CLASSES,
+  GpuType,
+  Link,
+)
 from hetpipe_jax.errors import ConfigError
 
 
@@ -108,11 +118,31 @@ PRESETS = {
 }
 
 
+MIXED = re.compile(r"mixed(\d+)(?:x(\d+))?")
+
+
+def mixed_cluster(num_gpus: int, per_node: int = 4) -> Cluster:
+  """``num_gpus`` GPUs in nodes of ``per_node`` of one type, node i of type ``SCALE_TYPES[i % 8]`` (PCIe
+  inside, 56 Gb/s InfiniBand between): the scaling clusters of issue 12, named ``mixed<N>`` (nodes of 4)
+  or ``mixed<N>x<G>`` (nodes of G).
+
+  Raises:
+    ConfigError: unless ``num_gpus`` is a positive multiple of ``per_node``.
+  """
+  name = f"mixed{num_gpus}" + ("" if per_node == 4 else f"x{per_node}")
+  if per_node < 1 or num_gpus < per_node or num_gpus % per_node:
+    raise ConfigError(f"cluster {name}: {num_gpus} GPUs in nodes of {per_node}; use a positive multiple of "
+                      f"the GPUs per node (e.g. mixed64 or mixed1024x8)")
+  return make_cluster(name, [[CATALOGUE[SCALE_TYPES[n % len(SCALE_TYPES)]]] * per_node
+                             for n in range(num_gpus // per_node)])
+
+
 def get_cluster(name: str) -> Cluster:
-  """A preset by name, or a cluster from a TOML file.
+  """A preset by name, ``mixed<N>[x<G>]`` (:func:`mixed_cluster`), or a cluster from a TOML file.
 
   Args:
-    name: a key of ``PRESETS``, or a path (ending in ``.toml`` or containing a path separator).
+    name: a key of ``PRESETS``, ``mixed<N>[x<G>]``, or a path (ending in ``.toml`` or containing a path
+      separator).
 
   Returns:
     The cluster.
@@ -124,9 +154,12 @@ def get_cluster(name: str) -> Cluster:
     # toml.py builds its cluster with make_cluster from this module: imported here, not at the top.
     from hetpipe_jax.cluster.toml import load_cluster_toml  # pylint: disable=g-import-not-at-top
     return load_cluster_toml(name)
+  mixed = MIXED.fullmatch(name)
+  if mixed:
+    return mixed_cluster(int(mixed[1]), int(mixed[2] or 4))
   if name not in PRESETS:
-    raise ConfigError(f"unknown cluster {name!r}; known clusters: {', '.join(sorted(PRESETS))}, or a "
-                      "path to a .toml file")
+    raise ConfigError(f"unknown cluster {name!r}; known clusters: {', '.join(sorted(PRESETS))}, "
+                      "mixed<N> or mixed<N>x<G> (N GPUs of 8 types, G per node), or a path to a .toml file")
   return PRESETS[name]()
 
 

@@ -3,7 +3,8 @@
 An executor only answers two questions: *when* does a task start and end (wall clock, or a virtual clock
 from a cost model), and does it block on the numerics. Everything else happens here, written once:
 
-* ``startable()``: for every free device, the task its pipeline schedule picks next (a pure query);
+* ``startable()``: for every free device, the task its pipeline schedule picks next (devices with nothing
+  to start are dropped from the candidates until an event can give them something);
 * ``start(task, t)``: the device is busy; record the weight version the task uses; dispatch its numerics;
 * ``finish(task, t)``: write the task's trace line, ready its successor, complete minibatches in order,
   push a finished wave to the PS, then retry every virtual worker's next injection: the Nm window, the
@@ -119,17 +120,29 @@ class Engine:
     self._inject_all(t)
 
   def startable(self, allow: Callable[[Task], bool] | None = None) -> list[Task]:
-    """One task for every free device that has one ready, in device order (changes nothing); with
-    ``allow``, only among the ready tasks it accepts (a device passed over this way is considered again
-    after :meth:`wake`)."""
-    tasks = []
+    """One task for every free device that has one ready, in device order; with ``allow``, only among
+    the ready tasks it accepts (a device passed over this way is considered again after :meth:`wake`).
+
+    A device with nothing to start leaves the candidates: only an event that adds it back (a task of its
+    virtual worker finishing next to it, an injection, a wake, a rejoin) can give it something."""
+    tasks, idle = [], []
     for i, j in sorted(self._candidates):
-      if (i, j) in self._running or not self.vws[i].live:  # busy (maybe with a failed VW's task), or gone
-        continue
-      task = schedule_lib.pick(self.vws[i].pipeline, j, allow)
-      if task is not None:
+      task = None
+      if (i, j) not in self._running and self.vws[i].live:  # else busy (maybe with a failed VW's task), or gone
+        task = schedule_lib.pick(self.vws[i].pipeline, j, allow)
+      if task is None:
+        idle.append((i, j))
+      else:
         tasks.append(task)
+    self._candidates.difference_update(idle)
     return tasks
+
+  def stop_injecting(self) -> None:
+    """Every virtual worker finishes the wave it has begun and injects nothing after it (the run then
+    drains: a shorter run, complete in itself)."""
+    for vw in self.vws:
+      begun = vw.pipeline.next_mb - 1  # injected so far
+      vw.total_mbs = min(vw.total_mbs, -(-begun // vw.nm) * vw.nm)
 
   def wake(self, vw: int, stage: int) -> None:
     """Something an ``allow`` of :meth:`startable` depends on changed for this device (e.g. an input

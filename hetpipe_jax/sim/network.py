@@ -27,6 +27,8 @@ import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from hetpipe_jax.cluster import Cluster
 from hetpipe_jax.core.comm import Done, StageId
 from hetpipe_jax.core.engine import Engine
@@ -41,14 +43,19 @@ EPS = 1e-12
 
 @dataclasses.dataclass(eq=False)
 class _Flow:
-  remaining: float  # bytes
-  resources: tuple
   done: Callable[[float], None]
-  rate: float = 0.0
+  seq: int  # flows landing together are finished in the order they started
+  resources: tuple[int, int]  # resource indices (twice the same one for a flow over one resource)
+  slot: int = -1  # its row in the simulator's flow arrays
 
 
 class Simulator:
-  """Timers and flows on one clock."""
+  """Timers and flows on one clock.
+
+  Flows in flight are rows of arrays (remaining bytes, rate, the two resources a flow crosses; a free row
+  holds inf bytes at rate 1), so advancing the clock and re-sharing the links cost a few array operations
+  per event, however many flows are in flight.
+  """
 
   def __init__(self, cluster: Cluster, overlap_transfers: bool = False):
     self.cluster, self.overlap = cluster, overlap_transfers
@@ -56,14 +63,22 @@ class Simulator:
     self.t = 0.0
     self._timers: list = []
     self._seq = itertools.count()
-    self._flows: list[_Flow] = []
-    self._capacity: dict[tuple, float] = {}
-    for node in {g.node for g in cluster.gpus}:
-      self._capacity[("pcie", node)] = cluster.intra_node.bytes_per_s
-      self._capacity[("out", node)] = cluster.inter_node.bytes_per_s
-      self._capacity[("in", node)] = cluster.inter_node.bytes_per_s
-    self._on: dict[tuple, set[_Flow]] = {r: set() for r in self._capacity}  # flows on each resource
-    self._dirty: set[tuple] = set()  # resources whose load changed since rates were last computed
+    self._flow_seq = itertools.count()
+    nodes = sorted({g.node for g in cluster.gpus})
+    self._resource = {}  # ("pcie" | "out" | "in", node) -> index
+    capacity = []
+    for node in nodes:
+      for kind, link in (("pcie", cluster.intra_node), ("out", cluster.inter_node), ("in", cluster.inter_node)):
+        self._resource[(kind, node)] = len(capacity)
+        capacity.append(link.bytes_per_s)
+    self._capacity = np.array(capacity)
+    self._load = np.zeros(len(capacity), np.int64)  # flows on each resource
+    self._flows: dict[int, _Flow] = {}  # slot -> flow
+    self._remaining = np.full(0, np.inf)
+    self._rate = np.ones(0)
+    self._ends = np.zeros((0, 2), np.int64)
+    self._free: list[int] = []
+    self._dirty = False  # the load changed since rates were last computed
 
   def at(self, t: float, fn: Callable[[float], None]) -> None:
     heapq.heappush(self._timers, (t, next(self._seq), fn))
@@ -71,51 +86,69 @@ class Simulator:
   def send(self, src_node: int, dst_node: int, num_bytes: float, done: Done) -> None:
     """Moves ``num_bytes`` between nodes (or over a node's PCIe when equal); calls ``done(t)``."""
     if src_node == dst_node:
-      link, resources = self.cluster.intra_node, (("pcie", src_node),)
+      link = self.cluster.intra_node
+      resources = (self._resource[("pcie", src_node)],) * 2
     else:
-      link, resources = self.cluster.inter_node, (("out", src_node), ("in", dst_node))
-    self.at(self.t + link.latency_s, lambda t: self._start_flow(_Flow(num_bytes, resources, done)))
+      link = self.cluster.inter_node
+      resources = (self._resource[("out", src_node)], self._resource[("in", dst_node)])
+    flow = _Flow(done, next(self._flow_seq), resources)
+    self.at(self.t + link.latency_s, lambda t: self._start_flow(num_bytes, flow))
 
-  def _start_flow(self, flow: _Flow) -> None:
-    self._flows.append(flow)
-    for r in flow.resources:
-      self._on[r].add(flow)
-    self._dirty.update(flow.resources)
+  def _start_flow(self, num_bytes: float, flow: _Flow) -> None:
+    if not self._free:  # twice the rows
+      n = len(self._remaining)
+      grow = max(n, 64)
+      self._remaining = np.concatenate([self._remaining, np.full(grow, np.inf)])
+      self._rate = np.concatenate([self._rate, np.ones(grow)])
+      self._ends = np.concatenate([self._ends, np.zeros((grow, 2), np.int64)])
+      self._free = list(range(n + grow - 1, n - 1, -1))
+    flow.slot = self._free.pop()
+    self._remaining[flow.slot] = num_bytes
+    self._ends[flow.slot] = flow.resources
+    self._flows[flow.slot] = flow
+    self._load[list(set(flow.resources))] += 1
+    self._dirty = True
 
-  def _rates(self, resources) -> None:
-    """Recomputes the rates of the flows that share any of ``resources`` (their load changed)."""
-    for f in {f for r in resources for f in self._on[r]}:
-      f.rate = min(self._capacity[r] / len(self._on[r]) for r in f.resources)
+  def _rates(self) -> None:
+    """Every flow's rate: the equal share of its most contended resource."""
+    share = self._capacity / np.maximum(self._load, 1)
+    rate = np.minimum(share[self._ends[:, 0]], share[self._ends[:, 1]])
+    self._rate = np.where(np.isinf(self._remaining), 1.0, rate)
 
-  def run(self, engine: Engine, cost: CostModel) -> float:
-    """Runs ``engine`` to the end; returns the simulated seconds."""
+  def run(self, engine: Engine, cost: CostModel, stop: Callable[[], bool] | None = None) -> float:
+    """Runs ``engine`` to the end; returns the simulated seconds. ``stop``: asked after every event;
+    once it says yes, no virtual worker begins another wave (:meth:`Engine.stop_injecting`)."""
     engine.begin(self.t)
     while True:
       allow = (lambda task: self._input_landed(engine, cost, task)) if self.overlap else None
       for task in engine.startable(allow):
         self._start_task(engine, cost, task)
       if self._dirty:
-        self._rates(self._dirty)
-        self._dirty = set()
-      t_flow = min((self.t + f.remaining / f.rate for f in self._flows), default=float("inf"))
+        self._rates()
+        self._dirty = False
+      t_flow = float((self.t + self._remaining / self._rate).min()) if self._flows else float("inf")
       t_timer = self._timers[0][0] if self._timers else float("inf")
       t_next = min(t_flow, t_timer)
       if t_next == float("inf"):
         break
-      for f in self._flows:
-        f.remaining -= f.rate * (t_next - self.t)
+      if self._flows:
+        self._remaining -= self._rate * (t_next - self.t)
       self.t = t_next
-      landed = [f for f in self._flows if f.remaining <= f.rate * EPS]
-      if landed:
-        self._flows = [f for f in self._flows if f.remaining > f.rate * EPS]
+      slots: list[int] = np.flatnonzero(self._remaining <= self._rate * EPS).tolist() if self._flows else []
+      if slots:
+        landed = sorted((self._flows.pop(slot) for slot in slots), key=lambda f: f.seq)
         for f in landed:
-          for r in f.resources:
-            self._on[r].discard(f)
-          self._dirty.update(f.resources)
+          self._remaining[f.slot], self._rate[f.slot] = np.inf, 1.0
+          self._free.append(f.slot)
+          self._load[list(set(f.resources))] -= 1
+        self._dirty = True
         for f in landed:
           f.done(self.t)
       while self._timers and self._timers[0][0] <= self.t:
         heapq.heappop(self._timers)[2](self.t)
+      if stop is not None and stop():
+        engine.stop_injecting()
+        stop = None
     if not engine.done:
       raise ProtocolError("sim executor stalled before every minibatch completed (a schedule bug)")
     return self.t

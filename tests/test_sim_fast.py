@@ -1,0 +1,113 @@
+"""The sim executor's fast mode (hetpipe_jax.sim.steady): settled waves extrapolated, checked against the
+full event simulation; the mixed scaling clusters."""
+
+import re
+
+import pytest
+
+from hetpipe_jax import RunConfig, get_cluster, run_hetpipe
+from hetpipe_jax.cluster import SCALE_TYPES
+from hetpipe_jax.core.trace import Trace
+from hetpipe_jax.cost.profile import full_size_profiles
+from hetpipe_jax.errors import ConfigError
+from hetpipe_jax.models import FULL_SIZE, full_size_model
+from hetpipe_jax.plan.allocation import plan_cluster
+from hetpipe_jax.sim import simulate, simulate_fast
+from hetpipe_jax.sim.steady import SteadyState
+
+from helpers import assert_trace_ok
+
+
+def test_steady_state_settles_on_a_periodic_run_and_extrapolates_exactly():
+  steady = SteadyState(2, waves=50, window=2, rtol=1e-9)
+  for w in range(5):  # VW 0: a wave every 1.0 s after a 3 s fill; VW 1: every 1.0 s, offset by 0.5
+    assert not steady.settled()
+    steady.push(0, 3.0 + w)
+    steady.push(1, 3.5 + w)
+  assert steady.settled() and steady.stopped_at == [5, 5]
+  assert steady.ends() == [3.0 + 49, 3.5 + 49]
+  assert steady.period() == 1.0 and steady.tail_waves() == 1
+
+
+def test_steady_state_does_not_settle_on_changing_periods():
+  steady = SteadyState(1, waves=50, window=2, rtol=1e-3)
+  t = 0.0
+  for w in range(20):
+    t += 1.0 + 0.1 * (w % 3)  # a period of 3 waves that a window of 2 never sees twice alike
+    steady.push(0, t)
+    assert not steady.settled()
+  with pytest.raises(ValueError, match="not settled"):
+    steady.ends()
+
+
+def test_steady_state_counts_the_tail_of_a_virtual_worker_that_runs_ahead():
+  steady = SteadyState(2, waves=40, window=2, rtol=1e-9)
+  for w in range(5):  # VW 1 pushes each wave 3.2 periods before VW 0: it ends 3.2 waves earlier
+    steady.push(0, 10.0 + 2 * w)
+    steady.push(1, 3.6 + 2 * w)
+  assert steady.settled()
+  assert steady.tail_waves() == 4 and steady.period() == 2.0
+
+
+@pytest.mark.parametrize("model, policy, d, method", [
+    ("vgg19", "HD", 0, "extrapolated"),
+    ("resnet152", "ED", 4, "extrapolated"),
+    ("vgg19", "NP", 4, "tail"),  # the fast node's VW runs D + 1 waves ahead and ends first
+])
+def test_fast_mode_matches_the_full_simulation(model, policy, d, method):
+  cluster, profiles = get_cluster("paper_testbed"), full_size_profiles(model, 32)
+  layout = plan_cluster(cluster, profiles, policy).layout
+  full_trace, fast_trace = Trace(), Trace()
+  seconds, _, _ = simulate(cluster, profiles, layout, d, 60, full_trace)
+  fast_seconds, vws, _, info = simulate_fast(cluster, profiles, layout, d, 60, fast_trace)
+  assert info["method"] == method
+  assert max(info["simulated_waves"]) < 60
+  assert [vw.total_mbs // vw.nm for vw in vws] == info["simulated_waves"]
+  assert fast_seconds == pytest.approx(seconds, rel=0.005)
+  assert_trace_ok(fast_trace.events)
+  assert len(fast_trace.events) < len(full_trace.events)
+
+
+def test_fast_mode_runs_in_full_when_the_tail_is_the_whole_run():
+  cluster, profiles = get_cluster("paper_testbed"), full_size_profiles("vgg19", 32)
+  layout = plan_cluster(cluster, profiles, "NP").layout
+  trace = Trace()
+  seconds, _, _ = simulate(cluster, profiles, layout, 32, 40, Trace())
+  fast_seconds, _, _, info = simulate_fast(cluster, profiles, layout, 32, 40, trace)
+  assert info == {"method": "full", "simulated_waves": [40] * 4}
+  assert fast_seconds == seconds
+  assert_trace_ok(trace.events)
+
+
+def test_run_hetpipe_fast_sim_reports_the_whole_run():
+  config = RunConfig(cluster="paper_testbed", policy="HD", d=0, waves=40, executor="sim", fast_sim=True)
+  result = run_hetpipe(full_size_model("vgg19"), FULL_SIZE["vgg19"], config)
+  full = run_hetpipe(full_size_model("vgg19"), FULL_SIZE["vgg19"], RunConfig(**{**config.__dict__,
+                                                                                "fast_sim": False}))
+  assert result.fast_sim["method"] == "extrapolated"
+  assert result.images == full.images
+  assert result.images_per_second == pytest.approx(full.images_per_second, rel=0.005)
+  assert_trace_ok(result.events)
+
+
+@pytest.mark.parametrize("config, message", [
+    (dict(executor="virtual", fast_sim=True), r"fast_sim extrapolates the sim executor's settled waves; the "
+                                              r"virtual executor runs every wave: drop fast_sim"),
+    (dict(executor="sim", fast_sim=True, failures=((0, 2),)), r"an injected failure unsettles them"),
+])
+def test_fast_sim_bad_configurations(config, message):
+  with pytest.raises(ConfigError, match=message):
+    run_hetpipe(full_size_model("vgg19"), FULL_SIZE["vgg19"],
+                RunConfig(cluster="paper_testbed", policy="HD", **config))
+
+
+def test_mixed_clusters_cycle_eight_types_in_nodes_of_four():
+  cluster = get_cluster("mixed64")
+  assert cluster.num_gpus == 64 and cluster.num_nodes == 16
+  for node in range(16):
+    assert {g.type.name for g in cluster.node_gpus(node)} == {SCALE_TYPES[node % 8]}
+  big = get_cluster("mixed1024x8")
+  assert big.num_nodes == 128 and {g.type.name for g in big.gpus} == set(SCALE_TYPES)
+  with pytest.raises(ConfigError, match=re.escape("cluster mixed30: 30 GPUs in nodes of 4; use a positive "
+                                                  "multiple of the GPUs per node")):
+    get_cluster("mixed30")
