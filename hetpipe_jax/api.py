@@ -223,6 +223,10 @@ def validate(config: RunConfig) -> None:
   if config.overlap_transfers and config.executor != "sim":
     raise ConfigError(f"overlap_transfers is a model of the sim executor; the {config.executor} executor "
                       "receives each task's input in series: drop overlap_transfers or use executor=sim")
+  if config.placement == "striped" and config.executor == "multiprocess":
+    raise ConfigError("placement=striped (byte ranges of every unit on every node) is modelled by the sim "
+                      "executor; the multiprocess parameter server holds whole units: use placement=default "
+                      "or local")
   if config.fast_sim and config.executor != "sim":
     raise ConfigError(f"fast_sim extrapolates the sim executor's settled waves; the {config.executor} "
                       "executor runs every wave: drop fast_sim or use executor=sim")

@@ -62,10 +62,13 @@ def vgg19():
 def test_ed_local_placement_keeps_ps_traffic_inside_nodes(vgg19):
   local = plan_cluster(TESTBED, vgg19, "ED", "local", optimizer_slots=1)
   default = plan_cluster(TESTBED, vgg19, "ED", "default", optimizer_slots=1)
-  assert all(ps_cross_node_bytes(vgg19, vw, local.shard_nodes) == 0 for vw in local.layout.vws)
-  assert all(ps_cross_node_bytes(vgg19, vw, default.shard_nodes) > 0 for vw in default.layout.vws)
+  assert all(ps_cross_node_bytes(vgg19, vw, local.shard_nodes, 4) == 0 for vw in local.layout.vws)
+  assert all(ps_cross_node_bytes(vgg19, vw, default.shard_nodes, 4) > 0 for vw in default.layout.vws)
   assert len({tuple(p.cuts) for p in local.vws}) == 1  # ED: one shared partition plan
   assert len(set(default.shard_nodes)) == 4  # default spreads the shards over every node
+  striped = plan_cluster(TESTBED, vgg19, "ED", "striped", optimizer_slots=1)
+  assert all(ps_cross_node_bytes(vgg19, vw, striped.shard_nodes, 4) == sum(u.param_bytes * 3 // 4 for u in vgg19)
+             for vw in striped.layout.vws)  # 3/4 of every unit leaves the node, whichever node runs it
 
 
 @pytest.mark.parametrize("policy", ["NP", "ED", "HD"])

@@ -76,19 +76,61 @@ def test_concurrent_flows_share_a_link():
   sim.send(0, 1, 1e9, landed.append)
   sim.send(0, 1, 1e9, landed.append)
   sim.at(0.0, lambda t: sim.send(1, 0, 0.5e9, landed.append))  # the other direction is free
-
-  class Idle:  # an engine with nothing to do
-    done = True
-
-    def begin(self, t):
-      pass
-
-    def startable(self, allow=None):
-      del allow
-      return []
-
   sim.run(Idle(), cost=None)
   assert landed == pytest.approx([0.5, 2.0, 2.0])  # two flows at 0.5 GB/s each; the reverse alone
+
+
+class Idle:  # an engine with nothing to do: the simulator only moves flows
+  done = True
+
+  def begin(self, t):
+    pass
+
+  def startable(self, allow=None):
+    del allow
+    return []
+
+
+def test_striped_flows_share_every_link_they_cross():
+  # 3 nodes; links 1 GB/s, no latency. A push striped from node 0 is 2 subflows (to nodes 1 and 2),
+  # each with half of node 0's egress: 1 GB leaves in 1 s. A point flow 1 -> 2 then shares node 2's
+  # ingress with one subflow: node 0's egress still limits the striped flow to 0.5 GB/s per subflow.
+  cluster = make_cluster("three", [[GPU], [GPU], [GPU]], PCIE, Link("net", 1e9, 0.0))
+  sim = Simulator(cluster)
+  landed = {}
+  sim.send_striped(0, 1e9, True, lambda t: landed.setdefault("striped push", t))
+  sim.run(Idle(), cost=None)
+  assert landed["striped push"] == pytest.approx(1.0)
+
+  sim, landed = Simulator(cluster), {}
+  sim.send_striped(0, 1e9, True, lambda t: landed.setdefault("push", t))
+  sim.send(1, 2, 0.5e9, lambda t: landed.setdefault("point", t))
+  sim.run(Idle(), cost=None)
+  assert landed == pytest.approx({"push": 1.0, "point": 1.0})  # 0.5 GB/s each on node 2's ingress
+
+  # Two pulls striped to nodes 0 and 1 at once: node 2's egress carries one subflow of each, node 0's
+  # egress one (to node 1), node 1's one (to node 0): each subflow moves at 0.5 GB/s, 2 GB in 2 s.
+  sim, landed = Simulator(cluster), {}
+  sim.send_striped(0, 2e9, False, lambda t: landed.setdefault("pull 0", t))
+  sim.send_striped(1, 2e9, False, lambda t: landed.setdefault("pull 1", t))
+  sim.run(Idle(), cost=None)
+  assert landed == pytest.approx({"pull 0": 2.0, "pull 1": 2.0})
+
+
+def test_striped_placement_spreads_the_ps_traffic_over_every_node():
+  # 4 single-GPU VWs on 4 nodes, 2 units of 1 GB. Default: unit 0's shard on node 0, unit 1's on node 1;
+  # every push sends nodes 0 and 1 3 GB each over the network (3 flows on each ingress: about 3 s).
+  # Striped: every VW sends 3/4 of its 2 GB spread over the other nodes: 1.5 GB per link (about 1.5 s).
+  cluster = make_cluster("four", [[GPU] for _ in range(4)], PCIE, Link("net", 1e9, 0.0))
+  profiles = [UnitProfile(f"u{i}", 1e9, 2e9, 0, 0, 10**9, 8, 0) for i in range(2)]
+  layout = Layout(tuple(VWLayout((g,), (0, 2), 1) for g in cluster.gpus))
+  compute = 2 * 3e9 / GPU.peak_flops()  # both units forward and backward
+  for placement, seconds in (("default", 3.0), ("striped", 1.5)):
+    trace = Trace()
+    simulate(cluster, profiles, layout, 0, 3, trace, placement)
+    assert_trace_ok(trace.events)
+    ps = [e["t"] for e in trace.events if e["ev"] in ("push", "pull") and e["vw"] == 2]
+    assert ps[:2] == pytest.approx([compute + seconds, compute + 2 * seconds])  # first push, then pull
 
 
 @pytest.mark.parametrize("seed", range(12))

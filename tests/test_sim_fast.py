@@ -94,6 +94,9 @@ def test_run_hetpipe_fast_sim_reports_the_whole_run():
     (dict(executor="virtual", fast_sim=True), r"fast_sim extrapolates the sim executor's settled waves; the "
                                               r"virtual executor runs every wave: drop fast_sim"),
     (dict(executor="sim", fast_sim=True, failures=((0, 2),)), r"an injected failure unsettles them"),
+    (dict(executor="multiprocess", placement="striped"), r"placement=striped \(byte ranges of every unit on every "
+                                                         r"node\) is modelled by the sim executor; the "
+                                                         r"multiprocess parameter server holds whole units"),
 ])
 def test_fast_sim_bad_configurations(config, message):
   with pytest.raises(ConfigError, match=message):

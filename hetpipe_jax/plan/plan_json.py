@@ -41,7 +41,7 @@ def plan_to_json(cluster: Cluster, profiles: Sequence[UnitProfile], plan: Cluste
                     "memory_limit_bytes": s.gpu.type.memory_bytes} for s in p.stages],
         "bottleneck_s": p.bottleneck_s, "latency_s": p.latency_s, "throughput": p.throughput,
         "images_per_s": p.throughput * batch_size,
-        "ps_cross_node_bytes_per_wave": ps_cross_node_bytes(profiles, p.layout, plan.shard_nodes),
+        "ps_cross_node_bytes_per_wave": ps_cross_node_bytes(profiles, p.layout, plan.shard_nodes, cluster.num_nodes),
     })
   gpu_types = {t: next(g.type for g in cluster.gpus if g.type.name == t) for t in types}
   return {

@@ -37,24 +37,34 @@ from hetpipe_jax.cost.profile import UnitProfile
 from hetpipe_jax.errors import ProtocolError
 from hetpipe_jax.plan.costmodel import CostModel
 from hetpipe_jax.plan.layout import Layout
+from hetpipe_jax.plan.placement import STRIPED
 
 EPS = 1e-12
+
+
+POINT, STRIPE_OUT, STRIPE_IN = 0, 1, 2  # a flow between two nodes, or striped from / to every other node
 
 
 @dataclasses.dataclass(eq=False)
 class _Flow:
   done: Callable[[float], None]
   seq: int  # flows landing together are finished in the order they started
-  resources: tuple[int, int]  # resource indices (twice the same one for a flow over one resource)
+  kind: int  # POINT, STRIPE_OUT or STRIPE_IN
+  ends: tuple[int, int]  # POINT: its two resources (the same one twice over PCIe); striped: its node's
+  #                        egress (out) or ingress (in) resource, and the node's position
+  load: tuple[tuple[int, ...], tuple[int, ...]]  # (resources, subflows on each) while it moves
   slot: int = -1  # its row in the simulator's flow arrays
 
 
 class Simulator:
   """Timers and flows on one clock.
 
-  Flows in flight are rows of arrays (remaining bytes, rate, the two resources a flow crosses; a free row
-  holds inf bytes at rate 1), so advancing the clock and re-sharing the links cost a few array operations
-  per event, however many flows are in flight.
+  Flows in flight are rows of arrays (remaining bytes, rate, kind and ends; a free row holds inf bytes at
+  rate 1), so advancing the clock and re-sharing the links cost a few array operations per event, however
+  many flows are in flight. A *striped* flow (a push to, or a pull from, PS shards striped over all N nodes)
+  is N - 1 equal subflows between its node and every other node, moving at the pace of the slowest: each
+  subflow counts on its node's link and on the far node's, and the flow's rate is N - 1 times the smallest
+  share among them (one row, not N - 1).
   """
 
   def __init__(self, cluster: Cluster, overlap_transfers: bool = False):
@@ -72,12 +82,17 @@ class Simulator:
         self._resource[(kind, node)] = len(capacity)
         capacity.append(link.bytes_per_s)
     self._capacity = np.array(capacity)
-    self._load = np.zeros(len(capacity), np.int64)  # flows on each resource
+    self._load = np.zeros(len(capacity), np.int64)  # subflows on each resource
+    self._nodes = nodes
+    self._out = np.array([self._resource[("out", n)] for n in nodes])  # by node position
+    self._in = np.array([self._resource[("in", n)] for n in nodes])
     self._flows: dict[int, _Flow] = {}  # slot -> flow
     self._remaining = np.full(0, np.inf)
     self._rate = np.ones(0)
+    self._kind = np.zeros(0, np.int8)
     self._ends = np.zeros((0, 2), np.int64)
     self._free: list[int] = []
+    self._striped = 0  # striped flows in flight
     self._dirty = False  # the load changed since rates were last computed
 
   def at(self, t: float, fn: Callable[[float], None]) -> None:
@@ -91,8 +106,20 @@ class Simulator:
     else:
       link = self.cluster.inter_node
       resources = (self._resource[("out", src_node)], self._resource[("in", dst_node)])
-    flow = _Flow(done, next(self._flow_seq), resources)
+    flow = _Flow(done, next(self._flow_seq), POINT, resources, (tuple(set(resources)), (1,) * len(set(resources))))
     self.at(self.t + link.latency_s, lambda t: self._start_flow(num_bytes, flow))
+
+  def send_striped(self, node: int, num_bytes: float, outbound: bool, done: Done) -> None:
+    """Moves ``num_bytes`` from ``node`` spread evenly over every other node (``outbound``), or from every
+    other node to ``node``; calls ``done(t)`` when the last byte lands."""
+    pos = self._nodes.index(node)
+    others = [i for i in range(len(self._nodes)) if i != pos]
+    if not others:
+      raise ProtocolError(f"a striped transfer needs another node than node {node}")
+    near, far = (self._out, self._in) if outbound else (self._in, self._out)
+    load = ((int(near[pos]),) + tuple(int(far[i]) for i in others), (len(others),) + (1,) * len(others))
+    flow = _Flow(done, next(self._flow_seq), STRIPE_OUT if outbound else STRIPE_IN, (int(near[pos]), pos), load)
+    self.at(self.t + self.cluster.inter_node.latency_s, lambda t: self._start_flow(num_bytes, flow))
 
   def _start_flow(self, num_bytes: float, flow: _Flow) -> None:
     if not self._free:  # twice the rows
@@ -101,18 +128,32 @@ class Simulator:
       self._remaining = np.concatenate([self._remaining, np.full(grow, np.inf)])
       self._rate = np.concatenate([self._rate, np.ones(grow)])
       self._ends = np.concatenate([self._ends, np.zeros((grow, 2), np.int64)])
+      self._kind = np.concatenate([self._kind, np.zeros(grow, np.int8)])
       self._free = list(range(n + grow - 1, n - 1, -1))
     flow.slot = self._free.pop()
     self._remaining[flow.slot] = num_bytes
-    self._ends[flow.slot] = flow.resources
+    self._ends[flow.slot] = flow.ends
+    self._kind[flow.slot] = flow.kind
     self._flows[flow.slot] = flow
-    self._load[list(set(flow.resources))] += 1
+    self._load[list(flow.load[0])] += flow.load[1]
+    self._striped += flow.kind != POINT
     self._dirty = True
 
   def _rates(self) -> None:
-    """Every flow's rate: the equal share of its most contended resource."""
+    """Every flow's rate: the equal share of its most contended resource (a striped flow: N - 1 times the
+    smallest share among its subflows' resources)."""
     share = self._capacity / np.maximum(self._load, 1)
     rate = np.minimum(share[self._ends[:, 0]], share[self._ends[:, 1]])
+    if self._striped:
+      for kind, far in ((STRIPE_OUT, self._in), (STRIPE_IN, self._out)):
+        rows = np.flatnonzero(self._kind == kind)
+        if not len(rows):
+          continue
+        far_share = share[far]
+        lowest = np.argsort(far_share, kind="stable")[:2]  # the smallest far share, and the next one
+        pos = self._ends[rows, 1]
+        far_min = np.where(pos == lowest[0], far_share[lowest[-1]], far_share[lowest[0]])
+        rate[rows] = (len(self._nodes) - 1) * np.minimum(share[self._ends[rows, 0]], far_min)
     self._rate = np.where(np.isinf(self._remaining), 1.0, rate)
 
   def run(self, engine: Engine, cost: CostModel, stop: Callable[[], bool] | None = None) -> float:
@@ -138,9 +179,10 @@ class Simulator:
       if slots:
         landed = sorted((self._flows.pop(slot) for slot in slots), key=lambda f: f.seq)
         for f in landed:
-          self._remaining[f.slot], self._rate[f.slot] = np.inf, 1.0
+          self._remaining[f.slot], self._rate[f.slot], self._kind[f.slot] = np.inf, 1.0, POINT
           self._free.append(f.slot)
-          self._load[list(set(f.resources))] -= 1
+          self._load[list(f.load[0])] -= f.load[1]
+          self._striped -= f.kind != POINT
         self._dirty = True
         for f in landed:
           f.done(self.t)
@@ -201,18 +243,27 @@ class Simulator:
 
 
 class SimComm:
-  """Push and pull transfers between each stage's GPU and the nodes of its units' PS shards."""
+  """Push and pull transfers between each stage's GPU and the nodes of its units' PS shards (a striped
+  shard: 1/N over its own node's PCIe, the rest as one striped flow over the network)."""
 
   def __init__(self, sim: Simulator, profiles: Sequence[UnitProfile], layout: Layout,
                shard_nodes: Sequence[int]):
     self.sim = sim
-    self._routes: list[list[tuple[int, int, int]]] = []  # per VW: (gpu node, shard node, bytes)
+    self._routes: list[list[tuple[int, int, float]]] = []  # per VW: (gpu node, shard node or STRIPED, bytes)
+    num_nodes = len({g.node for g in sim.cluster.gpus})
     for vw in layout.vws:
-      per_pair: dict[tuple[int, int], int] = {}
+      per_pair: dict[tuple[int, int], float] = {}
       for _, gpu, units in vw.stages():
         for u in units:
-          key = (gpu.node, shard_nodes[u])
-          per_pair[key] = per_pair.get(key, 0) + profiles[u].param_bytes
+          num_bytes = profiles[u].param_bytes
+          if shard_nodes[u] == STRIPED:
+            per_pair[(gpu.node, gpu.node)] = per_pair.get((gpu.node, gpu.node), 0) + num_bytes / num_nodes
+            if num_nodes > 1:
+              key = (gpu.node, STRIPED)
+              per_pair[key] = per_pair.get(key, 0) + num_bytes * (num_nodes - 1) / num_nodes
+          else:
+            key = (gpu.node, shard_nodes[u])
+            per_pair[key] = per_pair.get(key, 0) + num_bytes
       self._routes.append([(a, b, n) for (a, b), n in sorted(per_pair.items())])
 
   def _transfer(self, vw: int, done: Done, to_ps: bool) -> None:
@@ -228,6 +279,9 @@ class SimComm:
         done(t)
 
     for gpu_node, shard_node, num_bytes in routes:
+      if shard_node == STRIPED:
+        self.sim.send_striped(gpu_node, num_bytes, to_ps, one_landed)
+        continue
       src, dst = (gpu_node, shard_node) if to_ps else (shard_node, gpu_node)
       self.sim.send(src, dst, num_bytes, one_landed)
 
