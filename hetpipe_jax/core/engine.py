@@ -211,6 +211,7 @@ class Engine:
     self._inject(vw, t)
 
   def _push(self, vw: VirtualWorker, wave: int, updates: dict[int, Any], losses: list, t: float) -> None:
+    global_before = wsp.c_global(self.server.clock)
     clock = self.server.push(vw.index, wave, updates)
     dropped = self.server.dropped.get((vw.index, wave))
     extra = {} if dropped is None else {"dropped": "nonfinite", "units": dropped}  # clock ticked, not applied
@@ -218,12 +219,20 @@ class Engine:
                     gap=wsp.clock_gap(clock, vw.index), **extra)
     if self._on_wave is not None:
       self._on_wave(vw.index, wave, t, losses)
+    # A push can open gates: this virtual worker's own (its push landed), those waiting at a closed gate
+    # if the global clock moved, and those that join now. Every other one stopped at its window or a pull
+    # on its way, which only its own completion or pull arrival moves on: trying them too would change
+    # nothing (and cost O(N) each, O(N^2) per wave of all).
+    movable = {vw.index, *self._awaiting_join}
+    if wsp.c_global(clock) != global_before:
+      movable.update(self._waiting_since)
     self._join_waiting(t)
-    self._inject_all(t)  # a push can open gates, this virtual worker's own included
+    self._inject_all(t, movable)
 
-  def _inject_all(self, t: float) -> None:
+  def _inject_all(self, t: float, only: set[int] | None = None) -> None:
     for vw in self.vws:
-      self._inject(vw, t)
+      if only is None or vw.index in only:
+        self._inject(vw, t)
 
   def _inject(self, vw: VirtualWorker, t: float) -> None:
     """Injects while the window allows; a gated minibatch first passes the gate and pulls."""

@@ -39,6 +39,8 @@ def init(num_vws: int) -> ClockState:
 def c_global(state: ClockState) -> int:
   """The global clock: the minimum of the local clocks of the live virtual workers (of all, if none is
   live)."""
+  if not state.left:
+    return min(state.c_local)
   live = [c for i, c in enumerate(state.c_local) if i not in state.left]
   return min(live) if live else min(state.c_local)
 

@@ -88,7 +88,7 @@ def simulate_fast(cluster: Cluster, profiles: Sequence[UnitProfile], layout: Lay
       return seconds, vws, rows, {"method": "full", "simulated_waves": [waves] * layout.num_vws}
     return max(steady.ends()), vws, rows, {"method": "extrapolated",
                                            "simulated_waves": [vw.total_mbs // vw.nm for vw in vws]}
-  short = max(steady.stopped_at) + steady.tail_waves() + 2 * steady.window
+  short = max(steady.stopped_at) + steady.tail_waves() + 2 * steady.max_cycle
   if short >= waves:
     seconds, vws, rows = simulate(cluster, profiles, layout, d, waves, trace, **kwargs)
     return seconds, vws, rows, {"method": "full", "simulated_waves": [waves] * layout.num_vws}

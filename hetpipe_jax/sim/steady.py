@@ -2,26 +2,28 @@
 
 Under WSP every virtual worker settles into a steady wave period (HETPIPE.md section 3: in the long run
 every virtual worker moves at the slowest one's wave rate, a faster one running at most D + 1 waves
-ahead). The event simulation of the first waves holds the fill transient and any run-ahead; after that a
-wave repeats the one before it. Fast mode runs the full event simulation (the same engine, links and
-trace as always) until every virtual worker's period over its last ``window`` waves agrees with its
-period over the ``window`` waves before within ``rtol``; then it stops injecting (each virtual worker
-finishes the wave it began, so the trace is complete and the checker reads it as any run), and the end
-of the whole run is extrapolated per virtual worker::
+ahead). The event simulation of the first waves holds the fill transient and any run-ahead; after that
+the waves repeat. Fast mode runs the full event simulation (the same engine, links and trace as always)
+until every virtual worker's wave periods repeat: its last L periods agree with the L before, wave for
+wave within ``rtol``, for some cycle L <= ``max_cycle`` (contention between virtual workers of different
+speeds often makes a cycle of a few waves). Then it stops injecting (each virtual worker finishes the wave
+it began, so the trace is complete and the checker reads it as any run), and the end of the whole run is
+extrapolated per virtual worker::
 
     T(W) = max_i  p_i + (W - w_i) x P_i
 
-for virtual worker i's last push time p_i after w_i waves and its settled period P_i. A run that never
-settles is simulated to the end. Cost: the waves up to settling instead of all ``W``; validated against
-the full simulation by ``python -m experiments.validate_fast`` (throughput error per configuration).
+for virtual worker i's last push time p_i after w_i waves and its settled period P_i (the mean over its
+cycle). A run that never settles is simulated to the end. Cost: the waves up to settling instead of all
+``W``; checked against the full simulation by ``python -m experiments.validate_fast`` (the throughput
+error of every study configuration).
 """
 
 from __future__ import annotations
 
 import math
 
-WINDOW = 4  # waves per period estimate
-RTOL = 1e-3  # two consecutive estimates agree this closely: settled
+MAX_CYCLE = 8  # the longest repeating cycle of wave periods looked for, in waves
+RTOL = 1e-3  # two cycles agree this closely, wave for wave: settled
 
 
 class SteadyState:
@@ -30,51 +32,63 @@ class SteadyState:
   Args:
     num_vws: virtual workers.
     waves: the waves each virtual worker runs in the whole run (W).
-    window / rtol: see the module docstring.
+    max_cycle / rtol: see the module docstring.
   """
 
-  def __init__(self, num_vws: int, waves: int, window: int = WINDOW, rtol: float = RTOL):
-    self.waves, self.window, self.rtol = waves, window, rtol
+  def __init__(self, num_vws: int, waves: int, max_cycle: int = MAX_CYCLE, rtol: float = RTOL):
+    self.waves, self.max_cycle, self.rtol = waves, max_cycle, rtol
     self.pushes: list[list[float]] = [[] for _ in range(num_vws)]
     self.stopped_at: list[int] | None = None  # waves pushed per virtual worker when it settled
+    self.cycles: list[int] | None = None  # the cycle length of each virtual worker then
 
   def push(self, vw: int, t: float) -> None:
     """Virtual worker ``vw`` pushed its next wave at ``t``."""
     self.pushes[vw].append(t)
 
-  def _period(self, times: list[float], end: int) -> float:
-    return (times[end - 1] - times[end - 1 - self.window]) / self.window
+  def _cycle(self, times: list[float]) -> int | None:
+    """The shortest L <= max_cycle whose last two cycles of L wave periods agree, wave for wave."""
+    for cycle in range(1, self.max_cycle + 1):
+      if len(times) < 2 * cycle + 2:  # the first push ends the fill: periods from the second on
+        return None
+      last = [times[-j] - times[-j - 1] for j in range(1, 2 * cycle + 1)]
+      if all(abs(last[j] - last[j + cycle]) <= self.rtol * last[j] for j in range(cycle)):
+        return cycle
+    return None
+
+  def _period(self, times: list[float], end: int, cycle: int) -> float:
+    return (times[end - 1] - times[end - 1 - cycle]) / cycle
 
   def settled(self) -> bool:
-    """Every virtual worker has two consecutive window periods that agree (checked after each push;
-    remembers how far each had got the first time it says yes)."""
+    """Every virtual worker's wave periods repeat in a cycle (checked after each push; remembers how far
+    each had got the first time it says yes)."""
     if self.stopped_at is not None:
       return True
+    cycles = []
     for times in self.pushes:
-      n = len(times)
-      if n < 2 * self.window + 1 or n >= self.waves:
+      cycle = self._cycle(times) if len(times) < self.waves else None
+      if cycle is None:
         return False
-      now, before = self._period(times, n), self._period(times, n - self.window)
-      if abs(now - before) > self.rtol * now:
-        return False
-    self.stopped_at = [len(times) for times in self.pushes]
+      cycles.append(cycle)
+    self.stopped_at, self.cycles = [len(times) for times in self.pushes], cycles
     return True
 
-  def _stopped_at(self) -> list[int]:
-    if self.stopped_at is None:
+  def _settled_state(self) -> tuple[list[int], list[int]]:
+    if self.stopped_at is None or self.cycles is None:
       raise ValueError("the waves have not settled: nothing to extrapolate")
-    return self.stopped_at
+    return self.stopped_at, self.cycles
 
   def ends(self) -> list[float]:
     """Every virtual worker's extrapolated last push (only after :meth:`settled`)."""
-    return [times[n - 1] + (self.waves - n) * self._period(times, n)
-            for times, n in zip(self.pushes, self._stopped_at())]
+    stopped_at, cycles = self._settled_state()
+    return [times[n - 1] + (self.waves - n) * self._period(times, n, cycle)
+            for times, n, cycle in zip(self.pushes, stopped_at, cycles)]
 
   def period(self) -> float:
-    """The settled wave period of the virtual worker that ends last."""
+    """The settled wave period (mean over its cycle) of the virtual worker that ends last."""
+    stopped_at, cycles = self._settled_state()
     ends = self.ends()
     last = max(range(len(ends)), key=ends.__getitem__)
-    return self._period(self.pushes[last], self._stopped_at()[last])
+    return self._period(self.pushes[last], stopped_at[last], cycles[last])
 
   def tail_waves(self) -> int:
     """Waves of the last virtual worker after the first one ends: with D > 0 a faster virtual worker may
