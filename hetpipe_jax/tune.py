@@ -447,6 +447,35 @@ def planned(cluster: Cluster, profiles: Sequence[UnitProfile], batch_size: int, 
   return max(choices, key=lambda c: c.modelled_images_per_sec(batch_size))
 
 
+def replicate(candidate: Candidate, cluster: Cluster, profiles: Sequence[UnitProfile], *, nm_max: int = 16,
+              weight_mode: str = "stash", optimizer_slots: float = 0.0, precision: str = "fp32") -> Candidate:
+  """``candidate`` (tuned on a smaller cluster) on ``cluster``: its grouping formed there, every virtual
+  worker given the GPU order, cuts and Nm of an alike one of ``candidate`` (the same GPU types, split over
+  nodes the same way), and the same D, placement and transfer model. Alike virtual workers are planned
+  once: O(virtual workers) after that (weak scaling of a tuned configuration).
+
+  Raises:
+    ConfigError: when ``cluster`` cannot form the grouping, or forms a virtual worker unlike every one of
+      ``candidate``.
+  """
+  formed = dict(groupings(cluster))
+  if candidate.grouping not in formed:
+    raise ConfigError(f"grouping {candidate.grouping!r} cannot be formed on cluster {cluster.name!r}; it "
+                      f"forms {', '.join(formed)}")
+  templates = {_Planner._key(p.gpus): p for p in candidate.plans}
+  planner = _Planner(cluster, profiles, nm_max, weight_mode, optimizer_slots, precision)
+  plans = []
+  for gpus in formed[candidate.grouping]:
+    template = templates.get(_Planner._key(gpus))
+    if template is None:
+      raise ConfigError(f"virtual worker {', '.join(g.name for g in gpus)} of grouping {candidate.grouping!r} "
+                        f"on {cluster.name!r} is like none of the tuned configuration's; tune on a cluster "
+                        "with every kind of node")
+    moved = planner._move(template, gpus)  # None when the copy would not be as fast: plan it at that Nm
+    plans.append(moved or partition(cluster, profiles, gpus, template.nm, **planner.kwargs))
+  return dataclasses.replace(candidate, plans=tuple(plans))
+
+
 def candidate_json(candidate: Candidate) -> dict[str, Any]:
   """A candidate's settings as a run takes them: the grouping (GPU indices in pipeline order), cuts, Nm,
   D, placement, transfer model."""

@@ -20,11 +20,11 @@ from helpers import assert_trace_ok
 
 def test_steady_state_settles_on_a_periodic_run_and_extrapolates_exactly():
   steady = SteadyState(2, waves=50, rtol=1e-9)
-  for w in range(4):  # VW 0: a wave every 1.0 s after a 3 s fill; VW 1: every 1.0 s, offset by 0.5
+  for w in range(5):  # VW 0: a wave every 1.0 s after a 3 s fill; VW 1: every 1.0 s, offset by 0.5
     assert not steady.settled()
     steady.push(0, 3.0 + w)
     steady.push(1, 3.5 + w)
-  assert steady.settled() and steady.stopped_at == [4, 4] and steady.cycles == [1, 1]
+  assert steady.settled() and steady.stopped_at == [5, 5] and steady.cycles == [1, 1]
   assert steady.ends() == [3.0 + 49, 3.5 + 49]
   assert steady.period() == 1.0 and steady.tail_waves() == 1
 
@@ -32,14 +32,14 @@ def test_steady_state_settles_on_a_periodic_run_and_extrapolates_exactly():
 def test_steady_state_finds_a_cycle_of_wave_periods():
   steady = SteadyState(1, waves=50, rtol=1e-9)
   t, cycle = 0.0, [1.0, 1.5, 2.0]  # three waves that repeat
-  for w in range(7):
+  for w in range(10):
     t += cycle[w % 3]
     steady.push(0, t)
-    assert not steady.settled()  # 6 periods: two cycles, but the first period may still be the fill's
-  t += cycle[7 % 3]
+    assert not steady.settled()  # 9 periods: three cycles, but the first period may still be the fill's
+  t += cycle[10 % 3]
   steady.push(0, t)
   assert steady.settled() and steady.cycles == [3]
-  assert steady.period() == 1.5 and steady.ends() == [t + 42 * 1.5]
+  assert steady.period() == 1.5 and steady.ends() == [t + 39 * 1.5]
 
 
 def test_steady_state_does_not_settle_on_changing_periods():
@@ -55,7 +55,7 @@ def test_steady_state_does_not_settle_on_changing_periods():
 
 def test_steady_state_counts_the_tail_of_a_virtual_worker_that_runs_ahead():
   steady = SteadyState(2, waves=40, rtol=1e-9)
-  for w in range(4):  # VW 1 pushes each wave 3.2 periods before VW 0: it ends 3.2 waves earlier
+  for w in range(5):  # VW 1 pushes each wave 3.2 periods before VW 0: it ends 3.2 waves earlier
     steady.push(0, 10.0 + 2 * w)
     steady.push(1, 3.6 + 2 * w)
   assert steady.settled()

@@ -4,7 +4,7 @@ Under WSP every virtual worker settles into a steady wave period (HETPIPE.md sec
 every virtual worker moves at the slowest one's wave rate, a faster one running at most D + 1 waves
 ahead). The event simulation of the first waves holds the fill transient and any run-ahead; after that
 the waves repeat. Fast mode runs the full event simulation (the same engine, links and trace as always)
-until every virtual worker's wave periods repeat: its last L periods agree with the L before, wave for
+until every virtual worker's wave periods repeat: its last three cycles of L periods agree, wave for
 wave within ``rtol``, for some cycle L <= ``max_cycle`` (contention between virtual workers of different
 speeds often makes a cycle of a few waves). Then it stops injecting (each virtual worker finishes the wave
 it began, so the trace is complete and the checker reads it as any run), and the end of the whole run is
@@ -23,7 +23,8 @@ from __future__ import annotations
 import math
 
 MAX_CYCLE = 8  # the longest repeating cycle of wave periods looked for, in waves
-RTOL = 1e-3  # two cycles agree this closely, wave for wave: settled
+RTOL = 1e-3  # the cycles agree this closely, wave for wave: settled
+REPEATS = 3  # cycles that must agree
 
 
 class SteadyState:
@@ -46,12 +47,12 @@ class SteadyState:
     self.pushes[vw].append(t)
 
   def _cycle(self, times: list[float]) -> int | None:
-    """The shortest L <= max_cycle whose last two cycles of L wave periods agree, wave for wave."""
+    """The shortest L <= max_cycle whose last three cycles of L wave periods agree, wave for wave."""
     for cycle in range(1, self.max_cycle + 1):
-      if len(times) < 2 * cycle + 2:  # the first push ends the fill: periods from the second on
+      if len(times) < REPEATS * cycle + 2:  # the first push ends the fill: periods from the second on
         return None
-      last = [times[-j] - times[-j - 1] for j in range(1, 2 * cycle + 1)]
-      if all(abs(last[j] - last[j + cycle]) <= self.rtol * last[j] for j in range(cycle)):
+      last = [times[-j] - times[-j - 1] for j in range(1, REPEATS * cycle + 1)]
+      if all(abs(last[j] - last[j + cycle]) <= self.rtol * last[j] for j in range((REPEATS - 1) * cycle)):
         return cycle
     return None
 
