@@ -90,9 +90,9 @@ def simulate(cluster, profiles, candidate, placement: str):
 
 def study(model: str, sizes: list[int]) -> list[Row]:
   from hetpipe_jax.cluster import mixed_cluster
+  from hetpipe_jax.cost.profile import full_size_profiles
   from hetpipe_jax.plan.costmodel import ideal_images_per_sec
   from hetpipe_jax.tune import replicate, tune
-  from hetpipe_jax.cost.profile import full_size_profiles
   profiles = full_size_profiles(model, FLAGS.batch_size)
   items = FLAGS.batch_size * getattr(profiles[0], "tokens_per_example", 1)  # per minibatch
   tuned = {}
