@@ -4,9 +4,11 @@ r"""How fast the planner and the profiler are, on this machine.
   of 4 GPUs of 4 distinct types (the paper testbed's; 24 device orders), and for 8 GPUs of 4 types
   (2 per type and node: 2,520 distinct orders); each with Nm chosen by max_fit (up to k partitions).
   Goals: < 1 s and < 10 s.
+* Partitioning (one call, Nm=1) ResNet-152 and VGG-19 over 16 GPUs of 8 types, 2 per type on one node
+  (4 nodes of 4; 16!/2^8 distinct orders, out of reach of an enumeration). Goal: < 1 s.
 * Profiling VGG-19 and ResNet-152 (224x224, batch 32) cold (empty cache) and warm (cached).
 
-Last line: ``plan_seconds_4gpu=<s> plan_seconds_8gpu=<s>``::
+Last line: ``plan_seconds_4gpu=<s> plan_seconds_8gpu=<s> partition_seconds_16gpu=<s>`` (ResNet-152)::
 
   python -m experiments.bench_plan
 """
@@ -22,10 +24,12 @@ from experiments import common
 def main(argv):
   del argv
   from hetpipe_jax import get_cluster
+  from hetpipe_jax.cluster import make_cluster
+  from hetpipe_jax.cluster.catalogue import CATALOGUE
   from hetpipe_jax.cost.profile import profile_units
   from hetpipe_jax.models import full_size_input, full_size_model
   from hetpipe_jax.optim import optimizer_slots
-  from hetpipe_jax.plan.partition import plan_virtual_worker
+  from hetpipe_jax.plan.partition import partition, plan_virtual_worker
 
   profiles = {}
   with tempfile.TemporaryDirectory() as cache:
@@ -52,7 +56,18 @@ def main(argv):
           f"{plan.throughput * 32:.1f} images/s modelled")
   print(f"goals: 4 GPUs < 1 s ({'met' if results['4gpu'] < 1 else 'MISSED'}), 8 GPUs < 10 s "
         f"({'met' if results['8gpu'] < 10 else 'MISSED'})")
-  print(f"plan_seconds_4gpu={results['4gpu']:.3f} plan_seconds_8gpu={results['8gpu']:.3f}")
+  names = ["TITAN V", "TITAN RTX", "RTX 2060", "Quadro P4000", "V100", "A100", "T4", "RTX 3090"]
+  cluster = make_cluster("16gpu_8types", [[CATALOGUE[names[(4 * node + i) // 2]] for i in range(4)]
+                                          for node in range(4)])
+  for name in ("resnet152", "vgg19"):
+    t = time.perf_counter()
+    plan = partition(cluster, profiles[name], list(cluster.gpus), 1, optimizer_slots=optimizer_slots("momentum"))
+    results[f"16gpu_{name}"] = time.perf_counter() - t
+    print(f"partition {name} on 16 GPUs of 8 types (Nm=1): {results[f'16gpu_{name}']:.3f} s -> cuts {plan.cuts}, "
+          f"{plan.throughput * 32:.1f} images/s modelled")
+  print(f"goal: 16 GPUs < 1 s ({'met' if results['16gpu_resnet152'] < 1 else 'MISSED'})")
+  print(f"plan_seconds_4gpu={results['4gpu']:.3f} plan_seconds_8gpu={results['8gpu']:.3f} "
+        f"partition_seconds_16gpu={results['16gpu_resnet152']:.3f}")
 
 
 cli = common.console(main)

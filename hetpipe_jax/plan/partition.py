@@ -9,10 +9,22 @@ those same definitions: the memory formula applied to each unit, then prefix sum
 every cut position (:func:`hetpipe_jax.cost.transfer.receive_seconds_by_position`).
 
 Algorithm: for a fixed device order, a DP over (stage, last unit) is exact for a chain of L units:
-``best[j][e] = min_s max(best[j-1][s], T_j(s, e))``, vectorised over (s, e) with prefix sums, O(k L^2)
-per order. Orders are the distinct permutations of the GPUs' (type, node) signatures (GPUs with equal
-signatures are interchangeable), enumerated depth-first so orders sharing a prefix share its DP rows:
-at most k!/prod(m_i!) orders for multiplicities m_i, in practice far fewer DP rows than orders x k.
+``best[j][e] = min_s max(best[j-1][s], T_j(s, e))``, vectorised over (s, e), O(k L^2). The order is
+searched without enumerating orders: GPUs of one (type, node) signature are interchangeable, and a
+stage's time depends on its neighbours only through the receive time from each, which depends on the
+two signatures (in practice: same node or not), a "receive class". An exact DP from the pipeline's end
+has the state (count vector c of the GPUs placed so far, per signature; signature b of the stage that
+starts at cut s; the class of the activation it receives; s); its value is the smallest bottleneck of
+that stage and all after it. A step picks the next signature a (with a GPU left) and the stage's end
+cut e, which fixes the stage's gradient class: the stage is finalised, as its time is then known. For
+S signatures of multiplicities m_i and K receive classes (K <= 2 with one link inside and one between
+nodes) there are prod(m_i + 1) x S x K x (L + 1) states, each step O(K L^2) with the successors of one
+gradient class merged first: O(prod(m_i + 1) S K^2 L^2) time (vectorised over count vectors and cuts),
+against k!/prod(m_i!) orders for the enumeration. Entries above the best of a few fixed orders are
+pruned. The order is then rebuilt forwards: the first signature, in order of first appearance, whose
+prefix still reaches the optimum, and the fixed-order DP's cuts (first minimal index) -- the choice the
+depth-first enumeration of orders made. 16 GPUs of 8 signatures x 2 (16!/2^8 orders): 3^8 count vectors;
+16 distinct signatures: 2^16 (seconds, not minutes).
 Nm is picked by ``nm_policy``: ``max_fit`` (the largest Nm <= ``nm_max`` that fits) or ``best`` (the
 largest modelled throughput min(1/bottleneck, Nm/latency), ties to the smaller Nm), or a given number.
 """
@@ -54,7 +66,7 @@ class _Dp:
       self._time[gpu.type.name] = np.concatenate([[0.0], np.cumsum(t)])
     return self._time[gpu.type.name]
 
-  def _recv(self, src: Gpu | None, dst: Gpu) -> np.ndarray:
+  def recv(self, src: Gpu | None, dst: Gpu) -> np.ndarray:
     """Seconds to receive the boundary tensor at every cut position c (0..n) from ``src``."""
     key = (None if src is None else src.index, dst.index)
     if key not in self._recv_cache:
@@ -65,6 +77,31 @@ class _Dp:
     """M(s, e): the memory of a stage holding units s .. e - 1 (meaningful for s <= e)."""
     return self._mem[None, :] - self._mem[:, None]
 
+  def stage_cost(self, gpu: Gpu, recv_prev: np.ndarray, recv_next: np.ndarray,
+                 mem_ratio: bool = False) -> np.ndarray:
+    """T(s, e) of a stage on ``gpu`` for every cut (s, e), given its receive times by cut position.
+
+    Args:
+      gpu: the stage's GPU.
+      recv_prev / recv_next: seconds to receive the activation (the gradient) at each cut position from
+        the previous (next) stage's GPU, as :meth:`recv` returns them.
+      mem_ratio: return memory needed / memory available instead of seconds.
+
+    Returns:
+      An ``(n + 1, n + 1)`` array: seconds per minibatch (compute + receives, inf where the cut is
+      invalid or out of memory), or the memory ratio (inf where invalid).
+    """
+    mem = self.memory_matrix()
+    if mem_ratio:
+      value = mem / gpu.type.memory_bytes
+    else:
+      p = self._prefix_time(gpu)
+      value = p[None, :] - p[:, None]
+      value = value + recv_prev[:, None]  # the activation at the first cut s
+      value = value + recv_next[None, :]  # the gradient at the last cut e
+      value = np.where(mem <= gpu.type.memory_bytes, value, np.inf)
+    return np.where(self._valid, value, np.inf)
+
   def stage_matrix(self, gpus: Sequence[Gpu], j: int, mem_ratio: bool = False) -> np.ndarray:
     """T_j(s, e) for every cut (s, e) of stage j.
 
@@ -74,21 +111,145 @@ class _Dp:
       mem_ratio: return memory needed / memory available instead of seconds.
 
     Returns:
-      An ``(n + 1, n + 1)`` array: seconds per minibatch (compute + receives, inf where the cut is
-      invalid or out of memory), or the memory ratio (inf where invalid).
+      :meth:`stage_cost` of stage j's GPU with the receive times from its neighbours.
     """
-    gpu = gpus[j]
-    mem = self.memory_matrix()
-    if mem_ratio:
-      value = mem / gpu.type.memory_bytes
-    else:
-      prev, nxt = stage_neighbours(gpus, j)
-      p = self._prefix_time(gpu)
-      value = p[None, :] - p[:, None]
-      value = value + self._recv(prev, gpu)[:, None]  # the activation at the first cut s
-      value = value + self._recv(nxt, gpu)[None, :]  # the gradient at the last cut e
-      value = np.where(mem <= gpu.type.memory_bytes, value, np.inf)
-    return np.where(self._valid, value, np.inf)
+    prev, nxt = stage_neighbours(gpus, j)
+    return self.stage_cost(gpus[j], self.recv(prev, gpus[j]), self.recv(nxt, gpus[j]), mem_ratio)
+
+
+def _extend(dp: _Dp, order: Sequence[Gpu], row: np.ndarray | None, j: int, mem_ratio: bool):
+  """One step of the fixed-order DP: stage j (its GPU and the next one are in ``order``) is added.
+
+  ``row[s]`` is the smallest bottleneck of stages 0 .. j - 1 ending at cut s (None before stage 0).
+  Returns (row after stage j, the argmin cut s for every end e: the first minimal index).
+  """
+  if row is None:
+    row = np.where(np.arange(dp.n + 1) == 0, 0.0, np.inf)
+  cand = np.maximum(row[:, None], dp.stage_matrix(order, j, mem_ratio))
+  return cand.min(axis=0), cand.argmin(axis=0)
+
+
+def _ordered(dp: _Dp, order: Sequence[Gpu], mem_ratio: bool = False) -> tuple[float, list[Gpu], list[int]]:
+  """The best cuts for a fixed order, O(k L^2): (value, order, cuts)."""
+  row, args = np.where(np.arange(dp.n + 1) == 0, 0.0, np.inf), []
+  for j in range(len(order)):
+    row, arg = _extend(dp, order, row, j, mem_ratio)
+    args.append(arg)
+  return float(row[dp.n]), list(order), _backtrack(args, dp.n)
+
+
+def _backtrack(args: list[np.ndarray], n: int) -> list[int]:
+  cuts, e = [n], n
+  for arg in args[::-1]:
+    e = int(arg[e])
+    cuts.append(e)
+  return cuts[::-1]
+
+
+class _Signatures:
+  """The GPUs grouped by (type, node) signature, with the receive-time classes between signatures.
+
+  GPUs of one signature are interchangeable: same compute, memory and links. What stage b receives from
+  its neighbour a depends on the signatures only; ``recv[b]`` lists the distinct receive-time arrays
+  of b (in practice two: from a GPU on the same node, and from another node) and ``cls[a, b]`` is the
+  index of the one from a.
+  """
+
+  def __init__(self, dp: _Dp, gpus: Sequence[Gpu]):
+    self.members = list(_signature_groups(gpus).values())
+    self.count = np.array([len(m) for m in self.members], np.int64)
+    num = len(self.members)
+    self.recv: list[list[np.ndarray]] = [[] for _ in range(num)]
+    self.cls = np.full((num, num), -1, np.int64)
+    for b, dst in enumerate(self.members):
+      for a, src in enumerate(self.members):
+        if a == b and len(dst) < 2:
+          continue
+        arr = dp.recv(src[1] if a == b else src[0], dst[0])
+        same = [i for i, r in enumerate(self.recv[b]) if np.array_equal(r, arr)]
+        if not same:
+          self.recv[b].append(arr)
+        self.cls[a, b] = same[0] if same else len(self.recv[b]) - 1
+    self.classes = max(1, max(len(r) for r in self.recv))
+    self.stride = np.concatenate([[1], np.cumprod(self.count + 1)[:-1]]).astype(np.int64)
+
+
+class _SuffixTable:
+  """The exact DP over (GPUs used, last signature, its receive class, cut), from the pipeline's end.
+
+  ``value(c, b, k, s)``: the smallest bottleneck of the stages from one on signature b, starting at cut s
+  and receiving its activation with class k, to the end, when the GPUs of count vector c (b's included)
+  are the ones placed so far. Entries above ``bound`` are inf (they cannot be part of a plan at most as
+  slow as a known one).
+  """
+
+  def __init__(self, dp: _Dp, sig: _Signatures, mem_ratio: bool, bound: float):
+    self.dp, self.sig, self.mem_ratio, self.bound = dp, sig, mem_ratio, bound
+    num, n1 = len(sig.members), dp.n + 1
+    codes = np.arange(int(np.prod(sig.count + 1)), dtype=np.int64)
+    vecs = (codes[:, None] // sig.stride[None, :]) % (sig.count + 1)[None, :]
+    self.size = vecs.sum(axis=1)
+    # rank[b, code]: the row of count vector ``code`` among those of its size that hold signature b.
+    self.rank = np.zeros((num, codes.size), np.int64)
+    self.values: dict[tuple[int, int], np.ndarray] = {}  # (size, b) -> (rows, receive class, cut)
+    self._pairs: dict[tuple[int, int, int], tuple] = {}
+    k = int(sig.count.sum())
+    for t in range(k, 0, -1):
+      layer = codes[self.size == t]
+      for b in range(num):
+        mine = layer[vecs[layer, b] >= 1]
+        self.rank[b, mine] = np.arange(mine.size)
+        if t == k:
+          last = np.full((mine.size, n1), np.inf)
+          last[:, dp.n] = 0.0  # the last stage ends at the last cut and has no successor
+          nexts = [(None, last)]
+        else:
+          nexts = self._successors(t, mine, vecs[mine], b)
+        values = np.full((mine.size, sig.classes, n1), np.inf)
+        for kin in range(len(sig.recv[b])):
+          for kout, succ in nexts:
+            np.minimum(values[:, kin], self._min_max(b, kin, kout, succ), out=values[:, kin])
+        values[values > bound] = np.inf
+        self.values[t, b] = values
+
+  def _successors(self, t: int, mine: np.ndarray, vec: np.ndarray, b: int) -> list:
+    """For stage b at count vectors ``mine`` of size t: per class of the gradient it receives, the best
+    suffix value from each end cut (over the signatures that can follow it)."""
+    sig, n1 = self.sig, self.dp.n + 1
+    nexts: dict[int, np.ndarray] = {}
+    for a in range(len(sig.members)):
+      ok = vec[:, a] < sig.count[a]
+      if not ok.any():
+        continue
+      kout, kin = int(sig.cls[a, b]), int(sig.cls[b, a])
+      succ = nexts.setdefault(kout, np.full((mine.size, n1), np.inf))
+      nxt = self.values[t + 1, a][self.rank[a, mine[ok] + sig.stride[a]], kin]
+      succ[ok] = np.minimum(succ[ok], nxt)
+    return sorted(nexts.items())
+
+  def _min_max(self, b: int, kin: int, kout: int | None, succ: np.ndarray) -> np.ndarray:
+    """out[r, s] = min over e of max(T(s, e), succ[r, e]), over the cuts with T(s, e) <= bound."""
+    key = (b, kin, -1 if kout is None else kout)
+    if key not in self._pairs:
+      recv = self.sig.recv[b]
+      gpu = self.sig.members[b][0]
+      recv_next = self.dp.recv(None, gpu) if kout is None else recv[kout]
+      cost = self.dp.stage_cost(gpu, recv[kin], recv_next, self.mem_ratio)
+      s, e = np.nonzero(cost <= self.bound)
+      starts = np.flatnonzero(np.diff(s, prepend=-1)) if s.size else s
+      self._pairs[key] = (s, e, cost[s, e], starts)
+    s, e, cost, starts = self._pairs[key]
+    out = np.full(succ.shape, np.inf)
+    live = np.flatnonzero(np.isfinite(succ).any(axis=1))
+    if live.size == 0 or s.size == 0:
+      return out
+    vals = np.maximum(succ[live[:, None], e[None, :]], cost[None, :])
+    out[live[:, None], s[starts][None, :]] = np.minimum.reduceat(vals, starts, axis=1)
+    return out
+
+  def value(self, code: int, b: int, kin: int) -> np.ndarray:
+    """The suffix values by start cut for count vector ``code`` with stage b pending."""
+    return self.values[int(self.size[code]), b][self.rank[b, code], kin]
 
 
 def _signature_groups(gpus: Sequence[Gpu]) -> dict[tuple, list[Gpu]]:
@@ -99,51 +260,84 @@ def _signature_groups(gpus: Sequence[Gpu]) -> dict[tuple, list[Gpu]]:
   return groups
 
 
-def _search(dp: _Dp, gpus: Sequence[Gpu], ordered: bool, mem_ratio: bool = False):
-  """Minimises the max over stages of T_j (or of the memory ratio); returns (value, order, cuts)."""
+def _bound_orders(dp: _Dp, gpus: Sequence[Gpu]) -> list[list[Gpu]]:
+  """A few plausible orders: their best cuts bound the optimum from above (for pruning only)."""
+  grouped = [g for members in _signature_groups(gpus).values() for g in members]
+  speed = {g.index: float(dp._prefix_time(g)[-1]) for g in gpus}
+  by_node_fast = sorted(gpus, key=lambda g: (g.node, speed[g.index], g.index))
+  by_node_slow = sorted(gpus, key=lambda g: (g.node, -speed[g.index], g.index))
+  return [list(gpus), grouped, by_node_fast, by_node_slow]
+
+
+def _upper_bound(dp: _Dp, gpus: Sequence[Gpu], mem_ratio: bool) -> float:
+  """The best value of a few plausible orders (for pruning only; a tighter bound from a local search
+  over swaps cost more than it saved)."""
+  return min(_ordered(dp, order, mem_ratio)[0] for order in _bound_orders(dp, gpus))
+
+
+def _first_pair(dp: _Dp, sig: _Signatures, table: _SuffixTable, mem_ratio: bool):
+  """The best value and the first pair of signatures (first two stages) that reaches it, or None."""
+  best, first, members = np.inf, None, sig.members
+  for b in range(len(members)):
+    for a in range(len(members)):
+      if a == b and sig.count[b] < 2:
+        continue
+      order = [members[b][0], members[a][1 if a == b else 0]]
+      row, _ = _extend(dp, order, None, 0, mem_ratio)
+      succ = table.value(int(sig.stride[b] + sig.stride[a]), a, int(sig.cls[b, a]))
+      value = float(np.min(np.maximum(row, succ)))
+      if value < best:
+        best, first = value, (b, a)
+  return best, first
+
+
+def _search(dp: _Dp, gpus: Sequence[Gpu], ordered: bool,
+            mem_ratio: bool = False) -> tuple[float, list[Gpu], list[int]]:
+  """Minimises the max over stages of T_j (or of the memory ratio); returns (value, order, cuts).
+
+  (inf, gpus, []) when no partition fits.
+
+  The order chosen is the first optimal one in depth-first order over the signatures (in order of first
+  appearance in ``gpus``), and its cuts are the fixed-order DP's (first minimal index): the suffix table
+  tells, for every prefix, whether it still reaches the optimum, so the order is built greedily.
+  """
   k, n = len(gpus), dp.n
-  best = {"value": np.inf, "order": None, "cuts": None}
+  if ordered or k == 1:
+    return _ordered(dp, gpus, mem_ratio)
+  sig = _Signatures(dp, gpus)
+  num, members = len(sig.members), sig.members
+  table = _SuffixTable(dp, sig, mem_ratio, _upper_bound(dp, gpus, mem_ratio))
+  best, first = _first_pair(dp, sig, table, mem_ratio)
+  if first is None:
+    return np.inf, list(gpus), []
 
-  def finish(order, rows, args):
-    if rows[-1][n] < best["value"]:
-      cuts, e = [n], n
-      for j in range(k - 1, -1, -1):
-        e = int(args[j][e])
-        cuts.append(e)
-      best.update(value=float(rows[-1][n]), order=list(order), cuts=cuts[::-1])
+  def through(order, row, j, code, a, b):
+    """Stage j is added (its successor, of signature a after b, is order[-1]); the best completion."""
+    row, arg = _extend(dp, order, row, j, mem_ratio)
+    return float(np.min(np.maximum(row, table.value(code, a, int(sig.cls[b, a]))))), row, arg
 
-  def extend(order, rows, args, j):
-    """Adds stage j (its GPU and the next one are chosen) to the DP rows."""
-    prev = rows[-1] if rows else np.where(np.arange(n + 1) == 0, 0.0, np.inf)
-    cand = np.maximum(prev[:, None], dp.stage_matrix(order, j, mem_ratio))
-    return rows + [cand.min(axis=0)], args + [cand.argmin(axis=0)]
-
-  if ordered:
-    rows, args = [], []
-    for j in range(k):
-      rows, args = extend(gpus, rows, args, j)
-    finish(gpus, rows, args)
-  else:
-    groups = _signature_groups(gpus)
-    counts = dict.fromkeys(groups, 0)
-
-    def rec(order, rows, args):
-      # Stage len(order)-2 can be finalised once its successor is chosen.
-      if len(order) == k:
-        rows, args = extend(order, rows, args, k - 1)
-        finish(order, rows, args)
-        return
-      for key, members in groups.items():
-        if counts[key] < len(members):
-          counts[key] += 1
-          nxt = order + [members[counts[key] - 1]]
-          r, a = (rows, args) if len(nxt) < 2 else extend(nxt, rows, args, len(nxt) - 2)
-          if not (r and np.isinf(r[-1]).all()):
-            rec(nxt, r, a)
-          counts[key] -= 1
-
-    rec([], [], [])
-  return best["value"], best["order"], best["cuts"]
+  b, a = first
+  used = np.zeros(num, np.int64)
+  used[b] += 1
+  used[a] += 1
+  order = [members[b][0], members[a][used[a] - 1]]
+  code = int(sig.stride[b] + sig.stride[a])
+  _, row, arg = through(order, None, 0, code, a, b)
+  args, last = [arg], a
+  for j in range(1, k - 1):
+    for a in range(num):
+      if used[a] < sig.count[a]:
+        value, row_a, arg = through(order + [members[a][used[a]]], row, j, code + int(sig.stride[a]), a, last)
+        if value <= best:
+          break
+    else:
+      raise RuntimeError(f"partition DP: no prefix of length {j + 2} reaches the optimum {best}")
+    order.append(members[a][used[a]])
+    used[a] += 1
+    code, row, last = code + int(sig.stride[a]), row_a, a
+    args.append(arg)
+  row, arg = _extend(dp, order, row, k - 1, mem_ratio)
+  return float(row[n]), order, _backtrack(args + [arg], n)
 
 
 def partition(cluster: Cluster, profiles: Sequence[UnitProfile], gpus: Sequence[Gpu], nm: int,
