@@ -35,6 +35,7 @@ from hetpipe_jax.cost.profile import UnitProfile
 from hetpipe_jax.errors import ProtocolError
 from hetpipe_jax.plan.costmodel import CostModel
 from hetpipe_jax.plan.layout import Layout
+from hetpipe_jax.precision import byte_scale
 
 EPS = 1e-12
 
@@ -168,11 +169,18 @@ class Simulator:
 
 
 class SimComm:
-  """Push and pull transfers between each stage's GPU and the nodes of its units' PS shards."""
+  """Push and pull transfers between each stage's GPU and the nodes of its units' PS shards.
+
+  A push carries the wave's summed update of the stage's units, a pull their global weights. In mixed
+  precision (fp16/bf16) the update travels in 16 bits (the profile's fp32 bytes x
+  :func:`~hetpipe_jax.precision.byte_scale`) and the pull in fp32: the PS holds the fp32 master weights,
+  which the virtual worker's local optimizer keeps updating.
+  """
 
   def __init__(self, sim: Simulator, profiles: Sequence[UnitProfile], layout: Layout,
-               shard_nodes: Sequence[int]):
+               shard_nodes: Sequence[int], precision: str = "fp32"):
     self.sim = sim
+    self._push_scale = byte_scale(precision)
     self._routes: list[list[tuple[int, int, int]]] = []  # per VW: (gpu node, shard node, bytes)
     for vw in layout.vws:
       per_pair: dict[tuple[int, int], int] = {}
@@ -183,6 +191,7 @@ class SimComm:
       self._routes.append([(a, b, n) for (a, b), n in sorted(per_pair.items())])
 
   def _transfer(self, vw: int, done: Done, to_ps: bool) -> None:
+    scale = self._push_scale if to_ps else 1.0
     routes = self._routes[vw]
     if not routes:
       done(self.sim.t)
@@ -196,7 +205,7 @@ class SimComm:
 
     for gpu_node, shard_node, num_bytes in routes:
       src, dst = (gpu_node, shard_node) if to_ps else (shard_node, gpu_node)
-      self.sim.send(src, dst, num_bytes, one_landed)
+      self.sim.send(src, dst, int(num_bytes * scale), one_landed)
 
   def push(self, vw: int, wave: int, t: float, done: Done) -> None:
     del wave, t

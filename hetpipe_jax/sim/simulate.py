@@ -46,6 +46,7 @@ def simulate(cluster: Cluster, profiles: Sequence[UnitProfile], layout: Layout, 
       {"vw": vw, "wave": wave, "step": (wave + 1) * nms[vw], "time": t, "train_loss": None})
   simulator = Simulator(cluster, overlap_transfers)
   engine = Engine(vws, ClockServer(num_vws, d, num_shards=len(profiles)), trace, on_wave=on_wave,
-                  comm=SimComm(simulator, profiles, layout, shard_nodes), failures=failures, rejoin=rejoin)
+                  comm=SimComm(simulator, profiles, layout, shard_nodes, precision), failures=failures,
+                  rejoin=rejoin)
   seconds = simulator.run(engine, CostModel(cluster, profiles, layout, precision))
   return seconds, vws, rows
