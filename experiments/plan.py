@@ -8,6 +8,11 @@ every number needed to recheck the plan::
   python -m experiments.plan --model=vgg19 --cluster=paper_testbed --policy=ED --out=plan.json
   python -m experiments.plan --model=resnet152 --policy=HD --placement=local
   python -m experiments.plan --model=cnn --cluster=my_lab.toml --policy=0,1,2,3;4,5
+  python -m experiments.plan --model=gpt-6.7b --seq_len=1024 --batch_size=1 --precision=bf16 \
+      --optimizer=adam --policy=0,1,2,3,4,5,6,7 --nm=best
+
+A GPT too large for any one GPU (6.7B parameters: 16 bytes each with Adam, in fp32 or mixed precision)
+is cut over the GPUs of one virtual worker; the table shows every stage's memory against its GPU's.
 """
 
 from __future__ import annotations
@@ -17,24 +22,27 @@ from absl import flags
 from experiments import common
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("model", "vgg19", "vgg19, resnet152 (224x224x3 inputs) or mlp, cnn, vgg, resnet (28x28x1).")
+flags.DEFINE_string("model", "vgg19", "vgg19, resnet152 (224x224x3 inputs), gpt2-xl, gpt-6.7b, gpt-13b "
+                    "(--seq_len tokens), or mlp, cnn, vgg, resnet (28x28x1), gpt (16 tokens of 32).")
 flags.DEFINE_string("cluster", "paper_testbed", "Cluster preset or a .toml file.")
 flags.DEFINE_string("policy", "ED", "NP, ED, HD, or a grouping of GPU indices: '0,1;2,3'.")
 flags.DEFINE_string("placement", "default", "PS shard placement: default or local.")
-flags.DEFINE_integer("batch_size", 32, "Minibatch size.")
+flags.DEFINE_integer("batch_size", 32, "Minibatch size (a GPT's: sequences per minibatch).")
+flags.DEFINE_integer("seq_len", None, "GPT models: tokens per sequence (default: the model's context).")
 flags.DEFINE_string("nm", "max_fit", "Nm: max_fit (largest that fits, <= nm_max), best (modelled "
                     "throughput), or a number.")
 flags.DEFINE_integer("nm_max", None, "Largest Nm to consider (default: GPUs per virtual worker).")
 flags.DEFINE_string("optimizer", "momentum", "Local optimizer, for its memory: sgd, momentum, adam.")
 flags.DEFINE_string("weight_mode", "stash", "stash (Nm-1 stashed weight copies) or latest.")
-flags.DEFINE_string("precision", "fp32", "fp32 or fp16 peak flop/s in the roofline.")
+flags.DEFINE_string("precision", "fp32", "fp32, fp16 or bf16 (mixed precision: 16-bit weights, gradients and "
+                    "activations, fp32 master weights and optimizer state) for time and memory.")
 flags.DEFINE_string("out", "outputs/plan/plan.json", "Where to write the plan JSON.")
 
 
 def plan_table(doc: dict) -> str:
   """A readable table per virtual worker."""
-  lines = [f"{doc['model']} (batch {doc['batch_size']}) on {doc['cluster']}: policy {doc['policy']}, "
-           f"placement {doc['placement']}, modelled {doc['images_per_s']:.1f} images/s in total "
+  lines = [f"{doc['model']} (batch {doc['batch_size']}, {doc['precision']}) on {doc['cluster']}: policy "
+           f"{doc['policy']}, placement {doc['placement']}, modelled {doc['images_per_s']:.1f} images/s in total "
            "(no WSP waiting)"]
   for i, vw in enumerate(doc["vws"]):
     lines.append(f"virtual worker {i}: Nm={vw['nm']}  bottleneck {vw['bottleneck_s'] * 1e3:.1f} ms  "
@@ -55,15 +63,22 @@ def main(argv):
 
   from hetpipe_jax import get_cluster, get_model
   from hetpipe_jax.cost.profile import full_size_profiles, profile_units
+  from hetpipe_jax.data import tokens
   from hetpipe_jax.models import FULL_SIZE
   from hetpipe_jax.optim import optimizer_slots
   from hetpipe_jax.plan.allocation import parse_policy, plan_cluster
   from hetpipe_jax.plan.plan_json import plan_to_json
+  from hetpipe_jax.precision import check_precision
 
+  check_precision(FLAGS.precision)
   slots = optimizer_slots(FLAGS.optimizer)
   cluster = get_cluster(FLAGS.cluster)
   if FLAGS.model in FULL_SIZE:
-    profiles = full_size_profiles(FLAGS.model, FLAGS.batch_size)
+    profiles = full_size_profiles(FLAGS.model, FLAGS.batch_size, seq_len=FLAGS.seq_len)
+  elif FLAGS.model == "gpt":  # the small GPT, on the tokens dataset's sequences
+    data = tokens(num_train=1, num_test=1)
+    profiles = profile_units(get_model(FLAGS.model, data.num_classes),
+                             jax.ShapeDtypeStruct((FLAGS.batch_size, *data.x_train.shape[1:]), jnp.int32))
   else:  # the small models, on 28x28 grey images
     profiles = profile_units(get_model(FLAGS.model), jax.ShapeDtypeStruct((FLAGS.batch_size, 28, 28, 1), jnp.float32))
   plan = plan_cluster(cluster, profiles, parse_policy(FLAGS.policy), FLAGS.placement,

@@ -9,6 +9,9 @@ trace against the WSP guarantees, and prints the paths::
   python -m experiments.train
   python -m experiments.train --num_vws=3 --stages=2 --nm=3 --d=1 --waves=6 --executor=wall \
       --trace_out=t.jsonl
+  python -m experiments.train --model=gpt --dataset=tokens --optimizer=adam --learning_rate=0.003 --waves=30
+  python -m experiments.train --model=gpt-6.7b --seq_len=1024 --batch_size=1 --precision=bf16 \
+      --optimizer=adam --executor=sim --cluster=paper_testbed --policy=0,1,2,3,4,5,6,7 --waves=5
 """
 
 from __future__ import annotations
@@ -20,9 +23,13 @@ from absl import flags
 from experiments import common
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("model", "cnn", "Model: mlp, cnn, vgg, resnet.")
+flags.DEFINE_string("model", "cnn", "Model: mlp, cnn, vgg, resnet, gpt (on --dataset=tokens); with "
+                    "--executor=sim also the full-size vgg19, resnet152, gpt2-xl, gpt-6.7b, gpt-13b.")
 flags.DEFINE_string("dataset", "auto", "Dataset: auto (Fashion-MNIST, else digits), fashion_mnist, "
-                    "digits, synthetic.")
+                    "digits, synthetic, tokens (a synthetic language for --model=gpt).")
+flags.DEFINE_integer("seq_len", None, "Full-size GPT models (sim): tokens per sequence (default: the context).")
+flags.DEFINE_string("precision", "fp32", "fp32, or with --executor=sim fp16 or bf16: mixed precision in the "
+                    "cost and memory model (the planner, the clock, the transfers).")
 flags.DEFINE_string("cluster", "hetero4", "Cluster preset (hetero4, hetero4x4, uniform8, paper_testbed, "
                     "paper_half, paper_mini, v100_t4) or a .toml file.")
 flags.DEFINE_string("policy", None, "Allocation policy NP, ED or HD (or a grouping '0,1;2,3'): the planner "
@@ -268,10 +275,14 @@ def main(argv):
       checkpoint_dir=FLAGS.checkpoint_dir, checkpoint_every=FLAGS.checkpoint_every,
       keep_checkpoints=FLAGS.keep_checkpoints, resume=FLAGS.resume, failures=parse_failures(FLAGS.fail),
       rejoin=FLAGS.rejoin, overlap_transfers=FLAGS.overlap_transfers, fast_sim=FLAGS.fast_sim,
-      time_model=plan["time_model"] if plan else None)
-  from hetpipe_jax.models import FULL_SIZE, full_size_model
+      time_model=plan["time_model"] if plan else None, precision=FLAGS.precision)
+  from hetpipe_jax.models import FULL_SIZE, full_size_model, full_size_spec
   if FLAGS.executor == "sim" and FLAGS.model in FULL_SIZE:  # no numerics: the model's own input, no data
-    dataset, model = FULL_SIZE[FLAGS.model], full_size_model(FLAGS.model)
+    dataset, model = full_size_spec(FLAGS.model, FLAGS.seq_len), full_size_model(FLAGS.model)
+  elif FLAGS.seq_len is not None:
+    raise ConfigError(f"--seq_len={FLAGS.seq_len} sets a full-size GPT's sequence length in a simulation "
+                      f"(--executor=sim --model=gpt2-xl|gpt-6.7b|gpt-13b); --model={FLAGS.model} on "
+                      f"--executor={FLAGS.executor} takes its dataset's sequences: drop --seq_len")
   else:
     dataset = load_dataset(FLAGS.dataset)
     model = get_model(FLAGS.model, dataset.num_classes)
@@ -307,7 +318,7 @@ def main(argv):
       "images_per_second": result.images_per_second, "final_test_accuracy": final_acc,
       "trace_violations": [str(v) for v in violations[:20]], "staleness": stats,
       "checkpoints": result.checkpoints, "overlap_transfers": config.overlap_transfers,
-      "time_model": config.time_model, "fast_sim": result.fast_sim,
+      "time_model": config.time_model, "fast_sim": result.fast_sim, "precision": config.precision,
   }
   if plan is not None:
     summary["plan"] = {"path": FLAGS.plan, "predicted_images_per_sec": plan["images_per_sec"],
@@ -328,9 +339,10 @@ def main(argv):
   chrome_out = common.write_json(common.output_path(FLAGS.out_dir, "timeline.chrome.json"),
                                  chrome_trace(result.events), indent=None)
 
+  rate = result.images_per_second  # a GPT's: sequences per second
   accuracy = "no numerics (sim)" if final_acc is None else f"final test accuracy {final_acc:.4f}"
   print(f"{accuracy} after {config.waves} waves per virtual worker; "
-        f"{result.images_per_second:,.0f} images/s on the {clock} ({result.seconds:.4g} s; host "
+        f"{rate:{',.0f' if rate >= 100 else '.3g'}} images/s on the {clock} ({result.seconds:.4g} s; host "
         f"{result.wall_seconds:.1f} s)")
   if result.fast_sim is not None:
     print(f"fast sim ({result.fast_sim['method']}): simulated {max(result.fast_sim['simulated_waves'])} of "

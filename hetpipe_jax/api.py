@@ -45,6 +45,7 @@ from hetpipe_jax.plan.costmodel import CostModel, check_memory
 from hetpipe_jax.plan.layout import Layout
 from hetpipe_jax.plan.manual import fastest_cuts, grouped_layout, manual_layout
 from hetpipe_jax.plan.placement import PLACEMENTS, place_shards
+from hetpipe_jax.precision import check_precision
 from hetpipe_jax.runtime import executors
 from hetpipe_jax.runtime.checkpoint import Checkpointer
 from hetpipe_jax.runtime.distributed import current_node
@@ -118,6 +119,8 @@ class RunConfig:
     fast_sim: sim executor only: simulate until the waves settle and extrapolate the rest of the run
       (:mod:`hetpipe_jax.sim.steady`; the trace holds the simulated waves, ``seconds`` and ``images`` are
       the whole run's).
+    precision: "fp32", or (sim executor only) "fp16"/"bf16": mixed precision in the cost and memory model
+      (:mod:`hetpipe_jax.precision`): the planner's stage times and memory, the clock, the transfers.
 
   A grouping policy with ``cuts`` is an explicit layout (a tuned plan): each group's GPUs in pipeline
   order, cut at ``cuts``, with ``nm`` (one value or one per virtual worker); nothing is searched.
@@ -155,6 +158,7 @@ class RunConfig:
   resume: bool = False
   overlap_transfers: bool = False
   fast_sim: bool = False
+  precision: str = "fp32"
 
 
 @dataclasses.dataclass
@@ -233,6 +237,10 @@ def validate(config: RunConfig) -> None:
   if config.fast_sim and config.failures:
     raise ConfigError("fast_sim extrapolates settled waves, and an injected failure unsettles them: drop "
                       "fast_sim or the failures")
+  check_precision(config.precision)
+  if config.precision != "fp32" and config.executor != "sim":
+    raise ConfigError(f"precision={config.precision!r} is a model of the sim executor; the {config.executor} "
+                      "executor trains in fp32: use precision='fp32', or executor='sim'")
   if config.resume and not config.checkpoint_dir:
     raise ConfigError("resume needs checkpoint_dir: the directory whose newest checkpoint to continue")
   if config.checkpoint_dir and not config.trace_path:
@@ -261,21 +269,22 @@ def _layouts(config: RunConfig, model: LayeredModel, cluster: Cluster, profiles,
         raise ConfigError(f"nm={config.nm!r} asks the planner for Nm, but a grouping with cuts is an explicit "
                           "layout: give Nm as a number, or one per virtual worker")
       clock = grouped_layout(cluster, clock_profiles, config.policy, config.cuts, config.nm, config.weight_mode,
-                             optimizer_slots)
+                             optimizer_slots, config.precision)
     else:
       nm = config.nm if isinstance(config.nm, (str, int)) else list(config.nm)
       clock = plan_cluster(cluster, clock_profiles, config.policy, config.placement,
                            nm[0] if isinstance(nm, list) and len(nm) == 1 else nm, None, config.weight_mode,
-                           optimizer_slots).layout
+                           optimizer_slots, config.precision).layout
     if config.time_model is None:
       return clock, clock
-    return fastest_cuts(cluster, profiles, clock.gpus, clock.nms, config.weight_mode, optimizer_slots), clock
+    return fastest_cuts(cluster, profiles, clock.gpus, clock.nms, config.weight_mode, optimizer_slots,
+                        config.precision), clock
   layout = manual_layout(cluster, profiles, config.num_vws, config.stages, config.nm, config.cuts,
-                         config.weight_mode, optimizer_slots, model.name)
+                         config.weight_mode, optimizer_slots, model.name, config.precision)
   if config.time_model is None:
     return layout, layout
   return layout, fastest_cuts(cluster, clock_profiles, layout.gpus, layout.nms, config.weight_mode,
-                              optimizer_slots)
+                              optimizer_slots, config.precision)
 
 
 def _jax_devices(count: int) -> list[Device]:
@@ -297,7 +306,8 @@ def _meta(config: RunConfig, cluster: Cluster, model_name: str, dataset_name: st
               schedule=config.schedule, shards=num_units, model=model_name, dataset=dataset_name,
               batch_size=config.batch_size, cuts=shape["cuts"], gpus=shape["gpus"], cluster=cluster.name,
               seed=config.seed, policy=config.policy, placement=config.placement,
-              time_model=config.time_model, **({"overlap_transfers": True} if config.overlap_transfers else {}))
+              time_model=config.time_model, **({"overlap_transfers": True} if config.overlap_transfers else {}),
+              **({"precision": config.precision} if config.precision != "fp32" else {}))
 
 
 def _param_shapes(model: LayeredModel, sample_x, data_name: str):
@@ -322,7 +332,8 @@ def run_hetpipe(model: LayeredModel, dataset: Dataset | FullSize, config: RunCon
   """Trains ``model`` on ``dataset`` with N virtual workers under WSP; see :class:`RunConfig`.
 
   ``dataset`` may be a :class:`~hetpipe_jax.models.FullSize` input description instead (the ``sim``
-  executor runs no numerics, so it needs no data: e.g. VGG-19 at its 224x224 ImageNet input).
+  executor runs no numerics, so it needs no data: e.g. VGG-19 at its 224x224 ImageNet input, or a GPT
+  at a sequence length, :func:`~hetpipe_jax.models.full_size_spec`).
 
   Raises:
     ConfigError: for a configuration that cannot run, before anything runs.
@@ -332,7 +343,7 @@ def run_hetpipe(model: LayeredModel, dataset: Dataset | FullSize, config: RunCon
     if config.executor != "sim":
       raise ConfigError(f"executor={config.executor!r} trains on data, but the run has only an input shape "
                         f"{dataset.input_shape}; give a dataset, or simulate (executor='sim')")
-    sample_x = jax.ShapeDtypeStruct((config.batch_size, *dataset.input_shape), jnp.float32)
+    sample_x = jax.ShapeDtypeStruct((config.batch_size, *dataset.input_shape), jnp.dtype(dataset.dtype))
     data_name = f"none (input {'x'.join(map(str, dataset.input_shape))}, {dataset.num_classes} classes)"
   else:
     check_batch_size(dataset, config.batch_size, config.drop_remainder)
@@ -354,7 +365,7 @@ def run_hetpipe(model: LayeredModel, dataset: Dataset | FullSize, config: RunCon
   if config.executor == "sim":
     return _simulate(config, cluster, clock_profiles, clock_layout, meta)
   assert isinstance(dataset, Dataset)  # a FullSize input was refused above for every other executor
-  check_memory(profiles, layout, config.weight_mode, slots)
+  check_memory(profiles, layout, config.weight_mode, slots, config.precision)
   if config.executor == "multiprocess":
     return _train_multiprocess(model, dataset, config, tx, cluster, CostModel(cluster, clock_profiles, clock_layout),
                                layout, meta, sample_x, profiles)
@@ -598,12 +609,14 @@ def _simulate(config: RunConfig, cluster: Cluster, profiles, layout: Layout, met
   try:
     if config.fast_sim:
       seconds, vws, rows, fast = simulate_fast(cluster, profiles, layout, config.d, config.waves, trace,
-                                               config.placement, config.schedule, config.weight_mode, meta=meta,
+                                               config.placement, config.schedule, config.weight_mode,
+                                               config.precision, meta=meta,
                                                overlap_transfers=config.overlap_transfers)
     else:
       seconds, vws, rows = simulate(cluster, profiles, layout, config.d, config.waves, trace, config.placement,
-                                    config.schedule, config.weight_mode, meta=meta, failures=_failures(config),
-                                    rejoin=config.rejoin, overlap_transfers=config.overlap_transfers)
+                                    config.schedule, config.weight_mode, config.precision, meta=meta,
+                                    failures=_failures(config), rejoin=config.rejoin,
+                                    overlap_transfers=config.overlap_transfers)
   finally:
     trace.close()
   _require_pushes(rows)

@@ -74,7 +74,8 @@ def test_stage_that_fits_no_gpu():
 
 
 def test_unknown_model_and_dataset():
-  with pytest.raises(ConfigError, match="unknown model 'bert'; known models: cnn, mlp, resnet, resnet152, vgg, vgg19"):
+  with pytest.raises(ConfigError, match="unknown model 'bert'; known models: cnn, gpt, gpt-13b, gpt-6.7b, gpt2-xl, "
+                                        "mlp, resnet, resnet152, vgg, vgg19"):
     get_model("bert")
   with pytest.raises(ConfigError, match="unknown dataset 'imagenet'; known datasets: auto, fashion_mnist"):
     load_dataset("imagenet")

@@ -98,7 +98,8 @@ def test_the_calibrated_catalogue_reproduces_the_figures_it_cites(gpu, published
   assert {p.family for p in profiles} == {"resnet"}
   rate = standalone_images_per_sec(profiles, Gpu(0, CATALOGUE[gpu], 0), 32)
   assert rate == pytest.approx(published, rel=0.01)
-  assert set(FULL_SIZE) == {"vgg19", "resnet152"}
+  # the image models; the GPTs take each type's default factor (no transformer figure is calibrated)
+  assert {name for name, spec in FULL_SIZE.items() if spec.dtype == "float32"} == {"vgg19", "resnet152"}
 
 
 @pytest.mark.slow

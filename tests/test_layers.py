@@ -1,7 +1,9 @@
 """The dependency rule: every package imports only the layers below it (BUILD_NOTES.md, map of the code).
 
   core            imports nothing of hetpipe_jax but errors
-  cluster, cost   + core, models, optim
+  precision       (the precisions' registry) likewise
+  cluster         + precision
+  cost            + core, models, optim, precision
   plan            + cluster, cost
   runtime, sim    + plan (sim: never runtime; runtime: never sim)
   api, baselines, viz, the CLI shims: anything
@@ -21,11 +23,13 @@ ALLOWED = {
     "models": BASE | {"models"},
     "optim": BASE | {"optim"},
     "data": BASE | {"data"},
-    "cluster": BASE | {"cluster"},
-    "cost": BASE | {"cost", "cluster", "models", "optim", "core"},
-    "plan": BASE | {"plan", "cost", "cluster", "models", "optim", "core"},
-    "sim": BASE | {"sim", "plan", "cost", "cluster", "models", "optim", "core"},
-    "runtime": BASE | {"runtime", "plan", "cost", "cluster", "models", "optim", "core", "data", "evaluate"},
+    "precision": BASE | {"precision"},
+    "cluster": BASE | {"cluster", "precision"},
+    "cost": BASE | {"cost", "cluster", "models", "optim", "core", "precision"},
+    "plan": BASE | {"plan", "cost", "cluster", "models", "optim", "core", "precision"},
+    "sim": BASE | {"sim", "plan", "cost", "cluster", "models", "optim", "core", "precision"},
+    "runtime": BASE | {"runtime", "plan", "cost", "cluster", "models", "optim", "core", "data", "evaluate",
+                       "precision"},
 }
 
 

@@ -23,6 +23,9 @@ network link (as the simulator shares a node's egress among its flows), so each 
 (Until issue 11 the cross-node phase was T_ring(n, S/g, inter-node link): every ring as if it had the
 node's whole link, g times too fast.)
 
+In fp16/bf16 (mixed precision) the gradients are all-reduced in 16 bits: S x
+:func:`~hetpipe_jax.precision.byte_scale`.
+
 Throughput = |G| x batch / T images per second. O(units x GPUs) per iteration time.
 """
 
@@ -33,6 +36,7 @@ from collections.abc import Sequence
 from hetpipe_jax.cluster import Cluster, Gpu, Link
 from hetpipe_jax.cost.profile import UnitProfile
 from hetpipe_jax.cost.roofline import model_compute_seconds
+from hetpipe_jax.precision import byte_scale
 
 
 def ring_allreduce_seconds(p: int, num_bytes: float, link: Link) -> float:
@@ -87,7 +91,7 @@ def horovod_iteration_seconds(cluster: Cluster, profiles: Sequence[UnitProfile],
     cluster: the cluster.
     profiles: per-unit profiles of the model.
     gpus: the participating GPUs.
-    precision: "fp32" or "fp16".
+    precision: "fp32", "fp16" or "bf16" (the roofline, and the gradients' bytes).
     overlap: all-reduce each unit's gradient as soon as it is ready (else after the whole backward).
 
   Returns:
@@ -95,8 +99,9 @@ def horovod_iteration_seconds(cluster: Cluster, profiles: Sequence[UnitProfile],
   """
   types = {g.type.name: g.type for g in gpus}.values()
   compute = max(model_compute_seconds(profiles, t, precision) for t in types)
+  scale = byte_scale(precision)  # the gradients' bytes per fp32 parameter byte
   if not overlap:
-    return compute + allreduce_seconds(cluster, gpus, sum(u.param_bytes for u in profiles))
+    return compute + allreduce_seconds(cluster, gpus, sum(u.param_bytes for u in profiles) * scale)
   times = {t.name: [u.seconds(t, precision) for u in profiles] for t in types}
   clock = {name: sum(f for f, _ in ts) for name, ts in times.items()}  # every GPU's forward is done
   network = 0.0  # when the network is free
@@ -104,7 +109,8 @@ def horovod_iteration_seconds(cluster: Cluster, profiles: Sequence[UnitProfile],
     for name, ts in times.items():
       clock[name] += ts[u][1]
     if profiles[u].param_bytes:
-      network = max(network, max(clock.values())) + allreduce_seconds(cluster, gpus, profiles[u].param_bytes)
+      network = max(network, max(clock.values())) + allreduce_seconds(cluster, gpus,
+                                                                      profiles[u].param_bytes * scale)
   return max(network, compute)
 
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from hetpipe_jax.precision import check_precision
+
 GIB = 1 << 30
 T = 1e12
 G = 1e9
@@ -52,6 +54,8 @@ class GpuType:
     mem_bytes_per_s: peak memory bandwidth.
     efficiency: the roofline's correction factor for models of no listed family (see the module docstring).
     family_efficiency: ``(family, efficiency)`` pairs: the factor for the models of that family.
+    bf16: whether its tensor cores run bfloat16 at the fp16 rate (Ampere and later); without them bf16
+      runs at the fp32 peak.
   """
 
   name: str
@@ -61,6 +65,7 @@ class GpuType:
   mem_bytes_per_s: float
   efficiency: float = 0.5
   family_efficiency: tuple[tuple[str, float], ...] = ()
+  bf16: bool = False
 
   def efficiency_for(self, family: str = "default") -> float:
     """The correction factor for a model family (the default one for a family not listed)."""
@@ -70,12 +75,18 @@ class GpuType:
     """Peak flop/s at a precision.
 
     Args:
-      precision: "fp16", or anything else for fp32.
+      precision: "fp32", "fp16", or "bf16" (the fp16 peak where the type has bf16 tensor cores, else
+        the fp32 peak).
 
     Returns:
       Flop/s.
+
+    Raises:
+      ConfigError: for an unknown precision.
     """
-    return self.fp16_flops if precision == "fp16" else self.fp32_flops
+    if check_precision(precision) == "fp16" or (precision == "bf16" and self.bf16):
+      return self.fp16_flops
+    return self.fp32_flops
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,9 +98,9 @@ class Link:
   latency_s: float
 
 
-def _gpu(name, mem_gib, fp32_tflops, fp16_tflops, bw_gbytes, efficiency=1.0, **families):
+def _gpu(name, mem_gib, fp32_tflops, fp16_tflops, bw_gbytes, efficiency=1.0, bf16=False, **families):
   return GpuType(name, int(mem_gib * GIB), fp32_tflops * T, fp16_tflops * T, bw_gbytes * G, efficiency,
-                 tuple(sorted(families.items())))
+                 tuple(sorted(families.items())), bf16)
 
 
 FAMILIES = ("vgg", "resnet")
@@ -101,7 +112,9 @@ def model_family(model_name: str) -> str:
 
 
 # Vendor peak figures (boost clocks): memory, FP32, FP16 (tensor cores where present), memory bandwidth;
-# then the efficiency: default (= resnet where measured), and per family. Sources of the measurements
+# then the efficiency: default (= resnet where measured), and per family; bf16=True where the tensor cores
+# run bfloat16 at the FP16 rate (Ampere and Hopper: NVIDIA's A100, H100 and GA102 whitepapers; Volta,
+# Turing and Pascal have no bf16 tensor cores). Sources of the measurements
 # (every one is tabled, with batch size, framework and date, in BUILD_NOTES.md "A calibrated catalogue"):
 #   [LB] Lambda, "RTX 2080 Ti Deep Learning Benchmarks with TensorFlow" (TF 1.12, FP32, synthetic data,
 #        March 2019), https://lambdalabs.com/blog/2080-ti-deep-learning-benchmarks
@@ -127,12 +140,12 @@ CATALOGUE = {t.name: t for t in (
     _gpu("V100", 32, 15.7, 125.0, 900.0, 1.01, resnet=1.01, vgg=1.48),
     # SXM4 80 GB. ResNet-152 390 img/s (batch 112), VGG-16 504 img/s (batch 224), TF32, measured on the
     # PCIe 40 GB card [LT] (the SXM4 card is ~10% faster on ResNet-50 [LP])
-    _gpu("A100", 80, 19.5, 312.0, 2039.0, 1.52, resnet=1.52, vgg=2.36),
+    _gpu("A100", 80, 19.5, 312.0, 2039.0, 1.52, bf16=True, resnet=1.52, vgg=2.36),
     # SXM5, dense FP16. Only ResNet-50 is published (1753 img/s, batch 640, TF32 [LP]): derived with the
     # A100's ResNet-152/ResNet-50 (0.96) and VGG-16/ResNet-50 (1.49) ratios [LT]
-    _gpu("H100", 80, 67.0, 989.4, 3350.0, 1.39, resnet=1.39, vgg=2.16),
+    _gpu("H100", 80, 67.0, 989.4, 3350.0, 1.39, bf16=True, resnet=1.39, vgg=2.16),
     # ResNet-152 212 img/s, VGG-16 325 img/s, both batch 48, TF 2.4, TF32 [LT]
-    _gpu("RTX 3090", 24, 35.6, 71.0, 936.2, 1.26, resnet=1.26, vgg=0.92),
+    _gpu("RTX 3090", 24, 35.6, 71.0, 936.2, 1.26, bf16=True, resnet=1.26, vgg=0.92),
     # no published training figure: estimate, the TITAN RTX's factors (Turing; likely optimistic for a
     # 70 W card)
     _gpu("T4", 16, 8.1, 65.0, 320.0, 1.08, resnet=1.08, vgg=1.46),

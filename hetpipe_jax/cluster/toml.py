@@ -20,6 +20,12 @@ def _positive(path: str, where: str, value, unit: str) -> float:
   return float(value)
 
 
+def _bool(path: str, where: str, value) -> bool:
+  if not isinstance(value, bool):
+    raise ConfigError(f"{path}: {where} = {value!r}; it must be true or false")
+  return value
+
+
 def _toml_link(path: str, key: str, value) -> Link:
   if isinstance(value, str):
     if value not in LINKS:
@@ -45,6 +51,7 @@ def load_cluster_toml(path: str) -> Cluster:
     fp16_tflops = 10.0
     bandwidth_gbytes_per_s = 300
     efficiency = 1.0                     # optional: roofline correction factor (catalogue.py)
+    bf16 = false                         # optional: bfloat16 at the fp16 rate (else at the fp32 one)
     [[nodes]]
     gpus = ["TITAN V", "TITAN V"]
     [[nodes]]
@@ -80,7 +87,8 @@ def load_cluster_toml(path: str) -> Cluster:
         _positive(path, f"{w}.fp32_tflops", spec.get("fp32_tflops"), "Tflop/s") * T,
         _positive(path, f"{w}.fp16_tflops", spec.get("fp16_tflops", spec.get("fp32_tflops")), "Tflop/s") * T,
         _positive(path, f"{w}.bandwidth_gbytes_per_s", spec.get("bandwidth_gbytes_per_s"), "GB/s") * G,
-        _positive(path, f"{w}.efficiency", spec.get("efficiency", 1.0), "a factor in (0, 4]"))
+        _positive(path, f"{w}.efficiency", spec.get("efficiency", 1.0), "a factor in (0, 4]"),
+        bf16=_bool(path, f"{w}.bf16", spec.get("bf16", False)))
     if types[name].efficiency > 4:
       raise ConfigError(f"{path}: {w}.efficiency = {types[name].efficiency}; it must be in (0, 4] (the "
                         "roofline's correction factor: measured throughput over the roofline's, about 1)")

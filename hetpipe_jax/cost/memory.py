@@ -1,16 +1,22 @@
 """Memory of a pipeline stage (HETPIPE.md section 4): the one definition the planner and the checks use.
 
 A stage of a virtual worker holding units with ``P`` parameter bytes and ``A`` bytes of activations kept
-for the backward pass, at Nm minibatches in flight, needs::
+for the backward pass (both counted in fp32, as profiled), at Nm minibatches in flight, needs::
 
-  memory = P x copies + Nm x A
-  copies = 1 (weights) + 1 (gradient) + optimizer slots + (Nm - 1 stashed weight versions in stash mode)
+  memory = P x copies + Nm x A x s
+  copies = 1 (weights) + 1 (gradient) + optimizer slots + (Nm - 1 stashed weight versions in stash mode)  fp32
+  copies = s (weights) + s (gradient) + 1 (fp32 master weights) + optimizer slots + s x (Nm - 1 stashed)  fp16/bf16
 
-(PipeDream-style weight stashing keeps up to Nm - 1 extra versions of the stage's weights; ``latest``
-keeps none). The formula is linear in (P, A), so it applies to a stage's totals and, unit by unit, to
-the prefix sums of the partitioner's DP alike (:func:`memory_bytes` takes scalars or numpy arrays).
-Optimizer slots are parameter-sized copies of optimizer state: :func:`hetpipe_jax.optim.optimizer_slots`
-by name, or measured from an optax transformation by :func:`optimizer_slots_of`. O(units) per stage.
+with ``s`` = :func:`hetpipe_jax.precision.byte_scale` (1 in fp32, 1/2 in 16 bits). Mixed precision
+(Micikevicius et al., ICLR 2018) keeps 16-bit weights, gradients, stashed versions and activations, and
+fp32 master weights and optimizer state: with Adam (2 slots) that is 2 + 2 + 4 + 8 = 16 bytes per
+parameter, as fp32 training's 4 + 4 + 8; the difference is the stash (2 bytes per version, not 4) and the
+activations (half). (PipeDream-style weight stashing keeps up to Nm - 1 extra versions of the stage's
+weights; ``latest`` keeps none.) The formula is linear in (P, A), so it applies to a stage's totals and,
+unit by unit, to the prefix sums of the partitioner's DP alike (:func:`memory_bytes` takes scalars or
+numpy arrays). Optimizer slots are parameter-sized (fp32) copies of optimizer state:
+:func:`hetpipe_jax.optim.optimizer_slots` by name, or measured from an optax transformation by
+:func:`optimizer_slots_of`. O(units) per stage.
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
+
+from hetpipe_jax.precision import byte_scale, is_mixed
 
 if TYPE_CHECKING:
   import optax
@@ -53,44 +61,64 @@ def optimizer_slots_of(tx: optax.GradientTransformation, params: Any) -> float:
   return nbytes(jax.eval_shape(tx.init, shapes)) / max(nbytes(shapes), 1)
 
 
-def param_copies(nm: int, weight_mode: str, optimizer_slots: float) -> float:
-  """Parameter-sized copies a stage holds: weights + gradient + optimizer slots + stashed versions.
+def param_copies(nm: int, weight_mode: str, optimizer_slots: float, precision: str = "fp32") -> float:
+  """fp32-parameter-sized copies a stage holds: weights + gradient (+ fp32 master weights in mixed
+  precision) + optimizer slots + stashed versions.
 
   Args:
     nm: most minibatches in flight (>= 1).
     weight_mode: ``"stash"`` (Nm - 1 stashed weight versions) or ``"latest"`` (none).
-    optimizer_slots: parameter-sized arrays of optimizer state.
+    optimizer_slots: parameter-sized fp32 arrays of optimizer state.
+    precision: "fp32", or "fp16"/"bf16" (mixed precision: see the module docstring).
 
   Returns:
-    ``2 + optimizer_slots + (nm - 1 if weight_mode == "stash" else 0)``.
+    fp32: ``2 + optimizer_slots + stashed``; fp16/bf16: ``2 x 1/2 + 1 + optimizer_slots + stashed x 1/2``,
+    where stashed = ``nm - 1`` in stash mode, else 0.
+
+  Raises:
+    ConfigError: for an unknown precision.
   """
-  return 2 + optimizer_slots + (nm - 1 if weight_mode == "stash" else 0)
+  stashed = nm - 1 if weight_mode == "stash" else 0
+  if not is_mixed(precision):
+    return 2 + optimizer_slots + stashed
+  s = byte_scale(precision)
+  return 2 * s + 1 + optimizer_slots + stashed * s
 
 
-def memory_bytes(param_bytes, kept_bytes, nm: int, weight_mode: str, optimizer_slots: float):
+def memory_bytes(param_bytes, kept_bytes, nm: int, weight_mode: str, optimizer_slots: float,
+                 precision: str = "fp32"):
   """The stage-memory formula on parameter and kept-activation bytes (scalars or numpy arrays).
 
   Args:
-    param_bytes: parameter bytes (of a stage, or of each unit as an array).
-    kept_bytes: activation bytes kept for the backward pass, per minibatch (same shape).
-    nm / weight_mode / optimizer_slots: see :func:`param_copies`.
+    param_bytes: parameter bytes in fp32 (of a stage, or of each unit as an array).
+    kept_bytes: activation bytes in fp32 kept for the backward pass, per minibatch (same shape).
+    nm / weight_mode / optimizer_slots / precision: see :func:`param_copies`.
 
   Returns:
-    ``param_bytes x param_copies(...) + nm x kept_bytes``, elementwise.
+    ``param_bytes x param_copies(...) + nm x kept_bytes x byte_scale(precision)``, elementwise.
+
+  Raises:
+    ConfigError: for an unknown precision.
   """
-  return param_bytes * param_copies(nm, weight_mode, optimizer_slots) + nm * kept_bytes
+  copies = param_copies(nm, weight_mode, optimizer_slots, precision)
+  if not is_mixed(precision):
+    return param_bytes * copies + nm * kept_bytes
+  return param_bytes * copies + nm * kept_bytes * byte_scale(precision)
 
 
 def stage_memory_bytes(units: Sequence[UnitProfile], nm: int, weight_mode: str,
-                       optimizer_slots: float) -> int:
+                       optimizer_slots: float, precision: str = "fp32") -> int:
   """Memory of one stage holding ``units`` (see the module docstring).
 
   Args:
     units: the profiles of the stage's units.
-    nm / weight_mode / optimizer_slots: see :func:`param_copies`.
+    nm / weight_mode / optimizer_slots / precision: see :func:`param_copies`.
 
   Returns:
     Bytes, rounded down.
+
+  Raises:
+    ConfigError: for an unknown precision.
   """
   return int(memory_bytes(sum(u.param_bytes for u in units), sum(u.kept_bytes for u in units), nm,
-                          weight_mode, optimizer_slots))
+                          weight_mode, optimizer_slots, precision))

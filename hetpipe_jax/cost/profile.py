@@ -4,12 +4,16 @@ Per unit: forward and backward flops and bytes accessed from XLA's cost analysis
 (no compilation, no run, so full-size VGG-19 and ResNet-152 at 224x224 profile on a CPU), parameter
 bytes, the bytes of its output activation (sent to the next stage; its gradient comes back), and the
 activation memory it keeps for the backward pass (the ``jax.vjp`` residuals that are not parameters).
-Units with the same definition and input shape (e.g. ResNet's repeated blocks) are analysed once, so
-the cost is one lowering per distinct unit; whole profiles are cached on disk, keyed on the units, the
-input shape and the JAX version, in ``$HETPIPE_JAX_CACHE`` (default ``~/.cache/hetpipe_jax/profiles``).
+Units with the same definition and input shape (e.g. ResNet's repeated blocks, a GPT's transformer
+blocks) are analysed once, so the cost is one lowering per distinct unit (a 13B GPT: three lowerings,
+under a second; its parameters are never allocated, only their shapes); whole profiles are cached on
+disk, keyed on the units, the input shape and the JAX version, in ``$HETPIPE_JAX_CACHE`` (default
+``~/.cache/hetpipe_jax/profiles``).
 
 What the profile feeds: the roofline time (:mod:`~hetpipe_jax.cost.roofline`), stage memory
-(:mod:`~hetpipe_jax.cost.memory`) and boundary transfers (:mod:`~hetpipe_jax.cost.transfer`).
+(:mod:`~hetpipe_jax.cost.memory`) and boundary transfers (:mod:`~hetpipe_jax.cost.transfer`). Every byte
+count is of the fp32 model; a run in fp16/bf16 scales them where they are used
+(:mod:`hetpipe_jax.precision`).
 """
 
 from __future__ import annotations
@@ -65,7 +69,7 @@ class UnitProfile:
 
     Args:
       gpu: the GPU type.
-      precision: "fp32" or "fp16".
+      precision: "fp32", "fp16" or "bf16".
 
     Returns:
       (forward, backward) seconds.
@@ -141,18 +145,20 @@ def profile_units(model: LayeredModel, sample_x, cache_dir: str | None = FROM_EN
   return out
 
 
-def full_size_profiles(name: str, batch_size: int, cache_dir: str | None = FROM_ENV) -> list[UnitProfile]:
+def full_size_profiles(name: str, batch_size: int, cache_dir: str | None = FROM_ENV,
+                       seq_len: int | None = None) -> list[UnitProfile]:
   """Profiles of a full-size model (:data:`hetpipe_jax.models.FULL_SIZE`) on its input shape.
 
   Args:
-    name: ``"vgg19"`` or ``"resnet152"``.
+    name: ``"vgg19"``, ``"resnet152"``, ``"gpt2-xl"``, ``"gpt-6.7b"`` or ``"gpt-13b"``.
     batch_size: examples per minibatch.
     cache_dir: see :func:`profile_units`.
+    seq_len: a GPT's tokens per example (default: its context); None for the image models.
 
   Returns:
     One profile per unit.
 
   Raises:
-    ConfigError: for a name that is not a full-size model.
+    ConfigError: for a name that is not a full-size model, or a bad ``seq_len``.
   """
-  return profile_units(full_size_model(name), full_size_input(name, batch_size), cache_dir)
+  return profile_units(full_size_model(name), full_size_input(name, batch_size, seq_len), cache_dir)

@@ -8,6 +8,10 @@ takes, on a GPU type::
 where ``efficiency`` is the type's correction factor for the model's family, fitted to measured
 throughput (the catalogue cites each figure) or to measured times by
 :func:`calibrate_efficiency`. A stage's compute is the sum over its units. O(1) per unit.
+
+Precision (:mod:`hetpipe_jax.precision`): ``peak_flops`` is the type's peak at that precision (fp16, and
+bf16 where the type has bf16 tensor cores, use the tensor-core peak), and the profiles' fp32 ``bytes``
+are scaled by :func:`~hetpipe_jax.precision.byte_scale` (a 16-bit pass moves half the bytes).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from hetpipe_jax.cluster import Gpu, GpuType
+from hetpipe_jax.precision import byte_scale
 
 if TYPE_CHECKING:
   from hetpipe_jax.cost.profile import UnitProfile
@@ -30,12 +35,17 @@ def roofline_seconds(flops: float, num_bytes: float, gpu: GpuType, precision: st
     flops: floating-point operations.
     num_bytes: bytes of memory accessed.
     gpu: the GPU type.
-    precision: "fp32" or "fp16" (which peak applies).
+    precision: "fp32", "fp16" or "bf16": which peak applies, and ``num_bytes`` (counted in fp32) x
+      :func:`~hetpipe_jax.precision.byte_scale`.
     family: the model family, whose efficiency applies (:func:`hetpipe_jax.cluster.catalogue.model_family`).
 
   Returns:
     Seconds.
+
+  Raises:
+    ConfigError: for an unknown precision.
   """
+  num_bytes = num_bytes * byte_scale(precision)
   return max(flops / gpu.peak_flops(precision), num_bytes / gpu.mem_bytes_per_s) / gpu.efficiency_for(family)
 
 
@@ -48,7 +58,7 @@ def stage_compute_seconds(profiles: Sequence[UnitProfile], cut: Sequence[int], g
     cut: the virtual worker's cut positions.
     gpu: the stage's GPU.
     j: the stage.
-    precision: "fp32" or "fp16".
+    precision: "fp32", "fp16" or "bf16".
 
   Returns:
     (forward, backward) seconds.
@@ -70,7 +80,7 @@ def calibrate_efficiency(gpu: GpuType, profiles: Sequence[UnitProfile], measured
     gpu: the GPU type the times were measured on.
     profiles: the model's unit profiles.
     measured: unit index -> measured forward + backward seconds on ``gpu``.
-    precision: "fp32" or "fp16".
+    precision: "fp32", "fp16" or "bf16".
 
   Returns:
     ``gpu`` with ``efficiency`` = roofline time at efficiency 1 / measured time, over the measured units.

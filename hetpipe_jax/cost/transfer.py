@@ -12,6 +12,11 @@ plans' stage times and the cost model of the virtual clock and the simulator:
   between them (:meth:`hetpipe_jax.cluster.Cluster.link`), and nothing when they are the same GPU. This
   is the time alone on the link; the simulator adds contention.
 
+Precision (:mod:`hetpipe_jax.precision`): in fp16/bf16 the boundary activations and their gradients
+travel in 16 bits, so a receive moves the profile's fp32 ``out_bytes`` x
+:func:`~hetpipe_jax.precision.byte_scale`. (The simulator's pushes and pulls to the parameter server
+scale too: :class:`hetpipe_jax.sim.network.SimComm`.)
+
 Stage time = the roofline compute of its units (:mod:`hetpipe_jax.cost.roofline`) + its receives.
 O(1) per transfer, O(units) per stage; :func:`receive_seconds_by_position` is O(units) per GPU pair.
 """
@@ -25,6 +30,7 @@ import numpy as np
 
 from hetpipe_jax.cluster import Cluster, Gpu, Link
 from hetpipe_jax.cost.roofline import stage_compute_seconds
+from hetpipe_jax.precision import byte_scale
 
 if TYPE_CHECKING:
   from hetpipe_jax.cost.profile import UnitProfile
@@ -64,20 +70,22 @@ def transfer_seconds(cluster: Cluster, src: Gpu, dst: Gpu, num_bytes: float) -> 
   return 0.0 if src.index == dst.index else link_seconds(cluster.link(src, dst), num_bytes)
 
 
-def boundary_receive(profiles: Sequence[UnitProfile], position: int, src: Gpu | None) -> Receive | None:
+def boundary_receive(profiles: Sequence[UnitProfile], position: int, src: Gpu | None,
+                     precision: str = "fp32") -> Receive | None:
   """What crosses cut ``position`` from ``src``: unit ``position - 1``'s output, or None.
 
   Args:
     profiles: per-unit profiles of the model.
     position: a cut position, 0 .. number of units.
     src: the neighbouring stage's GPU, or None where the stage has no neighbour on that side.
+    precision: the activations' precision (their bytes: the fp32 profile's x its byte scale).
 
   Returns:
     The receive, or None at positions 0 and ``len(profiles)`` and without a neighbour.
   """
   if src is None or not 0 < position < len(profiles):
     return None
-  return Receive(profiles[position - 1].out_bytes, src)
+  return Receive(int(profiles[position - 1].out_bytes * byte_scale(precision)), src)
 
 
 def stage_neighbours(gpus: Sequence[Gpu], j: int) -> tuple[Gpu | None, Gpu | None]:
@@ -95,7 +103,7 @@ def stage_neighbours(gpus: Sequence[Gpu], j: int) -> tuple[Gpu | None, Gpu | Non
 
 
 def stage_transfers(profiles: Sequence[UnitProfile], cut: Sequence[int], gpus: Sequence[Gpu],
-                    j: int) -> tuple[Receive | None, Receive | None]:
+                    j: int, precision: str = "fp32") -> tuple[Receive | None, Receive | None]:
   """What stage j receives: (before a forward pass, before a backward pass).
 
   Args:
@@ -103,13 +111,15 @@ def stage_transfers(profiles: Sequence[UnitProfile], cut: Sequence[int], gpus: S
     cut: the virtual worker's cut positions ``(0, ..., num_units)``.
     gpus: the virtual worker's GPUs in pipeline order.
     j: the stage.
+    precision: the activations' precision (see :func:`boundary_receive`).
 
   Returns:
     The activation at ``cut[j]`` from stage j - 1 and the gradient at ``cut[j + 1]`` from stage j + 1,
     each a :class:`Receive` ``(num_bytes, src)`` or None where nothing crosses.
   """
   prev, nxt = stage_neighbours(gpus, j)
-  return boundary_receive(profiles, cut[j], prev), boundary_receive(profiles, cut[j + 1], nxt)
+  return (boundary_receive(profiles, cut[j], prev, precision),
+          boundary_receive(profiles, cut[j + 1], nxt, precision))
 
 
 def receive_seconds(cluster: Cluster, receive: Receive | None, dst: Gpu) -> float:
@@ -127,7 +137,7 @@ def receive_seconds(cluster: Cluster, receive: Receive | None, dst: Gpu) -> floa
 
 
 def receive_seconds_by_position(cluster: Cluster, profiles: Sequence[UnitProfile], src: Gpu | None,
-                                dst: Gpu) -> np.ndarray:
+                                dst: Gpu, precision: str = "fp32") -> np.ndarray:
   """:func:`receive_seconds` at every cut position: the partitioner's vectorised form.
 
   Args:
@@ -135,11 +145,12 @@ def receive_seconds_by_position(cluster: Cluster, profiles: Sequence[UnitProfile
     profiles: per-unit profiles of the model.
     src: the neighbouring stage's GPU, or None.
     dst: the receiving GPU.
+    precision: the activations' precision (see :func:`boundary_receive`).
 
   Returns:
     An array of ``len(profiles) + 1`` seconds, entry c for a boundary at cut position c.
   """
-  return np.array([receive_seconds(cluster, boundary_receive(profiles, c, src), dst)
+  return np.array([receive_seconds(cluster, boundary_receive(profiles, c, src, precision), dst)
                    for c in range(len(profiles) + 1)], np.float64)
 
 
@@ -153,12 +164,12 @@ def stage_seconds(cluster: Cluster, profiles: Sequence[UnitProfile], cut: Sequen
     cut: the virtual worker's cut positions.
     gpus: the virtual worker's GPUs in pipeline order.
     j: the stage.
-    precision: "fp32" or "fp16" (the peak the roofline uses).
+    precision: "fp32", "fp16" or "bf16" (the roofline's peak and bytes, the boundary tensors' bytes).
 
   Returns:
     (forward, backward) seconds: compute plus the activation received before the forward pass, compute
     plus the gradient received before the backward pass, each alone on its link.
   """
   fwd, bwd = stage_compute_seconds(profiles, cut, gpus[j], j, precision)
-  recv_fwd, recv_bwd = stage_transfers(profiles, cut, gpus, j)
+  recv_fwd, recv_bwd = stage_transfers(profiles, cut, gpus, j, precision)
   return fwd + receive_seconds(cluster, recv_fwd, gpus[j]), bwd + receive_seconds(cluster, recv_bwd, gpus[j])

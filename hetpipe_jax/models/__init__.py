@@ -2,6 +2,7 @@
 
 from hetpipe_jax.models.base import LayeredModel, cross_entropy, num_params
 from hetpipe_jax.models.cnn import small_cnn
+from hetpipe_jax.models.gpt import gpt, gpt_num_params
 from hetpipe_jax.models.mlp import mlp
 from hetpipe_jax.models.resnet import resnet
 from hetpipe_jax.models.vgg import vgg
@@ -11,10 +12,12 @@ from hetpipe_jax.models.zoo import (
     FullSize,
     full_size_input,
     full_size_model,
+    full_size_spec,
     get_model,
 )
 
 __all__ = [
     "FULL_SIZE", "MODELS", "FullSize", "LayeredModel", "cross_entropy", "full_size_input",
-    "full_size_model", "get_model", "mlp", "num_params", "resnet", "small_cnn", "vgg",
+    "full_size_model", "full_size_spec", "get_model", "gpt", "gpt_num_params", "mlp", "num_params", "resnet",
+    "small_cnn", "vgg",
 ]

@@ -76,14 +76,14 @@ class LayeredModel:
 
 
 def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
-  """Mean softmax cross-entropy with integer labels.
+  """Mean softmax cross-entropy with integer labels (per example, or per token of a sequence model).
 
   Args:
-    logits: ``(batch, classes)``.
-    labels: ``(batch,)`` integer classes.
+    logits: ``(batch, classes)``, or ``(batch, seq, classes)`` (a GPT's next-token logits).
+    labels: ``(batch,)`` integer classes, or ``(batch, seq)`` (the next tokens).
 
   Returns:
-    The mean loss, a scalar.
+    The mean loss over every label, a scalar.
   """
   return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
 

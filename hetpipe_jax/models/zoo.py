@@ -1,8 +1,10 @@
-"""The models by name: small ones that train on a CPU, and the paper's full-size ones for planning.
+"""The models by name: small ones that train on a CPU, and full-size ones for planning.
 
-The full-size models (HETPIPE.md section 5: VGG-19 and ResNet-152 on ImageNet) are profiled and planned,
-never trained here; :data:`FULL_SIZE` holds their input shape and class count, the one place these
-numbers live.
+The full-size models (HETPIPE.md section 5: VGG-19 and ResNet-152 on ImageNet; and GPT decoders too large
+for any one GPU: GPT-2 XL, 1.6B parameters with untied embeddings, and GPT-3-shaped 6.7B and 13B) are
+profiled, planned and simulated, never trained here; :data:`FULL_SIZE` holds their input shape (a GPT's:
+its context length of tokens), dtype and class count (a GPT's: its vocabulary), the one place these
+numbers live. A GPT's sequence length can be shorter than its context (:func:`full_size_spec`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import jax.numpy as jnp
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.models.base import LayeredModel
 from hetpipe_jax.models.cnn import small_cnn
+from hetpipe_jax.models.gpt import gpt
 from hetpipe_jax.models.mlp import mlp
 from hetpipe_jax.models.resnet import resnet
 from hetpipe_jax.models.vgg import vgg
@@ -24,29 +27,42 @@ MODELS = {
     "cnn": lambda num_classes: small_cnn(num_classes=num_classes),
     "vgg": lambda num_classes: vgg("A", width=1 / 8, num_classes=num_classes, max_pools=3),
     "resnet": lambda num_classes: resnet(18, width=16, num_classes=num_classes),
+    # A small GPT for the token datasets (num_classes = the vocabulary; sequences up to 64 tokens).
+    "gpt": lambda num_classes: gpt(num_classes, layers=2, width=32, heads=2, context=64, name="gpt"),
     # Full size, for planning and profiling at 224x224 (every layer / residual block is a unit).
     "vgg19": lambda num_classes: vgg("E", width=1, classifier=4096, num_classes=num_classes),
     "resnet152": lambda num_classes: resnet(152, width=64, num_classes=num_classes, large_stem=True),
+    # GPT-2 XL (Radford et al. 2019): 48 layers, d = 1600, 25 heads, context 1024.
+    "gpt2-xl": lambda num_classes: gpt(num_classes, 48, 1600, 25, 1024, name="gpt2-xl"),
+    # GPT-3 6.7B and 13B shapes (Brown et al. 2020, table 2.1): context 2048.
+    "gpt-6.7b": lambda num_classes: gpt(num_classes, 32, 4096, 32, 2048, name="gpt-6.7b"),
+    "gpt-13b": lambda num_classes: gpt(num_classes, 40, 5120, 40, 2048, name="gpt-13b"),
 }
 
 
 class FullSize(NamedTuple):
-  """What a full-size model is trained on: one example's shape and the number of classes."""
+  """What a full-size model is trained on: one example's shape and dtype, and the number of classes
+  (a GPT's: its vocabulary, the next token being the class)."""
 
   input_shape: tuple[int, ...]
   num_classes: int
+  dtype: str = "float32"
 
 
 IMAGENET = FullSize((224, 224, 3), 1000)
-FULL_SIZE = {"vgg19": IMAGENET, "resnet152": IMAGENET}
+GPT2_VOCAB = 50257  # GPT-2's byte-pair vocabulary, which GPT-3 kept
+FULL_SIZE = {"vgg19": IMAGENET, "resnet152": IMAGENET,
+             "gpt2-xl": FullSize((1024,), GPT2_VOCAB, "int32"),
+             "gpt-6.7b": FullSize((2048,), GPT2_VOCAB, "int32"),
+             "gpt-13b": FullSize((2048,), GPT2_VOCAB, "int32")}
 
 
 def get_model(name: str, num_classes: int = 10) -> LayeredModel:
   """A model by name.
 
   Args:
-    name: the small "mlp", "cnn", "vgg", "resnet", or the full-size "vgg19", "resnet152" (for those,
-      :func:`full_size_model` also picks the class count).
+    name: the small "mlp", "cnn", "vgg", "resnet", "gpt", or the full-size "vgg19", "resnet152",
+      "gpt2-xl", "gpt-6.7b", "gpt-13b" (for those, :func:`full_size_model` also picks the class count).
     num_classes: outputs of the last unit.
 
   Returns:
@@ -81,17 +97,45 @@ def full_size_model(name: str) -> LayeredModel:
   return get_model(name, _full_size(name).num_classes)
 
 
-def full_size_input(name: str, batch_size: int) -> jax.ShapeDtypeStruct:
-  """The shape of one float32 minibatch of a full-size model.
+def full_size_spec(name: str, seq_len: int | None = None) -> FullSize:
+  """What a full-size model trains on, a GPT's sequence length set to ``seq_len``.
+
+  Args:
+    name: a key of :data:`FULL_SIZE`.
+    seq_len: a GPT's tokens per example, 1 .. its context (None: its context); None for image models.
+
+  Returns:
+    The :class:`FullSize` (for a GPT with ``seq_len``: input shape ``(seq_len,)``).
+
+  Raises:
+    ConfigError: for a name that is not a full-size model, a sequence length outside 1 .. the context, or
+      a sequence length for an image model.
+  """
+  spec = _full_size(name)
+  if seq_len is None:
+    return spec
+  if spec.dtype != "int32":
+    raise ConfigError(f"seq_len={seq_len} is for the GPT models; {name} takes {spec.input_shape} images: "
+                      "drop seq_len")
+  if not 1 <= seq_len <= spec.input_shape[0]:
+    raise ConfigError(f"seq_len={seq_len}; {name} has a context of {spec.input_shape[0]} positions: use "
+                      f"1 .. {spec.input_shape[0]}")
+  return spec._replace(input_shape=(seq_len,))
+
+
+def full_size_input(name: str, batch_size: int, seq_len: int | None = None) -> jax.ShapeDtypeStruct:
+  """The shape of one minibatch of a full-size model (float32 images, or int32 tokens).
 
   Args:
     name: a key of :data:`FULL_SIZE`.
     batch_size: examples per minibatch.
+    seq_len: a GPT's sequence length (see :func:`full_size_spec`).
 
   Returns:
-    ``ShapeDtypeStruct((batch_size, *input_shape), float32)``.
+    ``ShapeDtypeStruct((batch_size, *input_shape), dtype)``.
 
   Raises:
-    ConfigError: for a name that is not a full-size model.
+    ConfigError: for a name that is not a full-size model, or a bad ``seq_len``.
   """
-  return jax.ShapeDtypeStruct((batch_size,) + _full_size(name).input_shape, jnp.float32)
+  spec = full_size_spec(name, seq_len)
+  return jax.ShapeDtypeStruct((batch_size,) + spec.input_shape, jnp.dtype(spec.dtype))

@@ -123,18 +123,20 @@ def split_pair(fast: Sequence[Gpu], slow: Sequence[Gpu], parts: int) -> list[lis
   return [list(fast[p * a:(p + 1) * a]) + list(slow[p * b:(p + 1) * b]) for p in range(parts)]
 
 
-def horovod_gpus(cluster: Cluster, profiles: Sequence[UnitProfile], optimizer_slots: float = 0.0) -> list[Gpu]:
+def horovod_gpus(cluster: Cluster, profiles: Sequence[UnitProfile], optimizer_slots: float = 0.0,
+                 precision: str = "fp32") -> list[Gpu]:
   """The GPUs that can train the whole model alone: weights, gradient, optimizer slots, one minibatch.
 
   Args:
     cluster: the cluster.
     profiles: per-unit profiles of the model at the training batch size.
     optimizer_slots: parameter-sized copies of optimizer state.
+    precision: "fp32", "fp16" or "bf16" (:func:`hetpipe_jax.cost.memory.param_copies`).
 
   Returns:
     Those GPUs, in cluster order (the model as one stage at Nm = 1 fits their memory).
   """
-  need = stage_memory_bytes(profiles, 1, "latest", optimizer_slots)
+  need = stage_memory_bytes(profiles, 1, "latest", optimizer_slots, precision)
   return [g for g in cluster.gpus if g.type.memory_bytes >= need]
 
 
@@ -185,7 +187,7 @@ def plan_cluster(cluster: Cluster, profiles: Sequence[UnitProfile], policy: str 
     nm_policy / nm_max: how Nm is chosen (:func:`hetpipe_jax.plan.partition.plan_virtual_worker`), or one
       Nm per virtual worker.
     weight_mode / optimizer_slots: what the memory of a stage holds.
-    precision: "fp32" or "fp16".
+    precision: "fp32", "fp16" or "bf16" (stage times and memory).
 
   Returns:
     The plan.

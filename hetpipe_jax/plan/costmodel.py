@@ -27,7 +27,7 @@ class CostModel:
     cluster: the cluster (links).
     profiles: per-unit profile of the model.
     layout: the run's layout (GPUs in pipeline order and cuts of every virtual worker).
-    precision: "fp32" or "fp16".
+    precision: "fp32", "fp16" or "bf16".
   """
 
   def __init__(self, cluster: Cluster, profiles: Sequence[UnitProfile], layout: Layout,
@@ -39,7 +39,7 @@ class CostModel:
       cut, group = vw.cuts, vw.gpus
       for j in range(vw.k):
         compute = stage_compute_seconds(profiles, cut, group[j], j, precision)
-        transfers = stage_transfers(profiles, cut, group, j)
+        transfers = stage_transfers(profiles, cut, group, j, precision)
         seconds = stage_seconds(cluster, profiles, cut, group, j, precision)
         for kind, c, recv, t in zip(("fwd", "bwd"), compute, transfers, seconds):
           key = (i, j, kind)
@@ -84,20 +84,21 @@ class CostModel:
 
 
 def check_memory(profiles: Sequence[UnitProfile], layout: Layout, weight_mode: str,
-                 optimizer_slots: float) -> None:
+                 optimizer_slots: float, precision: str = "fp32") -> None:
   """Checks that every stage of ``layout`` fits its GPU's memory.
 
   Args:
     profiles: per-unit profiles of the model.
     layout: the run's layout.
-    weight_mode / optimizer_slots: what a stage holds (:func:`hetpipe_jax.cost.memory.param_copies`).
+    weight_mode / optimizer_slots / precision: what a stage holds
+      (:func:`hetpipe_jax.cost.memory.param_copies`).
 
   Raises:
     ConfigError: naming the first stage that does not fit, its need, the GPU's memory and the fixes.
   """
   for i, vw in enumerate(layout.vws):
     for j, gpu, units in vw.stages():
-      need = stage_memory_bytes(profiles[units.start:units.stop], vw.nm, weight_mode, optimizer_slots)
+      need = stage_memory_bytes(profiles[units.start:units.stop], vw.nm, weight_mode, optimizer_slots, precision)
       if need > gpu.type.memory_bytes:
         raise ConfigError(
             f"stage {j} of virtual worker {i} (units {units.start}..{units.stop - 1}) needs "

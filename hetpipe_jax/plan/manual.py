@@ -28,21 +28,22 @@ def per_vw(name: str, value: int | Sequence[int], n: int) -> list[int]:
 
 
 def fastest_cuts(cluster: Cluster, profiles: Sequence[UnitProfile], gpus: Sequence[Sequence[Gpu]],
-                 nms: Sequence[int], weight_mode: str, optimizer_slots: float) -> Layout:
-  """Each virtual worker's GPUs kept in the given order, cut by the partitioner for the fastest stages.
+                 nms: Sequence[int], weight_mode: str, optimizer_slots: float, precision: str = "fp32") -> Layout:
+  """Each virtual worker's GPUs kept in the given order, cut by the partitioner for the fastest stages
+  (at ``precision``: its stage times and memory).
 
   Raises:
     ConfigError: when no cut of a virtual worker fits its GPUs' memory.
   """
-  return Layout(tuple(partition(cluster, profiles, g, nm, weight_mode, optimizer_slots, ordered=True).layout
-                      for g, nm in zip(gpus, nms)))
+  return Layout(tuple(partition(cluster, profiles, g, nm, weight_mode, optimizer_slots, ordered=True,
+                                precision=precision).layout for g, nm in zip(gpus, nms)))
 
 
 def manual_layout(cluster: Cluster, profiles: Sequence[UnitProfile], num_vws: int,
                   stages: int | Sequence[int], nm: int | Sequence[int] | str, cuts: Sequence[Sequence[int]] | None,
-                  weight_mode: str, optimizer_slots: float, model_name: str) -> Layout:
+                  weight_mode: str, optimizer_slots: float, model_name: str, precision: str = "fp32") -> Layout:
   """The layout of ``num_vws`` virtual workers with ``stages`` GPUs each (in cluster order), ``nm``, and
-  ``cuts`` (one boundary list for all, or one per virtual worker; None: the fastest cuts).
+  ``cuts`` (one boundary list for all, or one per virtual worker; None: the fastest cuts at ``precision``).
 
   Raises:
     ConfigError: naming the bad value, its limit and the fix.
@@ -63,7 +64,7 @@ def manual_layout(cluster: Cluster, profiles: Sequence[UnitProfile], num_vws: in
                         f"units to cut; use at most {num_units} stages")
   gpus = assign_gpus(cluster, ks)  # raises when the cluster is too small
   if cuts is None:
-    return fastest_cuts(cluster, profiles, gpus, nms, weight_mode, optimizer_slots)
+    return fastest_cuts(cluster, profiles, gpus, nms, weight_mode, optimizer_slots, precision)
   cut_lists = [list(c) for c in cuts]
   if len(cut_lists) == 1 and num_vws > 1:
     cut_lists = cut_lists * num_vws  # one list for every virtual worker
@@ -80,9 +81,10 @@ def manual_layout(cluster: Cluster, profiles: Sequence[UnitProfile], num_vws: in
 
 def grouped_layout(cluster: Cluster, profiles: Sequence[UnitProfile], groups: Sequence[Sequence[int]],
                    cuts: Sequence[Sequence[int]], nm: int | Sequence[int], weight_mode: str,
-                   optimizer_slots: float) -> Layout:
+                   optimizer_slots: float, precision: str = "fp32") -> Layout:
   """An explicit layout: each virtual worker's GPUs by cluster index in pipeline order, its cuts and Nm
-  (what a tuned plan file holds). Nothing is searched; every stage must fit its GPU's memory.
+  (what a tuned plan file holds). Nothing is searched; every stage must fit its GPU's memory (at
+  ``precision``).
 
   Raises:
     ConfigError: naming the bad value, its limit and the fix.
@@ -106,5 +108,5 @@ def grouped_layout(cluster: Cluster, profiles: Sequence[UnitProfile], groups: Se
                         f"boundaries from 0 to {num_units} (one non-empty stage per GPU)")
   layout = Layout(tuple(VWLayout(tuple(cluster.gpus[g] for g in group), tuple(cut), n)
                         for group, cut, n in zip(groups, cuts, nms)))
-  check_memory(profiles, layout, weight_mode, optimizer_slots)
+  check_memory(profiles, layout, weight_mode, optimizer_slots, precision)
   return layout

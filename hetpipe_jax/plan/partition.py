@@ -52,7 +52,7 @@ class _Dp:
                optimizer_slots: float, precision: str, allow_empty: bool):
     self.cluster, self.profiles, self.precision = cluster, profiles, precision
     self.n = len(profiles)
-    mem = np.array([memory_bytes(u.param_bytes, u.kept_bytes, nm, weight_mode, optimizer_slots)
+    mem = np.array([memory_bytes(u.param_bytes, u.kept_bytes, nm, weight_mode, optimizer_slots, precision)
                     for u in profiles], np.float64)
     self._mem = np.concatenate([[0.0], np.cumsum(mem)])
     self._time: dict[str, np.ndarray] = {}
@@ -70,7 +70,7 @@ class _Dp:
     """Seconds to receive the boundary tensor at every cut position c (0..n) from ``src``."""
     key = (None if src is None else src.index, dst.index)
     if key not in self._recv_cache:
-      self._recv_cache[key] = receive_seconds_by_position(self.cluster, self.profiles, src, dst)
+      self._recv_cache[key] = receive_seconds_by_position(self.cluster, self.profiles, src, dst, self.precision)
     return self._recv_cache[key]
 
   def memory_matrix(self) -> np.ndarray:
@@ -373,7 +373,7 @@ def partition(cluster: Cluster, profiles: Sequence[UnitProfile], gpus: Sequence[
   value, order, cuts = _search(dp, gpus, ordered)
   if not np.isfinite(value):
     _, order, cuts = _search(dp, gpus, ordered, mem_ratio=True)
-    needs = [stage_memory_bytes(profiles[cuts[j]:cuts[j + 1]], nm, weight_mode, optimizer_slots)
+    needs = [stage_memory_bytes(profiles[cuts[j]:cuts[j + 1]], nm, weight_mode, optimizer_slots, precision)
              for j in range(len(order))]
     j = max(range(len(order)), key=lambda j: needs[j] / order[j].type.memory_bytes)
     need = needs[j]

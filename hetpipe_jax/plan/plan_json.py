@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from hetpipe_jax.cluster import Cluster
 from hetpipe_jax.cost.profile import UnitProfile
 from hetpipe_jax.plan.placement import ps_cross_node_bytes
+from hetpipe_jax.precision import byte_scale
 
 if TYPE_CHECKING:
   from hetpipe_jax.plan.allocation import ClusterPlan
@@ -25,7 +26,7 @@ def plan_to_json(cluster: Cluster, profiles: Sequence[UnitProfile], plan: Cluste
     plan: the plan.
     model: the model's name.
     batch_size: examples per minibatch (for images per second).
-    precision: "fp32" or "fp16", as planned.
+    precision: "fp32", "fp16" or "bf16", as planned.
 
   Returns:
     A JSON-serialisable dict.
@@ -41,7 +42,9 @@ def plan_to_json(cluster: Cluster, profiles: Sequence[UnitProfile], plan: Cluste
                     "memory_limit_bytes": s.gpu.type.memory_bytes} for s in p.stages],
         "bottleneck_s": p.bottleneck_s, "latency_s": p.latency_s, "throughput": p.throughput,
         "images_per_s": p.throughput * batch_size,
-        "ps_cross_node_bytes_per_wave": ps_cross_node_bytes(profiles, p.layout, plan.shard_nodes, cluster.num_nodes),
+        # a push's bytes: the wave's update, in 16 bits in mixed precision (a pull brings fp32 weights)
+        "ps_cross_node_bytes_per_wave": int(ps_cross_node_bytes(profiles, p.layout, plan.shard_nodes,
+                                                                cluster.num_nodes) * byte_scale(precision)),
     })
   gpu_types = {t: next(g.type for g in cluster.gpus if g.type.name == t) for t in types}
   return {

@@ -89,7 +89,7 @@ def vw_plan(cluster: Cluster, profiles: Sequence[UnitProfile], gpus: Sequence[Gp
     cuts: ``len(gpus) + 1`` cut positions from 0 to the number of units.
     nm: minibatches in flight.
     weight_mode / optimizer_slots: what the memory of a stage holds (see stage_memory_bytes).
-    precision: "fp32" or "fp16".
+    precision: "fp32", "fp16" or "bf16" (time and memory).
 
   Returns:
     The plan; nothing is checked against the GPUs' memory.
@@ -98,5 +98,6 @@ def vw_plan(cluster: Cluster, profiles: Sequence[UnitProfile], gpus: Sequence[Gp
   for j, gpu in enumerate(gpus):
     fwd, bwd = stage_seconds(cluster, profiles, cuts, gpus, j, precision)
     stages.append(StagePlan(gpu, cuts[j], cuts[j + 1], fwd + bwd,
-                            stage_memory_bytes(profiles[cuts[j]:cuts[j + 1]], nm, weight_mode, optimizer_slots)))
+                            stage_memory_bytes(profiles[cuts[j]:cuts[j + 1]], nm, weight_mode, optimizer_slots,
+                                               precision)))
   return VWPlan(nm, tuple(stages))

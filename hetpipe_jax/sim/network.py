@@ -39,6 +39,7 @@ from hetpipe_jax.errors import ProtocolError
 from hetpipe_jax.plan.costmodel import CostModel
 from hetpipe_jax.plan.layout import Layout
 from hetpipe_jax.plan.placement import STRIPED
+from hetpipe_jax.precision import byte_scale
 
 EPS = 1e-12
 
@@ -258,11 +259,18 @@ class Simulator:
 
 class SimComm:
   """Push and pull transfers between each stage's GPU and the nodes of its units' PS shards (a striped
-  shard: 1/N over its own node's PCIe, the rest as one striped flow over the network)."""
+  shard: 1/N over its own node's PCIe, the rest as one striped flow over the network).
+
+  A push carries the wave's summed update of the stage's units, a pull their global weights. In mixed
+  precision (fp16/bf16) the update travels in 16 bits (the profile's fp32 bytes x
+  :func:`~hetpipe_jax.precision.byte_scale`) and the pull in fp32: the PS holds the fp32 master weights,
+  which the virtual worker's local optimizer keeps updating.
+  """
 
   def __init__(self, sim: Simulator, profiles: Sequence[UnitProfile], layout: Layout,
-               shard_nodes: Sequence[int]):
+               shard_nodes: Sequence[int], precision: str = "fp32"):
     self.sim = sim
+    self._push_scale = byte_scale(precision)
     self._routes: list[list[tuple[int, int, float]]] = []  # per VW: (gpu node, shard node or STRIPED, bytes)
     num_nodes = len({g.node for g in sim.cluster.gpus})
     for vw in layout.vws:
@@ -281,6 +289,7 @@ class SimComm:
       self._routes.append([(a, b, n) for (a, b), n in sorted(per_pair.items())])
 
   def _transfer(self, vw: int, done: Done, to_ps: bool) -> None:
+    scale = self._push_scale if to_ps else 1.0
     routes = self._routes[vw]
     if not routes:
       done(self.sim.t)
@@ -294,10 +303,10 @@ class SimComm:
 
     for gpu_node, shard_node, num_bytes in routes:
       if shard_node == STRIPED:
-        self.sim.send_striped(gpu_node, num_bytes, to_ps, one_landed)
+        self.sim.send_striped(gpu_node, num_bytes * scale, to_ps, one_landed)
         continue
       src, dst = (gpu_node, shard_node) if to_ps else (shard_node, gpu_node)
-      self.sim.send(src, dst, num_bytes, one_landed)
+      self.sim.send(src, dst, int(num_bytes * scale), one_landed)
 
   def push(self, vw: int, wave: int, t: float, done: Done) -> None:
     del wave, t

@@ -53,7 +53,8 @@ def simulate(cluster: Cluster, profiles: Sequence[UnitProfile], layout: Layout, 
 
   simulator = Simulator(cluster, overlap_transfers)
   engine = Engine(vws, ClockServer(num_vws, d, num_shards=len(profiles)), trace, on_wave=on_wave,
-                  comm=SimComm(simulator, profiles, layout, shard_nodes), failures=failures, rejoin=rejoin)
+                  comm=SimComm(simulator, profiles, layout, shard_nodes, precision), failures=failures,
+                  rejoin=rejoin)
   seconds = simulator.run(engine, CostModel(cluster, profiles, layout, precision),
                           stop=None if steady is None else steady.settled)
   return seconds, vws, rows
