@@ -30,7 +30,6 @@ import collections
 import contextlib
 import dataclasses
 import itertools
-import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -44,7 +43,7 @@ from hetpipe_jax.errors import ConfigError, ProtocolError
 from hetpipe_jax.plan.allocation import POLICIES, allocate, hd_pairs, split_pair
 from hetpipe_jax.plan.costmodel import ideal_images_per_sec
 from hetpipe_jax.plan.layout import Layout
-from hetpipe_jax.plan.partition import partition
+from hetpipe_jax.plan.partition import partition, search_states
 from hetpipe_jax.plan.placement import PLACEMENTS
 from hetpipe_jax.plan.vw_plan import VWPlan, vw_plan
 from hetpipe_jax.sim.simulate import simulate
@@ -116,16 +115,6 @@ def groupings(cluster: Cluster) -> list[tuple[str, list[list[Gpu]]]]:
         groups = [g for a, b in pairs for g in split_pair(a, b, parts)] + odd
         if sorted(map(_names, groups)) != sorted(map(_names, hd)):
           out.append((f"HD pairs /{parts}", groups))
-  return out
-
-
-def device_orders(gpus: Sequence[Gpu]) -> int:
-  """Distinct pipeline orders of ``gpus`` (GPUs of one type on one node are interchangeable):
-  k! / prod m_i!."""
-  counts = collections.Counter((g.type.name, g.node) for g in gpus)
-  out = math.factorial(len(gpus))
-  for m in counts.values():
-    out //= math.factorial(m)
   return out
 
 
@@ -319,7 +308,7 @@ def tune(cluster: Cluster, profiles: Sequence[UnitProfile], batch_size: int, *, 
          ds: Sequence[int] = (0, 4, 32), placements: Sequence[str] = PLACEMENTS,
          transfers: Sequence[bool] = (False, True), nm_max: int = 16, screen: int = 16, refine: int = 6,
          weight_mode: str = "stash", optimizer_slots: float = 0.0, precision: str = "fp32",
-         schedule: str = "1f1b", max_orders: int = 5000, max_stages: int | None = None,
+         schedule: str = "1f1b", max_states: int = 100_000, max_stages: int | None = None,
          staleness_model: StalenessModel | None = None,
          progress: Progress | None = None) -> dict[str, Any]:
   """Searches configurations of ``profiles``' model on ``cluster`` (the module docstring).
@@ -331,8 +320,9 @@ def tune(cluster: Cluster, profiles: Sequence[UnitProfile], batch_size: int, *, 
     nm_max: the largest Nm tried.
     screen / refine: how many modelled choices are screened, and how many screened ones refined.
     weight_mode / optimizer_slots / precision / schedule: as for a run.
-    max_orders: groupings whose virtual workers have more distinct device orders than this are skipped
-      (the exact partitioner enumerates them).
+    max_states: groupings with a virtual worker whose order search is larger than this are skipped
+      (:func:`hetpipe_jax.plan.partition.search_states`; 16 GPUs of 16 distinct (type, node) pairs have
+      about a million).
     max_stages: groupings with a larger virtual worker are skipped (e.g. a small model trained on the
       tuned configuration's clock has only so many units to cut).
     staleness_model: rank by its predicted time to accuracy (fastest first) instead of by images/s.
@@ -354,9 +344,9 @@ def tune(cluster: Cluster, profiles: Sequence[UnitProfile], batch_size: int, *, 
   for name, groups in groupings(cluster):
     if any(len(g) > min(len(profiles), max_stages or len(profiles)) for g in groups):
       continue
-    orders = max(device_orders(g) for g in groups)
-    if orders > max_orders:
-      say(f"skipped {name}: a virtual worker has {orders:,} device orders to search (at most {max_orders:,})")
+    states = max(search_states(g) for g in groups)
+    if states > max_states:
+      say(f"skipped {name}: a virtual worker's order search has {states:,} states (at most {max_states:,})")
       continue
     try:
       per_vw = [planner.plans(g) for g in groups]

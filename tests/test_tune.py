@@ -11,10 +11,10 @@ import pytest
 from hetpipe_jax import ConfigError, RunConfig, get_cluster, get_model, load_dataset, run_hetpipe
 from hetpipe_jax.core.check import check_trace
 from hetpipe_jax.cost.profile import profile_units
+from hetpipe_jax.plan.partition import search_states
 from hetpipe_jax.plan.vw_plan import StagePlan, VWPlan
 from hetpipe_jax.tune import (
   StalenessModel,
-  device_orders,
   fit_staleness_model,
   groupings,
   mean_staleness,
@@ -35,11 +35,11 @@ def mlp_profiles():
   return profile_units(get_model("mlp", data.num_classes), jax.ShapeDtypeStruct((32, 8, 8, 1), jnp.float32))
 
 
-def test_device_orders():
+def test_search_states():
   cluster = get_cluster("paper_testbed")
-  assert device_orders(cluster.gpus[:4]) == 1  # four alike GPUs of one node
-  assert device_orders([cluster.gpus[i] for i in (0, 4, 8, 12)]) == 24  # four types: 4!
-  assert device_orders(cluster.gpus) == 63_063_000  # 16! / (4!)^4
+  assert search_states(cluster.gpus[:4]) == 5  # four alike GPUs of one node: counts 0..4 of 1 signature
+  assert search_states([cluster.gpus[i] for i in (0, 4, 8, 12)]) == 2**4 * 4  # four types
+  assert search_states(cluster.gpus) == 5**4 * 4  # 16 GPUs: 16! / (4!)^4 = 63,063,000 orders
 
 
 def test_groupings_cover_every_gpu_once():

@@ -31,6 +31,7 @@ largest modelled throughput min(1/bottleneck, Nm/latency), ties to the smaller N
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -250,6 +251,14 @@ class _SuffixTable:
   def value(self, code: int, b: int, kin: int) -> np.ndarray:
     """The suffix values by start cut for count vector ``code`` with stage b pending."""
     return self.values[int(self.size[code]), b][self.rank[b, code], kin]
+
+
+def search_states(gpus: Sequence[Gpu]) -> int:
+  """The size of the order search for ``gpus`` (count vectors x signatures, the module docstring):
+  prod(m_i + 1) x S for S (type, node) signatures of multiplicities m_i. The partition's time and memory
+  grow with it (about a second at 50,000 states for ResNet-152's 52 units here)."""
+  counts = _signature_groups(gpus)
+  return math.prod(len(members) + 1 for members in counts.values()) * len(counts)
 
 
 def _signature_groups(gpus: Sequence[Gpu]) -> dict[tuple, list[Gpu]]:
