@@ -36,13 +36,17 @@ from absl import flags
 from experiments import common
 
 FLAGS = flags.FLAGS
-flags.DEFINE_list("models", ["resnet152"], "Full-size models (a CNN, or a GPT preset).")
+flags.DEFINE_list("models", ["resnet152", "gpt2-xl"], "Full-size models (a CNN, or a GPT preset).")
 flags.DEFINE_list("sizes", ["16", "32", "64", "128", "256", "512", "1024"], "Cluster sizes in GPUs.")
 flags.DEFINE_integer("per_node", 8, "GPUs per node (all of one type).")
 flags.DEFINE_integer("base", 64, "Largest size tuned directly; larger ones replicate its configuration.")
 flags.DEFINE_list("placements", ["striped"], "PS placements the tuner searches (the study also simulates the "
                   "tuned configuration with the other of striped and default, for comparison).")
-flags.DEFINE_integer("batch_size", 32, "Examples (sequences, for a GPT) per minibatch.")
+flags.DEFINE_integer("batch_size", 32, "Images per minibatch of a CNN.")
+flags.DEFINE_integer("gpt_batch_size", 8, "Sequences per minibatch of a GPT.")
+flags.DEFINE_integer("gpt_seq_len", 1024, "Tokens per sequence of a GPT.")
+flags.DEFINE_string("gpt_precision", "bf16", "Precision of a GPT: fp32, fp16 or bf16 (mixed precision: 16-bit "
+                    "weights, activations and pushes, fp32 master weights on the PS).")
 flags.DEFINE_integer("waves", 100, "Waves per virtual worker of every simulated run.")
 flags.DEFINE_integer("tune_waves", 40, "Waves per virtual worker of the tuner's refining runs.")
 flags.DEFINE_string("out_dir", "outputs/scale", "Where the JSON, CSV and chart go.")
@@ -64,6 +68,7 @@ class Row:
   sim_seconds: float
   simulated_waves: int
   fast_method: str
+  setting: dict  # batch size, tokens per example, precision, and the configuration (tune.candidate_json)
 
   @property
   def efficiency(self) -> float:
@@ -74,7 +79,7 @@ class Row:
     return self.plan_seconds + self.sim_seconds
 
 
-def simulate(cluster, profiles, candidate, placement: str):
+def simulate(cluster, profiles, candidate, placement: str, precision: str):
   """(minibatches per second, seconds taken, fast-mode info) of ``candidate`` simulated with the fast mode;
   its trace must pass the checker."""
   from hetpipe_jax.core.trace import Trace
@@ -82,41 +87,59 @@ def simulate(cluster, profiles, candidate, placement: str):
   trace = Trace()
   t0 = time.perf_counter()
   seconds, _, _, info = simulate_fast(cluster, profiles, candidate.layout, candidate.d, FLAGS.waves, trace,
-                                      placement, overlap_transfers=candidate.overlap_transfers)
+                                      placement, precision=precision,
+                                      overlap_transfers=candidate.overlap_transfers)
   host = time.perf_counter() - t0
   common.require_wsp(trace.events, f"simulated run on {cluster.name}")
   return sum(candidate.layout.nms) * FLAGS.waves / seconds, host, info
+
+
+def model_setting(model: str) -> tuple[int, int | None, str, float]:
+  """(examples per minibatch, tokens per example or None, precision, optimizer slots) of a model in this
+  study: a CNN trains in fp32 with momentum SGD (one parameter-sized slot), a GPT with Adam (two)."""
+  from hetpipe_jax.models import FULL_SIZE
+  if model not in FULL_SIZE:
+    raise common.config_error(f"--models: {model!r} is not a full-size model; use one of {', '.join(FULL_SIZE)}")
+  if model.startswith("gpt"):
+    return FLAGS.gpt_batch_size, FLAGS.gpt_seq_len, FLAGS.gpt_precision, 2.0
+  return FLAGS.batch_size, None, "fp32", 1.0
 
 
 def study(model: str, sizes: list[int]) -> list[Row]:
   from hetpipe_jax.cluster import mixed_cluster
   from hetpipe_jax.cost.profile import full_size_profiles
   from hetpipe_jax.plan.costmodel import ideal_images_per_sec
-  from hetpipe_jax.tune import replicate, tune
-  profiles = full_size_profiles(model, FLAGS.batch_size)
-  items = FLAGS.batch_size * getattr(profiles[0], "tokens_per_example", 1)  # per minibatch
+  from hetpipe_jax.tune import candidate_json, replicate, tune
+  batch_size, seq_len, precision, slots = model_setting(model)
+  profiles = full_size_profiles(model, batch_size, seq_len=seq_len)
+  items = batch_size * (seq_len or 1)  # images or tokens per minibatch
   tuned = {}
   for n in sorted({min(n, FLAGS.base) for n in sizes}):
     cluster = mixed_cluster(n, FLAGS.per_node)
     common.progress("%s: tuning on %s (%d GPUs)", model, cluster.name, n)
-    out = tune(cluster, profiles, FLAGS.batch_size, waves=FLAGS.tune_waves, ds=(0,),
-               placements=tuple(FLAGS.placements), transfers=(True,), refine=3,
+    out = tune(cluster, profiles, batch_size, waves=FLAGS.tune_waves, ds=(0,),
+               placements=tuple(FLAGS.placements), transfers=(True,), refine=3, precision=precision,
+               optimizer_slots=slots,
                progress=lambda line: common.progress("  %s", line))
     tuned[n] = out["best"].candidate
   rows = []
   for n in sizes:
     cluster = mixed_cluster(n, FLAGS.per_node)
     t0 = time.perf_counter()
-    candidate = replicate(tuned[min(n, FLAGS.base)], cluster, profiles)
+    candidate = replicate(tuned[min(n, FLAGS.base)], cluster, profiles, precision=precision,
+                          optimizer_slots=slots)
     plan_seconds = time.perf_counter() - t0
-    rate, sim_seconds, info = simulate(cluster, profiles, candidate, candidate.placement)
+    rate, sim_seconds, info = simulate(cluster, profiles, candidate, candidate.placement, precision)
     other = "default" if candidate.placement == "striped" else "striped"
-    rate_other, _, _ = simulate(cluster, profiles, candidate, other)
+    rate_other, _, _ = simulate(cluster, profiles, candidate, other, precision)
     by_placement = {candidate.placement: rate, other: rate_other}
     row = Row(model, n, cluster.num_nodes, len(candidate.plans), candidate.label, candidate.placement,
-              rate * items, ideal_images_per_sec(cluster, profiles, FLAGS.batch_size) * items / FLAGS.batch_size,
+              rate * items,
+              ideal_images_per_sec(cluster, profiles, batch_size, precision=precision) * items / batch_size,
               by_placement.get("striped", rate) * items, by_placement["default"] * items, plan_seconds,
-              sim_seconds, max(info["simulated_waves"]), info["method"])
+              sim_seconds, max(info["simulated_waves"]), info["method"],
+              {"batch_size": batch_size, "seq_len": seq_len, "precision": precision, "cluster": cluster.name,
+               **candidate_json(candidate)})
     common.progress("%s on %s: %.0f per s, efficiency %.3f, planned and simulated in %.2f s (%s, %d waves)",
                     model, cluster.name, row.items_per_sec, row.efficiency, row.plan_sim_seconds,
                     info["method"], row.simulated_waves)
@@ -163,7 +186,7 @@ def main(argv):
   fields = ["model", "gpus", "nodes", "vws", "placement", "items_per_sec", "ideal_items_per_sec", "efficiency",
             "items_per_sec_striped", "items_per_sec_per_unit", "plan_seconds", "sim_seconds", "plan_sim_seconds",
             "simulated_waves", "fast_method", "configuration"]
-  docs = [{f: getattr(r, f) for f in fields} for r in rows]
+  docs = [{**{f: getattr(r, f) for f in fields}, "setting": r.setting} for r in rows]
   json_out = common.write_json(common.output_path(FLAGS.out_dir, "scale.json"),
                                {"per_node": FLAGS.per_node, "waves": FLAGS.waves, "base": FLAGS.base,
                                 "batch_size": FLAGS.batch_size, "rows": docs})

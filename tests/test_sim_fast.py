@@ -1,7 +1,10 @@
 """The sim executor's fast mode (hetpipe_jax.sim.steady): settled waves extrapolated, checked against the
 full event simulation; the mixed scaling clusters."""
 
+import json
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -127,3 +130,45 @@ def test_mixed_clusters_cycle_eight_types_in_nodes_of_four():
   with pytest.raises(ConfigError, match=re.escape("cluster mixed30: 30 GPUs in nodes of 4; use a positive "
                                                   "multiple of the GPUs per node")):
     get_cluster("mixed30")
+
+
+def _run(args, cwd):
+  return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, timeout=600, cwd=cwd)
+
+
+def test_scale_study_and_its_validation(tmp_path):
+  """The scaling study on clusters of single-GPU nodes of the 8 types (8 and 16 GPUs, the 16 replicating
+  the 8's tuned configuration), then every configuration of it checked against the full simulation."""
+  out = tmp_path / "scale"
+  proc = _run(["experiments.scale", "--models=resnet152", "--sizes=8,16", "--per_node=1", "--base=8",
+               "--waves=30", "--tune_waves=8", f"--out_dir={out}"], tmp_path)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  last = proc.stdout.strip().splitlines()[-1]
+  assert re.fullmatch(r"plan_sim_seconds_16=\d+\.\d+ efficiency_16=\d\.\d{3}", last), last
+  doc = json.loads((out / "scale.json").read_text())
+  rows = doc["rows"]
+  assert [r["gpus"] for r in rows] == [8, 16] and (out / "scale.png").exists() and (out / "scale.csv").exists()
+  assert rows[1]["vws"] == 2 * rows[0]["vws"]  # replicated
+  assert rows[1]["setting"]["nm"] == rows[0]["setting"]["nm"] * 2
+  for r in rows:
+    assert 0 < r["efficiency"] <= 1.0 + 1e-9 and r["items_per_sec"] == pytest.approx(
+        r["efficiency"] * r["ideal_items_per_sec"])
+  proc = _run(["experiments.validate_fast", f"--study={out / 'scale.json'}", "--waves=30",
+               f"--out_dir={tmp_path / 'validate'}"], tmp_path)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  checked = json.loads((tmp_path / "validate" / "validate_fast.json").read_text())["results"]
+  assert len(checked) == 2 and all(abs(r["error"]) <= 0.02 for r in checked)
+  assert proc.stdout.strip().splitlines()[-1].startswith("max_abs_error=")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["experiments.scale", "--sizes=12,16"], r"--sizes=12,16: every size must be a positive multiple of "
+                                             r"--per_node=8"),
+    (["experiments.scale", "--models=vgg"], r"--models: 'vgg' is not a full-size model"),
+    (["experiments.validate_fast", "--study=nowhere.json"], r"--study=nowhere.json does not exist; run "
+                                                           r"`python -m experiments.scale` first"),
+])
+def test_scale_bad_flags(tmp_path, args, message):
+  proc = _run(args, tmp_path)
+  assert proc.returncode == 1
+  assert re.match("error: " + message, proc.stderr.strip().splitlines()[-1]), proc.stderr[-500:]

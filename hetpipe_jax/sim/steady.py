@@ -41,10 +41,12 @@ class SteadyState:
     self.pushes: list[list[float]] = [[] for _ in range(num_vws)]
     self.stopped_at: list[int] | None = None  # waves pushed per virtual worker when it settled
     self.cycles: list[int] | None = None  # the cycle length of each virtual worker then
+    self._pushed = False  # a push since settled() last looked
 
   def push(self, vw: int, t: float) -> None:
     """Virtual worker ``vw`` pushed its next wave at ``t``."""
     self.pushes[vw].append(t)
+    self._pushed = True
 
   def _cycle(self, times: list[float]) -> int | None:
     """The shortest L <= max_cycle whose last three cycles of L wave periods agree, wave for wave."""
@@ -64,6 +66,9 @@ class SteadyState:
     each had got the first time it says yes)."""
     if self.stopped_at is not None:
       return True
+    if not self._pushed:  # nothing new since the last answer
+      return False
+    self._pushed = False
     cycles = []
     for times in self.pushes:
       cycle = self._cycle(times) if len(times) < self.waves else None
