@@ -83,8 +83,7 @@ def simulate_fast(cluster: Cluster, profiles: Sequence[UnitProfile], layout: Lay
   steady = SteadyState(layout.num_vws, waves)
   seconds, vws, rows = simulate(cluster, profiles, layout, d, waves, scratch, steady=steady, **kwargs)
   if steady.stopped_at is None or steady.tail_waves() <= 1:
-    for event in scratch.events:
-      trace.emit(**event)
+    trace.extend(scratch.events)
     if steady.stopped_at is None:  # never settled: simulated to the end
       return seconds, vws, rows, {"method": "full", "simulated_waves": [waves] * layout.num_vws}
     return max(steady.ends()), vws, rows, {"method": "extrapolated",
