@@ -175,19 +175,15 @@ class _Planner:
     return moved if abs(moved.bottleneck_s - plan.bottleneck_s) <= 1e-12 * plan.bottleneck_s else None
 
 
-def nm_choices(per_vw: Sequence[dict[int, VWPlan]], k_max: Sequence[int],
-               rule: str | None = None) -> list[tuple[str, tuple[VWPlan, ...]]]:
+def nm_choices(per_vw: Sequence[dict[int, VWPlan]], k_max: Sequence[int]) -> list[tuple[str, tuple[VWPlan, ...]]]:
   """Nm per virtual worker, three ways (the module docstring): the same for all, the planner's max_fit
-  (the largest Nm <= the virtual worker's stage count), sized to speed. Distinct choices only (the first
-  rule that makes one names it), or with ``rule`` every choice that rule makes."""
-  out: dict[tuple[tuple[int, ...], str], tuple[str, tuple[VWPlan, ...]]] = {}
+  (the largest Nm <= the virtual worker's stage count), sized to speed. Distinct choices only."""
+  out: dict[tuple[int, ...], tuple[str, tuple[VWPlan, ...]]] = {}
 
-  def add(name: str, nms: Sequence[int]) -> None:
-    if rule is not None and name != rule:
-      return
-    key = (tuple(nms), name if rule is not None else "")
+  def add(rule: str, nms: Sequence[int]) -> None:
+    key = tuple(nms)
     if key not in out:
-      out[key] = (name, tuple(plans[n] for plans, n in zip(per_vw, nms)))
+      out[key] = (rule, tuple(plans[n] for plans, n in zip(per_vw, nms)))
 
   add("max_fit", [max(n for n in plans if n <= max(k, 1)) for plans, k in zip(per_vw, k_max)])
   for n in sorted(set.intersection(*(set(p) for p in per_vw))):
@@ -404,37 +400,6 @@ def tune(cluster: Cluster, profiles: Sequence[UnitProfile], batch_size: int, *, 
   results = sorted(refined.values(), key=key)
   return {"best": results[0], "results": results + screened[refine:], "planned": len(choices),
           "partitions": planner.partitions, "seconds": time.perf_counter() - t0}
-
-
-def planned(cluster: Cluster, profiles: Sequence[UnitProfile], batch_size: int, grouping: str,
-            nm_rule: str = "speed-sized", *, d: int = 0, placement: str = "striped", overlap_transfers: bool = True,
-            nm_max: int = 16, weight_mode: str = "stash", optimizer_slots: float = 0.0,
-            precision: str = "fp32") -> Candidate:
-  """A configuration by rule, without simulating: ``grouping`` as :func:`groupings` forms it on this
-  cluster, every virtual worker partitioned at every Nm that fits (alike ones once), and among the Nm
-  choices of ``nm_rule`` the one with the highest modelled rate. A rule the tuner picked on a small
-  cluster, applied to a large one (the scaling study).
-
-  Raises:
-    ConfigError: for a grouping the cluster cannot form, an unknown rule, or a virtual worker that no
-      partition fits.
-  """
-  formed = dict(groupings(cluster))
-  if grouping not in formed:
-    raise ConfigError(f"grouping {grouping!r} cannot be formed on cluster {cluster.name!r}; it forms "
-                      f"{', '.join(formed)}")
-  planner = _Planner(cluster, profiles, nm_max, weight_mode, optimizer_slots, precision)
-  per_vw = [planner.plans(g) for g in formed[grouping]]
-  empty = [i for i, p in enumerate(per_vw) if not p]
-  if empty:
-    raise ConfigError(f"grouping {grouping!r} on {cluster.name!r}: virtual worker {empty[0]} "
-                      f"({', '.join(g.name for g in formed[grouping][empty[0]])}) fits the model at no Nm; "
-                      "use another grouping, a smaller batch size or larger GPUs")
-  choices = [Candidate(grouping, rule, plans, d, placement, overlap_transfers)
-             for rule, plans in nm_choices(per_vw, [len(g) for g in formed[grouping]], nm_rule)]
-  if not choices:
-    raise ConfigError(f"nm_rule {nm_rule!r}; use one of max_fit, uniform, speed-sized")
-  return max(choices, key=lambda c: c.modelled_images_per_sec(batch_size))
 
 
 def replicate(candidate: Candidate, cluster: Cluster, profiles: Sequence[UnitProfile], *, nm_max: int = 16,
