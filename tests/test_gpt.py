@@ -173,6 +173,7 @@ def test_mixed_precision_is_refused_where_the_numerics_run_in_fp32():
     run_hetpipe(get_model("gpt", data.num_classes), data, RunConfig(precision="half", executor="sim"))
 
 
+@pytest.mark.slow  # 20 s, nearly all compiling the stage programs
 def test_a_small_gpt_trains_through_hetpipe():
   """2 virtual workers x 2 stages (embedding + block | head) on the emulated hetero4 cluster. One block,
   not the registered small GPT's two: compiling the stage programs dominates the test's time."""
