@@ -161,6 +161,7 @@ def test_sim_executor_through_run_hetpipe():
   assert result.events[0]["executor"] == "sim" and len(result.metrics) == 10 * len(result.vws)
 
 
+@pytest.mark.slow  # 30 s: the study with its tuner (the README's test command keeps under 10 minutes)
 def test_throughput_study_cli(tmp_path):
   import json
   import os
