@@ -35,7 +35,6 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from hetpipe_jax.cluster import Cluster, Gpu
-from hetpipe_jax.core.breakdown import pushed_images
 from hetpipe_jax.core.check import check_trace
 from hetpipe_jax.core.trace import Trace
 from hetpipe_jax.cost.profile import UnitProfile
@@ -46,7 +45,7 @@ from hetpipe_jax.plan.layout import Layout
 from hetpipe_jax.plan.partition import partition, search_states
 from hetpipe_jax.plan.placement import PLACEMENTS
 from hetpipe_jax.plan.vw_plan import VWPlan, vw_plan
-from hetpipe_jax.sim.simulate import simulate
+from hetpipe_jax.sim.simulate import simulate_fast
 
 Progress = Callable[[str], None]
 
@@ -285,19 +284,21 @@ class Result:
 def simulate_candidate(cluster: Cluster, profiles: Sequence[UnitProfile], candidate: Candidate, waves: int,
                        batch_size: int, schedule: str = "1f1b", weight_mode: str = "stash",
                        precision: str = "fp32") -> tuple[float, float]:
-  """Images per second of ``candidate`` on the ``sim`` executor (images of the pushed waves over the
-  simulated time, as a run's ``images_per_second``), and its trace's mean staleness.
+  """Images per second of ``candidate`` on the ``sim`` executor over ``waves`` waves (as a run's
+  ``images_per_second``), simulated in the fast mode (:mod:`hetpipe_jax.sim.steady`: until the waves
+  repeat, then extrapolated), and the mean staleness of its simulated trace.
 
   Raises:
     ProtocolError: when the trace breaks a WSP guarantee.
   """
   trace = Trace()
-  seconds, _, _ = simulate(cluster, profiles, candidate.layout, candidate.d, waves, trace, candidate.placement,
-                           schedule, weight_mode, precision, overlap_transfers=candidate.overlap_transfers)
+  seconds, _, _, _ = simulate_fast(cluster, profiles, candidate.layout, candidate.d, waves, trace,
+                                   candidate.placement, schedule, weight_mode, precision,
+                                   overlap_transfers=candidate.overlap_transfers)
   violations = check_trace(trace.events)
   if violations:
     raise ProtocolError(f"tuner candidate {candidate.label}: {violations[0]}")
-  return sum(pushed_images(trace.events, batch_size)) / seconds, mean_staleness(trace.events)
+  return batch_size * waves * sum(candidate.layout.nms) / seconds, mean_staleness(trace.events)
 
 
 def tune(cluster: Cluster, profiles: Sequence[UnitProfile], batch_size: int, *, waves: int = 50,

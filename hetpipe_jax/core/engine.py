@@ -138,11 +138,12 @@ class Engine:
     return tasks
 
   def stop_injecting(self) -> None:
-    """Every virtual worker finishes the wave it has begun and injects nothing after it (the run then
-    drains: a shorter run, complete in itself)."""
+    """No virtual worker injects another minibatch; those in flight complete (the run then drains: a
+    shorter run, complete in itself, whose last wave may be unfinished and so not pushed). Finishing the
+    begun wave instead could stall: a wave's last minibatch is gated, and the virtual workers it would
+    wait for have stopped too."""
     for vw in self.vws:
-      begun = vw.pipeline.next_mb - 1  # injected so far
-      vw.total_mbs = min(vw.total_mbs, -(-begun // vw.nm) * vw.nm)
+      vw.total_mbs = min(vw.total_mbs, vw.pipeline.next_mb - 1)  # injected so far
 
   def wake(self, vw: int, stage: int) -> None:
     """Something an ``allow`` of :meth:`startable` depends on changed for this device (e.g. an input

@@ -160,7 +160,7 @@ class Simulator:
 
   def run(self, engine: Engine, cost: CostModel, stop: Callable[[], bool] | None = None) -> float:
     """Runs ``engine`` to the end; returns the simulated seconds. ``stop``: asked after every event;
-    once it says yes, no virtual worker begins another wave (:meth:`Engine.stop_injecting`).
+    once it says yes, no virtual worker injects another minibatch (:meth:`Engine.stop_injecting`).
 
     Python's cyclic garbage collector is paused meanwhile: the run allocates millions of small objects
     that live on (trace events) and creates no garbage cycles worth collecting early, and each full

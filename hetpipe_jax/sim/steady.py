@@ -6,8 +6,8 @@ ahead). The event simulation of the first waves holds the fill transient and any
 the waves repeat. Fast mode runs the full event simulation (the same engine, links and trace as always)
 until every virtual worker's wave periods repeat: its last three cycles of L periods agree, wave for
 wave within ``rtol``, for some cycle L <= ``max_cycle`` (contention between virtual workers of different
-speeds often makes a cycle of a few waves). Then it stops injecting (each virtual worker finishes the wave
-it began, so the trace is complete and the checker reads it as any run), and the end of the whole run is
+speeds often makes a cycle of a few waves). Then it stops injecting (the minibatches in flight complete, so
+the trace is a complete shorter run and the checker reads it as any run), and the end of the whole run is
 extrapolated per virtual worker::
 
     T(W) = max_i  p_i + (W - w_i) x P_i
