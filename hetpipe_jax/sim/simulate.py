@@ -31,8 +31,8 @@ def simulate(cluster: Cluster, profiles: Sequence[UnitProfile], layout: Layout, 
              steady: SteadyState | None = None) -> tuple[float, list[VirtualWorker], list[dict]]:
   """Simulates the virtual workers of ``layout`` for ``waves`` waves (``failures``/``rejoin``: fault
   injection, as for :class:`~hetpipe_jax.core.engine.Engine`; ``overlap_transfers``: stage-to-stage
-  transfers overlap computation, see :mod:`hetpipe_jax.sim.network`; ``steady``: fast mode, the run stops
-  beginning waves once ``steady`` says they have settled, see :mod:`hetpipe_jax.sim.steady`).
+  transfers overlap computation, see :mod:`hetpipe_jax.sim.network`; ``steady``: fast mode, no minibatch is
+  injected once ``steady`` says the waves have settled, see :mod:`hetpipe_jax.sim.steady`).
 
   Writes the trace's meta line first (``meta`` adds or overrides fields). Returns (simulated seconds,
   the virtual workers, one metrics row per pushed wave).
