@@ -54,7 +54,7 @@ class _Flow:
   kind: int  # POINT, STRIPE_OUT or STRIPE_IN
   ends: tuple[int, int]  # POINT: its two resources (the same one twice over PCIe); striped: its node's
   #                        egress (out) or ingress (in) resource, and the node's position
-  load: tuple[tuple[int, ...], tuple[int, ...]]  # (resources, subflows on each) while it moves
+  load: tuple[Any, Any]  # (resources, subflows on each) while it moves: tuples, or arrays when striped
   slot: int = -1  # its row in the simulator's flow arrays
 
 
@@ -95,6 +95,7 @@ class Simulator:
     self._ends = np.zeros((0, 2), np.int64)
     self._free: list[int] = []
     self._striped = 0  # striped flows in flight
+    self._striped_shape: dict[tuple[int, bool], tuple] = {}  # (node, outbound) -> (ends, load)
     self._dirty = False  # the load changed since rates were last computed
 
   def at(self, t: float, fn: Callable[[float], None]) -> None:
@@ -114,13 +115,17 @@ class Simulator:
   def send_striped(self, node: int, num_bytes: float, outbound: bool, done: Done) -> None:
     """Moves ``num_bytes`` from ``node`` spread evenly over every other node (``outbound``), or from every
     other node to ``node``; calls ``done(t)`` when the last byte lands."""
-    pos = self._nodes.index(node)
-    others = [i for i in range(len(self._nodes)) if i != pos]
-    if not others:
-      raise ProtocolError(f"a striped transfer needs another node than node {node}")
-    near, far = (self._out, self._in) if outbound else (self._in, self._out)
-    load = ((int(near[pos]),) + tuple(int(far[i]) for i in others), (len(others),) + (1,) * len(others))
-    flow = _Flow(done, next(self._flow_seq), STRIPE_OUT if outbound else STRIPE_IN, (int(near[pos]), pos), load)
+    key = (node, outbound)
+    if key not in self._striped_shape:  # the same for every striped flow of this node and direction
+      pos = self._nodes.index(node)
+      others = [i for i in range(len(self._nodes)) if i != pos]
+      if not others:
+        raise ProtocolError(f"a striped transfer needs another node than node {node}")
+      near, far = (self._out, self._in) if outbound else (self._in, self._out)
+      load = (np.concatenate([[near[pos]], far[others]]), np.array([len(others)] + [1] * len(others)))
+      self._striped_shape[key] = ((int(near[pos]), pos), load)
+    ends, load = self._striped_shape[key]
+    flow = _Flow(done, next(self._flow_seq), STRIPE_OUT if outbound else STRIPE_IN, ends, load)
     self.at(self.t + self.cluster.inter_node.latency_s, lambda t: self._start_flow(num_bytes, flow))
 
   def _start_flow(self, num_bytes: float, flow: _Flow) -> None:
@@ -137,7 +142,7 @@ class Simulator:
     self._ends[flow.slot] = flow.ends
     self._kind[flow.slot] = flow.kind
     self._flows[flow.slot] = flow
-    self._load[list(flow.load[0])] += flow.load[1]
+    self._load[np.asarray(flow.load[0])] += flow.load[1]
     self._striped += flow.kind != POINT
     self._dirty = True
 
@@ -196,7 +201,7 @@ class Simulator:
         for f in landed:
           self._remaining[f.slot], self._rate[f.slot], self._kind[f.slot] = np.inf, 1.0, POINT
           self._free.append(f.slot)
-          self._load[list(f.load[0])] -= f.load[1]
+          self._load[np.asarray(f.load[0])] -= f.load[1]
           self._striped -= f.kind != POINT
         self._dirty = True
         for f in landed:
