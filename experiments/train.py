@@ -37,8 +37,10 @@ flags.DEFINE_string("policy", None, "Allocation policy NP, ED or HD (or a groupi
 flags.DEFINE_string("placement", "default", "PS shard placement of a planned run: default or local.")
 flags.DEFINE_integer("num_vws", 3, "Number of virtual workers N.")
 flags.DEFINE_list("stages", ["2"], "Devices (stages) per virtual worker: one value, or one per VW.")
-flags.DEFINE_list("nm", ["2"], "Minibatches in flight per virtual worker (Nm >= 1): one, or one per VW; "
-                  "with --policy also max_fit or best (default then: max_fit).")
+flags.DEFINE_list("nm", ["2"], "Minibatches per wave, and most in flight, per virtual worker (Nm >= 1): one, or "
+                  "one per VW; with --policy also max_fit or best (default then: max_fit).")
+flags.DEFINE_list("window", None, "Most minibatches in flight per virtual worker when fewer than Nm (1 <= "
+                  "window <= Nm; memory grows with it, the wave stays Nm): one, or one per VW (default: Nm).")
 flags.DEFINE_integer("d", 1, "Clock distance bound D >= 0.")
 flags.DEFINE_integer("waves", 120, "Waves each virtual worker runs.")
 flags.DEFINE_integer("batch_size", 32, "Examples per minibatch.")
@@ -161,7 +163,7 @@ def join_job() -> None:
 
 # What a tuned plan sets (a flag given beside it must match).
 PLAN_FLAGS = ("model", "dataset", "cluster", "batch_size", "optimizer", "weight_mode", "schedule", "policy",
-              "cuts", "nm", "d", "placement", "overlap_transfers")
+              "cuts", "nm", "window", "d", "placement", "overlap_transfers")
 
 
 def apply_plan(path: str) -> dict | None:
@@ -183,6 +185,7 @@ def apply_plan(path: str) -> dict | None:
         "optimizer": best["optimizer"], "weight_mode": best["weight_mode"], "schedule": best["schedule"],
         "policy": ";".join(",".join(map(str, g)) for g in best["policy"]),
         "cuts": ";".join(",".join(map(str, c)) for c in best["cuts"]), "nm": [str(n) for n in best["nm"]],
+        "window": [str(n) for n in best.get("window", best["nm"])],
         "d": int(best["d"]), "placement": best["placement"], "overlap_transfers": bool(best["overlap_transfers"]),
         "dataset": best.get("dataset") or FLAGS.dataset}  # a small model's plan was profiled on its dataset
   except (OSError, ValueError, KeyError, TypeError) as e:
@@ -265,9 +268,11 @@ def main(argv):
   trace_out = common.output_path(FLAGS.out_dir, "trace.jsonl", FLAGS.trace_out)
   metrics_out = common.output_path(FLAGS.out_dir, "metrics.jsonl", FLAGS.metrics_out)
 
+  window = common.parse_ints("window", FLAGS.window) if FLAGS.window else None
   config = RunConfig(
       cluster=FLAGS.cluster, num_vws=FLAGS.num_vws, stages=stages[0] if len(stages) == 1 else stages,
-      nm=nm, d=FLAGS.d, waves=FLAGS.waves, batch_size=FLAGS.batch_size,
+      nm=nm, window=window[0] if window and len(window) == 1 else window, d=FLAGS.d, waves=FLAGS.waves,
+      batch_size=FLAGS.batch_size,
       optimizer=FLAGS.optimizer, learning_rate=FLAGS.learning_rate, weight_mode=FLAGS.weight_mode,
       schedule=FLAGS.schedule, executor=FLAGS.executor, time_scale=FLAGS.time_scale, cuts=cuts,
       seed=FLAGS.seed, eval_every=FLAGS.eval_every, drop_remainder=FLAGS.drop_remainder,
@@ -311,7 +316,8 @@ def main(argv):
   final_acc = result.metrics[-1].get("test_accuracy")  # None for the sim executor (no numerics)
   summary = {
       "model": model.name, "dataset": meta["dataset"], "cluster": config.cluster,
-      "executor": config.executor, "num_vws": len(stages), "stages": stages, "nm": nms, "d": config.d,
+      "executor": config.executor, "num_vws": len(stages), "stages": stages, "nm": nms,
+      "window": meta.get("window") or nms, "d": config.d,
       "policy": FLAGS.policy, "placement": FLAGS.placement, "gpus": meta["gpus"],
       "cuts": result.cuts, "waves": config.waves, "batch_size": config.batch_size,
       "seconds": result.seconds, "host_seconds": result.wall_seconds,

@@ -47,6 +47,8 @@ flags.DEFINE_list("ds", ["0", "4", "32"], "Clock distance bounds D searched.")
 flags.DEFINE_list("transfers", ["serial", "overlap"], "Transfer models searched: serial (the input received "
                   "inside the task), overlap (received while the device computes).")
 flags.DEFINE_integer("nm_max", 16, "Largest Nm tried per virtual worker.")
+flags.DEFINE_bool("windows", True, "Nm sized to speed may exceed what a virtual worker's memory holds in flight "
+                  "(up to --nm_max), with a window of the largest Nm that fits (--nowindows: Nm in flight).")
 flags.DEFINE_integer("top", 10, "Configurations printed.")
 flags.DEFINE_string("out_dir", "outputs/tune", "Where tune.json, tune.csv and tune.png go.")
 
@@ -86,7 +88,7 @@ def main(argv):
   out = tune(cluster, profiles, FLAGS.batch_size, waves=FLAGS.waves, ds=ds,
              transfers=[TRANSFERS[t] for t in dict.fromkeys(FLAGS.transfers)], nm_max=FLAGS.nm_max,
              weight_mode=FLAGS.weight_mode, optimizer_slots=optimizer_slots(FLAGS.optimizer),
-             staleness_model=staleness_model, progress=lambda line: common.progress("%s", line))
+             windows=FLAGS.windows, staleness_model=staleness_model, progress=lambda line: common.progress("%s", line))
   best, results = out["best"], out["results"]
   from hetpipe_jax import load_dataset
   from hetpipe_jax.models import FULL_SIZE

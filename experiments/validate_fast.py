@@ -30,10 +30,11 @@ flags.DEFINE_string("out_dir", "outputs/validate_fast", "Where the JSON and CSV 
 
 
 def layout_of(cluster, setting: dict):
-  """The layout a study row ran: its GPUs in pipeline order, cuts and Nm per virtual worker."""
+  """The layout a study row ran: its GPUs in pipeline order, cuts, Nm and window per virtual worker."""
   from hetpipe_jax.plan.layout import Layout, VWLayout
-  return Layout(tuple(VWLayout(tuple(cluster.gpus[i] for i in group), tuple(cuts), nm)
-                      for group, cuts, nm in zip(setting["policy"], setting["cuts"], setting["nm"])))
+  windows = setting.get("window") or setting["nm"]
+  return Layout(tuple(VWLayout(tuple(cluster.gpus[i] for i in group), tuple(cuts), nm, w)
+                      for group, cuts, nm, w in zip(setting["policy"], setting["cuts"], setting["nm"], windows)))
 
 
 def check(row: dict) -> dict:

@@ -77,7 +77,10 @@ class RunConfig:
     cluster: preset name or a :class:`Cluster`.
     num_vws: number of virtual workers N.
     stages: devices (stages) per virtual worker, k.
-    nm: most minibatches in flight per virtual worker, Nm >= 1; with a policy also "max_fit" or "best".
+    nm: minibatches per wave (and most in flight) per virtual worker, Nm >= 1; with a policy also
+      "max_fit" or "best".
+    window: most minibatches in flight per virtual worker when fewer than Nm, 1 <= window <= Nm (None:
+      Nm); memory grows with it, the wave stays Nm (:mod:`hetpipe_jax.plan.layout`).
     d: clock distance bound D >= 0.
     waves: waves each virtual worker runs.
     batch_size: examples per minibatch.
@@ -130,6 +133,7 @@ class RunConfig:
   num_vws: int = 3
   stages: int | Sequence[int] = 2
   nm: int | Sequence[int] | str = 2
+  window: int | Sequence[int] | None = None
   d: int = 1
   waves: int = 50
   batch_size: int = 32
@@ -254,11 +258,18 @@ def validate(config: RunConfig) -> None:
 def _layouts(config: RunConfig, model: LayeredModel, cluster: Cluster, profiles, clock_profiles,
              optimizer_slots: float) -> tuple[Layout, Layout]:
   """(the layout the numerics run on, the layout the clock times): the same unless ``time_model`` asks
-  the clock for a larger model's cuts on the same GPUs.
+  the clock for a larger model's cuts on the same GPUs; both with ``window``.
 
   With a policy, the allocation and the partitioner lay out the run; else ``num_vws``, ``stages``,
   ``nm`` and ``cuts`` do.
   """
+  layout, clock = _shapes(config, model, cluster, profiles, clock_profiles, optimizer_slots)
+  return layout.with_windows(config.window), clock.with_windows(config.window)
+
+
+def _shapes(config: RunConfig, model: LayeredModel, cluster: Cluster, profiles, clock_profiles,
+            optimizer_slots: float) -> tuple[Layout, Layout]:
+  """:func:`_layouts` without the window."""
   if config.policy is not None:
     if config.cuts is not None and isinstance(config.policy, str):
       raise ConfigError(f"cuts={config.cuts} and policy={config.policy!r} both fix the cuts; the policy's "
@@ -307,6 +318,7 @@ def _meta(config: RunConfig, cluster: Cluster, model_name: str, dataset_name: st
               batch_size=config.batch_size, cuts=shape["cuts"], gpus=shape["gpus"], cluster=cluster.name,
               seed=config.seed, policy=config.policy, placement=config.placement,
               time_model=config.time_model, **({"overlap_transfers": True} if config.overlap_transfers else {}),
+              **({"window": shape["window"]} if "window" in shape else {}),
               **({"precision": config.precision} if config.precision != "fp32" else {}))
 
 
@@ -385,7 +397,7 @@ def _build(model: LayeredModel, layout: Layout, config: RunConfig, tx: optax.Gra
                                    for j, _, units in vw.stages()], comm)
               for i, vw in enumerate(layout.vws)]
   vws = [VirtualWorker.create(i, vw.k, vw.nm, config.waves * vw.nm, layout.num_vws, config.schedule,
-                              config.weight_mode, numerics[i]) for i, vw in enumerate(layout.vws)]
+                              config.weight_mode, numerics[i], vw.window) for i, vw in enumerate(layout.vws)]
   server = ParameterServer(init_params, layout.num_vws, config.d, config.ps_tx, on_nonfinite=config.on_nonfinite)
   return vws, numerics, server  # the server on the host CPU
 
@@ -573,7 +585,7 @@ def _train_multiprocess(model: LayeredModel, dataset: Dataset, config: RunConfig
   numerics = [RemoteNumerics(node, i, vw.cuts, vw.nm, owners, shard_owners, channels, mailbox,
                              check_finite=config.on_nonfinite == "skip") for i, vw in enumerate(layout.vws)]
   vws = [VirtualWorker.create(i, vw.k, vw.nm, config.waves * vw.nm, layout.num_vws, config.schedule,
-                              config.weight_mode, numerics[i]) for i, vw in enumerate(layout.vws)]
+                              config.weight_mode, numerics[i], vw.window) for i, vw in enumerate(layout.vws)]
   run = _wall_runner(config, lambda task: cost_model.task_seconds(task.vw, task.stage, task.kind), wait=wait)
 
   def stop_all() -> None:  # every command posted so far is executed first

@@ -58,8 +58,9 @@ def trace_costs(meta: dict[str, Any]):
   missing = [n for group in meta["gpus"] for n in group if n not in by_name]
   if missing:
     raise ConfigError(f"the trace's GPUs {missing[:3]} are not in cluster {meta['cluster']!r}")
-  layout = Layout(tuple(VWLayout(tuple(by_name[n] for n in group), tuple(cuts), nm)
-                        for group, cuts, nm in zip(meta["gpus"], meta["cuts"], meta["nm"])))
+  windows = meta.get("window") or meta["nm"]
+  layout = Layout(tuple(VWLayout(tuple(by_name[n] for n in group), tuple(cuts), nm, w)
+                        for group, cuts, nm, w in zip(meta["gpus"], meta["cuts"], meta["nm"], windows)))
   return cluster, profiles, layout
 
 

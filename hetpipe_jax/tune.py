@@ -68,7 +68,9 @@ class Candidate:
   @property
   def label(self) -> str:
     transfers = "overlapped" if self.overlap_transfers else "serial"
-    return (f"{self.grouping}, Nm {self.nm_rule} {[p.nm for p in self.plans]}, D={self.d}, "
+    windows = self.layout.windows
+    window = "" if windows is None else f" window {windows}"
+    return (f"{self.grouping}, Nm {self.nm_rule} {[p.nm for p in self.plans]}{window}, D={self.d}, "
             f"{self.placement} placement, {transfers} transfers")
 
   def modelled_images_per_sec(self, batch_size: int) -> float:
@@ -170,13 +172,16 @@ class _Planner:
       node_map.setdefault(g.node, match.node)
       free.remove(match)
       order.append(match)
-    moved = vw_plan(self.cluster, self.profiles, order, plan.cuts, plan.nm, **self.kwargs)
+    moved = vw_plan(self.cluster, self.profiles, order, plan.cuts, plan.nm, window=plan.window, **self.kwargs)
     return moved if abs(moved.bottleneck_s - plan.bottleneck_s) <= 1e-12 * plan.bottleneck_s else None
 
 
-def nm_choices(per_vw: Sequence[dict[int, VWPlan]], k_max: Sequence[int]) -> list[tuple[str, tuple[VWPlan, ...]]]:
+def nm_choices(per_vw: Sequence[dict[int, VWPlan]], k_max: Sequence[int],
+               wave_max: int | None = None) -> list[tuple[str, tuple[VWPlan, ...]]]:
   """Nm per virtual worker, three ways (the module docstring): the same for all, the planner's max_fit
-  (the largest Nm <= the virtual worker's stage count), sized to speed. Distinct choices only."""
+  (the largest Nm <= the virtual worker's stage count), sized to speed. With ``wave_max``, sized to speed
+  may give a virtual worker waves of up to ``wave_max`` minibatches beyond the Nm its memory holds, with a
+  window of the largest Nm that fits. Distinct choices only."""
   out: dict[tuple[int, ...], tuple[str, tuple[VWPlan, ...]]] = {}
 
   def add(rule: str, nms: Sequence[int]) -> None:
@@ -187,6 +192,9 @@ def nm_choices(per_vw: Sequence[dict[int, VWPlan]], k_max: Sequence[int]) -> lis
   add("max_fit", [max(n for n in plans if n <= max(k, 1)) for plans, k in zip(per_vw, k_max)])
   for n in sorted(set.intersection(*(set(p) for p in per_vw))):
     add("uniform", [n] * len(per_vw))
+  if wave_max is not None:  # waves beyond what fits in flight, with a window of the largest that fits
+    per_vw = [{**{n: plans[max(plans)].with_wave(n) for n in range(max(plans) + 1, wave_max + 1)}, **plans}
+              for plans in per_vw]
   wave_times = sorted({n / p.throughput for plans in per_vw for n, p in plans.items()})
   for w in wave_times:  # each virtual worker: the most minibatches whose wave lasts at most w
     nms = [max((n for n, p in plans.items() if n / p.throughput <= w * (1 + 1e-9)), default=0) for plans in per_vw]
@@ -306,7 +314,7 @@ def tune(cluster: Cluster, profiles: Sequence[UnitProfile], batch_size: int, *, 
          transfers: Sequence[bool] = (False, True), nm_max: int = 16, screen: int = 16, refine: int = 6,
          weight_mode: str = "stash", optimizer_slots: float = 0.0, precision: str = "fp32",
          schedule: str = "1f1b", max_states: int = 100_000, max_stages: int | None = None,
-         staleness_model: StalenessModel | None = None,
+         windows: bool = True, staleness_model: StalenessModel | None = None,
          progress: Progress | None = None) -> dict[str, Any]:
   """Searches configurations of ``profiles``' model on ``cluster`` (the module docstring).
 
@@ -322,6 +330,8 @@ def tune(cluster: Cluster, profiles: Sequence[UnitProfile], batch_size: int, *, 
       about a million).
     max_stages: groupings with a larger virtual worker are skipped (e.g. a small model trained on the
       tuned configuration's clock has only so many units to cut).
+    windows: Nm sized to speed may exceed what a virtual worker's memory holds in flight, up to
+      ``nm_max``, with a window (:func:`nm_choices`).
     staleness_model: rank by its predicted time to accuracy (fastest first) instead of by images/s.
     progress: called with a line at every step.
 
@@ -351,7 +361,7 @@ def tune(cluster: Cluster, profiles: Sequence[UnitProfile], batch_size: int, *, 
       continue  # a virtual worker that no partition fits
     if any(not p for p in per_vw):
       continue
-    found = nm_choices(per_vw, [len(g) for g in groups])
+    found = nm_choices(per_vw, [len(g) for g in groups], nm_max if windows else None)
     choices += [Candidate(name, rule, plans) for rule, plans in found]
     say(f"planned {name}: {len(groups)} virtual workers, {len(found)} Nm choices "
         f"({time.perf_counter() - t0:.1f} s)")
@@ -434,10 +444,11 @@ def replicate(candidate: Candidate, cluster: Cluster, profiles: Sequence[UnitPro
 
 def candidate_json(candidate: Candidate) -> dict[str, Any]:
   """A candidate's settings as a run takes them: the grouping (GPU indices in pipeline order), cuts, Nm,
-  D, placement, transfer model."""
+  window (most minibatches in flight), D, placement, transfer model."""
   return {"grouping": candidate.grouping, "nm_rule": candidate.nm_rule,
           "policy": [[g.index for g in p.gpus] for p in candidate.plans],
           "cuts": [list(p.cuts) for p in candidate.plans], "nm": [p.nm for p in candidate.plans],
+          "window": [p.in_flight for p in candidate.plans],
           "d": candidate.d, "placement": candidate.placement, "overlap_transfers": candidate.overlap_transfers}
 
 

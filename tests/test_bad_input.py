@@ -38,6 +38,10 @@ MLP = get_model("mlp")  # 4 units
     (dict(cuts=[[0, 2, 4]] * 3), r"cuts has 3 entries for 2 virtual workers; give one list for all"),
     (dict(seed=-5), r"seed=-5; use a seed in \[0, 2\*\*63 - 1\]"),
     (dict(schedule="pipedream"), r"unknown schedule 'pipedream'; choose one of 1f1b, fifo, gpipe"),
+    (dict(window=3), r"window=3 with Nm=2; the window \(most minibatches in flight\) must be between 1 and "
+                     r"Nm=2"),
+    (dict(window=0), r"window=0 with Nm=2; the window .* must be between 1 and Nm=2"),
+    (dict(window=(1, 1, 1)), r"window=\[1, 1, 1\] gives 3 values for 2 virtual workers; give one, or one per"),
 ])
 def test_bad_config(config, pattern):
   base = dict(cluster="hetero4", num_vws=2, stages=2, nm=2, d=1, waves=2, batch_size=16)
@@ -62,8 +66,8 @@ def test_batch_size_that_does_not_divide_runs_with_drop_remainder():
 def test_stage_that_fits_no_gpu():
   tiny = GpuType("tiny", memory_bytes=100_000, fp32_flops=1e12, fp16_flops=1e12, mem_bytes_per_s=1e11)
   cluster = make_cluster("tiny", [[tiny, CLASS_D]])
-  with pytest.raises(ConfigError, match=r"stage 0 of virtual worker 0 \(units 0..1\) needs .* KiB with Nm=2 "
-                                        r"\(stash\), but GPU n0.tiny.0 has 97.7 KiB; use more stages"):
+  with pytest.raises(ConfigError, match=r"stage 0 of virtual worker 0 \(units 0..1\) needs .* KiB with Nm=2 in "
+                                        r"flight \(stash\), but GPU n0.tiny.0 has 97.7 KiB; use more stages"):
     run_hetpipe(MLP, DATA, RunConfig(cluster=cluster, num_vws=1, stages=2, nm=2, d=0, waves=1,
                                      batch_size=16, cuts=[[0, 2, 4]]))
   with pytest.raises(ConfigError, match=r"no partition of the model over 2 GPUs \(n0.tiny.0, n0.D.1\) fits in "

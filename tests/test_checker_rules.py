@@ -256,7 +256,7 @@ def test_order_injection_out_of_order():
 def test_order_injection_beyond_the_nm_window():
   t = pipeline_trace()
   move(t, dict(ev="inject", vw=0, mb=3), before=dict(ev="complete", vw=0, mb=1))
-  expect(t, {"order": [(line(t, ev="inject", vw=0, mb=3), "before minibatch 1 completed (Nm=2 window")]})
+  expect(t, {"order": [(line(t, ev="inject", vw=0, mb=3), "before minibatch 1 completed (Nm=2 in flight")]})
 
 
 def test_order_forward_before_the_previous_stage():

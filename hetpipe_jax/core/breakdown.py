@@ -8,8 +8,9 @@ of these states at every moment, so the shares add up to 1:
   as the device's time: the task's time minus its compute time);
 * ``bubble``: idle, waiting for its input from the previous or next stage (the pipeline's fill, drain and
   imbalance);
-* ``window``: stage 0 idle because the Nm window is full (no minibatch may enter before one completes:
-  its next task is a forward that could not enter, or a backward while Nm minibatches are in flight);
+* ``window``: stage 0 idle because the window is full (no minibatch may enter before one completes: its
+  next task is a forward that could not enter, or a backward while Nm minibatches, or the window's count
+  where the trace sets one, are in flight);
 * ``gate``: idle while its virtual worker is blocked at the WSP gate (the trace's ``wait``);
 * ``pull``: idle while its virtual worker's pull travels (the gate is open, the weights not there yet);
 * ``push``: idle while its virtual worker waits for its own last push to land before the next wave;
@@ -34,9 +35,10 @@ CATEGORIES = ("compute", "link", "bubble", "window", "gate", "pull", "push", "do
 ComputeFn = Callable[[int, int, str], float]  # (vw, stage, kind) -> compute seconds on the trace's clock
 
 
-def _vw_states(events: Sequence[dict[str, Any]], vw: int, nm: int) -> list[tuple[float, float, str]]:
-  """Intervals ``(t0, t1, state)`` in which virtual worker ``vw`` is blocked: at the gate, pulling, or
-  waiting for its own push; and ``left`` (between a leave and the next join, or the end)."""
+def _vw_states(events: Sequence[dict[str, Any]], vw: int, nm: int, window: int) -> list[tuple[float, float, str]]:
+  """Intervals ``(t0, t1, state)`` in which virtual worker ``vw`` (waves of ``nm``, at most ``window`` in
+  flight) is blocked: at the gate, pulling, or waiting for its own push; and ``left`` (between a leave and
+  the next join, or the end)."""
   complete, push, out = {}, {}, []
   waits: list[tuple[float, float]] = []
   left_at = None
@@ -73,7 +75,7 @@ def _vw_states(events: Sequence[dict[str, Any]], vw: int, nm: int) -> list[tuple
     mb = injects[at][1]
     wave = (mb - 1) // nm
     gate = bisect.bisect_right(wait_ends, t)  # the last gate that opened by then
-    ready = [complete.get(mb - nm), push.get(wave - 1), wait_ends[gate - 1] if gate else None]
+    ready = [complete.get(mb - window), push.get(wave - 1), wait_ends[gate - 1] if gate else None]
     start = max([r for r in ready if r is not None and r <= t], default=t)
     if start < t:
       out.append((start, t, "pull"))
@@ -111,7 +113,9 @@ def time_breakdown(events: Sequence[dict[str, Any]], compute: ComputeFn | None =
   meta = events[0]
   end = end_time(events)
   order = {"gate": 0, "left": 0, "pull": 1, "push": 2}
-  states = {i: sorted(_vw_states(events, i, nm), key=lambda s: order[s[2]]) for i, nm in enumerate(meta["nm"])}
+  windows = meta.get("window") or meta["nm"]
+  states = {i: sorted(_vw_states(events, i, nm, w), key=lambda s: order[s[2]])
+            for i, (nm, w) in enumerate(zip(meta["nm"], windows))}
   finished: dict[tuple[str, int, int, int], float] = {}  # (kind, vw, stage, mb) -> t1
   injected: dict[tuple[int, int], float] = {}
   tasks: dict[tuple[int, int], list[dict[str, Any]]] = {}
@@ -127,9 +131,9 @@ def time_breakdown(events: Sequence[dict[str, Any]], compute: ComputeFn | None =
     elif e["ev"] == "complete":
       left.setdefault(e["vw"], []).append(e["t"])
 
-  def window_full(i: int, t: float) -> bool:  # Nm minibatches of VW i in flight at t
+  def window_full(i: int, t: float) -> bool:  # the window's count of VW i's minibatches in flight at t
     in_flight = bisect.bisect_right(entered.get(i, []), t) - bisect.bisect_right(left.get(i, []), t)
-    return in_flight >= meta["nm"][i]
+    return in_flight >= windows[i]
   devices = []
   for i, k in enumerate(meta["stages"]):
     for j in range(k):

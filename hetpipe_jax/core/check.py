@@ -55,6 +55,7 @@ class _Checker:
 
   def __init__(self, meta: dict[str, Any]):
     self.n, self.nm, self.d = meta["num_vws"], meta["nm"], meta["d"]
+    self.window = meta.get("window") or self.nm  # most in flight: a window below Nm where one is set
     self.k, self.stash = meta["stages"], meta["weight_mode"] == "stash"
     self.shards = meta.get("shards")
     self.violations: list[Violation] = []
@@ -106,12 +107,13 @@ class _Checker:
     i, p = ev["vw"], ev["mb"]
     if self._gone(i, f"injection of minibatch {p}"):
       return
-    nm = self.nm[i]
+    nm, window = self.nm[i], self.window[i]
     if p != self.injected[i] + 1:
       self.fail("order", f"VW {i} injected minibatch {p} after {self.injected[i]} (in order only)")
-    if p - nm > self.completed[i]:
-      self.fail("order", f"VW {i} injected minibatch {p} before minibatch {p - nm} completed "
-                f"(Nm={nm} window; {self.completed[i]} completed)")
+    if p - window > self.completed[i]:
+      what = f"Nm={nm}" if window == nm else f"window={window}, Nm={nm}"
+      self.fail("order", f"VW {i} injected minibatch {p} before minibatch {p - window} completed "
+                f"({what} in flight; {self.completed[i]} completed)")
     if wsp.is_gated(p, nm):
       gap = wsp.clock_gap(self.clock, i)
       if gap > self.d:
@@ -302,6 +304,9 @@ def check_trace(events: Iterable[dict[str, Any]]) -> list[Violation]:
   missing = [f for f in REQUIRED_META if f not in events[0]]
   if missing:
     return [Violation(1, "format", f"meta lacks {missing}")]
+  window, nm = events[0].get("window"), events[0]["nm"]
+  if window is not None and (len(window) != len(nm) or not all(1 <= w <= n for w, n in zip(window, nm))):
+    return [Violation(1, "format", f"meta window {window} must give 1 <= window <= Nm for each Nm of {nm}")]
   checker = _Checker(events[0])
   for line, ev in enumerate(events[1:], start=2):
     checker.line = line

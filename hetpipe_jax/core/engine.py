@@ -238,7 +238,7 @@ class Engine:
   def _inject(self, vw: VirtualWorker, t: float) -> None:
     """Injects while the window allows; a gated minibatch first passes the gate and pulls."""
     i = vw.index
-    while vw.live and schedule_lib.can_inject(vw.pipeline, vw.nm, vw.total_mbs, vw.schedule):
+    while vw.live and schedule_lib.can_inject(vw.pipeline, vw.nm, vw.total_mbs, vw.schedule, vw.window):
       mb = vw.pipeline.next_mb
       if (mb - 1) % vw.nm == 0 and wsp.wave_of(mb, vw.nm) in self._failures.get(i, ()):
         self._failures[i].discard(wsp.wave_of(mb, vw.nm))  # each injected fault fires once

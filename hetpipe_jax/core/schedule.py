@@ -103,13 +103,17 @@ def init(k: int, vw: int = 0) -> PipelineState:
   return PipelineState(vw, 1, 0, (None,) * k, ((),) * k, 0)
 
 
-def can_inject(state: PipelineState, nm: int, total: int, schedule: str) -> bool:
-  """Whether minibatch ``next_mb`` may enter: it exists, the Nm window allows it, and so does the schedule.
+def can_inject(state: PipelineState, nm: int, total: int, schedule: str, window: int | None = None) -> bool:
+  """Whether minibatch ``next_mb`` may enter: it exists, the window allows it, and so does the schedule.
 
-  (The WSP gate is the engine's business, on top of this.)
+  The window is Nm unless a smaller ``window`` (1 <= window <= Nm) caps the minibatches in flight, so
+  that a virtual worker whose memory holds few minibatches' activations can still run waves of Nm (the
+  wave stays Nm minibatches; only fewer are in flight at once). (The WSP gate is the engine's business,
+  on top of this.)
   """
   mb = state.next_mb
-  return mb <= total and mb - nm <= state.completed and SCHEDULES[schedule].may_inject(mb, state.completed, nm)
+  return (mb <= total and mb - (nm if window is None else window) <= state.completed
+          and SCHEDULES[schedule].may_inject(mb, state.completed, nm))
 
 
 def _make_ready(state: PipelineState, stage: int, kind: str, mb: int, schedule: str) -> PipelineState:
@@ -178,7 +182,8 @@ def finish(state: PipelineState, task: Task, schedule: str) -> tuple[PipelineSta
   return state._replace(completed=mb), True
 
 
-def timetable(k: int, nm: int, total: int, schedule: str = "1f1b", bwd_ticks: int = 1) -> list[list[str]]:
+def timetable(k: int, nm: int, total: int, schedule: str = "1f1b", bwd_ticks: int = 1,
+              window: int | None = None) -> list[list[str]]:
   """The schedule on unit time: per device, what runs at each tick (``F3``, ``B1`` or ``.``).
 
   Every forward lasts one tick and every backward ``bwd_ticks``; a task ready at tick t can start at t;
@@ -190,7 +195,7 @@ def timetable(k: int, nm: int, total: int, schedule: str = "1f1b", bwd_ticks: in
   rows: list[list[str]] = [[] for _ in range(k)]
   running: dict[int, tuple[int, Task, int]] = {}  # stage -> (start order, task, ticks left)
   tick = started = 0
-  while can_inject(state, nm, total, schedule):
+  while can_inject(state, nm, total, schedule, window):
     state, _ = inject(state, schedule)
   while state.completed < total:
     for j in range(k):
@@ -210,7 +215,7 @@ def timetable(k: int, nm: int, total: int, schedule: str = "1f1b", bwd_ticks: in
       if left == 0:
         del running[task.stage]
         state, _ = finish(state, task, schedule)
-        while can_inject(state, nm, total, schedule):  # a completion opens the window at once
+        while can_inject(state, nm, total, schedule, window):  # a completion opens the window at once
           state, _ = inject(state, schedule)
     tick += 1
     if tick > 10 * total * k * (1 + bwd_ticks) + 10:

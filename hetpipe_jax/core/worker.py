@@ -99,7 +99,7 @@ class VirtualWorker:
 
   Attributes:
     index: the virtual worker's index i.
-    nm: most minibatches in flight (>= 1).
+    nm: minibatches per wave, and most minibatches in flight (>= 1) unless ``window`` is smaller.
     total_mbs: minibatches to run.
     schedule: a key of :data:`hetpipe_jax.core.schedule.SCHEDULES`.
     weight_mode: "stash" (a backward uses its forward's weights) or "latest".
@@ -107,6 +107,7 @@ class VirtualWorker:
     versions: the weight versions of its stages (a NamedTuple).
     numerics: what runs its tasks.
     live: False once it failed (and no replacement joined).
+    window: most minibatches in flight when fewer than Nm (None: Nm).
   """
 
   index: int
@@ -118,13 +119,15 @@ class VirtualWorker:
   versions: versions_lib.VersionBook
   numerics: Numerics
   live: bool = True
+  window: int | None = None
 
   @classmethod
   def create(cls, index: int, k: int, nm: int, total_mbs: int, num_vws: int, schedule: str = "1f1b",
-             weight_mode: str = "stash", numerics: Numerics | None = None) -> VirtualWorker:
+             weight_mode: str = "stash", numerics: Numerics | None = None,
+             window: int | None = None) -> VirtualWorker:
     """A virtual worker of ``k`` stages before its first minibatch."""
     return cls(index, nm, total_mbs, schedule, weight_mode, schedule_lib.init(k, index),
-               versions_lib.init(k, num_vws), numerics or NoNumerics(nm))
+               versions_lib.init(k, num_vws), numerics or NoNumerics(nm), window=window)
 
   @property
   def k(self) -> int:

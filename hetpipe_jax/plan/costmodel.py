@@ -98,12 +98,14 @@ def check_memory(profiles: Sequence[UnitProfile], layout: Layout, weight_mode: s
   """
   for i, vw in enumerate(layout.vws):
     for j, gpu, units in vw.stages():
-      need = stage_memory_bytes(profiles[units.start:units.stop], vw.nm, weight_mode, optimizer_slots, precision)
+      need = stage_memory_bytes(profiles[units.start:units.stop], vw.in_flight, weight_mode, optimizer_slots,
+                                precision)
       if need > gpu.type.memory_bytes:
+        held = f"Nm={vw.nm}" if vw.window is None else f"window={vw.window} (Nm={vw.nm})"
         raise ConfigError(
             f"stage {j} of virtual worker {i} (units {units.start}..{units.stop - 1}) needs "
-            f"{format_bytes(need)} with Nm={vw.nm} ({weight_mode}), but GPU {gpu.name} has "
-            f"{format_bytes(gpu.type.memory_bytes)}; use more stages, a smaller Nm or batch size, "
+            f"{format_bytes(need)} with {held} in flight ({weight_mode}), but GPU {gpu.name} has "
+            f"{format_bytes(gpu.type.memory_bytes)}; use more stages, a smaller Nm, window or batch size, "
             "weight_mode=latest, or a cluster with more memory")
 
 

@@ -1,4 +1,4 @@
-"""The shape of a run: for every virtual worker its GPUs in pipeline order, its cuts and its Nm.
+"""The shape of a run: for every virtual worker its GPUs in pipeline order, its cuts, its Nm (and window).
 
 One frozen value travels from whoever decides the shape (the partitioner and allocation policies, or a
 user's ``--stages``/``--cuts``) to everything that needs it: the cost model, the memory check, the
@@ -10,12 +10,18 @@ simulator, the PS placement, the runtime and the trace's meta line. No parallel 
   layout.meta()                    # the trace's layout fields: num_vws, nm, stages, cuts, gpus
 
 Cuts are unit boundaries ``(0, c_1, ..., num_units)``: stage j holds units ``cuts[j] .. cuts[j+1]-1``.
+
+Nm is a virtual worker's wave (minibatches per push) and, by default, its most minibatches in flight. A
+*window* W < Nm caps the minibatches in flight at W while the wave stays Nm: memory (kept activations,
+stashed weights) grows with what is in flight, so a virtual worker that holds few minibatches still runs
+waves long enough to keep pace with faster ones under WSP. Every WSP guarantee is stated for Nm and still
+holds (injection is only stricter). The trace's meta line carries ``window`` only when one is set.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from hetpipe_jax.cluster import Gpu
@@ -29,12 +35,14 @@ class VWLayout:
   Attributes:
     gpus: the GPU of each stage, stage 0 first.
     cuts: ``len(gpus) + 1`` unit boundaries from 0 to the model's unit count.
-    nm: most minibatches in flight (>= 1).
+    nm: minibatches per wave, and most minibatches in flight unless ``window`` is smaller (>= 1).
+    window: most minibatches in flight, 1 <= window < nm (None: Nm; a window equal to Nm is stored as None).
   """
 
   gpus: tuple[Gpu, ...]
   cuts: tuple[int, ...]
   nm: int
+  window: int | None = None
 
   def __post_init__(self):
     object.__setattr__(self, "gpus", tuple(self.gpus))
@@ -42,6 +50,17 @@ class VWLayout:
     if len(self.cuts) != len(self.gpus) + 1:
       raise ConfigError(f"cuts {list(self.cuts)} give {len(self.cuts) - 1} stages for {len(self.gpus)} "
                         f"GPUs; give {len(self.gpus) + 1} boundaries")
+    if self.window is not None:
+      if not 1 <= self.window <= self.nm:
+        raise ConfigError(f"window={self.window} with Nm={self.nm}; the window (most minibatches in flight) "
+                          f"must be between 1 and Nm={self.nm}")
+      if self.window == self.nm:
+        object.__setattr__(self, "window", None)
+
+  @property
+  def in_flight(self) -> int:
+    """The most minibatches in flight: the window, else Nm."""
+    return self.nm if self.window is None else self.window
 
   @property
   def k(self) -> int:
@@ -86,6 +105,13 @@ class Layout:
     return [vw.nm for vw in self.vws]
 
   @property
+  def windows(self) -> list[int] | None:
+    """Most minibatches in flight per virtual worker, or None when every one runs Nm in flight."""
+    if all(vw.window is None for vw in self.vws):
+      return None
+    return [vw.in_flight for vw in self.vws]
+
+  @property
   def stages(self) -> list[int]:
     return [vw.k for vw in self.vws]
 
@@ -102,10 +128,28 @@ class Layout:
     return sum(vw.k for vw in self.vws)
 
   def with_cuts(self, cuts) -> Layout:
-    """The same GPUs and Nm with other cuts (one boundary list per virtual worker)."""
+    """The same GPUs, Nm and windows with other cuts (one boundary list per virtual worker)."""
     return Layout(tuple(dataclasses.replace(vw, cuts=tuple(c)) for vw, c in zip(self.vws, cuts)))
 
+  def with_windows(self, window: int | Sequence[int] | None) -> Layout:
+    """The same layout with at most ``window`` minibatches in flight (one value, or one per virtual
+    worker; None: Nm).
+
+    Raises:
+      ConfigError: for a count that is not one or one per virtual worker, or a window outside 1..Nm.
+    """
+    if window is None:
+      return self
+    windows = [window] * self.num_vws if isinstance(window, int) else list(window)
+    if len(windows) == 1:
+      windows *= self.num_vws
+    if len(windows) != self.num_vws:
+      raise ConfigError(f"window={windows} gives {len(windows)} values for {self.num_vws} virtual workers; "
+                        "give one, or one per virtual worker")
+    return Layout(tuple(dataclasses.replace(vw, window=int(w)) for vw, w in zip(self.vws, windows)))
+
   def meta(self) -> dict[str, Any]:
-    """The layout fields of a trace's meta line."""
-    return {"num_vws": self.num_vws, "nm": self.nms, "stages": self.stages, "cuts": self.cuts,
-            "gpus": [[g.name for g in vw.gpus] for vw in self.vws]}
+    """The layout fields of a trace's meta line (``window`` only when one is set)."""
+    out = {"num_vws": self.num_vws, "nm": self.nms, "stages": self.stages, "cuts": self.cuts,
+           "gpus": [[g.name for g in vw.gpus] for vw in self.vws]}
+    return out if self.windows is None else {**out, "window": self.windows}

@@ -4,7 +4,8 @@ A plan is the partitioner's answer (:mod:`~hetpipe_jax.plan.partition`), or a gi
 evaluated by :func:`vw_plan` (ED copies one plan onto every virtual worker this way). Stage time and
 memory come from :func:`hetpipe_jax.cost.transfer.stage_seconds` and
 :func:`hetpipe_jax.cost.memory.stage_memory_bytes`. A virtual worker's modelled throughput (HETPIPE.md
-section 4) is min(1 / slowest stage, Nm / round trip) minibatches per second.
+section 4) is min(1 / slowest stage, in flight / round trip) minibatches per second, where in flight is Nm,
+or the window when one caps it (:mod:`hetpipe_jax.plan.layout`).
 """
 
 from __future__ import annotations
@@ -40,15 +41,27 @@ class StagePlan:
 
 @dataclasses.dataclass(frozen=True)
 class VWPlan:
-  """How one virtual worker runs: GPU order, stages, Nm, modelled speed (minibatches per second)."""
+  """How one virtual worker runs: GPU order, stages, Nm (and window), modelled speed (minibatches per
+  second). Stage memory is for :attr:`in_flight` minibatches."""
 
   nm: int
   stages: tuple[StagePlan, ...]
+  window: int | None = None
+
+  @property
+  def in_flight(self) -> int:
+    """The most minibatches in flight: the window, else Nm."""
+    return self.nm if self.window is None else self.window
 
   @property
   def layout(self) -> VWLayout:
-    """The virtual worker's GPUs, cuts and Nm."""
-    return VWLayout(tuple(self.gpus), tuple(self.cuts), self.nm)
+    """The virtual worker's GPUs, cuts, Nm and window."""
+    return VWLayout(tuple(self.gpus), tuple(self.cuts), self.nm, self.window)
+
+  def with_wave(self, nm: int) -> VWPlan:
+    """This plan (its stages, memory and in-flight count) with waves of ``nm`` >= its in-flight count
+    minibatches: a window caps what is in flight."""
+    return VWPlan(nm, self.stages, None if nm == self.in_flight else self.in_flight)
 
   @property
   def gpus(self) -> list[Gpu]:
@@ -72,14 +85,14 @@ class VWPlan:
 
   @property
   def throughput(self) -> float:
-    """Modelled minibatches per second: the slowest stage, or Nm in flight over one round trip."""
-    return min(1.0 / self.bottleneck_s, self.nm / self.latency_s)
+    """Modelled minibatches per second: the slowest stage, or what is in flight over one round trip."""
+    return min(1.0 / self.bottleneck_s, self.in_flight / self.latency_s)
 
 
 
 def vw_plan(cluster: Cluster, profiles: Sequence[UnitProfile], gpus: Sequence[Gpu], cuts: Sequence[int],
             nm: int, weight_mode: str = "stash", optimizer_slots: float = 0.0,
-            precision: str = "fp32") -> VWPlan:
+            precision: str = "fp32", window: int | None = None) -> VWPlan:
   """The plan of a virtual worker whose GPU order, cuts and Nm are given: each stage's time and memory.
 
   Args:
@@ -87,17 +100,19 @@ def vw_plan(cluster: Cluster, profiles: Sequence[UnitProfile], gpus: Sequence[Gp
     profiles: per-unit profiles of the model.
     gpus: the GPUs in pipeline order.
     cuts: ``len(gpus) + 1`` cut positions from 0 to the number of units.
-    nm: minibatches in flight.
+    nm: minibatches per wave (and in flight unless ``window`` is smaller).
     weight_mode / optimizer_slots: what the memory of a stage holds (see stage_memory_bytes).
     precision: "fp32", "fp16" or "bf16" (time and memory).
+    window: most minibatches in flight when fewer than Nm.
 
   Returns:
     The plan; nothing is checked against the GPUs' memory.
   """
   stages = []
+  held = nm if window is None else window
   for j, gpu in enumerate(gpus):
     fwd, bwd = stage_seconds(cluster, profiles, cuts, gpus, j, precision)
     stages.append(StagePlan(gpu, cuts[j], cuts[j + 1], fwd + bwd,
-                            stage_memory_bytes(profiles[cuts[j]:cuts[j + 1]], nm, weight_mode, optimizer_slots,
+                            stage_memory_bytes(profiles[cuts[j]:cuts[j + 1]], held, weight_mode, optimizer_slots,
                                                precision)))
-  return VWPlan(nm, tuple(stages))
+  return VWPlan(nm, tuple(stages), None if window == nm else window)

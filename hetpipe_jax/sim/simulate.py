@@ -40,9 +40,10 @@ def simulate(cluster: Cluster, profiles: Sequence[UnitProfile], layout: Layout, 
   num_vws, nms = layout.num_vws, layout.nms
   trace.emit(**{"ev": "meta", "version": 1, "num_vws": num_vws, "nm": nms, "d": d,
                 "stages": layout.stages, "weight_mode": weight_mode, "executor": "sim",
-                "schedule": schedule, "shards": len(profiles), "placement": placement, **(meta or {})})
+                "schedule": schedule, "shards": len(profiles), "placement": placement,
+                **({} if layout.windows is None else {"window": layout.windows}), **(meta or {})})
   shard_nodes = place_shards(cluster, profiles, layout, placement)
-  vws = [VirtualWorker.create(i, vw.k, vw.nm, waves * vw.nm, num_vws, schedule, weight_mode)
+  vws = [VirtualWorker.create(i, vw.k, vw.nm, waves * vw.nm, num_vws, schedule, weight_mode, window=vw.window)
          for i, vw in enumerate(layout.vws)]
   rows: list[dict] = []
 
