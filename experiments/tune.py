@@ -46,7 +46,7 @@ flags.DEFINE_integer("waves", 50, "Waves per virtual worker of the predicting ru
 flags.DEFINE_list("ds", ["0", "4", "32"], "Clock distance bounds D searched.")
 flags.DEFINE_list("transfers", ["serial", "overlap"], "Transfer models searched: serial (the input received "
                   "inside the task), overlap (received while the device computes).")
-flags.DEFINE_integer("nm_max", 16, "Largest Nm tried per virtual worker.")
+flags.DEFINE_integer("nm_max", 32, "Largest Nm (minibatches per wave) tried per virtual worker.")
 flags.DEFINE_bool("windows", True, "Nm sized to speed may exceed what a virtual worker's memory holds in flight "
                   "(up to --nm_max), with a window of the largest Nm that fits (--nowindows: Nm in flight).")
 flags.DEFINE_integer("top", 10, "Configurations printed.")

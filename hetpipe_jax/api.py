@@ -280,7 +280,7 @@ def _shapes(config: RunConfig, model: LayeredModel, cluster: Cluster, profiles, 
         raise ConfigError(f"nm={config.nm!r} asks the planner for Nm, but a grouping with cuts is an explicit "
                           "layout: give Nm as a number, or one per virtual worker")
       clock = grouped_layout(cluster, clock_profiles, config.policy, config.cuts, config.nm, config.weight_mode,
-                             optimizer_slots, config.precision)
+                             optimizer_slots, config.precision, config.window)
     else:
       nm = config.nm if isinstance(config.nm, (str, int)) else list(config.nm)
       clock = plan_cluster(cluster, clock_profiles, config.policy, config.placement,

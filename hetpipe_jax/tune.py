@@ -14,7 +14,8 @@ overlap computation. The search, in three rounds:
    every virtual worker is the slowest one's). Each choice gets the WSP-aware modelled rate:
    ``batch x sum_i Nm_i x min_i (T_i / Nm_i)`` for T_i the virtual worker's modelled minibatches/s.
 2. **Screen** the best modelled choices (and the best two of every grouping) on the simulator at D = 0,
-   for every placement and transfer model, on short runs.
+   on short runs: a grouping's best modelled choice in every placement and transfer model, its other
+   choices in the two settings that served that one best.
 3. **Refine** the fastest few at every D, on runs of full length, and run the fixed policies (NP, ED, HD at
    the planner's max_fit Nm) in every setting too, so that the tuned configuration is at least as fast as
    each of them. The best is the prediction.
@@ -27,11 +28,14 @@ from __future__ import annotations
 
 import bisect
 import collections
+import concurrent.futures
 import contextlib
 import dataclasses
 import itertools
+import multiprocessing
+import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from hetpipe_jax.cluster import Cluster, Gpu
@@ -311,11 +315,11 @@ def simulate_candidate(cluster: Cluster, profiles: Sequence[UnitProfile], candid
 
 def tune(cluster: Cluster, profiles: Sequence[UnitProfile], batch_size: int, *, waves: int = 50,
          ds: Sequence[int] = (0, 4, 32), placements: Sequence[str] = PLACEMENTS,
-         transfers: Sequence[bool] = (False, True), nm_max: int = 16, screen: int = 16, refine: int = 6,
+         transfers: Sequence[bool] = (False, True), nm_max: int = 32, screen: int = 16, refine: int = 6,
          weight_mode: str = "stash", optimizer_slots: float = 0.0, precision: str = "fp32",
          schedule: str = "1f1b", max_states: int = 100_000, max_stages: int | None = None,
          windows: bool = True, staleness_model: StalenessModel | None = None,
-         progress: Progress | None = None) -> dict[str, Any]:
+         progress: Progress | None = None, workers: int | None = None) -> dict[str, Any]:
   """Searches configurations of ``profiles``' model on ``cluster`` (the module docstring).
 
   Args:
@@ -334,6 +338,8 @@ def tune(cluster: Cluster, profiles: Sequence[UnitProfile], batch_size: int, *, 
       ``nm_max``, with a window (:func:`nm_choices`).
     staleness_model: rank by its predicted time to accuracy (fastest first) instead of by images/s.
     progress: called with a line at every step.
+    workers: processes that simulate candidates at once (None: one per CPU core; 1: this process only).
+      The results are the same for any count.
 
   Returns:
     ``{"best": Result, "results": [Result] fastest first (every simulated run), "planned": count of
@@ -370,47 +376,95 @@ def tune(cluster: Cluster, profiles: Sequence[UnitProfile], batch_size: int, *, 
                       "more GPU memory or a smaller batch size")
   ranked = sorted(choices, key=lambda c: -c.modelled_images_per_sec(batch_size))
   keep = ranked[:screen]
-  for name in {c.grouping for c in choices}:
+  for name in dict.fromkeys(c.grouping for c in choices):
     keep += [c for c in ranked if c.grouping == name][:2]
   keep = list(dict.fromkeys(keep))
   ideal = ideal_images_per_sec(cluster, profiles, batch_size, precision=precision)
-
-  def sim(c: Candidate, w: int) -> Result:
-    ips, staleness = simulate_candidate(cluster, profiles, c, w, batch_size, schedule, weight_mode, precision)
-    return Result(c, ips, ideal, w, staleness)
-
   key = lambda r: -r.images_per_sec if staleness_model is None else staleness_model.seconds(r.images_per_sec,
                                                                                            r.staleness)
   short = max(2, waves // 2)
-  screened = []
-  for i, c in enumerate(keep):
-    for placement in placements:
-      for overlap in transfers:
-        screened.append(sim(dataclasses.replace(c, d=min(ds), placement=placement, overlap_transfers=overlap),
-                            short))
-    say(f"screened {i + 1}/{len(keep)}: {c.grouping} Nm {[p.nm for p in c.plans]} "
-        f"best {max(r.images_per_sec for r in screened[-len(placements) * len(transfers):]):.1f} images/s "
-        f"({time.perf_counter() - t0:.1f} s)")
-  screened.sort(key=key)
-  refined: dict[Candidate, Result] = {}
-  for i, r in enumerate(screened[:refine]):
-    for d in ds:
-      c = dataclasses.replace(r.candidate, d=d)
-      refined[c] = sim(c, waves)
-    say(f"refined {i + 1}/{min(refine, len(screened))}: {r.candidate.grouping} "
-        f"{max(refined[dataclasses.replace(r.candidate, d=d)].images_per_sec for d in ds):.1f} images/s "
-        f"({time.perf_counter() - t0:.1f} s)")
-  # the fixed policies as the planner runs them (NP, ED, HD at max_fit), in every setting: the tuned
-  # configuration is then at least as fast as each of them
-  for c in (c for c in choices if c.grouping in POLICIES and c.nm_rule == "max_fit"):
-    for placement, overlap, d in itertools.product(placements, transfers, ds):
-      setting = dataclasses.replace(c, d=d, placement=placement, overlap_transfers=overlap)
-      if setting not in refined:
-        refined[setting] = sim(setting, waves)
-    say(f"ran the fixed policy {c.grouping} in every setting ({time.perf_counter() - t0:.1f} s)")
+  with _Simulations(workers, (cluster, profiles, batch_size, schedule, weight_mode, precision), ideal) as sims:
+    # screen: a grouping's best modelled choice (its first in keep) in every setting, its others in the
+    # two settings that served that one best
+    firsts = [c for i, c in enumerate(keep) if all(o.grouping != c.grouping for o in keep[:i])]
+    every = list(itertools.product(placements, transfers))
+    settings: dict[str, list[tuple[str, bool]]] = {}  # grouping -> (placement, overlap), best first
+    screened, done = [], 0
+    for batch in ([(c, every) for c in firsts], [(c, None) for c in keep if c not in firsts]):
+      jobs = [(c, [(p, o) for p, o in (tried or settings[c.grouping][:2])]) for c, tried in batch]
+      runs = sims.run([(dataclasses.replace(c, d=min(ds), placement=p, overlap_transfers=o), short)
+                       for c, tried in jobs for p, o in tried])
+      for c, tried in jobs:
+        found = sorted((next(runs) for _ in tried), key=key)
+        settings.setdefault(c.grouping, [(r.candidate.placement, r.candidate.overlap_transfers) for r in found])
+        screened += found
+        done += 1
+        say(f"screened {done}/{len(keep)}: {c.grouping} Nm {[p.nm for p in c.plans]} "
+            f"best {found[0].images_per_sec:.1f} images/s ({time.perf_counter() - t0:.1f} s)")
+    screened.sort(key=key)
+    refined: dict[Candidate, Result] = {}
+    top = screened[:refine]
+    runs = sims.run([(dataclasses.replace(r.candidate, d=d), waves) for r in top for d in ds])
+    for i, _ in enumerate(top):
+      found = [next(runs) for _ in ds]
+      refined.update((r.candidate, r) for r in found)
+      say(f"refined {i + 1}/{len(top)}: {found[0].candidate.grouping} "
+          f"{max(r.images_per_sec for r in found):.1f} images/s ({time.perf_counter() - t0:.1f} s)")
+    # the fixed policies as the planner runs them (NP, ED, HD at max_fit), in every setting: the tuned
+    # configuration is then at least as fast as each of them
+    fixed = [c for c in choices if c.grouping in POLICIES and c.nm_rule == "max_fit"]
+    settings_fixed = [[dataclasses.replace(c, d=d, placement=p, overlap_transfers=o)
+                       for p, o, d in itertools.product(placements, transfers, ds)] for c in fixed]
+    runs = sims.run([(s, waves) for group in settings_fixed for s in group if s not in refined])
+    for c, group in zip(fixed, settings_fixed):
+      refined.update((r.candidate, r) for r in (next(runs) for s in group if s not in refined))
+      say(f"ran the fixed policy {c.grouping} in every setting ({time.perf_counter() - t0:.1f} s)")
   results = sorted(refined.values(), key=key)
   return {"best": results[0], "results": results + screened[refine:], "planned": len(choices),
           "partitions": planner.partitions, "seconds": time.perf_counter() - t0}
+
+
+_SIM_ARGS: tuple = ()  # a worker process's (cluster, profiles, batch_size, schedule, weight_mode, precision)
+
+
+def _init_worker(args: tuple) -> None:
+  global _SIM_ARGS
+  _SIM_ARGS = args
+
+
+def _simulate_job(job: tuple[Candidate, int], args: tuple = ()) -> tuple[float, float]:
+  cluster, profiles, batch_size, schedule, weight_mode, precision = args or _SIM_ARGS
+  candidate, waves = job
+  return simulate_candidate(cluster, profiles, candidate, waves, batch_size, schedule, weight_mode, precision)
+
+
+class _Simulations:
+  """The tuner's simulations, on ``workers`` processes (None: one per CPU core) when more than one:
+  each a deterministic function of its candidate, so the results do not depend on how many run at once."""
+
+  def __init__(self, workers: int | None, args: tuple, ideal: float):
+    self.workers = (os.cpu_count() or 1) if workers is None else workers
+    self.args, self.ideal = args, ideal
+    self.pool: concurrent.futures.ProcessPoolExecutor | None = None
+
+  def __enter__(self) -> _Simulations:
+    if self.workers > 1:
+      self.pool = concurrent.futures.ProcessPoolExecutor(
+          self.workers, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker,
+          initargs=(self.args,))
+    return self
+
+  def __exit__(self, *exc) -> None:
+    if self.pool is not None:
+      self.pool.shutdown(cancel_futures=True)
+
+  def run(self, jobs: list[tuple[Candidate, int]]) -> Iterator[Result]:
+    """The results of ``jobs`` (candidate, waves) in order, each as soon as it and those before it are in."""
+    if self.pool is None or len(jobs) < 2:
+      outs: Iterable[tuple[float, float]] = (_simulate_job(job, self.args) for job in jobs)
+    else:
+      outs = self.pool.map(_simulate_job, jobs)
+    return (Result(c, ips, self.ideal, w, staleness) for (c, w), (ips, staleness) in zip(jobs, outs))
 
 
 def replicate(candidate: Candidate, cluster: Cluster, profiles: Sequence[UnitProfile], *, nm_max: int = 16,
@@ -438,7 +492,8 @@ def replicate(candidate: Candidate, cluster: Cluster, profiles: Sequence[UnitPro
                         f"on {cluster.name!r} is like none of the tuned configuration's; tune on a cluster "
                         "with every kind of node")
     moved = planner._move(template, gpus)  # None when the copy would not be as fast: plan it at that Nm
-    plans.append(moved or partition(cluster, profiles, gpus, template.nm, **planner.kwargs))
+    plans.append(moved or partition(cluster, profiles, gpus, template.in_flight, **planner.kwargs).with_wave(
+        template.nm))
   return dataclasses.replace(candidate, plans=tuple(plans))
 
 

@@ -77,7 +77,8 @@ def test_speed_sized_nm_gives_the_faster_virtual_worker_more_minibatches_per_wav
 def test_tuner_finds_the_fastest_checked_configuration(mlp_profiles):
   cluster = get_cluster("hetero4")
   lines = []
-  out = tune(cluster, mlp_profiles, 32, waves=6, ds=(0, 2), nm_max=4, screen=6, refine=3, progress=lines.append)
+  out = tune(cluster, mlp_profiles, 32, waves=6, ds=(0, 2), nm_max=4, screen=6, refine=3, progress=lines.append,
+             workers=2)
   results = out["results"]
   assert out["best"] is results[0]
   refined = [r for r in results if r.waves == 6]
@@ -87,6 +88,10 @@ def test_tuner_finds_the_fastest_checked_configuration(mlp_profiles):
   assert 0 < out["best"].efficiency <= 1
   assert {"NP", "ED", "HD"} <= set(policy_rows(results))
   assert any(line.startswith("planned NP") for line in lines) and any("refined" in line for line in lines)
+  # simulated in this process alone, the same results in the same order
+  alone = tune(cluster, mlp_profiles, 32, waves=6, ds=(0, 2), nm_max=4, screen=6, refine=3, workers=1)
+  assert [(r.candidate, r.images_per_sec) for r in alone["results"]] == [
+      (r.candidate, r.images_per_sec) for r in results]
 
 
 def test_tuner_refuses_too_few_waves(mlp_profiles):
@@ -161,7 +166,7 @@ def test_tune_cli_and_train_plan(tmp_path):
   assert proc.returncode == 0, proc.stderr[-2000:]
   summary = json.loads((tmp_path / "sim" / "summary.json").read_text())
   assert summary["images_per_second"] == pytest.approx(best["images_per_sec"], rel=0.02)
-  assert summary["nm"] == best["nm"] and summary["d"] == best["d"]
+  assert summary["nm"] == best["nm"] and summary["window"] == best["window"] and summary["d"] == best["d"]
   proc = _run(["experiments.train", plan, "--executor=virtual", "--waves=3", f"--out_dir={tmp_path / 'virtual'}"],
               tmp_path)
   assert proc.returncode == 0, proc.stderr[-2000:]

@@ -81,9 +81,10 @@ def manual_layout(cluster: Cluster, profiles: Sequence[UnitProfile], num_vws: in
 
 def grouped_layout(cluster: Cluster, profiles: Sequence[UnitProfile], groups: Sequence[Sequence[int]],
                    cuts: Sequence[Sequence[int]], nm: int | Sequence[int], weight_mode: str,
-                   optimizer_slots: float, precision: str = "fp32") -> Layout:
-  """An explicit layout: each virtual worker's GPUs by cluster index in pipeline order, its cuts and Nm
-  (what a tuned plan file holds). Nothing is searched; every stage must fit its GPU's memory (at
+                   optimizer_slots: float, precision: str = "fp32",
+                   window: int | Sequence[int] | None = None) -> Layout:
+  """An explicit layout: each virtual worker's GPUs by cluster index in pipeline order, its cuts, Nm and
+  window (what a tuned plan file holds). Nothing is searched; every stage must fit its GPU's memory (at
   ``precision``).
 
   Raises:
@@ -107,6 +108,6 @@ def grouped_layout(cluster: Cluster, profiles: Sequence[UnitProfile], groups: Se
       raise ConfigError(f"cuts {list(cut)} of virtual worker {i} must be {len(group) + 1} increasing "
                         f"boundaries from 0 to {num_units} (one non-empty stage per GPU)")
   layout = Layout(tuple(VWLayout(tuple(cluster.gpus[g] for g in group), tuple(cut), n)
-                        for group, cut, n in zip(groups, cuts, nms)))
+                        for group, cut, n in zip(groups, cuts, nms))).with_windows(window)
   check_memory(profiles, layout, weight_mode, optimizer_slots, precision)
   return layout
