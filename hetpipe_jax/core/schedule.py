@@ -120,13 +120,14 @@ def _make_ready(state: PipelineState, stage: int, kind: str, mb: int, schedule: 
   task = Task(state.vw, stage, kind, mb)
   entry = (SCHEDULES[schedule].key(kind, mb, state.seq), task)
   ready = state.ready[:stage] + (state.ready[stage] + (entry,),) + state.ready[stage + 1:]
-  return state._replace(ready=ready, seq=state.seq + 1)
+  return PipelineState(state.vw, state.next_mb, state.completed, state.busy, ready, state.seq + 1)
 
 
 def inject(state: PipelineState, schedule: str) -> tuple[PipelineState, int]:
   """Injects ``next_mb`` (the caller checked :func:`can_inject` and the gate); returns its number."""
   mb = state.next_mb
-  state = _make_ready(state._replace(next_mb=mb + 1), 0, FWD, mb, schedule)
+  state = _make_ready(PipelineState(state.vw, mb + 1, state.completed, state.busy, state.ready, state.seq), 0, FWD,
+                      mb, schedule)
   return state, mb
 
 
@@ -136,7 +137,8 @@ def pick(state: PipelineState, stage: int, allow: Callable[[Task], bool] | None 
   if state.busy[stage] is not None:
     return None
   ready = state.ready[stage] if allow is None else [entry for entry in state.ready[stage] if allow(entry[1])]
-  return min(ready, key=lambda entry: entry[0])[1] if ready else None
+  # keys are unique among a device's ready tasks, so comparing (key, task) pairs compares keys only
+  return min(ready)[1] if ready else None
 
 
 def start(state: PipelineState, task: Task) -> PipelineState:
@@ -144,11 +146,13 @@ def start(state: PipelineState, task: Task) -> PipelineState:
   j = task.stage
   if state.busy[j] is not None:
     raise ProtocolError(f"VW {state.vw} stage {j} started {task} while running {state.busy[j]}")
-  ready = tuple(entry for entry in state.ready[j] if entry[1] != task)
-  if len(ready) == len(state.ready[j]):
+  entries = state.ready[j]
+  at = next((n for n, entry in enumerate(entries) if entry[1] == task), None)
+  if at is None:
     raise ProtocolError(f"VW {state.vw}: {task} started but it was not ready")
-  return state._replace(busy=state.busy[:j] + (task,) + state.busy[j + 1:],
-                        ready=state.ready[:j] + (ready,) + state.ready[j + 1:])
+  ready = entries[:at] + entries[at + 1:]  # (a task is ready at most once)
+  return PipelineState(state.vw, state.next_mb, state.completed, state.busy[:j] + (task,) + state.busy[j + 1:],
+                       state.ready[:j] + (ready,) + state.ready[j + 1:], state.seq)
 
 
 def successor(task: Task, k: int) -> tuple[int, str] | None:
@@ -173,13 +177,14 @@ def finish(state: PipelineState, task: Task, schedule: str) -> tuple[PipelineSta
   j, mb, k = task.stage, task.mb, len(state.busy)
   if state.busy[j] != task:
     raise ProtocolError(f"VW {state.vw}: {task} finished but stage {j} was running {state.busy[j]}")
-  state = state._replace(busy=state.busy[:j] + (None,) + state.busy[j + 1:])
+  state = PipelineState(state.vw, state.next_mb, state.completed, state.busy[:j] + (None,) + state.busy[j + 1:],
+                        state.ready, state.seq)  # (the constructor: _replace costs 3x as much per task)
   nxt = successor(task, k)
   if nxt is not None:
     return _make_ready(state, *nxt, mb, schedule), False
   if mb != state.completed + 1:
     raise ProtocolError(f"VW {state.vw}: minibatch {mb} completed before {state.completed + 1}")
-  return state._replace(completed=mb), True
+  return PipelineState(state.vw, state.next_mb, mb, state.busy, state.ready, state.seq), True
 
 
 def timetable(k: int, nm: int, total: int, schedule: str = "1f1b", bwd_ticks: int = 1,

@@ -52,7 +52,7 @@ def init(k: int, num_vws: int) -> VersionBook:
 def forward(book: VersionBook, stage: int, mb: int) -> tuple[VersionBook, Version]:
   """A forward of ``mb`` starts at ``stage``: it uses the current version (kept for its backward)."""
   version = book.current[stage]
-  return book._replace(forwards={**book.forwards, (stage, mb): version}), version
+  return VersionBook(book.current, book.open_waves, {**book.forwards, (stage, mb): version}), version
 
 
 def backward(book: VersionBook, stage: int, mb: int, nm: int, weight_mode: str) -> tuple[VersionBook, Version]:
@@ -64,7 +64,7 @@ def backward(book: VersionBook, stage: int, mb: int, nm: int, weight_mode: str) 
   wave = wsp.wave_of(mb, nm)
   opened = dict(book.open_waves[stage])
   opened[wave] = opened.get(wave, 0) + 1
-  return VersionBook(_set(book.current, stage, now._replace(own=now.own + 1)),
+  return VersionBook(_set(book.current, stage, Version(now.own + 1, now.glob)),
                      _set(book.open_waves, stage, opened), forwards), used
 
 
