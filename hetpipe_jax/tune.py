@@ -413,11 +413,12 @@ def tune(cluster: Cluster, profiles: Sequence[UnitProfile], batch_size: int, *, 
     # the fixed policies as the planner runs them (NP, ED, HD at max_fit), in every setting: the tuned
     # configuration is then at least as fast as each of them
     fixed = [c for c in choices if c.grouping in POLICIES and c.nm_rule == "max_fit"]
-    settings_fixed = [[dataclasses.replace(c, d=d, placement=p, overlap_transfers=o)
-                       for p, o, d in itertools.product(placements, transfers, ds)] for c in fixed]
-    runs = sims.run([(s, waves) for group in settings_fixed for s in group if s not in refined])
-    for c, group in zip(fixed, settings_fixed):
-      refined.update((r.candidate, r) for r in (next(runs) for s in group if s not in refined))
+    todo = [[s for s in (dataclasses.replace(c, d=d, placement=p, overlap_transfers=o)
+                         for p, o, d in itertools.product(placements, transfers, ds)) if s not in refined]
+            for c in fixed]
+    runs = sims.run([(s, waves) for group in todo for s in group])
+    for c, group in zip(fixed, todo):
+      refined.update((s, next(runs)) for s in group)
       say(f"ran the fixed policy {c.grouping} in every setting ({time.perf_counter() - t0:.1f} s)")
   results = sorted(refined.values(), key=key)
   return {"best": results[0], "results": results + screened[refine:], "planned": len(choices),
