@@ -148,6 +148,7 @@ def _run(args, tmp_path, timeout=300):
                         timeout=timeout)
 
 
+@pytest.mark.slow  # 20-30 s of subprocesses (.ci/run runs it; the README's test command keeps under 10 minutes)
 def test_tune_cli_and_train_plan(tmp_path):
   """A tuned plan: the tuner writes it, train --plan runs it on sim (reproducing the prediction) and on the
   virtual executor (with numerics, the trace checked), and refuses a flag that disagrees in one line."""
