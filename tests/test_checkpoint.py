@@ -69,6 +69,7 @@ def _config(tmp_path, **kw):
   return RunConfig(**{**base, **kw})
 
 
+@pytest.mark.slow  # about 40 s (.ci/run runs it; the README's test command keeps under 10 minutes)
 def test_resume_refuses_a_changed_run_and_reads_no_damaged_checkpoint(tmp_path):
   model, data = get_model("mlp"), synthetic()
   whole = run_hetpipe(model, data, _config(tmp_path))
