@@ -41,7 +41,8 @@ MLP = get_model("mlp")  # 4 units
     (dict(window=3), r"window=3 with Nm=2; the window \(most minibatches in flight\) must be between 1 and "
                      r"Nm=2"),
     (dict(window=0), r"window=0 with Nm=2; the window .* must be between 1 and Nm=2"),
-    (dict(window=(1, 1, 1)), r"window=\[1, 1, 1\] gives 3 values for 2 virtual workers; give one, or one per"),
+    (dict(window=(1, 1, 1)), r"window has 3 values \[1, 1, 1\] for 2 virtual workers; give one value, or one "
+                             r"per virtual worker"),
 ])
 def test_bad_config(config, pattern):
   base = dict(cluster="hetero4", num_vws=2, stages=2, nm=2, d=1, waves=2, batch_size=16)

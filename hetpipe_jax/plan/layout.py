@@ -28,6 +28,19 @@ from hetpipe_jax.cluster import Gpu
 from hetpipe_jax.errors import ConfigError
 
 
+def per_vw(name: str, value: int | Sequence[int], n: int) -> list[int]:
+  """``value`` for each of ``n`` virtual workers: one value for all, or a sequence of ``n``.
+
+  Raises:
+    ConfigError: when a sequence has another length.
+  """
+  values = [value] * n if isinstance(value, int) else list(value)
+  if len(values) != n:
+    raise ConfigError(f"{name} has {len(values)} values {values} for {n} virtual workers; give one "
+                      "value, or one per virtual worker")
+  return values
+
+
 @dataclasses.dataclass(frozen=True)
 class VWLayout:
   """One virtual worker: its GPUs in pipeline order, the unit boundaries of its stages, its Nm.
@@ -140,12 +153,9 @@ class Layout:
     """
     if window is None:
       return self
-    windows = [window] * self.num_vws if isinstance(window, int) else list(window)
-    if len(windows) == 1:
-      windows *= self.num_vws
-    if len(windows) != self.num_vws:
-      raise ConfigError(f"window={windows} gives {len(windows)} values for {self.num_vws} virtual workers; "
-                        "give one, or one per virtual worker")
+    if not isinstance(window, int) and len(window) == 1:  # one value in a list serves every one too
+      window = window[0]
+    windows = per_vw("window", window, self.num_vws)
     return Layout(tuple(dataclasses.replace(vw, window=int(w)) for vw, w in zip(self.vws, windows)))
 
   def meta(self) -> dict[str, Any]:

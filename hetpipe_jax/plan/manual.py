@@ -10,21 +10,8 @@ from hetpipe_jax.cluster import Cluster, Gpu, assign_gpus
 from hetpipe_jax.cost.profile import UnitProfile
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.plan.costmodel import check_memory
-from hetpipe_jax.plan.layout import Layout, VWLayout
+from hetpipe_jax.plan.layout import Layout, VWLayout, per_vw
 from hetpipe_jax.plan.partition import partition
-
-
-def per_vw(name: str, value: int | Sequence[int], n: int) -> list[int]:
-  """``value`` for each of ``n`` virtual workers: one value for all, or a sequence of ``n``.
-
-  Raises:
-    ConfigError: when a sequence has another length.
-  """
-  values = [value] * n if isinstance(value, int) else list(value)
-  if len(values) != n:
-    raise ConfigError(f"{name} has {len(values)} values {values} for {n} virtual workers; give one "
-                      "value, or one per virtual worker")
-  return values
 
 
 def fastest_cuts(cluster: Cluster, profiles: Sequence[UnitProfile], gpus: Sequence[Sequence[Gpu]],
