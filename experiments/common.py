@@ -142,9 +142,12 @@ def check_seed(seed: int, flag: str = "seed") -> int:
 
 
 def ensure_devices(count: int) -> None:
-  """Makes JAX expose at least ``max(MIN_CPU_DEVICES, count)`` CPU devices; call before JAX computes."""
-  from hetpipe_jax import ensure_cpu_devices
+  """Makes JAX expose at least ``max(MIN_CPU_DEVICES, count)`` CPU devices and keep what it compiles in the
+  persistent compilation cache (:func:`hetpipe_jax.cluster.enable_compilation_cache`); call before JAX
+  computes."""
+  from hetpipe_jax.cluster import enable_compilation_cache, ensure_cpu_devices
   ensure_cpu_devices(max(MIN_CPU_DEVICES, count))
+  enable_compilation_cache()
 
 
 def output_path(out_dir: str, name: str, given: str | None = None) -> str:

@@ -39,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import replace
+from typing import Any
 
 from absl import flags
 
@@ -52,9 +53,15 @@ flags.DEFINE_string("policy", "ED", "HetPipe allocation policy: NP, ED, HD or a 
 flags.DEFINE_list("ds", ["0", "4", "32"], "Clock distance bounds D of the HetPipe runs.")
 flags.DEFINE_string("nm", "max_fit", "HetPipe Nm: max_fit, best or a number.")
 flags.DEFINE_bool("tuned", True, "Add the tuned configuration (experiments.tune's search on the time model).")
-flags.DEFINE_enum("tuned_objective", "time_to_accuracy", ["time_to_accuracy", "throughput"], "What the tuned "
-                  "configuration optimises: predicted time to --target_accuracy (the staleness model fitted to the "
-                  "first seed's runs; images/s when they give no fit) or images/s.")
+flags.DEFINE_enum("tuned_objective", "time_to_accuracy", ["time_to_accuracy", "throughput", "measured"],
+                  "What the tuned configuration optimises: predicted time to --target_accuracy (the staleness "
+                  "model fitted to the first seed's runs; images/s when they give no fit), images/s, or measured "
+                  "time to --target_accuracy (--pilots runs on --pilot_seed, of the tuner's configurations on its "
+                  "images/s-staleness front).")
+flags.DEFINE_integer("pilots", 4, "--tuned_objective=measured: how many configurations are trained to choose "
+                     "the tuned one.")
+flags.DEFINE_integer("pilot_seed", 100, "--tuned_objective=measured: the seed of the pilot runs (keep it out of "
+                     "--seeds: the choice is then not fitted to the runs that judge it).")
 flags.DEFINE_list("seeds", ["0", "1", "2"], "Initialisation and shuffling seeds: every run once per seed.")
 flags.DEFINE_float("epochs", 0.7, "Training examples seen by every run, in epochs.")
 flags.DEFINE_integer("batch_size", 32, "Minibatch size (per worker).")
@@ -107,6 +114,13 @@ def main(argv):
   if not seeds:
     raise ConfigError("--seeds is empty; give one or more seeds, e.g. --seeds=0,1,2")
   ds = common.parse_ints("ds", FLAGS.ds)
+  if FLAGS.tuned and FLAGS.tuned_objective == "measured":
+    if FLAGS.pilots < 1:
+      raise ConfigError(f"--pilots={FLAGS.pilots}; --tuned_objective=measured needs at least 1 pilot run, e.g. "
+                        "--pilots=4")
+    if common.check_seed(FLAGS.pilot_seed, "pilot_seed") in seeds:
+      raise ConfigError(f"--pilot_seed={FLAGS.pilot_seed} is one of --seeds; use a seed outside them, so that "
+                        "the measured choice is not fitted to the runs that judge it")
   cluster = get_cluster(FLAGS.cluster)
   common.ensure_devices(cluster.num_gpus)
   import jax
@@ -151,65 +165,106 @@ def main(argv):
     common.require_wsp(sim.events, "simulated run")
     return virtual_ips / sim.images_per_second
 
+  def run_fields(c) -> dict:
+    """A tuner candidate's settings as a run takes them."""
+    return {"policy": [[g.index for g in p.gpus] for p in c.plans], "cuts": [list(p.cuts) for p in c.plans],
+            "nm": [p.nm for p in c.plans], "window": [p.in_flight for p in c.plans], "d": c.d,
+            "placement": c.placement}
+
   def tuned_config() -> tuple[str, dict, bool]:
-    """The tuner's best on the time model: by predicted time to accuracy with the staleness model fitted
-    to the runs so far (the first seed's), else (no fit) by images/s."""
+    """The tuner's best on the time model (--tuned_objective): by predicted time to accuracy with the
+    staleness model fitted to the runs so far (the first seed's; images/s when they give no fit), by
+    images/s, or measured: the pilot runs' fastest to the target."""
     fit = None
-    if FLAGS.tuned_objective == "time_to_accuracy":
+    if FLAGS.tuned_objective != "throughput":
       points = [(r["mean_staleness"], r["images_to_target"]) for r in runs if r.get("images_to_target")]
       try:
         fit = fit_staleness_model(points, FLAGS.target_accuracy)
       except ConfigError as e:
-        common.progress("tuning by images/s: %s", e)
+        common.progress("ranking by images/s: %s", e)
     out = tune(cluster, clock_profiles, FLAGS.batch_size, ds=ds, optimizer_slots=slots, staleness_model=fit,
+               front=0 if FLAGS.tuned_objective == "throughput" else 6,
                max_stages=model.num_units,  # the trained model is cut over the same GPUs
                progress=lambda line: common.progress("tuner: %s", line))
     best = out["best"]
-    tuned.update(objective="time_to_accuracy" if fit else "throughput", label=best.candidate.label,
+    objective = "time_to_accuracy" if fit else "throughput"
+    if FLAGS.tuned_objective == "measured":
+      best = measured_best(out["results"], fit)
+      objective = "measured"
+    tuned.update(objective=objective, label=best.candidate.label,
                  images_per_sec=best.images_per_sec, mean_staleness=best.staleness,
                  fit=None if fit is None else dataclasses.asdict(fit),
                  predicted_time_to_target_s=None if fit is None else fit.seconds(best.images_per_sec,
                                                                                  best.staleness))
     common.progress("tuned (%s): %s", tuned["objective"], best.candidate.label)
     c = best.candidate
-    return (f"HetPipe tuned ({c.grouping}, D={c.d})",
-            {"policy": [[g.index for g in p.gpus] for p in c.plans], "cuts": [list(p.cuts) for p in c.plans],
-             "nm": [p.nm for p in c.plans], "d": c.d, "placement": c.placement}, c.overlap_transfers)
+    return f"HetPipe tuned ({c.grouping}, D={c.d})", run_fields(c), c.overlap_transfers
 
-  runs, scales, reused, tuned = [], {}, {}, {}
-  tuned_run = None  # (name, fields, overlap), chosen once the first seed's runs are in
+  def measured_best(results: list, fit):
+    """Trains :func:`pilot_choices` of the tuner's results on --pilot_seed and returns the one that reached
+    the target first (on the emulated clock)."""
+    chosen, front = pilot_choices(results, fit, FLAGS.pilots)
+    common.progress("measured choice: %d pilot runs on seed %d, of %d configurations on the front", len(chosen),
+                    FLAGS.pilot_seed, len(front))
+    timed = []
+    for i, r in enumerate(chosen):
+      run = train(f"pilot {i + 1}: {r.candidate.label}", run_fields(r.candidate), r.candidate.overlap_transfers,
+                  FLAGS.pilot_seed)
+      pilots.append({"label": r.candidate.label, "images_per_sec": r.images_per_sec,
+                     "mean_staleness_sim": r.staleness, "mean_staleness": run["mean_staleness"],
+                     "predicted_time_to_target_s": None if fit is None else fit.seconds(r.images_per_sec,
+                                                                                        r.staleness),
+                     "time_to_target_s": run["time_to_target_s"], "images_to_target": run["images_to_target"],
+                     "final_test_accuracy": run["curve"][-1][2], "seed": FLAGS.pilot_seed})
+      common.progress("pilot %d/%d: %s: time to target %s", i + 1, len(chosen), r.candidate.label,
+                      "not reached" if run["time_to_target_s"] is None else f"{run['time_to_target_s']:.4g} s")
+      if run["time_to_target_s"] is not None:
+        timed.append((run["time_to_target_s"], -r.images_per_sec, i, r))
+    if not timed:
+      raise ConfigError(f"none of the {len(chosen)} pilot runs reached {FLAGS.target_accuracy:.0%} within "
+                        f"{FLAGS.epochs} epochs; lower --target_accuracy, raise --epochs or --pilots")
+    return min(timed)[3]
+
+  scales, reused, tuned, pilots = {}, {}, {}, []
+
+  def train(name: str, fields: dict, overlap: bool, seed: int) -> dict:
+    """One HetPipe run on the virtual executor, its trace checked: the entry of ``runs`` it makes."""
+    layout_nms = [p.nm for p in plan_cluster(cluster, clock_profiles, policy, "default", nm, None,
+                                             optimizer_slots=slots).vws] if "cuts" not in fields else fields["nm"]
+    waves = max(1, math.ceil(total / sum(layout_nms)))
+    common.progress("seed %d, %s: %d virtual workers, Nm=%s, %d waves", seed, name, len(layout_nms), layout_nms,
+                    waves)
+    family = (seed, repr({k: v for k, v in fields.items() if k != "d"}))  # the same run but for D
+    same = next((r for r in reused.get(family, []) if r.events[0]["d"] < fields["d"]), None)
+    if same is not None:  # its gate never closed: at a larger D the run is the same, event for event
+      common.progress("seed %d, %s: the same run as at D=%d (its gate never closed)", seed, name,
+                      same.events[0]["d"])
+      result = replace(same, events=[{**same.events[0], "d": fields["d"]}] + same.events[1:])
+    else:
+      result = run_hetpipe(model, dataset, replace(base, seed=seed, waves=waves, **fields))
+    common.require_wsp(result.events, f"{name}, seed {seed}")
+    if not any(e["ev"] == "wait" for e in result.events):
+      reused.setdefault(family, []).append(result)
+    if name not in scales:
+      scales[name] = sim_scale(fields, overlap, waves, result.images_per_second)
+    nms = result.events[0]["nm"]
+    run = {"name": name, "system": "hetpipe", "seed": seed, "d": fields["d"], "nm": nms,
+           "gpus": sum(result.events[0]["stages"]), "time_scale": scales[name],
+           "curve": hetpipe_curve(result.metrics, nms, scales[name]),
+           "staleness": staleness_stats(result.events), "mean_staleness": mean_staleness(result.events)}
+    run["time_to_target_s"] = time_to(run["curve"], FLAGS.target_accuracy)
+    run["images_to_target"] = images_to(run["curve"], FLAGS.target_accuracy, FLAGS.batch_size)
+    return run
+
+  runs: list[dict] = []
+  tuned_run: tuple[str, dict, bool] | None = None  # chosen once the first seed's runs are in
   for seed in seeds:
-    for item in configs + (["tuned"] if FLAGS.tuned else []):
-      if item == "tuned":
-        if tuned_run is None:
-          for run in runs:
-            run["images_to_target"] = images_to(run["curve"], FLAGS.target_accuracy, FLAGS.batch_size)
-          tuned_run = tuned_config()
-        item = tuned_run
-      name, fields, overlap = item
-      layout_nms = [p.nm for p in plan_cluster(cluster, clock_profiles, policy, "default", nm, None,
-                                               optimizer_slots=slots).vws] if "cuts" not in fields else fields["nm"]
-      waves = max(1, math.ceil(total / sum(layout_nms)))
-      common.progress("seed %d, %s: %d virtual workers, Nm=%s, %d waves", seed, name, len(layout_nms), layout_nms,
-                      waves)
-      family = (seed, repr({k: v for k, v in fields.items() if k != "d"}))  # the same run but for D
-      same = next((r for r in reused.get(family, []) if r.events[0]["d"] < fields["d"]), None)
-      if same is not None:  # its gate never closed: at a larger D the run is the same, event for event
-        common.progress("seed %d, %s: the same run as at D=%d (its gate never closed)", seed, name,
-                        same.events[0]["d"])
-        result = replace(same, events=[{**same.events[0], "d": fields["d"]}] + same.events[1:])
-      else:
-        result = run_hetpipe(model, dataset, replace(base, seed=seed, waves=waves, **fields))
-      common.require_wsp(result.events, f"{name}, seed {seed}")
-      if not any(e["ev"] == "wait" for e in result.events):
-        reused.setdefault(family, []).append(result)
-      if name not in scales:
-        scales[name] = sim_scale(fields, overlap, waves, result.images_per_second)
-      nms = result.events[0]["nm"]
-      runs.append({"name": name, "system": "hetpipe", "seed": seed, "d": fields["d"], "nm": nms,
-                   "gpus": sum(result.events[0]["stages"]), "time_scale": scales[name],
-                   "curve": hetpipe_curve(result.metrics, nms, scales[name]),
-                   "staleness": staleness_stats(result.events), "mean_staleness": mean_staleness(result.events)})
+    for name, fields, overlap in configs:
+      runs.append(train(name, fields, overlap, seed))
+    if FLAGS.tuned:
+      if tuned_run is None:
+        tuned_run = tuned_config()
+      runs.append(train(*tuned_run, seed))
 
     gpus = [g for g in horovod_gpus(cluster, clock_profiles, slots) if g.type.name != FLAGS.whimpy]
     if not gpus:
@@ -244,7 +299,8 @@ def main(argv):
   summary = {name: summarise([r for r in runs if r["name"] == name]) for name in names}
   doc = {"target_accuracy": FLAGS.target_accuracy, "time_axis": time_axis, "model": model.name,
          "dataset": dataset.name, "cluster": cluster.name, "epochs": FLAGS.epochs, "whimpy": FLAGS.whimpy,
-         "seeds": seeds, "summary": summary, "tuned": tuned, **staleness_doc, "runs": runs}
+         "seeds": seeds, "summary": summary, "tuned": {**tuned, **({"pilots": pilots} if pilots else {})},
+         **staleness_doc, "runs": runs}
   paths = {name: common.output_path(FLAGS.out_dir, f"convergence.{ext}")
            for name, ext in (("json", "json"), ("csv", "csv"), ("plot", "png"))}
   common.write_json(paths["json"], doc)
@@ -281,10 +337,16 @@ def main(argv):
           f"{fit['beta']:.4g} x mean staleness); leave-one-out error on time to target: {error}")
   else:
     print(f"staleness-aware estimate: not fitted ({doc['staleness_note']})")
+  for p in pilots:
+    when = "not reached" if p["time_to_target_s"] is None else f"{p['time_to_target_s']:.4g} s"
+    print(f"pilot (seed {p['seed']}): {p['label']}: {p['images_per_sec']:.1f} images/s, mean staleness "
+          f"{p['mean_staleness']:.2f}, time to {FLAGS.target_accuracy:.0%} {when}")
   if tuned_run is not None and tuned.get("predicted_time_to_target_s") is not None:
     name = tuned_run[0]
     measured = summary[name]["mean_time_to_target_s"]
-    print(f"tuned by predicted time to {FLAGS.target_accuracy:.0%} ({tuned['label']}): predicted "
+    how = ("the fastest of the pilot runs, estimated" if tuned["objective"] == "measured" else
+           "predicted time to " + format(FLAGS.target_accuracy, ".0%") + ",")
+    print(f"tuned by {how} ({tuned['label']}): predicted "
           f"{tuned['predicted_time_to_target_s']:.4g} s before it ran, measured "
           + (f"{measured:.4g} s (mean over seeds)" if measured is not None else "not reached by every seed"))
   best = min((n for n in names if n.startswith("HetPipe") and summary[n]["mean_time_to_target_s"] is not None),
@@ -300,6 +362,26 @@ def main(argv):
           "every seed: no mean speedup to report")
   print(f"time axis: {time_axis} (emulated seconds, not wall time)")
   common.print_outputs(paths.items(), width=5)
+
+
+def pilot_choices(results: list, fit, count: int) -> tuple[list, list]:
+  """``count`` configurations to train, and the front they come from: the tuner's results on the front of
+  images/s against mean staleness (no other is both faster and less stale), one setting per grouping and
+  Nm (its fastest). Half of them (rounded up) are the best by the staleness-aware estimate ``fit``, the
+  others (all of them without a fit) evenly spaced inside the part of the front that is faster than those:
+  more images/s for more staleness, the trade-off the estimate may judge wrongly."""
+  from hetpipe_jax.tune import pareto_front
+  best: dict[tuple, Any] = {}
+  for r in pareto_front(results):  # in order of images/s: the last of a configuration is its fastest
+    best[(r.candidate.grouping, tuple((p.nm, p.in_flight) for p in r.candidate.plans))] = r
+  front = sorted(best.values(), key=lambda r: r.images_per_sec)
+  chosen = []
+  if fit is not None:
+    chosen = sorted(front, key=lambda r: fit.seconds(r.images_per_sec, r.staleness))[:(count + 1) // 2]
+  faster = [r for r in front if r.images_per_sec > max((c.images_per_sec for c in chosen), default=0.0)]
+  n = count - len(chosen)
+  chosen += list(dict.fromkeys(faster[(i + 1) * len(faster) // (n + 1)] for i in range(n))) if faster else []
+  return chosen, front
 
 
 def summarise(runs: list[dict]) -> dict:

@@ -13,9 +13,10 @@ overlap computation. The search, in three rounds:
    minibatches per wave, so that the waves of all take about as long: under WSP the long-run wave rate of
    every virtual worker is the slowest one's). Each choice gets the WSP-aware modelled rate:
    ``batch x sum_i Nm_i x min_i (T_i / Nm_i)`` for T_i the virtual worker's modelled minibatches/s.
-2. **Screen** the best modelled choices (and the best two of every grouping) on the simulator at D = 0,
-   on short runs: a grouping's best modelled choice in every placement and transfer model, its other
-   choices in the two settings that served that one best.
+2. **Screen** the best modelled choices (and the best two of every grouping; when staleness matters, a
+   few more of every grouping spread over its range of wave sizes) on the simulator at D = 0, on short
+   runs: a grouping's best modelled choice in every placement and transfer model, its other choices in the
+   two settings that served that one best.
 3. **Refine** the fastest few at every D, on runs of full length, and run the fixed policies (NP, ED, HD at
    the planner's max_fit Nm) in every setting too, so that the tuned configuration is at least as fast as
    each of them. The best is the prediction.
@@ -318,7 +319,7 @@ def tune(cluster: Cluster, profiles: Sequence[UnitProfile], batch_size: int, *, 
          transfers: Sequence[bool] = (False, True), nm_max: int = 32, screen: int = 16, refine: int = 6,
          weight_mode: str = "stash", optimizer_slots: float = 0.0, precision: str = "fp32",
          schedule: str = "1f1b", max_states: int = 100_000, max_stages: int | None = None,
-         windows: bool = True, staleness_model: StalenessModel | None = None,
+         windows: bool = True, staleness_model: StalenessModel | None = None, front: int | None = None,
          progress: Progress | None = None, workers: int | None = None) -> dict[str, Any]:
   """Searches configurations of ``profiles``' model on ``cluster`` (the module docstring).
 
@@ -337,6 +338,10 @@ def tune(cluster: Cluster, profiles: Sequence[UnitProfile], batch_size: int, *, 
     windows: Nm sized to speed may exceed what a virtual worker's memory holds in flight, up to
       ``nm_max``, with a window (:func:`nm_choices`).
     staleness_model: rank by its predicted time to accuracy (fastest first) instead of by images/s.
+    front: also screen up to this many of every grouping's Nm choices, spread evenly over its modelled
+      rates (fewer minibatches per wave: fewer images/s but less staleness), so that the results hold the
+      trade-off between images/s and staleness and not only the fastest choices (None: 6 with a
+      ``staleness_model``, else 0).
     progress: called with a line at every step.
     workers: processes that simulate candidates at once (None: one per CPU core; 1: this process only).
       The results are the same for any count.
@@ -376,8 +381,10 @@ def tune(cluster: Cluster, profiles: Sequence[UnitProfile], batch_size: int, *, 
                       "more GPU memory or a smaller batch size")
   ranked = sorted(choices, key=lambda c: -c.modelled_images_per_sec(batch_size))
   keep = ranked[:screen]
+  front = (6 if staleness_model is not None else 0) if front is None else front
   for name in dict.fromkeys(c.grouping for c in choices):
-    keep += [c for c in ranked if c.grouping == name][:2]
+    mine = [c for c in ranked if c.grouping == name]
+    keep += mine[:2] + spread(mine, front)
   keep = list(dict.fromkeys(keep))
   ideal = ideal_images_per_sec(cluster, profiles, batch_size, precision=precision)
   key = lambda r: -r.images_per_sec if staleness_model is None else staleness_model.seconds(r.images_per_sec,
@@ -423,6 +430,25 @@ def tune(cluster: Cluster, profiles: Sequence[UnitProfile], batch_size: int, *, 
   results = sorted(refined.values(), key=key)
   return {"best": results[0], "results": results + screened[refine:], "planned": len(choices),
           "partitions": planner.partitions, "seconds": time.perf_counter() - t0}
+
+
+def spread(items: Sequence[Any], n: int) -> list[Any]:
+  """``n`` of ``items`` evenly spaced from the first to the last (all of them when there are at most n)."""
+  if len(items) <= n:
+    return list(items)
+  if n <= 1:
+    return list(items[:n])
+  return [items[round(i * (len(items) - 1) / (n - 1))] for i in range(n)]
+
+
+def pareto_front(results: Iterable[Result]) -> list[Result]:
+  """The results no other is both faster and less stale than, least stale first (one per staleness): the
+  trade-off between images/s and mean staleness the tuner found."""
+  front: list[Result] = []
+  for r in sorted(results, key=lambda r: (r.staleness, -r.images_per_sec)):
+    if not front or r.images_per_sec > front[-1].images_per_sec:
+      front.append(r)
+  return front
 
 
 _SIM_ARGS: tuple = ()  # a worker process's (cluster, profiles, batch_size, schedule, weight_mode, precision)

@@ -62,6 +62,10 @@ def test_one_cuts_list_serves_every_virtual_worker_and_sets_the_stages(tmp_path)
     ("experiments.train", ["--stages=two"], r"--stages=two must be integers"),
     ("experiments.convergence", ["--seeds=0,-1"], r"--seeds=-1; a seed must be in"),
     ("experiments.convergence", ["--ds=0,x"], r"--ds=0,x must be integers"),
+    ("experiments.convergence", ["--tuned_objective=measured", "--pilots=0"], r"--pilots=0; --tuned_objective="
+                                                                              r"measured needs at least 1"),
+    ("experiments.convergence", ["--tuned_objective=measured", "--pilot_seed=1"], r"--pilot_seed=1 is one of "
+                                                                                  r"--seeds; use a seed outside"),
     ("experiments.plan", ["--optimizer=lion"], r"unknown optimizer 'lion'; choose one of sgd, momentum, adam"),
     ("experiments.throughput", ["--optimizer=lion"], r"unknown optimizer 'lion'"),
     ("experiments.validate_sim", ["--waves=0"], r"waves=0; run at least 1 wave"),

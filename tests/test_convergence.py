@@ -68,12 +68,35 @@ def test_doubling_every_gpu_halves_the_time_to_target():
   assert times[0] is not None and times[1] == pytest.approx(times[0] / 2, rel=1e-6)
 
 
+def test_pilot_choices_take_the_estimates_best_and_faster_points_of_the_front():
+  from experiments.convergence import pilot_choices
+  from hetpipe_jax.tune import StalenessModel
+
+  def result(name, nm, ips, staleness):
+    plan = type("Plan", (), {"nm": nm, "in_flight": nm})()
+    return type("Result", (), {"candidate": type("C", (), {"grouping": name, "plans": (plan,)})(),
+                               "images_per_sec": ips, "staleness": staleness})()
+
+  results = [result("A", 1, 100.0, 0.0), result("A", 2, 200.0, 2.0), result("A", 2, 210.0, 2.5),  # 2 settings
+             result("B", 4, 300.0, 10.0), result("B", 8, 400.0, 40.0), result("C", 16, 500.0, 90.0),
+             result("C", 1, 150.0, 50.0)]  # off the front: slower than A at Nm 2 and more stale
+  key = lambda r: (r.candidate.grouping, r.candidate.plans[0].nm, r.images_per_sec)
+  chosen, front = pilot_choices(results, None, 2)
+  assert [key(r) for r in front] == [("A", 1, 100.0), ("A", 2, 210.0), ("B", 4, 300.0), ("B", 8, 400.0),
+                                     ("C", 16, 500.0)]  # one per configuration: its fastest setting
+  assert [key(r) for r in chosen] == [("A", 2, 210.0), ("B", 8, 400.0)]  # inside the front, evenly
+  fit = StalenessModel(1000.0, 0.05)  # seconds: A1 10, A2 5.6, B4 5, B8 7.5, C16 11
+  chosen, _ = pilot_choices(results, fit, 4)
+  assert [key(r) for r in chosen] == [("B", 4, 300.0), ("A", 2, 210.0), ("B", 8, 400.0), ("C", 16, 500.0)]
+
+
 @pytest.mark.slow
 def test_convergence_cli(tmp_path):
   env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
   proc = subprocess.run([sys.executable, "-m", "experiments.convergence", "--model=mlp", "--dataset=digits",
                          "--cluster=paper_mini", "--ds=0,4", "--epochs=2", "--target_accuracy=0.3",
-                         "--time_model=none", "--whimpy=", "--seeds=0,1", "--ssp", f"--out_dir={tmp_path}"],
+                         "--time_model=none", "--whimpy=", "--seeds=0,1", "--ssp", "--tuned_objective=measured",
+                         "--pilots=2", "--pilot_seed=7", f"--out_dir={tmp_path}"],
                         capture_output=True, text=True, timeout=600, env=env)
   assert proc.returncode == 0, proc.stderr[-3000:]
   doc = json.loads((tmp_path / "convergence.json").read_text())
@@ -88,5 +111,10 @@ def test_convergence_cli(tmp_path):
     if run["system"] != "horovod":  # the time axis follows the sim executor's rate for the configuration
       assert run["time_scale"] > 0 and run["mean_staleness"] >= 0
   assert "staleness_model" in doc or "staleness_note" in doc
+  pilots = doc["tuned"]["pilots"]  # the tuned configuration: the pilot runs' fastest to the target
+  assert doc["tuned"]["objective"] == "measured" and 1 <= len(pilots) <= 2
+  assert {p["seed"] for p in pilots} == {7}
+  reached = [p for p in pilots if p["time_to_target_s"] is not None]
+  assert doc["tuned"]["label"] == min(reached, key=lambda p: p["time_to_target_s"])["label"]
   assert (tmp_path / "convergence.png").stat().st_size > 10_000 and (tmp_path / "convergence.csv").exists()
   assert "speedup vs Horovod" in proc.stdout and "mean staleness" in proc.stdout

@@ -20,7 +20,9 @@ from hetpipe_jax.tune import (
   mean_staleness,
   modelled_images_per_sec,
   nm_choices,
+  pareto_front,
   policy_rows,
+  spread,
   tune,
 )
 
@@ -92,6 +94,32 @@ def test_tuner_finds_the_fastest_checked_configuration(mlp_profiles):
   alone = tune(cluster, mlp_profiles, 32, waves=6, ds=(0, 2), nm_max=4, screen=6, refine=3, workers=1)
   assert [(r.candidate, r.images_per_sec) for r in alone["results"]] == [
       (r.candidate, r.images_per_sec) for r in results]
+
+
+def test_front_screening_adds_every_groupings_smaller_waves(mlp_profiles):
+  """With front=n the screen also takes n of every grouping's Nm choices spread over its range, so the
+  results hold less stale (smaller-wave) configurations than the fastest ones; the front of images/s
+  against staleness is then monotone both ways."""
+  cluster = get_cluster("hetero4")
+  kwargs = {"waves": 6, "ds": (0,), "nm_max": 4, "screen": 2, "refine": 1, "workers": 1}
+  plain, wide = tune(cluster, mlp_profiles, 32, front=0, **kwargs), tune(cluster, mlp_profiles, 32, front=4,
+                                                                         **kwargs)
+  nms = lambda out: {(r.candidate.grouping, tuple(p.nm for p in r.candidate.plans)) for r in out["results"]}
+  assert nms(plain) < nms(wide)
+  assert min(r.staleness for r in wide["results"]) < min(r.staleness for r in plain["results"])
+  front = pareto_front(wide["results"])
+  assert front[0].staleness == min(r.staleness for r in wide["results"])
+  assert front[-1].images_per_sec == max(r.images_per_sec for r in wide["results"])
+  for a, b in zip(front, front[1:]):
+    assert a.staleness < b.staleness and a.images_per_sec < b.images_per_sec
+  for r in wide["results"]:  # nothing off the front is both faster and less stale than a point on it
+    assert not any(r.staleness < f.staleness and r.images_per_sec > f.images_per_sec for f in front)
+
+
+def test_spread_by_hand():
+  assert spread(list(range(10)), 4) == [0, 3, 6, 9]
+  assert spread([1, 2], 5) == [1, 2]
+  assert spread(list(range(10)), 1) == [0]
 
 
 def test_tuner_refuses_too_few_waves(mlp_profiles):

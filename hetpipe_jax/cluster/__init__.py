@@ -19,7 +19,7 @@ from hetpipe_jax.cluster.catalogue import (
     Link,
     format_bytes,
 )
-from hetpipe_jax.cluster.devices import ensure_cpu_devices
+from hetpipe_jax.cluster.devices import enable_compilation_cache, ensure_cpu_devices
 from hetpipe_jax.cluster.toml import load_cluster_toml
 from hetpipe_jax.cluster.topology import (
     PRESETS,
@@ -33,7 +33,7 @@ from hetpipe_jax.cluster.topology import (
 
 __all__ = [
     "CATALOGUE", "CLASS_A", "CLASS_B", "CLASS_C", "CLASS_D", "GIB", "LINKS", "PAPER_TYPES", "PRESETS",
-    "SCALE_TYPES", "SPEED_CLASSES", "Cluster", "Gpu", "GpuType", "Link", "assign_gpus", "ensure_cpu_devices",
-    "format_bytes", "get_cluster", "load_cluster_toml", "make_cluster",
+    "SCALE_TYPES", "SPEED_CLASSES", "Cluster", "Gpu", "GpuType", "Link", "assign_gpus", "enable_compilation_cache",
+    "ensure_cpu_devices", "format_bytes", "get_cluster", "load_cluster_toml", "make_cluster",
     "mixed_cluster",
 ]

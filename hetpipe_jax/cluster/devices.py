@@ -38,3 +38,28 @@ def ensure_cpu_devices(count: int) -> None:
       raise ConfigError(
           f"JAX already started with {have} devices and this run needs {count}; set "
           f"XLA_FLAGS=--xla_force_host_platform_device_count={count} before JAX starts") from None
+
+
+XLA_CACHE_ENV = "HETPIPE_JAX_XLA_CACHE"  # names the compiled-program cache directory; empty turns it off
+XLA_CACHE_DIR = "~/.cache/hetpipe_jax/xla"
+
+
+def enable_compilation_cache() -> str | None:
+  """Keeps every program XLA compiles in JAX's persistent compilation cache, so that a run whose stage
+  programs an earlier run (of this process or another) already compiled loads them instead: the same
+  programs, so the same results. The directory is ``$HETPIPE_JAX_XLA_CACHE`` if set (empty: no cache),
+  else ``~/.cache/hetpipe_jax/xla``. It is not capped (JAX's cap needs the ``filelock`` package); a program
+takes about 10 KB, and the directory may be deleted at any time.
+
+  Returns:
+    The cache directory, or None when the cache is off.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+
+  path = os.environ.get(XLA_CACHE_ENV, XLA_CACHE_DIR)
+  if not path:
+    return None
+  path = os.path.expanduser(path)
+  jax.config.update("jax_compilation_cache_dir", path)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  return path
