@@ -11,7 +11,9 @@ CNN, and the 12 -> 16 GPU comparison (--whimpy: the baselines may not use the RT
 * HetPipe at each D of --ds (allocation --policy, partitions and Nm from the planner), and the tuned
   configuration (``experiments.tune``'s search on the time model: grouping, Nm per virtual worker, D,
   placement, transfer model), chosen by its predicted time to accuracy with the staleness model fitted to
-  the first seed's runs (--tuned_objective; images/s when they give no fit);
+  the first seed's runs (--tuned_objective; images/s when they give no fit), or measured: --pilots
+  configurations of the tuner's front of images/s against staleness trained on --pilot_seed, the first
+  to the target chosen;
 * Horovod-style synchronous data parallelism on the GPUs that hold the whole model (time per step:
   slowest GPU + all-reduce overlapped with the backward pass, the faster of the two baselines);
 * with --ssp, an SSP parameter server without pipelining (one worker per GPU, Nm = 1, D = --ssp_d).
@@ -32,6 +34,7 @@ spread), prints each run's time to target (mean and range over seeds) and speedu
 
   python -m experiments.convergence
   python -m experiments.convergence --time_model=none --whimpy= --seeds=0 --out_dir=outputs/own_cost
+  python -m experiments.convergence --tuned_objective=measured --pilots=6
 """
 
 from __future__ import annotations
@@ -344,11 +347,11 @@ def main(argv):
   if tuned_run is not None and tuned.get("predicted_time_to_target_s") is not None:
     name = tuned_run[0]
     measured = summary[name]["mean_time_to_target_s"]
-    how = ("the fastest of the pilot runs, estimated" if tuned["objective"] == "measured" else
-           "predicted time to " + format(FLAGS.target_accuracy, ".0%") + ",")
-    print(f"tuned by {how} ({tuned['label']}): predicted "
-          f"{tuned['predicted_time_to_target_s']:.4g} s before it ran, measured "
-          + (f"{measured:.4g} s (mean over seeds)" if measured is not None else "not reached by every seed"))
+    how = ("the pilot runs" if tuned["objective"] == "measured" else
+           "predicted time to " + format(FLAGS.target_accuracy, ".0%"))
+    print(f"tuned by {how} ({tuned['label']}): the estimate predicted {tuned['predicted_time_to_target_s']:.4g} s "
+          "before it ran, measured " + (f"{measured:.4g} s (mean over seeds)" if measured is not None else
+                                        "not reached by every seed"))
   best = min((n for n in names if n.startswith("HetPipe") and summary[n]["mean_time_to_target_s"] is not None),
              key=lambda n: summary[n]["mean_time_to_target_s"], default=None)
   if best is not None and th:
