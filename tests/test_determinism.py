@@ -33,7 +33,7 @@ def test_other_seed_other_numbers():
 def test_compiled_programs_come_back_from_the_cache_with_the_same_bits():
   """conftest.py turns JAX's persistent compilation cache on (as the experiment scripts do): a run whose
   stage programs an earlier run compiled loads them from the cache, and its numbers are the same."""
-  from jax._src import monitoring
+  from jax import monitoring
   hits = []
   listener = lambda event, **_: hits.append(event) if event == "/jax/compilation_cache/cache_hits" else None
   first = _run(3)

@@ -49,7 +49,7 @@ def enable_compilation_cache() -> str | None:
   programs an earlier run (of this process or another) already compiled loads them instead: the same
   programs, so the same results. The directory is ``$HETPIPE_JAX_XLA_CACHE`` if set (empty: no cache),
   else ``~/.cache/hetpipe_jax/xla``. It is not capped (JAX's cap needs the ``filelock`` package); a program
-takes about 10 KB, and the directory may be deleted at any time.
+  takes about 13 KB, and the directory may be deleted at any time.
 
   Returns:
     The cache directory, or None when the cache is off.
