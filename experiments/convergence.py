@@ -156,15 +156,16 @@ def main(argv):
   base = RunConfig(cluster=cluster, batch_size=FLAGS.batch_size, optimizer=OPTIMIZER,
                    learning_rate=FLAGS.learning_rate, eval_every=FLAGS.eval_every, time_model=time_model,
                    executor="virtual")
-  configs = []  # (name, RunConfig fields, overlapped transfers on the sim)
+  configs = []  # (name, RunConfig fields, the sim executor's transfer models)
   for d in ds:
-    configs.append((f"HetPipe {FLAGS.policy} D={d}", {"policy": policy, "nm": nm, "d": d}, False))
+    configs.append((f"HetPipe {FLAGS.policy} D={d}", {"policy": policy, "nm": nm, "d": d}, {}))
   sim_model, sim_data = ((full_size_model(time_model), FULL_SIZE[time_model]) if time_model else (model, dataset))
 
-  def sim_scale(fields: dict, overlap: bool, waves: int, virtual_ips: float) -> float:
-    """Emulated seconds on the sim executor per second of the virtual executor's clock."""
-    sim = run_hetpipe(sim_model, sim_data, replace(base, **fields, time_model=None, executor="sim",
-                                                   waves=min(waves, 50), overlap_transfers=overlap))
+  def sim_scale(fields: dict, transfers: dict, waves: int, virtual_ips: float) -> float:
+    """Emulated seconds on the sim executor (with ``transfers``: its transfer models) per second of the
+    virtual executor's clock."""
+    sim = run_hetpipe(sim_model, sim_data, replace(base, **fields, **transfers, time_model=None, executor="sim",
+                                                   waves=min(waves, 50)))
     common.require_wsp(sim.events, "simulated run")
     return virtual_ips / sim.images_per_second
 
@@ -174,7 +175,11 @@ def main(argv):
             "nm": [p.nm for p in c.plans], "window": [p.in_flight for p in c.plans], "d": c.d,
             "placement": c.placement}
 
-  def tuned_config() -> tuple[str, dict, bool]:
+  def sim_transfers(c) -> dict:
+    """A tuner candidate's transfer models, which only the sim executor has."""
+    return {"overlap_transfers": c.overlap_transfers, "staged_ps": c.staged_ps}
+
+  def tuned_config() -> tuple[str, dict, dict]:
     """The tuner's best on the time model (--tuned_objective): by predicted time to accuracy with the
     staleness model fitted to the runs so far (the first seed's; images/s when they give no fit), by
     images/s, or measured: the pilot runs' fastest to the target."""
@@ -201,7 +206,7 @@ def main(argv):
                                                                                  best.staleness))
     common.progress("tuned (%s): %s", tuned["objective"], best.candidate.label)
     c = best.candidate
-    return f"HetPipe tuned ({c.grouping}, D={c.d})", run_fields(c), c.overlap_transfers
+    return f"HetPipe tuned ({c.grouping}, D={c.d})", run_fields(c), sim_transfers(c)
 
   def measured_best(results: list, fit):
     """Trains :func:`pilot_choices` of the tuner's results on --pilot_seed and returns the one that reached
@@ -211,7 +216,7 @@ def main(argv):
                     FLAGS.pilot_seed, len(front))
     timed = []
     for i, r in enumerate(chosen):
-      run = train(f"pilot {i + 1}: {r.candidate.label}", run_fields(r.candidate), r.candidate.overlap_transfers,
+      run = train(f"pilot {i + 1}: {r.candidate.label}", run_fields(r.candidate), sim_transfers(r.candidate),
                   FLAGS.pilot_seed)
       pilots.append({"label": r.candidate.label, "images_per_sec": r.images_per_sec,
                      "mean_staleness_sim": r.staleness, "mean_staleness": run["mean_staleness"],
@@ -230,8 +235,9 @@ def main(argv):
 
   scales, reused, tuned, pilots = {}, {}, {}, []
 
-  def train(name: str, fields: dict, overlap: bool, seed: int) -> dict:
-    """One HetPipe run on the virtual executor, its trace checked: the entry of ``runs`` it makes."""
+  def train(name: str, fields: dict, transfers: dict, seed: int) -> dict:
+    """One HetPipe run on the virtual executor, its trace checked: the entry of ``runs`` it makes
+    (``transfers``: the sim executor's transfer models for its time scale)."""
     layout_nms = [p.nm for p in plan_cluster(cluster, clock_profiles, policy, "default", nm, None,
                                              optimizer_slots=slots).vws] if "cuts" not in fields else fields["nm"]
     waves = max(1, math.ceil(total / sum(layout_nms)))
@@ -249,7 +255,7 @@ def main(argv):
     if not any(e["ev"] == "wait" for e in result.events):
       reused.setdefault(family, []).append(result)
     if name not in scales:
-      scales[name] = sim_scale(fields, overlap, waves, result.images_per_second)
+      scales[name] = sim_scale(fields, transfers, waves, result.images_per_second)
     nms = result.events[0]["nm"]
     run = {"name": name, "system": "hetpipe", "seed": seed, "d": fields["d"], "nm": nms,
            "gpus": sum(result.events[0]["stages"]), "time_scale": scales[name],
@@ -260,10 +266,10 @@ def main(argv):
     return run
 
   runs: list[dict] = []
-  tuned_run: tuple[str, dict, bool] | None = None  # chosen once the first seed's runs are in
+  tuned_run: tuple[str, dict, dict] | None = None  # chosen once the first seed's runs are in
   for seed in seeds:
-    for name, fields, overlap in configs:
-      runs.append(train(name, fields, overlap, seed))
+    for name, fields, transfers in configs:
+      runs.append(train(name, fields, transfers, seed))
     if FLAGS.tuned:
       if tuned_run is None:
         tuned_run = tuned_config()
@@ -287,7 +293,7 @@ def main(argv):
       ssp = run_hetpipe(model, dataset, replace(base, seed=seed, waves=max(1, total // len(gpus)), **fields))
       common.require_wsp(ssp.events, f"{name}, seed {seed}")
       if name not in scales:
-        scales[name] = sim_scale(fields, False, total // len(gpus), ssp.images_per_second)
+        scales[name] = sim_scale(fields, {}, total // len(gpus), ssp.images_per_second)
       runs.append({"name": name, "system": "ssp", "seed": seed, "d": FLAGS.ssp_d, "nm": [1], "gpus": len(gpus),
                    "time_scale": scales[name], "curve": hetpipe_curve(ssp.metrics, [1] * len(gpus), scales[name]),
                    "staleness": staleness_stats(ssp.events), "mean_staleness": mean_staleness(ssp.events)})

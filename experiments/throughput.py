@@ -109,7 +109,8 @@ def study(model_name: str, cluster, ds: list[int]) -> list[dict]:
     best = tune(cluster, profiles, FLAGS.batch_size, waves=FLAGS.waves, ds=ds, optimizer_slots=slots,
                 progress=lambda line: common.progress("%s tuner: %s", model_name, line))["best"]
     c = best.candidate
-    row("policy", f"tuned: {c.grouping}, Nm {c.nm_rule}, D={c.d}, {c.placement}", cluster.num_gpus,
+    staged = ", staged PS" if c.staged_ps else ""
+    row("policy", f"tuned: {c.grouping}, Nm {c.nm_rule}, D={c.d}, {c.placement}{staged}", cluster.num_gpus,
         max(p.nm for p in c.plans), c.d, best.images_per_sec, ideal(None),
         "overlap" if c.overlap_transfers else "serial")
     common.progress("%s tuned (%s): %.1f images/s", model_name, c.label, best.images_per_sec)

@@ -84,6 +84,10 @@ flags.DEFINE_string("plan", None, "A tuned plan (tune.json of experiments.tune):
                     "full-size model's clock.")
 flags.DEFINE_bool("overlap_transfers", False, "sim executor: a stage's input travels while its device computes "
                   "other tasks, instead of being received in series inside the task.")
+flags.DEFINE_bool("staged_ps", False, "sim executor: each stage's part of a push leaves when that stage's last "
+                  "backward of the wave ends, and each stage's part of a pull lands on its own (the gated "
+                  "forwards wait at a stage for its part only), instead of a virtual worker's push and pull "
+                  "moving as one.")
 flags.DEFINE_bool("fast_sim", False, "sim executor: simulate until every virtual worker's wave period settles, "
                   "then extrapolate the rest of --waves (hetpipe_jax.sim.steady; checked by "
                   "experiments.validate_fast).")
@@ -163,7 +167,7 @@ def join_job() -> None:
 
 # What a tuned plan sets (a flag given beside it must match).
 PLAN_FLAGS = ("model", "dataset", "cluster", "batch_size", "optimizer", "weight_mode", "schedule", "policy",
-              "cuts", "nm", "window", "d", "placement", "overlap_transfers")
+              "cuts", "nm", "window", "d", "placement", "overlap_transfers", "staged_ps")
 
 
 def apply_plan(path: str) -> dict | None:
@@ -187,6 +191,7 @@ def apply_plan(path: str) -> dict | None:
         "cuts": ";".join(",".join(map(str, c)) for c in best["cuts"]), "nm": [str(n) for n in best["nm"]],
         "window": [str(n) for n in best.get("window", best["nm"])],
         "d": int(best["d"]), "placement": best["placement"], "overlap_transfers": bool(best["overlap_transfers"]),
+        "staged_ps": bool(best.get("staged_ps", False)),
         "dataset": best.get("dataset") or FLAGS.dataset}  # a small model's plan was profiled on its dataset
   except (OSError, ValueError, KeyError, TypeError) as e:
     raise ConfigError(f"--plan={path}: not a tuned plan ({type(e).__name__}: {e}); write one with python -m "
@@ -202,6 +207,10 @@ def apply_plan(path: str) -> dict | None:
     print(f"note: the plan's overlapped transfers are a model of the sim executor; the {FLAGS.executor} "
           "executor receives each task's input in series", flush=True)
     values["overlap_transfers"] = False
+  if FLAGS.executor != "sim" and values["staged_ps"]:
+    print(f"note: the plan's staged push and pull transfers are a model of the sim executor; the "
+          f"{FLAGS.executor} executor moves a virtual worker's push and pull as one", flush=True)
+    values["staged_ps"] = False
   for name in PLAN_FLAGS:
     given = FLAGS[name].value
     if FLAGS[name].present and given != values[name]:
@@ -279,7 +288,8 @@ def main(argv):
       trace_path=trace_out, policy=policy, placement=FLAGS.placement, on_nonfinite=FLAGS.on_nonfinite,
       checkpoint_dir=FLAGS.checkpoint_dir, checkpoint_every=FLAGS.checkpoint_every,
       keep_checkpoints=FLAGS.keep_checkpoints, resume=FLAGS.resume, failures=parse_failures(FLAGS.fail),
-      rejoin=FLAGS.rejoin, overlap_transfers=FLAGS.overlap_transfers, fast_sim=FLAGS.fast_sim,
+      rejoin=FLAGS.rejoin, overlap_transfers=FLAGS.overlap_transfers, staged_ps=FLAGS.staged_ps,
+      fast_sim=FLAGS.fast_sim,
       time_model=plan["time_model"] if plan else None, precision=FLAGS.precision)
   from hetpipe_jax.models import FULL_SIZE, full_size_model, full_size_spec
   if FLAGS.executor == "sim" and FLAGS.model in FULL_SIZE:  # no numerics: the model's own input, no data
@@ -324,7 +334,8 @@ def main(argv):
       "images_per_second": result.images_per_second, "final_test_accuracy": final_acc,
       "trace_violations": [str(v) for v in violations[:20]], "staleness": stats,
       "checkpoints": result.checkpoints, "overlap_transfers": config.overlap_transfers,
-      "time_model": config.time_model, "fast_sim": result.fast_sim, "precision": config.precision,
+      "staged_ps": config.staged_ps, "time_model": config.time_model, "fast_sim": result.fast_sim,
+      "precision": config.precision,
   }
   if plan is not None:
     summary["plan"] = {"path": FLAGS.plan, "predicted_images_per_sec": plan["images_per_sec"],

@@ -46,6 +46,8 @@ flags.DEFINE_integer("waves", 50, "Waves per virtual worker of the predicting ru
 flags.DEFINE_list("ds", ["0", "4", "32"], "Clock distance bounds D searched.")
 flags.DEFINE_list("transfers", ["serial", "overlap"], "Transfer models searched: serial (the input received "
                   "inside the task), overlap (received while the device computes).")
+flags.DEFINE_list("ps_transfers", ["whole", "staged"], "PS transfer models searched: whole (a virtual worker's "
+                  "push and pull move as one), staged (each stage's part moves on its own: train --staged_ps).")
 flags.DEFINE_integer("nm_max", 32, "Largest Nm (minibatches per wave) tried per virtual worker.")
 flags.DEFINE_bool("windows", True, "Nm sized to speed may exceed what a virtual worker's memory holds in flight "
                   "(up to --nm_max), with a window of the largest Nm that fits (--nowindows: Nm in flight).")
@@ -53,6 +55,7 @@ flags.DEFINE_integer("top", 10, "Configurations printed.")
 flags.DEFINE_string("out_dir", "outputs/tune", "Where tune.json, tune.csv and tune.png go.")
 
 TRANSFERS = {"serial": False, "overlap": True}
+PS_TRANSFERS = {"whole": False, "staged": True}
 
 
 def model_profiles(name: str, dataset_name: str, batch_size: int):
@@ -80,13 +83,17 @@ def main(argv):
   bad = [t for t in FLAGS.transfers if t not in TRANSFERS]
   if bad or not FLAGS.transfers:
     raise common.config_error(f"--transfers={','.join(FLAGS.transfers)}; give serial, overlap or both")
+  bad = [t for t in FLAGS.ps_transfers if t not in PS_TRANSFERS]
+  if bad or not FLAGS.ps_transfers:
+    raise common.config_error(f"--ps_transfers={','.join(FLAGS.ps_transfers)}; give whole, staged or both")
   if FLAGS.nm_max < 1:
     raise common.config_error(f"--nm_max={FLAGS.nm_max}; try at least Nm = 1")
   staleness_model = load_staleness_model(FLAGS.staleness_model) if FLAGS.objective == "time_to_accuracy" else None
   cluster = get_cluster(FLAGS.cluster)
   profiles = model_profiles(FLAGS.model, FLAGS.dataset, FLAGS.batch_size)
   out = tune(cluster, profiles, FLAGS.batch_size, waves=FLAGS.waves, ds=ds,
-             transfers=[TRANSFERS[t] for t in dict.fromkeys(FLAGS.transfers)], nm_max=FLAGS.nm_max,
+             transfers=[TRANSFERS[t] for t in dict.fromkeys(FLAGS.transfers)],
+             staged=[PS_TRANSFERS[t] for t in dict.fromkeys(FLAGS.ps_transfers)], nm_max=FLAGS.nm_max,
              weight_mode=FLAGS.weight_mode, optimizer_slots=optimizer_slots(FLAGS.optimizer),
              windows=FLAGS.windows, staleness_model=staleness_model, progress=lambda line: common.progress("%s", line))
   best, results = out["best"], out["results"]
@@ -107,11 +114,12 @@ def main(argv):
   json_out = common.write_json(common.output_path(FLAGS.out_dir, "tune.json"), doc)
   rows = doc["results"]
   csv_out = common.write_csv(common.output_path(FLAGS.out_dir, "tune.csv"),
-                             ["grouping", "nm_rule", "nm", "d", "placement", "overlap_transfers", "images_per_sec",
+                             ["grouping", "nm_rule", "nm", "d", "placement", "overlap_transfers", "staged_ps",
+                              "images_per_sec",
                               "efficiency", "modelled_images_per_sec", "waves", "mean_staleness",
                               "time_to_accuracy_s"],
                              ([r["grouping"], r["nm_rule"], " ".join(map(str, r["nm"])), r["d"], r["placement"],
-                               r["overlap_transfers"], r["images_per_sec"], r["efficiency"],
+                               r["overlap_transfers"], r["staged_ps"], r["images_per_sec"], r["efficiency"],
                                r["modelled_images_per_sec"], r["waves"], r["mean_staleness"],
                                r.get("time_to_accuracy_s", "")] for r in rows))
   png_out = common.output_path(FLAGS.out_dir, "tune.png")

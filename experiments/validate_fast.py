@@ -48,7 +48,7 @@ def check(row: dict) -> dict:
   profiles = full_size_profiles(row["model"], setting["batch_size"], seq_len=setting["seq_len"])
   layout = layout_of(cluster, setting)
   kwargs = {"placement": setting["placement"], "precision": setting["precision"],
-            "overlap_transfers": setting["overlap_transfers"]}
+            "overlap_transfers": setting["overlap_transfers"], "staged_ps": setting.get("staged_ps", False)}
   out = {"model": row["model"], "gpus": row["gpus"], "configuration": row["configuration"]}
   for mode in ("full", "fast"):
     trace = Trace()

@@ -119,6 +119,10 @@ class RunConfig:
       uninterrupted one would (bit for bit on the ``virtual`` executor).
     overlap_transfers: sim executor only: a stage's input travels while its device computes other tasks
       (as a GPU's copy engines allow) instead of being received in series inside the task.
+    staged_ps: sim executor only: each stage's part of a push leaves as soon as that stage's last backward
+      of the wave ends, and each stage's part of a pull lands on its own (the gated forwards wait at each
+      stage for that stage's part only) instead of the whole virtual worker's push and pull moving as one
+      (:mod:`hetpipe_jax.core.engine`).
     fast_sim: sim executor only: simulate until the waves settle and extrapolate the rest of the run
       (:mod:`hetpipe_jax.sim.steady`; the trace holds the simulated waves, ``seconds`` and ``images`` are
       the whole run's).
@@ -161,6 +165,7 @@ class RunConfig:
   keep_checkpoints: int = 3
   resume: bool = False
   overlap_transfers: bool = False
+  staged_ps: bool = False
   fast_sim: bool = False
   precision: str = "fp32"
 
@@ -231,6 +236,9 @@ def validate(config: RunConfig) -> None:
   if config.overlap_transfers and config.executor != "sim":
     raise ConfigError(f"overlap_transfers is a model of the sim executor; the {config.executor} executor "
                       "receives each task's input in series: drop overlap_transfers or use executor=sim")
+  if config.staged_ps and config.executor != "sim":
+    raise ConfigError(f"staged_ps is a model of the sim executor; the {config.executor} executor moves a "
+                      "virtual worker's push and pull as one: drop staged_ps or use executor=sim")
   if config.placement == "striped" and config.executor == "multiprocess":
     raise ConfigError("placement=striped (byte ranges of every unit on every node) is modelled by the sim "
                       "executor; the multiprocess parameter server holds whole units: use placement=default "
@@ -318,6 +326,7 @@ def _meta(config: RunConfig, cluster: Cluster, model_name: str, dataset_name: st
               batch_size=config.batch_size, cuts=shape["cuts"], gpus=shape["gpus"], cluster=cluster.name,
               seed=config.seed, policy=config.policy, placement=config.placement,
               time_model=config.time_model, **({"overlap_transfers": True} if config.overlap_transfers else {}),
+              **({"staged_ps": True} if config.staged_ps else {}),
               **({"window": shape["window"]} if "window" in shape else {}),
               **({"precision": config.precision} if config.precision != "fp32" else {}))
 
@@ -623,12 +632,13 @@ def _simulate(config: RunConfig, cluster: Cluster, profiles, layout: Layout, met
       seconds, vws, rows, fast = simulate_fast(cluster, profiles, layout, config.d, config.waves, trace,
                                                config.placement, config.schedule, config.weight_mode,
                                                config.precision, meta=meta,
-                                               overlap_transfers=config.overlap_transfers)
+                                               overlap_transfers=config.overlap_transfers,
+                                               staged_ps=config.staged_ps)
     else:
       seconds, vws, rows = simulate(cluster, profiles, layout, config.d, config.waves, trace, config.placement,
                                     config.schedule, config.weight_mode, config.precision, meta=meta,
                                     failures=_failures(config), rejoin=config.rejoin,
-                                    overlap_transfers=config.overlap_transfers)
+                                    overlap_transfers=config.overlap_transfers, staged_ps=config.staged_ps)
   finally:
     trace.close()
   _require_pushes(rows)

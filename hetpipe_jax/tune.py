@@ -65,6 +65,7 @@ class Candidate:
   d: int = 0
   placement: str = "default"
   overlap_transfers: bool = False
+  staged_ps: bool = False
 
   @property
   def layout(self) -> Layout:
@@ -76,7 +77,7 @@ class Candidate:
     windows = self.layout.windows
     window = "" if windows is None else f" window {windows}"
     return (f"{self.grouping}, Nm {self.nm_rule} {[p.nm for p in self.plans]}{window}, D={self.d}, "
-            f"{self.placement} placement, {transfers} transfers")
+            f"{self.placement} placement, {transfers} transfers{', staged PS' if self.staged_ps else ''}")
 
   def modelled_images_per_sec(self, batch_size: int) -> float:
     """The plan's rate under WSP: every virtual worker runs waves at the slowest one's wave rate."""
@@ -307,7 +308,7 @@ def simulate_candidate(cluster: Cluster, profiles: Sequence[UnitProfile], candid
   trace = Trace()
   seconds, _, _, _ = simulate_fast(cluster, profiles, candidate.layout, candidate.d, waves, trace,
                                    candidate.placement, schedule, weight_mode, precision,
-                                   overlap_transfers=candidate.overlap_transfers)
+                                   overlap_transfers=candidate.overlap_transfers, staged_ps=candidate.staged_ps)
   violations = check_trace(trace.events)
   if violations:
     raise ProtocolError(f"tuner candidate {candidate.label}: {violations[0]}")
@@ -316,7 +317,8 @@ def simulate_candidate(cluster: Cluster, profiles: Sequence[UnitProfile], candid
 
 def tune(cluster: Cluster, profiles: Sequence[UnitProfile], batch_size: int, *, waves: int = 50,
          ds: Sequence[int] = (0, 4, 32), placements: Sequence[str] = PLACEMENTS,
-         transfers: Sequence[bool] = (False, True), nm_max: int = 32, screen: int = 16, refine: int = 6,
+         transfers: Sequence[bool] = (False, True), staged: Sequence[bool] = (False, True), nm_max: int = 32,
+         screen: int = 16, refine: int = 6,
          weight_mode: str = "stash", optimizer_slots: float = 0.0, precision: str = "fp32",
          schedule: str = "1f1b", max_states: int = 100_000, max_stages: int | None = None,
          windows: bool = True, staleness_model: StalenessModel | None = None, front: int | None = None,
@@ -326,7 +328,8 @@ def tune(cluster: Cluster, profiles: Sequence[UnitProfile], batch_size: int, *, 
   Args:
     cluster / profiles / batch_size: the model at its batch size on the cluster.
     waves: waves per virtual worker of the refining (and predicting) runs; screening runs half as many.
-    ds / placements / transfers: the D values, placements and transfer models searched.
+    ds / placements / transfers / staged: the D values, placements, transfer models (overlapped or not)
+      and PS transfer models (staged or not) searched.
     nm_max: the largest Nm tried.
     screen / refine: how many modelled choices are screened, and how many screened ones refined.
     weight_mode / optimizer_slots / precision / schedule: as for a run.
@@ -394,16 +397,17 @@ def tune(cluster: Cluster, profiles: Sequence[UnitProfile], batch_size: int, *, 
     # screen: a grouping's best modelled choice (its first in keep) in every setting, its others in the
     # two settings that served that one best
     firsts = [c for i, c in enumerate(keep) if all(o.grouping != c.grouping for o in keep[:i])]
-    every = list(itertools.product(placements, transfers))
-    settings: dict[str, list[tuple[str, bool]]] = {}  # grouping -> (placement, overlap), best first
+    every = list(itertools.product(placements, transfers, staged))
+    settings: dict[str, list[tuple[str, bool, bool]]] = {}  # grouping -> (placement, overlap, staged), best first
     screened, done = [], 0
     for batch in ([(c, every) for c in firsts], [(c, None) for c in keep if c not in firsts]):
-      jobs = [(c, [(p, o) for p, o in (tried or settings[c.grouping][:2])]) for c, tried in batch]
-      runs = sims.run([(dataclasses.replace(c, d=min(ds), placement=p, overlap_transfers=o), short)
-                       for c, tried in jobs for p, o in tried])
+      jobs = [(c, tried or settings[c.grouping][:2]) for c, tried in batch]
+      runs = sims.run([(dataclasses.replace(c, d=min(ds), placement=p, overlap_transfers=o, staged_ps=s), short)
+                       for c, tried in jobs for p, o, s in tried])
       for c, tried in jobs:
         found = sorted((next(runs) for _ in tried), key=key)
-        settings.setdefault(c.grouping, [(r.candidate.placement, r.candidate.overlap_transfers) for r in found])
+        settings.setdefault(c.grouping, [(r.candidate.placement, r.candidate.overlap_transfers,
+                                          r.candidate.staged_ps) for r in found])
         screened += found
         done += 1
         say(f"screened {done}/{len(keep)}: {c.grouping} Nm {[p.nm for p in c.plans]} "
@@ -420,8 +424,9 @@ def tune(cluster: Cluster, profiles: Sequence[UnitProfile], batch_size: int, *, 
     # the fixed policies as the planner runs them (NP, ED, HD at max_fit), in every setting: the tuned
     # configuration is then at least as fast as each of them
     fixed = [c for c in choices if c.grouping in POLICIES and c.nm_rule == "max_fit"]
-    todo = [[s for s in (dataclasses.replace(c, d=d, placement=p, overlap_transfers=o)
-                         for p, o, d in itertools.product(placements, transfers, ds)) if s not in refined]
+    todo = [[s for s in (dataclasses.replace(c, d=d, placement=p, overlap_transfers=o, staged_ps=st)
+                         for p, o, st, d in itertools.product(placements, transfers, staged, ds))
+             if s not in refined]
             for c in fixed]
     runs = sims.run([(s, waves) for group in todo for s in group])
     for c, group in zip(fixed, todo):
@@ -531,7 +536,8 @@ def candidate_json(candidate: Candidate) -> dict[str, Any]:
           "policy": [[g.index for g in p.gpus] for p in candidate.plans],
           "cuts": [list(p.cuts) for p in candidate.plans], "nm": [p.nm for p in candidate.plans],
           "window": [p.in_flight for p in candidate.plans],
-          "d": candidate.d, "placement": candidate.placement, "overlap_transfers": candidate.overlap_transfers}
+          "d": candidate.d, "placement": candidate.placement, "overlap_transfers": candidate.overlap_transfers,
+          "staged_ps": candidate.staged_ps}
 
 
 def result_json(result: Result, batch_size: int, staleness_model: StalenessModel | None = None) -> dict[str, Any]:

@@ -213,3 +213,87 @@ def test_transfers_overlapped_with_compute(failures, rejoin):
     assert sum(e["ev"] == "push" for e in trace.events) > 0
   if not failures:
     assert seconds[True] < seconds[False]
+
+
+def _staged_pair(staged):
+  """One virtual worker, a stage on each of two nodes, Nm 1, 2 waves; local PS shards (PCIe, 10 GB/s):
+  unit 0 (stage 0) has 8 bytes of parameters, unit 1 (stage 1) 3 GB: 0.3 s each way."""
+  cluster = make_cluster("pair", [[GPU], [GPU]], PCIE, NET)
+  profiles = [UnitProfile("u0", 1e11, 2e11, 0, 0, 8, 8, 0), UnitProfile("u1", 1e11, 2e11, 0, 0, 3 * 10**9, 8, 0)]
+  layout = Layout((VWLayout(tuple(cluster.gpus), (0, 1, 2), 1),))
+  trace = Trace()
+  simulate(cluster, profiles, layout, 0, 2, trace, "local", staged_ps=staged)
+  assert_trace_ok(trace.events)
+  return trace.events
+
+
+def test_staged_ps_moves_each_stages_part_on_its_own_by_hand():
+  """Minibatch 1: F0 [0, .1], F1 [.1, .2], B1 [.2, .4], B0 [.4, .6] (completes wave 0). Whole: the push
+  leaves at .6 and lands at .9 (stage 1's 3 GB), the pull lands at 1.2, minibatch 2 enters then. Staged:
+  stage 1's part leaves when B1 ends (.4) and lands at .7, so the push is applied at .7; stage 0's part
+  of the pull lands at once (.7: minibatch 2 enters, F0 [.7, .8]), stage 1's at 1.0, where F1 of
+  minibatch 2 waits for it (idle from .8: a pull wait in the breakdown)."""
+  from hetpipe_jax.core.breakdown import time_breakdown
+
+  approx = lambda x: pytest.approx(x, abs=1e-4)  # link latencies and 8-byte transfers: microseconds
+  at = lambda events, **kw: [e for e in events if all(e.get(k) == v for k, v in kw.items())]
+  whole, staged = _staged_pair(False), _staged_pair(True)
+  assert at(whole, ev="push", wave=0)[0]["t"] == approx(0.9)
+  assert [e["t"] for e in at(whole, ev="pull")] == [approx(1.2)]
+  assert at(whole, ev="inject", mb=2)[0]["t"] == approx(1.2)
+  assert at(staged, ev="push", wave=0)[0]["t"] == approx(0.7)
+  assert {e["stage"]: e["t"] for e in at(staged, ev="pull")} == {0: approx(0.7), 1: approx(1.0)}
+  assert at(staged, ev="inject", mb=2)[0]["t"] == approx(0.7)
+  assert at(staged, ev="fwd", stage=1, mb=2)[0]["t0"] == approx(1.0)
+  assert at(staged, ev="complete", mb=2)[0]["t"] == approx(1.5)  # F1 [1, 1.1], B1 [1.1, 1.3], B0 [1.3, 1.5]
+  stage0, stage1 = (d["seconds"] for d in time_breakdown(staged)["devices"])
+  assert stage0["push"] == approx(0.1) and stage1["pull"] == approx(0.2)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_staged_ps_keeps_every_guarantee(seed):
+  """Random layouts with staged push and pull parts, failures and rejoins: the checker passes, and the
+  staged run pushes as many waves as the whole one."""
+  rng = np.random.default_rng(100 + seed)
+  cluster = make_cluster("r", [[GPU, SLOW] for _ in range(3)], PCIE, NET)
+  profiles = [UnitProfile(f"u{i}", float(rng.uniform(1e10, 1e11)), float(rng.uniform(2e10, 2e11)), 0, 0,
+                          int(rng.integers(1e5, 3e8)), int(rng.integers(1e4, 1e7)), 0) for i in range(4)]
+  groups, cuts, nms = [], [], []
+  for i in range(3):
+    k = int(rng.choice([1, 2]))
+    groups.append(tuple(cluster.gpus[2 * i:2 * i + k]))
+    cuts.append((0, 2, 4) if k == 2 else (0, 4))
+    nms.append(int(rng.choice([1, 2, 3])))
+  layout = Layout(tuple(VWLayout(g, c, nm) for g, c, nm in zip(groups, cuts, nms)))
+  d, placement = int(rng.choice([0, 1, 3])), str(rng.choice(["default", "local", "striped"]))
+  failures = {1: [3]} if seed % 2 else {}
+  pushes = {}
+  for staged in (False, True):
+    trace = Trace()
+    simulate(cluster, profiles, layout, d, 8, trace, placement, failures=failures, rejoin=bool(failures),
+             overlap_transfers=bool(seed % 3), staged_ps=staged)
+    assert_trace_ok(trace.events)
+    pushes[staged] = sum(e["ev"] == "push" for e in trace.events)
+    if staged:  # every pull's parts reach every stage of its virtual worker
+      parts = [(e["vw"], e["stage"]) for e in trace.events if e["ev"] == "pull" and "stage" in e]
+      assert all(parts.count((i, 0)) == parts.count((i, j)) for i, j in parts)
+  assert pushes[True] == pushes[False]
+
+
+def test_staged_ps_is_refused_with_numerics():
+  from hetpipe_jax.core.engine import Engine
+  from hetpipe_jax.core.server import ClockServer
+  from hetpipe_jax.core.worker import NoNumerics, VirtualWorker
+  from hetpipe_jax.errors import ProtocolError
+
+  class Computing(NoNumerics):
+    @property
+    def stages(self):
+      return ("a stage",)
+
+  class Staged:
+    staged = True
+
+  vw = VirtualWorker.create(0, 1, 1, 4, 1, numerics=Computing(1))
+  with pytest.raises(ProtocolError, match="staged push and pull transfers are a timing model"):
+    Engine([vw], ClockServer(1, 0, num_shards=1), Trace(), comm=Staged())  # type: ignore[arg-type]

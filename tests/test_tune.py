@@ -87,6 +87,7 @@ def test_tuner_finds_the_fastest_checked_configuration(mlp_profiles):
   assert out["best"].images_per_sec == max(r.images_per_sec for r in refined)
   assert {r.candidate.d for r in refined} == {0, 2}
   assert {r.candidate.overlap_transfers for r in results} == {False, True}
+  assert {r.candidate.staged_ps for r in results} == {False, True}
   assert 0 < out["best"].efficiency <= 1
   assert {"NP", "ED", "HD"} <= set(policy_rows(results))
   assert any(line.startswith("planned NP") for line in lines) and any("refined" in line for line in lines)
@@ -168,6 +169,8 @@ def test_grouping_with_cuts_is_an_explicit_layout():
                                        nm=1, executor="sim"))
   with pytest.raises(ConfigError, match="overlap_transfers is a model of the sim executor"):
     run_hetpipe(model, data, RunConfig(cluster="hetero4", overlap_transfers=True))
+  with pytest.raises(ConfigError, match="staged_ps is a model of the sim executor"):
+    run_hetpipe(model, data, RunConfig(cluster="hetero4", staged_ps=True))
 
 
 def _run(args, tmp_path, timeout=300):

@@ -12,7 +12,9 @@ of these states at every moment, so the shares add up to 1:
   next task is a forward that could not enter, or a backward while Nm minibatches, or the window's count
   where the trace sets one, are in flight);
 * ``gate``: idle while its virtual worker is blocked at the WSP gate (the trace's ``wait``);
-* ``pull``: idle while its virtual worker's pull travels (the gate is open, the weights not there yet);
+* ``pull``: idle while its virtual worker's pull travels (the gate is open, the weights not there yet;
+  with staged pulls, whose parts land stage by stage, stage 0's part holds the virtual worker, and a later
+  stage is also held from when the gated minibatch's forward reached it until that stage's part landed);
 * ``push``: idle while its virtual worker waits for its own last push to land before the next wave;
 * ``done``: idle after its last task, while others still run;
 * ``left``: its virtual worker had failed and not (yet) been replaced.
@@ -66,7 +68,7 @@ def _vw_states(events: Sequence[dict[str, Any]], vw: int, nm: int, window: int) 
   times = [t for t, _ in injects]
   wait_ends = sorted(w1 for _, w1 in waits)
   for e in events[1:]:
-    if e["ev"] != "pull" or e["vw"] != vw:
+    if e["ev"] != "pull" or e["vw"] != vw or e.get("stage", 0):
       continue
     t = e["t"]
     at = bisect.bisect_left(times, t)  # the gated minibatch: the first injected from the pull on
@@ -83,6 +85,30 @@ def _vw_states(events: Sequence[dict[str, Any]], vw: int, nm: int, window: int) 
     last = complete.get(wave * nm)
     if own is not None and last is not None and last < own:  # its own last push in flight
       out.append((last, own, "push"))
+  return out
+
+
+def _staged_pulls(events: Sequence[dict[str, Any]], tasks: dict[tuple[int, int], list[dict[str, Any]]],
+                  finished: dict[tuple[str, int, int, int], float]) -> dict[tuple[int, int], list]:
+  """Staged pulls: per device (vw, stage > 0), the intervals in which the gated minibatch's forward had
+  reached it (its forward at the stage before had ended) but the stage's part of the pull had not landed.
+  The gated minibatch is the first whose forward there started from the landing on."""
+  out: dict[tuple[int, int], list] = {}
+  forwards: dict[tuple[int, int], list[tuple[float, int]]] = {}  # device -> (start, minibatch), sorted
+  for e in events[1:]:
+    j = e.get("stage", 0) if e["ev"] == "pull" else 0
+    if not j:
+      continue
+    i, t = e["vw"], e["t"]
+    if (i, j) not in forwards:
+      forwards[(i, j)] = sorted((f["t0"], f["mb"]) for f in tasks.get((i, j), []) if f["ev"] == "fwd")
+    starts = forwards[(i, j)]
+    at = bisect.bisect_left(starts, (t, -1))
+    if at == len(starts):
+      continue
+    reached = finished.get(("fwd", i, j - 1, starts[at][1]))
+    if reached is not None and reached < t:
+      out.setdefault((i, j), []).append((reached, t, "pull"))
   return out
 
 
@@ -134,10 +160,12 @@ def time_breakdown(events: Sequence[dict[str, Any]], compute: ComputeFn | None =
   def window_full(i: int, t: float) -> bool:  # the window's count of VW i's minibatches in flight at t
     in_flight = bisect.bisect_right(entered.get(i, []), t) - bisect.bisect_right(left.get(i, []), t)
     return in_flight >= windows[i]
+  staged = _staged_pulls(events, tasks, finished)
   devices = []
   for i, k in enumerate(meta["stages"]):
     for j in range(k):
       secs: dict[str, float] = dict.fromkeys(CATEGORIES, 0.0)
+      held = states[i] + staged.get((i, j), [])
       free = 0.0  # when the device last became idle
       for e in sorted(tasks.get((i, j), []), key=lambda e: e["t0"]):
         kind, mb = e["ev"], e["mb"]
@@ -147,8 +175,8 @@ def time_breakdown(events: Sequence[dict[str, Any]], compute: ComputeFn | None =
           ready = finished.get(("fwd", i, j, mb)) if j == k - 1 else finished.get(("bwd", i, j + 1, mb))
         ready = free if ready is None else min(max(ready, free), e["t0"])
         waiting = "window" if j == 0 and (kind == "fwd" or window_full(i, free)) else "bubble"
-        _carve(free, ready, states[i], waiting, secs)
-        _carve(ready, e["t0"], states[i], "link", secs)  # input ready, the task not started yet: dispatch
+        _carve(free, ready, held, waiting, secs)
+        _carve(ready, e["t0"], held, "link", secs)  # input ready, the task not started yet: dispatch
         task = e["t1"] - e["t0"]
         c = task if compute is None else min(task, compute(i, j, kind))
         secs["compute"] += c

@@ -8,7 +8,7 @@ of neighbouring stages through :meth:`Comm.move`. Implementations:
 * :class:`hetpipe_jax.runtime.transport.DeviceComm`: in one process, ``move`` is ``jax.device_put``
   onto the receiving stage's device;
 * :class:`hetpipe_jax.sim.network.SimComm`: pushes and pulls are flows over the simulated links, done
-  when their last byte lands.
+  when their last byte lands; with ``staged``, a :class:`StagedComm`: each stage's part moves on its own.
 """
 
 from __future__ import annotations
@@ -33,6 +33,26 @@ class Comm(Protocol):
 
   def move(self, x: Any, src: StageId, dst: StageId) -> Any:
     """Moves ``x`` (an activation or a gradient) from stage ``src`` to stage ``dst``; returns it there."""
+    ...
+
+
+class StagedComm(Comm, Protocol):
+  """A Comm that moves each stage's part of a push or pull on its own (``staged`` is True; the engine then
+  calls these instead of ``push`` and ``pull``)."""
+
+  staged: bool
+
+  def push_stage(self, key: Any, vw: int, stage: int, t: float) -> None:
+    """Stage ``stage`` of VW ``vw`` has its part of push ``key`` (a wave) final at ``t``: it may leave."""
+    ...
+
+  def push_staged(self, key: Any, t: float, done: Done) -> None:
+    """Push ``key`` is complete at ``t`` (every stage's part has left): ``done(t_landed)`` once all landed."""
+    ...
+
+  def pull_staged(self, vw: int, t: float, done: Callable[[int, float], None]) -> None:
+    """Brings the global weights to VW ``vw``'s stages (asked at ``t``): ``done(stage, t_arrived)`` per
+    stage."""
     ...
 
 

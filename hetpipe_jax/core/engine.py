@@ -15,6 +15,14 @@ Where a push goes: the engine hands it to the :class:`~hetpipe_jax.core.comm.Com
 trace's push line is written. A gated injection waits for its own virtual worker's last push to be
 applied, then for the gate (``server.try_pull``), then for the pull to arrive through the Comm.
 
+A Comm with ``staged = True`` (the ``sim`` executor's ``--staged_ps`` model) moves each stage's part on
+its own: a stage's part of a wave's push leaves as soon as that stage's last backward of the wave has
+ended (the push is applied, as always, when every part has landed), and the pull arrives stage by stage:
+a stage rebases when its part lands, the gated injection waits for stage 0's part only, and at every
+other stage the forwards of the gated minibatch and those after it wait for that stage's part. The same
+guarantees hold: one snapshot, taken when the gate opens, reaches every stage before any forward that
+needs it. Staged transfers are a timing model: the engine refuses them with numerics.
+
 Membership (HETPIPE.md section 3): a virtual worker *fails* when a fault is injected at the first
 minibatch of one of its ``failures`` waves (where the numerics can crash for real, e.g. kill the
 processes that run it, the failure is then found like a real one), when dispatching its task raises, or
@@ -37,7 +45,7 @@ from typing import Any
 from hetpipe_jax.core import schedule as schedule_lib
 from hetpipe_jax.core import versions as versions_lib
 from hetpipe_jax.core import wsp
-from hetpipe_jax.core.comm import Comm, InstantComm
+from hetpipe_jax.core.comm import Comm, InstantComm, StagedComm
 from hetpipe_jax.core.schedule import FWD, Task
 from hetpipe_jax.core.server import Server, Snapshot
 from hetpipe_jax.core.trace import Trace
@@ -80,6 +88,11 @@ class Engine:
     self._pulling: dict[int, int] = {}  # vw -> gated minibatch whose pull is on its way
     self._pulled: dict[int, int] = {}  # vw -> gated minibatch whose pull has arrived
     self._waiting_since: dict[int, float] = {}  # vw -> when its gate was found closed
+    self._staged: StagedComm | None = self.comm if getattr(self.comm, "staged", False) else None  # type: ignore
+    if self._staged and any(vw.stages for vw in self.vws):
+      raise ProtocolError("staged push and pull transfers are a timing model without numerics (the sim "
+                          "executor); this run computes")
+    self._stage_wait: dict[int, tuple[int, set[int]]] = {}  # vw -> (gated minibatch, stages not rebased yet)
 
   def generation(self, vw: int) -> int:
     """How many times virtual worker ``vw`` has failed (work of an older generation is void)."""
@@ -97,7 +110,8 @@ class Engine:
             "pulled": dict(self._pulled), "waiting_since": dict(self._waiting_since),
             "live": [vw.live for vw in self.vws], "failures": {i: set(w) for i, w in self._failures.items()},
             "zombies": set(self._zombies), "generation": list(self._generation),
-            "awaiting_join": set(self._awaiting_join)}
+            "awaiting_join": set(self._awaiting_join),
+            "stage_wait": {i: (mb, set(stages)) for i, (mb, stages) in self._stage_wait.items()}}
 
   def restore_host_state(self, state: dict[str, Any]) -> None:
     """Puts back what :meth:`host_state` returned."""
@@ -111,6 +125,7 @@ class Engine:
     self._failures = {i: set(w) for i, w in state["failures"].items()}
     self._zombies, self._generation = set(state["zombies"]), list(state["generation"])
     self._awaiting_join = set(state["awaiting_join"])
+    self._stage_wait = {i: (mb, set(stages)) for i, (mb, stages) in state.get("stage_wait", {}).items()}
 
   def devices(self) -> list[tuple[int, int]]:
     """Every (virtual worker, stage) device."""
@@ -130,13 +145,23 @@ class Engine:
     for i, j in sorted(self._candidates):
       task = None
       if (i, j) not in self._running and self.vws[i].live:  # else busy (maybe with a failed VW's task), or gone
-        task = schedule_lib.pick(self.vws[i].pipeline, j, allow)
+        task = schedule_lib.pick(self.vws[i].pipeline, j, self._stage_rule(i, j, allow) if self._stage_wait
+                                 else allow)
       if task is None:
         idle.append((i, j))
       else:
         tasks.append(task)
     self._candidates.difference_update(idle)
     return tasks
+
+  def _stage_rule(self, i: int, j: int, allow: Callable[[Task], bool] | None) -> Callable[[Task], bool] | None:
+    """``allow``, and (staged pulls) no forward of the gated minibatch or a later one at a stage whose part
+    of the pull has not landed."""
+    wait = self._stage_wait.get(i)
+    if wait is None or j not in wait[1]:
+      return allow
+    gated = wait[0]
+    return lambda task: (task.kind != FWD or task.mb < gated) and (allow is None or allow(task))
 
   def stop_injecting(self) -> None:
     """No virtual worker injects another minibatch; those in flight complete (the run then drains: a
@@ -204,6 +229,8 @@ class Engine:
       self._candidates.add((i, j - 1))
     if j + 1 < vw.k:
       self._candidates.add((i, j + 1))
+    if self._staged and task.kind != FWD and wsp.is_wave_end(task.mb, vw.nm):  # this stage's part is final
+      self._staged.push_stage((i, self._generation[i], wsp.wave_of(task.mb, vw.nm)), i, j, t)
     if not completed:
       return
     self.trace.emit(ev="complete", vw=vw.index, mb=task.mb, t=t)
@@ -212,8 +239,12 @@ class Engine:
       vw.versions = versions_lib.close_wave(vw.versions, wave, vw.nm, vw.index)
       updates, losses = vw.numerics.take_wave(wave)
       gen = self._generation[vw.index]
-      self.comm.push(vw.index, wave, t, lambda t_done: self._push(vw, wave, updates, losses, t_done)
-                     if self._generation[vw.index] == gen else None)
+      landed = lambda t_done: self._push(vw, wave, updates, losses, t_done) if self._generation[vw.index] == gen \
+          else None
+      if self._staged:
+        self._staged.push_staged((vw.index, gen, wave), t, landed)
+      else:
+        self.comm.push(vw.index, wave, t, landed)
     self._inject(vw, t)
 
   def _glob_list(self, glob: tuple[int, ...]) -> list[int]:
@@ -269,6 +300,11 @@ class Engine:
           self.trace.emit(ev="wait", vw=i, t0=self._waiting_since.pop(i), t1=t)
         self._pulling[i] = mb
         gen = self._generation[i]
+        if self._staged:
+          self._stage_wait[i] = (mb, set(range(vw.k)))
+          self._staged.pull_staged(i, t, lambda stage, t_done, mb=mb, snapshot=snapshot, gen=gen: self._stage_arrived(
+              vw, mb, snapshot, stage, t_done) if self._generation[i] == gen else None)
+          return
         self.comm.pull(i, t, lambda t_done, mb=mb, snapshot=snapshot, gen=gen: self._pull_arrived(
             vw, mb, snapshot, t_done) if self._generation[i] == gen else None)
         continue  # an instant pull has injected mb already
@@ -286,6 +322,22 @@ class Engine:
     self.trace.emit(ev="pull", vw=vw.index, t=t, glob=list(snapshot.waves))
     self._inject(vw, t)
 
+  def _stage_arrived(self, vw: VirtualWorker, mb: int, snapshot: Snapshot, stage: int, t: float) -> None:
+    """Staged pull: ``stage``'s part of the snapshot landed; it rebases; stage 0's lets ``mb`` in."""
+    i = vw.index
+    added = versions_lib.open_updates(vw.versions)[stage]
+    vw.versions = versions_lib.rebase_stage(vw.versions, stage, snapshot.waves, i, vw.nm, added)
+    self.trace.emit(ev="pull", vw=i, t=t, glob=list(snapshot.waves), stage=stage)
+    waiting = self._stage_wait[i][1]
+    waiting.discard(stage)
+    if not waiting:
+      del self._stage_wait[i]
+    self._candidates.add((i, stage))
+    if stage == 0:
+      del self._pulling[i]
+      self._pulled[i] = mb
+      self._inject(vw, t)
+
   # --- membership ------------------------------------------------------------------------------------
 
   def _fail(self, vw: VirtualWorker, t: float, reason: str, final: bool = False) -> None:
@@ -298,7 +350,7 @@ class Engine:
     vw.numerics.drop()
     clock = self.server.leave(i)
     vw.live = False
-    for book in (self._pulling, self._pulled, self._waiting_since):
+    for book in (self._pulling, self._pulled, self._waiting_since, self._stage_wait):
       book.pop(i, None)
     self.trace.emit(ev="leave", vw=i, t=t, pushed=clock.c_local[i], dropped_updates=dropped,
                     dropped_minibatches=in_flight, reason=reason)

@@ -11,7 +11,8 @@ Format (ARCHITECTURE.md)::
   {"ev":"wait","vw":i,"t0":...,"t1":...}
 
 ``own`` counts the VW's own minibatch updates in the weights a task used; ``glob[k]`` the waves of VW k in
-their global base. Extra fields are allowed.
+their global base. Extra fields are allowed. A ``sim`` run with staged PS transfers (``staged_ps`` in the
+meta line) writes one pull line per stage, with its ``"stage":j``, when that stage's part lands.
 """
 
 from __future__ import annotations

@@ -99,5 +99,11 @@ def rebase(book: VersionBook, waves: Sequence[int], vw: int, nm: int, added: Seq
   return book._replace(current=tuple(Version(glob[vw] * nm + a, glob) for a in added))
 
 
+def rebase_stage(book: VersionBook, stage: int, waves: Sequence[int], vw: int, nm: int, added: int) -> VersionBook:
+  """:func:`rebase` of one stage (a staged pull: each stage's part lands on its own)."""
+  glob = tuple(waves)
+  return book._replace(current=_set(book.current, stage, Version(glob[vw] * nm + added, glob)))
+
+
 def _set(values: tuple, index: int, value) -> tuple:
   return values[:index] + (value,) + values[index + 1:]

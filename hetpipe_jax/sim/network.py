@@ -290,14 +290,14 @@ class SimComm:
   """
 
   def __init__(self, sim: Simulator, profiles: Sequence[UnitProfile], layout: Layout,
-               shard_nodes: Sequence[int], precision: str = "fp32"):
-    self.sim = sim
+               shard_nodes: Sequence[int], precision: str = "fp32", staged: bool = False):
+    self.sim, self.staged = sim, staged
     self._push_scale = byte_scale(precision)
-    self._routes: list[list[tuple[int, int, float]]] = []  # per VW: (gpu node, shard node or STRIPED, bytes)
     num_nodes = len({g.node for g in sim.cluster.gpus})
-    for vw in layout.vws:
+
+    def routes(stages) -> list[tuple[int, int, float]]:  # (gpu node, shard node or STRIPED, bytes)
       per_pair: dict[tuple[int, int], float] = {}
-      for _, gpu, units in vw.stages():
+      for _, gpu, units in stages:
         for u in units:
           num_bytes = profiles[u].param_bytes
           if shard_nodes[u] == STRIPED:
@@ -308,11 +308,15 @@ class SimComm:
           else:
             key = (gpu.node, shard_nodes[u])
             per_pair[key] = per_pair.get(key, 0) + num_bytes
-      self._routes.append([(a, b, n) for (a, b), n in sorted(per_pair.items())])
+      return [(a, b, n) for (a, b), n in sorted(per_pair.items())]
 
-  def _transfer(self, vw: int, done: Done, to_ps: bool) -> None:
+    self._routes = [routes(vw.stages()) for vw in layout.vws]  # per VW
+    self._stage_routes = [[routes([stage]) for stage in vw.stages()] for vw in layout.vws] if staged else []
+    self._pushes: dict[Any, list] = {}  # staged: push key -> [stages not landed, last landing, done or None]
+
+  def _transfer(self, vw: int, done: Done, to_ps: bool, routes: list | None = None) -> None:
     scale = self._push_scale if to_ps else 1.0
-    routes = self._routes[vw]
+    routes = self._routes[vw] if routes is None else routes
     if not routes:
       done(self.sim.t)
       return
@@ -337,6 +341,36 @@ class SimComm:
   def pull(self, vw: int, t: float, done: Done) -> None:
     del t
     self._transfer(vw, done, to_ps=False)
+
+  # staged (``staged=True``, see :mod:`hetpipe_jax.core.engine`): each stage's part moves on its own
+
+  def push_stage(self, key: Any, vw: int, stage: int, t: float) -> None:
+    """Stage ``stage``'s part of push ``key`` (a wave of ``vw``) is final at ``t``: it leaves now."""
+    del t
+    entry = self._pushes.setdefault(key, [len(self._stage_routes[vw]), 0.0, None])
+
+    def landed(t_landed: float) -> None:
+      entry[0] -= 1
+      entry[1] = max(entry[1], t_landed)
+      if entry[0] == 0 and entry[2] is not None:
+        del self._pushes[key]
+        entry[2](entry[1])
+    self._transfer(vw, landed, True, self._stage_routes[vw][stage])
+
+  def push_staged(self, key: Any, t: float, done: Done) -> None:
+    """Push ``key`` is complete (every stage's part has left): ``done(t_landed)`` once every part landed."""
+    entry = self._pushes[key]
+    if entry[0] == 0:
+      del self._pushes[key]
+      done(max(entry[1], t))
+    else:
+      entry[2] = done
+
+  def pull_staged(self, vw: int, t: float, done: Callable[[int, float], None]) -> None:
+    """Brings the global weights to ``vw``'s stages, each part on its own: ``done(stage, t_arrived)``."""
+    del t
+    for stage, routes in enumerate(self._stage_routes[vw]):
+      self._transfer(vw, lambda t_done, stage=stage: done(stage, t_done), False, routes)
 
   def move(self, x: Any, src: StageId, dst: StageId) -> Any:
     """Nothing to move without numerics: stage-to-stage transfers are timed by :meth:`Simulator.run`."""

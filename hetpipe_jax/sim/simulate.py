@@ -27,7 +27,7 @@ from hetpipe_jax.sim.steady import SteadyState
 def simulate(cluster: Cluster, profiles: Sequence[UnitProfile], layout: Layout, d: int, waves: int,
              trace: Trace, placement: str = "default", schedule: str = "1f1b", weight_mode: str = "stash",
              precision: str = "fp32", meta: dict | None = None, failures: Mapping[int, Sequence[int]] | None = None,
-             rejoin: bool = False, overlap_transfers: bool = False,
+             rejoin: bool = False, overlap_transfers: bool = False, staged_ps: bool = False,
              steady: SteadyState | None = None) -> tuple[float, list[VirtualWorker], list[dict]]:
   """Simulates the virtual workers of ``layout`` for ``waves`` waves (``failures``/``rejoin``: fault
   injection, as for :class:`~hetpipe_jax.core.engine.Engine`; ``overlap_transfers``: stage-to-stage
@@ -54,7 +54,7 @@ def simulate(cluster: Cluster, profiles: Sequence[UnitProfile], layout: Layout, 
 
   simulator = Simulator(cluster, overlap_transfers)
   engine = Engine(vws, ClockServer(num_vws, d, num_shards=len(profiles)), trace, on_wave=on_wave,
-                  comm=SimComm(simulator, profiles, layout, shard_nodes, precision), failures=failures,
+                  comm=SimComm(simulator, profiles, layout, shard_nodes, precision, staged_ps), failures=failures,
                   rejoin=rejoin)
   seconds = simulator.run(engine, CostModel(cluster, profiles, layout, precision),
                           stop=None if steady is None else steady.settled)
@@ -63,8 +63,8 @@ def simulate(cluster: Cluster, profiles: Sequence[UnitProfile], layout: Layout, 
 
 def simulate_fast(cluster: Cluster, profiles: Sequence[UnitProfile], layout: Layout, d: int, waves: int,
                   trace: Trace, placement: str = "default", schedule: str = "1f1b", weight_mode: str = "stash",
-                  precision: str = "fp32", meta: dict | None = None, overlap_transfers: bool = False
-                  ) -> tuple[float, list[VirtualWorker], list[dict], dict]:
+                  precision: str = "fp32", meta: dict | None = None, overlap_transfers: bool = False,
+                  staged_ps: bool = False) -> tuple[float, list[VirtualWorker], list[dict], dict]:
   """:func:`simulate`'s fast mode (:mod:`hetpipe_jax.sim.steady`): the seconds of a ``waves``-wave run,
   from a shorter simulated one.
 
@@ -79,7 +79,8 @@ def simulate_fast(cluster: Cluster, profiles: Sequence[UnitProfile], layout: Lay
     holds the simulated run, complete in itself.
   """
   kwargs = {"placement": placement, "schedule": schedule, "weight_mode": weight_mode, "precision": precision,
-            "meta": {**(meta or {}), "sim_fast": True}, "overlap_transfers": overlap_transfers}
+            "meta": {**(meta or {}), "sim_fast": True}, "overlap_transfers": overlap_transfers,
+            "staged_ps": staged_ps}
   scratch = Trace(None)
   steady = SteadyState(layout.num_vws, waves)
   seconds, vws, rows = simulate(cluster, profiles, layout, d, waves, scratch, steady=steady, **kwargs)
