@@ -2,9 +2,10 @@ r"""Auto-tuner: the fastest HetPipe configuration of a model on a cluster (:mod:
 
 Searches the grouping of GPUs into virtual workers (NP, ED, HD and general groupings), each virtual
 worker's GPU order, cuts and Nm (the same for all, the planner's max_fit, or sized to each one's speed),
-D, the PS placement and the transfer model (serial, or overlapped with computation), with the planner and
-the ``sim`` executor. Prints the best configurations with their predicted images/s and efficiency (over
-the ideal heterogeneous aggregate), the best of every grouping, and writes ``tune.json`` (its ``best``
+D, the PS placement and the transfer models (serial, or overlapped with computation; a virtual worker's
+push and pull whole, or staged: each stage's part on its own), with the planner and the ``sim`` executor.
+Prints the best configurations with their predicted images/s and efficiency (over the ideal heterogeneous
+aggregate), the best of every grouping, and writes ``tune.json`` (its ``best``
 object is a configuration that ``experiments.train --plan=tune.json`` runs), a CSV of every simulated
 configuration and a PNG::
 

@@ -2,8 +2,9 @@
 ``sim`` executor (issue 11).
 
 A configuration is a grouping of the cluster's GPUs into virtual workers, each virtual worker's GPU order,
-cuts and Nm, the clock distance bound D, the PS shard placement, and whether stage-to-stage transfers
-overlap computation. The search, in three rounds:
+cuts and Nm, the clock distance bound D, the PS shard placement, whether stage-to-stage transfers
+overlap computation, and whether each stage's part of a push and a pull moves on its own (staged PS
+transfers). The search, in three rounds:
 
 1. **Plan** every grouping: NP, ED, HD, and general ones (ED with m GPUs of every type per virtual worker,
    every node split into s virtual workers, HD's node pairs split into p virtual workers). Each virtual
