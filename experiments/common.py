@@ -104,6 +104,20 @@ def parse_ints(flag: str, values: Sequence[str]) -> list[int]:
                        f"--{flag}=2,4") from None
 
 
+PS_TRANSFERS = {"whole": False, "staged": True}  # a virtual worker's push and pull as one, or per stage
+
+
+def parse_ps_transfers(values: Sequence[str]) -> list[bool]:
+  """``--ps_transfers`` (whole, staged or both) as the tuner's ``staged`` values.
+
+  Raises:
+    ConfigError: naming the value when it is empty or not one of them.
+  """
+  if not values or any(v not in PS_TRANSFERS for v in values):
+    raise config_error(f"--ps_transfers={','.join(values)}; give whole, staged or both")
+  return [PS_TRANSFERS[v] for v in dict.fromkeys(values)]
+
+
 def parse_nm(text: str) -> int | str:
   """An Nm flag: a number, or a planner rule (max_fit, best) passed on as it is."""
   return int(text) if text.isdigit() else text

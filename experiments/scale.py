@@ -5,10 +5,11 @@ type, cycling through 8 types (TITAN V, TITAN RTX, RTX 2060, Quadro P4000, V100,
 PCIe inside a node and 56 Gb/s InfiniBand between nodes. For each model:
 
 1. **Configuration.** At every size up to ``--base`` GPUs the tuner (:mod:`hetpipe_jax.tune`, at D = 0,
-   transfers overlapped with computation, the placements of ``--placements``) picks the grouping, the
-   order, cuts and Nm of every virtual worker and the placement. A larger cluster runs the base size's
-   tuned configuration replicated (:func:`hetpipe_jax.tune.replicate`: alike virtual workers get alike
-   plans), the weak-scaling question being whether the same per-node work keeps its rate.
+   transfers overlapped with computation, the placements of ``--placements``, the PS transfer models of
+   ``--ps_transfers``) picks the grouping, the order, cuts and Nm of every virtual worker and the
+   placement. A larger cluster runs the base size's tuned configuration replicated
+   (:func:`hetpipe_jax.tune.replicate`: alike virtual workers get alike plans), the weak-scaling question
+   being whether the same per-node work keeps its rate.
 2. **Plan and simulate.** Each size is planned (replicated) and simulated for ``--waves`` waves per virtual
    worker with the ``sim`` executor's fast mode (:mod:`hetpipe_jax.sim.steady`: full event simulation until
    the waves settle, then extrapolated; ``python -m experiments.validate_fast`` checks it against full
@@ -42,6 +43,9 @@ flags.DEFINE_integer("per_node", 8, "GPUs per node (all of one type).")
 flags.DEFINE_integer("base", 64, "Largest size tuned directly; larger ones replicate its configuration.")
 flags.DEFINE_list("placements", ["striped"], "PS placements the tuner searches (the study also simulates the "
                   "tuned configuration with striped and with default placement, for comparison).")
+flags.DEFINE_list("ps_transfers", ["whole"], "PS transfer models the tuner searches: whole (a virtual worker's "
+                  "push and pull as one), staged (each stage's part on its own), or both (slower to simulate at "
+                  "scale: BUILD_NOTES.md, \"The scaling study\").")
 flags.DEFINE_integer("batch_size", 32, "Images per minibatch of a CNN.")
 flags.DEFINE_integer("gpt_batch_size", 8, "Sequences per minibatch of a GPT.")
 flags.DEFINE_integer("gpt_seq_len", 1024, "Tokens per sequence of a GPT.")
@@ -119,7 +123,8 @@ def study(model: str, sizes: list[int]) -> list[Row]:
     cluster = mixed_cluster(n, FLAGS.per_node)
     common.progress("%s: tuning on %s (%d GPUs)", model, cluster.name, n)
     out = tune(cluster, profiles, batch_size, waves=FLAGS.tune_waves, ds=(0,),
-               placements=tuple(FLAGS.placements), transfers=(True,), refine=3, precision=precision,
+               placements=tuple(FLAGS.placements), transfers=(True,),
+               staged=common.parse_ps_transfers(FLAGS.ps_transfers), refine=3, precision=precision,
                optimizer_slots=slots,
                progress=lambda line: common.progress("  %s", line))
     tuned[n] = out["best"].candidate
@@ -184,6 +189,7 @@ def main(argv):
                               f"--per_node={FLAGS.per_node}")
   if FLAGS.waves < 2 or FLAGS.tune_waves < 2:
     raise common.config_error(f"--waves={FLAGS.waves}, --tune_waves={FLAGS.tune_waves}: at least 2 each")
+  common.parse_ps_transfers(FLAGS.ps_transfers)  # a bad value is refused before the study starts
   rows = [row for model in FLAGS.models for row in study(model, sizes)]
   fields = ["model", "gpus", "nodes", "vws", "placement", "items_per_sec", "ideal_items_per_sec", "efficiency",
             "items_per_sec_striped", "items_per_sec_per_unit", "plan_seconds", "sim_seconds", "plan_sim_seconds",

@@ -56,7 +56,6 @@ flags.DEFINE_integer("top", 10, "Configurations printed.")
 flags.DEFINE_string("out_dir", "outputs/tune", "Where tune.json, tune.csv and tune.png go.")
 
 TRANSFERS = {"serial": False, "overlap": True}
-PS_TRANSFERS = {"whole": False, "staged": True}
 
 
 def model_profiles(name: str, dataset_name: str, batch_size: int):
@@ -84,9 +83,7 @@ def main(argv):
   bad = [t for t in FLAGS.transfers if t not in TRANSFERS]
   if bad or not FLAGS.transfers:
     raise common.config_error(f"--transfers={','.join(FLAGS.transfers)}; give serial, overlap or both")
-  bad = [t for t in FLAGS.ps_transfers if t not in PS_TRANSFERS]
-  if bad or not FLAGS.ps_transfers:
-    raise common.config_error(f"--ps_transfers={','.join(FLAGS.ps_transfers)}; give whole, staged or both")
+  staged = common.parse_ps_transfers(FLAGS.ps_transfers)
   if FLAGS.nm_max < 1:
     raise common.config_error(f"--nm_max={FLAGS.nm_max}; try at least Nm = 1")
   staleness_model = load_staleness_model(FLAGS.staleness_model) if FLAGS.objective == "time_to_accuracy" else None
@@ -94,7 +91,7 @@ def main(argv):
   profiles = model_profiles(FLAGS.model, FLAGS.dataset, FLAGS.batch_size)
   out = tune(cluster, profiles, FLAGS.batch_size, waves=FLAGS.waves, ds=ds,
              transfers=[TRANSFERS[t] for t in dict.fromkeys(FLAGS.transfers)],
-             staged=[PS_TRANSFERS[t] for t in dict.fromkeys(FLAGS.ps_transfers)], nm_max=FLAGS.nm_max,
+             staged=staged, nm_max=FLAGS.nm_max,
              weight_mode=FLAGS.weight_mode, optimizer_slots=optimizer_slots(FLAGS.optimizer),
              windows=FLAGS.windows, staleness_model=staleness_model, progress=lambda line: common.progress("%s", line))
   best, results = out["best"], out["results"]

@@ -166,6 +166,7 @@ def test_scale_study_and_its_validation(tmp_path):
     (["experiments.scale", "--sizes=12,16"], r"--sizes=12,16: every size must be a positive multiple of "
                                              r"--per_node=8"),
     (["experiments.scale", "--models=vgg"], r"--models: 'vgg' is not a full-size model"),
+    (["experiments.scale", "--ps_transfers="], r"--ps_transfers=; give whole, staged or both"),
     (["experiments.validate_fast", "--study=nowhere.json"], r"--study=nowhere.json does not exist; run "
                                                            r"`python -m experiments.scale` first"),
 ])

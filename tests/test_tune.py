@@ -211,6 +211,7 @@ def test_tune_cli_and_train_plan(tmp_path):
 
 @pytest.mark.parametrize("args,start", [
     (["--transfers=sometimes"], "error: --transfers=sometimes; give serial, overlap or both"),
+    (["--ps_transfers=whole,halves"], "error: --ps_transfers=whole,halves; give whole, staged or both"),
     (["--objective=time_to_accuracy", "--staleness_model=/nonexistent/convergence.json"],
      "error: --staleness_model=/nonexistent/convergence.json: cannot read it"),
 ])
