@@ -88,25 +88,29 @@ def _vw_states(events: Sequence[dict[str, Any]], vw: int, nm: int, window: int) 
   return out
 
 
-def _staged_pulls(events: Sequence[dict[str, Any]], tasks: dict[tuple[int, int], list[dict[str, Any]]],
-                  finished: dict[tuple[str, int, int, int], float]) -> dict[tuple[int, int], list]:
+def _staged_pulls(events: Sequence[dict[str, Any]], finished: dict[tuple[str, int, int, int], float]
+                  ) -> dict[tuple[int, int], list]:
   """Staged pulls: per device (vw, stage > 0), the intervals in which the gated minibatch's forward had
   reached it (its forward at the stage before had ended) but the stage's part of the pull had not landed.
-  The gated minibatch is the first whose forward there started from the landing on."""
-  out: dict[tuple[int, int], list] = {}
-  forwards: dict[tuple[int, int], list[tuple[float, int]]] = {}  # device -> (start, minibatch), sorted
+  A pull's parts carry the same snapshot (``glob``, new at every pull of a virtual worker); its gated
+  minibatch is the first injected from its stage-0 part's landing on."""
+  gated: dict[tuple[int, tuple[int, ...]], int] = {}  # (vw, snapshot) -> gated minibatch
+  pending: dict[int, tuple[int, ...]] = {}  # vw -> snapshot whose stage-0 part landed, nothing injected yet
+  parts = []
   for e in events[1:]:
-    j = e.get("stage", 0) if e["ev"] == "pull" else 0
-    if not j:
-      continue
-    i, t = e["vw"], e["t"]
-    if (i, j) not in forwards:
-      forwards[(i, j)] = sorted((f["t0"], f["mb"]) for f in tasks.get((i, j), []) if f["ev"] == "fwd")
-    starts = forwards[(i, j)]
-    at = bisect.bisect_left(starts, (t, -1))
-    if at == len(starts):
-      continue
-    reached = finished.get(("fwd", i, j - 1, starts[at][1]))
+    kind = e["ev"]
+    if kind == "pull" and "stage" in e:
+      if e["stage"]:
+        parts.append(e)
+      else:
+        pending[e["vw"]] = tuple(e["glob"])
+    elif kind == "inject" and e["vw"] in pending:
+      gated[(e["vw"], pending.pop(e["vw"]))] = e["mb"]
+  out: dict[tuple[int, int], list] = {}
+  for e in parts:
+    i, j, t = e["vw"], e["stage"], e["t"]
+    mb = gated.get((i, tuple(e["glob"])))
+    reached = None if mb is None else finished.get(("fwd", i, j - 1, mb))
     if reached is not None and reached < t:
       out.setdefault((i, j), []).append((reached, t, "pull"))
   return out
@@ -160,7 +164,7 @@ def time_breakdown(events: Sequence[dict[str, Any]], compute: ComputeFn | None =
   def window_full(i: int, t: float) -> bool:  # the window's count of VW i's minibatches in flight at t
     in_flight = bisect.bisect_right(entered.get(i, []), t) - bisect.bisect_right(left.get(i, []), t)
     return in_flight >= windows[i]
-  staged = _staged_pulls(events, tasks, finished)
+  staged = _staged_pulls(events, finished)
   devices = []
   for i, k in enumerate(meta["stages"]):
     for j in range(k):

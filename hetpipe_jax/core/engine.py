@@ -66,7 +66,8 @@ class Engine:
     trace: where events go; the caller has written the meta line.
     batches: minibatch source, called at injection (None without numerics).
     on_wave: called after every push with the wave's losses.
-    comm: how pushes and pulls travel (default: instantly).
+    comm: how pushes and pulls travel (default: instantly); one with ``staged = True`` moves each stage's
+      part on its own (see above).
     failures: fault injection: virtual worker -> the waves at whose first minibatch it fails.
     rejoin: a failed virtual worker is replaced at once (else it stays out).
   """
@@ -110,8 +111,7 @@ class Engine:
             "pulled": dict(self._pulled), "waiting_since": dict(self._waiting_since),
             "live": [vw.live for vw in self.vws], "failures": {i: set(w) for i, w in self._failures.items()},
             "zombies": set(self._zombies), "generation": list(self._generation),
-            "awaiting_join": set(self._awaiting_join),
-            "stage_wait": {i: (mb, set(stages)) for i, (mb, stages) in self._stage_wait.items()}}
+            "awaiting_join": set(self._awaiting_join)}  # (staged pulls are sim-only: no checkpoints)
 
   def restore_host_state(self, state: dict[str, Any]) -> None:
     """Puts back what :meth:`host_state` returned."""
@@ -125,7 +125,6 @@ class Engine:
     self._failures = {i: set(w) for i, w in state["failures"].items()}
     self._zombies, self._generation = set(state["zombies"]), list(state["generation"])
     self._awaiting_join = set(state["awaiting_join"])
-    self._stage_wait = {i: (mb, set(stages)) for i, (mb, stages) in state.get("stage_wait", {}).items()}
 
   def devices(self) -> list[tuple[int, int]]:
     """Every (virtual worker, stage) device."""

@@ -9,7 +9,8 @@ NamedTuple, like :mod:`hetpipe_jax.core.wsp`:
 * a backward uses its forward's version in ``stash`` mode, the current one in ``latest`` mode, and its
   update is applied at once: ``own`` grows by one and the update joins its wave's open count;
 * a push closes a wave (every stage must hold exactly Nm of its updates);
-* a pull rebases every stage: ``own`` = the VW's pushed waves x Nm + the local updates added back on top.
+* a pull rebases every stage: ``own`` = the VW's pushed waves x Nm + the local updates added back on top
+  (a staged pull rebases each stage when its part lands: :func:`rebase_stage`).
 """
 
 from __future__ import annotations

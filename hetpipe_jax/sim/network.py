@@ -287,6 +287,10 @@ class SimComm:
   precision (fp16/bf16) the update travels in 16 bits (the profile's fp32 bytes x
   :func:`~hetpipe_jax.precision.byte_scale`) and the pull in fp32: the PS holds the fp32 master weights,
   which the virtual worker's local optimizer keeps updating.
+
+  Whole (default): a virtual worker's push leaves when its wave completes and its pull lands when every
+  stage's part has; ``staged``: each stage's part moves on its own (:meth:`push_stage`,
+  :meth:`push_staged`, :meth:`pull_staged`; the engine's side in :mod:`hetpipe_jax.core.engine`).
   """
 
   def __init__(self, sim: Simulator, profiles: Sequence[UnitProfile], layout: Layout,

@@ -31,8 +31,9 @@ def simulate(cluster: Cluster, profiles: Sequence[UnitProfile], layout: Layout, 
              steady: SteadyState | None = None) -> tuple[float, list[VirtualWorker], list[dict]]:
   """Simulates the virtual workers of ``layout`` for ``waves`` waves (``failures``/``rejoin``: fault
   injection, as for :class:`~hetpipe_jax.core.engine.Engine`; ``overlap_transfers``: stage-to-stage
-  transfers overlap computation, see :mod:`hetpipe_jax.sim.network`; ``steady``: fast mode, no minibatch is
-  injected once ``steady`` says the waves have settled, see :mod:`hetpipe_jax.sim.steady`).
+  transfers overlap computation, see :mod:`hetpipe_jax.sim.network`; ``staged_ps``: each stage's part of a
+  push and a pull moves on its own, see :mod:`hetpipe_jax.core.engine`; ``steady``: fast mode, no minibatch
+  is injected once ``steady`` says the waves have settled, see :mod:`hetpipe_jax.sim.steady`).
 
   Writes the trace's meta line first (``meta`` adds or overrides fields). Returns (simulated seconds,
   the virtual workers, one metrics row per pushed wave).
@@ -41,7 +42,8 @@ def simulate(cluster: Cluster, profiles: Sequence[UnitProfile], layout: Layout, 
   trace.emit(**{"ev": "meta", "version": 1, "num_vws": num_vws, "nm": nms, "d": d,
                 "stages": layout.stages, "weight_mode": weight_mode, "executor": "sim",
                 "schedule": schedule, "shards": len(profiles), "placement": placement,
-                **({} if layout.windows is None else {"window": layout.windows}), **(meta or {})})
+                **({} if layout.windows is None else {"window": layout.windows}),
+                **({"staged_ps": True} if staged_ps else {}), **(meta or {})})
   shard_nodes = place_shards(cluster, profiles, layout, placement)
   vws = [VirtualWorker.create(i, vw.k, vw.nm, waves * vw.nm, num_vws, schedule, weight_mode, window=vw.window)
          for i, vw in enumerate(layout.vws)]
