@@ -104,18 +104,24 @@ def parse_ints(flag: str, values: Sequence[str]) -> list[int]:
                        f"--{flag}=2,4") from None
 
 
+TRANSFERS = {"serial": False, "overlap": True}  # stage-to-stage inputs received in series, or overlapped
 PS_TRANSFERS = {"whole": False, "staged": True}  # a virtual worker's push and pull as one, or per stage
 
 
-def parse_ps_transfers(values: Sequence[str]) -> list[bool]:
-  """``--ps_transfers`` (whole, staged or both) as the tuner's ``staged`` values.
+def parse_choices(flag: str, values: Sequence[str], choices: Mapping[str, Any]) -> list[Any]:
+  """A list flag of two named choices (e.g. ``--transfers=serial,overlap``) as their values, each once.
 
   Raises:
-    ConfigError: naming the value when it is empty or not one of them.
+    ConfigError: naming the flag and its value when it is empty or names something else.
   """
-  if not values or any(v not in PS_TRANSFERS for v in values):
-    raise config_error(f"--ps_transfers={','.join(values)}; give whole, staged or both")
-  return [PS_TRANSFERS[v] for v in dict.fromkeys(values)]
+  if not values or any(v not in choices for v in values):
+    raise config_error(f"--{flag}={','.join(values)}; give {', '.join(choices)} or both")
+  return [choices[v] for v in dict.fromkeys(values)]
+
+
+def parse_ps_transfers(values: Sequence[str]) -> list[bool]:
+  """``--ps_transfers`` (whole, staged or both) as the tuner's ``staged`` values."""
+  return parse_choices("ps_transfers", values, PS_TRANSFERS)
 
 
 def parse_nm(text: str) -> int | str:

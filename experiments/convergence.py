@@ -137,7 +137,7 @@ def main(argv):
   from hetpipe_jax.models import FULL_SIZE, full_size_model
   from hetpipe_jax.optim import make_optimizer, optimizer_slots
   from hetpipe_jax.plan.allocation import horovod_gpus, parse_policy, plan_cluster
-  from hetpipe_jax.tune import fit_staleness_model, mean_staleness, tune
+  from hetpipe_jax.tune import candidate_json, fit_staleness_model, mean_staleness, tune
 
   time_model = None if FLAGS.time_model.lower() in ("", "none") else FLAGS.time_model
   if time_model is not None and time_model not in FULL_SIZE:
@@ -170,14 +170,14 @@ def main(argv):
     return virtual_ips / sim.images_per_second
 
   def run_fields(c) -> dict:
-    """A tuner candidate's settings as a run takes them."""
-    return {"policy": [[g.index for g in p.gpus] for p in c.plans], "cuts": [list(p.cuts) for p in c.plans],
-            "nm": [p.nm for p in c.plans], "window": [p.in_flight for p in c.plans], "d": c.d,
-            "placement": c.placement}
+    """A tuner candidate's settings as a run takes them (those of :func:`candidate_json`)."""
+    settings = candidate_json(c)
+    return {k: settings[k] for k in ("policy", "cuts", "nm", "window", "d", "placement")}
 
   def sim_transfers(c) -> dict:
     """A tuner candidate's transfer models, which only the sim executor has."""
-    return {"overlap_transfers": c.overlap_transfers, "staged_ps": c.staged_ps}
+    settings = candidate_json(c)
+    return {k: settings[k] for k in ("overlap_transfers", "staged_ps")}
 
   def tuned_config() -> tuple[str, dict, dict]:
     """The tuner's best on the time model (--tuned_objective): by predicted time to accuracy with the

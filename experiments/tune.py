@@ -55,7 +55,6 @@ flags.DEFINE_bool("windows", True, "Nm sized to speed may exceed what a virtual 
 flags.DEFINE_integer("top", 10, "Configurations printed.")
 flags.DEFINE_string("out_dir", "outputs/tune", "Where tune.json, tune.csv and tune.png go.")
 
-TRANSFERS = {"serial": False, "overlap": True}
 
 
 def model_profiles(name: str, dataset_name: str, batch_size: int):
@@ -80,9 +79,7 @@ def main(argv):
   ds = common.parse_ints("ds", FLAGS.ds)
   if not ds or any(d < 0 for d in ds):
     raise common.config_error(f"--ds={','.join(FLAGS.ds)}; give one or more clock distance bounds D >= 0")
-  bad = [t for t in FLAGS.transfers if t not in TRANSFERS]
-  if bad or not FLAGS.transfers:
-    raise common.config_error(f"--transfers={','.join(FLAGS.transfers)}; give serial, overlap or both")
+  transfers = common.parse_choices("transfers", FLAGS.transfers, common.TRANSFERS)
   staged = common.parse_ps_transfers(FLAGS.ps_transfers)
   if FLAGS.nm_max < 1:
     raise common.config_error(f"--nm_max={FLAGS.nm_max}; try at least Nm = 1")
@@ -90,8 +87,7 @@ def main(argv):
   cluster = get_cluster(FLAGS.cluster)
   profiles = model_profiles(FLAGS.model, FLAGS.dataset, FLAGS.batch_size)
   out = tune(cluster, profiles, FLAGS.batch_size, waves=FLAGS.waves, ds=ds,
-             transfers=[TRANSFERS[t] for t in dict.fromkeys(FLAGS.transfers)],
-             staged=staged, nm_max=FLAGS.nm_max,
+             transfers=transfers, staged=staged, nm_max=FLAGS.nm_max,
              weight_mode=FLAGS.weight_mode, optimizer_slots=optimizer_slots(FLAGS.optimizer),
              windows=FLAGS.windows, staleness_model=staleness_model, progress=lambda line: common.progress("%s", line))
   best, results = out["best"], out["results"]

@@ -326,7 +326,6 @@ def _meta(config: RunConfig, cluster: Cluster, model_name: str, dataset_name: st
               batch_size=config.batch_size, cuts=shape["cuts"], gpus=shape["gpus"], cluster=cluster.name,
               seed=config.seed, policy=config.policy, placement=config.placement,
               time_model=config.time_model, **({"overlap_transfers": True} if config.overlap_transfers else {}),
-              **({"staged_ps": True} if config.staged_ps else {}),
               **({"window": shape["window"]} if "window" in shape else {}),
               **({"precision": config.precision} if config.precision != "fp32" else {}))
 
