@@ -134,7 +134,7 @@ def task_overhead(out_dir: str) -> float:
                                   "--dataset=synthetic", f"--eval_every={FLAGS.waves}", *flags_], out_dir,
                                   FLAGS.timeout)
   tasks = FLAGS.waves * 2 * 2 * 2  # waves x Nm minibatches x 2 stages x (forward, backward)
-  wall = run_hetpipe(get_model("mlp"), synthetic(), RunConfig(
+  wall = run_hetpipe(get_model("mlp"), synthetic(), RunConfig.of(
       cluster=cluster, num_vws=1, stages=2, nm=2, d=0, waves=FLAGS.waves, batch_size=32, executor="wall",
       cuts=summary["cuts"], eval_every=FLAGS.waves))
   common.require_wsp(wall.events, "wall run")

@@ -91,7 +91,7 @@ def main(argv):
   model = get_model("cnn", dataset.num_classes)
   batches = MinibatchStreams(dataset, 32, num_vws=1, seed=0)
   params = model.init(jax.random.key(0), jnp.asarray(dataset.x_train[:32]))
-  config = RunConfig(cluster="uniform8", num_vws=1, stages=1, nm=1, d=0, waves=FLAGS.steps, batch_size=32,
+  config = RunConfig.of(cluster="uniform8", num_vws=1, stages=1, nm=1, d=0, waves=FLAGS.steps, batch_size=32,
                      tx=optax.sgd(0.05), executor="wall", eval_every=FLAGS.steps)  # evaluate once, at the end
   ratios, stage_ratios = [], []
   print(f"throughput: small CNN on {dataset.name}, batch 32, {FLAGS.steps} steps, CPU emulation")
@@ -127,7 +127,7 @@ def main(argv):
         f"= {tasks} stage tasks, CPU emulation")
   overhead = {}
   for executor in ("wall", "virtual"):
-    tiny_config = RunConfig(cluster="uniform8", num_vws=1, stages=4, nm=nm, d=0, waves=waves,
+    tiny_config = RunConfig.of(cluster="uniform8", num_vws=1, stages=4, nm=nm, d=0, waves=waves,
                             batch_size=8, tx=optax.sgd(0.05), executor=executor,
                             eval_every=waves)  # evaluate once, at the end
     result = run_hetpipe(tiny, data, tiny_config)

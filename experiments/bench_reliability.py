@@ -41,12 +41,12 @@ def default_run(tmp: str) -> tuple[float, float]:
   data = load_dataset("auto")
   model = get_model("cnn", data.num_classes)
   base = dict(waves=FLAGS.waves, trace_path=os.path.join(tmp, "trace.jsonl"))
-  run_hetpipe(model, data, RunConfig(**base))  # warm the caches (compilation, profiles)
+  run_hetpipe(model, data, RunConfig.of(**base))  # warm the caches (compilation, profiles)
   t = time.perf_counter()
-  plain = run_hetpipe(model, data, RunConfig(**base))
+  plain = run_hetpipe(model, data, RunConfig.of(**base))
   plain_s = time.perf_counter() - t
   t = time.perf_counter()
-  saved = run_hetpipe(model, data, RunConfig(**base, checkpoint_dir=os.path.join(tmp, "ck"),
+  saved = run_hetpipe(model, data, RunConfig.of(**base, checkpoint_dir=os.path.join(tmp, "ck"),
                                              checkpoint_every=FLAGS.every))
   saved_s = time.perf_counter() - t
   common.require_wsp(saved.events, "checkpointed run")
@@ -93,8 +93,9 @@ def failure_cost() -> tuple[float, float]:
   fault = [(1, FLAGS.waves // 3)]
   for name, failures, rejoin in (("no failure", [], False), ("VW 1 lost", fault, False),
                                  ("VW 1 replaced", fault, True)):
-    result = run_hetpipe(model, FULL_SIZE["vgg19"], RunConfig(cluster="paper_testbed", policy="HD", waves=FLAGS.waves,
-                                                              executor="sim", failures=failures, rejoin=rejoin))
+    config = RunConfig.of(cluster="paper_testbed", policy="HD", waves=FLAGS.waves, executor="sim",
+                          failures=failures, rejoin=rejoin)
+    result = run_hetpipe(model, FULL_SIZE["vgg19"], config)
     common.require_wsp(result.events, f"sim run ({name})")
     rates[name] = result.images_per_second
   print(f"3. VGG-19 on the simulated paper testbed (HD, {FLAGS.waves} waves, failure at wave "

@@ -27,14 +27,14 @@ def main(argv):
   from hetpipe_jax.cost.profile import full_size_profiles
   from hetpipe_jax.optim import optimizer_slots
   from hetpipe_jax.plan.allocation import plan_cluster
-  from hetpipe_jax.sim.simulate import simulate
+  from hetpipe_jax.sim import SimJob, simulate
 
   cluster = get_cluster("paper_testbed")
   profiles = full_size_profiles("vgg19", 32)
   plan = plan_cluster(cluster, profiles, "ED", nm_policy=4, optimizer_slots=optimizer_slots("momentum"))
   trace = Trace()
   t = time.perf_counter()
-  seconds, vws, _ = simulate(cluster, profiles, plan.layout, 0, FLAGS.waves, trace)
+  seconds, vws, _ = simulate(SimJob(cluster, profiles, plan.layout, 0, FLAGS.waves), trace)
   host = time.perf_counter() - t
   images = sum(vw.completed for vw in vws) * 32
   print(f"simulated {FLAGS.waves} waves x 4 virtual workers x 4 stages, Nm=4 (VGG-19, ED): "

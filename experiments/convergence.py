@@ -130,10 +130,9 @@ def main(argv):
   import jax.numpy as jnp
 
   from hetpipe_jax import RunConfig, get_model, load_dataset, run_hetpipe, staleness_stats
-  from hetpipe_jax.api import time_model_profiles
   from hetpipe_jax.baselines.data_parallel import train_data_parallel
   from hetpipe_jax.baselines.horovod import horovod_iteration_seconds
-  from hetpipe_jax.cost.profile import profile_units
+  from hetpipe_jax.cost.profile import full_size_profiles, profile_units
   from hetpipe_jax.models import FULL_SIZE, full_size_model
   from hetpipe_jax.optim import make_optimizer, optimizer_slots
   from hetpipe_jax.plan.allocation import horovod_gpus, parse_policy, plan_cluster
@@ -145,7 +144,7 @@ def main(argv):
   dataset = load_dataset(FLAGS.dataset)
   model = get_model(FLAGS.model, dataset.num_classes)
   total = int(FLAGS.epochs * len(dataset.x_train) / FLAGS.batch_size)  # minibatches every run sees
-  clock_profiles = (time_model_profiles(time_model, FLAGS.batch_size) if time_model else
+  clock_profiles = (full_size_profiles(time_model, FLAGS.batch_size) if time_model else
                     profile_units(model, jax.ShapeDtypeStruct((FLAGS.batch_size,) + dataset.x_train.shape[1:],
                                                               jnp.float32)))
   time_axis = (f"cost model of {time_model} (batch {FLAGS.batch_size}) on {cluster.name}"
@@ -153,7 +152,7 @@ def main(argv):
   nm = common.parse_nm(FLAGS.nm)
   policy = parse_policy(FLAGS.policy)
   slots = optimizer_slots(OPTIMIZER)
-  base = RunConfig(cluster=cluster, batch_size=FLAGS.batch_size, optimizer=OPTIMIZER,
+  base = RunConfig.of(cluster=cluster, batch_size=FLAGS.batch_size, optimizer=OPTIMIZER,
                    learning_rate=FLAGS.learning_rate, eval_every=FLAGS.eval_every, time_model=time_model,
                    executor="virtual")
   configs = []  # (name, RunConfig fields, the sim executor's transfer models)

@@ -90,10 +90,8 @@ def simulate(cluster, profiles, candidate, placement: str, precision: str):
   from hetpipe_jax.sim import simulate_fast
   trace = Trace()
   t0 = time.perf_counter()
-  seconds, _, _, info = simulate_fast(cluster, profiles, candidate.layout, candidate.d, FLAGS.waves, trace,
-                                      placement, precision=precision,
-                                      overlap_transfers=candidate.overlap_transfers,
-                                      staged_ps=candidate.staged_ps)
+  seconds, _, _, info = simulate_fast(candidate.job(cluster, profiles, FLAGS.waves, placement=placement,
+                                                    precision=precision), trace)
   host = time.perf_counter() - t0
   common.require_wsp(trace.events, f"simulated run on {cluster.name}")
   return sum(candidate.layout.nms) * FLAGS.waves / seconds, host, info

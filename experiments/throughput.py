@@ -48,10 +48,11 @@ flags.DEFINE_bool("tuned", True, "Add the tuned configuration (experiments.tune'
 def simulated_images_per_sec(cluster, profiles, plans, d: int = 0, placement: str = "default") -> float:
   from hetpipe_jax.core.trace import Trace
   from hetpipe_jax.plan.layout import Layout
-  from hetpipe_jax.sim.simulate import simulate
+  from hetpipe_jax.sim import SimJob, SimOptions, simulate
   trace = Trace()
-  seconds, vws, _ = simulate(cluster, profiles, Layout(tuple(p.layout for p in plans)), d, FLAGS.waves,
-                             trace, placement, overlap_transfers=FLAGS.overlap_transfers)
+  seconds, vws, _ = simulate(SimJob(cluster, profiles, Layout(tuple(p.layout for p in plans)), d, FLAGS.waves,
+                                    placement, options=SimOptions(overlap_transfers=FLAGS.overlap_transfers)),
+                             trace)
   common.require_wsp(trace.events, "simulated run")
   return sum(vw.completed for vw in vws) * FLAGS.batch_size / seconds
 

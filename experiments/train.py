@@ -170,6 +170,19 @@ PLAN_FLAGS = ("model", "dataset", "cluster", "batch_size", "optimizer", "weight_
               "cuts", "nm", "window", "d", "placement", "overlap_transfers", "staged_ps")
 
 
+def _plan_values(path: str, best: dict) -> dict:
+  """The flag values a tuned plan's best configuration sets."""
+  return {
+      "model": best["model"], "cluster": best["cluster"], "batch_size": int(best["batch_size"]),
+      "optimizer": best["optimizer"], "weight_mode": best["weight_mode"], "schedule": best["schedule"],
+      "policy": ";".join(",".join(map(str, g)) for g in best["policy"]),
+      "cuts": ";".join(",".join(map(str, c)) for c in best["cuts"]), "nm": [str(n) for n in best["nm"]],
+      "window": [str(n) for n in best.get("window", best["nm"])],
+      "d": int(best["d"]), "placement": best["placement"], "overlap_transfers": bool(best["overlap_transfers"]),
+      "staged_ps": bool(best.get("staged_ps", False)),
+      "dataset": best.get("dataset") or FLAGS.dataset}  # a small model's plan was profiled on its dataset
+
+
 def apply_plan(path: str) -> dict | None:
   """Sets the flags of ``--plan``'s best configuration; returns it (with ``time_model`` when the numerics
   train a small ``--model`` on the plan's full-size model's clock).
@@ -181,18 +194,11 @@ def apply_plan(path: str) -> dict | None:
 
   from hetpipe_jax import ConfigError
   from hetpipe_jax.models import FULL_SIZE
+  from hetpipe_jax.sim.options import ELSEWHERE
   try:
     with open(path, encoding="utf-8") as f:
       best = json.load(f)["best"]
-    values = {
-        "model": best["model"], "cluster": best["cluster"], "batch_size": int(best["batch_size"]),
-        "optimizer": best["optimizer"], "weight_mode": best["weight_mode"], "schedule": best["schedule"],
-        "policy": ";".join(",".join(map(str, g)) for g in best["policy"]),
-        "cuts": ";".join(",".join(map(str, c)) for c in best["cuts"]), "nm": [str(n) for n in best["nm"]],
-        "window": [str(n) for n in best.get("window", best["nm"])],
-        "d": int(best["d"]), "placement": best["placement"], "overlap_transfers": bool(best["overlap_transfers"]),
-        "staged_ps": bool(best.get("staged_ps", False)),
-        "dataset": best.get("dataset") or FLAGS.dataset}  # a small model's plan was profiled on its dataset
+    values = _plan_values(path, best)
   except (OSError, ValueError, KeyError, TypeError) as e:
     raise ConfigError(f"--plan={path}: not a tuned plan ({type(e).__name__}: {e}); write one with python -m "
                       "experiments.tune") from None
@@ -203,14 +209,11 @@ def apply_plan(path: str) -> dict | None:
                         f"simulate it (--executor=sim), or train a small model on its clock (e.g. --model=cnn)")
     time_model, values["model"] = values["model"], FLAGS.model  # the numerics' model, the plan's clock
     values["dataset"] = FLAGS.dataset
-  if FLAGS.executor != "sim" and values["overlap_transfers"]:
-    print(f"note: the plan's overlapped transfers are a model of the sim executor; the {FLAGS.executor} "
-          "executor receives each task's input in series", flush=True)
-    values["overlap_transfers"] = False
-  if FLAGS.executor != "sim" and values["staged_ps"]:
-    print(f"note: the plan's staged push and pull transfers are a model of the sim executor; the "
-          f"{FLAGS.executor} executor moves a virtual worker's push and pull as one", flush=True)
-    values["staged_ps"] = False
+  for name in ("overlap_transfers", "staged_ps"):  # the plan's sim options, on an executor that computes
+    if FLAGS.executor != "sim" and values[name]:
+      print(f"note: the plan's {name} is a model of the sim executor; the {FLAGS.executor} executor "
+            f"{ELSEWHERE[name]}", flush=True)
+      values[name] = False
   for name in PLAN_FLAGS:
     given = FLAGS[name].value
     if FLAGS[name].present and given != values[name]:
@@ -224,143 +227,175 @@ def apply_plan(path: str) -> dict | None:
   return {**best, "time_model": time_model}
 
 
-def main(argv):
-  del argv
-  from hetpipe_jax import ConfigError, get_cluster
-  from hetpipe_jax.errors import RunStopped
+def check_process_flags() -> None:
+  """Refuses multi-process flags that this run would not use, or that no job could have.
+
+  Raises:
+    ConfigError: for --process_id/--num_processes without --coordinator_address or a multiprocess
+      executor, or for a process count below 1.
+  """
+  from hetpipe_jax import ConfigError
+  given = [f"--{name}" for name in ("process_id", "num_processes", "coordinator_address") if FLAGS[name].present]
+  if given and FLAGS.executor != "multiprocess":
+    raise ConfigError(f"{', '.join(given)} join a multi-process job, but --executor={FLAGS.executor}; use "
+                      "--executor=multiprocess or drop them")
+  if FLAGS.num_processes is not None and FLAGS.num_processes < 1:
+    raise ConfigError(f"--num_processes={FLAGS.num_processes}; a job has at least 1 process (one per node of "
+                      "--cluster): drop it to let the launcher start them")
+  if FLAGS.coordinator_address is None and (FLAGS.process_id is not None or FLAGS.num_processes is not None):
+    raise ConfigError("--process_id and --num_processes join a job through its coordinator: give "
+                      "--coordinator_address=HOST:PORT too, or drop them to launch one process per node here")
+
+
+def planned_shape(policy) -> tuple[object, list[list[int]] | None]:
+  """(Nm, cuts) of a run whose ``--policy`` lets the planner lay it out (a grouping with ``--cuts`` is an
+  explicit layout, cut as given).
+
+  Raises:
+    ConfigError: for flags the planner would override.
+  """
+  from hetpipe_jax import ConfigError
+  given = [f"--{name}" for name in ("num_vws", "stages") if FLAGS[name].present]
+  if isinstance(policy, str) and FLAGS.cuts:
+    given.append("--cuts")
+  if given:
+    raise ConfigError(f"--policy={FLAGS.policy} lets the planner choose the virtual workers, their stages "
+                      f"and cuts; drop {', '.join(given)} (a grouping of GPU indices with --cuts is taken as "
+                      "given)")
+  if FLAGS.cuts:  # a grouping in pipeline order, cut as given: an explicit layout (a tuned plan)
+    nms = common.parse_ints("nm", FLAGS.nm)
+    return (nms[0] if len(nms) == 1 else nms), common.parse_cuts(FLAGS.cuts, len(policy))
+  if len(FLAGS.nm) > 1 and isinstance(policy, str):
+    raise ConfigError(f"--nm={','.join(FLAGS.nm)} gives one Nm per virtual worker, but with --policy the "
+                      "planner decides the virtual workers; give one value: a number, max_fit or best")
+  if len(FLAGS.nm) > 1:
+    return common.parse_ints("nm", FLAGS.nm), None
+  nm_rule = FLAGS.nm[0] if FLAGS["nm"].present else "max_fit"
+  return (nm_rule if nm_rule in ("max_fit", "best") else common.parse_ints("nm", FLAGS.nm)[0]), None
+
+
+def run_shape(multiprocess: bool) -> dict:
+  """The layout flags of the run as RunConfig fields (and the CPU devices it needs, for one process)."""
+  from hetpipe_jax import get_cluster
   from hetpipe_jax.plan.allocation import parse_policy
-  common.check_seed(FLAGS.seed)
-  plan = apply_plan(FLAGS.plan) if FLAGS.plan else None
-  multiprocess = FLAGS.executor == "multiprocess"
-  if multiprocess and FLAGS.coordinator_address is None:
-    return launch_nodes()
-  if multiprocess:
-    join_job()
   policy = parse_policy(FLAGS.policy) if FLAGS.policy else None
   stages = common.parse_ints("stages", FLAGS.stages)
-  cuts = None
   if policy is not None:
-    given = [f"--{name}" for name in ("num_vws", "stages") if FLAGS[name].present]
-    if isinstance(policy, str) and FLAGS.cuts:
-      given.append("--cuts")
-    if given:
-      raise ConfigError(f"--policy={FLAGS.policy} lets the planner choose the virtual workers, their stages "
-                        f"and cuts; drop {', '.join(given)} (a grouping of GPU indices with --cuts is taken as "
-                        "given)")
-    if FLAGS.cuts:  # a grouping in pipeline order, cut as given: an explicit layout (a tuned plan)
-      cuts = common.parse_cuts(FLAGS.cuts, len(policy))
-      nms = common.parse_ints("nm", FLAGS.nm)
-      nm = nms[0] if len(nms) == 1 else nms
-    elif len(FLAGS.nm) > 1 and isinstance(policy, str):
-      raise ConfigError(f"--nm={','.join(FLAGS.nm)} gives one Nm per virtual worker, but with --policy the "
-                        "planner decides the virtual workers; give one value: a number, max_fit or best")
-    elif len(FLAGS.nm) > 1:
-      nm = common.parse_ints("nm", FLAGS.nm)
-    else:
-      nm_rule = FLAGS.nm[0] if FLAGS["nm"].present else "max_fit"
-      nm = nm_rule if nm_rule in ("max_fit", "best") else common.parse_ints("nm", FLAGS.nm)[0]
-    if not multiprocess:
-      common.ensure_devices(get_cluster(FLAGS.cluster).num_gpus)
+    nm, cuts = planned_shape(policy)
+    devices = get_cluster(FLAGS.cluster).num_gpus
   else:
     nms = common.parse_ints("nm", FLAGS.nm)
-    nm = nms[0] if len(nms) == 1 else nms
+    nm, cuts = (nms[0] if len(nms) == 1 else nms), None
     if FLAGS.cuts:
       cuts = common.parse_cuts(FLAGS.cuts, FLAGS.num_vws)
       if not FLAGS["stages"].present:  # the cuts say how many stages
         stages = [len(c) - 1 for c in cuts]
         stages = stages[:1] if len(set(stages)) == 1 else stages
-    if not multiprocess:
-      common.ensure_devices(FLAGS.num_vws * max(stages))
-
-  from hetpipe_jax import RunConfig, check_trace, get_model, load_dataset, run_hetpipe, staleness_stats
-  from hetpipe_jax.viz.timeline import chrome_trace, plot_gantt
-  trace_out = common.output_path(FLAGS.out_dir, "trace.jsonl", FLAGS.trace_out)
-  metrics_out = common.output_path(FLAGS.out_dir, "metrics.jsonl", FLAGS.metrics_out)
-
+    devices = FLAGS.num_vws * max(stages)
+  if not multiprocess:
+    common.ensure_devices(devices)
   window = common.parse_ints("window", FLAGS.window) if FLAGS.window else None
-  config = RunConfig(
-      cluster=FLAGS.cluster, num_vws=FLAGS.num_vws, stages=stages[0] if len(stages) == 1 else stages,
-      nm=nm, window=window[0] if window and len(window) == 1 else window, d=FLAGS.d, waves=FLAGS.waves,
-      batch_size=FLAGS.batch_size,
+  return dict(num_vws=FLAGS.num_vws, stages=stages[0] if len(stages) == 1 else stages, nm=nm, cuts=cuts,
+              window=window[0] if window and len(window) == 1 else window, policy=policy)
+
+
+def make_config(shape: dict, trace_out: str, time_model: str | None):
+  """The RunConfig of the flags."""
+  from hetpipe_jax import RunConfig
+  return RunConfig.of(
+      **shape, cluster=FLAGS.cluster, d=FLAGS.d, waves=FLAGS.waves, batch_size=FLAGS.batch_size,
       optimizer=FLAGS.optimizer, learning_rate=FLAGS.learning_rate, weight_mode=FLAGS.weight_mode,
-      schedule=FLAGS.schedule, executor=FLAGS.executor, time_scale=FLAGS.time_scale, cuts=cuts,
-      seed=FLAGS.seed, eval_every=FLAGS.eval_every, drop_remainder=FLAGS.drop_remainder,
-      trace_path=trace_out, policy=policy, placement=FLAGS.placement, on_nonfinite=FLAGS.on_nonfinite,
-      checkpoint_dir=FLAGS.checkpoint_dir, checkpoint_every=FLAGS.checkpoint_every,
-      keep_checkpoints=FLAGS.keep_checkpoints, resume=FLAGS.resume, failures=parse_failures(FLAGS.fail),
-      rejoin=FLAGS.rejoin, overlap_transfers=FLAGS.overlap_transfers, staged_ps=FLAGS.staged_ps,
-      fast_sim=FLAGS.fast_sim,
-      time_model=plan["time_model"] if plan else None, precision=FLAGS.precision)
+      schedule=FLAGS.schedule, executor=FLAGS.executor, time_scale=FLAGS.time_scale, seed=FLAGS.seed,
+      eval_every=FLAGS.eval_every, drop_remainder=FLAGS.drop_remainder, trace_path=trace_out,
+      placement=FLAGS.placement, on_nonfinite=FLAGS.on_nonfinite, checkpoint_dir=FLAGS.checkpoint_dir,
+      checkpoint_every=FLAGS.checkpoint_every, keep_checkpoints=FLAGS.keep_checkpoints, resume=FLAGS.resume,
+      failures=parse_failures(FLAGS.fail), rejoin=FLAGS.rejoin, overlap_transfers=FLAGS.overlap_transfers,
+      staged_ps=FLAGS.staged_ps, fast_sim=FLAGS.fast_sim, time_model=time_model, precision=FLAGS.precision)
+
+
+def model_and_data():
+  """(the model, its dataset or, for a full-size model on the sim executor, its input description)."""
+  from hetpipe_jax import ConfigError, get_model, load_dataset
   from hetpipe_jax.models import FULL_SIZE, full_size_model, full_size_spec
   if FLAGS.executor == "sim" and FLAGS.model in FULL_SIZE:  # no numerics: the model's own input, no data
-    dataset, model = full_size_spec(FLAGS.model, FLAGS.seq_len), full_size_model(FLAGS.model)
-  elif FLAGS.seq_len is not None:
+    return full_size_model(FLAGS.model), full_size_spec(FLAGS.model, FLAGS.seq_len)
+  if FLAGS.seq_len is not None:
     raise ConfigError(f"--seq_len={FLAGS.seq_len} sets a full-size GPT's sequence length in a simulation "
                       f"(--executor=sim --model=gpt2-xl|gpt-6.7b|gpt-13b); --model={FLAGS.model} on "
                       f"--executor={FLAGS.executor} takes its dataset's sequences: drop --seq_len")
-  else:
-    dataset = load_dataset(FLAGS.dataset)
-    model = get_model(FLAGS.model, dataset.num_classes)
-  common.progress("training %s on %s: %s", model.name, getattr(dataset, "name", dataset), config)
-  if multiprocess:
-    from hetpipe_jax.runtime.distributed import current_node
-    node = current_node()
-    try:
-      result = run_hetpipe(model, dataset, config)
-    except Exception as e:  # one line, and out at once: the launcher stops the other processes
-      if node is None or isinstance(e, (ConfigError, RunStopped)):
-        raise
-      node.abort(f"{type(e).__name__}: {e}")
-  else:
-    result = run_hetpipe(model, dataset, config)
-  if multiprocess and FLAGS.process_id != 0:
-    return None  # process 0 runs the engine and writes every output
+  dataset = load_dataset(FLAGS.dataset)
+  return get_model(FLAGS.model, dataset.num_classes), dataset
+
+
+def run(model, dataset, config, multiprocess: bool):
+  """``run_hetpipe``; in a multi-process job an unexpected error ends this process at once, in one line."""
+  from hetpipe_jax import ConfigError, run_hetpipe
+  from hetpipe_jax.errors import RunStopped
+  if not multiprocess:
+    return run_hetpipe(model, dataset, config)
+  from hetpipe_jax.runtime.distributed import current_node
+  node = current_node()
+  try:
+    return run_hetpipe(model, dataset, config)
+  except Exception as e:  # one line, and out at once: the launcher stops the other processes
+    if node is None or isinstance(e, (ConfigError, RunStopped)):
+      raise
+    node.abort(f"{type(e).__name__}: {e}")
+    raise  # not reached: abort ends the process
+
+
+CLOCKS = {"virtual": "emulated cluster time", "sim": "simulated cluster time", "wall": "wall time (CPU emulation)",
+          "multiprocess": "wall time of process 0 (CPU emulation)"}
+
+
+def summarize(model, config, result, violations, stats, plan) -> dict:
+  """summary.json of a run."""
   meta = result.events[0]
   stages, nms = meta["stages"], meta["nm"]
-  for i, (group, cut) in enumerate(zip(meta["gpus"], meta["cuts"])):
-    common.progress("virtual worker %d: Nm=%d, GPUs %s, cuts %s", i, nms[i], group, cut)
-
-  common.write_jsonl(metrics_out, result.metrics)
-  violations = check_trace(result.events)
-  stats = staleness_stats(result.events)
-  final_acc = result.metrics[-1].get("test_accuracy")  # None for the sim executor (no numerics)
   summary = {
       "model": model.name, "dataset": meta["dataset"], "cluster": config.cluster,
       "executor": config.executor, "num_vws": len(stages), "stages": stages, "nm": nms,
-      "window": meta.get("window") or nms, "d": config.d,
+      "window": meta.get("window") or nms, "d": config.wsp.d,
       "policy": FLAGS.policy, "placement": FLAGS.placement, "gpus": meta["gpus"],
       "cuts": result.cuts, "waves": config.waves, "batch_size": config.batch_size,
       "seconds": result.seconds, "host_seconds": result.wall_seconds,
-      "images_per_second": result.images_per_second, "final_test_accuracy": final_acc,
+      "images_per_second": result.images_per_second, "final_test_accuracy": result.metrics[-1].get("test_accuracy"),
       "trace_violations": [str(v) for v in violations[:20]], "staleness": stats,
-      "checkpoints": result.checkpoints, "overlap_transfers": config.overlap_transfers,
-      "staged_ps": config.staged_ps, "time_model": config.time_model, "fast_sim": result.fast_sim,
+      "checkpoints": result.checkpoints, "overlap_transfers": config.sim.overlap_transfers,
+      "staged_ps": config.sim.staged_ps, "time_model": config.layout.time_model, "fast_sim": result.fast_sim,
       "precision": config.precision,
   }
   if plan is not None:
     summary["plan"] = {"path": FLAGS.plan, "predicted_images_per_sec": plan["images_per_sec"],
                        "predicted_waves": plan.get("waves")}
-  summary_out = common.write_json(common.output_path(FLAGS.out_dir, "summary.json"), summary)
-  clock = {"virtual": "emulated cluster time", "sim": "simulated cluster time",
-           "wall": "wall time (CPU emulation)", "multiprocess": "wall time of process 0 (CPU emulation)"}[
-               config.executor]
-  outputs = [("trace", trace_out), ("metrics", metrics_out), ("summary", summary_out)]
-  if final_acc is not None:
+  return summary
+
+
+def write_pictures(model, config, result) -> list[tuple[str, str]]:
+  """The training plot (with numerics), the Gantt chart of the first waves and the Chrome trace."""
+  from hetpipe_jax.viz.timeline import chrome_trace, plot_gantt
+  meta = result.events[0]
+  outputs = []
+  if result.metrics[-1].get("test_accuracy") is not None:
     outputs.append(("plot", common.output_path(FLAGS.out_dir, "training.png")))
     plot_training(result.metrics, outputs[-1][1],
-                  f"{model.name} on {meta['dataset']}, {len(stages)} VWs x {stages} stages, Nm={nms}, "
-                  f"D={config.d}, {config.executor} executor ({clock})")
-
+                  f"{model.name} on {meta['dataset']}, {len(meta['stages'])} VWs x {meta['stages']} stages, "
+                  f"Nm={meta['nm']}, D={config.wsp.d}, {config.executor} executor ({CLOCKS[config.executor]})")
   gantt_out = common.output_path(FLAGS.out_dir, "timeline.png")
   plot_gantt(result.events, gantt_out, waves=3)
   chrome_out = common.write_json(common.output_path(FLAGS.out_dir, "timeline.chrome.json"),
                                  chrome_trace(result.events), indent=None)
+  return outputs + [("timeline", gantt_out), ("chrome", chrome_out)]
 
+
+def report(config, result, stats, plan) -> None:
+  """The run's lines on stdout: accuracy and rate, fast-sim, staleness, plan, checkpoints."""
+  final_acc = result.metrics[-1].get("test_accuracy")
   rate = result.images_per_second  # a GPT's: sequences per second
   accuracy = "no numerics (sim)" if final_acc is None else f"final test accuracy {final_acc:.4f}"
   print(f"{accuracy} after {config.waves} waves per virtual worker; "
-        f"{rate:{',.0f' if rate >= 100 else '.3g'}} images/s on the {clock} ({result.seconds:.4g} s; host "
-        f"{result.wall_seconds:.1f} s)")
+        f"{rate:{',.0f' if rate >= 100 else '.3g'}} images/s on the {CLOCKS[config.executor]} "
+        f"({result.seconds:.4g} s; host {result.wall_seconds:.1f} s)")
   if result.fast_sim is not None:
     print(f"fast sim ({result.fast_sim['method']}): simulated {max(result.fast_sim['simulated_waves'])} of "
           f"{config.waves} waves per virtual worker; the trace holds those")
@@ -377,9 +412,42 @@ def main(argv):
     cost = (f", {sum(ck['seconds']) / len(ck['seconds']):.3g} s and {ck['bytes'][-1] / 1e6:.3g} MB each"
             if ck["saved"] else "")
     print(f"checkpoints: {resumed}{ck['saved']} saved in {ck['directory']}{cost}")
+
+
+def main(argv):
+  del argv
+  from hetpipe_jax import check_trace, staleness_stats
+  common.check_seed(FLAGS.seed)
+  check_process_flags()
+  plan = apply_plan(FLAGS.plan) if FLAGS.plan else None
+  multiprocess = FLAGS.executor == "multiprocess"
+  if multiprocess and FLAGS.coordinator_address is None:
+    return launch_nodes()
+  if multiprocess:
+    join_job()
+  shape = run_shape(multiprocess)
+  trace_out = common.output_path(FLAGS.out_dir, "trace.jsonl", FLAGS.trace_out)
+  metrics_out = common.output_path(FLAGS.out_dir, "metrics.jsonl", FLAGS.metrics_out)
+  config = make_config(shape, trace_out, plan["time_model"] if plan else None)
+  model, dataset = model_and_data()
+  common.progress("training %s on %s: %s", model.name, getattr(dataset, "name", dataset), config)
+  result = run(model, dataset, config, multiprocess)
+  if multiprocess and FLAGS.process_id != 0:
+    return None  # process 0 runs the engine and writes every output
+  meta = result.events[0]
+  for i, (group, cut) in enumerate(zip(meta["gpus"], meta["cuts"])):
+    common.progress("virtual worker %d: Nm=%d, GPUs %s, cuts %s", i, meta["nm"][i], group, cut)
+  common.write_jsonl(metrics_out, result.metrics)
+  violations = check_trace(result.events)
+  stats = staleness_stats(result.events)
+  summary_out = common.write_json(common.output_path(FLAGS.out_dir, "summary.json"),
+                                  summarize(model, config, result, violations, stats, plan))
+  outputs = [("trace", trace_out), ("metrics", metrics_out), ("summary", summary_out)]
+  outputs += write_pictures(model, config, result)
+  report(config, result, stats, plan)
   print("trace check: " + ("OK, every WSP guarantee holds" if not violations else
                            f"FAILED, {len(violations)} violations (see {summary_out})"))
-  common.print_outputs(outputs + [("timeline", gantt_out), ("chrome", chrome_out)])
+  common.print_outputs(outputs)
   if violations:
     raise SystemExit(1)
 

@@ -42,22 +42,23 @@ def check(row: dict) -> dict:
   from hetpipe_jax import get_cluster
   from hetpipe_jax.core.trace import Trace
   from hetpipe_jax.cost.profile import full_size_profiles
-  from hetpipe_jax.sim import simulate, simulate_fast
+  from hetpipe_jax.sim import SimJob, SimOptions, simulate, simulate_fast
   setting = row["setting"]
   cluster = get_cluster(setting["cluster"])
   profiles = full_size_profiles(row["model"], setting["batch_size"], seq_len=setting["seq_len"])
   layout = layout_of(cluster, setting)
-  kwargs = {"placement": setting["placement"], "precision": setting["precision"],
-            "overlap_transfers": setting["overlap_transfers"], "staged_ps": setting.get("staged_ps", False)}
+  options = SimOptions(overlap_transfers=setting["overlap_transfers"], staged_ps=setting.get("staged_ps", False))
+  job = SimJob(cluster, profiles, layout, setting["d"], FLAGS.waves, setting["placement"],
+               precision=setting["precision"], options=options)
   out = {"model": row["model"], "gpus": row["gpus"], "configuration": row["configuration"]}
   for mode in ("full", "fast"):
     trace = Trace()
     t0 = time.perf_counter()
     if mode == "full":
-      seconds, _, _ = simulate(cluster, profiles, layout, setting["d"], FLAGS.waves, trace, **kwargs)
+      seconds, _, _ = simulate(job, trace)
       out["full_simulated_waves"] = FLAGS.waves
     else:
-      seconds, _, _, info = simulate_fast(cluster, profiles, layout, setting["d"], FLAGS.waves, trace, **kwargs)
+      seconds, _, _, info = simulate_fast(job, trace)
       out["fast_method"], out["fast_simulated_waves"] = info["method"], max(info["simulated_waves"])
     out[f"{mode}_host_seconds"] = time.perf_counter() - t0
     common.require_wsp(trace.events, f"{mode} simulation of {row['model']} on {cluster.name}")

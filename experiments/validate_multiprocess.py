@@ -109,7 +109,7 @@ def main(argv):
     host = time.perf_counter() - t
     events = read_trace(os.path.join(job_dir, "trace.jsonl"))
     common.require_wsp(events, f"multiprocess run {name} {policy} D={d}")
-    predicted = run_hetpipe(model, data, RunConfig(
+    predicted = run_hetpipe(model, data, RunConfig.of(
         cluster=paths[name], policy=parse_policy(policy), nm=NM, d=d, waves=FLAGS.waves, executor="sim"))
     common.require_wsp(predicted.events, f"sim run {name} {policy} D={d}")
     planned = (predicted.events[0]["cuts"], predicted.events[0]["nm"])

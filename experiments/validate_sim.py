@@ -12,8 +12,6 @@ prediction within 10%. The last line is ``worst_error=<fraction>``::
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from absl import flags
 
 from experiments import common
@@ -54,10 +52,10 @@ def main(argv):
     cluster = make_cluster("validate", [[types[mix[i]]] * ks[i] for i in range(n)], Link("fast", 1e11, 1e-6),
                            Link("fast", 1e11, 1e-6))
     # eval_every=waves: the global weights are evaluated once, at the last clock tick (no "never").
-    config = RunConfig(cluster=cluster, num_vws=n, stages=k, nm=nm, d=d, waves=FLAGS.waves, batch_size=16,
+    config = RunConfig.of(cluster=cluster, num_vws=n, stages=k, nm=nm, d=d, waves=FLAGS.waves, batch_size=16,
                        eval_every=FLAGS.waves)
-    measured = run_hetpipe(model, data, replace(config, executor="wall", time_scale=1.0))
-    predicted = run_hetpipe(model, data, replace(config, executor="sim"))
+    measured = run_hetpipe(model, data, config.replace(executor="wall", time_scale=1.0))
+    predicted = run_hetpipe(model, data, config.replace(executor="sim"))
     common.require_wsp(measured.events, f"wall run {n} x {k}, Nm={nm}, D={d}")
     common.require_wsp(predicted.events, f"sim run {n} x {k}, Nm={nm}, D={d}")
     error = abs(predicted.images_per_second - measured.images_per_second) / measured.images_per_second

@@ -51,7 +51,7 @@ from hetpipe_jax.plan.layout import Layout
 from hetpipe_jax.plan.partition import partition, search_states
 from hetpipe_jax.plan.placement import PLACEMENTS
 from hetpipe_jax.plan.vw_plan import VWPlan, vw_plan
-from hetpipe_jax.sim.simulate import simulate_fast
+from hetpipe_jax.sim import SimJob, SimOptions, simulate_fast
 
 Progress = Callable[[str], None]
 
@@ -79,6 +79,16 @@ class Candidate:
     window = "" if windows is None else f" window {windows}"
     return (f"{self.grouping}, Nm {self.nm_rule} {[p.nm for p in self.plans]}{window}, D={self.d}, "
             f"{self.placement} placement, {transfers} transfers{', staged PS' if self.staged_ps else ''}")
+
+  @property
+  def sim_options(self) -> SimOptions:
+    return SimOptions(overlap_transfers=self.overlap_transfers, staged_ps=self.staged_ps)
+
+  def job(self, cluster: Cluster, profiles: Sequence[UnitProfile], waves: int, **kw) -> SimJob:
+    """This configuration as a simulation of ``waves`` waves (``kw``: :class:`SimJob`'s other fields,
+    ``placement`` included to simulate it elsewhere)."""
+    return SimJob(cluster, profiles, self.layout, self.d, waves, **{"placement": self.placement, **kw},
+                  options=self.sim_options)
 
   def modelled_images_per_sec(self, batch_size: int) -> float:
     """The plan's rate under WSP: every virtual worker runs waves at the slowest one's wave rate."""
@@ -307,9 +317,8 @@ def simulate_candidate(cluster: Cluster, profiles: Sequence[UnitProfile], candid
     ProtocolError: when the trace breaks a WSP guarantee.
   """
   trace = Trace()
-  seconds, _, _, _ = simulate_fast(cluster, profiles, candidate.layout, candidate.d, waves, trace,
-                                   candidate.placement, schedule, weight_mode, precision,
-                                   overlap_transfers=candidate.overlap_transfers, staged_ps=candidate.staged_ps)
+  seconds, _, _, _ = simulate_fast(candidate.job(cluster, profiles, waves, schedule=schedule,
+                                                 weight_mode=weight_mode, precision=precision), trace)
   violations = check_trace(trace.events)
   if violations:
     raise ProtocolError(f"tuner candidate {candidate.label}: {violations[0]}")

@@ -47,18 +47,18 @@ MLP = get_model("mlp")  # 4 units
 def test_bad_config(config, pattern):
   base = dict(cluster="hetero4", num_vws=2, stages=2, nm=2, d=1, waves=2, batch_size=16)
   with pytest.raises(ConfigError, match=pattern):
-    run_hetpipe(MLP, DATA, RunConfig(**{**base, **config}))
+    run_hetpipe(MLP, DATA, RunConfig.of(**{**base, **config}))
 
 
 def test_one_cut_list_serves_every_virtual_worker():
-  result = run_hetpipe(MLP, DATA, RunConfig(cluster="hetero4", num_vws=2, stages=2, nm=2, d=1, waves=2,
+  result = run_hetpipe(MLP, DATA, RunConfig.of(cluster="hetero4", num_vws=2, stages=2, nm=2, d=1, waves=2,
                                             batch_size=16, cuts=[[0, 1, 4]]))
   assert_trace_ok(result.events)
   assert result.events[0]["cuts"] == [[0, 1, 4], [0, 1, 4]]
 
 
 def test_batch_size_that_does_not_divide_runs_with_drop_remainder():
-  result = run_hetpipe(MLP, DATA, RunConfig(cluster="hetero4", num_vws=1, stages=1, nm=1, d=0, waves=2,
+  result = run_hetpipe(MLP, DATA, RunConfig.of(cluster="hetero4", num_vws=1, stages=1, nm=1, d=0, waves=2,
                                             batch_size=30, drop_remainder=True))
   assert_trace_ok(result.events)
   assert len(result.metrics) == 2
@@ -69,12 +69,12 @@ def test_stage_that_fits_no_gpu():
   cluster = make_cluster("tiny", [[tiny, CLASS_D]])
   with pytest.raises(ConfigError, match=r"stage 0 of virtual worker 0 \(units 0..1\) needs .* KiB with Nm=2 in "
                                         r"flight \(stash\), but GPU n0.tiny.0 has 97.7 KiB; use more stages"):
-    run_hetpipe(MLP, DATA, RunConfig(cluster=cluster, num_vws=1, stages=2, nm=2, d=0, waves=1,
+    run_hetpipe(MLP, DATA, RunConfig.of(cluster=cluster, num_vws=1, stages=2, nm=2, d=0, waves=1,
                                      batch_size=16, cuts=[[0, 2, 4]]))
   with pytest.raises(ConfigError, match=r"no partition of the model over 2 GPUs \(n0.tiny.0, n0.D.1\) fits in "
                                         r"memory with Nm=2: the least-loaded cut still needs \d+.\d KiB on "
                                         r"n0.tiny.0 \(tiny, 97.7 KiB\)"):
-    run_hetpipe(MLP, DATA, RunConfig(cluster=cluster, num_vws=1, stages=2, nm=2, d=0, waves=1,
+    run_hetpipe(MLP, DATA, RunConfig.of(cluster=cluster, num_vws=1, stages=2, nm=2, d=0, waves=1,
                                      batch_size=16))
 
 
@@ -92,3 +92,38 @@ def test_cli_reports_bad_input_in_one_line():
   assert proc.returncode != 0
   assert "Nm=0 for virtual worker 0; Nm (minibatches in flight) must be >= 1" in proc.stderr
   assert "Traceback" not in proc.stderr
+
+
+def test_a_cluster_file_whose_numbers_overflow_once_scaled(tmp_path):
+  path = tmp_path / "big.toml"
+  path.write_text('[gpu_types.X]\nmemory_gib = 12\nfp32_tflops = 1e300\nbandwidth_gbytes_per_s = 600\n'
+                  '[[nodes]]\ngpus = ["X", "X"]\n')
+  with pytest.raises(ConfigError, match=r"gpu_types.'X'.fp32_tflops = 1e\+300 is over the limit of 1e\+06 "
+                                        r"\(Tflop/s\); give the value in that unit"):
+    run_hetpipe(MLP, DATA, RunConfig.of(cluster=str(path), num_vws=1, stages=2, nm=1, waves=1, batch_size=16))
+
+
+def test_a_padding_that_cannot_finish_is_refused_and_options_of_other_executors_too():
+  with pytest.raises(ConfigError, match=r"time_scale=1e\+12 pads this run to at least .* s of wall time \(its "
+                                        r"emulated time x 1e\+12\), over the 86400 s a padded run may take: use "
+                                        r"time_scale <= "):
+    run_hetpipe(MLP, DATA, RunConfig.of(cluster="hetero4", num_vws=1, stages=2, nm=1, waves=1, batch_size=16,
+                                        executor="wall", time_scale=1e12))
+  with pytest.raises(ConfigError, match=r"time_scale=2.0 pads the tasks of the wall and multiprocess executors; "
+                                        r"the virtual executor runs on a virtual clock: drop time_scale"):
+    run_hetpipe(MLP, DATA, RunConfig.of(num_vws=1, stages=2, waves=1, batch_size=16, time_scale=2.0))
+  with pytest.raises(ConfigError, match=r"RunConfig has no field 'dd'"):
+    RunConfig.of(dd=1)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--executor=multiprocess", "--num_processes=0"], "--num_processes=0; a job has at least 1 process"),
+    (["--num_processes=2"], "--num_processes join a multi-process job, but --executor=virtual"),
+    (["--executor=multiprocess", "--process_id=1"], "--process_id and --num_processes join a job through its "
+                                                     "coordinator: give --coordinator_address"),
+])
+def test_cli_refuses_process_flags_it_would_not_use(args, message):
+  proc = subprocess.run([sys.executable, "-m", "experiments.train", *args, "--waves=1"], capture_output=True,
+                        text=True, timeout=300)
+  assert proc.returncode != 0
+  assert message in proc.stderr and "Traceback" not in proc.stderr

@@ -137,7 +137,7 @@ def test_fault_rebase_drops_local_updates(monkeypatch):
     return 0
 
   monkeypatch.setattr(Stage, "rebase", lossy_rebase)
-  result = run_hetpipe(get_model("mlp"), synthetic(num_train=512, num_test=64), RunConfig(
+  result = run_hetpipe(get_model("mlp"), synthetic(num_train=512, num_test=64), RunConfig.of(
       cluster="hetero4", num_vws=2, stages=4, nm=4, d=0, waves=4, batch_size=16, eval_every=100))
   assert "rebase" in rules(result.events)
 

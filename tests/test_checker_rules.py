@@ -1,4 +1,4 @@
-"""Every rule of the trace checker fires on the fault it exists for (hetpipe_jax/check.py, HETPIPE.md §3).
+"""Every rule of the trace checker fires on the fault it exists for (hetpipe_jax/core/check.py; docs/PROTOCOL.md §9).
 
 Each test plants one fault in a sound literal trace and asserts which rules fire, at which lines, with which
 messages. Where the protocol makes another rule fire with it (a forward that misses own updates is also a

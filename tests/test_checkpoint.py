@@ -9,10 +9,13 @@ import subprocess
 import sys
 import time
 
+import jax
 import numpy as np
+import optax
 import pytest
 
 from hetpipe_jax import ConfigError, RunConfig, get_model, read_trace, run_hetpipe, synthetic
+from hetpipe_jax.runtime.checkpoint import Checkpointer
 
 from helpers import assert_trace_ok
 
@@ -66,7 +69,7 @@ def test_a_run_killed_at_any_moment_resumes_bit_identical(tmp_path):
 def _config(tmp_path, **kw):
   base = dict(cluster="uniform8", num_vws=2, stages=2, nm=2, d=1, waves=12, trace_path=str(tmp_path / "t.jsonl"),
               checkpoint_dir=str(tmp_path / "ck"), checkpoint_every=3, keep_checkpoints=5)
-  return RunConfig(**{**base, **kw})
+  return RunConfig.of(**{**base, **kw})
 
 
 @pytest.mark.slow  # about 40 s (.ci/run runs it; the README's test command keeps under 10 minutes)
@@ -130,3 +133,37 @@ def test_a_truncated_trace_cannot_be_resumed(tmp_path):
 def test_checkpoint_settings_that_cannot_work_are_one_line(tmp_path, change, message):
   with pytest.raises(ConfigError, match=message):
     run_hetpipe(get_model("mlp"), synthetic(), _config(tmp_path, **change))
+
+
+class _Stopped(Exception):
+  """Raised right after a chosen checkpoint: the run stops there, as if killed once it was written."""
+
+
+def test_a_stopped_run_with_optimizer_state_resumes_bit_identical(tmp_path, monkeypatch):
+  """Momentum on every stage and momentum on the parameter server: a resume must restore both optimizer
+  states (SGD has none, so a resume that re-initialised them would pass the SGD tests)."""
+  model, data = get_model("mlp"), synthetic()
+  config = lambda out, **kw: _config(out, executor="virtual", cluster="hetero4", stages=2, nm=(2, 1), waves=8,
+                                     tx=optax.sgd(0.02, momentum=0.9), ps_tx=optax.trace(decay=0.5),
+                                     checkpoint_every=2, **kw)
+  (tmp_path / "whole").mkdir()
+  (tmp_path / "stopped").mkdir()
+  whole = run_hetpipe(model, data, config(tmp_path / "whole"))
+  assert_trace_ok(whole.events)
+  save = Checkpointer.save
+  def save_then_stop(self, step, state, extra):
+    save(self, step, state, extra)
+    if step == 4:
+      raise _Stopped
+  monkeypatch.setattr(Checkpointer, "save", save_then_stop)
+  with pytest.raises(_Stopped):
+    run_hetpipe(model, data, config(tmp_path / "stopped"))
+  monkeypatch.undo()
+  assert steps(tmp_path / "stopped" / "ck") == [2, 4]
+  resumed = run_hetpipe(model, data, config(tmp_path / "stopped", resume=True))
+  assert resumed.checkpoints["resumed_from"] == 4
+  for a, b in zip(jax.tree.leaves(whole.params), jax.tree.leaves(resumed.params), strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert resumed.events == whole.events and resumed.metrics == whole.metrics
+  assert (tmp_path / "stopped" / "t.jsonl").read_bytes() == (tmp_path / "whole" / "t.jsonl").read_bytes()
+  assert_trace_ok(read_trace(str(tmp_path / "stopped" / "t.jsonl")))

@@ -1,7 +1,6 @@
 """Convergence harness: runs learn, curves repeat with the seed, DP with one GPU is plain SGD, and the
 cost-model time axis scales with the GPUs' speed."""
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -43,13 +42,13 @@ def test_data_parallel_with_one_gpu_is_plain_sgd():
 def test_short_runs_learn_and_repeat():
   data = load_dataset("digits")
   model = get_model("mlp")
-  config = RunConfig(cluster=cluster(), num_vws=2, stages=2, nm=2, d=1, waves=60, batch_size=32,
+  config = RunConfig.of(cluster=cluster(), num_vws=2, stages=2, nm=2, d=1, waves=60, batch_size=32,
                      learning_rate=0.1, eval_every=20)
   a, b = run_hetpipe(model, data, config), run_hetpipe(model, data, config)
   assert_trace_ok(a.events)
   assert a.metrics == b.metrics  # same seed, same curve
   assert a.metrics[-1]["test_accuracy"] > 0.7  # chance is 0.1
-  ssp = run_hetpipe(model, data, dataclasses.replace(config, policy=[[0], [1], [2], [3]], nm=1, d=2,
+  ssp = run_hetpipe(model, data, config.replace(policy=[[0], [1], [2], [3]], nm=1, d=2,
                                                      waves=60))
   assert_trace_ok(ssp.events)
   assert ssp.metrics[-1]["test_accuracy"] > 0.7
@@ -61,7 +60,7 @@ def test_doubling_every_gpu_halves_the_time_to_target():
   model, data = get_model("mlp"), synthetic(num_train=512, num_test=128)
   times = []
   for speed in (1.0, 2.0):
-    result = run_hetpipe(model, data, RunConfig(cluster=cluster(speed), num_vws=2, stages=2, nm=2, d=1,
+    result = run_hetpipe(model, data, RunConfig.of(cluster=cluster(speed), num_vws=2, stages=2, nm=2, d=1,
                                                 waves=30, batch_size=16, learning_rate=0.1, eval_every=2))
     assert_trace_ok(result.events)
     times.append(first_time(result.metrics, 0.6))

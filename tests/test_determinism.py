@@ -11,7 +11,7 @@ from helpers import assert_trace_ok
 
 
 def _run(seed):
-  return run_hetpipe(get_model("mlp"), synthetic(num_train=512, num_test=128), RunConfig(
+  return run_hetpipe(get_model("mlp"), synthetic(num_train=512, num_test=128), RunConfig.of(
       cluster="hetero4", num_vws=3, stages=(2, 1, 2), nm=(2, 3, 1), d=1, waves=6, batch_size=16,
       optimizer="adam", learning_rate=1e-3, seed=seed, eval_every=2))
 

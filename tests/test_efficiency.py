@@ -66,7 +66,7 @@ def test_a_wider_nm_window_turns_window_time_into_compute():
 
 @pytest.mark.parametrize("executor,rejoin", [("virtual", False), ("wall", True)])
 def test_every_gpu_second_is_accounted_for_with_failures(executor, rejoin):
-  result = run_hetpipe(get_model("mlp"), synthetic(num_train=256), RunConfig(
+  result = run_hetpipe(get_model("mlp"), synthetic(num_train=256), RunConfig.of(
       cluster="hetero4", num_vws=3, stages=2, nm=2, d=1, waves=8, batch_size=16, executor=executor,
       failures=((1, 3),), rejoin=rejoin, eval_every=100))
   assert_trace_ok(result.events)
@@ -137,7 +137,7 @@ def test_a_padded_wall_trace_gets_efficiency_with_its_time_scale():
   the emulated clock when its time_scale is given, and gets no efficiency without it."""
   from hetpipe_jax.efficiency import efficiency_report
 
-  result = run_hetpipe(get_model("mlp"), synthetic(num_train=256), RunConfig(
+  result = run_hetpipe(get_model("mlp"), synthetic(num_train=256), RunConfig.of(
       cluster="hetero4", num_vws=2, stages=2, nm=2, d=1, waves=4, batch_size=16, executor="wall",
       time_scale=2000.0, eval_every=100))
   assert_trace_ok(result.events)

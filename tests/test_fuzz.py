@@ -54,7 +54,7 @@ def configurations(draw) -> tuple[RunConfig, str | None]:
     fields[bad] = draw(st.sampled_from(BAD[bad]))
     if bad in ("num_vws", "stages", "cuts"):
       fields["policy"] = None
-  return RunConfig(**fields), bad
+  return RunConfig.of(**fields), bad
 
 
 BAD = {"num_vws": [0, -1, 5], "stages": [0, 9], "nm": [0, -2], "d": [-1], "waves": [0, -3],
@@ -136,7 +136,7 @@ def test_random_cluster_files_load_or_fail_in_one_line(case):
       return
     assert valid, f"a broken file loaded:\n{text}"
     event("cluster file loaded")
-    result = runs_or_config_error(RunConfig(cluster=cluster, num_vws=1, stages=min(2, cluster.num_gpus),
+    result = runs_or_config_error(RunConfig.of(cluster=cluster, num_vws=1, stages=min(2, cluster.num_gpus),
                                             nm=1, waves=2, executor="sim"))
     assert result is not None and result.images_per_second > 0
   finally:

@@ -151,14 +151,14 @@ def test_a_6_7b_model_plans_over_gpus_none_of_which_holds_it():
 
 
 def test_a_6_7b_model_simulates_in_bf16():
-  config = RunConfig(cluster="paper_testbed", policy=EIGHT_FAST, nm="max_fit", executor="sim", waves=5,
+  config = RunConfig.of(cluster="paper_testbed", policy=EIGHT_FAST, nm="max_fit", executor="sim", waves=5,
                      batch_size=1, optimizer="adam", precision="bf16")
   result = run_hetpipe(full_size_model("gpt-6.7b"), full_size_spec("gpt-6.7b", 1024), config)
   assert_trace_ok(result.events)
   meta = result.events[0]
   assert meta["precision"] == "bf16" and meta["stages"] == [8] and result.images == 5 * meta["nm"][0]
   fp16 = run_hetpipe(full_size_model("gpt-6.7b"), full_size_spec("gpt-6.7b", 1024),
-                     RunConfig(**{**config.__dict__, "precision": "fp16"}))
+                     config.replace(precision="fp16"))
   # TITAN V and TITAN RTX have tensor cores for fp16, not for bf16 (at Nm = 1 the PS transfers of every
   # wave, 13.7 GB pushed and 27.5 GB pulled, take much of the time either way)
   assert fp16.seconds < 0.7 * result.seconds
@@ -168,9 +168,9 @@ def test_mixed_precision_is_refused_where_the_numerics_run_in_fp32():
   data = load_dataset("tokens")
   with pytest.raises(ConfigError, match="precision='bf16' is a model of the sim executor; the virtual executor "
                                         "trains in fp32"):
-    run_hetpipe(get_model("gpt", data.num_classes), data, RunConfig(precision="bf16"))
+    run_hetpipe(get_model("gpt", data.num_classes), data, RunConfig.of(precision="bf16"))
   with pytest.raises(ConfigError, match="unknown precision 'half'"):
-    run_hetpipe(get_model("gpt", data.num_classes), data, RunConfig(precision="half", executor="sim"))
+    run_hetpipe(get_model("gpt", data.num_classes), data, RunConfig.of(precision="half", executor="sim"))
 
 
 @pytest.mark.slow  # 20 s, nearly all compiling the stage programs
@@ -178,7 +178,7 @@ def test_a_small_gpt_trains_through_hetpipe():
   """2 virtual workers x 2 stages (embedding + block | head) on the emulated hetero4 cluster. One block,
   not the registered small GPT's two: compiling the stage programs dominates the test's time."""
   data = load_dataset("tokens")
-  result = run_hetpipe(gpt(data.num_classes, 1, 32, 2, 16), data, RunConfig(
+  result = run_hetpipe(gpt(data.num_classes, 1, 32, 2, 16), data, RunConfig.of(
       cluster="hetero4", num_vws=2, stages=2, nm=2, d=1, waves=12, batch_size=32, optimizer="momentum",
       learning_rate=0.05, eval_every=100))
   assert_trace_ok(result.events)

@@ -15,7 +15,7 @@ MODEL, DATA = get_model("mlp"), synthetic()
 
 def run(**kw):
   base = dict(cluster="hetero4", num_vws=3, stages=2, nm=2, d=1, waves=24)
-  return run_hetpipe(MODEL, DATA, RunConfig(**{**base, **kw}))
+  return run_hetpipe(MODEL, DATA, RunConfig.of(**{**base, **kw}))
 
 
 def events_of(result, kind, vw=None):

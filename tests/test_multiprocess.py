@@ -57,7 +57,7 @@ def test_one_vw_across_two_processes_is_plain_sgd(tmp_path):
   events = read_trace(str(tmp_path / "trace.jsonl"))
   assert_trace_ok(events)
   rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-  single = run_hetpipe(get_model("mlp"), synthetic(), RunConfig(
+  single = run_hetpipe(get_model("mlp"), synthetic(), RunConfig.of(
       cluster="uniform8", num_vws=1, stages=2, nm=1, d=0, waves=12, batch_size=32, seed=3,
       cuts=[events[0]["cuts"][0]]))
   np.testing.assert_allclose([r["train_loss"] for r in rows], [r["train_loss"] for r in single.metrics],

@@ -48,7 +48,7 @@ def log(monkeypatch):
 
 @pytest.mark.parametrize("executor", ["virtual", "wall"])
 def test_every_update_lands_exactly_once(log, executor):
-  result = run_hetpipe(LINEAR, synthetic(num_train=512, num_test=64), RunConfig(
+  result = run_hetpipe(LINEAR, synthetic(num_train=512, num_test=64), RunConfig.of(
       cluster="hetero4", num_vws=3, stages=(1, 2, 3), nm=(1, 2, 3), d=1, waves=8, batch_size=16,
       learning_rate=0.05, executor=executor, time_scale=2e3, eval_every=8))
   stats = assert_trace_ok(result.events)

@@ -1,7 +1,7 @@
 """A numeric oracle: an independent plain-JAX replay of a run's trace recomputes every weight it ends with.
 
 The replay reads a run's trace (task order, and the weight version ``own``/``glob`` each task used) and
-the same data stream, and redoes the training from the protocol of HETPIPE.md section 3 alone, with none
+the same data stream, and redoes the training from the protocol of docs/PROTOCOL.md sections 2-3 alone, with none
 of the runtime's stage, worker or engine code:
 
 * per virtual worker i and stage j: local weights, a fresh optax state, one accumulator per open wave,
@@ -241,7 +241,7 @@ def _run(optimizer="sgd", **kw):
   config = dict(cluster="hetero4", batch_size=BATCH, seed=SEED, learning_rate=LR, optimizer=optimizer,
                 eval_every=100)
   config.update(kw)
-  result = run_hetpipe(MODEL, DATA, RunConfig(**config))
+  result = run_hetpipe(MODEL, DATA, RunConfig.of(**config))
   violations = check_trace(result.events)
   assert not violations, "\n".join(map(str, violations[:20]))
   return result

@@ -49,7 +49,7 @@ def test_every_policy_and_placement_plans_the_testbed(model):
 @pytest.mark.parametrize("policy", ["NP", "ED", "HD"])
 def test_training_runs_on_planned_layouts(policy):
   model, data = get_model("mlp"), synthetic(num_train=512, num_test=64)
-  result = run_hetpipe(model, data, RunConfig(cluster="paper_half", policy=policy, nm="max_fit", d=1,
+  result = run_hetpipe(model, data, RunConfig.of(cluster="paper_half", policy=policy, nm="max_fit", d=1,
                                               waves=4, batch_size=16, eval_every=100))
   assert_trace_ok(result.events)
   meta = result.events[0]

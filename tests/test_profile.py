@@ -13,7 +13,7 @@ import pytest
 
 from hetpipe_jax.cluster import CATALOGUE
 from hetpipe_jax.cost.profile import default_cache_dir, full_size_profiles, profile_units
-from hetpipe_jax.cost.roofline import calibrate_efficiency
+from hetpipe_jax.cost.roofline import calibrate_efficiency, unit_seconds
 from hetpipe_jax.models import get_model
 from hetpipe_jax.models.base import DenseUnit, LayeredModel
 
@@ -104,17 +104,17 @@ def test_roofline_and_calibration():
                            cache_dir=None)
   gpu = CATALOGUE["TITAN V"]
   u = profiles[1]
-  fwd, _ = u.seconds(gpu)
+  fwd, _ = unit_seconds(u, gpu)
   assert fwd == pytest.approx(max(u.fwd_flops / gpu.fp32_flops, u.fwd_bytes / gpu.mem_bytes_per_s)
                               / gpu.efficiency)
   ideal = dataclasses.replace(gpu, efficiency=1.0)
-  measured = {i: sum(profiles[i].seconds(ideal)) / 0.3 for i in range(3)}  # a GPU at 30% of its roofline
+  measured = {i: sum(unit_seconds(profiles[i], ideal)) / 0.3 for i in range(3)}  # a GPU at 30% of its roofline
   assert calibrate_efficiency(gpu, profiles, measured).efficiency == pytest.approx(0.3)
-  assert u.seconds(gpu, "fp16")[0] <= fwd
+  assert unit_seconds(u, gpu, "fp16")[0] <= fwd
   # a unit of a family takes that family's factor of the type (the catalogue's VGG figure), others the default
   vgg = dataclasses.replace(u, family="vgg")
   assert gpu.efficiency_for("vgg") != gpu.efficiency
-  assert vgg.seconds(gpu)[0] == pytest.approx(fwd * gpu.efficiency / gpu.efficiency_for("vgg"))
+  assert unit_seconds(vgg, gpu)[0] == pytest.approx(fwd * gpu.efficiency / gpu.efficiency_for("vgg"))
   assert [p.family for p in profile_units(get_model("vgg"), jax.ShapeDtypeStruct((8, 32, 32, 3), jnp.float32),
                                           cache_dir=None)][:1] == ["vgg"]
 

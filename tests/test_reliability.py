@@ -50,7 +50,7 @@ def test_skip_drops_the_wave_and_ticks_the_clock():
 
 
 def test_a_diverging_run_stops_with_one_line_naming_vw_wave_stage_unit_and_clock():
-  config = RunConfig(cluster="uniform8", num_vws=2, stages=2, nm=2, d=1, waves=10, learning_rate=1e8)
+  config = RunConfig.of(cluster="uniform8", num_vws=2, stages=2, nm=2, d=1, waves=10, learning_rate=1e8)
   with pytest.raises(NonFiniteUpdate) as e:
     run_hetpipe(get_model("mlp"), synthetic(), config)
   message = str(e.value)
@@ -61,7 +61,7 @@ def test_a_diverging_run_stops_with_one_line_naming_vw_wave_stage_unit_and_clock
 
 
 def test_a_diverging_run_with_skip_goes_on_and_its_weights_stay_finite(tmp_path):
-  config = RunConfig(cluster="uniform8", num_vws=2, stages=2, nm=2, d=1, waves=10, learning_rate=1e8,
+  config = RunConfig.of(cluster="uniform8", num_vws=2, stages=2, nm=2, d=1, waves=10, learning_rate=1e8,
                      on_nonfinite="skip", trace_path=str(tmp_path / "t.jsonl"))
   result = run_hetpipe(get_model("mlp"), synthetic(), config)
   assert_trace_ok(result.events)
@@ -82,23 +82,23 @@ def test_a_diverging_run_with_skip_goes_on_and_its_weights_stay_finite(tmp_path)
 ])
 def test_bad_values_are_config_errors(field, value, message):
   with pytest.raises(ConfigError, match=r"^" + message.replace("[", r"\[").replace("*", r"\*")):
-    run_hetpipe(get_model("mlp"), synthetic(), RunConfig(cluster="uniform8", waves=1, **{field: value}))
+    run_hetpipe(get_model("mlp"), synthetic(), RunConfig.of(cluster="uniform8", waves=1, **{field: value}))
 
 
 def test_a_model_that_cannot_take_the_input_is_a_config_error():
   with pytest.raises(ConfigError, match=r"model 'vgg_E' cannot take synthetic's .* inputs .* vgg19 is a "
                                         r"full-size model for 224x224x3 inputs: simulate it without data"):
-    run_hetpipe(full_size_model("vgg19"), synthetic(), RunConfig(cluster="uniform8", waves=1))
+    run_hetpipe(full_size_model("vgg19"), synthetic(), RunConfig.of(cluster="uniform8", waves=1))
 
 
 def test_the_sim_executor_simulates_a_full_size_model_without_data():
   result = run_hetpipe(full_size_model("vgg19"), FULL_SIZE["vgg19"],
-                       RunConfig(cluster="paper_testbed", policy="HD", waves=3, executor="sim"))
+                       RunConfig.of(cluster="paper_testbed", policy="HD", waves=3, executor="sim"))
   assert_trace_ok(result.events)
   assert result.events[0]["dataset"].startswith("none (input 224x224x3")
   assert math.isfinite(result.images_per_second) and result.images_per_second > 0
   with pytest.raises(ConfigError, match="trains on data, but the run has only an input shape"):
-    run_hetpipe(full_size_model("vgg19"), FULL_SIZE["vgg19"], RunConfig(cluster="paper_testbed", waves=1))
+    run_hetpipe(full_size_model("vgg19"), FULL_SIZE["vgg19"], RunConfig.of(cluster="paper_testbed", waves=1))
 
 
 @pytest.mark.parametrize("flags,message", [

@@ -9,7 +9,7 @@ from hetpipe_jax.core.trace import Trace
 from hetpipe_jax.cost.profile import UnitProfile
 from hetpipe_jax.cost.transfer import stage_seconds
 from hetpipe_jax.plan.layout import Layout, VWLayout
-from hetpipe_jax.sim import Simulator, simulate
+from hetpipe_jax.sim import SimJob, SimOptions, Simulator, simulate
 
 from helpers import assert_trace_ok
 
@@ -26,7 +26,7 @@ def units(n, act_bytes=8, param_bytes=1024):
 def run(cluster, profiles, groups, cuts, nms, d, waves):
   trace = Trace()
   layout = Layout(tuple(VWLayout(tuple(g), tuple(c), nm) for g, c, nm in zip(groups, cuts, nms)))
-  seconds, vws, rows = simulate(cluster, profiles, layout, d, waves, trace)
+  seconds, vws, rows = simulate(SimJob(cluster, profiles, layout, d, waves), trace)
   return trace.events, seconds, rows
 
 
@@ -127,7 +127,7 @@ def test_striped_placement_spreads_the_ps_traffic_over_every_node():
   compute = 2 * 3e9 / GPU.peak_flops()  # both units forward and backward
   for placement, seconds in (("default", 3.0), ("striped", 1.5)):
     trace = Trace()
-    simulate(cluster, profiles, layout, 0, 3, trace, placement)
+    simulate(SimJob(cluster, profiles, layout, 0, 3, placement), trace)
     assert_trace_ok(trace.events)
     ps = [e["t"] for e in trace.events if e["ev"] in ("push", "pull") and e["vw"] == 2]
     assert ps[:2] == pytest.approx([compute + seconds, compute + 2 * seconds])  # first push, then pull
@@ -154,7 +154,7 @@ def test_random_configurations_pass_the_checker(seed):
 
 
 def test_sim_executor_through_run_hetpipe():
-  result = run_hetpipe(get_model("cnn"), synthetic(num_train=512, num_test=64), RunConfig(
+  result = run_hetpipe(get_model("cnn"), synthetic(num_train=512, num_test=64), RunConfig.of(
       cluster="paper_half", policy="HD", executor="sim", d=1, waves=10, batch_size=16))
   assert_trace_ok(result.events)
   assert result.params is None and result.images_per_second > 0
@@ -207,8 +207,8 @@ def test_transfers_overlapped_with_compute(failures, rejoin):
   seconds = {}
   for overlap in (False, True):
     trace = Trace()
-    seconds[overlap], _, _ = simulate(cluster, profiles, layout, 1, 12, trace, "local", failures=failures,
-                                      rejoin=rejoin, overlap_transfers=overlap)
+    seconds[overlap], _, _ = simulate(SimJob(cluster, profiles, layout, 1, 12, "local", failures=failures,
+                                             rejoin=rejoin, options=SimOptions(overlap_transfers=overlap)), trace)
     assert_trace_ok(trace.events)
     assert sum(e["ev"] == "push" for e in trace.events) > 0
   if not failures:
@@ -222,7 +222,7 @@ def _staged_pair(staged):
   profiles = [UnitProfile("u0", 1e11, 2e11, 0, 0, 8, 8, 0), UnitProfile("u1", 1e11, 2e11, 0, 0, 3 * 10**9, 8, 0)]
   layout = Layout((VWLayout(tuple(cluster.gpus), (0, 1, 2), 1),))
   trace = Trace()
-  simulate(cluster, profiles, layout, 0, 2, trace, "local", staged_ps=staged)
+  simulate(SimJob(cluster, profiles, layout, 0, 2, "local", options=SimOptions(staged_ps=staged)), trace)
   assert_trace_ok(trace.events)
   return trace.events
 
@@ -272,8 +272,9 @@ def test_staged_ps_keeps_every_guarantee(seed):
   pushes = {}
   for staged in (False, True):
     trace = Trace()
-    simulate(cluster, profiles, layout, d, 8, trace, placement, failures=failures, rejoin=bool(failures),
-             overlap_transfers=bool(seed % 3), staged_ps=staged)
+    options = SimOptions(overlap_transfers=bool(seed % 3), staged_ps=staged)
+    simulate(SimJob(cluster, profiles, layout, d, 8, placement, failures=failures, rejoin=bool(failures),
+                    options=options), trace)
     assert_trace_ok(trace.events)
     pushes[staged] = sum(e["ev"] == "push" for e in trace.events)
     if staged:

@@ -15,7 +15,7 @@ from hetpipe_jax.cost.profile import full_size_profiles
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.models import FULL_SIZE, full_size_model
 from hetpipe_jax.plan.allocation import plan_cluster
-from hetpipe_jax.sim import simulate, simulate_fast
+from hetpipe_jax.sim import SimJob, simulate, simulate_fast
 from hetpipe_jax.sim.steady import SteadyState
 
 from helpers import assert_trace_ok
@@ -74,8 +74,8 @@ def test_fast_mode_matches_the_full_simulation(model, policy, d, method):
   cluster, profiles = get_cluster("paper_testbed"), full_size_profiles(model, 32)
   layout = plan_cluster(cluster, profiles, policy).layout
   full_trace, fast_trace = Trace(), Trace()
-  seconds, _, _ = simulate(cluster, profiles, layout, d, 60, full_trace)
-  fast_seconds, vws, _, info = simulate_fast(cluster, profiles, layout, d, 60, fast_trace)
+  seconds, _, _ = simulate(SimJob(cluster, profiles, layout, d, 60), full_trace)
+  fast_seconds, vws, _, info = simulate_fast(SimJob(cluster, profiles, layout, d, 60), fast_trace)
   assert info["method"] == method
   assert max(info["simulated_waves"]) < 60
   assert [vw.total_mbs // vw.nm for vw in vws] == info["simulated_waves"]
@@ -88,18 +88,17 @@ def test_fast_mode_runs_in_full_when_the_tail_is_the_whole_run():
   cluster, profiles = get_cluster("paper_testbed"), full_size_profiles("vgg19", 32)
   layout = plan_cluster(cluster, profiles, "NP").layout
   trace = Trace()
-  seconds, _, _ = simulate(cluster, profiles, layout, 32, 40, Trace())
-  fast_seconds, _, _, info = simulate_fast(cluster, profiles, layout, 32, 40, trace)
+  seconds, _, _ = simulate(SimJob(cluster, profiles, layout, 32, 40), Trace())
+  fast_seconds, _, _, info = simulate_fast(SimJob(cluster, profiles, layout, 32, 40), trace)
   assert info == {"method": "full", "simulated_waves": [40] * 4}
   assert fast_seconds == seconds
   assert_trace_ok(trace.events)
 
 
 def test_run_hetpipe_fast_sim_reports_the_whole_run():
-  config = RunConfig(cluster="paper_testbed", policy="HD", d=0, waves=40, executor="sim", fast_sim=True)
+  config = RunConfig.of(cluster="paper_testbed", policy="HD", d=0, waves=40, executor="sim", fast_sim=True)
   result = run_hetpipe(full_size_model("vgg19"), FULL_SIZE["vgg19"], config)
-  full = run_hetpipe(full_size_model("vgg19"), FULL_SIZE["vgg19"], RunConfig(**{**config.__dict__,
-                                                                                "fast_sim": False}))
+  full = run_hetpipe(full_size_model("vgg19"), FULL_SIZE["vgg19"], config.replace(fast_sim=False))
   assert result.fast_sim["method"] == "extrapolated"
   assert result.images == full.images
   assert result.images_per_second == pytest.approx(full.images_per_second, rel=0.005)
@@ -107,17 +106,16 @@ def test_run_hetpipe_fast_sim_reports_the_whole_run():
 
 
 @pytest.mark.parametrize("config, message", [
-    (dict(executor="virtual", fast_sim=True), r"fast_sim extrapolates the sim executor's settled waves; the "
-                                              r"virtual executor runs every wave: drop fast_sim"),
+    (dict(executor="virtual", fast_sim=True), r"fast_sim is a model of the sim executor; the virtual executor "
+                                              r"runs every wave: drop fast_sim or use executor=sim"),
     (dict(executor="sim", fast_sim=True, failures=((0, 2),)), r"an injected failure unsettles them"),
-    (dict(executor="multiprocess", placement="striped"), r"placement=striped \(byte ranges of every unit on every "
-                                                         r"node\) is modelled by the sim executor; the "
-                                                         r"multiprocess parameter server holds whole units"),
+    (dict(executor="multiprocess", placement="striped"), r"placement=striped is not modelled by the multiprocess "
+                                                         r"executor; use placement=default or local"),
 ])
 def test_fast_sim_bad_configurations(config, message):
   with pytest.raises(ConfigError, match=message):
     run_hetpipe(full_size_model("vgg19"), FULL_SIZE["vgg19"],
-                RunConfig(cluster="paper_testbed", policy="HD", **config))
+                RunConfig.of(cluster="paper_testbed", policy="HD", **config))
 
 
 def test_mixed_clusters_cycle_eight_types_in_nodes_of_four():

@@ -11,7 +11,7 @@ DATA = synthetic(num_train=512, num_test=64)
 
 
 def test_stage_programs_trace_once_and_live_on_their_devices():
-  result = run_hetpipe(get_model("mlp"), DATA, RunConfig(
+  result = run_hetpipe(get_model("mlp"), DATA, RunConfig.of(
       cluster="hetero4", num_vws=2, stages=(2, 4), nm=(3, 2), d=1, waves=8, batch_size=16,
       eval_every=100))
   assert_trace_ok(result.events)
@@ -29,7 +29,7 @@ def test_stage_programs_trace_once_and_live_on_their_devices():
 
 
 def test_latest_and_stash_differ_only_in_numerics():
-  runs = {mode: run_hetpipe(get_model("mlp"), DATA, RunConfig(
+  runs = {mode: run_hetpipe(get_model("mlp"), DATA, RunConfig.of(
       cluster="hetero4", num_vws=1, stages=4, nm=4, d=0, waves=4, batch_size=16, weight_mode=mode,
       eval_every=100)) for mode in ("stash", "latest")}
   for result in runs.values():

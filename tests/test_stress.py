@@ -20,7 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.mark.slow
 @pytest.mark.parametrize("d", [0, 2])
 def test_eight_virtual_workers_on_threads_for_a_thousand_waves(d):
-  result = run_hetpipe(get_model("mlp"), synthetic(num_train=256), RunConfig(
+  result = run_hetpipe(get_model("mlp"), synthetic(num_train=256), RunConfig.of(
       cluster="uniform8", num_vws=8, stages=1, nm=1, d=d, waves=1000, batch_size=16, executor="wall",
       eval_every=1000))
   assert_trace_ok(result.events)

@@ -46,7 +46,7 @@ def test_one_vw_nm1_equals_plain_sgd(optimizer, k, executor):
   if optimizer not in REFERENCE:
     REFERENCE[optimizer] = plain_sgd(tx)
   ref_losses, ref_params = REFERENCE[optimizer]
-  result = run_hetpipe(MODEL, DATA, RunConfig(
+  result = run_hetpipe(MODEL, DATA, RunConfig.of(
       cluster="uniform8", num_vws=1, stages=k, nm=1, d=0, waves=STEPS, batch_size=BATCH, tx=tx,
       seed=SEED, executor=executor, eval_every=STEPS))
   assert_trace_ok(result.events)

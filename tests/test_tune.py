@@ -157,7 +157,7 @@ def test_mean_staleness_counts_every_virtual_workers_missing_updates_by_hand():
 def test_grouping_with_cuts_is_an_explicit_layout():
   data = load_dataset("digits")
   model = get_model("mlp", data.num_classes)
-  config = RunConfig(cluster="hetero4", policy=[[2, 0], [5]], cuts=[[0, 1, 4], [0, 4]], nm=[3, 1], d=1,
+  config = RunConfig.of(cluster="hetero4", policy=[[2, 0], [5]], cuts=[[0, 1, 4], [0, 4]], nm=[3, 1], d=1,
                      waves=4, executor="sim")
   result = run_hetpipe(model, data, config)
   meta = result.events[0]
@@ -165,12 +165,12 @@ def test_grouping_with_cuts_is_an_explicit_layout():
   assert meta["cuts"] == [[0, 1, 4], [0, 4]] and meta["nm"] == [3, 1]
   assert check_trace(result.events) == []
   with pytest.raises(ConfigError, match="cuts .* of virtual worker 1"):
-    run_hetpipe(model, data, RunConfig(cluster="hetero4", policy=[[2, 0], [5]], cuts=[[0, 1, 4], [0, 2]],
+    run_hetpipe(model, data, RunConfig.of(cluster="hetero4", policy=[[2, 0], [5]], cuts=[[0, 1, 4], [0, 2]],
                                        nm=1, executor="sim"))
   with pytest.raises(ConfigError, match="overlap_transfers is a model of the sim executor"):
-    run_hetpipe(model, data, RunConfig(cluster="hetero4", overlap_transfers=True))
+    run_hetpipe(model, data, RunConfig.of(cluster="hetero4", overlap_transfers=True))
   with pytest.raises(ConfigError, match="staged_ps is a model of the sim executor"):
-    run_hetpipe(model, data, RunConfig(cluster="hetero4", staged_ps=True))
+    run_hetpipe(model, data, RunConfig.of(cluster="hetero4", staged_ps=True))
 
 
 def _run(args, tmp_path, timeout=300):

@@ -1,7 +1,6 @@
 """A window below Nm: at most W minibatches in flight while the wave stays Nm (memory grows with what is
 in flight, not with the wave), so a virtual worker that holds few minibatches still runs long waves."""
 
-import dataclasses
 
 import pytest
 
@@ -14,7 +13,7 @@ from hetpipe_jax.cost.profile import UnitProfile
 from hetpipe_jax.plan.costmodel import check_memory
 from hetpipe_jax.plan.layout import Layout, VWLayout
 from hetpipe_jax.plan.vw_plan import StagePlan, VWPlan, vw_plan
-from hetpipe_jax.sim import simulate
+from hetpipe_jax.sim import SimJob, simulate
 from hetpipe_jax.tune import nm_choices
 
 from helpers import assert_trace_ok
@@ -46,7 +45,7 @@ def test_window_caps_injection_and_keeps_the_wave():
   cluster = make_cluster("two", [[FAST, FAST], [SLOW, SLOW]], NET, NET)
   layout = Layout((VWLayout(cluster.gpus[:2], (0, 2, 4), 4, 2), VWLayout(cluster.gpus[2:], (0, 2, 4), 3)))
   trace = Trace()
-  simulate(cluster, units(4), layout, 1, 5, trace)
+  simulate(SimJob(cluster, units(4), layout, 1, 5), trace)
   events = trace.events
   assert_trace_ok(events)
   assert events[0]["nm"] == [4, 3] and events[0]["window"] == [2, 3]
@@ -73,7 +72,7 @@ def test_window_lets_a_fast_virtual_worker_run_long_waves_without_more_in_flight
   for nm, window in (((1, 1), (1, 1)), ((2, 1), (1, 1))):
     layout = Layout(tuple(VWLayout((g,), (0, 1), n, w) for g, n, w in zip(cluster.gpus, nm, window)))
     trace = Trace()
-    seconds, _, _ = simulate(cluster, units(1), layout, 0, 40, trace)
+    seconds, _, _ = simulate(SimJob(cluster, units(1), layout, 0, 40), trace)
     assert_trace_ok(trace.events)
     assert in_flight_max(trace.events, 0) == 1
     rates[nm] = 40 * sum(nm) / seconds
@@ -123,10 +122,10 @@ def test_speed_sized_waves_beyond_memory_take_a_window():
 
 def test_training_run_with_a_window_checks_its_trace():
   data = load_dataset("digits")
-  result = run_hetpipe(get_model("mlp", data.num_classes), data, RunConfig(
+  result = run_hetpipe(get_model("mlp", data.num_classes), data, RunConfig.of(
       cluster="hetero4", num_vws=2, stages=2, nm=4, window=[2, 3], d=1, waves=3, batch_size=32))
   assert_trace_ok(result.events)
   assert result.events[0]["window"] == [2, 3]
   assert in_flight_max(result.events, 0) == 2 and in_flight_max(result.events, 1) == 3
   assert sum(e["ev"] == "push" for e in result.events) == 6
-  assert dataclasses.asdict(RunConfig())["window"] is None
+  assert RunConfig().layout.window is None

@@ -1,4 +1,4 @@
-"""Horovod-style synchronous data parallelism, numerically: the convergence baseline (HETPIPE.md section 6).
+"""Horovod-style synchronous data parallelism, numerically: the convergence baseline (docs/PROTOCOL.md section 6).
 
 Every step each of N workers computes the gradient of its own minibatch; the gradients are averaged
 (the all-reduce) and one update is applied to the one copy of the weights. The clock advances by the

@@ -1,4 +1,4 @@
-"""Horovod-style synchronous data parallelism as a cost model: the throughput baseline (HETPIPE.md
+"""Horovod-style synchronous data parallelism as a cost model: the throughput baseline (docs/PROTOCOL.md
 section 5).
 
 Every GPU holds the whole model and trains its own minibatch; gradients are summed with ring all-reduce
@@ -34,8 +34,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from hetpipe_jax.cluster import Cluster, Gpu, Link
-from hetpipe_jax.cost.profile import UnitProfile
-from hetpipe_jax.cost.roofline import model_compute_seconds
+from hetpipe_jax.cost.roofline import model_compute_seconds, unit_seconds
+from hetpipe_jax.cost.unit import UnitProfile
 from hetpipe_jax.precision import byte_scale
 
 
@@ -102,7 +102,7 @@ def horovod_iteration_seconds(cluster: Cluster, profiles: Sequence[UnitProfile],
   scale = byte_scale(precision)  # the gradients' bytes per fp32 parameter byte
   if not overlap:
     return compute + allreduce_seconds(cluster, gpus, sum(u.param_bytes for u in profiles) * scale)
-  times = {t.name: [u.seconds(t, precision) for u in profiles] for t in types}
+  times = {t.name: [unit_seconds(u, t, precision) for u in profiles] for t in types}
   clock = {name: sum(f for f, _ in ts) for name, ts in times.items()}  # every GPU's forward is done
   network = 0.0  # when the network is free
   for u in range(len(profiles) - 1, -1, -1):

@@ -1,7 +1,8 @@
 """Clusters of heterogeneous GPUs: the catalogue and links, nodes and presets, TOML files, devices.
 
 ``catalogue`` (GPU types, links), ``topology`` (GPUs, clusters, presets, grouping), ``toml`` (cluster
-files), ``devices`` (JAX devices for an emulated cluster).
+files), ``lookup`` (a cluster by name: preset, ``mixed<N>`` or file), ``devices`` (JAX devices for an
+emulated cluster).
 """
 
 from hetpipe_jax.cluster.catalogue import (
@@ -20,13 +21,13 @@ from hetpipe_jax.cluster.catalogue import (
     format_bytes,
 )
 from hetpipe_jax.cluster.devices import enable_compilation_cache, ensure_cpu_devices
+from hetpipe_jax.cluster.lookup import get_cluster
 from hetpipe_jax.cluster.toml import load_cluster_toml
 from hetpipe_jax.cluster.topology import (
     PRESETS,
     Cluster,
     Gpu,
     assign_gpus,
-    get_cluster,
     make_cluster,
     mixed_cluster,
 )

@@ -1,6 +1,6 @@
 """The GPU catalogue and the links between GPUs: what one device and one wire can do.
 
-HetPipe (Park et al., USENIX ATC 2020, section 5 of HETPIPE.md) trains on GPUs of several generations;
+HetPipe (Park et al., USENIX ATC 2020, section 5 of docs/PROTOCOL.md) trains on GPUs of several generations;
 its testbed has TITAN V, TITAN RTX, GeForce RTX 2060 and Quadro P4000 cards, PCIe inside a node and
 56 Gb/s InfiniBand between nodes. Catalogue figures are the vendors' published peak numbers (sources in
 BUILD_NOTES.md). A link is a bandwidth per direction and a latency per transfer; the time of a transfer is

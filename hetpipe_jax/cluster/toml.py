@@ -14,9 +14,18 @@ from hetpipe_jax.cluster.topology import PRESETS, Cluster, make_cluster
 from hetpipe_jax.errors import ConfigError
 
 
+# The largest value a key may take, in its unit: far beyond any hardware, and small enough that every
+# derived figure (bytes, flop/s, seconds of a task) stays finite.
+LIMITS = {"GiB": 1e6, "Tflop/s": 1e6, "GB/s": 1e6, "microseconds": 1e9,
+          "a factor in (0, 4]": math.inf}  # efficiency: checked below, with what it means
+
+
 def _positive(path: str, where: str, value, unit: str) -> float:
   if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
     raise ConfigError(f"{path}: {where} = {value!r}; it must be a finite positive number ({unit})")
+  if value > LIMITS[unit]:
+    raise ConfigError(f"{path}: {where} = {value!r} is over the limit of {LIMITS[unit]:g} ({unit}); give the "
+                      "value in that unit")
   return float(value)
 
 

@@ -1,6 +1,6 @@
 """A cluster: GPUs grouped in nodes, one link inside a node and one between nodes; presets; grouping.
 
-HetPipe's testbed (HETPIPE.md section 5) is 4 nodes x 4 GPUs of one type each. Here a cluster is a list
+HetPipe's testbed (docs/PROTOCOL.md section 5) is 4 nodes x 4 GPUs of one type each. Here a cluster is a list
 of GPUs (type + node, numbered in node order), an intra-node and an inter-node link; which link joins two
 GPUs is :meth:`Cluster.link`. Presets name the clusters the experiments use; a TOML file describes any
 other (:mod:`hetpipe_jax.cluster.toml`). Every GPU of a run is mapped onto one JAX device by its index.
@@ -9,8 +9,6 @@ other (:mod:`hetpipe_jax.cluster.toml`). Every GPU of a run is mapped onto one J
 from __future__ import annotations
 
 import dataclasses
-import os
-import re
 
 from hetpipe_jax.cluster.catalogue import (
   CATALOGUE,
@@ -118,9 +116,6 @@ PRESETS = {
 }
 
 
-MIXED = re.compile(r"mixed(\d+)(?:x(\d+))?")
-
-
 def mixed_cluster(num_gpus: int, per_node: int = 4) -> Cluster:
   """``num_gpus`` GPUs in nodes of ``per_node`` of one type, node i of type ``SCALE_TYPES[i % 8]`` (PCIe
   inside, 56 Gb/s InfiniBand between): the scaling clusters of issue 12, named ``mixed<N>`` (nodes of 4)
@@ -135,32 +130,6 @@ def mixed_cluster(num_gpus: int, per_node: int = 4) -> Cluster:
                       f"the GPUs per node (e.g. mixed64 or mixed1024x8)")
   return make_cluster(name, [[CATALOGUE[SCALE_TYPES[n % len(SCALE_TYPES)]]] * per_node
                              for n in range(num_gpus // per_node)])
-
-
-def get_cluster(name: str) -> Cluster:
-  """A preset by name, ``mixed<N>[x<G>]`` (:func:`mixed_cluster`), or a cluster from a TOML file.
-
-  Args:
-    name: a key of ``PRESETS``, ``mixed<N>[x<G>]``, or a path (ending in ``.toml`` or containing a path
-      separator).
-
-  Returns:
-    The cluster.
-
-  Raises:
-    ConfigError: for an unknown name, listing the known ones, or a bad file.
-  """
-  if name.endswith(".toml") or os.path.sep in name:
-    # toml.py builds its cluster with make_cluster from this module: imported here, not at the top.
-    from hetpipe_jax.cluster.toml import load_cluster_toml  # pylint: disable=g-import-not-at-top
-    return load_cluster_toml(name)
-  mixed = MIXED.fullmatch(name)
-  if mixed:
-    return mixed_cluster(int(mixed[1]), int(mixed[2] or 4))
-  if name not in PRESETS:
-    raise ConfigError(f"unknown cluster {name!r}; known clusters: {', '.join(sorted(PRESETS))}, "
-                      "mixed<N> or mixed<N>x<G> (N GPUs of 8 types, G per node), or a path to a .toml file")
-  return PRESETS[name]()
 
 
 def assign_gpus(cluster: Cluster, stages_per_vw: list[int]) -> list[list[Gpu]]:

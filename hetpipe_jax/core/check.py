@@ -1,4 +1,4 @@
-"""Checks a trace against every guarantee of WSP (HETPIPE.md section 3).
+"""Checks a trace against every guarantee of WSP (docs/PROTOCOL.md sections 3.7 and 9).
 
 Replays the events in file order (= causal order) and reports each broken rule with its line number:
 

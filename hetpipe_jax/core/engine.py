@@ -23,7 +23,7 @@ other stage the forwards of the gated minibatch and those after it wait for that
 guarantees hold: one snapshot, taken when the gate opens, reaches every stage before any forward that
 needs it. Staged transfers are a timing model: the engine refuses them with numerics.
 
-Membership (HETPIPE.md section 3): a virtual worker *fails* when a fault is injected at the first
+Membership (docs/PROTOCOL.md section 3.8): a virtual worker *fails* when a fault is injected at the first
 minibatch of one of its ``failures`` waves (where the numerics can crash for real, e.g. kill the
 processes that run it, the failure is then found like a real one), when dispatching its task raises, or
 when its task fails where it runs (:meth:`Engine.task_failed`). It leaves: the server

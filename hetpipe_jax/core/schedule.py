@@ -1,6 +1,6 @@
 """Pipeline schedules as data: which task each device of a virtual worker runs next.
 
-HETPIPE.md section 2: a virtual worker (VW) has k stages on k devices; minibatches p = 1, 2, ... are
+docs/PROTOCOL.md section 2: a virtual worker (VW) has k stages on k devices; minibatches p = 1, 2, ... are
 injected in order, p only once p - Nm has completed (its backward at stage 0 is done), and complete in
 order. Task graph of minibatch p::
 

@@ -1,7 +1,7 @@
 """Weight versions: which updates the weights of each stage of a virtual worker contain.
 
 A version is ``(own, glob)``: ``own`` counts the virtual worker's own minibatch updates in the weights,
-``glob[k]`` the waves of virtual worker k in their global base (HETPIPE.md section 3). The trace reports
+``glob[k]`` the waves of virtual worker k in their global base (docs/PROTOCOL.md section 3.6). The trace reports
 the version every task used and the checker verifies it, with or without numerics. Pure functions on a
 NamedTuple, like :mod:`hetpipe_jax.core.wsp`:
 

@@ -11,7 +11,7 @@ Written optax-style: state is a NamedTuple, ``init`` and ``push`` are pure, ever
   state = wsp.push(state, vw=0)          # VW 0 pushed wave 0
   wsp.gate_open(state, vw=0, d=0)        # False: c_local(0) - c_global = 1 > 0
 
-Guarantees, for minibatch p of VW i in wave w = (p-1)//Nm (HETPIPE.md section 3): own updates 1..p-Nm are
+Guarantees, for minibatch p of VW i in wave w = (p-1)//Nm (docs/PROTOCOL.md section 3.7): own updates 1..p-Nm are
 included (local staleness <= Nm-1); every VW's waves 0..w-D-2 are included (0..w-D-1 if p is the last of
 its wave); hence the global staleness bound (D+2)*Nm-2 minibatches, which is tight.
 """
@@ -25,7 +25,7 @@ from hetpipe_jax.errors import ProtocolError
 
 class ClockState(NamedTuple):
   """Clocks of all virtual workers: ``c_local[i]`` = waves VW i has pushed; ``left``: the VWs that left
-  (membership, HETPIPE.md section 3): their clocks are frozen and no longer count."""
+  (membership, docs/PROTOCOL.md section 3.8): their clocks are frozen and no longer count."""
 
   c_local: tuple[int, ...]
   left: frozenset[int] = frozenset()

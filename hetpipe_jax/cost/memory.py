@@ -1,4 +1,4 @@
-"""Memory of a pipeline stage (HETPIPE.md section 4): the one definition the planner and the checks use.
+"""Memory of a pipeline stage (docs/PROTOCOL.md section 4): the one definition the planner and the checks use.
 
 A stage of a virtual worker holding units with ``P`` parameter bytes and ``A`` bytes of activations kept
 for the backward pass (both counted in fp32, as profiled), at Nm minibatches in flight, needs::
@@ -32,7 +32,7 @@ from hetpipe_jax.precision import byte_scale, is_mixed
 if TYPE_CHECKING:
   import optax
 
-  from hetpipe_jax.cost.profile import UnitProfile
+  from hetpipe_jax.cost.unit import UnitProfile
 
 
 def nbytes(tree: Any) -> int:

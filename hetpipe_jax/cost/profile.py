@@ -1,4 +1,4 @@
-"""Per-unit cost profile of a model at the training batch size (HETPIPE.md section 4), cached on disk.
+"""Per-unit cost profile of a model at the training batch size (docs/PROTOCOL.md section 4), cached on disk.
 
 Per unit: forward and backward flops and bytes accessed from XLA's cost analysis of the *lowered* unit
 (no compilation, no run, so full-size VGG-19 and ResNet-152 at 224x224 profile on a CPU), parameter
@@ -10,7 +10,8 @@ under a second; its parameters are never allocated, only their shapes); whole pr
 disk, keyed on the units, the input shape and the JAX version, in ``$HETPIPE_JAX_CACHE`` (default
 ``~/.cache/hetpipe_jax/profiles``).
 
-What the profile feeds: the roofline time (:mod:`~hetpipe_jax.cost.roofline`), stage memory
+A profile is a list of :class:`~hetpipe_jax.cost.unit.UnitProfile` (defined in its own module, importable
+from here too). What it feeds: the roofline time (:mod:`~hetpipe_jax.cost.roofline`), stage memory
 (:mod:`~hetpipe_jax.cost.memory`) and boundary transfers (:mod:`~hetpipe_jax.cost.transfer`). Every byte
 count is of the fp32 model; a run in fp16/bf16 scales them where they are used
 (:mod:`hetpipe_jax.precision`).
@@ -27,10 +28,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from hetpipe_jax.cluster import GpuType
 from hetpipe_jax.cluster.catalogue import model_family
 from hetpipe_jax.cost.memory import nbytes
-from hetpipe_jax.cost.roofline import roofline_seconds
+from hetpipe_jax.cost.unit import UnitProfile  # what a profile is a list of: importable from here too
 from hetpipe_jax.models import full_size_input, full_size_model
 from hetpipe_jax.models.base import LayeredModel
 
@@ -38,44 +38,6 @@ CACHE_ENV = "HETPIPE_JAX_CACHE"  # the environment variable that names the profi
 CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "hetpipe_jax", "profiles")  # its default
 FROM_ENV = "$" + CACHE_ENV  # profile_units' default cache_dir: default_cache_dir() when called
 PROFILE_FORMAT = 2  # bump when what a profile measures changes: old cache entries are then ignored
-
-
-@dataclasses.dataclass(frozen=True)
-class UnitProfile:
-  """Cost of one unit at one batch size.
-
-  Attributes:
-    name: the unit's name.
-    fwd_flops / bwd_flops: floating-point operations of the forward / backward pass.
-    fwd_bytes / bwd_bytes: bytes of memory they access.
-    param_bytes: the unit's parameters.
-    out_bytes: its output activation (= the gradient sent back).
-    kept_bytes: activation memory kept for the backward pass.
-    family: the model's family, whose efficiency of a GPU type applies (vgg, resnet or default).
-  """
-
-  name: str
-  fwd_flops: float
-  bwd_flops: float
-  fwd_bytes: float
-  bwd_bytes: float
-  param_bytes: int
-  out_bytes: int
-  kept_bytes: int
-  family: str = "default"
-
-  def seconds(self, gpu: GpuType, precision: str = "fp32") -> tuple[float, float]:
-    """The unit's time on a GPU type by the roofline (:func:`~hetpipe_jax.cost.roofline.roofline_seconds`).
-
-    Args:
-      gpu: the GPU type.
-      precision: "fp32", "fp16" or "bf16".
-
-    Returns:
-      (forward, backward) seconds.
-    """
-    return (roofline_seconds(self.fwd_flops, self.fwd_bytes, gpu, precision, self.family),
-            roofline_seconds(self.bwd_flops, self.bwd_bytes, gpu, precision, self.family))
 
 
 def _cost(fn, *args) -> tuple[float, float]:

@@ -1,4 +1,4 @@
-"""The roofline time of units on a GPU type, and its calibration (HETPIPE.md section 4).
+"""The roofline time of units on a GPU type, and its calibration (docs/PROTOCOL.md section 4).
 
 A unit's forward (or backward) pass with ``flops`` floating-point operations touching ``bytes`` of memory
 takes, on a GPU type::
@@ -18,13 +18,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
 
 from hetpipe_jax.cluster import Gpu, GpuType
+from hetpipe_jax.cost.unit import UnitProfile
 from hetpipe_jax.precision import byte_scale
-
-if TYPE_CHECKING:
-  from hetpipe_jax.cost.profile import UnitProfile
 
 
 def roofline_seconds(flops: float, num_bytes: float, gpu: GpuType, precision: str = "fp32",
@@ -49,6 +46,21 @@ def roofline_seconds(flops: float, num_bytes: float, gpu: GpuType, precision: st
   return max(flops / gpu.peak_flops(precision), num_bytes / gpu.mem_bytes_per_s) / gpu.efficiency_for(family)
 
 
+def unit_seconds(unit: UnitProfile, gpu: GpuType, precision: str = "fp32") -> tuple[float, float]:
+  """A unit's time on a GPU type by the roofline (:func:`roofline_seconds`, the unit's family's efficiency).
+
+  Args:
+    unit: the unit's profile.
+    gpu: the GPU type.
+    precision: "fp32", "fp16" or "bf16".
+
+  Returns:
+    (forward, backward) seconds.
+  """
+  return (roofline_seconds(unit.fwd_flops, unit.fwd_bytes, gpu, precision, unit.family),
+          roofline_seconds(unit.bwd_flops, unit.bwd_bytes, gpu, precision, unit.family))
+
+
 def stage_compute_seconds(profiles: Sequence[UnitProfile], cut: Sequence[int], gpu: Gpu, j: int,
                           precision: str = "fp32") -> tuple[float, float]:
   """Compute time of stage j's units ``cut[j] .. cut[j + 1] - 1`` on its GPU, by the roofline.
@@ -63,13 +75,13 @@ def stage_compute_seconds(profiles: Sequence[UnitProfile], cut: Sequence[int], g
   Returns:
     (forward, backward) seconds.
   """
-  times = [u.seconds(gpu.type, precision) for u in profiles[cut[j]:cut[j + 1]]]
+  times = [unit_seconds(u, gpu.type, precision) for u in profiles[cut[j]:cut[j + 1]]]
   return sum(t[0] for t in times), sum(t[1] for t in times)
 
 
 def model_compute_seconds(profiles: Sequence[UnitProfile], gpu: GpuType, precision: str = "fp32") -> float:
   """Forward + backward of every unit of the model on one GPU of type ``gpu`` (one step on it alone)."""
-  return sum(sum(u.seconds(gpu, precision)) for u in profiles)
+  return sum(sum(unit_seconds(u, gpu, precision)) for u in profiles)
 
 
 def calibrate_efficiency(gpu: GpuType, profiles: Sequence[UnitProfile], measured: Mapping[int, float],
@@ -86,5 +98,5 @@ def calibrate_efficiency(gpu: GpuType, profiles: Sequence[UnitProfile], measured
     ``gpu`` with ``efficiency`` = roofline time at efficiency 1 / measured time, over the measured units.
   """
   ideal = dataclasses.replace(gpu, efficiency=1.0, family_efficiency=())
-  model = sum(sum(profiles[u].seconds(ideal, precision)) for u in measured)
+  model = sum(sum(unit_seconds(profiles[u], ideal, precision)) for u in measured)
   return dataclasses.replace(gpu, efficiency=model / sum(measured.values()))

@@ -1,4 +1,4 @@
-"""Boundary transfers between pipeline stages, and a stage's time (HETPIPE.md section 4).
+"""Boundary transfers between pipeline stages, and a stage's time (docs/PROTOCOL.md section 4).
 
 The one definition of what a stage receives and how long that takes, for the partitioner's DP, the
 plans' stage times and the cost model of the virtual clock and the simulator:
@@ -33,7 +33,7 @@ from hetpipe_jax.cost.roofline import stage_compute_seconds
 from hetpipe_jax.precision import byte_scale
 
 if TYPE_CHECKING:
-  from hetpipe_jax.cost.profile import UnitProfile
+  from hetpipe_jax.cost.unit import UnitProfile
 
 
 class Receive(NamedTuple):

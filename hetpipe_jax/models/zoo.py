@@ -1,6 +1,6 @@
 """The models by name: small ones that train on a CPU, and full-size ones for planning.
 
-The full-size models (HETPIPE.md section 5: VGG-19 and ResNet-152 on ImageNet; and GPT decoders too large
+The full-size models (docs/PROTOCOL.md section 5: VGG-19 and ResNet-152 on ImageNet; and GPT decoders too large
 for any one GPU: GPT-2 XL, 1.6B parameters with untied embeddings, and GPT-3-shaped 6.7B and 13B) are
 profiled, planned and simulated, never trained here; :data:`FULL_SIZE` holds their input shape (a GPT's:
 its context length of tokens), dtype and class count (a GPT's: its vocabulary), the one place these

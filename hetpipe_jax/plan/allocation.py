@@ -1,4 +1,4 @@
-"""Allocation: which GPUs form which virtual worker; a cluster's plan (HETPIPE.md section 5).
+"""Allocation: which GPUs form which virtual worker; a cluster's plan (docs/PROTOCOL.md section 5).
 
 Our reading of the paper's policies:
 
@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 from hetpipe_jax.cluster import Cluster, Gpu
 from hetpipe_jax.cost.memory import stage_memory_bytes
-from hetpipe_jax.cost.profile import UnitProfile
+from hetpipe_jax.cost.unit import UnitProfile
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.plan.layout import Layout
 from hetpipe_jax.plan.partition import plan_virtual_worker
@@ -183,7 +183,7 @@ def plan_cluster(cluster: Cluster, profiles: Sequence[UnitProfile], policy: str 
     cluster: the cluster.
     profiles: per-unit profiles of the model at the training batch size.
     policy: "NP", "ED", "HD", or lists of GPU indices (:func:`allocate`).
-    placement: "default" or "local" (:func:`hetpipe_jax.plan.placement.place_shards`).
+    placement: "default", "local" or "striped" (:func:`hetpipe_jax.plan.placement.place_shards`).
     nm_policy / nm_max: how Nm is chosen (:func:`hetpipe_jax.plan.partition.plan_virtual_worker`), or one
       Nm per virtual worker.
     weight_mode / optimizer_slots: what the memory of a stage holds.

@@ -1,5 +1,5 @@
 """A layout's costs on a cluster: every task's duration (the virtual clock and the simulator) and the
-memory check of every stage (HETPIPE.md section 4).
+memory check of every stage (docs/PROTOCOL.md section 4).
 
 Task time of stage j = its units' roofline time on its GPU (:mod:`hetpipe_jax.cost.roofline`) plus
 receiving its boundary tensor alone on the link from its neighbour (:mod:`hetpipe_jax.cost.transfer`):
@@ -13,9 +13,9 @@ from collections.abc import Sequence
 
 from hetpipe_jax.cluster import Cluster, Gpu, format_bytes
 from hetpipe_jax.cost.memory import stage_memory_bytes
-from hetpipe_jax.cost.profile import UnitProfile
 from hetpipe_jax.cost.roofline import model_compute_seconds, stage_compute_seconds
 from hetpipe_jax.cost.transfer import stage_seconds, stage_transfers
+from hetpipe_jax.cost.unit import UnitProfile
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.plan.layout import Layout
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from hetpipe_jax.cluster import Cluster, Gpu, assign_gpus
-from hetpipe_jax.cost.profile import UnitProfile
+from hetpipe_jax.cost.unit import UnitProfile
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.plan.costmodel import check_memory
 from hetpipe_jax.plan.layout import Layout, VWLayout, per_vw

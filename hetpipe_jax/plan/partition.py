@@ -1,6 +1,6 @@
 """Heterogeneity- and memory-aware partitioning of a model over one virtual worker's GPUs.
 
-HETPIPE.md section 4 (our reading of the paper, made exact): choose contiguous stages, one per GPU, and
+docs/PROTOCOL.md section 4 (our reading of the paper, made exact): choose contiguous stages, one per GPU, and
 the order of the GPUs in the pipeline, to minimise the slowest stage, where a stage's time is its units'
 forward + backward time on its GPU type plus receiving its boundary tensors over the links to its
 neighbours (:func:`hetpipe_jax.cost.transfer.stage_seconds`), subject to every stage fitting its GPU's
@@ -38,8 +38,9 @@ import numpy as np
 
 from hetpipe_jax.cluster import Cluster, Gpu, format_bytes
 from hetpipe_jax.cost.memory import memory_bytes, stage_memory_bytes
-from hetpipe_jax.cost.profile import UnitProfile
+from hetpipe_jax.cost.roofline import unit_seconds
 from hetpipe_jax.cost.transfer import receive_seconds_by_position, stage_neighbours
+from hetpipe_jax.cost.unit import UnitProfile
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.plan.vw_plan import VWPlan, vw_plan
 
@@ -63,7 +64,7 @@ class _Dp:
 
   def _prefix_time(self, gpu: Gpu) -> np.ndarray:
     if gpu.type.name not in self._time:
-      t = np.array([sum(u.seconds(gpu.type, self.precision)) for u in self.profiles])
+      t = np.array([sum(unit_seconds(u, gpu.type, self.precision)) for u in self.profiles])
       self._time[gpu.type.name] = np.concatenate([[0.0], np.cumsum(t)])
     return self._time[gpu.type.name]
 

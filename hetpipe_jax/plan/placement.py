@@ -1,6 +1,6 @@
 """Where the parameter server's shards live, and what a push or a pull then sends across nodes.
 
-HETPIPE.md section 5 (our reading of the paper): one shard per unit. ``default`` spreads the shards over
+docs/PROTOCOL.md section 5 (our reading of the paper): one shard per unit. ``default`` spreads the shards over
 all nodes, balancing parameter bytes (largest shard first onto the lightest node: O(U log U + U x nodes)
 for U units); ``local`` puts the shard of a unit on the node that runs it in the most virtual workers:
 under ED (one shared plan) that is the node running it in every VW, so push and pull never cross nodes;
@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from hetpipe_jax.cluster import Cluster
-from hetpipe_jax.cost.profile import UnitProfile
+from hetpipe_jax.cost.unit import UnitProfile
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.plan.layout import Layout, VWLayout
 

@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from hetpipe_jax.cluster import Cluster
-from hetpipe_jax.cost.profile import UnitProfile
+from hetpipe_jax.cost.roofline import unit_seconds
+from hetpipe_jax.cost.unit import UnitProfile
 from hetpipe_jax.plan.placement import ps_cross_node_bytes
 from hetpipe_jax.precision import byte_scale
 
@@ -52,7 +53,7 @@ def plan_to_json(cluster: Cluster, profiles: Sequence[UnitProfile], plan: Cluste
       "precision": precision, "cluster": cluster.name, "vws": vws,
       "images_per_s": plan.throughput * batch_size,
       "shard_nodes": list(plan.shard_nodes),
-      "layers": [{"name": u.name, "time_s": {t: sum(u.seconds(gpu_types[t], precision)) for t in types},
+      "layers": [{"name": u.name, "time_s": {t: sum(unit_seconds(u, gpu_types[t], precision)) for t in types},
                   "fwd_flops": u.fwd_flops, "bwd_flops": u.bwd_flops, "param_bytes": u.param_bytes,
                   "activation_bytes": u.out_bytes, "kept_bytes": u.kept_bytes} for u in profiles],
       "gpu_types": {t: dataclasses.asdict(gt) for t, gt in gpu_types.items()},

@@ -3,7 +3,7 @@
 A plan is the partitioner's answer (:mod:`~hetpipe_jax.plan.partition`), or a given GPU order and cuts
 evaluated by :func:`vw_plan` (ED copies one plan onto every virtual worker this way). Stage time and
 memory come from :func:`hetpipe_jax.cost.transfer.stage_seconds` and
-:func:`hetpipe_jax.cost.memory.stage_memory_bytes`. A virtual worker's modelled throughput (HETPIPE.md
+:func:`hetpipe_jax.cost.memory.stage_memory_bytes`. A virtual worker's modelled throughput (docs/PROTOCOL.md
 section 4) is min(1 / slowest stage, in flight / round trip) minibatches per second, where in flight is Nm,
 or the window when one caps it (:mod:`hetpipe_jax.plan.layout`).
 """
@@ -15,8 +15,8 @@ from collections.abc import Sequence
 
 from hetpipe_jax.cluster import Cluster, Gpu
 from hetpipe_jax.cost.memory import stage_memory_bytes
-from hetpipe_jax.cost.profile import UnitProfile
 from hetpipe_jax.cost.transfer import stage_seconds
+from hetpipe_jax.cost.unit import UnitProfile
 from hetpipe_jax.plan.layout import VWLayout
 
 

@@ -8,6 +8,11 @@
   thread per device waits for its running task's result, optionally sleeps until the emulated duration
   ``cost(task) * time_scale`` has passed (so the emulated speeds, not CPU noise, shape the schedule), and
   finishes it. Time is seconds since the start.
+
+The other two entries of :data:`EXECUTORS` live in their own modules: ``sim`` (:mod:`hetpipe_jax.sim`, no
+numerics: its own event loop over simulated links) and ``multiprocess``
+(:mod:`hetpipe_jax.runtime.multiprocess`: :func:`run_wall` in process 0, whose ``wait`` waits for each
+task's process to report).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """One pipeline stage on one device: jitted forward, backward (jax.vjp) and local optax update.
 
 A stage holds units ``first .. last-1`` of a :class:`~hetpipe_jax.models.LayeredModel` on one JAX device,
-its local optimizer state, and one update accumulator per open wave (HETPIPE.md section 2):
+its local optimizer state, and one update accumulator per open wave (docs/PROTOCOL.md section 2):
 
 * forward of minibatch p: in ``stash`` mode the jitted forward returns the output and the ``jax.vjp``
   closure, whose residuals hold exactly the weights the forward used (PipeDream-style weight stashing at

@@ -10,9 +10,11 @@ the same as every executor's, and the checker accepts it.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
 
 from hetpipe_jax.cluster import Cluster
 from hetpipe_jax.core.engine import Engine
+from hetpipe_jax.core.meta import meta_event
 from hetpipe_jax.core.server import ClockServer
 from hetpipe_jax.core.trace import Trace
 from hetpipe_jax.core.worker import VirtualWorker
@@ -21,32 +23,53 @@ from hetpipe_jax.plan.costmodel import CostModel
 from hetpipe_jax.plan.layout import Layout
 from hetpipe_jax.plan.placement import place_shards
 from hetpipe_jax.sim.network import SimComm, Simulator
+from hetpipe_jax.sim.options import SimOptions
 from hetpipe_jax.sim.steady import SteadyState
 
 
-def simulate(cluster: Cluster, profiles: Sequence[UnitProfile], layout: Layout, d: int, waves: int,
-             trace: Trace, placement: str = "default", schedule: str = "1f1b", weight_mode: str = "stash",
-             precision: str = "fp32", meta: dict | None = None, failures: Mapping[int, Sequence[int]] | None = None,
-             rejoin: bool = False, overlap_transfers: bool = False, staged_ps: bool = False,
-             steady: SteadyState | None = None) -> tuple[float, list[VirtualWorker], list[dict]]:
-  """Simulates the virtual workers of ``layout`` for ``waves`` waves (``failures``/``rejoin``: fault
-  injection, as for :class:`~hetpipe_jax.core.engine.Engine`; ``overlap_transfers``: stage-to-stage
-  transfers overlap computation, see :mod:`hetpipe_jax.sim.network`; ``staged_ps``: each stage's part of a
-  push and a pull moves on its own, see :mod:`hetpipe_jax.core.engine`; ``steady``: fast mode, no minibatch
-  is injected once ``steady`` says the waves have settled, see :mod:`hetpipe_jax.sim.steady`).
+class SimJob(NamedTuple):
+  """What the ``sim`` executor simulates: ``layout`` on ``cluster`` for ``waves`` waves under WSP with bound
+  ``d``; ``failures``/``rejoin``: fault injection, as for :class:`~hetpipe_jax.core.engine.Engine`;
+  ``options``: the network's and the run length's models (:class:`~hetpipe_jax.sim.options.SimOptions`;
+  ``fast`` is :func:`simulate_fast`'s, which a caller picks: :func:`run`)."""
 
-  Writes the trace's meta line first (``meta`` adds or overrides fields). Returns (simulated seconds,
-  the virtual workers, one metrics row per pushed wave).
+  cluster: Cluster
+  profiles: Sequence[UnitProfile]
+  layout: Layout
+  d: int
+  waves: int
+  placement: str = "default"
+  schedule: str = "1f1b"
+  weight_mode: str = "stash"
+  precision: str = "fp32"
+  options: SimOptions = SimOptions()
+  failures: Mapping[int, Sequence[int]] | None = None
+  rejoin: bool = False
+
+
+def meta_line(job: SimJob, meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
+  """The trace's meta line of ``job`` (``meta`` adds or overrides fields: what the run layer records)."""
+  opts = job.options
+  own = {"placement": job.placement, **({"overlap_transfers": True} if opts.overlap_transfers else {}),
+         **({"staged_ps": True} if opts.staged_ps else {})}
+  return meta_event(job.layout.meta(), job.d, job.weight_mode, job.schedule, "sim", len(job.profiles),
+                    **{**own, **(meta or {})})
+
+
+def simulate(job: SimJob, trace: Trace, meta: Mapping[str, Any] | None = None,
+             steady: SteadyState | None = None) -> tuple[float, list[VirtualWorker], list[dict]]:
+  """Simulates ``job`` (``steady``: fast mode, no minibatch is injected once ``steady`` says the waves have
+  settled, see :mod:`hetpipe_jax.sim.steady`).
+
+  Writes the trace's meta line first (:func:`meta_line`). Returns (simulated seconds, the virtual workers,
+  one metrics row per pushed wave).
   """
-  num_vws, nms = layout.num_vws, layout.nms
-  trace.emit(**{"ev": "meta", "version": 1, "num_vws": num_vws, "nm": nms, "d": d,
-                "stages": layout.stages, "weight_mode": weight_mode, "executor": "sim",
-                "schedule": schedule, "shards": len(profiles), "placement": placement,
-                **({} if layout.windows is None else {"window": layout.windows}),
-                **({"staged_ps": True} if staged_ps else {}), **(meta or {})})
-  shard_nodes = place_shards(cluster, profiles, layout, placement)
-  vws = [VirtualWorker.create(i, vw.k, vw.nm, waves * vw.nm, num_vws, schedule, weight_mode, window=vw.window)
-         for i, vw in enumerate(layout.vws)]
+  cluster, profiles, layout = job.cluster, job.profiles, job.layout
+  nms = layout.nms
+  trace.emit(**meta_line(job, meta))
+  shard_nodes = place_shards(cluster, profiles, layout, job.placement)
+  vws = [VirtualWorker.create(i, vw.k, vw.nm, job.waves * vw.nm, layout.num_vws, job.schedule, job.weight_mode,
+                              window=vw.window) for i, vw in enumerate(layout.vws)]
   rows: list[dict] = []
 
   def on_wave(vw: int, wave: int, t: float, _) -> None:
@@ -54,20 +77,18 @@ def simulate(cluster: Cluster, profiles: Sequence[UnitProfile], layout: Layout, 
     if steady is not None:
       steady.push(vw, t)
 
-  simulator = Simulator(cluster, overlap_transfers)
-  engine = Engine(vws, ClockServer(num_vws, d, num_shards=len(profiles)), trace, on_wave=on_wave,
-                  comm=SimComm(simulator, profiles, layout, shard_nodes, precision, staged_ps), failures=failures,
-                  rejoin=rejoin)
-  seconds = simulator.run(engine, CostModel(cluster, profiles, layout, precision),
+  simulator = Simulator(cluster, job.options.overlap_transfers)
+  comm = SimComm(simulator, profiles, layout, shard_nodes, job.precision, job.options.staged_ps)
+  engine = Engine(vws, ClockServer(layout.num_vws, job.d, num_shards=len(profiles)), trace, on_wave=on_wave,
+                  comm=comm, failures=job.failures, rejoin=job.rejoin)
+  seconds = simulator.run(engine, CostModel(cluster, profiles, layout, job.precision),
                           stop=None if steady is None else steady.settled)
   return seconds, vws, rows
 
 
-def simulate_fast(cluster: Cluster, profiles: Sequence[UnitProfile], layout: Layout, d: int, waves: int,
-                  trace: Trace, placement: str = "default", schedule: str = "1f1b", weight_mode: str = "stash",
-                  precision: str = "fp32", meta: dict | None = None, overlap_transfers: bool = False,
-                  staged_ps: bool = False) -> tuple[float, list[VirtualWorker], list[dict], dict]:
-  """:func:`simulate`'s fast mode (:mod:`hetpipe_jax.sim.steady`): the seconds of a ``waves``-wave run,
+def simulate_fast(job: SimJob, trace: Trace,
+                  meta: Mapping[str, Any] | None = None) -> tuple[float, list[VirtualWorker], list[dict], dict]:
+  """:func:`simulate`'s fast mode (:mod:`hetpipe_jax.sim.steady`): the seconds of a ``job.waves``-wave run,
   from a shorter simulated one.
 
   The run is simulated until its waves settle. When every virtual worker would end within one wave of
@@ -80,22 +101,29 @@ def simulate_fast(cluster: Cluster, profiles: Sequence[UnitProfile], layout: Lay
     "extrapolated" | "tail" | "full", "simulated_waves": waves each virtual worker ran}``); ``trace``
     holds the simulated run, complete in itself.
   """
-  kwargs = {"placement": placement, "schedule": schedule, "weight_mode": weight_mode, "precision": precision,
-            "meta": {**(meta or {}), "sim_fast": True}, "overlap_transfers": overlap_transfers,
-            "staged_ps": staged_ps}
+  meta = {**(meta or {}), "sim_fast": True}
+  waves, num_vws = job.waves, job.layout.num_vws
   scratch = Trace(None)
-  steady = SteadyState(layout.num_vws, waves)
-  seconds, vws, rows = simulate(cluster, profiles, layout, d, waves, scratch, steady=steady, **kwargs)
+  steady = SteadyState(num_vws, waves)
+  seconds, vws, rows = simulate(job, scratch, meta, steady)
   if steady.stopped_at is None or steady.tail_waves() <= 1:
     trace.extend(scratch.events)
     if steady.stopped_at is None:  # never settled: simulated to the end
-      return seconds, vws, rows, {"method": "full", "simulated_waves": [waves] * layout.num_vws}
+      return seconds, vws, rows, {"method": "full", "simulated_waves": [waves] * num_vws}
     return max(steady.ends()), vws, rows, {"method": "extrapolated",
                                            "simulated_waves": [vw.total_mbs // vw.nm for vw in vws]}
   short = max(steady.stopped_at) + steady.tail_waves() + 2 * steady.max_cycle
   if short >= waves:
-    seconds, vws, rows = simulate(cluster, profiles, layout, d, waves, trace, **kwargs)
-    return seconds, vws, rows, {"method": "full", "simulated_waves": [waves] * layout.num_vws}
-  seconds, vws, rows = simulate(cluster, profiles, layout, d, short, trace, **kwargs)
+    seconds, vws, rows = simulate(job, trace, meta)
+    return seconds, vws, rows, {"method": "full", "simulated_waves": [waves] * num_vws}
+  seconds, vws, rows = simulate(job._replace(waves=short), trace, meta)
   return (seconds + (waves - short) * steady.period(), vws, rows,
-          {"method": "tail", "simulated_waves": [short] * layout.num_vws})
+          {"method": "tail", "simulated_waves": [short] * num_vws})
+
+
+def run(job: SimJob, trace: Trace,
+        meta: Mapping[str, Any] | None = None) -> tuple[float, list[VirtualWorker], list[dict], dict | None]:
+  """:func:`simulate_fast` when ``job.options.fast``, else :func:`simulate` (its fast-mode info None)."""
+  if job.options.fast:
+    return simulate_fast(job, trace, meta)
+  return (*simulate(job, trace, meta), None)

@@ -1,6 +1,6 @@
 """The ``sim`` executor's fast mode: simulate until the waves settle, then extrapolate.
 
-Under WSP every virtual worker settles into a steady wave period (HETPIPE.md section 3: in the long run
+Under WSP every virtual worker settles into a steady wave period (docs/PROTOCOL.md section 3.7: in the long run
 every virtual worker moves at the slowest one's wave rate, a faster one running at most D + 1 waves
 ahead). The event simulation of the first waves holds the fill transient and any run-ahead; after that
 the waves repeat. Fast mode runs the full event simulation (the same engine, links and trace as always)

@@ -18,7 +18,7 @@ from hetpipe_jax import RunConfig, get_model, run_hetpipe, synthetic  # noqa: E4
 
 def main() -> int:
   out = sys.argv[1]
-  config = RunConfig(cluster="hetero4", num_vws=3, stages=2, nm=(2, 3, 1), d=1, waves=40, optimizer="adam",
+  config = RunConfig.of(cluster="hetero4", num_vws=3, stages=2, nm=(2, 3, 1), d=1, waves=40, optimizer="adam",
                      learning_rate=0.01, trace_path=os.path.join(out, "trace.jsonl"),
                      checkpoint_dir=os.path.join(out, "ck"), checkpoint_every=4, keep_checkpoints=2,
                      failures=[(1, 11), (2, 25)], rejoin=True,

@@ -1,0 +1,32 @@
+"""The trace's first line, ``meta``: one definition for every executor (docs/PROTOCOL.md, the trace).
+
+The checker reads the protocol's fields (``num_vws``, ``nm``, ``d``, ``stages``, ``weight_mode``); the
+rest say what ran. Fields with a default value that most runs keep (``window``, ``precision``, the
+simulator's options) are written only when set, so older traces read the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+VERSION = 1
+
+
+def meta_event(shape: Mapping[str, Any], d: int, weight_mode: str, schedule: str, executor: str, shards: int,
+               **extra: Any) -> dict[str, Any]:
+  """The meta line of a run.
+
+  Args:
+    shape: the layout's fields (:meth:`hetpipe_jax.plan.layout.Layout.meta`: ``num_vws``, ``nm``,
+      ``stages``, ``cuts``, ``gpus`` and ``window`` when one is set).
+    d / weight_mode / schedule: the protocol's knobs.
+    executor: the executor's name.
+    shards: parameter-server shards (one per unit).
+    **extra: what else the run records (model, dataset, options); a value of None is written as null.
+  """
+  head = {"ev": "meta", "version": VERSION, "num_vws": shape["num_vws"], "nm": shape["nm"], "d": d,
+          "stages": shape["stages"], "weight_mode": weight_mode, "executor": executor, "schedule": schedule,
+          "shards": shards}
+  tail = {k: shape[k] for k in ("cuts", "gpus", "window") if k in shape}
+  return {**head, **extra, **tail}

@@ -1,0 +1,19 @@
+"""What a stage's cost and memory depend on beyond its units and its GPU: one value for the planner, the
+memory model and the clock (:mod:`hetpipe_jax.cost.memory`)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class CostContext(NamedTuple):
+  """Attributes:
+    weight_mode: "stash" (Nm - 1 stashed weight versions per stage) or "latest" (none).
+    optimizer_slots: parameter-sized fp32 arrays of optimizer state per parameter
+      (:func:`hetpipe_jax.cost.memory.optimizer_slots_of`).
+    precision: "fp32", or "fp16"/"bf16" (mixed precision, :mod:`hetpipe_jax.precision`).
+  """
+
+  weight_mode: str = "stash"
+  optimizer_slots: float = 0.0
+  precision: str = "fp32"

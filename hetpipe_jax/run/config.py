@@ -1,0 +1,318 @@
+"""What a run is: :class:`RunConfig`, made of small frozen parts that each validate themselves.
+
+Example::
+
+  from hetpipe_jax import RunConfig
+  from hetpipe_jax.run.config import LayoutSpec, WSPSpec
+  config = RunConfig(layout=LayoutSpec(num_vws=2, stages=(2, 2), nm=(2, 2)), wsp=WSPSpec(d=1), waves=20)
+  config = RunConfig.of(num_vws=2, stages=(2, 2), nm=(2, 2), d=1, waves=20)   # the same, by flat names
+  config.validate()   # ConfigError naming the bad value, its limit and the fix
+
+The parts: :class:`LayoutSpec` (the run's shape), :class:`WSPSpec` (the protocol's knobs),
+:class:`OptimizerSpec` (the stages' optimizer and the parameter server's apply rule), :class:`Faults`,
+:class:`CheckpointSpec`, and the options of one executor: :class:`~hetpipe_jax.sim.options.SimOptions`
+(``sim``), :class:`WallOptions` (``wall``, ``multiprocess``). What an executor accepts is checked by its
+registry entry (:mod:`hetpipe_jax.run.executors`), once for every option.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Collection, Sequence
+from typing import Any
+
+import optax
+
+from hetpipe_jax.cluster import Cluster
+from hetpipe_jax.core.schedule import SCHEDULES
+from hetpipe_jax.core.versions import WEIGHT_MODES
+from hetpipe_jax.errors import ConfigError
+from hetpipe_jax.models import FULL_SIZE
+from hetpipe_jax.optim import OPTIMIZERS, make_optimizer
+from hetpipe_jax.plan.placement import PLACEMENTS
+from hetpipe_jax.precision import check_precision
+from hetpipe_jax.runtime.ps import ON_NONFINITE
+from hetpipe_jax.sim.options import SimOptions
+
+
+def _known(name: str, value: Any, known: Collection[str]) -> None:
+  if value not in known:
+    raise ConfigError(f"unknown {name} {value!r}; choose one of {', '.join(known)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class LayoutSpec:
+  """The run's shape. Per-virtual-worker fields take one value for all or a sequence with one per VW.
+
+  Attributes:
+    num_vws: number of virtual workers N.
+    stages: devices (stages) per virtual worker, k.
+    nm: minibatches per wave (and most in flight) per virtual worker, Nm >= 1; with a policy also
+      "max_fit" or "best".
+    window: most minibatches in flight per virtual worker when fewer than Nm, 1 <= window <= Nm (None:
+      Nm); memory grows with it, the wave stays Nm (:mod:`hetpipe_jax.plan.layout`).
+    cuts: per virtual worker, unit boundaries ``[0, ..., num_units]``; default: the partitioner's fastest
+      cuts for the virtual worker's GPUs in cluster order.
+    policy: NP, ED, HD or a grouping of GPU indices: the allocation decides the virtual workers and the
+      partitioner their GPU order, cuts and (with nm "max_fit"/"best") Nm; ``num_vws``, ``stages`` and
+      ``cuts`` are then not used. A grouping with ``cuts`` is an explicit layout (a tuned plan): each
+      group's GPUs in pipeline order, cut at ``cuts``, with ``nm``; nothing is searched.
+    placement: PS shard placement: default, local or striped (:mod:`hetpipe_jax.plan.placement`).
+    time_model: a full-size model (``vgg19``, ``resnet152``, ...): the clock takes task durations from its
+      plan on the same GPUs, while the numerics train the run's model.
+  """
+
+  num_vws: int = 3
+  stages: int | Sequence[int] = 2
+  nm: int | Sequence[int] | str = 2
+  window: int | Sequence[int] | None = None
+  cuts: Sequence[Sequence[int]] | None = None
+  policy: str | Sequence[Sequence[int]] | None = None
+  placement: str = "default"
+  time_model: str | None = None
+
+  def validate(self) -> None:
+    _known("placement", self.placement, PLACEMENTS)
+    if self.time_model is not None and self.time_model not in FULL_SIZE:
+      raise ConfigError(f"time_model={self.time_model!r}; use one of {', '.join(FULL_SIZE)} (or none)")
+    if self.policy is None or self.cuts is None:
+      return
+    if isinstance(self.policy, str):
+      raise ConfigError(f"cuts={self.cuts} and policy={self.policy!r} both fix the cuts; the policy's "
+                        "partitioner cuts the model, so drop one of them (or give the policy as a grouping "
+                        "of GPU indices in pipeline order, which is then cut as given)")
+    if isinstance(self.nm, str):
+      raise ConfigError(f"nm={self.nm!r} asks the planner for Nm, but a grouping with cuts is an explicit "
+                        "layout: give Nm as a number, or one per virtual worker")
+
+
+@dataclasses.dataclass(frozen=True)
+class WSPSpec:
+  """The protocol's knobs (docs/PROTOCOL.md).
+
+  Attributes:
+    d: clock distance bound D >= 0.
+    weight_mode: "stash" (a backward uses its forward's weights) or "latest".
+    schedule: a device's task order (:data:`hetpipe_jax.core.schedule.SCHEDULES`).
+  """
+
+  d: int = 1
+  weight_mode: str = "stash"
+  schedule: str = "1f1b"
+
+  def validate(self) -> None:
+    if self.d < 0:
+      raise ConfigError(f"D={self.d}; the clock distance bound must be >= 0 (0 = tightest, large = "
+                        "asynchronous)")
+    _known("weight_mode", self.weight_mode, WEIGHT_MODES)
+    _known("schedule", self.schedule, SCHEDULES)
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerSpec:
+  """Attributes:
+    name / learning_rate: the local optimizer of every stage (sgd, momentum, adam), unless ``tx``.
+    tx: the stages' local optimizer as an optax transformation (overrides ``name``).
+    ps_tx: the parameter server's apply rule (default: add each pushed wave as is).
+    on_nonfinite: a pushed wave update with NaN or Inf is refused before it touches the global weights:
+      "stop" ends the run (:class:`~hetpipe_jax.errors.NonFiniteUpdate`, naming VW, wave, stage, unit and
+      the last good global clock); "skip" drops that wave's update and goes on (the trace's push event
+      says ``"dropped": "nonfinite"``).
+  """
+
+  name: str = "sgd"
+  learning_rate: float = 0.05
+  tx: optax.GradientTransformation | None = None
+  ps_tx: optax.GradientTransformation | None = None
+  on_nonfinite: str = "stop"
+
+  def validate(self) -> None:
+    _known("on_nonfinite", self.on_nonfinite, ON_NONFINITE)
+    if self.tx is not None:
+      return
+    _known("optimizer", self.name, OPTIMIZERS)
+    if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
+      raise ConfigError(f"learning_rate={self.learning_rate}; use a finite learning rate > 0 (e.g. 0.05)")
+
+  def local(self) -> optax.GradientTransformation:
+    """The stages' local optimizer."""
+    return self.tx or make_optimizer(self.name, self.learning_rate)
+
+
+@dataclasses.dataclass(frozen=True)
+class Faults:
+  """Fault injection (docs/PROTOCOL.md, membership).
+
+  Attributes:
+    failures: (virtual worker, wave) pairs; the virtual worker fails when it reaches that wave (its first
+      minibatch), leaves, and the others go on under WSP over the live ones (in a multiprocess run its
+      processes are killed for real when they run nothing else).
+    rejoin: a failed virtual worker is replaced at once: the replacement pulls the global weights and
+      enters at the current global clock.
+  """
+
+  failures: Sequence[tuple[int, int]] = ()
+  rejoin: bool = False
+
+  def validate(self, waves: int) -> None:
+    for vw, wave in self.failures:
+      if not 0 <= wave < waves:
+        raise ConfigError(f"fail={vw}@{wave}: the wave must be in 0..{waves - 1} (the run has {waves} waves)")
+
+  def check_vws(self, num_vws: int) -> None:
+    """Raises ConfigError for a failure of a virtual worker the layout does not have."""
+    for vw, wave in self.failures:
+      if not 0 <= vw < num_vws:
+        raise ConfigError(f"fail={vw}@{wave}: the run has virtual workers 0..{num_vws - 1}")
+
+  def by_vw(self) -> dict[int, list[int]]:
+    """The failures as virtual worker -> waves."""
+    out: dict[int, list[int]] = {}
+    for vw, wave in self.failures:
+      out.setdefault(vw, []).append(wave)
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointSpec:
+  """Attributes:
+    directory: save a checkpoint every ``every`` global clock ticks in this directory (orbax), keeping the
+      newest ``keep`` (:mod:`hetpipe_jax.runtime.checkpoint`); None: no checkpoints.
+    resume: continue the newest complete checkpoint in ``directory``, appending to the run's trace (what
+      the interrupted run wrote after the checkpoint is rolled back); the run then ends as the
+      uninterrupted one would (bit for bit on the ``virtual`` executor).
+  """
+
+  directory: str | None = None
+  every: int = 10
+  keep: int = 3
+  resume: bool = False
+
+  @property
+  def enabled(self) -> bool:
+    return bool(self.directory or self.resume)
+
+  def validate(self, trace_path: str | None) -> None:
+    if self.resume and not self.directory:
+      raise ConfigError("resume needs checkpoint_dir: the directory whose newest checkpoint to continue")
+    if self.directory and not trace_path:
+      raise ConfigError("checkpoint_dir needs trace_path: a resumed run appends to the trace file it wrote")
+
+
+@dataclasses.dataclass(frozen=True)
+class WallOptions:
+  """The ``wall`` (and ``multiprocess``) executor's option.
+
+  Attributes:
+    time_scale: pad each task to its emulated duration x this (0: no padding).
+  """
+
+  time_scale: float = 0.0
+
+  def set_fields(self) -> list[str]:
+    return ["time_scale"] if self.time_scale != 0.0 else []
+
+  def validate(self) -> None:
+    if not (math.isfinite(self.time_scale) and self.time_scale >= 0):
+      raise ConfigError(f"time_scale={self.time_scale}; use 0 (no padding) or a positive factor")
+
+
+# The flat names of RunConfig.of (the CLI's flags) -> (part, field).
+FLAT: dict[str, tuple[str, str]] = {
+    **{f.name: ("layout", f.name) for f in dataclasses.fields(LayoutSpec)},
+    **{f.name: ("wsp", f.name) for f in dataclasses.fields(WSPSpec)},
+    "optimizer": ("optim", "name"), "learning_rate": ("optim", "learning_rate"),
+    "tx": ("optim", "tx"), "ps_tx": ("optim", "ps_tx"), "on_nonfinite": ("optim", "on_nonfinite"),
+    "failures": ("faults", "failures"), "rejoin": ("faults", "rejoin"),
+    "checkpoint_dir": ("checkpoint", "directory"), "checkpoint_every": ("checkpoint", "every"),
+    "keep_checkpoints": ("checkpoint", "keep"), "resume": ("checkpoint", "resume"),
+    "overlap_transfers": ("sim", "overlap_transfers"), "staged_ps": ("sim", "staged_ps"),
+    "fast_sim": ("sim", "fast"), "time_scale": ("wall", "time_scale"),
+}
+FLAT_NAME = {target: name for name, target in FLAT.items()}  # (part, field) -> the flat name users see
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+  """What to run: the run-wide fields and the parts (see the module docstring).
+
+  Attributes:
+    cluster: preset name, a TOML file's path, or a :class:`Cluster`.
+    executor: "virtual", "wall", "sim" or "multiprocess" (:mod:`hetpipe_jax.run.executors`).
+    waves: waves each virtual worker runs.
+    batch_size: examples per minibatch.
+    seed: initialisation and shuffling seed.
+    eval_every: evaluate the global weights every this many global clock ticks (and at the end).
+    drop_remainder: drop the examples of an epoch that do not fill a minibatch.
+    trace_path: where to write the trace (JSON Lines); it is always kept in memory too.
+    precision: "fp32", or (sim executor only) "fp16"/"bf16": mixed precision in the cost and memory model
+      (:mod:`hetpipe_jax.precision`): the planner's stage times and memory, the clock, the transfers.
+    layout / wsp / optim / faults / checkpoint / sim / wall: the parts.
+  """
+
+  cluster: str | Cluster = "hetero4"
+  executor: str = "virtual"
+  waves: int = 50
+  batch_size: int = 32
+  seed: int = 0
+  eval_every: int = 10
+  drop_remainder: bool = False
+  trace_path: str | None = None
+  precision: str = "fp32"
+  layout: LayoutSpec = LayoutSpec()
+  wsp: WSPSpec = WSPSpec()
+  optim: OptimizerSpec = OptimizerSpec()
+  faults: Faults = Faults()
+  checkpoint: CheckpointSpec = CheckpointSpec()
+  sim: SimOptions = SimOptions()
+  wall: WallOptions = WallOptions()
+
+  @classmethod
+  def of(cls, **fields: Any) -> RunConfig:
+    """A config from flat names (the training CLI's flags: ``d``, ``nm``, ``checkpoint_dir``, ...)."""
+    return cls().replace(**fields)
+
+  def replace(self, **fields: Any) -> RunConfig:
+    """This config with some fields changed, by their flat names (see :meth:`of`) or a part's name.
+
+    Raises:
+      ConfigError: for a name no field has.
+    """
+    top = {f.name for f in dataclasses.fields(self)}
+    parts: dict[str, dict[str, Any]] = {}
+    direct = {}
+    for name, value in fields.items():
+      if name in top:
+        direct[name] = value
+      elif name in FLAT:
+        part, field = FLAT[name]
+        parts.setdefault(part, {})[field] = value
+      else:
+        raise ConfigError(f"RunConfig has no field {name!r}; fields: {', '.join(sorted(top | set(FLAT)))}")
+    changed = {part: dataclasses.replace(direct.get(part, getattr(self, part)), **values)
+               for part, values in parts.items()}
+    return dataclasses.replace(self, **direct, **changed)
+
+  def validate(self) -> None:
+    """Checks what does not depend on the model, the layout or the executor's capabilities.
+
+    Raises:
+      ConfigError: naming the bad value, its limit and the fix.
+    """
+    if self.waves < 1:
+      raise ConfigError(f"waves={self.waves}; run at least 1 wave")
+    if self.eval_every < 1:
+      raise ConfigError(f"eval_every={self.eval_every}; evaluate every 1 or more global clock ticks")
+    if not 0 <= self.seed < 2**63:
+      raise ConfigError(f"seed={self.seed}; use a seed in [0, 2**63 - 1]")
+    check_precision(self.precision)
+    self.wsp.validate()
+    self.layout.validate()
+    self.optim.validate()
+    self.wall.validate()
+    self.checkpoint.validate(self.trace_path)
+    self.faults.validate(self.waves)
+    if self.sim.fast and self.faults.failures:
+      raise ConfigError("fast_sim extrapolates settled waves, and an injected failure unsettles them: drop "
+                        "fast_sim or the failures")

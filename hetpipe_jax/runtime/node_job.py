@@ -1,0 +1,162 @@
+"""One process's part of a ``multiprocess`` run (:mod:`hetpipe_jax.runtime.multiprocess`): the threads of
+the stages and PS shards on its node, and on process 0 the engine's server and numerics adapters.
+
+Every process builds the same :class:`Job` (the same seed gives the same initial weights everywhere),
+starts its threads (:meth:`NodeJob.start`: compiled and connected before the clock starts, one barrier
+for all), and either waits for the end (:meth:`NodeJob.wait`, processes other than 0) or, on process 0,
+hands the engine its :meth:`NodeJob.controller` and stops every process at the end (:meth:`NodeJob.stop`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from hetpipe_jax.cluster import Cluster
+from hetpipe_jax.data import MinibatchStreams
+from hetpipe_jax.errors import ConfigError
+from hetpipe_jax.models.base import LayeredModel
+from hetpipe_jax.plan.layout import Layout
+from hetpipe_jax.runtime.distributed import Node
+from hetpipe_jax.runtime.multiprocess import (
+  TIMEOUT_S,
+  Channel,
+  Mailbox,
+  RemoteNumerics,
+  ShardedServer,
+  ShardWorker,
+  StageWorker,
+  process_of,
+)
+from hetpipe_jax.runtime.stage import Stage
+
+
+class Job(NamedTuple):
+  """What every process of a run needs to build its part.
+
+  Attributes:
+    model / streams / init_params: the model, every virtual worker's minibatches, its initial weights.
+    layout / cluster: the run's layout on the cluster (process i holds node ``nodes[i]``).
+    shard_nodes: the node of each unit's PS shard (:func:`hetpipe_jax.plan.placement.place_shards`).
+    tx / weight_mode: the stages' local optimizer and weight versions.
+    d / ps_tx / check_finite: the PS shards' clock bound and apply rule; whether a pushed update is checked
+      for NaN or Inf before it is applied (``on_nonfinite="skip"``).
+  """
+
+  model: LayeredModel
+  streams: MinibatchStreams
+  init_params: tuple[Any, ...]
+  layout: Layout
+  cluster: Cluster
+  shard_nodes: Sequence[int]
+  tx: optax.GradientTransformation
+  weight_mode: str
+  d: int
+  ps_tx: optax.GradientTransformation | None
+  check_finite: bool
+
+
+def nodes_of(cluster: Cluster) -> list[int]:
+  """The cluster's nodes in process order."""
+  return sorted({g.node for g in cluster.gpus})
+
+
+def check_node(node: Node | None, cluster: Cluster) -> Node:
+  """This process's node of the job, checked against the cluster.
+
+  Raises:
+    ConfigError: outside a job, or for a job with another number of processes than nodes.
+  """
+  nodes = nodes_of(cluster)
+  if node is None:
+    raise ConfigError("executor=multiprocess runs one process per node: start it with `python -m "
+                      "experiments.train --executor=multiprocess` (it launches them), or join the job first")
+  if node.num_processes != len(nodes):
+    raise ConfigError(f"num_processes={node.num_processes} but cluster {cluster.name!r} has {len(nodes)} nodes; "
+                      "run one process per node")
+  return node
+
+
+class NodeJob:
+  """This process's threads of ``job`` (see the module docstring)."""
+
+  def __init__(self, node: Node, job: Job):
+    self.node, self.job = node, job
+    self.nodes = nodes_of(job.cluster)
+    self.owners = process_of(job.layout, self.nodes)
+    self.shard_owners = [self.nodes.index(n) for n in job.shard_nodes]
+    self.mailbox = Mailbox()
+    self.threads: list[Any] = []
+    self.channels: dict[int, Channel] = {}
+    self.numerics: list[RemoteNumerics] = []
+
+  def _stage_worker(self, i: int, j: int, x0, y0) -> StageWorker:
+    """Stage j of virtual worker i on its GPU's local device, compiled on inputs like the run's."""
+    job = self.job
+    vw = job.layout.vws[i]
+    units, gpu = vw.stage_units(j), vw.gpus[j]
+    device = jax.local_devices()[[g.index for g in job.cluster.node_gpus(gpu.node)].index(gpu.index)]
+    stage = Stage(job.model, units.start, units.stop, job.init_params[units.start:units.stop], device, job.tx,
+                  vw.nm, job.weight_mode)
+    x = job.model.apply(job.init_params[:units.start], jnp.asarray(x0), 0, units.start)  # the stage's input
+    stage.warm_up(x, jax.device_put(y0, device) if stage.is_last else None)
+    return StageWorker(self.node, i, j, stage, vw.nm, self.owners, self.shard_owners, job.streams, self.mailbox)
+
+  def start(self) -> None:
+    """Builds and starts this process's stage and shard threads; returns once every process has."""
+    job, me = self.job, self.node.process
+    mine = [u for u, p in enumerate(self.shard_owners) if p == me]
+    if mine:  # this process holds these units' PS shards, in host memory
+      self.threads.append(ShardWorker(self.node, mine, [job.init_params[u] for u in mine], job.layout.num_vws,
+                                      job.d, job.ps_tx, self.owners, job.layout.cuts, self.mailbox).thread)
+    x0, y0 = job.streams(0, 1)
+    for (i, j), process in self.owners.items():
+      if process == me:
+        self.threads.append(self._stage_worker(i, j, x0, y0).thread)
+    self.node.connect_all()
+    for thread in self.threads:
+      thread.start()
+    self.node.barrier("hetpipe_jax/ready", 600)  # every stage compiled and connected before the clock starts
+
+  def wait(self) -> None:
+    """A process other than 0: runs its threads to the end of the job."""
+    for thread in self.threads:
+      thread.join()
+    self.node.close()
+
+  def on_gone(self, p: int) -> str | None:
+    """Why the job cannot go on without process ``p`` (it held PS shards), or None (its virtual workers
+    leave)."""
+    units = [u for u, owner in enumerate(self.shard_owners) if owner == p]
+    return None if not units else (
+        f"process {p} (node {self.nodes[p]}) is gone, and with it the PS shards of units {units}: the global "
+        "weights are lost; resume from the newest checkpoint (--checkpoint_dir with --resume), or keep the "
+        "shards off nodes that may fail (--placement)")
+
+  def controller(self) -> tuple[ShardedServer, list[RemoteNumerics]]:
+    """Process 0: the engine's server (the WSP clocks; the weights stay with the shards' owners) and one
+    numerics adapter per virtual worker (commands to the stages' processes)."""
+    job, node = self.job, self.node
+    node.watch(self.on_gone)
+    self.channels = {p: Channel(node, f"ps{p}", p, f"the PS shards of process {p}")
+                     for p in sorted(set(self.shard_owners))}
+    server = ShardedServer(node, job.layout.num_vws, job.d, self.shard_owners, self.channels, self.mailbox,
+                           [jax.tree.structure(p) for p in job.init_params])
+    self.numerics = [RemoteNumerics(node, i, vw.cuts, vw.nm, self.owners, self.shard_owners, self.channels,
+                                    self.mailbox, check_finite=job.check_finite)
+                     for i, vw in enumerate(job.layout.vws)]
+    return server, self.numerics
+
+  def stop(self) -> None:
+    """Process 0, at the end: every command posted so far is executed first, then every thread ends."""
+    for n in self.numerics:
+      n.stop()
+    for channel in self.channels.values():
+      channel.post(op="stop")
+    for thread in self.threads:
+      thread.join(timeout=TIMEOUT_S)  # a thread still waiting for a lost process is left behind
+    self.node.close()
