@@ -26,7 +26,7 @@ flags.DEFINE_string("model", "vgg19", "vgg19, resnet152 (224x224x3 inputs), gpt2
                     "(--seq_len tokens), or mlp, cnn, vgg, resnet (28x28x1), gpt (16 tokens of 32).")
 flags.DEFINE_string("cluster", "paper_testbed", "Cluster preset or a .toml file.")
 flags.DEFINE_string("policy", "ED", "NP, ED, HD, or a grouping of GPU indices: '0,1;2,3'.")
-flags.DEFINE_string("placement", "default", "PS shard placement: default or local.")
+flags.DEFINE_string("placement", "default", "PS shard placement: default, local or striped.")
 flags.DEFINE_integer("batch_size", 32, "Minibatch size (a GPT's: sequences per minibatch).")
 flags.DEFINE_integer("seq_len", None, "GPT models: tokens per sequence (default: the model's context).")
 flags.DEFINE_string("nm", "max_fit", "Nm: max_fit (largest that fits, <= nm_max), best (modelled "

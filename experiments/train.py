@@ -34,7 +34,7 @@ flags.DEFINE_string("cluster", "hetero4", "Cluster preset (hetero4, hetero4x4, u
                     "paper_half, paper_mini, v100_t4) or a .toml file.")
 flags.DEFINE_string("policy", None, "Allocation policy NP, ED or HD (or a grouping '0,1;2,3'): the planner "
                     "then decides virtual workers, device order, cuts and Nm (--nm=max_fit|best|N).")
-flags.DEFINE_string("placement", "default", "PS shard placement of a planned run: default or local.")
+flags.DEFINE_string("placement", "default", "PS shard placement: default, local or striped (sim only).")
 flags.DEFINE_integer("num_vws", 3, "Number of virtual workers N.")
 flags.DEFINE_list("stages", ["2"], "Devices (stages) per virtual worker: one value, or one per VW.")
 flags.DEFINE_list("nm", ["2"], "Minibatches per wave, and most in flight, per virtual worker (Nm >= 1): one, or "
@@ -67,7 +67,7 @@ flags.DEFINE_multi_string("fail", [], "Fault injection, VW@WAVE (repeatable): th
 flags.DEFINE_bool("rejoin", False, "A failed virtual worker is replaced at once: it pulls the global weights "
                   "and enters at the current global clock.")
 flags.DEFINE_string("checkpoint_dir", None, "Save checkpoints here (orbax), every --checkpoint_every global "
-                    "clock ticks; with --resume, continue the newest complete one (virtual executor).")
+                    "clock ticks; with --resume, continue the newest complete one (the executors with numerics).")
 flags.DEFINE_integer("checkpoint_every", 10, "Global clock ticks between checkpoints.")
 flags.DEFINE_integer("keep_checkpoints", 3, "How many of the newest checkpoints to keep.")
 flags.DEFINE_bool("resume", False, "Continue the newest complete checkpoint in --checkpoint_dir, appending to "

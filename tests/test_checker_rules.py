@@ -481,3 +481,9 @@ def test_end_wave_never_pushed():
   t = pipeline_trace()
   del t[find(t, ev="push", vw=1, wave=2)]
   expect(t, {"end": [(len(t), "VW 1 completed 3 waves but pushed 2")]})
+
+
+def test_format_event_without_a_time():
+  t = pipeline_trace()
+  t.append({"ev": "wait", "vw": 1})
+  expect(t, {"format": [(len(t), "wait event has no time (t, or t0 and t1)")]})

@@ -84,6 +84,8 @@ class _Checker:
       if not 0 <= ev["vw"] < self.n:
         return self.fail("format", f"virtual worker {ev['vw']} out of range 0..{self.n - 1}")
       times = [ev[f] for f in ("t", "t0", "t1") if f in ev]
+      if not times:
+        return self.fail("format", f"{ev['ev']} event has no time (t, or t0 and t1)")
       if any(x < y - EPS for x, y in zip(times[1:], times)):
         self.fail("time", f"{ev['ev']} ends before it starts: {times}")
       if max(times) < self.t - EPS:

@@ -9,10 +9,10 @@
   ``cost(task) * time_scale`` has passed (so the emulated speeds, not CPU noise, shape the schedule), and
   finishes it. Time is seconds since the start.
 
-The other two entries of :data:`EXECUTORS` live in their own modules: ``sim`` (:mod:`hetpipe_jax.sim`, no
-numerics: its own event loop over simulated links) and ``multiprocess``
-(:mod:`hetpipe_jax.runtime.multiprocess`: :func:`run_wall` in process 0, whose ``wait`` waits for each
-task's process to report).
+The executors by name are a registry of the run layer (:mod:`hetpipe_jax.run.executors`): ``virtual`` and
+``wall`` run these loops, ``multiprocess`` runs :func:`run_wall` in process 0, whose ``wait`` waits for each
+task's process to report (:mod:`hetpipe_jax.runtime.multiprocess`), and ``sim`` has its own event loop
+over simulated links (:mod:`hetpipe_jax.sim`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from hetpipe_jax.core.schedule import Task
 from hetpipe_jax.errors import ProtocolError, TaskFailed
 
 CostFn = Callable[[Task], float]
-EXECUTORS = ("virtual", "wall", "sim", "multiprocess")  # sim: hetpipe_jax.sim; multiprocess: .multiprocess
 
 
 @dataclasses.dataclass
