@@ -26,7 +26,7 @@ study measures it.
 The time to --target_accuracy is when a run's test accuracy first reaches the target and stays there at
 the next evaluation too (reached clearly, not a noisy peak). From the HetPipe runs that reach it, the
 study fits the tuner's staleness-aware estimate (images to target = images0 x (1 + beta x mean staleness):
-:class:`hetpipe_jax.tune.StalenessModel`) and validates it leaving one run out at a time.
+:class:`hetpipe_jax.staleness.StalenessModel`) and validates it leaving one run out at a time.
 
 Writes convergence.json (every run with its ``seed``; the fitted ``staleness_model`` and its validation),
 a CSV and PNG plots (test accuracy against emulated time and against epochs, mean over seeds with the
@@ -41,12 +41,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import replace
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from absl import flags
 
 from experiments import common
+
+if TYPE_CHECKING:
+  from hetpipe_jax import Cluster, Dataset, LayeredModel, RunConfig, RunResult
+  from hetpipe_jax.cost.profile import UnitProfile
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model", "cnn", "Model trained: mlp, cnn, vgg, resnet.")
@@ -110,9 +114,76 @@ def hetpipe_curve(metrics: list[dict], nms: list[int], scale: float = 1.0) -> li
   return curve
 
 
+class RunSpec(NamedTuple):
+  """A HetPipe configuration of the study: its name, its :class:`~hetpipe_jax.RunConfig` fields (flat names),
+  and the ``sim`` executor's transfer models for its time scale (which only that executor has)."""
+
+  name: str
+  fields: dict[str, Any]
+  transfers: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Study:
+  """What every run of the study shares, built once from the flags (:func:`make_study`)."""
+
+  cluster: Cluster
+  model: LayeredModel
+  dataset: Dataset
+  clock_profiles: list[UnitProfile]  # the time axis's cost model (--time_model, or the trained model's)
+  time_axis: str
+  base: RunConfig  # every run's config before its own fields
+  policy: str | list[list[int]]
+  nm: int | str
+  slots: float  # the optimizer's slots, for memory
+  sim_model: LayeredModel  # what the sim executor runs for a time scale
+  sim_data: Any
+  ds: list[int]
+  total: int  # minibatches every run sees
+
+  @property
+  def epoch(self) -> float:
+    """Minibatches per epoch."""
+    return len(self.dataset.x_train) / FLAGS.batch_size
+
+
+@dataclasses.dataclass
+class Memo:
+  """What runs reuse from earlier ones, passed to every step that reads or adds to it.
+
+  Attributes:
+    scales: configuration name -> its time scale to the sim executor (computed at its first run).
+    reused: (seed, a run's fields but D) -> its runs whose gate never closed (at a larger D the run is the
+      same, event for event).
+  """
+
+  scales: dict[str, float] = dataclasses.field(default_factory=dict)
+  reused: dict[tuple[int, str], list[RunResult]] = dataclasses.field(default_factory=dict)
+
+
+class Tuned(NamedTuple):
+  """The tuned configuration: what it runs, the convergence.json ``tuned`` object, the pilot runs."""
+
+  spec: RunSpec
+  doc: dict[str, Any]
+  pilots: list[dict[str, Any]]
+
+
 def main(argv):
   del argv
-  from hetpipe_jax import ConfigError, get_cluster
+  seeds, ds = check_flags()
+  study = make_study(ds)
+  runs, tuned = run_study(study, seeds, Memo())
+  runs = [with_target(run) for run in runs]
+  doc = study_doc(study, seeds, runs, tuned)
+  paths = write_outputs(study, doc)
+  report(doc, tuned)
+  common.print_outputs(paths.items(), width=5)
+
+
+def check_flags() -> tuple[list[int], list[int]]:
+  """(seeds, ds) of the flags, refusing bad ones before anything runs."""
+  from hetpipe_jax import ConfigError
   seeds = [common.check_seed(s, "seeds") for s in common.parse_ints("seeds", FLAGS.seeds)]
   if not seeds:
     raise ConfigError("--seeds is empty; give one or more seeds, e.g. --seeds=0,1,2")
@@ -124,255 +195,350 @@ def main(argv):
     if common.check_seed(FLAGS.pilot_seed, "pilot_seed") in seeds:
       raise ConfigError(f"--pilot_seed={FLAGS.pilot_seed} is one of --seeds; use a seed outside them, so that "
                         "the measured choice is not fitted to the runs that judge it")
+  return seeds, ds
+
+
+def make_study(ds: list[int]) -> Study:
+  """The cluster, the trained model and data, the time axis and every run's base config, from the flags."""
+  from hetpipe_jax import ConfigError, get_cluster
   cluster = get_cluster(FLAGS.cluster)
   common.ensure_devices(cluster.num_gpus)
   import jax
   import jax.numpy as jnp
 
-  from hetpipe_jax import RunConfig, get_model, load_dataset, run_hetpipe, staleness_stats
-  from hetpipe_jax.baselines.data_parallel import train_data_parallel
-  from hetpipe_jax.baselines.horovod import horovod_iteration_seconds
+  from hetpipe_jax import RunConfig, get_model, load_dataset
   from hetpipe_jax.cost.profile import full_size_profiles, profile_units
   from hetpipe_jax.models import FULL_SIZE, full_size_model
-  from hetpipe_jax.optim import make_optimizer, optimizer_slots
-  from hetpipe_jax.plan.allocation import horovod_gpus, parse_policy, plan_cluster
-  from hetpipe_jax.tune import candidate_json, fit_staleness_model, mean_staleness, tune
+  from hetpipe_jax.optim import optimizer_slots
+  from hetpipe_jax.plan.allocation import parse_policy
 
   time_model = None if FLAGS.time_model.lower() in ("", "none") else FLAGS.time_model
   if time_model is not None and time_model not in FULL_SIZE:
     raise ConfigError(f"--time_model={FLAGS.time_model}; use one of {', '.join(FULL_SIZE)} or none")
   dataset = load_dataset(FLAGS.dataset)
   model = get_model(FLAGS.model, dataset.num_classes)
-  total = int(FLAGS.epochs * len(dataset.x_train) / FLAGS.batch_size)  # minibatches every run sees
   clock_profiles = (full_size_profiles(time_model, FLAGS.batch_size) if time_model else
                     profile_units(model, jax.ShapeDtypeStruct((FLAGS.batch_size,) + dataset.x_train.shape[1:],
                                                               jnp.float32)))
   time_axis = (f"cost model of {time_model} (batch {FLAGS.batch_size}) on {cluster.name}"
                if time_model else f"cost model of {model.name} on {cluster.name}")
-  nm = common.parse_nm(FLAGS.nm)
-  policy = parse_policy(FLAGS.policy)
-  slots = optimizer_slots(OPTIMIZER)
   base = RunConfig.of(cluster=cluster, batch_size=FLAGS.batch_size, optimizer=OPTIMIZER,
-                   learning_rate=FLAGS.learning_rate, eval_every=FLAGS.eval_every, time_model=time_model,
-                   executor="virtual")
-  configs = []  # (name, RunConfig fields, the sim executor's transfer models)
-  for d in ds:
-    configs.append((f"HetPipe {FLAGS.policy} D={d}", {"policy": policy, "nm": nm, "d": d}, {}))
+                      learning_rate=FLAGS.learning_rate, eval_every=FLAGS.eval_every, time_model=time_model,
+                      executor="virtual")
   sim_model, sim_data = ((full_size_model(time_model), FULL_SIZE[time_model]) if time_model else (model, dataset))
+  return Study(cluster, model, dataset, clock_profiles, time_axis, base, parse_policy(FLAGS.policy),
+               common.parse_nm(FLAGS.nm), optimizer_slots(OPTIMIZER), sim_model, sim_data, ds,
+               total=int(FLAGS.epochs * len(dataset.x_train) / FLAGS.batch_size))
 
-  def sim_scale(fields: dict, transfers: dict, waves: int, virtual_ips: float) -> float:
-    """Emulated seconds on the sim executor (with ``transfers``: its transfer models) per second of the
-    virtual executor's clock."""
-    sim = run_hetpipe(sim_model, sim_data, replace(base, **fields, **transfers, time_model=None, executor="sim",
-                                                   waves=min(waves, 50)))
-    common.require_wsp(sim.events, "simulated run")
-    return virtual_ips / sim.images_per_second
 
-  def run_fields(c) -> dict:
-    """A tuner candidate's settings as a run takes them (those of :func:`candidate_json`)."""
-    settings = candidate_json(c)
-    return {k: settings[k] for k in ("policy", "cuts", "nm", "window", "d", "placement")}
-
-  def sim_transfers(c) -> dict:
-    """A tuner candidate's transfer models, which only the sim executor has."""
-    settings = candidate_json(c)
-    return {k: settings[k] for k in ("overlap_transfers", "staged_ps")}
-
-  def tuned_config() -> tuple[str, dict, dict]:
-    """The tuner's best on the time model (--tuned_objective): by predicted time to accuracy with the
-    staleness model fitted to the runs so far (the first seed's; images/s when they give no fit), by
-    images/s, or measured: the pilot runs' fastest to the target."""
-    fit = None
-    if FLAGS.tuned_objective != "throughput":
-      points = [(r["mean_staleness"], r["images_to_target"]) for r in runs if r.get("images_to_target")]
-      try:
-        fit = fit_staleness_model(points, FLAGS.target_accuracy)
-      except ConfigError as e:
-        common.progress("ranking by images/s: %s", e)
-    out = tune(cluster, clock_profiles, FLAGS.batch_size, ds=ds, optimizer_slots=slots, staleness_model=fit,
-               front=0 if FLAGS.tuned_objective == "throughput" else 6,
-               max_stages=model.num_units,  # the trained model is cut over the same GPUs
-               progress=lambda line: common.progress("tuner: %s", line))
-    best = out["best"]
-    objective = "time_to_accuracy" if fit else "throughput"
-    if FLAGS.tuned_objective == "measured":
-      best = measured_best(out["results"], fit)
-      objective = "measured"
-    tuned.update(objective=objective, label=best.candidate.label,
-                 images_per_sec=best.images_per_sec, mean_staleness=best.staleness,
-                 fit=None if fit is None else dataclasses.asdict(fit),
-                 predicted_time_to_target_s=None if fit is None else fit.seconds(best.images_per_sec,
-                                                                                 best.staleness))
-    common.progress("tuned (%s): %s", tuned["objective"], best.candidate.label)
-    c = best.candidate
-    return f"HetPipe tuned ({c.grouping}, D={c.d})", run_fields(c), sim_transfers(c)
-
-  def measured_best(results: list, fit):
-    """Trains :func:`pilot_choices` of the tuner's results on --pilot_seed and returns the one that reached
-    the target first (on the emulated clock)."""
-    chosen, front = pilot_choices(results, fit, FLAGS.pilots)
-    common.progress("measured choice: %d pilot runs on seed %d, of %d configurations on the front", len(chosen),
-                    FLAGS.pilot_seed, len(front))
-    timed = []
-    for i, r in enumerate(chosen):
-      run = train(f"pilot {i + 1}: {r.candidate.label}", run_fields(r.candidate), sim_transfers(r.candidate),
-                  FLAGS.pilot_seed)
-      pilots.append({"label": r.candidate.label, "images_per_sec": r.images_per_sec,
-                     "mean_staleness_sim": r.staleness, "mean_staleness": run["mean_staleness"],
-                     "predicted_time_to_target_s": None if fit is None else fit.seconds(r.images_per_sec,
-                                                                                        r.staleness),
-                     "time_to_target_s": run["time_to_target_s"], "images_to_target": run["images_to_target"],
-                     "final_test_accuracy": run["curve"][-1][2], "seed": FLAGS.pilot_seed})
-      common.progress("pilot %d/%d: %s: time to target %s", i + 1, len(chosen), r.candidate.label,
-                      "not reached" if run["time_to_target_s"] is None else f"{run['time_to_target_s']:.4g} s")
-      if run["time_to_target_s"] is not None:
-        timed.append((run["time_to_target_s"], -r.images_per_sec, i, r))
-    if not timed:
-      raise ConfigError(f"none of the {len(chosen)} pilot runs reached {FLAGS.target_accuracy:.0%} within "
-                        f"{FLAGS.epochs} epochs; lower --target_accuracy, raise --epochs or --pilots")
-    return min(timed)[3]
-
-  scales, reused, tuned, pilots = {}, {}, {}, []
-
-  def train(name: str, fields: dict, transfers: dict, seed: int) -> dict:
-    """One HetPipe run on the virtual executor, its trace checked: the entry of ``runs`` it makes
-    (``transfers``: the sim executor's transfer models for its time scale)."""
-    layout_nms = [p.nm for p in plan_cluster(cluster, clock_profiles, policy, "default", nm, None,
-                                             optimizer_slots=slots).vws] if "cuts" not in fields else fields["nm"]
-    waves = max(1, math.ceil(total / sum(layout_nms)))
-    common.progress("seed %d, %s: %d virtual workers, Nm=%s, %d waves", seed, name, len(layout_nms), layout_nms,
-                    waves)
-    family = (seed, repr({k: v for k, v in fields.items() if k != "d"}))  # the same run but for D
-    same = next((r for r in reused.get(family, []) if r.events[0]["d"] < fields["d"]), None)
-    if same is not None:  # its gate never closed: at a larger D the run is the same, event for event
-      common.progress("seed %d, %s: the same run as at D=%d (its gate never closed)", seed, name,
-                      same.events[0]["d"])
-      result = replace(same, events=[{**same.events[0], "d": fields["d"]}] + same.events[1:])
-    else:
-      result = run_hetpipe(model, dataset, replace(base, seed=seed, waves=waves, **fields))
-    common.require_wsp(result.events, f"{name}, seed {seed}")
-    if not any(e["ev"] == "wait" for e in result.events):
-      reused.setdefault(family, []).append(result)
-    if name not in scales:
-      scales[name] = sim_scale(fields, transfers, waves, result.images_per_second)
-    nms = result.events[0]["nm"]
-    run = {"name": name, "system": "hetpipe", "seed": seed, "d": fields["d"], "nm": nms,
-           "gpus": sum(result.events[0]["stages"]), "time_scale": scales[name],
-           "curve": hetpipe_curve(result.metrics, nms, scales[name]),
-           "staleness": staleness_stats(result.events), "mean_staleness": mean_staleness(result.events)}
-    run["time_to_target_s"] = time_to(run["curve"], FLAGS.target_accuracy)
-    run["images_to_target"] = images_to(run["curve"], FLAGS.target_accuracy, FLAGS.batch_size)
-    return run
-
+def run_study(study: Study, seeds: list[int], memo: Memo) -> tuple[list[dict], Tuned | None]:
+  """Every run, seed by seed: HetPipe at every D, the tuned configuration (chosen once the first seed's
+  runs are in), Horovod and (--ssp) SSP. The runs, and the tuned configuration (None: --notuned)."""
+  specs = [RunSpec(f"HetPipe {FLAGS.policy} D={d}", {"policy": study.policy, "nm": study.nm, "d": d}, {})
+           for d in study.ds]
   runs: list[dict] = []
-  tuned_run: tuple[str, dict, dict] | None = None  # chosen once the first seed's runs are in
+  tuned: Tuned | None = None
   for seed in seeds:
-    for name, fields, transfers in configs:
-      runs.append(train(name, fields, transfers, seed))
+    for spec in specs:
+      runs.append(train(study, memo, spec, seed))
     if FLAGS.tuned:
-      if tuned_run is None:
-        tuned_run = tuned_config()
-      runs.append(train(*tuned_run, seed))
-
-    gpus = [g for g in horovod_gpus(cluster, clock_profiles, slots) if g.type.name != FLAGS.whimpy]
-    if not gpus:
-      raise ConfigError("no GPU of the cluster holds the whole model for the data-parallel baselines; use a "
-                        "smaller --time_model or a cluster with larger GPUs")
-    step_s = horovod_iteration_seconds(cluster, clock_profiles, gpus, overlap=True)
-    lr = FLAGS.learning_rate * (len(gpus) if FLAGS.horovod_lr_scale == "linear" else 1)
-    common.progress("seed %d, Horovod on %d GPUs: %d steps", seed, len(gpus), total // len(gpus))
-    rows = train_data_parallel(model, dataset, make_optimizer(OPTIMIZER, lr), len(gpus), total // len(gpus),
-                               FLAGS.batch_size, step_s, seed, FLAGS.eval_every)
-    runs.append({"name": f"Horovod ({len(gpus)} GPUs)", "system": "horovod", "seed": seed, "d": 0, "nm": [1],
-                 "lr": lr, "gpus": len(gpus), "curve": [[r["time"], r["step"] * len(gpus), r["test_accuracy"],
-                                                         r["train_loss"]] for r in rows if "test_accuracy" in r]})
+      if tuned is None:
+        tuned = tune_config(study, memo, runs)
+      runs.append(train(study, memo, tuned.spec, seed))
+    gpus = baseline_gpus(study)
+    runs.append(horovod_run(study, gpus, seed))
     if FLAGS.ssp:
-      fields = {"policy": [[g.index] for g in gpus], "nm": 1, "d": FLAGS.ssp_d}
-      name = f"SSP PS ({len(gpus)} GPUs) D={FLAGS.ssp_d}"
-      ssp = run_hetpipe(model, dataset, replace(base, seed=seed, waves=max(1, total // len(gpus)), **fields))
-      common.require_wsp(ssp.events, f"{name}, seed {seed}")
-      if name not in scales:
-        scales[name] = sim_scale(fields, {}, total // len(gpus), ssp.images_per_second)
-      runs.append({"name": name, "system": "ssp", "seed": seed, "d": FLAGS.ssp_d, "nm": [1], "gpus": len(gpus),
-                   "time_scale": scales[name], "curve": hetpipe_curve(ssp.metrics, [1] * len(gpus), scales[name]),
-                   "staleness": staleness_stats(ssp.events), "mean_staleness": mean_staleness(ssp.events)})
+      runs.append(ssp_run(study, memo, gpus, seed))
+  return runs, tuned
 
-  epoch = len(dataset.x_train) / FLAGS.batch_size
-  for run in runs:
-    run["time_to_target_s"] = time_to(run["curve"], FLAGS.target_accuracy)
-    run["images_to_target"] = images_to(run["curve"], FLAGS.target_accuracy, FLAGS.batch_size)
-    run["final_test_accuracy"] = run["curve"][-1][2]
-  staleness_doc = validate_staleness_model(runs, fit_staleness_model)
+
+def sim_scale(study: Study, spec: RunSpec, waves: int, virtual_ips: float) -> float:
+  """Emulated seconds on the sim executor (with ``spec``'s transfer models) per second of the virtual
+  executor's clock."""
+  from hetpipe_jax import run_hetpipe
+  sim = run_hetpipe(study.sim_model, study.sim_data, study.base.replace(
+      **spec.fields, **spec.transfers, time_model=None, executor="sim", waves=min(waves, 50)))
+  common.require_wsp(sim.events, "simulated run")
+  return virtual_ips / sim.images_per_second
+
+
+def candidate_spec(name: str, candidate) -> RunSpec:
+  """A tuner candidate as the study runs it: its settings as a run takes them (those of
+  :func:`~hetpipe_jax.tune.candidate_json`), its transfer models for the sim executor's time scale."""
+  from hetpipe_jax.tune import candidate_json
+  settings = candidate_json(candidate)
+  return RunSpec(name, {k: settings[k] for k in ("policy", "cuts", "nm", "window", "d", "placement")},
+                 {k: settings[k] for k in ("overlap_transfers", "staged_ps")})
+
+
+def train(study: Study, memo: Memo, spec: RunSpec, seed: int) -> dict:
+  """One HetPipe run of ``spec`` on the virtual executor, its trace checked: the entry of the runs it makes."""
+  from hetpipe_jax import staleness_stats
+  from hetpipe_jax.plan.allocation import plan_cluster
+  from hetpipe_jax.staleness import mean_staleness
+  name, fields = spec.name, spec.fields
+  if "cuts" in fields:
+    layout_nms = fields["nm"]
+  else:
+    layout_nms = [p.nm for p in plan_cluster(study.cluster, study.clock_profiles, study.policy, "default", study.nm,
+                                             None, optimizer_slots=study.slots).vws]
+  waves = max(1, math.ceil(study.total / sum(layout_nms)))
+  common.progress("seed %d, %s: %d virtual workers, Nm=%s, %d waves", seed, name, len(layout_nms), layout_nms,
+                  waves)
+  result = hetpipe_result(study, memo, spec, seed, waves)
+  if name not in memo.scales:
+    memo.scales[name] = sim_scale(study, spec, waves, result.images_per_second)
+  nms = result.events[0]["nm"]
+  run = {"name": name, "system": "hetpipe", "seed": seed, "d": fields["d"], "nm": nms,
+         "gpus": sum(result.events[0]["stages"]), "time_scale": memo.scales[name],
+         "curve": hetpipe_curve(result.metrics, nms, memo.scales[name]),
+         "staleness": staleness_stats(result.events), "mean_staleness": mean_staleness(result.events)}
+  run["time_to_target_s"] = time_to(run["curve"], FLAGS.target_accuracy)
+  run["images_to_target"] = images_to(run["curve"], FLAGS.target_accuracy, FLAGS.batch_size)
+  return run
+
+
+def hetpipe_result(study: Study, memo: Memo, spec: RunSpec, seed: int, waves: int) -> RunResult:
+  """The run of ``spec`` (``waves`` waves, ``seed``), or the same run at a smaller D whose gate never
+  closed (at a larger D it is the same, event for event); its trace checked."""
+  from hetpipe_jax import run_hetpipe
+  name, fields = spec.name, spec.fields
+  family = (seed, repr({k: v for k, v in fields.items() if k != "d"}))  # the same run but for D
+  same = next((r for r in memo.reused.get(family, []) if r.events[0]["d"] < fields["d"]), None)
+  if same is not None:
+    common.progress("seed %d, %s: the same run as at D=%d (its gate never closed)", seed, name,
+                    same.events[0]["d"])
+    result = dataclasses.replace(same, events=[{**same.events[0], "d": fields["d"]}] + same.events[1:])
+  else:
+    result = run_hetpipe(study.model, study.dataset, study.base.replace(seed=seed, waves=waves, **fields))
+  common.require_wsp(result.events, f"{name}, seed {seed}")
+  if not any(e["ev"] == "wait" for e in result.events):
+    memo.reused.setdefault(family, []).append(result)
+  return result
+
+
+def tune_config(study: Study, memo: Memo, runs: list[dict]) -> Tuned:
+  """The tuner's best on the time model (--tuned_objective): by predicted time to accuracy with the
+  staleness model fitted to ``runs`` (the first seed's; images/s when they give no fit), by images/s, or
+  measured: the pilot runs' fastest to the target."""
+  from hetpipe_jax import ConfigError
+  from hetpipe_jax.staleness import fit_staleness_model
+  from hetpipe_jax.tune import RunSetting, SearchSpace, TuneOptions, tune
+  fit = None
+  if FLAGS.tuned_objective != "throughput":
+    points = [(r["mean_staleness"], r["images_to_target"]) for r in runs if r.get("images_to_target")]
+    try:
+      fit = fit_staleness_model(points, FLAGS.target_accuracy)
+    except ConfigError as e:
+      common.progress("ranking by images/s: %s", e)
+  space = SearchSpace(ds=tuple(study.ds), max_stages=study.model.num_units)  # the trained model is cut over them
+  options = TuneOptions(staleness_model=fit, front=0 if FLAGS.tuned_objective == "throughput" else 6,
+                        setting=RunSetting(optimizer_slots=study.slots),
+                        progress=lambda line: common.progress("tuner: %s", line))
+  out = tune(study.cluster, study.clock_profiles, FLAGS.batch_size, space, options)
+  best, pilots = out.best, []
+  objective = "time_to_accuracy" if fit else "throughput"
+  if FLAGS.tuned_objective == "measured":
+    best, pilots = measured_best(study, memo, out.results, fit)
+    objective = "measured"
+  doc = {"objective": objective, "label": best.candidate.label, "images_per_sec": best.images_per_sec,
+         "mean_staleness": best.staleness, "fit": None if fit is None else dataclasses.asdict(fit),
+         "predicted_time_to_target_s": None if fit is None else fit.seconds(best.images_per_sec, best.staleness)}
+  common.progress("tuned (%s): %s", doc["objective"], best.candidate.label)
+  c = best.candidate
+  return Tuned(candidate_spec(f"HetPipe tuned ({c.grouping}, D={c.d})", c), doc, pilots)
+
+
+def measured_best(study: Study, memo: Memo, results: Sequence, fit) -> tuple[Any, list[dict]]:
+  """Trains :func:`pilot_choices` of the tuner's results on --pilot_seed: the one that reached the target
+  first (on the emulated clock), and the pilot runs' entries."""
+  from hetpipe_jax import ConfigError
+  chosen, front = pilot_choices(results, fit, FLAGS.pilots)
+  common.progress("measured choice: %d pilot runs on seed %d, of %d configurations on the front", len(chosen),
+                  FLAGS.pilot_seed, len(front))
+  timed, pilots = [], []
+  for i, r in enumerate(chosen):
+    run = train(study, memo, candidate_spec(f"pilot {i + 1}: {r.candidate.label}", r.candidate), FLAGS.pilot_seed)
+    pilots.append({"label": r.candidate.label, "images_per_sec": r.images_per_sec,
+                   "mean_staleness_sim": r.staleness, "mean_staleness": run["mean_staleness"],
+                   "predicted_time_to_target_s": None if fit is None else fit.seconds(r.images_per_sec,
+                                                                                      r.staleness),
+                   "time_to_target_s": run["time_to_target_s"], "images_to_target": run["images_to_target"],
+                   "final_test_accuracy": run["curve"][-1][2], "seed": FLAGS.pilot_seed})
+    common.progress("pilot %d/%d: %s: time to target %s", i + 1, len(chosen), r.candidate.label,
+                    "not reached" if run["time_to_target_s"] is None else f"{run['time_to_target_s']:.4g} s")
+    if run["time_to_target_s"] is not None:
+      timed.append((run["time_to_target_s"], -r.images_per_sec, i, r))
+  if not timed:
+    raise ConfigError(f"none of the {len(chosen)} pilot runs reached {FLAGS.target_accuracy:.0%} within "
+                      f"{FLAGS.epochs} epochs; lower --target_accuracy, raise --epochs or --pilots")
+  return min(timed)[3], pilots
+
+
+def baseline_gpus(study: Study) -> list:
+  """The GPUs the baselines train on: those that hold the whole model, but --whimpy ones."""
+  from hetpipe_jax import ConfigError
+  from hetpipe_jax.plan.allocation import horovod_gpus
+  gpus = [g for g in horovod_gpus(study.cluster, study.clock_profiles, study.slots) if g.type.name != FLAGS.whimpy]
+  if not gpus:
+    raise ConfigError("no GPU of the cluster holds the whole model for the data-parallel baselines; use a "
+                      "smaller --time_model or a cluster with larger GPUs")
+  return gpus
+
+
+def horovod_run(study: Study, gpus: list, seed: int) -> dict:
+  """Horovod-style data parallelism on ``gpus``: the entry of the runs it makes."""
+  from hetpipe_jax.baselines.data_parallel import train_data_parallel
+  from hetpipe_jax.baselines.horovod import horovod_iteration_seconds
+  from hetpipe_jax.optim import make_optimizer
+  step_s = horovod_iteration_seconds(study.cluster, study.clock_profiles, gpus, overlap=True)
+  lr = FLAGS.learning_rate * (len(gpus) if FLAGS.horovod_lr_scale == "linear" else 1)
+  steps = study.total // len(gpus)
+  common.progress("seed %d, Horovod on %d GPUs: %d steps", seed, len(gpus), steps)
+  rows = train_data_parallel(study.model, study.dataset, make_optimizer(OPTIMIZER, lr), len(gpus), steps,
+                             FLAGS.batch_size, step_s, seed, FLAGS.eval_every)
+  return {"name": f"Horovod ({len(gpus)} GPUs)", "system": "horovod", "seed": seed, "d": 0, "nm": [1],
+          "lr": lr, "gpus": len(gpus), "curve": [[r["time"], r["step"] * len(gpus), r["test_accuracy"],
+                                                  r["train_loss"]] for r in rows if "test_accuracy" in r]}
+
+
+def ssp_run(study: Study, memo: Memo, gpus: list, seed: int) -> dict:
+  """An SSP parameter server without pipelining (a worker per GPU of ``gpus``, Nm = 1, D = --ssp_d): the
+  entry of the runs it makes."""
+  from hetpipe_jax import run_hetpipe, staleness_stats
+  from hetpipe_jax.staleness import mean_staleness
+  spec = RunSpec(f"SSP PS ({len(gpus)} GPUs) D={FLAGS.ssp_d}",
+                 {"policy": [[g.index] for g in gpus], "nm": 1, "d": FLAGS.ssp_d}, {})
+  name = spec.name
+  ssp = run_hetpipe(study.model, study.dataset, study.base.replace(seed=seed, waves=max(1, study.total // len(gpus)),
+                                                                   **spec.fields))
+  common.require_wsp(ssp.events, f"{name}, seed {seed}")
+  if name not in memo.scales:
+    memo.scales[name] = sim_scale(study, spec, study.total // len(gpus), ssp.images_per_second)
+  return {"name": name, "system": "ssp", "seed": seed, "d": FLAGS.ssp_d, "nm": [1], "gpus": len(gpus),
+          "time_scale": memo.scales[name], "curve": hetpipe_curve(ssp.metrics, [1] * len(gpus), memo.scales[name]),
+          "staleness": staleness_stats(ssp.events), "mean_staleness": mean_staleness(ssp.events)}
+
+
+def with_target(run: dict) -> dict:
+  """``run`` with its time and images to --target_accuracy and its final test accuracy."""
+  return {**run, "time_to_target_s": time_to(run["curve"], FLAGS.target_accuracy),
+          "images_to_target": images_to(run["curve"], FLAGS.target_accuracy, FLAGS.batch_size),
+          "final_test_accuracy": run["curve"][-1][2]}
+
+
+def study_doc(study: Study, seeds: list[int], runs: list[dict], tuned: Tuned | None) -> dict:
+  """convergence.json: the setting, every configuration's summary over seeds, the tuned configuration, the
+  fitted staleness model and its validation, every run."""
   names = list(dict.fromkeys(run["name"] for run in runs))
   summary = {name: summarise([r for r in runs if r["name"] == name]) for name in names}
-  doc = {"target_accuracy": FLAGS.target_accuracy, "time_axis": time_axis, "model": model.name,
-         "dataset": dataset.name, "cluster": cluster.name, "epochs": FLAGS.epochs, "whimpy": FLAGS.whimpy,
-         "seeds": seeds, "summary": summary, "tuned": {**tuned, **({"pilots": pilots} if pilots else {})},
-         **staleness_doc, "runs": runs}
+  tuned_doc = {} if tuned is None else {**tuned.doc, **({"pilots": tuned.pilots} if tuned.pilots else {})}
+  return {"target_accuracy": FLAGS.target_accuracy, "time_axis": study.time_axis, "model": study.model.name,
+          "dataset": study.dataset.name, "cluster": study.cluster.name, "epochs": FLAGS.epochs,
+          "whimpy": FLAGS.whimpy, "seeds": seeds, "summary": summary, "tuned": tuned_doc,
+          **validate_staleness_model(runs, FLAGS.target_accuracy), "runs": runs}
+
+
+def write_outputs(study: Study, doc: dict) -> dict[str, str]:
+  """convergence.json, the CSV of every run's curve and the plot: kind -> path."""
   paths = {name: common.output_path(FLAGS.out_dir, f"convergence.{ext}")
            for name, ext in (("json", "json"), ("csv", "csv"), ("plot", "png"))}
+  runs, epoch = doc["runs"], study.epoch
   common.write_json(paths["json"], doc)
   common.write_csv(paths["csv"], ["name", "system", "seed", "d", "time_s", "minibatches", "epochs", "test_accuracy",
                                   "train_loss"],
                    ([run["name"], run["system"], run["seed"], run["d"], t, mbs, mbs / epoch, acc, loss]
                     for run in runs for t, mbs, acc, loss in run["curve"]))
-  plot(runs, epoch, paths["plot"], f"{model.name} on {dataset.name}; time: {time_axis}; seeds {seeds}")
+  plot(runs, epoch, paths["plot"], f"{study.model.name} on {study.dataset.name}; time: {study.time_axis}; "
+       f"seeds {doc['seeds']}")
+  return paths
 
-  horovod = next(name for name in names if name.startswith("Horovod"))
+
+def report(doc: dict, tuned: Tuned | None) -> None:
+  """Prints every configuration's time to target and speedup over Horovod, the staleness, the fit, the
+  tuned configuration's prediction, the best HetPipe run and the time axis."""
+  summary = doc["summary"]
+  horovod = next(name for name in summary if name.startswith("Horovod"))
   th = summary[horovod]["mean_time_to_target_s"]
+  print_times(doc, th)
+  print_staleness(doc)
+  print_fit(doc)
+  print_tuned(doc, tuned)
+  print_best(doc, horovod, th)
+  if th is None:
+    print(f"the data-parallel baseline did not reach {FLAGS.target_accuracy:.0%} within {FLAGS.epochs} epochs for "
+          "every seed: no mean speedup to report")
+  print(f"time axis: {doc['time_axis']} (emulated seconds, not wall time)")
+
+
+def print_times(doc: dict, th: float | None) -> None:
+  """Every configuration's time to target (mean and range over seeds), final accuracy, speedup."""
   print(f"{'run':34} {'GPUs':>4} {'time to ' + format(FLAGS.target_accuracy, '.0%') + ' (mean, range)':>30} "
         f"{'final acc':>9} {'speedup vs Horovod':>20}")
-  for name in names:
-    s = summary[name]
+  for name, s in doc["summary"].items():
     t = s["mean_time_to_target_s"]
     when = (f"{t:.4g} ({s['min_time_to_target_s']:.4g}..{s['max_time_to_target_s']:.4g})" if t is not None
-            else f"not reached by {s['missed']} of {len(seeds)}")
+            else f"not reached by {s['missed']} of {len(doc['seeds'])}")
     speed = f"{th / t:.2f}x ({(t - th) / th:+.0%} time)" if t and th else "-"
     print(f"{name:34} {s['gpus']:>4} {when:>30} {s['mean_final_test_accuracy']:9.4f} {speed:>20}")
-  for name in names:
-    per_seed = [r for r in runs if r["name"] == name]
+
+
+def print_staleness(doc: dict) -> None:
+  """Every configuration's mean and largest staleness, and its time scale to the sim executor."""
+  for name in doc["summary"]:
+    per_seed = [r for r in doc["runs"] if r["name"] == name]
     if "staleness" in per_seed[0]:
       stats = per_seed[0]["staleness"]
       print(f"{name}: mean staleness {sum(r['mean_staleness'] for r in per_seed) / len(per_seed):.2f}, global max "
             f"{max(r['staleness']['max_global_staleness'] or 0 for r in per_seed)} (bound "
             f"{max(stats['global_bound'])}); time axis x{per_seed[0]['time_scale']:.3f} to the sim executor")
+
+
+def print_fit(doc: dict) -> None:
+  """The fitted staleness-aware estimate and its leave-one-out error (or why there is none)."""
   fit = doc.get("staleness_model")
-  if fit is not None:
-    check = doc["staleness_validation"]
-    error = ("no run to leave out" if check["mean_abs_error"] is None else
-             f"mean {check['mean_abs_error']:.1%}, worst {check['max_abs_error']:.1%} over {len(check['runs'])} runs")
-    print(f"staleness-aware estimate: images to {FLAGS.target_accuracy:.0%} = {fit['images0']:.4g} x (1 + "
-          f"{fit['beta']:.4g} x mean staleness); leave-one-out error on time to target: {error}")
-  else:
+  if fit is None:
     print(f"staleness-aware estimate: not fitted ({doc['staleness_note']})")
-  for p in pilots:
+    return
+  check = doc["staleness_validation"]
+  error = ("no run to leave out" if check["mean_abs_error"] is None else
+           f"mean {check['mean_abs_error']:.1%}, worst {check['max_abs_error']:.1%} over {len(check['runs'])} runs")
+  print(f"staleness-aware estimate: images to {FLAGS.target_accuracy:.0%} = {fit['images0']:.4g} x (1 + "
+        f"{fit['beta']:.4g} x mean staleness); leave-one-out error on time to target: {error}")
+
+
+def print_tuned(doc: dict, tuned: Tuned | None) -> None:
+  """The pilot runs, and the tuned configuration's predicted time to target against the measured one."""
+  info = doc["tuned"]
+  for p in info.get("pilots", []):
     when = "not reached" if p["time_to_target_s"] is None else f"{p['time_to_target_s']:.4g} s"
     print(f"pilot (seed {p['seed']}): {p['label']}: {p['images_per_sec']:.1f} images/s, mean staleness "
           f"{p['mean_staleness']:.2f}, time to {FLAGS.target_accuracy:.0%} {when}")
-  if tuned_run is not None and tuned.get("predicted_time_to_target_s") is not None:
-    name = tuned_run[0]
-    measured = summary[name]["mean_time_to_target_s"]
-    how = ("the pilot runs" if tuned["objective"] == "measured" else
-           "predicted time to " + format(FLAGS.target_accuracy, ".0%"))
-    print(f"tuned by {how} ({tuned['label']}): the estimate predicted {tuned['predicted_time_to_target_s']:.4g} s "
-          "before it ran, measured " + (f"{measured:.4g} s (mean over seeds)" if measured is not None else
-                                        "not reached by every seed"))
-  best = min((n for n in names if n.startswith("HetPipe") and summary[n]["mean_time_to_target_s"] is not None),
+  if tuned is None or info.get("predicted_time_to_target_s") is None:
+    return
+  measured = doc["summary"][tuned.spec.name]["mean_time_to_target_s"]
+  how = ("the pilot runs" if info["objective"] == "measured" else
+         "predicted time to " + format(FLAGS.target_accuracy, ".0%"))
+  print(f"tuned by {how} ({info['label']}): the estimate predicted {info['predicted_time_to_target_s']:.4g} s "
+        "before it ran, measured " + (f"{measured:.4g} s (mean over seeds)" if measured is not None else
+                                      "not reached by every seed"))
+
+
+def print_best(doc: dict, horovod: str, th: float | None) -> None:
+  """The HetPipe configuration fastest to the target, as a fraction of Horovod's time (mean, per seed)."""
+  summary, runs = doc["summary"], doc["runs"]
+  best = min((n for n in summary if n.startswith("HetPipe") and summary[n]["mean_time_to_target_s"] is not None),
              key=lambda n: summary[n]["mean_time_to_target_s"], default=None)
-  if best is not None and th:
-    ratios = [r["time_to_target_s"] / h["time_to_target_s"] for r in runs if r["name"] == best
-              for h in runs if h["name"] == horovod and h["seed"] == r["seed"]
-              if r["time_to_target_s"] is not None and h["time_to_target_s"] is not None]
-    print(f"best HetPipe run: {best}, {summary[best]['mean_time_to_target_s'] / th:.2f} of Horovod's time to "
-          f"target (mean over seeds); per seed {', '.join(f'{x:.2f}' for x in ratios)}")
-  if th is None:
-    print(f"the data-parallel baseline did not reach {FLAGS.target_accuracy:.0%} within {FLAGS.epochs} epochs for "
-          "every seed: no mean speedup to report")
-  print(f"time axis: {time_axis} (emulated seconds, not wall time)")
-  common.print_outputs(paths.items(), width=5)
+  if best is None or not th:
+    return
+  ratios = [r["time_to_target_s"] / h["time_to_target_s"] for r in runs if r["name"] == best
+            for h in runs if h["name"] == horovod and h["seed"] == r["seed"]
+            if r["time_to_target_s"] is not None and h["time_to_target_s"] is not None]
+  print(f"best HetPipe run: {best}, {summary[best]['mean_time_to_target_s'] / th:.2f} of Horovod's time to "
+        f"target (mean over seeds); per seed {', '.join(f'{x:.2f}' for x in ratios)}")
 
 
-def pilot_choices(results: list, fit, count: int) -> tuple[list, list]:
+def pilot_choices(results: Sequence, fit, count: int) -> tuple[list, list]:
   """``count`` configurations to train, and the front they come from: the tuner's results on the front of
   images/s against mean staleness (no other is both faster and less stale), one setting per grouping and
   Nm (its fastest). Half of them (rounded up) are the best by the staleness-aware estimate ``fit``, the
@@ -402,14 +568,15 @@ def summarise(runs: list[dict]) -> dict:
           "mean_final_test_accuracy": sum(r["final_test_accuracy"] for r in runs) / len(runs)}
 
 
-def validate_staleness_model(runs: list[dict], fit) -> dict:
-  """Fits images to target against mean staleness over the HetPipe and SSP runs that reached the target, and
-  validates it leaving one run out: the predicted time to target (images over the run's images/s) against
-  the measured one."""
+def validate_staleness_model(runs: list[dict], target_accuracy: float) -> dict:
+  """Fits images to ``target_accuracy`` against mean staleness over the HetPipe and SSP runs that reached it,
+  and validates the fit leaving one run out: the predicted time to target (images over the run's images/s)
+  against the measured one."""
   from hetpipe_jax import ConfigError
+  from hetpipe_jax.staleness import fit_staleness_model as fit
   points = [r for r in runs if "mean_staleness" in r and r["images_to_target"] is not None]
   try:
-    model = fit([(r["mean_staleness"], r["images_to_target"]) for r in points], FLAGS.target_accuracy)
+    model = fit([(r["mean_staleness"], r["images_to_target"]) for r in points], target_accuracy)
   except ConfigError as e:
     return {"staleness_note": str(e)}
   checks = []
@@ -424,7 +591,7 @@ def validate_staleness_model(runs: list[dict], fit) -> dict:
     checks.append({"name": r["name"], "seed": r["seed"], "measured_s": r["time_to_target_s"], "predicted_s": predicted,
                    "error": predicted / r["time_to_target_s"] - 1})
   errors = [abs(c["error"]) for c in checks]
-  return {"staleness_model": {"images0": model.images0, "beta": model.beta, "target_accuracy": FLAGS.target_accuracy},
+  return {"staleness_model": {"images0": model.images0, "beta": model.beta, "target_accuracy": target_accuracy},
           "staleness_validation": {"runs": checks, "mean_abs_error": sum(errors) / len(errors) if errors else None,
                                    "max_abs_error": max(errors) if errors else None}}
 

@@ -112,26 +112,26 @@ def study(model: str, sizes: list[int]) -> list[Row]:
   from hetpipe_jax.cluster import mixed_cluster
   from hetpipe_jax.cost.profile import full_size_profiles
   from hetpipe_jax.plan.costmodel import ideal_images_per_sec
-  from hetpipe_jax.tune import candidate_json, replicate, tune
+  from hetpipe_jax.tune import RunSetting, SearchSpace, TuneOptions, candidate_json, replicate, tune
   batch_size, seq_len, precision, slots = model_setting(model)
+  setting = RunSetting(optimizer_slots=slots, precision=precision)
+  space = SearchSpace(ds=(0,), placements=tuple(FLAGS.placements), transfers=(True,),
+                      staged=tuple(common.parse_ps_transfers(FLAGS.ps_transfers)))
   profiles = full_size_profiles(model, batch_size, seq_len=seq_len)
   items = batch_size * (seq_len or 1)  # images or tokens per minibatch
   tuned = {}
   for n in sorted({min(n, FLAGS.base) for n in sizes}):
     cluster = mixed_cluster(n, FLAGS.per_node)
     common.progress("%s: tuning on %s (%d GPUs)", model, cluster.name, n)
-    out = tune(cluster, profiles, batch_size, waves=FLAGS.tune_waves, ds=(0,),
-               placements=tuple(FLAGS.placements), transfers=(True,),
-               staged=common.parse_ps_transfers(FLAGS.ps_transfers), refine=3, precision=precision,
-               optimizer_slots=slots,
-               progress=lambda line: common.progress("  %s", line))
-    tuned[n] = out["best"].candidate
+    out = tune(cluster, profiles, batch_size, space,
+               TuneOptions(waves=FLAGS.tune_waves, refine=3, setting=setting,
+                           progress=lambda line: common.progress("  %s", line)))
+    tuned[n] = out.best.candidate
   rows = []
   for n in sizes:
     cluster = mixed_cluster(n, FLAGS.per_node)
     t0 = time.perf_counter()
-    candidate = replicate(tuned[min(n, FLAGS.base)], cluster, profiles, precision=precision,
-                          optimizer_slots=slots)
+    candidate = replicate(tuned[min(n, FLAGS.base)], cluster, profiles, setting=setting)
     plan_seconds = time.perf_counter() - t0
     rate, sim_seconds, info = simulate(cluster, profiles, candidate, candidate.placement, precision)
     by_placement = {candidate.placement: rate}

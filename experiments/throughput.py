@@ -106,14 +106,15 @@ def study(model_name: str, cluster, ds: list[int]) -> list[dict]:
         row("policy", config, cluster.num_gpus, max(p.nm for p in plan.vws), d, ips, ideal(None))
         common.progress("%s %s: %.1f images/s", model_name, config, ips)
   if FLAGS.tuned:
-    from hetpipe_jax.tune import tune
-    best = tune(cluster, profiles, FLAGS.batch_size, waves=FLAGS.waves, ds=ds, optimizer_slots=slots,
-                progress=lambda line: common.progress("%s tuner: %s", model_name, line))["best"]
+    from hetpipe_jax.tune import RunSetting, SearchSpace, TuneOptions, tune
+    best = tune(cluster, profiles, FLAGS.batch_size, SearchSpace(ds=tuple(ds)),
+                TuneOptions(waves=FLAGS.waves, setting=RunSetting(optimizer_slots=slots),
+                            progress=lambda line: common.progress("%s tuner: %s", model_name, line))).best
     c = best.candidate
-    staged = ", staged PS" if c.staged_ps else ""
+    staged = ", staged PS" if c.sim.staged_ps else ""
     row("policy", f"tuned: {c.grouping}, Nm {c.nm_rule}, D={c.d}, {c.placement}{staged}", cluster.num_gpus,
         max(p.nm for p in c.plans), c.d, best.images_per_sec, ideal(None),
-        "overlap" if c.overlap_transfers else "serial")
+        "overlap" if c.sim.overlap_transfers else "serial")
     common.progress("%s tuned (%s): %.1f images/s", model_name, c.label, best.images_per_sec)
 
   # (c) whimpy GPUs: HetPipe on the others, HetPipe on all, Horovod

@@ -14,7 +14,7 @@ configuration and a PNG::
   python -m experiments.train --plan=outputs/tune/tune.json --executor=sim
 
 --objective=time_to_accuracy ranks by the predicted time to the target accuracy instead: the images a run
-needs grow with the mean staleness its simulated trace shows (:class:`hetpipe_jax.tune.StalenessModel`),
+needs grow with the mean staleness its simulated trace shows (:class:`hetpipe_jax.staleness.StalenessModel`),
 fitted to real runs and validated by the convergence study, whose ``convergence.json`` it reads::
 
   python -m experiments.convergence
@@ -74,8 +74,21 @@ def model_profiles(name: str, dataset_name: str, batch_size: int):
 def main(argv):
   del argv
   from hetpipe_jax import get_cluster
-  from hetpipe_jax.optim import optimizer_slots
-  from hetpipe_jax.tune import policy_rows, result_json, tune
+  from hetpipe_jax.tune import tune
+  space = search_space()
+  staleness_model = load_staleness_model(FLAGS.staleness_model) if FLAGS.objective == "time_to_accuracy" else None
+  cluster = get_cluster(FLAGS.cluster)
+  profiles = model_profiles(FLAGS.model, FLAGS.dataset, FLAGS.batch_size)
+  out = tune(cluster, profiles, FLAGS.batch_size, space, tune_options(staleness_model))
+  doc = tune_doc(out, staleness_model)
+  outputs = write_outputs(doc)
+  report(cluster, out, staleness_model)
+  common.print_outputs(outputs, width=6)
+
+
+def search_space():
+  """The flags' search space (a bad value refused in one line)."""
+  from hetpipe_jax.tune import SearchSpace
   ds = common.parse_ints("ds", FLAGS.ds)
   if not ds or any(d < 0 for d in ds):
     raise common.config_error(f"--ds={','.join(FLAGS.ds)}; give one or more clock distance bounds D >= 0")
@@ -83,28 +96,43 @@ def main(argv):
   staged = common.parse_ps_transfers(FLAGS.ps_transfers)
   if FLAGS.nm_max < 1:
     raise common.config_error(f"--nm_max={FLAGS.nm_max}; try at least Nm = 1")
-  staleness_model = load_staleness_model(FLAGS.staleness_model) if FLAGS.objective == "time_to_accuracy" else None
-  cluster = get_cluster(FLAGS.cluster)
-  profiles = model_profiles(FLAGS.model, FLAGS.dataset, FLAGS.batch_size)
-  out = tune(cluster, profiles, FLAGS.batch_size, waves=FLAGS.waves, ds=ds,
-             transfers=transfers, staged=staged, nm_max=FLAGS.nm_max,
-             weight_mode=FLAGS.weight_mode, optimizer_slots=optimizer_slots(FLAGS.optimizer),
-             windows=FLAGS.windows, staleness_model=staleness_model, progress=lambda line: common.progress("%s", line))
-  best, results = out["best"], out["results"]
+  return SearchSpace(ds=tuple(ds), transfers=tuple(transfers), staged=tuple(staged), nm_max=FLAGS.nm_max,
+                     windows=FLAGS.windows)
+
+
+def tune_options(staleness_model):
+  """How the flags run the search: their waves and run setting, ranked by ``staleness_model`` if any."""
+  from hetpipe_jax.optim import optimizer_slots
+  from hetpipe_jax.tune import RunSetting, TuneOptions
+  setting = RunSetting(weight_mode=FLAGS.weight_mode, optimizer_slots=optimizer_slots(FLAGS.optimizer))
+  return TuneOptions(waves=FLAGS.waves, staleness_model=staleness_model, setting=setting,
+                     progress=lambda line: common.progress("%s", line))
+
+
+def tune_doc(out, staleness_model) -> dict:
+  """``tune.json``: the setting, the search's counts, the best configuration (which ``experiments.train
+  --plan`` runs), the best of every grouping and every simulated one."""
   from hetpipe_jax import load_dataset
   from hetpipe_jax.models import FULL_SIZE
+  from hetpipe_jax.tune import policy_rows, result_json
+  best, results = out.best, out.results
   dataset = None if FLAGS.model in FULL_SIZE else load_dataset(FLAGS.dataset).name  # what it was profiled on
   setting = {"model": FLAGS.model, "dataset": dataset, "cluster": FLAGS.cluster, "batch_size": FLAGS.batch_size,
              "optimizer": FLAGS.optimizer, "weight_mode": FLAGS.weight_mode, "schedule": "1f1b",
              "waves": FLAGS.waves}
   doc = {**setting, "objective": FLAGS.objective, "ideal_images_per_sec": best.ideal_images_per_sec,
-         "search_seconds": out["seconds"], "planned": out["planned"], "partitions": out["partitions"],
+         "search_seconds": out.seconds, "planned": out.planned, "partitions": out.partitions,
          "simulated": len(results), "best": {**setting, **result_json(best, FLAGS.batch_size, staleness_model)},
          "groupings": {name: result_json(r, FLAGS.batch_size, staleness_model)
                        for name, r in policy_rows(results).items()},
          "results": [result_json(r, FLAGS.batch_size, staleness_model) for r in results]}
   if staleness_model is not None:
     doc["staleness_model"] = dataclasses.asdict(staleness_model)
+  return doc
+
+
+def write_outputs(doc: dict) -> list[tuple[str, str]]:
+  """``tune.json``, a CSV of every simulated configuration and the chart: (kind, path) of each."""
   json_out = common.write_json(common.output_path(FLAGS.out_dir, "tune.json"), doc)
   rows = doc["results"]
   csv_out = common.write_csv(common.output_path(FLAGS.out_dir, "tune.csv"),
@@ -118,6 +146,13 @@ def main(argv):
                                r.get("time_to_accuracy_s", "")] for r in rows))
   png_out = common.output_path(FLAGS.out_dir, "tune.png")
   chart(doc, png_out)
+  return [("json", json_out), ("csv", csv_out), ("chart", png_out)]
+
+
+def report(cluster, out, staleness_model) -> None:
+  """Prints the best configurations, the best of every grouping and the search's cost."""
+  from hetpipe_jax.tune import policy_rows
+  best, results = out.best, out.results
   print(f"{FLAGS.model} on {cluster.name} ({cluster.num_gpus} GPUs), batch {FLAGS.batch_size}: "
         f"ideal aggregate {best.ideal_images_per_sec:.1f} images/s")
   if staleness_model is not None:
@@ -131,17 +166,16 @@ def main(argv):
   print("best of every grouping:")
   for name, r in sorted(policy_rows(results).items(), key=lambda kv: -kv[1].images_per_sec):
     print(f"{r.images_per_sec:9.1f} {r.efficiency:5.2f}  {name}: {r.candidate.label}")
-  print(f"searched {out['planned']} planned configurations ({out['partitions']} partitions), simulated "
-        f"{len(results)} in {out['seconds']:.1f} s (host); images/s of the simulated cluster, not measured on GPUs")
+  print(f"searched {out.planned} planned configurations ({out.partitions} partitions), simulated "
+        f"{len(results)} in {out.seconds:.1f} s (host); images/s of the simulated cluster, not measured on GPUs")
   print(f"best: {best.images_per_sec:.1f} images/s, efficiency {best.efficiency:.3f} ({best.candidate.label})")
-  common.print_outputs([("json", json_out), ("csv", csv_out), ("chart", png_out)], width=6)
 
 
 def load_staleness_model(path: str):
   """The staleness model the convergence study fitted (its ``convergence.json``)."""
   import json
 
-  from hetpipe_jax.tune import StalenessModel
+  from hetpipe_jax.staleness import StalenessModel
   try:
     with open(path, encoding="utf-8") as f:
       fit = json.load(f).get("staleness_model")

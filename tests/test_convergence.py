@@ -69,7 +69,7 @@ def test_doubling_every_gpu_halves_the_time_to_target():
 
 def test_pilot_choices_take_the_estimates_best_and_faster_points_of_the_front():
   from experiments.convergence import pilot_choices
-  from hetpipe_jax.tune import StalenessModel
+  from hetpipe_jax.staleness import StalenessModel
 
   def result(name, nm, ips, staleness):
     plan = type("Plan", (), {"nm": nm, "in_flight": nm})()

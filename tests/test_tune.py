@@ -13,11 +13,15 @@ from hetpipe_jax.core.check import check_trace
 from hetpipe_jax.cost.profile import profile_units
 from hetpipe_jax.plan.partition import search_states
 from hetpipe_jax.plan.vw_plan import StagePlan, VWPlan
+from hetpipe_jax.sim import SimOptions
+from hetpipe_jax.staleness import StalenessModel, fit_staleness_model, mean_staleness
 from hetpipe_jax.tune import (
-  StalenessModel,
-  fit_staleness_model,
+  Candidate,
+  SearchSpace,
+  TuneOptions,
+  TuneResult,
+  candidate_json,
   groupings,
-  mean_staleness,
   modelled_images_per_sec,
   nm_choices,
   pareto_front,
@@ -76,24 +80,38 @@ def test_speed_sized_nm_gives_the_faster_virtual_worker_more_minibatches_per_wav
   assert all(rule != "speed-sized" or nms[0] >= nms[1] for nms, rule in choices.items())
 
 
+def test_candidate_json_keeps_the_plan_files_keys():
+  """A candidate's simulator options are one SimOptions; tune.json keeps the flat keys train --plan reads."""
+  c = Candidate("NP", "uniform", (_plan(2, 0.5),), d=1, placement="local", sim=SimOptions(overlap_transfers=True))
+  doc = candidate_json(c)
+  assert list(doc) == ["grouping", "nm_rule", "policy", "cuts", "nm", "window", "d", "placement",
+                       "overlap_transfers", "staged_ps"]
+  assert doc["overlap_transfers"] is True and doc["staged_ps"] is False
+  assert doc["nm"] == [2] and doc["window"] == [2] and doc["d"] == 1
+  assert c.label.endswith("local placement, overlapped transfers")
+  assert c.job(get_cluster("hetero4"), [], 3).options == c.sim
+
+
 def test_tuner_finds_the_fastest_checked_configuration(mlp_profiles):
   cluster = get_cluster("hetero4")
   lines = []
-  out = tune(cluster, mlp_profiles, 32, waves=6, ds=(0, 2), nm_max=4, screen=6, refine=3, progress=lines.append,
-             workers=2)
-  results = out["results"]
-  assert out["best"] is results[0]
+  space = SearchSpace(ds=(0, 2), nm_max=4)
+  out = tune(cluster, mlp_profiles, 32, space, TuneOptions(waves=6, screen=6, refine=3, progress=lines.append,
+                                                           workers=2))
+  assert isinstance(out, TuneResult) and out.planned > 0 and out.partitions > 0 and out.seconds > 0
+  results = out.results
+  assert out.best is results[0]
   refined = [r for r in results if r.waves == 6]
-  assert out["best"].images_per_sec == max(r.images_per_sec for r in refined)
+  assert out.best.images_per_sec == max(r.images_per_sec for r in refined)
   assert {r.candidate.d for r in refined} == {0, 2}
-  assert {r.candidate.overlap_transfers for r in results} == {False, True}
-  assert {r.candidate.staged_ps for r in results} == {False, True}
-  assert 0 < out["best"].efficiency <= 1
+  assert {r.candidate.sim.overlap_transfers for r in results} == {False, True}
+  assert {r.candidate.sim.staged_ps for r in results} == {False, True}
+  assert 0 < out.best.efficiency <= 1
   assert {"NP", "ED", "HD"} <= set(policy_rows(results))
   assert any(line.startswith("planned NP") for line in lines) and any("refined" in line for line in lines)
   # simulated in this process alone, the same results in the same order
-  alone = tune(cluster, mlp_profiles, 32, waves=6, ds=(0, 2), nm_max=4, screen=6, refine=3, workers=1)
-  assert [(r.candidate, r.images_per_sec) for r in alone["results"]] == [
+  alone = tune(cluster, mlp_profiles, 32, space, TuneOptions(waves=6, screen=6, refine=3, workers=1))
+  assert [(r.candidate, r.images_per_sec) for r in alone.results] == [
       (r.candidate, r.images_per_sec) for r in results]
 
 
@@ -102,18 +120,19 @@ def test_front_screening_adds_every_groupings_smaller_waves(mlp_profiles):
   results hold less stale (smaller-wave) configurations than the fastest ones; the front of images/s
   against staleness is then monotone both ways."""
   cluster = get_cluster("hetero4")
-  kwargs = {"waves": 6, "ds": (0,), "nm_max": 4, "screen": 2, "refine": 1, "workers": 1}
-  plain, wide = tune(cluster, mlp_profiles, 32, front=0, **kwargs), tune(cluster, mlp_profiles, 32, front=4,
-                                                                         **kwargs)
-  nms = lambda out: {(r.candidate.grouping, tuple(p.nm for p in r.candidate.plans)) for r in out["results"]}
+  space = SearchSpace(ds=(0,), nm_max=4)
+  options = lambda front: TuneOptions(waves=6, screen=2, refine=1, front=front, workers=1)
+  plain, wide = (tune(cluster, mlp_profiles, 32, space, options(0)).results,
+                 tune(cluster, mlp_profiles, 32, space, options(4)).results)
+  nms = lambda results: {(r.candidate.grouping, tuple(p.nm for p in r.candidate.plans)) for r in results}
   assert nms(plain) < nms(wide)
-  assert min(r.staleness for r in wide["results"]) < min(r.staleness for r in plain["results"])
-  front = pareto_front(wide["results"])
-  assert front[0].staleness == min(r.staleness for r in wide["results"])
-  assert front[-1].images_per_sec == max(r.images_per_sec for r in wide["results"])
+  assert min(r.staleness for r in wide) < min(r.staleness for r in plain)
+  front = pareto_front(wide)
+  assert front[0].staleness == min(r.staleness for r in wide)
+  assert front[-1].images_per_sec == max(r.images_per_sec for r in wide)
   for a, b in zip(front, front[1:]):
     assert a.staleness < b.staleness and a.images_per_sec < b.images_per_sec
-  for r in wide["results"]:  # nothing off the front is both faster and less stale than a point on it
+  for r in wide:  # nothing off the front is both faster and less stale than a point on it
     assert not any(r.staleness < f.staleness and r.images_per_sec > f.images_per_sec for f in front)
 
 
@@ -125,7 +144,7 @@ def test_spread_by_hand():
 
 def test_tuner_refuses_too_few_waves(mlp_profiles):
   with pytest.raises(ConfigError, match="waves=1"):
-    tune(get_cluster("hetero4"), mlp_profiles, 32, waves=1)
+    tune(get_cluster("hetero4"), mlp_profiles, 32, options=TuneOptions(waves=1))
 
 
 def test_staleness_model_fit_by_hand():

@@ -13,7 +13,6 @@ from hetpipe_jax.cluster.catalogue import CATALOGUE, GIB, LINKS, G, GpuType, Lin
 from hetpipe_jax.cluster.topology import PRESETS, Cluster, make_cluster
 from hetpipe_jax.errors import ConfigError
 
-
 # The largest value a key may take, in its unit: far beyond any hardware, and small enough that every
 # derived figure (bytes, flop/s, seconds of a task) stays finite.
 LIMITS = {"GiB": 1e6, "Tflop/s": 1e6, "GB/s": 1e6, "microseconds": 1e9,

@@ -21,7 +21,14 @@ StageId = tuple[int, int]  # (virtual worker, stage)
 
 
 class Comm(Protocol):
-  """Moves a virtual worker's pushes and pulls (timing) and its stage-to-stage tensors (data)."""
+  """Moves a virtual worker's pushes and pulls (timing) and its stage-to-stage tensors (data).
+
+  Attributes:
+    staged: whether it moves each stage's part of a push or pull on its own (then it is a
+      :class:`StagedComm`, and the engine calls its staged methods instead of ``push`` and ``pull``).
+  """
+
+  staged: bool
 
   def push(self, vw: int, wave: int, t: float, done: Done) -> None:
     """Sends VW ``vw``'s summed update of ``wave`` (sent at ``t``) to the PS shards; ``done(t_landed)``."""
@@ -40,8 +47,6 @@ class StagedComm(Comm, Protocol):
   """A Comm that moves each stage's part of a push or pull on its own (``staged`` is True; the engine then
   calls these instead of ``push`` and ``pull``)."""
 
-  staged: bool
-
   def push_stage(self, key: Any, vw: int, stage: int, t: float) -> None:
     """Stage ``stage`` of VW ``vw`` has its part of push ``key`` (a wave) final at ``t``: it may leave."""
     ...
@@ -58,6 +63,8 @@ class StagedComm(Comm, Protocol):
 
 class InstantComm:
   """Pushes and pulls that take no time; tensors stay where they are."""
+
+  staged = False  # a push or pull moves as one
 
   def push(self, vw: int, wave: int, t: float, done: Done) -> None:
     del vw, wave

@@ -15,7 +15,7 @@ Where a push goes: the engine hands it to the :class:`~hetpipe_jax.core.comm.Com
 trace's push line is written. A gated injection waits for its own virtual worker's last push to be
 applied, then for the gate (``server.try_pull``), then for the pull to arrive through the Comm.
 
-A Comm with ``staged = True`` (the ``sim`` executor's ``--staged_ps`` model) moves each stage's part on
+A Comm whose ``staged`` is True (the ``sim`` executor's ``--staged_ps`` model) moves each stage's part on
 its own: a stage's part of a wave's push leaves as soon as that stage's last backward of the wave has
 ended (the push is applied, as always, when every part has landed), and the pull arrives stage by stage:
 a stage rebases when its part lands, the gated injection waits for stage 0's part only, and at every
@@ -40,7 +40,7 @@ Not thread-safe by itself: the ``wall`` executor calls it under one lock.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from hetpipe_jax.core import schedule as schedule_lib
 from hetpipe_jax.core import versions as versions_lib
@@ -66,8 +66,8 @@ class Engine:
     trace: where events go; the caller has written the meta line.
     batches: minibatch source, called at injection (None without numerics).
     on_wave: called after every push with the wave's losses.
-    comm: how pushes and pulls travel (default: instantly); one with ``staged = True`` moves each stage's
-      part on its own (see above).
+    comm: how pushes and pulls travel (default: instantly); one whose ``staged`` is True (a
+      :class:`~hetpipe_jax.core.comm.StagedComm`) moves each stage's part on its own (see above).
     failures: fault injection: virtual worker -> the waves at whose first minibatch it fails.
     rejoin: a failed virtual worker is replaced at once (else it stays out).
   """
@@ -89,7 +89,7 @@ class Engine:
     self._pulling: dict[int, int] = {}  # vw -> gated minibatch whose pull is on its way
     self._pulled: dict[int, int] = {}  # vw -> gated minibatch whose pull has arrived
     self._waiting_since: dict[int, float] = {}  # vw -> when its gate was found closed
-    self._staged: StagedComm | None = self.comm if getattr(self.comm, "staged", False) else None  # type: ignore
+    self._staged: StagedComm | None = cast(StagedComm, self.comm) if self.comm.staged else None
     if self._staged and any(vw.stages for vw in self.vws):
       raise ProtocolError("staged push and pull transfers are a timing model without numerics (the sim "
                           "executor); this run computes")
@@ -141,13 +141,14 @@ class Engine:
     A device with nothing to start leaves the candidates: only an event that adds it back (a task of its
     virtual worker finishing next to it, an injection, a wake, a rejoin) can give it something."""
     tasks, idle = [], []
-    for i, j in sorted(self._candidates):
+    vws, running, pick = self.vws, self._running, schedule_lib.pick
+    for device in sorted(self._candidates):
+      vw = vws[device[0]]
       task = None
-      if (i, j) not in self._running and self.vws[i].live:  # else busy (maybe with a failed VW's task), or gone
-        task = schedule_lib.pick(self.vws[i].pipeline, j, self._stage_rule(i, j, allow) if self._stage_wait
-                                 else allow)
+      if device not in running and vw.live:  # else busy (maybe with a failed VW's task), or gone
+        task = pick(vw.pipeline, device[1], self._stage_rule(*device, allow) if self._stage_wait else allow)
       if task is None:
-        idle.append((i, j))
+        idle.append(device)
       else:
         tasks.append(task)
     self._candidates.difference_update(idle)
@@ -177,14 +178,16 @@ class Engine:
 
   def start(self, task: Task, t: float) -> Any:
     """Starts ``task`` at ``t``; returns what to wait on for its numerics (None without numerics)."""
-    vw = self.vws[task.vw]
+    i, j, kind, mb = task
+    vw = self.vws[i]
     vw.pipeline = schedule_lib.start(vw.pipeline, task)
-    self._candidates.discard((task.vw, task.stage))
-    if task.kind == FWD:
-      vw.versions, version = versions_lib.forward(vw.versions, task.stage, task.mb)
+    device = (i, j)
+    self._candidates.discard(device)
+    if kind == FWD:
+      vw.versions, version = versions_lib.forward(vw.versions, j, mb)
     else:  # the update is applied as the backward starts
-      vw.versions, version = versions_lib.backward(vw.versions, task.stage, task.mb, vw.nm, vw.weight_mode)
-    self._running[(task.vw, task.stage)] = (t, version)
+      vw.versions, version = versions_lib.backward(vw.versions, j, mb, vw.nm, vw.weight_mode)
+    self._running[device] = (t, version)
     try:
       return vw.numerics.run(task)
     except ProtocolError:
@@ -212,29 +215,37 @@ class Engine:
 
   def finish(self, task: Task, t: float) -> None:
     """``task`` ended at ``t``: trace it, ready its successor, complete, push, inject."""
-    vw = self.vws[task.vw]
-    if (task.vw, task.stage) in self._zombies:  # a failed virtual worker's last task: its device is free
-      self._zombies.discard((task.vw, task.stage))
-      del self._running[(task.vw, task.stage)]
-      self._candidates.add((task.vw, task.stage))
+    i, j, kind, mb = task  # its device, and the neighbours its successor or a freed window may use
+    device = (i, j)
+    vw = self.vws[i]
+    candidates = self._candidates
+    if self._zombies and device in self._zombies:  # a failed virtual worker's last task: its device is free
+      self._zombies.discard(device)
+      del self._running[device]
+      candidates.add(device)
       return
-    t0, version = self._running.pop((task.vw, task.stage))
-    self.trace.emit(ev=task.kind, vw=task.vw, stage=task.stage, mb=task.mb, t0=t0, t1=t, own=version.own,
-                    glob=self._glob_list(version.glob))
-    vw.pipeline, completed = schedule_lib.finish(vw.pipeline, task, vw.schedule)
-    i, j = task.vw, task.stage  # its device and the neighbours its successor or a freed window may use
-    self._candidates.add((i, j))
+    t0, (own, glob) = self._running.pop(device)
+    # ``glob`` as the list the event carries: one list per version's tuple, shared by the events of every task
+    # that used it (copying N entries per task was a tenth of the host time at 1,024 GPUs; trace events are
+    # records, never modified)
+    cached = self._glob_lists.get(id(glob))
+    if cached is None or cached[0] is not glob:  # (an id is reused only after its tuple is gone)
+      cached = self._glob_lists[id(glob)] = (glob, list(glob))
+    self.trace.emit(ev=kind, vw=i, stage=j, mb=mb, t0=t0, t1=t, own=own, glob=cached[1])
+    pipeline, completed = schedule_lib.finish(vw.pipeline, task, vw.schedule)
+    vw.pipeline = pipeline
+    candidates.add(device)
     if j > 0:
-      self._candidates.add((i, j - 1))
-    if j + 1 < vw.k:
-      self._candidates.add((i, j + 1))
-    if self._staged and task.kind != FWD and wsp.is_wave_end(task.mb, vw.nm):  # this stage's part is final
-      self._staged.push_stage((i, self._generation[i], wsp.wave_of(task.mb, vw.nm)), i, j, t)
+      candidates.add((i, j - 1))
+    if j + 1 < len(pipeline.busy):
+      candidates.add((i, j + 1))
+    if self._staged and kind != FWD and wsp.is_wave_end(mb, vw.nm):  # this stage's part is final
+      self._staged.push_stage((i, self._generation[i], wsp.wave_of(mb, vw.nm)), i, j, t)
     if not completed:
       return
-    self.trace.emit(ev="complete", vw=vw.index, mb=task.mb, t=t)
-    if wsp.is_wave_end(task.mb, vw.nm):
-      wave = wsp.wave_of(task.mb, vw.nm)
+    self.trace.emit(ev="complete", vw=i, mb=mb, t=t)
+    if wsp.is_wave_end(mb, vw.nm):
+      wave = wsp.wave_of(mb, vw.nm)
       vw.versions = versions_lib.close_wave(vw.versions, wave, vw.nm, vw.index)
       updates, losses = vw.numerics.take_wave(wave)
       gen = self._generation[vw.index]
@@ -245,15 +256,6 @@ class Engine:
       else:
         self.comm.push(vw.index, wave, t, landed)
     self._inject(vw, t)
-
-  def _glob_list(self, glob: tuple[int, ...]) -> list[int]:
-    """``glob`` as the list a task event carries: one list per version's tuple, shared by the events of
-    every task that used it (copying N entries per task was a tenth of the host time at 1,024 GPUs; trace
-    events are records, never modified)."""
-    cached = self._glob_lists.get(id(glob))
-    if cached is None or cached[0] is not glob:  # (an id is reused only after its tuple is gone)
-      cached = self._glob_lists[id(glob)] = (glob, list(glob))
-    return cached[1]
 
   def _push(self, vw: VirtualWorker, wave: int, updates: dict[int, Any], losses: list, t: float) -> None:
     global_before = wsp.c_global(self.server.clock)

@@ -116,19 +116,18 @@ def can_inject(state: PipelineState, nm: int, total: int, schedule: str, window:
           and SCHEDULES[schedule].may_inject(mb, state.completed, nm))
 
 
-def _make_ready(state: PipelineState, stage: int, kind: str, mb: int, schedule: str) -> PipelineState:
-  task = Task(state.vw, stage, kind, mb)
-  entry = (SCHEDULES[schedule].key(kind, mb, state.seq), task)
-  ready = state.ready[:stage] + (state.ready[stage] + (entry,),) + state.ready[stage + 1:]
-  return PipelineState(state.vw, state.next_mb, state.completed, state.busy, ready, state.seq + 1)
+_tuple = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (a third of the cost per task)
+
+
+def _ready_entry(vw: int, stage: int, kind: str, mb: int, schedule: str, seq: int) -> tuple[tuple, Task]:
+  return (SCHEDULES[schedule].key(kind, mb, seq), _tuple(Task, (vw, stage, kind, mb)))
 
 
 def inject(state: PipelineState, schedule: str) -> tuple[PipelineState, int]:
   """Injects ``next_mb`` (the caller checked :func:`can_inject` and the gate); returns its number."""
-  mb = state.next_mb
-  state = _make_ready(PipelineState(state.vw, mb + 1, state.completed, state.busy, state.ready, state.seq), 0, FWD,
-                      mb, schedule)
-  return state, mb
+  vw, mb, completed, busy, ready, seq = state
+  ready = (ready[0] + (_ready_entry(vw, 0, FWD, mb, schedule, seq),),) + ready[1:]
+  return _tuple(PipelineState, (vw, mb + 1, completed, busy, ready, seq + 1)), mb
 
 
 def pick(state: PipelineState, stage: int, allow: Callable[[Task], bool] | None = None) -> Task | None:
@@ -136,23 +135,32 @@ def pick(state: PipelineState, stage: int, allow: Callable[[Task], bool] | None 
   tasks that ``allow`` accepts, when given: e.g. those whose input has arrived)."""
   if state.busy[stage] is not None:
     return None
-  ready = state.ready[stage] if allow is None else [entry for entry in state.ready[stage] if allow(entry[1])]
+  ready = state.ready[stage]
   # keys are unique among a device's ready tasks, so comparing (key, task) pairs compares keys only
-  return min(ready)[1] if ready else None
+  if allow is None:
+    return (min(ready) if len(ready) > 1 else ready[0])[1] if ready else None
+  best = None
+  for entry in ready:  # the smallest allowed one (``allow`` is asked only of those that would be smaller)
+    if (best is None or entry < best) and allow(entry[1]):
+      best = entry
+  return None if best is None else best[1]
 
 
 def start(state: PipelineState, task: Task) -> PipelineState:
   """``task`` (a ready task of a free device) starts: it leaves the ready set and its device is busy."""
+  vw, next_mb, completed, busy, ready, seq = state
   j = task.stage
-  if state.busy[j] is not None:
-    raise ProtocolError(f"VW {state.vw} stage {j} started {task} while running {state.busy[j]}")
-  entries = state.ready[j]
-  at = next((n for n, entry in enumerate(entries) if entry[1] == task), None)
-  if at is None:
-    raise ProtocolError(f"VW {state.vw}: {task} started but it was not ready")
-  ready = entries[:at] + entries[at + 1:]  # (a task is ready at most once)
-  return PipelineState(state.vw, state.next_mb, state.completed, state.busy[:j] + (task,) + state.busy[j + 1:],
-                       state.ready[:j] + (ready,) + state.ready[j + 1:], state.seq)
+  if busy[j] is not None:
+    raise ProtocolError(f"VW {vw} stage {j} started {task} while running {busy[j]}")
+  entries = ready[j]
+  for at, entry in enumerate(entries):
+    if entry[1] == task:
+      break
+  else:
+    raise ProtocolError(f"VW {vw}: {task} started but it was not ready")
+  left = entries[:at] + entries[at + 1:]  # (a task is ready at most once)
+  return _tuple(PipelineState, (vw, next_mb, completed, busy[:j] + (task,) + busy[j + 1:],
+                                ready[:j] + (left,) + ready[j + 1:], seq))
 
 
 def successor(task: Task, k: int) -> tuple[int, str] | None:
@@ -174,17 +182,21 @@ def finish(state: PipelineState, task: Task, schedule: str) -> tuple[PipelineSta
   Raises:
     ProtocolError: when ``task`` was not running, or a minibatch would complete out of order.
   """
-  j, mb, k = task.stage, task.mb, len(state.busy)
-  if state.busy[j] != task:
-    raise ProtocolError(f"VW {state.vw}: {task} finished but stage {j} was running {state.busy[j]}")
-  state = PipelineState(state.vw, state.next_mb, state.completed, state.busy[:j] + (None,) + state.busy[j + 1:],
-                        state.ready, state.seq)  # (the constructor: _replace costs 3x as much per task)
-  nxt = successor(task, k)
-  if nxt is not None:
-    return _make_ready(state, *nxt, mb, schedule), False
-  if mb != state.completed + 1:
-    raise ProtocolError(f"VW {state.vw}: minibatch {mb} completed before {state.completed + 1}")
-  return PipelineState(state.vw, state.next_mb, mb, state.busy, state.ready, state.seq), True
+  vw, next_mb, completed, busy, ready, seq = state
+  _, j, kind, mb = task
+  if busy[j] != task:
+    raise ProtocolError(f"VW {vw}: {task} finished but stage {j} was running {busy[j]}")
+  busy = busy[:j] + (None,) + busy[j + 1:]
+  if kind == FWD:  # its successor (:func:`successor`), inline: the next stage's forward or this stage's backward
+    stage, kind = (j + 1, FWD) if j + 1 < len(busy) else (j, BWD)
+  elif j > 0:
+    stage, kind = j - 1, BWD
+  else:  # the backward at stage 0: the minibatch completes
+    if mb != completed + 1:
+      raise ProtocolError(f"VW {vw}: minibatch {mb} completed before {completed + 1}")
+    return _tuple(PipelineState, (vw, next_mb, mb, busy, ready, seq)), True
+  ready = ready[:stage] + (ready[stage] + (_ready_entry(vw, stage, kind, mb, schedule, seq),),) + ready[stage + 1:]
+  return _tuple(PipelineState, (vw, next_mb, completed, busy, ready, seq + 1)), False
 
 
 def timetable(k: int, nm: int, total: int, schedule: str = "1f1b", bwd_ticks: int = 1,

@@ -50,23 +50,31 @@ def init(k: int, num_vws: int) -> VersionBook:
   return VersionBook((Version(0, (0,) * num_vws),) * k, tuple({} for _ in range(k)), {})
 
 
+_tuple = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (once per task: it adds up)
+
+
 def forward(book: VersionBook, stage: int, mb: int) -> tuple[VersionBook, Version]:
   """A forward of ``mb`` starts at ``stage``: it uses the current version (kept for its backward)."""
-  version = book.current[stage]
-  return VersionBook(book.current, book.open_waves, {**book.forwards, (stage, mb): version}), version
+  current, open_waves, forwards = book
+  version = current[stage]
+  forwards = forwards.copy()
+  forwards[(stage, mb)] = version
+  return _tuple(VersionBook, (current, open_waves, forwards)), version
 
 
 def backward(book: VersionBook, stage: int, mb: int, nm: int, weight_mode: str) -> tuple[VersionBook, Version]:
   """A backward of ``mb`` starts at ``stage`` and applies its update; returns the version it used."""
-  forwards = dict(book.forwards)
+  current, open_waves, forwards = book
+  forwards = forwards.copy()
   fwd_version = forwards.pop((stage, mb))
-  now = book.current[stage]
-  used = fwd_version if weight_mode == "stash" else now
+  now = current[stage]
   wave = wsp.wave_of(mb, nm)
-  opened = dict(book.open_waves[stage])
+  opened = open_waves[stage].copy()
   opened[wave] = opened.get(wave, 0) + 1
-  return VersionBook(_set(book.current, stage, Version(now.own + 1, now.glob)),
-                     _set(book.open_waves, stage, opened), forwards), used
+  current = current[:stage] + (_tuple(Version, (now[0] + 1, now[1])),) + current[stage + 1:]
+  open_waves = open_waves[:stage] + (opened,) + open_waves[stage + 1:]
+  return (_tuple(VersionBook, (current, open_waves, forwards)),
+          fwd_version if weight_mode == "stash" else now)
 
 
 def close_wave(book: VersionBook, wave: int, nm: int, vw: int) -> VersionBook:

@@ -1,0 +1,88 @@
+"""What the tuner finds: a simulated candidate (:class:`Result`), the search's outcome (:class:`TuneResult`),
+and both as ``tune.json`` holds them."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from typing import Any
+
+from hetpipe_jax.staleness import StalenessModel
+from hetpipe_jax.tune.candidate import Candidate
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+  """A simulated candidate: its images/s, the mean staleness of its trace."""
+
+  candidate: Candidate
+  images_per_sec: float
+  ideal_images_per_sec: float
+  waves: int
+  staleness: float = 0.0
+
+  @property
+  def efficiency(self) -> float:
+    return self.images_per_sec / self.ideal_images_per_sec
+
+
+@dataclasses.dataclass(frozen=True)
+class TuneResult:
+  """The outcome of :func:`hetpipe_jax.tune.tune`.
+
+  Attributes:
+    best: the fastest refined configuration (by the search's ranking).
+    results: every simulated run, ranked: the refined ones (``best`` first), then the screened ones the
+      refining round left out.
+    planned: how many modelled choices the search planned.
+    partitions: how many virtual workers it partitioned.
+    seconds: host seconds the search took.
+  """
+
+  best: Result
+  results: tuple[Result, ...]
+  planned: int
+  partitions: int
+  seconds: float
+
+
+def pareto_front(results: Iterable[Result]) -> list[Result]:
+  """The results no other is both faster and less stale than, least stale first (one per staleness): the
+  trade-off between images/s and mean staleness the tuner found."""
+  front: list[Result] = []
+  for r in sorted(results, key=lambda r: (r.staleness, -r.images_per_sec)):
+    if not front or r.images_per_sec > front[-1].images_per_sec:
+      front.append(r)
+  return front
+
+
+def policy_rows(results: Iterable[Result]) -> dict[str, Result]:
+  """The first result of every grouping in ``results`` (the best, when they are ranked)."""
+  best: dict[str, Result] = {}
+  for r in results:
+    best.setdefault(r.candidate.grouping, r)
+  return best
+
+
+def candidate_json(candidate: Candidate) -> dict[str, Any]:
+  """A candidate's settings as a run takes them: the grouping (GPU indices in pipeline order), cuts, Nm,
+  window (most minibatches in flight), D, placement, transfer models (``overlap_transfers``, ``staged_ps``:
+  the flat names of :class:`~hetpipe_jax.run.config.RunConfig` and ``experiments.train --plan``)."""
+  return {"grouping": candidate.grouping, "nm_rule": candidate.nm_rule,
+          "policy": [[g.index for g in p.gpus] for p in candidate.plans],
+          "cuts": [list(p.cuts) for p in candidate.plans], "nm": [p.nm for p in candidate.plans],
+          "window": [p.in_flight for p in candidate.plans],
+          "d": candidate.d, "placement": candidate.placement,
+          "overlap_transfers": candidate.sim.overlap_transfers, "staged_ps": candidate.sim.staged_ps}
+
+
+def result_json(result: Result, batch_size: int, staleness_model: StalenessModel | None = None) -> dict[str, Any]:
+  """A result as ``tune.json`` holds it: the settings, the predicted images/s and efficiency, the plan's
+  modelled images/s, the mean staleness and (with a staleness model) the predicted time to accuracy."""
+  out = {**candidate_json(result.candidate), "images_per_sec": result.images_per_sec,
+         "efficiency": result.efficiency, "modelled_images_per_sec":
+             result.candidate.modelled_images_per_sec(batch_size), "waves": result.waves,
+         "mean_staleness": result.staleness}
+  if staleness_model is not None:
+    out["time_to_accuracy_s"] = staleness_model.seconds(result.images_per_sec, result.staleness)
+  return out
