@@ -57,79 +57,111 @@ def simulated_images_per_sec(cluster, profiles, plans, d: int = 0, placement: st
   return sum(vw.completed for vw in vws) * FLAGS.batch_size / seconds
 
 
-def study(model_name: str, cluster, ds: list[int]) -> list[dict]:
+class Study:
+  """One model's rows on one cluster: what every part of the study shares."""
 
+  def __init__(self, model_name: str, cluster):
+    from hetpipe_jax.cost.profile import full_size_profiles
+    from hetpipe_jax.optim import optimizer_slots
+    self.model_name, self.cluster = model_name, cluster
+    self.slots = optimizer_slots(FLAGS.optimizer)
+    self.profiles = full_size_profiles(model_name, FLAGS.batch_size)
+    self.rows: list[dict] = []
+
+  def ideal(self, gpus=None, cluster=None) -> float:
+    from hetpipe_jax.plan.costmodel import ideal_images_per_sec
+    return ideal_images_per_sec(cluster or self.cluster, self.profiles, FLAGS.batch_size, gpus)
+
+  def row(self, study_name, config, gpus, nm, d, ips, best, transfers=None) -> None:
+    transfers = transfers or ("overlap" if FLAGS.overlap_transfers else "serial")  # the planned rows' model
+    self.rows.append({"model": self.model_name, "study": study_name, "config": config, "gpus": gpus, "nm": nm,
+                      "d": d, "transfers": transfers, "images_per_sec": ips, "ideal_images_per_sec": best,
+                      "efficiency": ips / best})
+
+
+def nm_rows(s: Study) -> None:
+  """(a) one virtual worker, Nm = 1 .. nm_max."""
   from hetpipe_jax import ConfigError
-  from hetpipe_jax.baselines.horovod import horovod_images_per_second
-  from hetpipe_jax.cluster import make_cluster
-  from hetpipe_jax.cost.profile import full_size_profiles
-  from hetpipe_jax.optim import optimizer_slots
-  from hetpipe_jax.plan.allocation import allocate, horovod_gpus, plan_cluster
+  from hetpipe_jax.plan.allocation import allocate
   from hetpipe_jax.plan.partition import partition
-
-  slots = optimizer_slots(FLAGS.optimizer)
-  profiles = full_size_profiles(model_name, FLAGS.batch_size)
-  from hetpipe_jax.plan.costmodel import ideal_images_per_sec
-
-  rows = []
-  ideal = lambda gpus: ideal_images_per_sec(cluster, profiles, FLAGS.batch_size, gpus)
-  serial = "overlap" if FLAGS.overlap_transfers else "serial"  # the transfer model of the planned rows
-  row = lambda study_name, config, gpus, nm, d, ips, best, transfers=serial: rows.append(
-      {"model": model_name, "study": study_name, "config": config, "gpus": gpus, "nm": nm, "d": d,
-       "transfers": transfers, "images_per_sec": ips, "ideal_images_per_sec": best, "efficiency": ips / best})
-
-  # (a) one virtual worker, Nm = 1 .. nm_max
-  ed, hd, nodes = allocate(cluster, "ED")[0], allocate(cluster, "HD")[0], allocate(cluster, "NP")
+  ed, hd, nodes = allocate(s.cluster, "ED")[0], allocate(s.cluster, "HD")[0], allocate(s.cluster, "NP")
   mixes = {"ED mix (1 of each type)": ed, "HD mix (fast + whimpy)": hd,
            f"one node ({nodes[0][0].type.name})": nodes[0]}
   for label, gpus in mixes.items():
     for nm in range(1, FLAGS.nm_max + 1):
       try:
-        plan = partition(cluster, profiles, gpus, nm, optimizer_slots=slots)
+        plan = partition(s.cluster, s.profiles, gpus, nm, optimizer_slots=s.slots)
       except ConfigError:
         break  # memory grows with Nm
-      row("nm", label, len(gpus), nm, 0, simulated_images_per_sec(cluster, profiles, [plan]), ideal(gpus))
-      common.progress("%s %s Nm=%d: %.1f images/s", model_name, label, nm, rows[-1]["images_per_sec"])
+      s.row("nm", label, len(gpus), nm, 0, simulated_images_per_sec(s.cluster, s.profiles, [plan]), s.ideal(gpus))
+      common.progress("%s %s Nm=%d: %.1f images/s", s.model_name, label, nm, s.rows[-1]["images_per_sec"])
 
-  # (b) allocation policies and placements vs. Horovod
-  baseline_gpus = horovod_gpus(cluster, profiles, slots)
-  horovod = {overlap: horovod_images_per_second(cluster, profiles, baseline_gpus, FLAGS.batch_size, overlap=overlap)
-             if baseline_gpus else 0 for overlap in (False, True)}
-  row("policy", "Horovod", len(baseline_gpus), 1, 0, horovod[False], ideal(None), "serial")  # the others idle
-  row("policy", "Horovod, all-reduce overlapped", len(baseline_gpus), 1, 0, horovod[True], ideal(None), "overlap")
+
+def horovod_rates(s: Study) -> tuple[list, dict[bool, float]]:
+  """(the GPUs that hold the model, Horovod's images/s on them with and without overlapped all-reduce)."""
+  from hetpipe_jax.baselines.horovod import horovod_images_per_second
+  from hetpipe_jax.plan.allocation import horovod_gpus
+  gpus = horovod_gpus(s.cluster, s.profiles, s.slots)
+  return gpus, {overlap: horovod_images_per_second(s.cluster, s.profiles, gpus, FLAGS.batch_size, overlap=overlap)
+                if gpus else 0 for overlap in (False, True)}
+
+
+def policy_rows(s: Study, ds: list[int], baseline_gpus, horovod: dict[bool, float]) -> None:
+  """(b) allocation policies and placements vs. Horovod."""
+  from hetpipe_jax.plan.allocation import plan_cluster
+  s.row("policy", "Horovod", len(baseline_gpus), 1, 0, horovod[False], s.ideal(), "serial")  # the others idle
+  s.row("policy", "Horovod, all-reduce overlapped", len(baseline_gpus), 1, 0, horovod[True], s.ideal(), "overlap")
   for policy in ("NP", "ED", "HD"):
     for placement in ("default", "local"):
-      plan = plan_cluster(cluster, profiles, policy, placement, "max_fit", None, optimizer_slots=slots)
+      plan = plan_cluster(s.cluster, s.profiles, policy, placement, "max_fit", None, optimizer_slots=s.slots)
       for d in ds:
-        ips = simulated_images_per_sec(cluster, profiles, plan.vws, d, placement)
+        ips = simulated_images_per_sec(s.cluster, s.profiles, plan.vws, d, placement)
         config = f"{policy}-{placement}" + (f" D={d}" if d else "")
-        row("policy", config, cluster.num_gpus, max(p.nm for p in plan.vws), d, ips, ideal(None))
-        common.progress("%s %s: %.1f images/s", model_name, config, ips)
-  if FLAGS.tuned:
-    from hetpipe_jax.tune import RunSetting, SearchSpace, TuneOptions, tune
-    best = tune(cluster, profiles, FLAGS.batch_size, SearchSpace(ds=tuple(ds)),
-                TuneOptions(waves=FLAGS.waves, setting=RunSetting(optimizer_slots=slots),
-                            progress=lambda line: common.progress("%s tuner: %s", model_name, line))).best
-    c = best.candidate
-    staged = ", staged PS" if c.sim.staged_ps else ""
-    row("policy", f"tuned: {c.grouping}, Nm {c.nm_rule}, D={c.d}, {c.placement}{staged}", cluster.num_gpus,
-        max(p.nm for p in c.plans), c.d, best.images_per_sec, ideal(None),
-        "overlap" if c.sim.overlap_transfers else "serial")
-    common.progress("%s tuned (%s): %.1f images/s", model_name, c.label, best.images_per_sec)
+        s.row("policy", config, s.cluster.num_gpus, max(p.nm for p in plan.vws), d, ips, s.ideal())
+        common.progress("%s %s: %.1f images/s", s.model_name, config, ips)
 
-  # (c) whimpy GPUs: HetPipe on the others, HetPipe on all, Horovod
+
+def tuned_row(s: Study, ds: list[int]) -> None:
+  """(b) the tuner's best configuration."""
+  from hetpipe_jax.tune import RunSetting, SearchSpace, TuneOptions, tune
+  best = tune(s.cluster, s.profiles, FLAGS.batch_size, SearchSpace(ds=tuple(ds)),
+              TuneOptions(waves=FLAGS.waves, setting=RunSetting(optimizer_slots=s.slots),
+                          progress=lambda line: common.progress("%s tuner: %s", s.model_name, line))).best
+  c = best.candidate
+  staged = ", staged PS" if c.sim.staged_ps else ""
+  s.row("policy", f"tuned: {c.grouping}, Nm {c.nm_rule}, D={c.d}, {c.placement}{staged}", s.cluster.num_gpus,
+        max(p.nm for p in c.plans), c.d, best.images_per_sec, s.ideal(),
+        "overlap" if c.sim.overlap_transfers else "serial")
+  common.progress("%s tuned (%s): %.1f images/s", s.model_name, c.label, best.images_per_sec)
+
+
+def whimpy_rows(s: Study, baseline_gpus, horovod: dict[bool, float]) -> None:
+  """(c) whimpy GPUs: HetPipe on the others, HetPipe on all, Horovod."""
+  from hetpipe_jax.cluster import make_cluster
+  from hetpipe_jax.plan.allocation import plan_cluster
+  cluster = s.cluster
   kept = [[g.type for g in cluster.node_gpus(n)] for n in sorted({g.node for g in cluster.gpus})
           if cluster.node_gpus(n)[0].type.name != FLAGS.whimpy]
   without = make_cluster(f"{cluster.name}-no-whimpy", kept, cluster.intra_node, cluster.inter_node)
   for label, c in ((f"HetPipe ED-local, {without.num_gpus} GPUs (no {FLAGS.whimpy})", without),
                    (f"HetPipe ED-local, {cluster.num_gpus} GPUs", cluster)):
-    plan = plan_cluster(c, profiles, "ED", "local", "max_fit", None, optimizer_slots=slots)
-    row("whimpy", label, c.num_gpus, max(p.nm for p in plan.vws), 0,
-        simulated_images_per_sec(c, profiles, plan.vws, 0, "local"),
-        ideal_images_per_sec(c, profiles, FLAGS.batch_size))
-  row("whimpy", f"Horovod, {len(baseline_gpus)} GPUs that hold the model", len(baseline_gpus), 1, 0,
-      horovod[False], ideal(None), "serial")
-  return rows
+    plan = plan_cluster(c, s.profiles, "ED", "local", "max_fit", None, optimizer_slots=s.slots)
+    s.row("whimpy", label, c.num_gpus, max(p.nm for p in plan.vws), 0,
+          simulated_images_per_sec(c, s.profiles, plan.vws, 0, "local"), s.ideal(cluster=c))
+  s.row("whimpy", f"Horovod, {len(baseline_gpus)} GPUs that hold the model", len(baseline_gpus), 1, 0,
+        horovod[False], s.ideal(), "serial")
+
+
+def study(model_name: str, cluster, ds: list[int]) -> list[dict]:
+  """Every row of one model: Nm, policies (and the tuned configuration), whimpy GPUs."""
+  s = Study(model_name, cluster)
+  nm_rows(s)
+  baseline_gpus, horovod = horovod_rates(s)
+  policy_rows(s, ds, baseline_gpus, horovod)
+  if FLAGS.tuned:
+    tuned_row(s, ds)
+  whimpy_rows(s, baseline_gpus, horovod)
+  return s.rows
 
 
 def charts(rows: list[dict], out_dir: str) -> list[str]:
