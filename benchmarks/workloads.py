@@ -261,13 +261,20 @@ def full_size_profiles(name: str, batch_size: int = 32):
     return profile_units(model, jax.ShapeDtypeStruct((batch_size, 224, 224, 3), jnp.float32), cache_dir=None)
 
 
+def _slots_kwargs(fn) -> dict:
+  """The optimizer's slots as ``fn`` takes them: in a cost context (issue 22 on), or as ``optimizer_slots``."""
+  if "costs" in inspect.signature(fn).parameters:
+    return {"costs": _attr("CostContext", "hetpipe_jax.cost.context")(optimizer_slots=OPTIMIZER_SLOTS)}
+  return {"optimizer_slots": OPTIMIZER_SLOTS}
+
+
 def simulator(waves: int) -> Workload:
   """``waves`` waves of VGG-19 (batch 32) on ``paper_testbed`` under ED: 4 virtual workers x 4 stages,
   Nm = 4, D = 0 (experiments/bench_sim.py's run)."""
   cluster = _attr("get_cluster", "hetpipe_jax")("paper_testbed")
   profiles = full_size_profiles("vgg19")
   plan_cluster = _attr("plan_cluster", "hetpipe_jax.plan.allocation", "hetpipe_jax.allocation")
-  plan = plan_cluster(cluster, profiles, "ED", nm_policy=4, optimizer_slots=OPTIMIZER_SLOTS)
+  plan = plan_cluster(cluster, profiles, "ED", nm_policy=4, **_slots_kwargs(plan_cluster))
   simulate = _attr("simulate", "hetpipe_jax.sim.simulate", "hetpipe_jax.sim")
   trace_cls = _attr("Trace", "hetpipe_jax.core.trace", "hetpipe_jax.trace")
   params = inspect.signature(simulate).parameters
@@ -317,7 +324,7 @@ def partition_16gpu() -> Workload:
                                           for node in range(4)])
   profiles, partition = full_size_profiles("resnet152"), _partition_module("partition")
   gpus = list(cluster.gpus)
-  return Workload(lambda: (), lambda: partition(cluster, profiles, gpus, 1, optimizer_slots=OPTIMIZER_SLOTS))
+  return Workload(lambda: (), lambda: partition(cluster, profiles, gpus, 1, **_slots_kwargs(partition)))
 
 
 # 4. The parameter server applying pushed waves.

@@ -26,6 +26,7 @@ def main(argv):
   from hetpipe_jax import get_cluster
   from hetpipe_jax.cluster import make_cluster
   from hetpipe_jax.cluster.catalogue import CATALOGUE
+  from hetpipe_jax.cost.context import CostContext
   from hetpipe_jax.cost.profile import profile_units
   from hetpipe_jax.models import full_size_input, full_size_model
   from hetpipe_jax.optim import optimizer_slots
@@ -49,7 +50,7 @@ def main(argv):
     cluster = get_cluster(cluster_name)
     t = time.perf_counter()
     plan = plan_virtual_worker(cluster, profiles["resnet152"], list(cluster.gpus), "max_fit",
-                               optimizer_slots=optimizer_slots("momentum"))
+                               costs=CostContext(optimizer_slots=optimizer_slots("momentum")))
     results[label] = time.perf_counter() - t
     print(f"plan resnet152 on {cluster.num_gpus} GPUs ({cluster_name}): {results[label]:.3f} s -> Nm={plan.nm}, "
           f"order {[g.type.name for g in plan.gpus]}, cuts {plan.cuts}, "
@@ -61,7 +62,8 @@ def main(argv):
                                           for node in range(4)])
   for name in ("resnet152", "vgg19"):
     t = time.perf_counter()
-    plan = partition(cluster, profiles[name], list(cluster.gpus), 1, optimizer_slots=optimizer_slots("momentum"))
+    plan = partition(cluster, profiles[name], list(cluster.gpus), 1,
+                     CostContext(optimizer_slots=optimizer_slots("momentum")))
     results[f"16gpu_{name}"] = time.perf_counter() - t
     print(f"partition {name} on 16 GPUs of 8 types (Nm=1): {results[f'16gpu_{name}']:.3f} s -> cuts {plan.cuts}, "
           f"{plan.throughput * 32:.1f} images/s modelled")

@@ -24,6 +24,7 @@ def main(argv):
 
   from hetpipe_jax import check_trace, get_cluster
   from hetpipe_jax.core.trace import Trace
+  from hetpipe_jax.cost.context import CostContext
   from hetpipe_jax.cost.profile import full_size_profiles
   from hetpipe_jax.optim import optimizer_slots
   from hetpipe_jax.plan.allocation import plan_cluster
@@ -31,7 +32,8 @@ def main(argv):
 
   cluster = get_cluster("paper_testbed")
   profiles = full_size_profiles("vgg19", 32)
-  plan = plan_cluster(cluster, profiles, "ED", nm_policy=4, optimizer_slots=optimizer_slots("momentum"))
+  plan = plan_cluster(cluster, profiles, "ED", nm_policy=4,
+                      costs=CostContext(optimizer_slots=optimizer_slots("momentum")))
   trace = Trace()
   t = time.perf_counter()
   seconds, vws, _ = simulate(SimJob(cluster, profiles, plan.layout, 0, FLAGS.waves), trace)

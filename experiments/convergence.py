@@ -274,6 +274,7 @@ def candidate_spec(name: str, candidate) -> RunSpec:
 def train(study: Study, memo: Memo, spec: RunSpec, seed: int) -> dict:
   """One HetPipe run of ``spec`` on the virtual executor, its trace checked: the entry of the runs it makes."""
   from hetpipe_jax import staleness_stats
+  from hetpipe_jax.cost.context import CostContext
   from hetpipe_jax.plan.allocation import plan_cluster
   from hetpipe_jax.staleness import mean_staleness
   name, fields = spec.name, spec.fields
@@ -281,7 +282,7 @@ def train(study: Study, memo: Memo, spec: RunSpec, seed: int) -> dict:
     layout_nms = fields["nm"]
   else:
     layout_nms = [p.nm for p in plan_cluster(study.cluster, study.clock_profiles, study.policy, "default", study.nm,
-                                             None, optimizer_slots=study.slots).vws]
+                                             None, CostContext(optimizer_slots=study.slots)).vws]
   waves = max(1, math.ceil(study.total / sum(layout_nms)))
   common.progress("seed %d, %s: %d virtual workers, Nm=%s, %d waves", seed, name, len(layout_nms), layout_nms,
                   waves)
@@ -322,6 +323,7 @@ def tune_config(study: Study, memo: Memo, runs: list[dict]) -> Tuned:
   staleness model fitted to ``runs`` (the first seed's; images/s when they give no fit), by images/s, or
   measured: the pilot runs' fastest to the target."""
   from hetpipe_jax import ConfigError
+  from hetpipe_jax.cost.context import CostContext
   from hetpipe_jax.staleness import fit_staleness_model
   from hetpipe_jax.tune import RunSetting, SearchSpace, TuneOptions, tune
   fit = None
@@ -333,7 +335,7 @@ def tune_config(study: Study, memo: Memo, runs: list[dict]) -> Tuned:
       common.progress("ranking by images/s: %s", e)
   space = SearchSpace(ds=tuple(study.ds), max_stages=study.model.num_units)  # the trained model is cut over them
   options = TuneOptions(staleness_model=fit, front=0 if FLAGS.tuned_objective == "throughput" else 6,
-                        setting=RunSetting(optimizer_slots=study.slots),
+                        setting=RunSetting(CostContext(optimizer_slots=study.slots)),
                         progress=lambda line: common.progress("tuner: %s", line))
   out = tune(study.cluster, study.clock_profiles, FLAGS.batch_size, space, options)
   best, pilots = out.best, []
@@ -378,8 +380,10 @@ def measured_best(study: Study, memo: Memo, results: Sequence, fit) -> tuple[Any
 def baseline_gpus(study: Study) -> list:
   """The GPUs the baselines train on: those that hold the whole model, but --whimpy ones."""
   from hetpipe_jax import ConfigError
+  from hetpipe_jax.cost.context import CostContext
   from hetpipe_jax.plan.allocation import horovod_gpus
-  gpus = [g for g in horovod_gpus(study.cluster, study.clock_profiles, study.slots) if g.type.name != FLAGS.whimpy]
+  held = horovod_gpus(study.cluster, study.clock_profiles, CostContext(optimizer_slots=study.slots))
+  gpus = [g for g in held if g.type.name != FLAGS.whimpy]
   if not gpus:
     raise ConfigError("no GPU of the cluster holds the whole model for the data-parallel baselines; use a "
                       "smaller --time_model or a cluster with larger GPUs")

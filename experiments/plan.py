@@ -62,6 +62,7 @@ def main(argv):
   import jax.numpy as jnp
 
   from hetpipe_jax import get_cluster, get_model
+  from hetpipe_jax.cost.context import CostContext
   from hetpipe_jax.cost.profile import full_size_profiles, profile_units
   from hetpipe_jax.data import tokens
   from hetpipe_jax.models import FULL_SIZE
@@ -81,8 +82,9 @@ def main(argv):
                              jax.ShapeDtypeStruct((FLAGS.batch_size, *data.x_train.shape[1:]), jnp.int32))
   else:  # the small models, on 28x28 grey images
     profiles = profile_units(get_model(FLAGS.model), jax.ShapeDtypeStruct((FLAGS.batch_size, 28, 28, 1), jnp.float32))
-  plan = plan_cluster(cluster, profiles, parse_policy(FLAGS.policy), FLAGS.placement,
-                      common.parse_nm(FLAGS.nm), FLAGS.nm_max, FLAGS.weight_mode, slots, FLAGS.precision)
+  plan = plan_cluster(cluster, profiles, parse_policy(FLAGS.policy), FLAGS.placement, common.parse_nm(FLAGS.nm),
+                      FLAGS.nm_max,
+                      CostContext(weight_mode=FLAGS.weight_mode, optimizer_slots=slots, precision=FLAGS.precision))
   doc = plan_to_json(cluster, profiles, plan, FLAGS.model, FLAGS.batch_size, FLAGS.precision)
   print(plan_table(doc))
   common.write_json(common.ensure_parent(FLAGS.out), doc)

@@ -110,11 +110,12 @@ def model_setting(model: str) -> tuple[int, int | None, str, float]:
 
 def study(model: str, sizes: list[int]) -> list[Row]:
   from hetpipe_jax.cluster import mixed_cluster
+  from hetpipe_jax.cost.context import CostContext
   from hetpipe_jax.cost.profile import full_size_profiles
   from hetpipe_jax.plan.costmodel import ideal_images_per_sec
   from hetpipe_jax.tune import RunSetting, SearchSpace, TuneOptions, candidate_json, replicate, tune
   batch_size, seq_len, precision, slots = model_setting(model)
-  setting = RunSetting(optimizer_slots=slots, precision=precision)
+  setting = RunSetting(CostContext(optimizer_slots=slots, precision=precision))
   space = SearchSpace(ds=(0,), placements=tuple(FLAGS.placements), transfers=(True,),
                       staged=tuple(common.parse_ps_transfers(FLAGS.ps_transfers)))
   profiles = full_size_profiles(model, batch_size, seq_len=seq_len)

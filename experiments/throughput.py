@@ -82,6 +82,7 @@ class Study:
 def nm_rows(s: Study) -> None:
   """(a) one virtual worker, Nm = 1 .. nm_max."""
   from hetpipe_jax import ConfigError
+  from hetpipe_jax.cost.context import CostContext
   from hetpipe_jax.plan.allocation import allocate
   from hetpipe_jax.plan.partition import partition
   ed, hd, nodes = allocate(s.cluster, "ED")[0], allocate(s.cluster, "HD")[0], allocate(s.cluster, "NP")
@@ -90,7 +91,7 @@ def nm_rows(s: Study) -> None:
   for label, gpus in mixes.items():
     for nm in range(1, FLAGS.nm_max + 1):
       try:
-        plan = partition(s.cluster, s.profiles, gpus, nm, optimizer_slots=s.slots)
+        plan = partition(s.cluster, s.profiles, gpus, nm, CostContext(optimizer_slots=s.slots))
       except ConfigError:
         break  # memory grows with Nm
       s.row("nm", label, len(gpus), nm, 0, simulated_images_per_sec(s.cluster, s.profiles, [plan]), s.ideal(gpus))
@@ -100,20 +101,23 @@ def nm_rows(s: Study) -> None:
 def horovod_rates(s: Study) -> tuple[list, dict[bool, float]]:
   """(the GPUs that hold the model, Horovod's images/s on them with and without overlapped all-reduce)."""
   from hetpipe_jax.baselines.horovod import horovod_images_per_second
+  from hetpipe_jax.cost.context import CostContext
   from hetpipe_jax.plan.allocation import horovod_gpus
-  gpus = horovod_gpus(s.cluster, s.profiles, s.slots)
+  gpus = horovod_gpus(s.cluster, s.profiles, CostContext(optimizer_slots=s.slots))
   return gpus, {overlap: horovod_images_per_second(s.cluster, s.profiles, gpus, FLAGS.batch_size, overlap=overlap)
                 if gpus else 0 for overlap in (False, True)}
 
 
 def policy_rows(s: Study, ds: list[int], baseline_gpus, horovod: dict[bool, float]) -> None:
   """(b) allocation policies and placements vs. Horovod."""
+  from hetpipe_jax.cost.context import CostContext
   from hetpipe_jax.plan.allocation import plan_cluster
   s.row("policy", "Horovod", len(baseline_gpus), 1, 0, horovod[False], s.ideal(), "serial")  # the others idle
   s.row("policy", "Horovod, all-reduce overlapped", len(baseline_gpus), 1, 0, horovod[True], s.ideal(), "overlap")
   for policy in ("NP", "ED", "HD"):
     for placement in ("default", "local"):
-      plan = plan_cluster(s.cluster, s.profiles, policy, placement, "max_fit", None, optimizer_slots=s.slots)
+      plan = plan_cluster(s.cluster, s.profiles, policy, placement, "max_fit", None,
+                          CostContext(optimizer_slots=s.slots))
       for d in ds:
         ips = simulated_images_per_sec(s.cluster, s.profiles, plan.vws, d, placement)
         config = f"{policy}-{placement}" + (f" D={d}" if d else "")
@@ -123,9 +127,10 @@ def policy_rows(s: Study, ds: list[int], baseline_gpus, horovod: dict[bool, floa
 
 def tuned_row(s: Study, ds: list[int]) -> None:
   """(b) the tuner's best configuration."""
+  from hetpipe_jax.cost.context import CostContext
   from hetpipe_jax.tune import RunSetting, SearchSpace, TuneOptions, tune
   best = tune(s.cluster, s.profiles, FLAGS.batch_size, SearchSpace(ds=tuple(ds)),
-              TuneOptions(waves=FLAGS.waves, setting=RunSetting(optimizer_slots=s.slots),
+              TuneOptions(waves=FLAGS.waves, setting=RunSetting(CostContext(optimizer_slots=s.slots)),
                           progress=lambda line: common.progress("%s tuner: %s", s.model_name, line))).best
   c = best.candidate
   staged = ", staged PS" if c.sim.staged_ps else ""
@@ -138,6 +143,7 @@ def tuned_row(s: Study, ds: list[int]) -> None:
 def whimpy_rows(s: Study, baseline_gpus, horovod: dict[bool, float]) -> None:
   """(c) whimpy GPUs: HetPipe on the others, HetPipe on all, Horovod."""
   from hetpipe_jax.cluster import make_cluster
+  from hetpipe_jax.cost.context import CostContext
   from hetpipe_jax.plan.allocation import plan_cluster
   cluster = s.cluster
   kept = [[g.type for g in cluster.node_gpus(n)] for n in sorted({g.node for g in cluster.gpus})
@@ -145,7 +151,7 @@ def whimpy_rows(s: Study, baseline_gpus, horovod: dict[bool, float]) -> None:
   without = make_cluster(f"{cluster.name}-no-whimpy", kept, cluster.intra_node, cluster.inter_node)
   for label, c in ((f"HetPipe ED-local, {without.num_gpus} GPUs (no {FLAGS.whimpy})", without),
                    (f"HetPipe ED-local, {cluster.num_gpus} GPUs", cluster)):
-    plan = plan_cluster(c, s.profiles, "ED", "local", "max_fit", None, optimizer_slots=s.slots)
+    plan = plan_cluster(c, s.profiles, "ED", "local", "max_fit", None, CostContext(optimizer_slots=s.slots))
     s.row("whimpy", label, c.num_gpus, max(p.nm for p in plan.vws), 0,
           simulated_images_per_sec(c, s.profiles, plan.vws, 0, "local"), s.ideal(cluster=c))
   s.row("whimpy", f"Horovod, {len(baseline_gpus)} GPUs that hold the model", len(baseline_gpus), 1, 0,

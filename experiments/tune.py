@@ -102,9 +102,10 @@ def search_space():
 
 def tune_options(staleness_model):
   """How the flags run the search: their waves and run setting, ranked by ``staleness_model`` if any."""
+  from hetpipe_jax.cost.context import CostContext
   from hetpipe_jax.optim import optimizer_slots
   from hetpipe_jax.tune import RunSetting, TuneOptions
-  setting = RunSetting(weight_mode=FLAGS.weight_mode, optimizer_slots=optimizer_slots(FLAGS.optimizer))
+  setting = RunSetting(CostContext(FLAGS.weight_mode, optimizer_slots(FLAGS.optimizer)))
   return TuneOptions(waves=FLAGS.waves, staleness_model=staleness_model, setting=setting,
                      progress=lambda line: common.progress("%s", line))
 

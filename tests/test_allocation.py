@@ -3,6 +3,7 @@
 import pytest
 
 from hetpipe_jax import ConfigError, get_cluster
+from hetpipe_jax.cost.context import CostContext
 from hetpipe_jax.cost.memory import stage_memory_bytes
 from hetpipe_jax.cost.profile import full_size_profiles
 from hetpipe_jax.plan.allocation import allocate, horovod_gpus, plan_cluster
@@ -60,20 +61,20 @@ def vgg19():
 
 
 def test_ed_local_placement_keeps_ps_traffic_inside_nodes(vgg19):
-  local = plan_cluster(TESTBED, vgg19, "ED", "local", optimizer_slots=1)
-  default = plan_cluster(TESTBED, vgg19, "ED", "default", optimizer_slots=1)
+  local = plan_cluster(TESTBED, vgg19, "ED", "local", costs=CostContext(optimizer_slots=1))
+  default = plan_cluster(TESTBED, vgg19, "ED", "default", costs=CostContext(optimizer_slots=1))
   assert all(ps_cross_node_bytes(vgg19, vw, local.shard_nodes, 4) == 0 for vw in local.layout.vws)
   assert all(ps_cross_node_bytes(vgg19, vw, default.shard_nodes, 4) > 0 for vw in default.layout.vws)
   assert len({tuple(p.cuts) for p in local.vws}) == 1  # ED: one shared partition plan
   assert len(set(default.shard_nodes)) == 4  # default spreads the shards over every node
-  striped = plan_cluster(TESTBED, vgg19, "ED", "striped", optimizer_slots=1)
+  striped = plan_cluster(TESTBED, vgg19, "ED", "striped", costs=CostContext(optimizer_slots=1))
   assert all(ps_cross_node_bytes(vgg19, vw, striped.shard_nodes, 4) == sum(u.param_bytes * 3 // 4 for u in vgg19)
              for vw in striped.layout.vws)  # 3/4 of every unit leaves the node, whichever node runs it
 
 
 @pytest.mark.parametrize("policy", ["NP", "ED", "HD"])
 def test_plans_fit_memory_and_json_has_the_contract_fields(vgg19, policy):
-  plan = plan_cluster(TESTBED, vgg19, policy, "default", optimizer_slots=1)
+  plan = plan_cluster(TESTBED, vgg19, policy, "default", costs=CostContext(optimizer_slots=1))
   doc = plan_to_json(TESTBED, vgg19, plan, "vgg19", 32)
   assert {"model", "batch_size", "policy", "placement", "vws", "layers", "links"} <= set(doc)
   for vw in doc["vws"]:
@@ -89,9 +90,9 @@ def test_plans_fit_memory_and_json_has_the_contract_fields(vgg19, policy):
 
 def test_horovod_uses_the_gpus_that_hold_the_whole_model():
   resnet152 = full_size_profiles("resnet152", 32)
-  need = stage_memory_bytes(resnet152, 1, "latest", 1)
+  need = stage_memory_bytes(resnet152, 1, CostContext(weight_mode="latest", optimizer_slots=1))
   assert 8 << 30 < need < 12 << 30  # ~11.8 GiB: the 12 and 24 GB cards hold it, the 6 and 8 GB ones not
-  gpus = horovod_gpus(TESTBED, resnet152, optimizer_slots=1)
+  gpus = horovod_gpus(TESTBED, resnet152, CostContext(optimizer_slots=1))
   assert {g.type.name for g in gpus} == {"TITAN V", "TITAN RTX"} and len(gpus) == 8
 
 

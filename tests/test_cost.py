@@ -6,17 +6,18 @@ import numpy as np
 import pytest
 
 from hetpipe_jax.cluster import GpuType, Link, make_cluster
+from hetpipe_jax.cost.context import CostContext
 from hetpipe_jax.cost.memory import memory_bytes, nbytes, optimizer_slots_of, param_copies, stage_memory_bytes
 from hetpipe_jax.cost.profile import UnitProfile
 from hetpipe_jax.cost.roofline import stage_compute_seconds
 from hetpipe_jax.cost.transfer import (
-    Receive,
-    link_seconds,
-    receive_seconds,
-    receive_seconds_by_position,
-    stage_seconds,
-    stage_transfers,
-    transfer_seconds,
+  Receive,
+  link_seconds,
+  receive_seconds,
+  receive_seconds_by_position,
+  stage_seconds,
+  stage_transfers,
+  transfer_seconds,
 )
 from hetpipe_jax.models import get_model
 from hetpipe_jax.optim import OPTIMIZERS, make_optimizer, optimizer_slots
@@ -38,14 +39,15 @@ def test_registered_slots_equal_the_measured_state_size(name):
 
 
 def test_memory_formula_on_scalars_and_arrays():
-  assert param_copies(1, "stash", 0) == 2 and param_copies(4, "stash", 2) == 7
-  assert param_copies(4, "latest", 1.5) == 3.5
+  assert param_copies(1, CostContext("stash", 0)) == 2 and param_copies(4, CostContext("stash", 2)) == 7
+  assert param_copies(4, CostContext(weight_mode="latest", optimizer_slots=1.5)) == 3.5
   params, kept = np.array([1_000, 5_000, 0]), np.array([10, 0, 70])
   for nm, mode, slots in ((1, "stash", 0), (3, "stash", 2), (3, "latest", 1)):
-    vector = memory_bytes(params, kept, nm, mode, slots)
-    assert list(vector) == [memory_bytes(int(p), int(k), nm, mode, slots) for p, k in zip(params, kept)]
+    costs = CostContext(weight_mode=mode, optimizer_slots=slots)
+    vector = memory_bytes(params, kept, nm, costs)
+    assert list(vector) == [memory_bytes(int(p), int(k), nm, costs) for p, k in zip(params, kept)]
     units = [UnitProfile(f"u{i}", 0, 0, 0, 0, int(p), 0, int(k)) for i, (p, k) in enumerate(zip(params, kept))]
-    assert stage_memory_bytes(units, nm, mode, slots) == int(vector.sum())  # linear: per unit or per stage
+    assert stage_memory_bytes(units, nm, costs) == int(vector.sum())  # linear: per unit or per stage
 
 
 def test_transfer_rule_by_hand():

@@ -14,6 +14,7 @@ import pytest
 
 from hetpipe_jax import ConfigError, RunConfig, get_cluster, run_hetpipe
 from hetpipe_jax.cluster import CATALOGUE
+from hetpipe_jax.cost.context import CostContext
 from hetpipe_jax.cost.memory import memory_bytes, param_copies, stage_memory_bytes
 from hetpipe_jax.cost.profile import full_size_profiles, profile_units
 from hetpipe_jax.cost.roofline import roofline_seconds
@@ -104,13 +105,14 @@ def test_sequence_length_is_checked():
 def test_mixed_precision_memory_is_16_bytes_per_parameter_with_adam():
   n = 1000  # parameters, 4 bytes each in the fp32 profile
   for precision in ("fp32", "fp16", "bf16"):
-    assert memory_bytes(4 * n, 0, 1, "latest", 2, precision) == 16 * n  # 2+2+4+8 or 4+4+8
-  assert memory_bytes(4 * n, 0, 3, "stash", 2, "bf16") == 16 * n + 2 * 2 * n  # 2 stashed 16-bit versions
-  assert memory_bytes(4 * n, 0, 3, "stash", 2, "fp32") == 16 * n + 2 * 4 * n
-  assert memory_bytes(0, 100, 3, "stash", 2, "bf16") == 150 and memory_bytes(0, 100, 3, "stash", 2) == 300
-  assert param_copies(2, "stash", 1) == 4 and param_copies(2, "stash", 1, "fp16") == 3.5
+    assert memory_bytes(4 * n, 0, 1, CostContext("latest", 2, precision)) == 16 * n  # 2+2+4+8 or 4+4+8
+  assert memory_bytes(4 * n, 0, 3, CostContext("stash", 2, "bf16")) == 16 * n + 2 * 2 * n  # 2 stashed 16-bit versions
+  assert memory_bytes(4 * n, 0, 3, CostContext("stash", 2, "fp32")) == 16 * n + 2 * 4 * n
+  assert memory_bytes(0, 100, 3, CostContext("stash", 2, "bf16")) == 150
+  assert memory_bytes(0, 100, 3, CostContext("stash", 2)) == 300
+  assert param_copies(2, CostContext("stash", 1)) == 4 and param_copies(2, CostContext("stash", 1, "fp16")) == 3.5
   with pytest.raises(ConfigError, match=r"unknown precision 'fp8'; use one of fp32, fp16, bf16"):
-    memory_bytes(1, 1, 1, "stash", 0, "fp8")
+    memory_bytes(1, 1, 1, CostContext(weight_mode="stash", optimizer_slots=0, precision="fp8"))
 
 
 def test_bf16_uses_the_tensor_core_peak_only_where_there_is_one():
@@ -137,17 +139,19 @@ def test_activations_cross_stages_in_16_bits():
 def test_a_6_7b_model_plans_over_gpus_none_of_which_holds_it():
   cluster = get_cluster("paper_testbed")
   profiles = full_size_profiles("gpt-6.7b", 1, seq_len=1024)
-  whole = stage_memory_bytes(profiles, 1, "latest", 2, "bf16")
-  assert whole > max(g.type.memory_bytes for g in cluster.gpus) and not horovod_gpus(cluster, profiles, 2, "bf16")
-  plan = plan_cluster(cluster, profiles, EIGHT_FAST, optimizer_slots=2, precision="bf16")
+  whole = stage_memory_bytes(profiles, 1, CostContext(weight_mode="latest", optimizer_slots=2, precision="bf16"))
+  assert whole > max(g.type.memory_bytes for g in cluster.gpus)
+  assert not horovod_gpus(cluster, profiles, CostContext(optimizer_slots=2, precision="bf16"))
+  plan = plan_cluster(cluster, profiles, EIGHT_FAST, costs=CostContext(optimizer_slots=2, precision="bf16"))
   (vw,) = plan.vws
   assert vw.cuts[0] == 0 and vw.cuts[-1] == len(profiles) and len(vw.stages) == 8
   for stage in vw.stages:
-    assert stage.memory_bytes == stage_memory_bytes(profiles[stage.first:stage.last], vw.nm, "stash", 2, "bf16")
+    assert stage.memory_bytes == stage_memory_bytes(profiles[stage.first:stage.last], vw.nm,
+                                                    CostContext("stash", 2, "bf16"))
     assert stage.memory_bytes <= stage.gpu.type.memory_bytes
   assert sum(s.memory_bytes for s in vw.stages) >= whole
   with pytest.raises(ConfigError, match="no partition of the model over 4 GPUs"):  # ED: 50 GB per VW
-    plan_cluster(cluster, profiles, "ED", optimizer_slots=2, precision="bf16")
+    plan_cluster(cluster, profiles, "ED", costs=CostContext(optimizer_slots=2, precision="bf16"))
 
 
 def test_a_6_7b_model_simulates_in_bf16():

@@ -7,6 +7,7 @@ import pytest
 
 from hetpipe_jax import ConfigError
 from hetpipe_jax.cluster import GIB, LINKS, GpuType, make_cluster
+from hetpipe_jax.cost.context import CostContext
 from hetpipe_jax.cost.memory import stage_memory_bytes
 from hetpipe_jax.cost.profile import UnitProfile
 from hetpipe_jax.cost.transfer import stage_seconds
@@ -36,7 +37,8 @@ def brute_force(cluster, profiles, gpus, nm, slots, ordered=False, allow_empty=F
   for order in ([gpus] if ordered else itertools.permutations(gpus)):
     for inner in cuts:
       cut = [0, *inner, n]
-      if any(stage_memory_bytes(profiles[cut[j]:cut[j + 1]], nm, "stash", slots) > g.type.memory_bytes
+      if any(stage_memory_bytes(profiles[cut[j]:cut[j + 1]], nm,
+                                CostContext(weight_mode="stash", optimizer_slots=slots)) > g.type.memory_bytes
              for j, g in enumerate(order)):
         continue
       best = min(best, max(sum(stage_seconds(cluster, profiles, cut, order, j)) for j in range(len(order))))
@@ -53,9 +55,9 @@ def test_dp_equals_brute_force(seed):
   want = brute_force(cluster, profiles, gpus, nm, 2.0, ordered)
   if np.isinf(want):
     with pytest.raises(ConfigError, match="fits in memory"):
-      partition(cluster, profiles, gpus, nm, optimizer_slots=2.0, ordered=ordered)
+      partition(cluster, profiles, gpus, nm, ordered=ordered, costs=CostContext(optimizer_slots=2.0))
     return
-  plan = partition(cluster, profiles, gpus, nm, optimizer_slots=2.0, ordered=ordered)
+  plan = partition(cluster, profiles, gpus, nm, ordered=ordered, costs=CostContext(optimizer_slots=2.0))
   assert plan.bottleneck_s == pytest.approx(want, rel=1e-9)
   assert plan.cuts[0] == 0 and plan.cuts[-1] == num_units
   assert sorted(g.index for g in plan.gpus) == [g.index for g in gpus]
@@ -84,13 +86,13 @@ def test_dp_matrices_equal_the_scalar_stage_time_and_memory(seed):
   cluster, profiles, gpus = random_instance(rng, num_units, int(rng.integers(1, 5)))
   gpus = list(rng.permutation(gpus))  # any pipeline order, several GPUs of one node or type included
   nm, mode, slots = int(rng.integers(1, 4)), ["stash", "latest"][seed % 2], float(rng.uniform(0, 2.5))
-  dp = partition_module._Dp(cluster, profiles, nm, mode, slots, "fp32", allow_empty=True)
+  dp = partition_module._Dp(cluster, profiles, nm, CostContext(mode, slots), allow_empty=True)
   memory = dp.memory_matrix()
   for j, gpu in enumerate(gpus):
     times = dp.stage_matrix(gpus, j)
     for s in range(num_units + 1):
       for e in range(s, num_units + 1):
-        need = stage_memory_bytes(profiles[s:e], nm, mode, slots)
+        need = stage_memory_bytes(profiles[s:e], nm, CostContext(weight_mode=mode, optimizer_slots=slots))
         assert memory[s, e] == pytest.approx(need, rel=1e-12, abs=1)
         if need > gpu.type.memory_bytes * (1 + 1e-9):
           assert np.isinf(times[s, e])
@@ -118,10 +120,10 @@ def two_layers():
 def test_memory_accounting_by_hand():
   units = two_layers()
   # params x (weights + gradient + 2 Adam slots + Nm-1 stashed copies) + Nm x kept
-  assert stage_memory_bytes(units, nm=1, weight_mode="stash", optimizer_slots=2) == 3e6 * 4 + 30e6
-  assert stage_memory_bytes(units, nm=3, weight_mode="stash", optimizer_slots=2) == 3e6 * 6 + 3 * 30e6
-  assert stage_memory_bytes(units, nm=3, weight_mode="latest", optimizer_slots=2) == 3e6 * 4 + 3 * 30e6
-  assert stage_memory_bytes(units[:1], nm=2, weight_mode="stash", optimizer_slots=0) == 1e6 * 3 + 2 * 10e6
+  assert stage_memory_bytes(units, nm=1, costs=CostContext("stash", 2)) == 3e6 * 4 + 30e6
+  assert stage_memory_bytes(units, nm=3, costs=CostContext("stash", 2)) == 3e6 * 6 + 3 * 30e6
+  assert stage_memory_bytes(units, nm=3, costs=CostContext("latest", 2)) == 3e6 * 4 + 3 * 30e6
+  assert stage_memory_bytes(units[:1], nm=2, costs=CostContext("stash", 0)) == 1e6 * 3 + 2 * 10e6
 
 
 def _cluster(mem_a, mem_b):

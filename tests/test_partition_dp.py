@@ -12,6 +12,7 @@ import pytest
 from hetpipe_jax import ConfigError
 from hetpipe_jax.cluster import GIB, LINKS, GpuType, make_cluster
 from hetpipe_jax.cluster.catalogue import CATALOGUE
+from hetpipe_jax.cost.context import CostContext
 from hetpipe_jax.cost.memory import stage_memory_bytes
 from hetpipe_jax.cost.profile import UnitProfile
 from hetpipe_jax.cost.transfer import stage_seconds
@@ -92,7 +93,7 @@ def random_case(seed):
 @pytest.mark.parametrize("seed", range(120))
 def test_dp_equals_enumeration(seed):
   cluster, profiles, gpus, nm, allow_empty = random_case(seed)
-  dp = partition_module._Dp(cluster, profiles, nm, "stash", 2.0, "fp32", allow_empty)
+  dp = partition_module._Dp(cluster, profiles, nm, CostContext("stash", 2.0), allow_empty)
   for mem_ratio in (False, True):
     want = reference_search(dp, gpus, mem_ratio)
     got = partition_module._search(dp, gpus, ordered=False, mem_ratio=mem_ratio)
@@ -108,19 +109,20 @@ def test_dp_equals_enumeration(seed):
 @pytest.mark.parametrize("seed", range(120, 180))
 def test_partition_plans_are_valid_and_reach_the_optimum(seed):
   cluster, profiles, gpus, nm, allow_empty = random_case(seed)
-  dp = partition_module._Dp(cluster, profiles, nm, "stash", 2.0, "fp32", allow_empty)
+  dp = partition_module._Dp(cluster, profiles, nm, CostContext("stash", 2.0), allow_empty)
   want = reference_search(dp, gpus)[0]
   if np.isinf(want):
     with pytest.raises(ConfigError, match="fits in memory"):
-      partition(cluster, profiles, gpus, nm, optimizer_slots=2.0, allow_empty=allow_empty)
+      partition(cluster, profiles, gpus, nm, allow_empty=allow_empty, costs=CostContext(optimizer_slots=2.0))
     return
-  plan = partition(cluster, profiles, gpus, nm, optimizer_slots=2.0, allow_empty=allow_empty)
+  plan = partition(cluster, profiles, gpus, nm, allow_empty=allow_empty, costs=CostContext(optimizer_slots=2.0))
   cuts = plan.cuts
   assert cuts[0] == 0 and cuts[-1] == len(profiles)
   assert all(a <= b if allow_empty else a < b for a, b in zip(cuts, cuts[1:]))
   assert sorted(g.index for g in plan.gpus) == sorted(g.index for g in gpus)
   for j, gpu in enumerate(plan.gpus):
-    assert stage_memory_bytes(profiles[cuts[j]:cuts[j + 1]], nm, "stash", 2.0) <= gpu.type.memory_bytes
+    need = stage_memory_bytes(profiles[cuts[j]:cuts[j + 1]], nm, CostContext("stash", 2.0))
+    assert need <= gpu.type.memory_bytes
   slowest = max(sum(stage_seconds(cluster, profiles, cuts, plan.gpus, j)) for j in range(len(gpus)))
   assert slowest == pytest.approx(want, rel=1e-9)
   assert plan.bottleneck_s == pytest.approx(want, rel=1e-9)
@@ -130,7 +132,7 @@ def test_random_cases_cover_infeasible_ties_and_empty_stages():
   infeasible = empty = shared = 0
   for seed in range(120):
     cluster, profiles, gpus, nm, allow_empty = random_case(seed)
-    dp = partition_module._Dp(cluster, profiles, nm, "stash", 2.0, "fp32", allow_empty)
+    dp = partition_module._Dp(cluster, profiles, nm, CostContext("stash", 2.0), allow_empty)
     infeasible += np.isinf(reference_search(dp, gpus)[0])
     empty += allow_empty
     shared += len(partition_module._signature_groups(gpus)) < len(gpus)
@@ -149,13 +151,13 @@ def test_sixteen_gpus_of_eight_types_resnet152():
 
   profiles = full_size_profiles("resnet152", 32)
   cluster = sixteen_gpus()
-  plan = partition(cluster, profiles, list(cluster.gpus), 1, optimizer_slots=1.0)
+  plan = partition(cluster, profiles, list(cluster.gpus), 1, CostContext(optimizer_slots=1.0))
   cuts = plan.cuts
   assert cuts[0] == 0 and cuts[-1] == len(profiles) and all(a < b for a, b in zip(cuts, cuts[1:]))
   assert sorted(g.index for g in plan.gpus) == list(range(16))
   for s in plan.stages:
     assert s.memory_bytes <= s.gpu.type.memory_bytes
   # No better than the best fixed order we can name, and as good as the order it chose.
-  dp = partition_module._Dp(cluster, profiles, 1, "stash", 1.0, "fp32", False)
+  dp = partition_module._Dp(cluster, profiles, 1, CostContext("stash", 1.0), False)
   for order in partition_module._bound_orders(dp, list(cluster.gpus)):
     assert plan.bottleneck_s <= partition_module._ordered(dp, order)[0] * (1 + 1e-12)

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import pytest
 
 from hetpipe_jax import RunConfig, get_cluster, get_model, read_trace, run_hetpipe, synthetic
+from hetpipe_jax.cost.context import CostContext
 from hetpipe_jax.cost.profile import full_size_profiles, profile_units
 from hetpipe_jax.plan.allocation import plan_cluster
 from hetpipe_jax.plan.costmodel import CostModel
@@ -40,7 +41,7 @@ def test_every_policy_and_placement_plans_the_testbed(model):
   profiles = full_size_profiles(model, 32)
   for policy in ("NP", "ED", "HD"):
     for placement in ("default", "local"):
-      plan = plan_cluster(testbed, profiles, policy, placement, optimizer_slots=1)
+      plan = plan_cluster(testbed, profiles, policy, placement, costs=CostContext(optimizer_slots=1))
       doc = plan_to_json(testbed, profiles, plan, model, 32)
       assert sorted(d["index"] for vw in doc["vws"] for d in vw["devices"]) == list(range(16))
       assert all(1 <= vw["nm"] <= 4 for vw in doc["vws"]) and doc["images_per_s"] > 0
@@ -54,8 +55,8 @@ def test_training_runs_on_planned_layouts(policy):
   assert_trace_ok(result.events)
   meta = result.events[0]
   cluster = get_cluster("paper_half")
-  plan = plan_cluster(cluster, profile_units(model, jax.ShapeDtypeStruct((16, 8, 8, 1), jnp.float32)),
-                      policy, optimizer_slots=0)
+  plan = plan_cluster(cluster, profile_units(model, jax.ShapeDtypeStruct((16, 8, 8, 1), jnp.float32)), policy,
+                      costs=CostContext(optimizer_slots=0))
   assert meta["cuts"] == [p.cuts for p in plan.vws] and meta["nm"] == [p.nm for p in plan.vws]
   assert meta["gpus"] == [[g.name for g in p.gpus] for p in plan.vws]
   # The virtual clock takes every task's duration from the cluster's cost model.

@@ -9,6 +9,7 @@ from hetpipe_jax.cluster import GpuType, Link, make_cluster
 from hetpipe_jax.core import schedule
 from hetpipe_jax.core.check import check_trace
 from hetpipe_jax.core.trace import Trace
+from hetpipe_jax.cost.context import CostContext
 from hetpipe_jax.cost.profile import UnitProfile
 from hetpipe_jax.plan.costmodel import check_memory
 from hetpipe_jax.plan.layout import Layout, VWLayout
@@ -89,10 +90,12 @@ def test_memory_follows_what_is_in_flight():
   assert windowed.stages == vw_plan(cluster, profiles, gpus, (0, 1), 1).stages
   assert windowed.nm == 8 and windowed.in_flight == 1 and windowed.layout.window == 1
   with pytest.raises(ConfigError, match=r"with Nm=8 in flight"):
-    check_memory(profiles, Layout((VWLayout(gpus, (0, 1), 8),)), "latest", 0.0)
-  check_memory(profiles, Layout((VWLayout(gpus, (0, 1), 8, 1),)), "latest", 0.0)  # fits with a window
+    check_memory(profiles, Layout((VWLayout(gpus, (0, 1), 8),)), CostContext(weight_mode="latest", optimizer_slots=0.0))
+  check_memory(profiles, Layout((VWLayout(gpus, (0, 1), 8, 1),)),
+               CostContext(weight_mode="latest", optimizer_slots=0.0))  # fits with a window
   with pytest.raises(ConfigError, match=r"with window=2 \(Nm=8\) in flight"):
-    check_memory(profiles, Layout((VWLayout(gpus, (0, 1), 8, 2),)), "latest", 0.0)
+    check_memory(profiles, Layout((VWLayout(gpus, (0, 1), 8, 2),)),
+                 CostContext(weight_mode="latest", optimizer_slots=0.0))
 
 
 def test_layout_window_bounds_and_meta():

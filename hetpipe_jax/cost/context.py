@@ -17,3 +17,6 @@ class CostContext(NamedTuple):
   weight_mode: str = "stash"
   optimizer_slots: float = 0.0
   precision: str = "fp32"
+
+
+DEFAULT_COSTS = CostContext()  # fp32, stash, no optimizer state: the default of every function that takes one

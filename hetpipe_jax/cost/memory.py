@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 import jax.numpy as jnp
 
+from hetpipe_jax.cost.context import DEFAULT_COSTS, CostContext
 from hetpipe_jax.precision import byte_scale, is_mixed
 
 if TYPE_CHECKING:
@@ -61,15 +62,15 @@ def optimizer_slots_of(tx: optax.GradientTransformation, params: Any) -> float:
   return nbytes(jax.eval_shape(tx.init, shapes)) / max(nbytes(shapes), 1)
 
 
-def param_copies(nm: int, weight_mode: str, optimizer_slots: float, precision: str = "fp32") -> float:
+def param_copies(nm: int, costs: CostContext = DEFAULT_COSTS) -> float:
   """fp32-parameter-sized copies a stage holds: weights + gradient (+ fp32 master weights in mixed
   precision) + optimizer slots + stashed versions.
 
   Args:
     nm: most minibatches in flight (>= 1).
-    weight_mode: ``"stash"`` (Nm - 1 stashed weight versions) or ``"latest"`` (none).
-    optimizer_slots: parameter-sized fp32 arrays of optimizer state.
-    precision: "fp32", or "fp16"/"bf16" (mixed precision: see the module docstring).
+    costs: the weight mode (``"stash"``: Nm - 1 stashed weight versions; ``"latest"``: none), the
+      parameter-sized fp32 arrays of optimizer state, and the precision ("fp32", or "fp16"/"bf16": mixed
+      precision, see the module docstring).
 
   Returns:
     fp32: ``2 + optimizer_slots + stashed``; fp16/bf16: ``2 x 1/2 + 1 + optimizer_slots + stashed x 1/2``,
@@ -78,21 +79,20 @@ def param_copies(nm: int, weight_mode: str, optimizer_slots: float, precision: s
   Raises:
     ConfigError: for an unknown precision.
   """
-  stashed = nm - 1 if weight_mode == "stash" else 0
-  if not is_mixed(precision):
-    return 2 + optimizer_slots + stashed
-  s = byte_scale(precision)
-  return 2 * s + 1 + optimizer_slots + stashed * s
+  stashed = nm - 1 if costs.weight_mode == "stash" else 0
+  if not is_mixed(costs.precision):
+    return 2 + costs.optimizer_slots + stashed
+  s = byte_scale(costs.precision)
+  return 2 * s + 1 + costs.optimizer_slots + stashed * s
 
 
-def memory_bytes(param_bytes, kept_bytes, nm: int, weight_mode: str, optimizer_slots: float,
-                 precision: str = "fp32"):
+def memory_bytes(param_bytes, kept_bytes, nm: int, costs: CostContext = DEFAULT_COSTS):
   """The stage-memory formula on parameter and kept-activation bytes (scalars or numpy arrays).
 
   Args:
     param_bytes: parameter bytes in fp32 (of a stage, or of each unit as an array).
     kept_bytes: activation bytes in fp32 kept for the backward pass, per minibatch (same shape).
-    nm / weight_mode / optimizer_slots / precision: see :func:`param_copies`.
+    nm / costs: see :func:`param_copies`.
 
   Returns:
     ``param_bytes x param_copies(...) + nm x kept_bytes x byte_scale(precision)``, elementwise.
@@ -100,19 +100,18 @@ def memory_bytes(param_bytes, kept_bytes, nm: int, weight_mode: str, optimizer_s
   Raises:
     ConfigError: for an unknown precision.
   """
-  copies = param_copies(nm, weight_mode, optimizer_slots, precision)
-  if not is_mixed(precision):
+  copies = param_copies(nm, costs)
+  if not is_mixed(costs.precision):
     return param_bytes * copies + nm * kept_bytes
-  return param_bytes * copies + nm * kept_bytes * byte_scale(precision)
+  return param_bytes * copies + nm * kept_bytes * byte_scale(costs.precision)
 
 
-def stage_memory_bytes(units: Sequence[UnitProfile], nm: int, weight_mode: str,
-                       optimizer_slots: float, precision: str = "fp32") -> int:
+def stage_memory_bytes(units: Sequence[UnitProfile], nm: int, costs: CostContext = DEFAULT_COSTS) -> int:
   """Memory of one stage holding ``units`` (see the module docstring).
 
   Args:
     units: the profiles of the stage's units.
-    nm / weight_mode / optimizer_slots / precision: see :func:`param_copies`.
+    nm / costs: see :func:`param_copies`.
 
   Returns:
     Bytes, rounded down.
@@ -121,4 +120,4 @@ def stage_memory_bytes(units: Sequence[UnitProfile], nm: int, weight_mode: str,
     ConfigError: for an unknown precision.
   """
   return int(memory_bytes(sum(u.param_bytes for u in units), sum(u.kept_bytes for u in units), nm,
-                          weight_mode, optimizer_slots, precision))
+                          costs))

@@ -23,6 +23,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from hetpipe_jax.cluster import Cluster, Gpu
+from hetpipe_jax.cost.context import DEFAULT_COSTS, CostContext
 from hetpipe_jax.cost.memory import stage_memory_bytes
 from hetpipe_jax.cost.unit import UnitProfile
 from hetpipe_jax.errors import ConfigError
@@ -123,20 +124,19 @@ def split_pair(fast: Sequence[Gpu], slow: Sequence[Gpu], parts: int) -> list[lis
   return [list(fast[p * a:(p + 1) * a]) + list(slow[p * b:(p + 1) * b]) for p in range(parts)]
 
 
-def horovod_gpus(cluster: Cluster, profiles: Sequence[UnitProfile], optimizer_slots: float = 0.0,
-                 precision: str = "fp32") -> list[Gpu]:
+def horovod_gpus(cluster: Cluster, profiles: Sequence[UnitProfile], costs: CostContext = DEFAULT_COSTS) -> list[Gpu]:
   """The GPUs that can train the whole model alone: weights, gradient, optimizer slots, one minibatch.
 
   Args:
     cluster: the cluster.
     profiles: per-unit profiles of the model at the training batch size.
-    optimizer_slots: parameter-sized copies of optimizer state.
-    precision: "fp32", "fp16" or "bf16" (:func:`hetpipe_jax.cost.memory.param_copies`).
+    costs: optimizer slots and precision (:func:`hetpipe_jax.cost.memory.param_copies`; one minibatch in
+      flight, so the weight mode does not matter).
 
   Returns:
     Those GPUs, in cluster order (the model as one stage at Nm = 1 fits their memory).
   """
-  need = stage_memory_bytes(profiles, 1, "latest", optimizer_slots, precision)
+  need = stage_memory_bytes(profiles, 1, costs._replace(weight_mode="latest"))
   return [g for g in cluster.gpus if g.type.memory_bytes >= need]
 
 
@@ -161,7 +161,7 @@ class ClusterPlan:
 
 
 def _same_plan_on(cluster: Cluster, profiles: Sequence[UnitProfile], template: VWPlan, gpus: Sequence[Gpu],
-                  precision: str, weight_mode: str, optimizer_slots: float) -> VWPlan:
+                  costs: CostContext) -> VWPlan:
   """``template``'s stage order by GPU type and its cuts, on another VW with the same types (ED)."""
   free = list(gpus)
   order = []
@@ -169,14 +169,13 @@ def _same_plan_on(cluster: Cluster, profiles: Sequence[UnitProfile], template: V
     gpu = next(g for g in free if g.type.name == stage.gpu.type.name)
     free.remove(gpu)
     order.append(gpu)
-  return vw_plan(cluster, profiles, order, template.cuts, template.nm, weight_mode, optimizer_slots, precision)
+  return vw_plan(cluster, profiles, order, template.cuts, template.nm, costs)
 
 
 def plan_cluster(cluster: Cluster, profiles: Sequence[UnitProfile], policy: str | Sequence[Sequence[int]],
                  placement: str = "default", nm_policy: str | int | Sequence[int] = "max_fit",
                  nm_max: int | None = None,
-                 weight_mode: str = "stash", optimizer_slots: float = 0.0,
-                 precision: str = "fp32") -> ClusterPlan:
+                 costs: CostContext = DEFAULT_COSTS) -> ClusterPlan:
   """Allocates virtual workers, partitions each (ED: one shared plan), and places the PS shards.
 
   Args:
@@ -186,8 +185,8 @@ def plan_cluster(cluster: Cluster, profiles: Sequence[UnitProfile], policy: str 
     placement: "default", "local" or "striped" (:func:`hetpipe_jax.plan.placement.place_shards`).
     nm_policy / nm_max: how Nm is chosen (:func:`hetpipe_jax.plan.partition.plan_virtual_worker`), or one
       Nm per virtual worker.
-    weight_mode / optimizer_slots: what the memory of a stage holds.
-    precision: "fp32", "fp16" or "bf16" (stage times and memory).
+    costs: what the memory of a stage holds, and the precision of its times and memory
+      (:class:`~hetpipe_jax.cost.context.CostContext`).
 
   Returns:
     The plan.
@@ -196,8 +195,7 @@ def plan_cluster(cluster: Cluster, profiles: Sequence[UnitProfile], policy: str 
     ConfigError: for a bad policy or placement, or a virtual worker that no partition fits.
   """
   groups = allocate(cluster, policy)
-  kwargs = {"nm_max": nm_max, "weight_mode": weight_mode, "optimizer_slots": optimizer_slots,
-            "precision": precision}
+  kwargs = {"nm_max": nm_max, "costs": costs}
   if not isinstance(nm_policy, (str, int)):
     nms = [int(n) for n in nm_policy]
     if len(nms) != len(groups):
@@ -206,7 +204,7 @@ def plan_cluster(cluster: Cluster, profiles: Sequence[UnitProfile], policy: str 
     plans = [plan_virtual_worker(cluster, profiles, g, n, **kwargs) for g, n in zip(groups, nms)]
   elif policy == "ED":
     first = plan_virtual_worker(cluster, profiles, groups[0], nm_policy, **kwargs)
-    plans = [first] + [_same_plan_on(cluster, profiles, first, g, precision, weight_mode, optimizer_slots)
+    plans = [first] + [_same_plan_on(cluster, profiles, first, g, costs)
                        for g in groups[1:]]
   else:
     plans = [plan_virtual_worker(cluster, profiles, g, nm_policy, **kwargs) for g in groups]

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from hetpipe_jax.cluster import Cluster, Gpu, format_bytes
+from hetpipe_jax.cost.context import DEFAULT_COSTS, CostContext
 from hetpipe_jax.cost.memory import stage_memory_bytes
 from hetpipe_jax.cost.roofline import model_compute_seconds, stage_compute_seconds
 from hetpipe_jax.cost.transfer import stage_seconds, stage_transfers
@@ -83,28 +84,25 @@ class CostModel:
     return self._transfer[(vw, stage, kind)]
 
 
-def check_memory(profiles: Sequence[UnitProfile], layout: Layout, weight_mode: str,
-                 optimizer_slots: float, precision: str = "fp32") -> None:
+def check_memory(profiles: Sequence[UnitProfile], layout: Layout, costs: CostContext = DEFAULT_COSTS) -> None:
   """Checks that every stage of ``layout`` fits its GPU's memory.
 
   Args:
     profiles: per-unit profiles of the model.
     layout: the run's layout.
-    weight_mode / optimizer_slots / precision: what a stage holds
-      (:func:`hetpipe_jax.cost.memory.param_copies`).
+    costs: what a stage holds (:func:`hetpipe_jax.cost.memory.param_copies`).
 
   Raises:
     ConfigError: naming the first stage that does not fit, its need, the GPU's memory and the fixes.
   """
   for i, vw in enumerate(layout.vws):
     for j, gpu, units in vw.stages():
-      need = stage_memory_bytes(profiles[units.start:units.stop], vw.in_flight, weight_mode, optimizer_slots,
-                                precision)
+      need = stage_memory_bytes(profiles[units.start:units.stop], vw.in_flight, costs)
       if need > gpu.type.memory_bytes:
         held = f"Nm={vw.nm}" if vw.window is None else f"window={vw.window} (Nm={vw.nm})"
         raise ConfigError(
             f"stage {j} of virtual worker {i} (units {units.start}..{units.stop - 1}) needs "
-            f"{format_bytes(need)} with {held} in flight ({weight_mode}), but GPU {gpu.name} has "
+            f"{format_bytes(need)} with {held} in flight ({costs.weight_mode}), but GPU {gpu.name} has "
             f"{format_bytes(gpu.type.memory_bytes)}; use more stages, a smaller Nm, window or batch size, "
             "weight_mode=latest, or a cluster with more memory")
 

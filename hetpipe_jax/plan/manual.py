@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from hetpipe_jax.cluster import Cluster, Gpu, assign_gpus
+from hetpipe_jax.cost.context import DEFAULT_COSTS, CostContext
 from hetpipe_jax.cost.unit import UnitProfile
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.plan.costmodel import check_memory
@@ -15,20 +16,19 @@ from hetpipe_jax.plan.partition import partition
 
 
 def fastest_cuts(cluster: Cluster, profiles: Sequence[UnitProfile], gpus: Sequence[Sequence[Gpu]],
-                 nms: Sequence[int], weight_mode: str, optimizer_slots: float, precision: str = "fp32") -> Layout:
+                 nms: Sequence[int], costs: CostContext = DEFAULT_COSTS) -> Layout:
   """Each virtual worker's GPUs kept in the given order, cut by the partitioner for the fastest stages
   (at ``precision``: its stage times and memory).
 
   Raises:
     ConfigError: when no cut of a virtual worker fits its GPUs' memory.
   """
-  return Layout(tuple(partition(cluster, profiles, g, nm, weight_mode, optimizer_slots, ordered=True,
-                                precision=precision).layout for g, nm in zip(gpus, nms)))
+  return Layout(tuple(partition(cluster, profiles, g, nm, costs, ordered=True).layout for g, nm in zip(gpus, nms)))
 
 
 def manual_layout(cluster: Cluster, profiles: Sequence[UnitProfile], num_vws: int,
                   stages: int | Sequence[int], nm: int | Sequence[int] | str, cuts: Sequence[Sequence[int]] | None,
-                  weight_mode: str, optimizer_slots: float, model_name: str, precision: str = "fp32") -> Layout:
+                  costs: CostContext, model_name: str) -> Layout:
   """The layout of ``num_vws`` virtual workers with ``stages`` GPUs each (in cluster order), ``nm``, and
   ``cuts`` (one boundary list for all, or one per virtual worker; None: the fastest cuts at ``precision``).
 
@@ -51,7 +51,7 @@ def manual_layout(cluster: Cluster, profiles: Sequence[UnitProfile], num_vws: in
                         f"units to cut; use at most {num_units} stages")
   gpus = assign_gpus(cluster, ks)  # raises when the cluster is too small
   if cuts is None:
-    return fastest_cuts(cluster, profiles, gpus, nms, weight_mode, optimizer_slots, precision)
+    return fastest_cuts(cluster, profiles, gpus, nms, costs)
   cut_lists = [list(c) for c in cuts]
   if len(cut_lists) == 1 and num_vws > 1:
     cut_lists = cut_lists * num_vws  # one list for every virtual worker
@@ -67,8 +67,7 @@ def manual_layout(cluster: Cluster, profiles: Sequence[UnitProfile], num_vws: in
 
 
 def grouped_layout(cluster: Cluster, profiles: Sequence[UnitProfile], groups: Sequence[Sequence[int]],
-                   cuts: Sequence[Sequence[int]], nm: int | Sequence[int], weight_mode: str,
-                   optimizer_slots: float, precision: str = "fp32",
+                   cuts: Sequence[Sequence[int]], nm: int | Sequence[int], costs: CostContext = DEFAULT_COSTS,
                    window: int | Sequence[int] | None = None) -> Layout:
   """An explicit layout: each virtual worker's GPUs by cluster index in pipeline order, its cuts, Nm and
   window (what a tuned plan file holds). Nothing is searched; every stage must fit its GPU's memory (at
@@ -96,5 +95,5 @@ def grouped_layout(cluster: Cluster, profiles: Sequence[UnitProfile], groups: Se
                         f"boundaries from 0 to {num_units} (one non-empty stage per GPU)")
   layout = Layout(tuple(VWLayout(tuple(cluster.gpus[g] for g in group), tuple(cut), n)
                         for group, cut, n in zip(groups, cuts, nms))).with_windows(window)
-  check_memory(profiles, layout, weight_mode, optimizer_slots, precision)
+  check_memory(profiles, layout, costs)
   return layout

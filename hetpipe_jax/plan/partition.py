@@ -37,6 +37,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from hetpipe_jax.cluster import Cluster, Gpu, format_bytes
+from hetpipe_jax.cost.context import DEFAULT_COSTS, CostContext
 from hetpipe_jax.cost.memory import memory_bytes, stage_memory_bytes
 from hetpipe_jax.cost.roofline import unit_seconds
 from hetpipe_jax.cost.transfer import receive_seconds_by_position, stage_neighbours
@@ -50,11 +51,11 @@ NM_POLICIES = ("max_fit", "best")
 class _Dp:
   """Prefix sums and vectorised stage-time matrices for one model on one cluster."""
 
-  def __init__(self, cluster: Cluster, profiles: Sequence[UnitProfile], nm: int, weight_mode: str,
-               optimizer_slots: float, precision: str, allow_empty: bool):
-    self.cluster, self.profiles, self.precision = cluster, profiles, precision
+  def __init__(self, cluster: Cluster, profiles: Sequence[UnitProfile], nm: int, costs: CostContext,
+               allow_empty: bool):
+    self.cluster, self.profiles, self.precision = cluster, profiles, costs.precision
     self.n = len(profiles)
-    mem = np.array([memory_bytes(u.param_bytes, u.kept_bytes, nm, weight_mode, optimizer_slots, precision)
+    mem = np.array([memory_bytes(u.param_bytes, u.kept_bytes, nm, costs)
                     for u in profiles], np.float64)
     self._mem = np.concatenate([[0.0], np.cumsum(mem)])
     self._time: dict[str, np.ndarray] = {}
@@ -351,8 +352,7 @@ def _search(dp: _Dp, gpus: Sequence[Gpu], ordered: bool,
 
 
 def partition(cluster: Cluster, profiles: Sequence[UnitProfile], gpus: Sequence[Gpu], nm: int,
-              weight_mode: str = "stash", optimizer_slots: float = 0.0, ordered: bool = False,
-              allow_empty: bool = False, precision: str = "fp32") -> VWPlan:
+              costs: CostContext = DEFAULT_COSTS, ordered: bool = False, allow_empty: bool = False) -> VWPlan:
   """The fastest feasible partition of the model over ``gpus`` at a given Nm.
 
   Args:
@@ -360,10 +360,9 @@ def partition(cluster: Cluster, profiles: Sequence[UnitProfile], gpus: Sequence[
     profiles: per-unit profiles of the model at the training batch size.
     gpus: the virtual worker's GPUs; their order is searched unless ``ordered``.
     nm: minibatches in flight (memory grows with it).
-    weight_mode / optimizer_slots: what the memory of a stage holds (see stage_memory_bytes).
+    costs: what the memory of a stage holds (see stage_memory_bytes), and the precision of its times.
     ordered: keep the GPUs' order (only the cuts are searched).
     allow_empty: let a GPU take no units (it then only relays activations).
-    precision: "fp32" or "fp16".
 
   Returns:
     The plan with the smallest bottleneck; its GPUs in the chosen pipeline order.
@@ -379,11 +378,11 @@ def partition(cluster: Cluster, profiles: Sequence[UnitProfile], gpus: Sequence[
   if len(gpus) > len(profiles) and not allow_empty:
     raise ConfigError(f"{len(gpus)} GPUs but the model has only {len(profiles)} units to cut; use at most "
                       f"{len(profiles)} GPUs per virtual worker or allow empty stages")
-  dp = _Dp(cluster, profiles, nm, weight_mode, optimizer_slots, precision, allow_empty)
+  dp = _Dp(cluster, profiles, nm, costs, allow_empty)
   value, order, cuts = _search(dp, gpus, ordered)
   if not np.isfinite(value):
     _, order, cuts = _search(dp, gpus, ordered, mem_ratio=True)
-    needs = [stage_memory_bytes(profiles[cuts[j]:cuts[j + 1]], nm, weight_mode, optimizer_slots, precision)
+    needs = [stage_memory_bytes(profiles[cuts[j]:cuts[j + 1]], nm, costs)
              for j in range(len(order))]
     j = max(range(len(order)), key=lambda j: needs[j] / order[j].type.memory_bytes)
     need = needs[j]
@@ -393,20 +392,20 @@ def partition(cluster: Cluster, profiles: Sequence[UnitProfile], gpus: Sequence[
         f"({order[j].type.name}, {format_bytes(order[j].type.memory_bytes)}) for units "
         f"{cuts[j]}..{cuts[j + 1] - 1}; "
         "use more or larger GPUs per virtual worker, a smaller Nm or batch size, or weight_mode=latest")
-  return vw_plan(cluster, profiles, order, cuts, nm, weight_mode, optimizer_slots, precision)
+  return vw_plan(cluster, profiles, order, cuts, nm, costs)
 
 
 def plan_virtual_worker(cluster: Cluster, profiles: Sequence[UnitProfile], gpus: Sequence[Gpu],
                         nm_policy: str | int = "max_fit", nm_max: int | None = None,
-                        weight_mode: str = "stash", optimizer_slots: float = 0.0, ordered: bool = False,
-                        allow_empty: bool = False, precision: str = "fp32") -> VWPlan:
+                        costs: CostContext = DEFAULT_COSTS, ordered: bool = False,
+                        allow_empty: bool = False) -> VWPlan:
   """Partitions the model over ``gpus`` and picks Nm (see the module docstring).
 
   Args:
     cluster / profiles / gpus: as for :func:`partition`.
     nm_policy: "max_fit", "best", or a number (that Nm).
     nm_max: the largest Nm tried; default: the number of GPUs (a full pipeline).
-    weight_mode / optimizer_slots / ordered / allow_empty / precision: as for :func:`partition`.
+    costs / ordered / allow_empty: as for :func:`partition`.
 
   Returns:
     The plan at the chosen Nm.
@@ -414,8 +413,7 @@ def plan_virtual_worker(cluster: Cluster, profiles: Sequence[UnitProfile], gpus:
   Raises:
     ConfigError: when even Nm = 1 does not fit, or for a bad policy or ``nm_max``.
   """
-  kwargs = {"weight_mode": weight_mode, "optimizer_slots": optimizer_slots, "ordered": ordered,
-            "allow_empty": allow_empty, "precision": precision}
+  kwargs = {"costs": costs, "ordered": ordered, "allow_empty": allow_empty}
   if isinstance(nm_policy, int):
     return partition(cluster, profiles, gpus, nm_policy, **kwargs)
   if nm_policy not in NM_POLICIES:

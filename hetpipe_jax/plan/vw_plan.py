@@ -14,6 +14,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from hetpipe_jax.cluster import Cluster, Gpu
+from hetpipe_jax.cost.context import DEFAULT_COSTS, CostContext
 from hetpipe_jax.cost.memory import stage_memory_bytes
 from hetpipe_jax.cost.transfer import stage_seconds
 from hetpipe_jax.cost.unit import UnitProfile
@@ -91,8 +92,7 @@ class VWPlan:
 
 
 def vw_plan(cluster: Cluster, profiles: Sequence[UnitProfile], gpus: Sequence[Gpu], cuts: Sequence[int],
-            nm: int, weight_mode: str = "stash", optimizer_slots: float = 0.0,
-            precision: str = "fp32", window: int | None = None) -> VWPlan:
+            nm: int, costs: CostContext = DEFAULT_COSTS, window: int | None = None) -> VWPlan:
   """The plan of a virtual worker whose GPU order, cuts and Nm are given: each stage's time and memory.
 
   Args:
@@ -101,8 +101,8 @@ def vw_plan(cluster: Cluster, profiles: Sequence[UnitProfile], gpus: Sequence[Gp
     gpus: the GPUs in pipeline order.
     cuts: ``len(gpus) + 1`` cut positions from 0 to the number of units.
     nm: minibatches per wave (and in flight unless ``window`` is smaller).
-    weight_mode / optimizer_slots: what the memory of a stage holds (see stage_memory_bytes).
-    precision: "fp32", "fp16" or "bf16" (time and memory).
+    costs: what the memory of a stage holds (see stage_memory_bytes), and the precision ("fp32", "fp16"
+      or "bf16") of its time and memory.
     window: most minibatches in flight when fewer than Nm.
 
   Returns:
@@ -111,8 +111,7 @@ def vw_plan(cluster: Cluster, profiles: Sequence[UnitProfile], gpus: Sequence[Gp
   stages = []
   held = nm if window is None else window
   for j, gpu in enumerate(gpus):
-    fwd, bwd = stage_seconds(cluster, profiles, cuts, gpus, j, precision)
+    fwd, bwd = stage_seconds(cluster, profiles, cuts, gpus, j, costs.precision)
     stages.append(StagePlan(gpu, cuts[j], cuts[j + 1], fwd + bwd,
-                            stage_memory_bytes(profiles[cuts[j]:cuts[j + 1]], held, weight_mode, optimizer_slots,
-                                               precision)))
+                            stage_memory_bytes(profiles[cuts[j]:cuts[j + 1]], held, costs)))
   return VWPlan(nm, tuple(stages), None if window == nm else window)

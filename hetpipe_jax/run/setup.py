@@ -130,13 +130,11 @@ def _planned(spec: LayoutSpec, cluster: Cluster, profiles, costs: CostContext) -
   """The layout a policy gives: a grouping with cuts as given, else the allocation and the partitioner."""
   if spec.cuts is not None:
     assert spec.policy is not None and not isinstance(spec.policy, str) and not isinstance(spec.nm, str)
-    return grouped_layout(cluster, profiles, spec.policy, spec.cuts, spec.nm, costs.weight_mode,
-                          costs.optimizer_slots, costs.precision, spec.window)
+    return grouped_layout(cluster, profiles, spec.policy, spec.cuts, spec.nm, costs, spec.window)
   nm = spec.nm if isinstance(spec.nm, (str, int)) else list(spec.nm)
   assert spec.policy is not None
   return plan_cluster(cluster, profiles, spec.policy, spec.placement,
-                      nm[0] if isinstance(nm, list) and len(nm) == 1 else nm, None, costs.weight_mode,
-                      costs.optimizer_slots, costs.precision).layout
+                      nm[0] if isinstance(nm, list) and len(nm) == 1 else nm, None, costs).layout
 
 
 def layouts(spec: LayoutSpec, model: LayeredModel, cluster: Cluster, profiles, clock_profiles,
@@ -148,16 +146,13 @@ def layouts(spec: LayoutSpec, model: LayeredModel, cluster: Cluster, profiles, c
   fastest cuts on the same GPUs; else ``num_vws``, ``stages``, ``nm`` and ``cuts`` lay out the numerics'
   model, and the clock takes the fastest cuts of its own.
   """
-  ctx = (costs.weight_mode, costs.optimizer_slots)
   if spec.policy is not None:
     clock = _planned(spec, cluster, clock_profiles, costs)
-    layout = clock if spec.time_model is None else fastest_cuts(cluster, profiles, clock.gpus, clock.nms, *ctx,
-                                                               costs.precision)
+    layout = clock if spec.time_model is None else fastest_cuts(cluster, profiles, clock.gpus, clock.nms, costs)
   else:
-    layout = manual_layout(cluster, profiles, spec.num_vws, spec.stages, spec.nm, spec.cuts, *ctx, model.name,
-                           costs.precision)
-    clock = layout if spec.time_model is None else fastest_cuts(cluster, clock_profiles, layout.gpus,
-                                                               layout.nms, *ctx, costs.precision)
+    layout = manual_layout(cluster, profiles, spec.num_vws, spec.stages, spec.nm, spec.cuts, costs, model.name)
+    clock = layout if spec.time_model is None else fastest_cuts(cluster, clock_profiles, layout.gpus, layout.nms,
+                                                               costs)
   return layout.with_windows(spec.window), clock.with_windows(spec.window)
 
 

@@ -8,6 +8,7 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
+from hetpipe_jax.cost.context import DEFAULT_COSTS, CostContext
 from hetpipe_jax.plan.placement import PLACEMENTS
 from hetpipe_jax.sim import SimOptions
 from hetpipe_jax.staleness import StalenessModel
@@ -20,15 +21,13 @@ Setting = tuple[str, SimOptions]  # a PS placement and the simulator's transfer 
 class RunSetting:
   """The run a configuration is tuned for, as for a run: what memory and the simulated run depend on."""
 
-  weight_mode: str = "stash"
-  optimizer_slots: float = 0.0
-  precision: str = "fp32"
+  costs: CostContext = DEFAULT_COSTS  # weight mode, optimizer slots, precision: memory and stage times
   schedule: str = "1f1b"
 
   @property
   def plan_kwargs(self) -> dict[str, Any]:
     """The keywords the partitioner and :func:`~hetpipe_jax.plan.vw_plan.vw_plan` take."""
-    return {"weight_mode": self.weight_mode, "optimizer_slots": self.optimizer_slots, "precision": self.precision}
+    return {"costs": self.costs}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -59,7 +59,7 @@ def tune(cluster: Cluster, profiles: Sequence[UnitProfile], batch_size: int, spa
   planner = Planner(cluster, profiles, space.nm_max, options.setting)
   choices = plan_choices(planner, space, say)
   keep = shortlist(choices, batch_size, options.screen, options.front_size)
-  ideal = ideal_images_per_sec(cluster, profiles, batch_size, precision=options.setting.precision)
+  ideal = ideal_images_per_sec(cluster, profiles, batch_size, precision=options.setting.costs.precision)
   key = rank_key(options.staleness_model)
   with Simulations(options.workers, SimContext(cluster, profiles, batch_size, options.setting), ideal) as sims:
     screened = screen(sims, keep, space, key, max(2, options.waves // 2), say)

@@ -34,7 +34,7 @@ def jax_devices(count: int) -> list[Device]:
 def build(setup: Setup) -> Built:
   """The runtime of ``setup.layout`` on this process's devices, warmed up (see the module docstring)."""
   c, layout = setup.config, setup.layout
-  check_memory(setup.profiles, layout, *setup.costs)
+  check_memory(setup.profiles, layout, setup.costs)
   batches = setup.streams()
   devices = jax_devices(max(g.index for group in layout.gpus for g in group) + 1)
   init_params = setup.init_params()

@@ -30,7 +30,7 @@ def job(setup: Setup, init_params) -> Job:
 
 def run(setup: Setup) -> RunResult:
   node = check_node(current_node(), setup.cluster)
-  check_memory(setup.profiles, setup.layout, *setup.costs)
+  check_memory(setup.profiles, setup.layout, setup.costs)
   init_params = setup.init_params()  # the same in every process
   part = NodeJob(node, job(setup, init_params))
   part.start()
