@@ -145,3 +145,25 @@ class VirtualWorker:
   def stages(self) -> Sequence[Any]:
     """The numerics' stage objects (empty without numerics)."""
     return self.numerics.stages
+
+
+class VWShape(Protocol):
+  """What a virtual worker's shape gives (:class:`hetpipe_jax.plan.layout.VWLayout` does)."""
+
+  @property
+  def k(self) -> int: ...
+
+  @property
+  def nm(self) -> int: ...
+
+  @property
+  def window(self) -> int | None: ...
+
+
+def virtual_workers(shapes: Sequence[VWShape], waves: int, schedule: str = "1f1b", weight_mode: str = "stash",
+                    numerics: Sequence[Numerics] | None = None) -> list[VirtualWorker]:
+  """One virtual worker per shape (its stages, Nm and window), each to run ``waves`` waves, with
+  ``numerics`` (one per virtual worker; None: schedule only). Every executor builds its virtual workers
+  here."""
+  return [VirtualWorker.create(i, vw.k, vw.nm, waves * vw.nm, len(shapes), schedule, weight_mode,
+                               None if numerics is None else numerics[i], vw.window) for i, vw in enumerate(shapes)]

@@ -19,7 +19,7 @@ import optax
 
 from hetpipe_jax.cluster import Cluster, get_cluster
 from hetpipe_jax.core.meta import meta_event
-from hetpipe_jax.core.worker import VirtualWorker
+from hetpipe_jax.core.worker import VirtualWorker, virtual_workers
 from hetpipe_jax.cost.context import CostContext
 from hetpipe_jax.cost.memory import optimizer_slots_of
 from hetpipe_jax.cost.profile import UnitProfile, full_size_profiles, profile_units
@@ -83,9 +83,7 @@ class Setup:
     """The virtual workers of the layout (schedule, weight mode, waves, window), with ``numerics`` (one
     per virtual worker; None: schedule only)."""
     c = self.config
-    return [VirtualWorker.create(i, vw.k, vw.nm, c.waves * vw.nm, self.layout.num_vws, c.wsp.schedule,
-                                 c.wsp.weight_mode, None if numerics is None else numerics[i], vw.window)
-            for i, vw in enumerate(self.layout.vws)]
+    return virtual_workers(self.layout.vws, c.waves, c.wsp.schedule, c.wsp.weight_mode, numerics)
 
   def meta_line(self) -> dict[str, Any]:
     """The trace's meta line of a run with numerics (the ``sim`` executor writes its own, with ``fields``)."""

@@ -17,7 +17,7 @@ from hetpipe_jax.core.engine import Engine
 from hetpipe_jax.core.meta import meta_event
 from hetpipe_jax.core.server import ClockServer
 from hetpipe_jax.core.trace import Trace
-from hetpipe_jax.core.worker import VirtualWorker
+from hetpipe_jax.core.worker import VirtualWorker, virtual_workers
 from hetpipe_jax.cost.profile import UnitProfile
 from hetpipe_jax.plan.costmodel import CostModel
 from hetpipe_jax.plan.layout import Layout
@@ -68,8 +68,7 @@ def simulate(job: SimJob, trace: Trace, meta: Mapping[str, Any] | None = None,
   nms = layout.nms
   trace.emit(**meta_line(job, meta))
   shard_nodes = place_shards(cluster, profiles, layout, job.placement)
-  vws = [VirtualWorker.create(i, vw.k, vw.nm, job.waves * vw.nm, layout.num_vws, job.schedule, job.weight_mode,
-                              window=vw.window) for i, vw in enumerate(layout.vws)]
+  vws = virtual_workers(layout.vws, job.waves, job.schedule, job.weight_mode)
   rows: list[dict] = []
 
   def on_wave(vw: int, wave: int, t: float, _) -> None:
