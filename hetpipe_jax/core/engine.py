@@ -225,13 +225,7 @@ class Engine:
       candidates.add(device)
       return
     t0, (own, glob) = self._running.pop(device)
-    # ``glob`` as the list the event carries: one list per version's tuple, shared by the events of every task
-    # that used it (copying N entries per task was a tenth of the host time at 1,024 GPUs; trace events are
-    # records, never modified)
-    cached = self._glob_lists.get(id(glob))
-    if cached is None or cached[0] is not glob:  # (an id is reused only after its tuple is gone)
-      cached = self._glob_lists[id(glob)] = (glob, list(glob))
-    self.trace.emit(ev=kind, vw=i, stage=j, mb=mb, t0=t0, t1=t, own=own, glob=cached[1])
+    self.trace.emit(ev=kind, vw=i, stage=j, mb=mb, t0=t0, t1=t, own=own, glob=self._glob_list(glob))
     pipeline, completed = schedule_lib.finish(vw.pipeline, task, vw.schedule)
     vw.pipeline = pipeline
     candidates.add(device)
@@ -257,6 +251,15 @@ class Engine:
         self.comm.push(vw.index, wave, t, landed)
     self._inject(vw, t)
 
+  def _glob_list(self, glob: tuple[int, ...]) -> list[int]:
+    """``glob`` as the list a task event carries: one list per version's tuple, shared by the events of
+    every task that used it (copying N entries per task was a tenth of the host time at 1,024 GPUs; trace
+    events are records, never modified)."""
+    cached = self._glob_lists.get(id(glob))
+    if cached is None or cached[0] is not glob:  # (an id is reused only after its tuple is gone)
+      cached = self._glob_lists[id(glob)] = (glob, list(glob))
+    return cached[1]
+
   def _push(self, vw: VirtualWorker, wave: int, updates: dict[int, Any], losses: list, t: float) -> None:
     global_before = wsp.c_global(self.server.clock)
     clock = self.server.push(vw.index, wave, updates)
@@ -277,9 +280,9 @@ class Engine:
     self._inject_all(t, movable)
 
   def _inject_all(self, t: float, only: set[int] | None = None) -> None:
-    for vw in self.vws:
-      if only is None or vw.index in only:
-        self._inject(vw, t)
+    """Retries the injections of every virtual worker (of those in ``only``), in index order."""
+    for vw in self.vws if only is None else [self.vws[i] for i in sorted(only)]:
+      self._inject(vw, t)
 
   def _inject(self, vw: VirtualWorker, t: float) -> None:
     """Injects while the window allows; a gated minibatch first passes the gate and pulls."""

@@ -132,13 +132,14 @@ def inject(state: PipelineState, schedule: str) -> tuple[PipelineState, int]:
 
 def pick(state: PipelineState, stage: int, allow: Callable[[Task], bool] | None = None) -> Task | None:
   """The task ``stage``'s device runs next, or None if it is busy or has nothing ready (among the ready
-  tasks that ``allow`` accepts, when given: e.g. those whose input has arrived)."""
+  tasks that ``allow`` accepts, when given: a test without side effects, e.g. whether a task's input has
+  arrived; it is asked only about the tasks that would come first)."""
   if state.busy[stage] is not None:
     return None
   ready = state.ready[stage]
   # keys are unique among a device's ready tasks, so comparing (key, task) pairs compares keys only
   if allow is None:
-    return (min(ready) if len(ready) > 1 else ready[0])[1] if ready else None
+    return min(ready)[1] if ready else None
   best = None
   for entry in ready:  # the smallest allowed one (``allow`` is asked only of those that would be smaller)
     if (best is None or entry < best) and allow(entry[1]):
@@ -155,10 +156,10 @@ def start(state: PipelineState, task: Task) -> PipelineState:
   entries = ready[j]
   for at, entry in enumerate(entries):
     if entry[1] == task:
+      left = entries[:at] + entries[at + 1:]  # (a task is ready at most once)
       break
   else:
     raise ProtocolError(f"VW {vw}: {task} started but it was not ready")
-  left = entries[:at] + entries[at + 1:]  # (a task is ready at most once)
   return _tuple(PipelineState, (vw, next_mb, completed, busy[:j] + (task,) + busy[j + 1:],
                                 ready[:j] + (left,) + ready[j + 1:], seq))
 

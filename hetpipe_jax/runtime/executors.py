@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 import jax
 
@@ -91,8 +92,9 @@ def run_wall(engine: Engine, cost: CostFn | None = None, time_scale: float = 1.0
   """Runs ``engine`` with one thread per device; returns the wall-clock seconds taken.
 
   Whichever thread finishes a task dispatches every task that became startable, on any device, at once
-  (so no thread wake-up sits between a task becoming ready and its device starting it); each device's
-  thread then waits for its task's result and finishes it.
+  (so no thread wake-up sits between a task becoming ready and its device starting it), and hands each to
+  its device's thread through that thread's own queue (it wakes without waiting for the lock); that thread
+  then waits for its task's result and finishes it (under the lock).
 
   Args:
     engine: the engine.
@@ -107,16 +109,16 @@ def run_wall(engine: Engine, cost: CostFn | None = None, time_scale: float = 1.0
   """
   lock = threading.Lock()
   keys = engine.devices()
-  wakeups = {key: threading.Condition(lock) for key in keys}
+  handed: dict[tuple[int, int], queue.SimpleQueue] = {key: queue.SimpleQueue() for key in keys}  # None: look up
   running: dict[tuple[int, int], tuple[Task, float, Any] | None] = dict.fromkeys(keys)  # (task, t0, out)
   errors: list[BaseException] = []
   t_start = time.perf_counter() - (resume.t if resume is not None else 0.0)
   now = lambda: time.perf_counter() - t_start
   draining = [False]  # a checkpoint is due: start nothing until every device is idle
 
-  def wake_all() -> None:  # under the lock
-    for cond in wakeups.values():
-      cond.notify()
+  def wake_all() -> None:  # under the lock: every thread looks whether the run is over
+    for box in handed.values():
+      box.put(None)
 
   def dispatch() -> None:  # under the lock
     if between is not None and (draining[0] or between.due()):
@@ -127,20 +129,23 @@ def run_wall(engine: Engine, cost: CostFn | None = None, time_scale: float = 1.0
       draining[0] = False
     for task in engine.startable():
       t0 = now()
-      running[(task.vw, task.stage)] = (task, t0, engine.start(task, t0))
-      wakeups[(task.vw, task.stage)].notify()
+      key = (task.vw, task.stage)
+      running[key] = started = (task, t0, engine.start(task, t0))
+      handed[key].put(started)
     if engine.done:
       wake_all()
 
   def device_loop(key: tuple[int, int]) -> None:
     try:
+      box = handed[key]
       while True:
-        with lock:
-          while running[key] is None:
+        started = box.get()
+        if started is None:
+          with lock:
             if errors or engine.done:
               return
-            wakeups[key].wait()
-          task, t0, out = cast(tuple[Task, float, Any], running[key])
+          continue
+        task, t0, out = started
         failed = None
         try:
           wait(out)

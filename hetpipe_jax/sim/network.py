@@ -22,6 +22,7 @@ The engine (:mod:`hetpipe_jax.core.engine`) drives the schedule and the WSP prot
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import heapq
 import itertools
@@ -46,28 +47,218 @@ SKIP = 1e-9  # a flow due this much later than now cannot land now (1,000 x EPS:
 
 
 POINT, STRIPE_OUT, STRIPE_IN = 0, 1, 2  # a flow between two nodes, or striped from / to every other node
+ARRAYS_FROM, SCALARS_BELOW = 48, 16  # flows in flight: held as array rows from this many, as objects below that
+Receive = tuple[float, int, int]  # what a task receives before it computes: (bytes, from node, to node)
+Onward = tuple[int, str, float, int, int]  # where a task's output goes: (stage, kind, bytes, from node, to node)
+TaskCosts = tuple[float, "Receive | None", "Onward | None"]  # (compute seconds, receive, onward)
 
 
-@dataclasses.dataclass(eq=False)
+@dataclasses.dataclass(eq=False, slots=True)
 class _Flow:
   done: Callable[[float], None]
   seq: int  # flows landing together are finished in the order they started
   kind: int  # POINT, STRIPE_OUT or STRIPE_IN
   ends: tuple[int, int]  # POINT: its two resources (the same one twice over PCIe); striped: its node's
   #                        egress (out) or ingress (in) resource, and the node's position
-  load: tuple[Any, Any]  # (resources, subflows on each) while it moves: tuples, or arrays when striped
-  slot: int = -1  # its row in the simulator's flow arrays
+  resources: tuple[int, ...]  # the resources its subflows cross while it moves ...
+  counts: tuple[int, ...]  # ... and how many subflows cross each
+  arrays: tuple[np.ndarray, np.ndarray] | None = None  # (resources, counts) as arrays (a striped flow's)
+  remaining: float = 0.0  # bytes left, and the rate (bytes/s) while held as an object (_ScalarFlows)
+  rate: float = 1.0
+  slot: int = -1  # its row while held in the arrays (_ArrayFlows)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Links:
+  """The shared resources: their capacities (bytes/s, by index) and, by node position, each node's egress
+  and ingress resource."""
+
+  capacity: tuple[float, ...]
+  out: tuple[int, ...]
+  in_: tuple[int, ...]
+
+
+class _ScalarFlows:
+  """Flows in flight as objects (``remaining`` and ``rate`` on each): O(flows) Python work per event, the
+  cheapest while few are in flight. The same arithmetic as :class:`_ArrayFlows`, operation for operation
+  (IEEE doubles either way), so the two give the same results bit for bit."""
+
+  def __init__(self, links: _Links, flows: Sequence[_Flow] = (), load: Sequence[int] | None = None):
+    self._links = links
+    self.flows = list(flows)
+    self._load = [0] * len(links.capacity) if load is None else list(load)  # subflows on each resource
+    self.striped = sum(f.kind != POINT for f in self.flows)
+    self.count = len(self.flows)
+
+  def add(self, flow: _Flow, num_bytes: float) -> None:
+    flow.remaining = float(num_bytes)
+    self.flows.append(flow)
+    self.count += 1
+    load = self._load
+    for r, c in zip(flow.resources, flow.counts):
+      load[r] += c
+    self.striped += flow.kind != POINT
+
+  def rates(self) -> None:
+    """Every flow's rate: the equal share of its most contended resource (a striped flow: N - 1 times the
+    smallest share among its subflows' resources)."""
+    capacity, load = self._links.capacity, self._load
+    far_low: dict[int, tuple[int, float, float]] = {}  # striped kind -> (lowest far position, its share, next)
+    for f in self.flows:
+      kind, (a, b) = f.kind, f.ends
+      if kind == POINT:  # (x if x <= y else y: min's value, without the call)
+        share_a, share_b = capacity[a] / (load[a] or 1), capacity[b] / (load[b] or 1)
+        f.rate = share_a if share_a <= share_b else share_b
+        continue
+      low = far_low.get(kind)
+      if low is None:  # the smallest share among the far ends (and the next smallest, for the node itself)
+        far = self._links.in_ if kind == STRIPE_OUT else self._links.out
+        share = [capacity[r] / (load[r] or 1) for r in far]
+        first = min(range(len(share)), key=share.__getitem__)
+        second = min((p for p in range(len(share)) if p != first), key=share.__getitem__)
+        low = far_low[kind] = (first, share[first], share[second])
+      far_min = low[2] if b == low[0] else low[1]
+      f.rate = (len(self._links.out) - 1) * min(capacity[a] / (load[a] or 1), far_min)
+
+  def next_end(self, t: float) -> float:
+    return min([t + f.remaining / f.rate for f in self.flows])
+
+  def advance(self, dt: float) -> None:
+    for f in self.flows:
+      f.remaining -= f.rate * dt
+
+  def land(self) -> list[_Flow]:
+    """Removes and returns the flows that have landed (within EPS of their time), in the order they started."""
+    landed, moving = [], []
+    for f in self.flows:
+      (landed if f.remaining <= f.rate * EPS else moving).append(f)
+    if not landed:
+      return landed
+    self.flows = moving
+    self.count = len(moving)
+    landed.sort(key=_seq)
+    load = self._load
+    for f in landed:
+      for r, c in zip(f.resources, f.counts):
+        load[r] -= c
+      self.striped -= f.kind != POINT
+    return landed
+
+  def loads(self) -> list[int]:
+    return list(self._load)
+
+
+class _ArrayFlows:
+  """Flows in flight as rows of arrays (remaining bytes, rate, kind and ends; a free row holds inf bytes at
+  rate 1), so advancing the clock and re-sharing the links cost a few array operations per event, however
+  many flows are in flight."""
+
+  def __init__(self, links: _Links, flows: Sequence[_Flow], load: Sequence[int]):
+    self._links = links
+    self._capacity = np.array(links.capacity)
+    self._out, self._in = np.array(links.out, np.int64), np.array(links.in_, np.int64)
+    n = max(64, 2 * len(flows))
+    self._remaining = np.full(n, np.inf)
+    self._rate = np.ones(n)
+    self._kind = np.zeros(n, np.int8)
+    self._ends = np.zeros((n, 2), np.int64)
+    self._free = list(range(n - 1, -1, -1))
+    self._flows: dict[int, _Flow] = {}  # slot -> flow
+    self._load = np.array(load, np.int64)  # subflows on each resource
+    self.striped = self.count = 0
+    for f in flows:
+      self._put(f, f.remaining)
+      self._rate[f.slot] = f.rate
+
+  def _put(self, flow: _Flow, num_bytes: float) -> None:
+    if not self._free:  # twice the rows
+      n = len(self._remaining)
+      self._remaining = np.concatenate([self._remaining, np.full(n, np.inf)])
+      self._rate = np.concatenate([self._rate, np.ones(n)])
+      self._ends = np.concatenate([self._ends, np.zeros((n, 2), np.int64)])
+      self._kind = np.concatenate([self._kind, np.zeros(n, np.int8)])
+      self._free = list(range(2 * n - 1, n - 1, -1))
+    flow.slot = self._free.pop()
+    self._remaining[flow.slot] = num_bytes
+    self._ends[flow.slot] = flow.ends
+    self._kind[flow.slot] = flow.kind
+    self._flows[flow.slot] = flow
+    self.count += 1
+    self.striped += flow.kind != POINT
+
+  def add(self, flow: _Flow, num_bytes: float) -> None:
+    self._put(flow, num_bytes)
+    if flow.arrays is None:  # one or two resources: scalar updates cost less than an indexed one
+      for r in flow.resources:
+        self._load[r] += 1
+    else:
+      self._load[flow.arrays[0]] += flow.arrays[1]
+
+  def rates(self) -> None:
+    """:meth:`_ScalarFlows.rates` on every row at once."""
+    share = self._capacity / np.maximum(self._load, 1)
+    rate = np.minimum(share[self._ends[:, 0]], share[self._ends[:, 1]])
+    if self.striped:
+      for kind, far in ((STRIPE_OUT, self._in), (STRIPE_IN, self._out)):
+        rows = np.flatnonzero(self._kind == kind)
+        if not len(rows):
+          continue
+        far_share = share[far]
+        lowest = np.argsort(far_share, kind="stable")[:2]  # the smallest far share, and the next one
+        pos = self._ends[rows, 1]
+        far_min = np.where(pos == lowest[0], far_share[lowest[-1]], far_share[lowest[0]])
+        rate[rows] = (len(far) - 1) * np.minimum(share[self._ends[rows, 0]], far_min)
+    self._rate = np.where(np.isinf(self._remaining), 1.0, rate)
+
+  def next_end(self, t: float) -> float:
+    return float((t + self._remaining / self._rate).min())
+
+  def advance(self, dt: float) -> None:
+    self._remaining -= self._rate * dt
+
+  def land(self) -> list[_Flow]:
+    """:meth:`_ScalarFlows.land`."""
+    slots: list[int] = np.flatnonzero(self._remaining <= self._rate * EPS).tolist()
+    if not slots:
+      return []
+    landed = sorted((self._flows.pop(slot) for slot in slots), key=_seq)
+    self.count -= len(landed)
+    for f in landed:
+      self._remaining[f.slot], self._rate[f.slot], self._kind[f.slot] = np.inf, 1.0, POINT
+      self._free.append(f.slot)
+      if f.arrays is None:
+        for r in f.resources:
+          self._load[r] -= 1
+      else:
+        self._load[f.arrays[0]] -= f.arrays[1]
+      self.striped -= f.kind != POINT
+    return landed
+
+  def loads(self) -> list[int]:
+    return self._load.tolist()
+
+  def as_objects(self) -> list[_Flow]:
+    """The flows in flight, their remaining bytes and rates written back onto them (exactly: doubles)."""
+    for slot, f in self._flows.items():
+      f.remaining, f.rate = float(self._remaining[slot]), float(self._rate[slot])
+    return list(self._flows.values())
+
+
+def _seq(flow: _Flow) -> int:
+  return flow.seq
 
 
 class Simulator:
   """Timers and flows on one clock.
 
-  Flows in flight are rows of arrays (remaining bytes, rate, kind and ends; a free row holds inf bytes at
-  rate 1), so advancing the clock and re-sharing the links cost a few array operations per event, however
-  many flows are in flight. A *striped* flow (a push to, or a pull from, PS shards striped over all N nodes)
-  is N - 1 equal subflows between its node and every other node, moving at the pace of the slowest: each
-  subflow counts on its node's link and on the far node's, and the flow's rate is N - 1 times the smallest
-  share among them (one row, not N - 1).
+  Few flows in flight are objects (:class:`_ScalarFlows`); from :data:`ARRAYS_FROM` of them on they are
+  rows of arrays (:class:`_ArrayFlows`: advancing the clock and re-sharing the links cost a few array
+  operations per event, however many flows are in flight), and objects again below
+  :data:`SCALARS_BELOW`. Both compute the same doubles the same way, so which holds them changes no
+  result. A *striped* flow (a push to, or a pull from, PS shards striped over all N nodes) is N - 1 equal
+  subflows between its node and every other node, moving at the pace of the slowest: each subflow counts
+  on its node's link and on the far node's, and the flow's rate is N - 1 times the smallest share among
+  them (one flow, not N - 1).
   """
 
   def __init__(self, cluster: Cluster, overlap_transfers: bool = False):
@@ -83,35 +274,35 @@ class Simulator:
     for node in nodes:
       for kind, link in (("pcie", cluster.intra_node), ("out", cluster.inter_node), ("in", cluster.inter_node)):
         self._resource[(kind, node)] = len(capacity)
-        capacity.append(link.bytes_per_s)
-    self._capacity = np.array(capacity)
-    self._load = np.zeros(len(capacity), np.int64)  # subflows on each resource
+        capacity.append(float(link.bytes_per_s))
     self._nodes = nodes
-    self._out = np.array([self._resource[("out", n)] for n in nodes])  # by node position
-    self._in = np.array([self._resource[("in", n)] for n in nodes])
-    self._flows: dict[int, _Flow] = {}  # slot -> flow
-    self._remaining = np.full(0, np.inf)
-    self._rate = np.ones(0)
-    self._kind = np.zeros(0, np.int8)
-    self._ends = np.zeros((0, 2), np.int64)
-    self._free: list[int] = []
-    self._striped = 0  # striped flows in flight
-    self._striped_shape: dict[tuple[int, bool], tuple] = {}  # (node, outbound) -> (ends, load)
+    self._links = _Links(tuple(capacity), tuple(self._resource[("out", n)] for n in nodes),
+                         tuple(self._resource[("in", n)] for n in nodes))
+    self._flows: _ScalarFlows | _ArrayFlows = _ScalarFlows(self._links)
+    self._point_shape: dict[tuple[int, int], tuple] = {}  # (src, dst) -> (latency, ends, resources, counts)
+    self._striped_shape: dict[tuple[int, bool], tuple] = {}  # (node, outbound) -> (ends, resources, counts, arrays)
     self._dirty = False  # the load changed since rates were last computed
+    self._tasks: dict[tuple[int, int, str], TaskCosts] = {}  # (vw, stage, kind) -> what :meth:`_task` says
 
   def at(self, t: float, fn: Callable[[float], None]) -> None:
     heapq.heappush(self._timers, (t, next(self._seq), fn))
 
   def send(self, src_node: int, dst_node: int, num_bytes: float, done: Done) -> None:
     """Moves ``num_bytes`` between nodes (or over a node's PCIe when equal); calls ``done(t)``."""
-    if src_node == dst_node:
-      link = self.cluster.intra_node
-      resources = (self._resource[("pcie", src_node)],) * 2
-    else:
-      link = self.cluster.inter_node
-      resources = (self._resource[("out", src_node)], self._resource[("in", dst_node)])
-    flow = _Flow(done, next(self._flow_seq), POINT, resources, (tuple(set(resources)), (1,) * len(set(resources))))
-    self.at(self.t + link.latency_s, lambda t: self._start_flow(num_bytes, flow))
+    shape = self._point_shape.get((src_node, dst_node))
+    if shape is None:  # the same for every flow between these nodes
+      if src_node == dst_node:
+        link = self.cluster.intra_node
+        ends = (self._resource[("pcie", src_node)],) * 2
+      else:
+        link = self.cluster.inter_node
+        ends = (self._resource[("out", src_node)], self._resource[("in", dst_node)])
+      resources = tuple(dict.fromkeys(ends))
+      shape = self._point_shape[(src_node, dst_node)] = (link.latency_s, ends, resources, (1,) * len(resources))
+    latency, ends, resources, counts = shape
+    flow = _Flow(done, next(self._flow_seq), POINT, ends, resources, counts)
+    heapq.heappush(self._timers, (self.t + latency, next(self._seq), functools.partial(self._start_flow, num_bytes,
+                                                                                      flow)))  # at, inline
 
   def send_striped(self, node: int, num_bytes: float, outbound: bool, done: Done) -> None:
     """Moves ``num_bytes`` from ``node`` spread evenly over every other node (``outbound``), or from every
@@ -122,51 +313,23 @@ class Simulator:
       others = [i for i in range(len(self._nodes)) if i != pos]
       if not others:
         raise ProtocolError(f"a striped transfer needs another node than node {node}")
-      near, far = (self._out, self._in) if outbound else (self._in, self._out)
-      load = (np.concatenate([[near[pos]], far[others]]), np.array([len(others)] + [1] * len(others)))
-      self._striped_shape[key] = ((int(near[pos]), pos), load)
-    ends, load = self._striped_shape[key]
-    flow = _Flow(done, next(self._flow_seq), STRIPE_OUT if outbound else STRIPE_IN, ends, load)
-    self.at(self.t + self.cluster.inter_node.latency_s, lambda t: self._start_flow(num_bytes, flow))
+      near, far = (self._links.out, self._links.in_) if outbound else (self._links.in_, self._links.out)
+      resources = (near[pos], *(far[i] for i in others))
+      counts = (len(others),) + (1,) * len(others)
+      self._striped_shape[key] = ((near[pos], pos), resources, counts,
+                                  (np.array(resources, np.int64), np.array(counts, np.int64)))
+    ends, resources, counts, arrays = self._striped_shape[key]
+    flow = _Flow(done, next(self._flow_seq), STRIPE_OUT if outbound else STRIPE_IN, ends, resources, counts,
+                 arrays)
+    self.at(self.t + self.cluster.inter_node.latency_s, functools.partial(self._start_flow, num_bytes, flow))
 
-  def _start_flow(self, num_bytes: float, flow: _Flow) -> None:
-    if not self._free:  # twice the rows
-      n = len(self._remaining)
-      grow = max(n, 64)
-      self._remaining = np.concatenate([self._remaining, np.full(grow, np.inf)])
-      self._rate = np.concatenate([self._rate, np.ones(grow)])
-      self._ends = np.concatenate([self._ends, np.zeros((grow, 2), np.int64)])
-      self._kind = np.concatenate([self._kind, np.zeros(grow, np.int8)])
-      self._free = list(range(n + grow - 1, n - 1, -1))
-    flow.slot = self._free.pop()
-    self._remaining[flow.slot] = num_bytes
-    self._ends[flow.slot] = flow.ends
-    self._kind[flow.slot] = flow.kind
-    self._flows[flow.slot] = flow
-    if flow.kind == POINT:  # one or two resources: scalar updates cost less than an indexed one
-      for r in flow.load[0]:
-        self._load[r] += 1
-    else:
-      self._load[flow.load[0]] += flow.load[1]
-    self._striped += flow.kind != POINT
+  def _start_flow(self, num_bytes: float, flow: _Flow, t: float) -> None:
+    del t
+    flows = self._flows
+    flows.add(flow, num_bytes)
+    if isinstance(flows, _ScalarFlows) and flows.count >= ARRAYS_FROM:
+      self._flows = _ArrayFlows(self._links, flows.flows, flows.loads())
     self._dirty = True
-
-  def _rates(self) -> None:
-    """Every flow's rate: the equal share of its most contended resource (a striped flow: N - 1 times the
-    smallest share among its subflows' resources)."""
-    share = self._capacity / np.maximum(self._load, 1)
-    rate = np.minimum(share[self._ends[:, 0]], share[self._ends[:, 1]])
-    if self._striped:
-      for kind, far in ((STRIPE_OUT, self._in), (STRIPE_IN, self._out)):
-        rows = np.flatnonzero(self._kind == kind)
-        if not len(rows):
-          continue
-        far_share = share[far]
-        lowest = np.argsort(far_share, kind="stable")[:2]  # the smallest far share, and the next one
-        pos = self._ends[rows, 1]
-        far_min = np.where(pos == lowest[0], far_share[lowest[-1]], far_share[lowest[0]])
-        rate[rows] = (len(self._nodes) - 1) * np.minimum(share[self._ends[rows, 0]], far_min)
-    self._rate = np.where(np.isinf(self._remaining), 1.0, rate)
 
   def run(self, engine: Engine, cost: CostModel, stop: Callable[[], bool] | None = None) -> float:
     """Runs ``engine`` to the end; returns the simulated seconds. ``stop``: asked after every event;
@@ -186,40 +349,36 @@ class Simulator:
   def _run(self, engine: Engine, cost: CostModel, stop: Callable[[], bool] | None) -> float:
     engine.begin(self.t)
     allow = self._input_test(engine, cost) if self.overlap else None
+    timers, inf, heappop = self._timers, float("inf"), heapq.heappop
+    startable, start_task = engine.startable, self._start_task
     while True:
-      for task in engine.startable(allow):
-        self._start_task(engine, cost, task)
+      for task in startable(allow):
+        start_task(engine, cost, task)
+      flows = self._flows
+      moving = flows.count
       if self._dirty:
-        self._rates()
+        if moving:
+          flows.rates()
         self._dirty = False
-      t_flow = float((self.t + self._remaining / self._rate).min()) if self._flows else float("inf")
-      t_timer = self._timers[0][0] if self._timers else float("inf")
-      t_next = min(t_flow, t_timer)
-      if t_next == float("inf"):
+      t_flow = flows.next_end(self.t) if moving else inf
+      t_timer = timers[0][0] if timers else inf
+      t_next = t_flow if t_flow <= t_timer else t_timer
+      if t_next == inf:
         break
-      if self._flows:
-        self._remaining -= self._rate * (t_next - self.t)
+      if moving:
+        flows.advance(t_next - self.t)
       self.t = t_next
       # a flow lands within EPS of its time; none can when the next one is more than SKIP away (most
       # events are a task's end): the same result without scanning the flows
-      near = self._flows and t_flow - t_next <= SKIP
-      slots: list[int] = np.flatnonzero(self._remaining <= self._rate * EPS).tolist() if near else []
-      if slots:
-        landed = sorted((self._flows.pop(slot) for slot in slots), key=lambda f: f.seq)
-        for f in landed:
-          self._remaining[f.slot], self._rate[f.slot], self._kind[f.slot] = np.inf, 1.0, POINT
-          self._free.append(f.slot)
-          if f.kind == POINT:
-            for r in f.load[0]:
-              self._load[r] -= 1
-          else:
-            self._load[f.load[0]] -= f.load[1]
-          self._striped -= f.kind != POINT
+      landed = flows.land() if moving and t_flow - t_next <= SKIP else None
+      if landed:
         self._dirty = True
+        if isinstance(flows, _ArrayFlows) and flows.count < SCALARS_BELOW:
+          self._flows = _ScalarFlows(self._links, flows.as_objects(), flows.loads())
         for f in landed:
-          f.done(self.t)
-      while self._timers and self._timers[0][0] <= self.t:
-        heapq.heappop(self._timers)[2](self.t)
+          f.done(t_next)
+      while timers and timers[0][0] <= t_next:  # (nothing but this loop moves the clock)
+        heappop(timers)[2](t_next)
       if stop is not None and stop():
         engine.stop_injecting()
         stop = None
@@ -227,32 +386,48 @@ class Simulator:
       raise ProtocolError("sim executor stalled before every minibatch completed (a schedule bug)")
     return self.t
 
+  def _task(self, engine: Engine, cost: CostModel, key: tuple[int, int, str]) -> TaskCosts:
+    """What the simulator needs of a (vw, stage, kind) task, looked up once: (compute seconds, what it
+    receives before it computes as (bytes, from node, to node) or None, and with ``overlap`` where its
+    output goes as (stage, kind, bytes, from node, to node) or None)."""
+    found = self._tasks.get(key)
+    if found is None:
+      vw, stage, kind = key
+      transfer = cost.transfer(vw, stage, kind)
+      receive: Receive | None = None if transfer is None else (transfer[0], transfer[1].node, transfer[2].node)
+      out: Onward | None = None
+      nxt = successor(Task(vw, stage, kind, 0), engine.vws[vw].k) if self.overlap else None
+      if nxt is not None and nxt[0] != stage:  # (completed, or the last stage turning round: nothing travels)
+        onward = cost.transfer(vw, *nxt)
+        out = None if onward is None else (nxt[0], nxt[1], onward[0], onward[1].node, onward[2].node)
+      found = self._tasks[key] = (cost.compute_seconds(vw, stage, kind), receive, out)
+    return found
+
   def _start_task(self, engine: Engine, cost: CostModel, task: Task) -> None:
     engine.start(task, self.t)
-    compute = cost.compute_seconds(task.vw, task.stage, task.kind)
-    finish = lambda t: self._finish(engine, cost, task, t)
-    transfer = cost.transfer(task.vw, task.stage, task.kind)
-    if transfer is None:
-      self.at(self.t + compute, finish)
-    elif not self.overlap:  # the device receives its input, then computes
-      num_bytes, src, dst = transfer
-      self.send(src.node, dst.node, num_bytes, lambda t: self.at(t + compute, finish))
-    else:  # its input was sent when it was produced, and has landed (``_landed``)
-      self._arrived.discard(self._key(engine, task.vw, task.stage, task.kind, task.mb))
-      self.at(self.t + compute, finish)
+    vw, stage, kind, mb = task
+    compute, receive, _ = self._tasks.get((vw, stage, kind)) or self._task(engine, cost, (vw, stage, kind))
+    finish = functools.partial(self._finish, engine, cost, task)
+    if receive is not None and not self.overlap:  # the device receives its input, then computes
+      self.send(receive[1], receive[2], receive[0], functools.partial(self._compute, compute, finish))
+      return
+    if receive is not None:  # overlap: its input was sent when it was produced, and has landed (``_landed``)
+      self._arrived.discard((vw, engine.generation(vw), stage, kind, mb))
+    heapq.heappush(self._timers, (self.t + compute, next(self._seq), finish))  # at, inline
 
-  @staticmethod
-  def _key(engine: Engine, vw: int, stage: int, kind: str, mb: int) -> tuple:
-    return vw, engine.generation(vw), stage, kind, mb
+  def _compute(self, seconds: float, finish: Callable[[float], None], t: float) -> None:
+    """A task's input landed at ``t``: it computes for ``seconds``, then ``finish``."""
+    heapq.heappush(self._timers, (t + seconds, next(self._seq), finish))  # at, inline
 
   def _input_test(self, engine: Engine, cost: CostModel) -> Callable[[Task], bool]:
     """Overlap: a device starts only a task whose input is there (its other ready tasks may be). The
-    test, as one function (it runs for every ready task at every event: no further calls inside)."""
-    transfer, generation, arrived = cost.transfer, engine.generation, self._arrived
+    test, as one function (it runs for every ready task it is asked about)."""
+    tasks, generation, arrived, lookup = self._tasks, engine.generation, self._arrived, self._task
 
     def landed(task: Task) -> bool:
-      vw, stage, kind = task.vw, task.stage, task.kind
-      return transfer(vw, stage, kind) is None or (vw, generation(vw), stage, kind, task.mb) in arrived
+      vw, stage, kind, mb = task
+      found = tasks.get((vw, stage, kind)) or lookup(engine, cost, (vw, stage, kind))
+      return found[1] is None or (vw, generation(vw), stage, kind, mb) in arrived
     return landed
 
   def _finish(self, engine: Engine, cost: CostModel, task: Task, t: float) -> None:
@@ -261,22 +436,19 @@ class Simulator:
     engine.finish(task, t)
     if not self.overlap:
       return
-    nxt = successor(task, engine.vws[task.vw].k)
-    if nxt is None or nxt[0] == task.stage:  # completed, or the last stage turning round: nothing travels
+    vw, stage, kind, mb = task
+    out = (self._tasks.get((vw, stage, kind)) or self._task(engine, cost, (vw, stage, kind)))[2]
+    if out is None:
       return
-    stage, kind = nxt
-    transfer = cost.transfer(task.vw, stage, kind)
-    if transfer is None:
-      return
-    num_bytes, src, dst = transfer
-    key = self._key(engine, task.vw, stage, kind, task.mb)
+    stage, kind, num_bytes, src, dst = out  # (the generation after the task's end: it may have failed its VW)
+    self.send(src, dst, num_bytes,
+              functools.partial(self._landed, engine, vw, stage, (vw, engine.generation(vw), stage, kind, mb)))
 
-    def landed(t_landed: float) -> None:
-      del t_landed
-      self._arrived.add(key)
-      engine.wake(task.vw, stage)
-
-    self.send(src.node, dst.node, num_bytes, landed)
+  def _landed(self, engine: Engine, vw: int, stage: int, key: tuple, t: float) -> None:
+    """Overlap: a task's input landed (``key``): its device may start it."""
+    del t
+    self._arrived.add(key)
+    engine.wake(vw, stage)
 
 
 class SimComm:
