@@ -308,7 +308,7 @@ def plan_vw(cluster_name: str) -> Workload:
   cluster = _attr("get_cluster", "hetpipe_jax")(cluster_name)
   profiles, plan = full_size_profiles("resnet152"), _partition_module("plan_virtual_worker")
   gpus = list(cluster.gpus)
-  return Workload(lambda: (), lambda: plan(cluster, profiles, gpus, "max_fit", optimizer_slots=OPTIMIZER_SLOTS))
+  return Workload(lambda: (), lambda: plan(cluster, profiles, gpus, "max_fit", **_slots_kwargs(plan)))
 
 
 def partition_16gpu() -> Workload:

@@ -76,23 +76,19 @@ def plain_stage_loop_seconds(vws, batches, total_mbs: int) -> float:
   return time.perf_counter() - t
 
 
-def main(argv):
-  del argv
-  common.ensure_devices(4)
+def throughput_ratio() -> float:
+  """1. hetpipe_jax with one stage over a plain jitted SGD loop (median over rounds); prints each round."""
   import jax
   import jax.numpy as jnp
   import optax
 
-  from hetpipe_jax import MinibatchStreams, RunConfig, get_model, load_dataset, run_hetpipe, synthetic
-  from hetpipe_jax.models.base import DenseUnit, LayeredModel
-
-  # 1. Throughput ratio, one stage.
+  from hetpipe_jax import MinibatchStreams, RunConfig, get_model, load_dataset, run_hetpipe
   dataset = load_dataset(FLAGS.dataset)
   model = get_model("cnn", dataset.num_classes)
   batches = MinibatchStreams(dataset, 32, num_vws=1, seed=0)
   params = model.init(jax.random.key(0), jnp.asarray(dataset.x_train[:32]))
   config = RunConfig.of(cluster="uniform8", num_vws=1, stages=1, nm=1, d=0, waves=FLAGS.steps, batch_size=32,
-                     tx=optax.sgd(0.05), executor="wall", eval_every=FLAGS.steps)  # evaluate once, at the end
+                        tx=optax.sgd(0.05), executor="wall", eval_every=FLAGS.steps)  # evaluate once, at the end
   ratios, stage_ratios = [], []
   print(f"throughput: small CNN on {dataset.name}, batch 32, {FLAGS.steps} steps, CPU emulation")
   tx = optax.sgd(0.05)
@@ -115,8 +111,15 @@ def main(argv):
         "(goal >= 0.90)")
   print(f"throughput ratio hetpipe_jax / its own stage programs called in a plain async loop: "
         f"{statistics.median(stage_ratios):.3f}")
+  return ratio
 
-  # 2. Host overhead per stage task, 4 stages of a tiny MLP.
+
+def task_overhead_us() -> dict[str, float]:
+  """2. Host overhead per stage task of a 4-stage tiny MLP, per executor (wall, virtual); prints each."""
+  import optax
+
+  from hetpipe_jax import MinibatchStreams, RunConfig, run_hetpipe, synthetic
+  from hetpipe_jax.models.base import DenseUnit, LayeredModel
   tiny = LayeredModel("tiny", tuple(DenseUnit(16) for _ in range(3)) + (DenseUnit(10, relu=False),),
                       ("d0", "d1", "d2", "logits"))
   data = synthetic(num_train=512, num_test=64)
@@ -128,8 +131,8 @@ def main(argv):
   overhead = {}
   for executor in ("wall", "virtual"):
     tiny_config = RunConfig.of(cluster="uniform8", num_vws=1, stages=4, nm=nm, d=0, waves=waves,
-                            batch_size=8, tx=optax.sgd(0.05), executor=executor,
-                            eval_every=waves)  # evaluate once, at the end
+                               batch_size=8, tx=optax.sgd(0.05), executor=executor,
+                               eval_every=waves)  # evaluate once, at the end
     result = run_hetpipe(tiny, data, tiny_config)
     common.require_wsp(result.events, f"tiny MLP, {executor} executor")
     plain = plain_stage_loop_seconds(result.vws, tiny_batches, nm * waves)
@@ -138,6 +141,14 @@ def main(argv):
     print(f"  {executor:7s}: hetpipe_jax {seconds * 1e6 / tasks:6.1f} us/task, same stage programs back "
           f"to back {plain * 1e6 / tasks:6.1f} us/task -> overhead {overhead[executor]:6.1f} us/task")
   print("  (stage programs compiled before timing; wall: one host thread per device, virtual: one host thread)")
+  return overhead
+
+
+def main(argv):
+  del argv
+  common.ensure_devices(4)
+  ratio = throughput_ratio()
+  overhead = task_overhead_us()
   print(f"overhead_ratio={ratio:.3f} task_overhead_us={overhead['wall']:.1f}")
 
 
