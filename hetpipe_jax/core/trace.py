@@ -1,6 +1,6 @@
 """The event trace (JSON Lines, file order = causal order) and staleness statistics drawn from it.
 
-Format (ARCHITECTURE.md)::
+Format (docs/PROTOCOL.md section 8, where every event kind and field is listed)::
 
   {"ev":"meta","version":1,"num_vws":N,"nm":[...],"d":D,"stages":[...],"weight_mode":..,"executor":..}
   {"ev":"inject","vw":i,"mb":p,"t":...}
@@ -9,6 +9,7 @@ Format (ARCHITECTURE.md)::
   {"ev":"push","vw":i,"wave":c,"t":...,"shards":S}
   {"ev":"pull","vw":i,"t":...,"glob":[...]}
   {"ev":"wait","vw":i,"t0":...,"t1":...}
+  {"ev":"leave","vw":i,"t":...}   {"ev":"join","vw":i,"t":...,"clock":c}   (membership)
 
 ``own`` counts the VW's own minibatch updates in the weights a task used; ``glob[k]`` the waves of VW k in
 their global base. Extra fields are allowed. A ``sim`` run with staged PS transfers (``staged_ps`` in the

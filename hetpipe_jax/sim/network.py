@@ -1,6 +1,6 @@
 """The ``sim`` executor: the engine's schedule and WSP protocol on a cost model, without numerics.
 
-Same :class:`~hetpipe_jax.engine.Engine` as the other executors (virtual workers without stages, a
+Same :class:`~hetpipe_jax.core.engine.Engine` as the other executors (virtual workers without stages, a
 clock-only parameter server), on a discrete-event clock where
 
 * a task first receives its input (the activation from the previous stage, or the gradient from the next)
