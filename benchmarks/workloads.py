@@ -228,24 +228,13 @@ def wall_executor(waves: int, nm: int = 4) -> Workload:
 def wall_stage_programs(waves: int, nm: int = 4) -> Workload:
   """The same stage programs as :func:`wall_executor`'s called back to back in a plain loop (fwd 0..3,
   bwd 3..0 per minibatch): the baseline its per-task overhead is measured against."""
-  jax = importlib.import_module("jax")
   _, args, _, data = _caught_wall_run(waves, nm)
-  stages = args[0].vws[0].stages
+  vws = args[0].vws
   batches = _attr("MinibatchStreams", "hetpipe_jax")(data, 8, num_vws=1, seed=0)
+  loop = _attr("plain_stage_loop_seconds", "experiments.bench_overhead")  # the tree under test's own loop
   total = nm * waves
-
-  def run(stages, batches):
-    for mb in range(1, total + 1):
-      x, y = batches(0, mb)
-      for stage in stages:
-        x = stage.forward(mb, jax.device_put(x, stage.device),
-                          jax.device_put(y, stage.device) if stage.is_last else None)
-      g = None
-      for stage in reversed(stages):
-        g = stage.backward(mb, None if g is None else jax.device_put(g, stage.device))
-    jax.block_until_ready([s.params for s in stages])
-
-  return Workload(lambda: (stages, batches), run, None, {"waves": waves, "tasks": _tasks((4,), (nm,), waves)})
+  return Workload(lambda: (vws, batches), lambda vws, batches: loop(vws, batches, total), None,
+                  {"waves": waves, "tasks": _tasks((4,), (nm,), waves)})
 
 
 # 2. The simulator: the paper's testbed on the sim executor.

@@ -10,6 +10,7 @@ then builds what the executors share: minibatch streams, initial weights, virtua
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -91,8 +92,9 @@ class Setup:
     return meta_event(self.layout.meta(), wsp.d, wsp.weight_mode, wsp.schedule, self.config.executor,
                       self.model.num_units, **self.fields)
 
+  @functools.cached_property
   def task_cost(self):
-    """Task -> emulated seconds on the clock's model and layout."""
+    """Task -> emulated seconds on the clock's model and layout (its cost model built once per run)."""
     model = CostModel(self.cluster, self.clock_profiles, self.clock_layout)
     return lambda task: model.task_seconds(task.vw, task.stage, task.kind)
 

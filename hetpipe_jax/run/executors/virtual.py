@@ -12,7 +12,7 @@ from hetpipe_jax.runtime.executors import run_virtual
 
 
 def run(setup: Setup) -> RunResult:
-  cost = setup.task_cost()
+  cost = setup.task_cost
   return run_engine(setup, build(setup), lambda engine, resume, between: run_virtual(engine, cost, resume, between))
 
 

@@ -26,7 +26,7 @@ ANNOUNCE_SECONDS = 60.0  # a padded run at least this long says so first
 def padding_seconds(setup: Setup) -> float:
   """A lower bound of a padded run's wall time: ``time_scale`` x the emulated time of its slowest virtual
   worker's bottleneck stage, busy for every minibatch (a forward and a backward each)."""
-  cost, c = setup.task_cost(), setup.config
+  cost, c = setup.task_cost, setup.config
   busiest = 0.0
   for i, vw in enumerate(setup.clock_layout.vws):
     per_mb = max(cost(Task(i, j, FWD, 1)) + cost(Task(i, j, BWD, 1)) for j in range(vw.k))
@@ -59,7 +59,7 @@ def runner(setup: Setup, **kw) -> Runner:
   """Runs the engine on the wall clock, padded to the clock's task costs when ``time_scale`` > 0 (``kw``:
   :func:`~hetpipe_jax.runtime.executors.run_wall`'s ``wait``)."""
   scale = setup.config.wall.time_scale
-  cost = setup.task_cost() if scale > 0 else None
+  cost = setup.task_cost if scale > 0 else None
   return lambda engine, resume, between: run_wall(engine, cost, scale, resume=resume, between=between, **kw)
 
 
