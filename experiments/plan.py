@@ -58,14 +58,9 @@ def plan_table(doc: dict) -> str:
 
 def main(argv):
   del argv
-  import jax
-  import jax.numpy as jnp
-
-  from hetpipe_jax import get_cluster, get_model
+  from hetpipe_jax import get_cluster
   from hetpipe_jax.cost.context import CostContext
-  from hetpipe_jax.cost.profile import full_size_profiles, profile_units
-  from hetpipe_jax.data import tokens
-  from hetpipe_jax.models import FULL_SIZE
+  from hetpipe_jax.cost.profile import model_profiles
   from hetpipe_jax.optim import optimizer_slots
   from hetpipe_jax.plan.allocation import parse_policy, plan_cluster
   from hetpipe_jax.plan.plan_json import plan_to_json
@@ -74,14 +69,7 @@ def main(argv):
   check_precision(FLAGS.precision)
   slots = optimizer_slots(FLAGS.optimizer)
   cluster = get_cluster(FLAGS.cluster)
-  if FLAGS.model in FULL_SIZE:
-    profiles = full_size_profiles(FLAGS.model, FLAGS.batch_size, seq_len=FLAGS.seq_len)
-  elif FLAGS.model == "gpt":  # the small GPT, on the tokens dataset's sequences
-    data = tokens(num_train=1, num_test=1)
-    profiles = profile_units(get_model(FLAGS.model, data.num_classes),
-                             jax.ShapeDtypeStruct((FLAGS.batch_size, *data.x_train.shape[1:]), jnp.int32))
-  else:  # the small models, on 28x28 grey images
-    profiles = profile_units(get_model(FLAGS.model), jax.ShapeDtypeStruct((FLAGS.batch_size, 28, 28, 1), jnp.float32))
+  profiles = model_profiles(FLAGS.model, FLAGS.batch_size, FLAGS.seq_len)[0]
   plan = plan_cluster(cluster, profiles, parse_policy(FLAGS.policy), FLAGS.placement, common.parse_nm(FLAGS.nm),
                       FLAGS.nm_max,
                       CostContext(weight_mode=FLAGS.weight_mode, optimizer_slots=slots, precision=FLAGS.precision))

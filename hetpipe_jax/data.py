@@ -12,6 +12,8 @@
 
 Each virtual worker draws its own stream: epoch e is a seeded permutation of the training set cut into
 minibatches, dealt round-robin to the virtual workers, so no two train on the same minibatch in an epoch.
+The peers' numerics (:mod:`hetpipe_jax.baselines.numerics`) read :class:`WorkerStreams`: a minibatch size (and a
+number of local steps per round) of each worker's own, the same examples as those streams for equal sizes.
 """
 
 from __future__ import annotations
@@ -191,4 +193,90 @@ class MinibatchStreams:
   def __call__(self, vw: int, mb: int) -> tuple[np.ndarray, np.ndarray]:
     epoch, b = self.index(vw, mb)
     idx = self._perm(epoch)[b * self.batch_size:(b + 1) * self.batch_size]
+    return self.dataset.x_train[idx], self.dataset.y_train[idx]
+
+
+def _check_sizes(name: str, values, low: int, what: str) -> list[int]:
+  """``values`` as a list of ints >= ``low``; ConfigError naming the first that is not."""
+  values = list(values)
+  if not values:
+    raise ConfigError(f"{name} is empty; give one entry per worker, e.g. {name}=[32, 32]")
+  for i, v in enumerate(values):
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
+      raise ConfigError(f"{name}[{i}]={v!r}; each entry must be an integer >= {low} ({what})")
+  return [int(v) for v in values]
+
+
+class WorkerStreams:
+  """Minibatches of per-worker sizes: worker i's are ``batch_sizes[i]`` examples, ``local_steps[i]`` of them
+  per round (synchronous SGD: one per round, its step).
+
+  The training set, epoch after epoch (epoch e: the seeded permutation :class:`MinibatchStreams` uses), is
+  read as one sequence of examples. Round r (from 1) takes the next R = sum_i H_i x b_i of them (H: local
+  steps, b: batch sizes), dealt to the workers in order: worker i's k-th minibatch (from 1) of round r is the
+  b_i examples from position (r - 1) R + sum_{j < i} H_j b_j + (k - 1) b_i. Every example is thus seen once
+  per epoch across the workers; a minibatch at the end of an epoch goes on into the next one (so it may
+  hold an example twice), and no example is dropped. A worker of batch size 0 takes nothing (it sits out).
+  With equal sizes b that divide the training set and one step per round, worker i's minibatch of round r is
+  ``MinibatchStreams(dataset, b, num_workers, seed)(i, r)``, the same examples in the same order.
+
+  Args:
+    dataset: the dataset.
+    batch_sizes: examples per minibatch of each worker (0: the worker takes none); not all 0, none above
+      the training set.
+    seed: shuffling seed.
+    local_steps: minibatches of each worker per round (default 1 each).
+
+  Raises:
+    ConfigError: for an empty or negative size, all sizes 0, a size above the training set, a local step
+      count below 1, or lists of different lengths.
+  """
+
+  def __init__(self, dataset: Dataset, batch_sizes, seed: int = 0, local_steps=None):
+    n = len(dataset.x_train)
+    sizes = _check_sizes("batch_sizes", batch_sizes, 0, "0: the worker sits out")
+    steps = [1] * len(sizes) if local_steps is None else _check_sizes("local_steps", local_steps, 1,
+                                                                      "local steps per round")
+    if len(steps) != len(sizes):
+      raise ConfigError(f"local_steps has {len(steps)} entries but batch_sizes {len(sizes)}; give one local step "
+                        "count per worker")
+    if not any(sizes):
+      raise ConfigError(f"batch_sizes={sizes} are all 0; at least one worker needs a minibatch of 1 or more")
+    if max(sizes) > n:
+      i = sizes.index(max(sizes))
+      raise ConfigError(f"batch_sizes[{i}]={sizes[i]} is above the {n} training examples of {dataset.name}; use "
+                        f"at most {n}")
+    self.dataset, self.batch_sizes, self.local_steps, self.seed = dataset, sizes, steps, seed
+    self.offsets = np.concatenate([[0], np.cumsum([h * b for h, b in zip(steps, sizes)])]).astype(np.int64)
+    self.examples_per_round = int(self.offsets[-1])
+    self._perms: dict[int, np.ndarray] = {}
+
+  def _perm(self, epoch: int) -> np.ndarray:
+    if epoch not in self._perms:
+      if len(self._perms) >= 4:  # reads go forward, at most one epoch per minibatch: keep recent epochs
+        del self._perms[min(self._perms)]
+      rng = np.random.default_rng([self.seed, epoch])
+      self._perms[epoch] = rng.permutation(len(self.dataset.x_train))
+    return self._perms[epoch]
+
+  def position(self, worker: int, rnd: int, k: int = 1) -> int:
+    """Where worker ``worker``'s ``k``-th minibatch of round ``rnd`` (both from 1) starts in the sequence."""
+    if not 1 <= k <= self.local_steps[worker]:
+      raise ConfigError(f"local step k={k} of worker {worker}; it takes 1..{self.local_steps[worker]} per round")
+    return (rnd - 1) * self.examples_per_round + int(self.offsets[worker]) + (k - 1) * self.batch_sizes[worker]
+
+  def indices(self, start: int, count: int) -> np.ndarray:
+    """The training-set indices of examples ``start .. start + count - 1`` of the sequence."""
+    n = len(self.dataset.x_train)
+    parts, pos, end = [], start, start + count
+    while pos < end:
+      epoch, offset = divmod(pos, n)
+      take = min(end - pos, n - offset)
+      parts.append(self._perm(epoch)[offset:offset + take])
+      pos += take
+    return parts[0] if len(parts) == 1 else np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+  def __call__(self, worker: int, rnd: int, k: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """Worker ``worker``'s ``k``-th minibatch of round ``rnd`` (both from 1): ``(x, y)``."""
+    idx = self.indices(self.position(worker, rnd, k), self.batch_sizes[worker])
     return self.dataset.x_train[idx], self.dataset.y_train[idx]

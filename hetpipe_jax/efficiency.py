@@ -1,5 +1,5 @@
-"""``python -m hetpipe_jax.efficiency TRACE [TIME_SCALE]``: where every GPU-second of a run went, and how
-close it came to the ideal heterogeneous aggregate.
+"""``python -m hetpipe_jax.efficiency TRACE [TIME_SCALE]`` (or a peer's ``TIMELINE.json``): where every
+GPU-second of a run went, and how close it came to the ideal heterogeneous aggregate.
 
 Prints, per GPU, the share of the run spent computing, receiving inputs over links, in pipeline bubbles,
 blocked by the Nm window, blocked at the WSP gate, pulling, waiting for its own push, done early or
@@ -13,6 +13,9 @@ line: cluster, model (or ``time_model``), batch size, layout. ``virtual`` and ``
 emulated cluster's clock; a ``wall`` or ``multiprocess`` trace is in wall seconds, so efficiency needs
 the run's ``--time_scale`` (TIME_SCALE: wall seconds per emulated second); without it, tasks count as
 compute and no efficiency is given.
+
+A peer's timeline (``experiments.baseline``, :mod:`hetpipe_jax.baselines.timeline`) has its own
+categories: compute, link, bubble, allreduce, sync, unused.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from hetpipe_jax.core.trace import trace_cli
 from hetpipe_jax.errors import ConfigError
 
 COLOURS = {"compute": "#4C72B0", "link": "#8172B2", "bubble": "#CCB974", "window": "#64B5CD", "gate": "#C44E52",
-           "pull": "#DD8452", "push": "#937860", "done": "#BBBBBB", "left": "#333333"}
+           "pull": "#DD8452", "push": "#937860", "done": "#BBBBBB", "left": "#333333",
+           "allreduce": "#55A868", "sync": "#DA8BC3", "unused": "#EEEEEE"}  # (the last three: a peer's timeline)
 
 
 def trace_costs(meta: dict[str, Any]):
@@ -115,7 +119,7 @@ def plot_breakdown(report: dict[str, Any], path: str, title: str = "") -> None:
   devices, fractions = report["devices"], report["shares"]
   fig, ax = plt.subplots(figsize=(max(6.0, 0.5 * len(devices) + 2), 4.5))
   bottom = [0.0] * len(devices)
-  for c in CATEGORIES:
+  for c in report.get("categories", CATEGORIES):
     values = [f[c] for f in fractions]
     if any(v > 0 for v in values):
       ax.bar(range(len(devices)), values, bottom=bottom, color=COLOURS[c], label=c)
@@ -132,7 +136,34 @@ def plot_breakdown(report: dict[str, Any], path: str, title: str = "") -> None:
 
 
 def main(argv: list[str]) -> int:
-  return trace_cli(argv, "python -m hetpipe_jax.efficiency TRACE.jsonl [TIME_SCALE]", 2, _report)
+  from hetpipe_jax.baselines.timeline import is_timeline  # pylint: disable=g-import-not-at-top
+  if len(argv) == 2 and is_timeline(argv[1]):
+    return _timeline(argv[1])
+  return trace_cli(argv, "python -m hetpipe_jax.efficiency TRACE.jsonl [TIME_SCALE] | TIMELINE.json", 2, _report)
+
+
+def _timeline(path: str) -> int:
+  """A peer's timeline (:mod:`hetpipe_jax.baselines.timeline`): its breakdown, efficiency, chart and JSON."""
+  from hetpipe_jax.baselines.timeline import timeline_report  # pylint: disable=g-import-not-at-top
+  with open(path, encoding="utf-8") as f:
+    doc = json.load(f)
+  report = timeline_report(doc)
+  categories = report["categories"]
+  print(f"{'GPU':24} {'worker.stage':12} " + " ".join(f"{c:>9}" for c in categories))
+  for d, share in zip(report["devices"], report["shares"]):
+    worker = f"{d['vw']}.{d['stage']}" if d["vw"] >= 0 else "-"
+    print(f"{d['gpu']:24} {worker:12} " + " ".join(f"{share[c]:9.3f}" for c in categories))
+  if "efficiency" in report:
+    print(f"cluster: {report['images_per_sec']:.1f} images/s of an ideal aggregate "
+          f"{report['ideal_images_per_sec']:.1f}: efficiency {report['efficiency']:.3f}")
+  base = path[:-len(".timeline.json")] if path.endswith(".timeline.json") else os.path.splitext(path)[0]
+  with open(base + ".efficiency.json", "w", encoding="utf-8") as f:
+    json.dump(report, f, indent=1)
+  meta = doc["meta"]
+  plot_breakdown(report, base + ".efficiency.png", f"{meta['system']}: {meta.get('model')} on {meta['cluster']}")
+  print(f"json     {os.path.abspath(base + '.efficiency.json')}")
+  print(f"chart    {os.path.abspath(base + '.efficiency.png')}")
+  return 0
 
 
 def _report(events: list[dict[str, Any]], argv: list[str]) -> int:

@@ -1,5 +1,6 @@
-"""Horovod-style synchronous data parallelism as a cost model: the throughput baseline (docs/PROTOCOL.md
-section 5).
+"""Horovod-style synchronous data parallelism: on the simulator's network (:func:`horovod_job`, the peer of
+``experiments.baseline --system=horovod``), and as the closed-form cost model below (docs/PROTOCOL.md
+section 5), which the simulated one equals where no flows contend (tested).
 
 Every GPU holds the whole model and trains its own minibatch; gradients are summed with ring all-reduce
 every step. The baseline runs on the GPUs that hold the whole model
@@ -33,7 +34,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from hetpipe_jax.baselines.knobs import PeerKnobs
+from hetpipe_jax.baselines.sync import SyncJob, Worker
 from hetpipe_jax.cluster import Cluster, Gpu, Link
+from hetpipe_jax.cost.batch import BatchProfiles
+from hetpipe_jax.cost.context import DEFAULT_COSTS, CostContext
 from hetpipe_jax.cost.roofline import model_compute_seconds, unit_seconds
 from hetpipe_jax.cost.unit import UnitProfile
 from hetpipe_jax.precision import byte_scale
@@ -126,3 +131,26 @@ def horovod_images_per_second(cluster: Cluster, profiles: Sequence[UnitProfile],
     Images per second.
   """
   return len(gpus) * batch_size / horovod_iteration_seconds(cluster, profiles, gpus, precision, overlap)
+
+
+def horovod_job(cluster: Cluster, profiles: BatchProfiles, batch_size: int, knobs: PeerKnobs,
+                costs: CostContext = DEFAULT_COSTS) -> SyncJob:
+  """Horovod on the simulator's network (:mod:`hetpipe_jax.baselines.sync`): every GPU that holds the whole
+  model trains ``batch_size`` examples a step, the gradients are all-reduced in fusion buffers as the
+  backward pass produces them (Horovod's background all-reduce), and the step ends when the last is done.
+
+  What it assumes: equal batches (the paper's 2018 baseline); the GPUs that cannot hold the model at that
+  batch sit out (:func:`hetpipe_jax.plan.allocation.horovod_gpus`); hierarchical ring all-reduce
+  (:mod:`hetpipe_jax.baselines.collective`); Horovod's defaults of a 64 MiB fusion buffer and a 1 ms cycle
+  (``knobs``).
+
+  Raises:
+    ConfigError: when no GPU holds the model.
+  """
+  from hetpipe_jax.plan.allocation import horovod_gpus  # pylint: disable=g-import-not-at-top
+  gpus = horovod_gpus(cluster, profiles.at(batch_size), costs)
+  num_units = len(profiles.low)
+  return SyncJob("horovod", cluster, tuple(Worker((g,), (0, num_units), batch_size) for g in gpus), profiles,
+                 overlap=True, fusion_bytes=knobs.fusion_bytes, cycle_s=knobs.cycle_s, precision=costs.precision,
+                 rounds=knobs.rounds, knobs=(("batch_size", batch_size), ("fusion_mb", knobs.fusion_mb),
+                                             ("gpus", len(gpus))))

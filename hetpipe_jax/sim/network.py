@@ -386,6 +386,35 @@ class Simulator:
       raise ProtocolError("sim executor stalled before every minibatch completed (a schedule bug)")
     return self.t
 
+  def drain(self) -> float:
+    """Runs timers and flows until none is left, without an engine: the peers of
+    :mod:`hetpipe_jax.baselines` drive their tasks by timers and flows of their own. The same clock and
+    the same sharing of links as :meth:`run`. Returns the time of the last event."""
+    timers, inf, heappop = self._timers, float("inf"), heapq.heappop
+    while True:
+      flows = self._flows
+      moving = flows.count
+      if self._dirty:
+        if moving:
+          flows.rates()
+        self._dirty = False
+      t_flow = flows.next_end(self.t) if moving else inf
+      t_next = min(t_flow, timers[0][0] if timers else inf)
+      if t_next == inf:
+        return self.t
+      if moving:
+        flows.advance(t_next - self.t)
+      self.t = t_next
+      landed = flows.land() if moving and t_flow - t_next <= SKIP else None
+      if landed:
+        self._dirty = True
+        if isinstance(flows, _ArrayFlows) and flows.count < SCALARS_BELOW:
+          self._flows = _ScalarFlows(self._links, flows.as_objects(), flows.loads())
+        for f in landed:
+          f.done(t_next)
+      while timers and timers[0][0] <= t_next:
+        heappop(timers)[2](t_next)
+
   def _task(self, engine: Engine, cost: CostModel, key: tuple[int, int, str]) -> TaskCosts:
     """What the simulator needs of a (vw, stage, kind) task, looked up once: (compute seconds, what it
     receives before it computes as (bytes, from node, to node) or None, and with ``overlap`` where its

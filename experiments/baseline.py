@@ -1,0 +1,98 @@
+r"""Simulate one peer system on a cluster: Horovod, heterogeneity-aware data parallelism, synchronous
+heterogeneous pipelines, local SGD / DiLoCo (:mod:`hetpipe_jax.baselines`).
+
+Every peer runs on the ``sim`` executor's network (flows sharing a node's links), cost model, catalogue
+and memory model, as HetPipe does. Prints images/s (tokens/s for a GPT), the efficiency against the ideal
+heterogeneous aggregate, the time breakdown per GPU, writes the timeline (which
+``python -m hetpipe_jax.efficiency`` reads) and a breakdown chart; the last line is
+``images_per_sec=<x> efficiency=<y>``::
+
+  python -m experiments.baseline --system=hetero_dp --model=vgg19 --cluster=paper_testbed
+  python -m experiments.baseline --system=sync_pipeline --model=resnet152 --microbatches=64 --policy=HD
+  python -m experiments.baseline --system=local_sgd --local_steps=16 --h_by_speed --model=resnet152
+  python -m experiments.baseline --system=horovod --model=gpt2-xl --cluster=mixed64 --batch_size=8
+
+Systems: horovod, hetero_dp, sync_pipeline, local_sgd (``--system=list`` prints what each does).
+"""
+
+from __future__ import annotations
+
+import os
+
+from absl import flags
+
+from experiments import common
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("system", "hetero_dp", "Peer system: horovod, hetero_dp, sync_pipeline, local_sgd (list: each "
+                    "one's summary).")
+flags.DEFINE_string("model", "vgg19", "vgg19, resnet152 (224x224x3), gpt2-xl, gpt-6.7b, gpt-13b (--seq_len tokens), "
+                    "or mlp, cnn, vgg, resnet (28x28x1), gpt.")
+flags.DEFINE_string("cluster", "paper_testbed", "Cluster preset, mixed<N>[x<G>] or a .toml file.")
+flags.DEFINE_integer("batch_size", 32, "Examples per minibatch (per GPU for horovod and local_sgd, per microbatch "
+                     "for pipelines; hetero_dp's default global batch is this x the cluster's GPUs).")
+flags.DEFINE_integer("seq_len", None, "GPT models: tokens per sequence (default: the model's context).")
+flags.DEFINE_string("optimizer", "momentum", "Local optimizer, for its memory: sgd, momentum, adam.")
+flags.DEFINE_string("precision", "fp32", "fp32, fp16 or bf16 (mixed precision).")
+flags.DEFINE_float("fusion_mb", 64.0, "Fusion buffer in MiB (Horovod's default 64; 0: every tensor alone).")
+flags.DEFINE_float("cycle_ms", 1.0, "How often ready tensors are collected, ms (Horovod's default 1).")
+flags.DEFINE_integer("global_batch", 0, "hetero_dp: examples per step over all GPUs (0: batch_size x GPUs).")
+flags.DEFINE_integer("microbatches", 0, "sync_pipeline: microbatches per iteration over all pipelines, split by "
+                     "speed (0: 4 x the most stages of a pipeline, per pipeline).")
+flags.DEFINE_string("policy", "ED", "sync_pipeline, local_sgd with vw workers: NP, ED, HD or a grouping '0,1;2,3'.")
+flags.DEFINE_integer("local_steps", 8, "local_sgd: H, local steps between synchronisations.")
+flags.DEFINE_bool("h_by_speed", False, "local_sgd: each worker's H in proportion to its speed.")
+flags.DEFINE_enum("local_workers", "gpu", ["gpu", "vw"], "local_sgd: workers are GPUs or pipelines.")
+flags.DEFINE_float("outer_lr", 0.7, "local_sgd: outer Nesterov learning rate (no effect on time).")
+flags.DEFINE_float("outer_momentum", 0.9, "local_sgd: outer Nesterov momentum (no effect on time).")
+flags.DEFINE_integer("rounds", 2, "Rounds simulated (every round is the same).")
+flags.DEFINE_string("out_dir", "outputs/baseline", "Where the timeline, breakdown JSON and chart go.")
+
+
+def knobs():
+  from hetpipe_jax.baselines.knobs import PeerKnobs
+  return PeerKnobs(FLAGS.fusion_mb, FLAGS.cycle_ms, FLAGS.global_batch, FLAGS.microbatches, FLAGS.policy,
+                   FLAGS.local_steps, FLAGS.h_by_speed, FLAGS.local_workers, FLAGS.outer_lr, FLAGS.outer_momentum,
+                   FLAGS.rounds)
+
+
+def main(argv):
+  del argv
+  from hetpipe_jax import efficiency, get_cluster
+  from hetpipe_jax.baselines.systems import SYSTEMS, simulate_peer
+  from hetpipe_jax.cost.batch import BatchProfiles
+  from hetpipe_jax.cost.context import CostContext
+  from hetpipe_jax.optim import optimizer_slots
+  from hetpipe_jax.precision import check_precision
+
+  if FLAGS.system == "list":
+    for name, system in SYSTEMS.items():
+      print(f"{name:14} {system.summary}")
+    return
+  if FLAGS.batch_size < 1:
+    raise common.config_error(f"--batch_size={FLAGS.batch_size}; give a batch size >= 1")
+  check_precision(FLAGS.precision)
+  cluster = get_cluster(FLAGS.cluster)
+  profiles, per_example, unit = BatchProfiles.of_model(FLAGS.model, FLAGS.batch_size, FLAGS.seq_len)
+  costs = CostContext(weight_mode="stash", optimizer_slots=optimizer_slots(FLAGS.optimizer), precision=FLAGS.precision)
+  common.progress("simulating %s: %s on %s, batch %d", FLAGS.system, FLAGS.model, cluster.name, FLAGS.batch_size)
+  run = simulate_peer(FLAGS.system, cluster, profiles, FLAGS.batch_size, knobs(), costs, FLAGS.model)
+  name = f"{FLAGS.system}_{FLAGS.model}_{cluster.name}.timeline.json"
+  timeline_path = common.write_json(common.output_path(FLAGS.out_dir, name), run.timeline, indent=None)
+  print(f"timeline {os.path.abspath(timeline_path)}")
+  efficiency.main(["hetpipe_jax.efficiency", timeline_path])  # the breakdown per GPU, its JSON and chart
+  meta = run.timeline["meta"]
+  setting = {k: v for k, v in meta.items() if k in ("gpus", "shares", "accumulation", "microbatches", "nm",
+                                                    "local_steps", "global_batch", "policy", "fusion_mb")}
+  print(f"{FLAGS.system}: {setting}")
+  print(f"one round (step) {run.round_seconds * 1e3:.2f} ms for {run.examples_per_round} examples; ideal aggregate "
+        f"{run.ideal_images_per_sec * per_example:.1f} {unit}/s")
+  print("simulated cluster (cost model: roofline with the calibrated catalogue, links of the preset); not measured")
+  print(f"{unit}/s {run.images_per_sec * per_example:.1f}  efficiency {run.efficiency:.3f}")
+  print(f"images_per_sec={run.images_per_sec * per_example:.6g} efficiency={run.efficiency:.4f}")
+
+
+cli = common.console(main)
+
+if __name__ == "__main__":
+  cli()

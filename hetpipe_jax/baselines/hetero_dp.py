@@ -1,0 +1,118 @@
+"""Heterogeneity-aware synchronous data parallelism (Cephalo, ICS'25; Poplar, AAAI'25; LB-BSP; HetSeq).
+
+Every GPU that can hold the whole model with one example trains a share of one global batch B, in
+proportion to its speed, by as many accumulation steps as its memory needs; one fused all-reduce of the
+batch-weighted gradients, overlapped with the backward pass of each GPU's last accumulation step, ends
+the step: synchronous SGD at the global batch, no staleness.
+
+The split (:func:`split_batch`) is a small optimisation: integer shares s_g >= 0 with sum B that minimise
+the slowest GPU's compute max_g t_g(s_g), where t_g(s) is the roofline time of s examples on g in
+ceil(s / m_g) accumulation steps of (nearly) equal size, m_g the most examples g's memory holds at once.
+t_g grows with s, so the optimum is found exactly by bisection on the time T (each GPU then takes the most
+examples it can finish by T) and trimming the surplus from the GPUs that finish last.
+
+What it assumes: the GPUs' speeds are known (the cost model's), the all-reduce is Horovod's
+(:mod:`hetpipe_jax.baselines.sync`), and the update is the batch-weighted mean of the gradients.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+
+from hetpipe_jax.baselines.knobs import PeerKnobs
+from hetpipe_jax.baselines.sync import SyncJob, Worker
+from hetpipe_jax.cluster import Cluster, Gpu, GpuType
+from hetpipe_jax.cost.batch import BatchProfiles
+from hetpipe_jax.cost.context import DEFAULT_COSTS, CostContext
+from hetpipe_jax.cost.memory import stage_memory_bytes
+from hetpipe_jax.cost.roofline import model_compute_seconds
+from hetpipe_jax.errors import ConfigError
+
+
+def max_micro_batch(profiles: BatchProfiles, gpu: GpuType, limit: int, costs: CostContext = DEFAULT_COSTS) -> int:
+  """The most examples (<= ``limit``) whose forward and backward fit ``gpu``'s memory with the whole model,
+  its gradient and optimizer state (0: not even one)."""
+  costs = costs._replace(weight_mode="latest")
+  fits = lambda b: stage_memory_bytes(profiles.at(b), 1, costs) <= gpu.memory_bytes
+  if not fits(1):
+    return 0
+  lo, hi = 1, limit  # memory grows with the batch: the largest b that fits, by bisection
+  while lo < hi:
+    mid = (lo + hi + 1) // 2
+    lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+  return lo
+
+
+class _Speed:
+  """t(s): seconds of s examples on one GPU type in accumulation steps of at most ``micro`` examples."""
+
+  def __init__(self, profiles: BatchProfiles, gpu: GpuType, micro: int, precision: str):
+    self.profiles, self.gpu, self.micro, self.precision = profiles, gpu, micro, precision
+    self._step: dict[int, float] = {}
+
+  def step(self, size: int) -> float:
+    if size not in self._step:
+      self._step[size] = model_compute_seconds(self.profiles.at(size), self.gpu, self.precision)
+    return self._step[size]
+
+  def __call__(self, s: int) -> float:
+    if s <= 0:
+      return 0.0
+    steps = math.ceil(s / self.micro)
+    q, r = divmod(s, steps)
+    return r * self.step(q + 1) + (steps - r) * (self.step(q) if q else 0.0)
+
+
+def split_batch(gpus: list[Gpu], profiles: BatchProfiles, global_batch: int,
+                costs: CostContext = DEFAULT_COSTS) -> list[tuple[Gpu, int, int]]:
+  """The minimax split of ``global_batch`` over ``gpus`` (see the module docstring).
+
+  Returns:
+    ``(gpu, share, accumulation steps)`` of every GPU with a share > 0.
+
+  Raises:
+    ConfigError: when no GPU holds the model with one example.
+  """
+  micro = {g.type.name: max_micro_batch(profiles, g.type, global_batch, costs) for g in gpus}
+  able = [g for g in gpus if micro[g.type.name] > 0]
+  if not able:
+    raise ConfigError("hetero_dp: no GPU holds the whole model with one example; use a cluster with larger GPUs "
+                      "or a smaller model")
+  speed = {name: _Speed(profiles, next(g.type for g in able if g.type.name == name), m, costs.precision)
+           for name, m in micro.items() if m > 0}
+  times = {name: [sp(s) for s in range(global_batch + 1)] for name, sp in speed.items()}  # nondecreasing in s
+
+  def shares(t: float) -> list[int]:  # the most examples each GPU finishes by t
+    return [bisect.bisect_right(times[g.type.name], t * (1 + 1e-12)) - 1 for g in able]
+  candidates = sorted({x for ts in times.values() for x in ts})
+  lo, hi = 0, len(candidates) - 1
+  while lo < hi:  # the smallest time by which the GPUs together finish the global batch
+    mid = (lo + hi) // 2
+    lo, hi = (lo, mid) if sum(shares(candidates[mid])) >= global_batch else (mid + 1, hi)
+  share = shares(candidates[lo])
+  surplus = sum(share) - global_batch
+  while surplus > 0:  # trimmed from whichever GPU finishes last (ties: the last in cluster order)
+    g = max(range(len(able)), key=lambda i: (times[able[i].type.name][share[i]], i) if share[i] else (-1.0, i))
+    share[g] -= 1
+    surplus -= 1
+  return [(g, s, math.ceil(s / micro[g.type.name])) for g, s in zip(able, share) if s > 0]
+
+
+def hetero_dp_job(cluster: Cluster, profiles: BatchProfiles, batch_size: int, knobs: PeerKnobs,
+                  costs: CostContext = DEFAULT_COSTS) -> SyncJob:
+  """hetero_dp on the simulator's network: the global batch (``knobs.global_batch``, default ``batch_size``
+  x every GPU of the cluster) split by :func:`split_batch`.
+
+  Raises:
+    ConfigError: when no GPU holds the model, or the global batch is smaller than... nothing to split.
+  """
+  global_batch = knobs.global_batch or batch_size * cluster.num_gpus
+  split = split_batch(list(cluster.gpus), profiles, global_batch, costs)
+  num_units = len(profiles.low)
+  workers = tuple(Worker((g,), (0, num_units), share, steps) for g, share, steps in split)
+  return SyncJob("hetero_dp", cluster, workers, profiles, overlap=True, fusion_bytes=knobs.fusion_bytes,
+                 cycle_s=knobs.cycle_s, precision=costs.precision, rounds=knobs.rounds,
+                 knobs=(("batch_size", batch_size), ("global_batch", global_batch), ("fusion_mb", knobs.fusion_mb),
+                        ("shares", [s for _, s, _ in split]), ("accumulation", [a for _, _, a in split]),
+                        ("gpus", len(split))))

@@ -1,0 +1,73 @@
+"""The knobs of the peers (:mod:`hetpipe_jax.baselines`): one record, each system reads its own.
+
+``experiments.baseline`` sets them from flags, the tuner searches them (batch split, microbatches per
+pipeline, H, outer learning rate).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+from hetpipe_jax.baselines.sync import CYCLE_S, FUSION_BYTES
+from hetpipe_jax.errors import ConfigError
+
+WORKER_KINDS = ("gpu", "vw")
+
+
+class PeerKnobs(NamedTuple):
+  """Attributes:
+    fusion_mb: the fusion buffer in MiB (Horovod's default 64; 0: no fusion).
+    cycle_ms: how often ready tensors are collected (Horovod's default 1 ms).
+    global_batch: hetero_dp's examples per step over every GPU (0: the batch size x the GPUs that train).
+    microbatches: sync_pipeline's microbatches per iteration over every pipeline, split in proportion to each
+      pipeline's speed (0: 4 x the most stages of a pipeline, per pipeline).
+    policy: how GPUs are grouped into pipelines (sync_pipeline, local_sgd with vw workers): NP, ED, HD or a
+      grouping.
+    local_steps: local_sgd's H, the local steps between synchronisations (of the fastest worker with
+      ``h_by_speed``).
+    h_by_speed: local_sgd: each worker's H in proportion to its speed (the fastest takes ``local_steps``).
+    local_workers: local_sgd's workers: ``gpu`` (every GPU that holds the model) or ``vw`` (pipelines).
+    outer_lr / outer_momentum: local_sgd's outer Nesterov step (DiLoCo: 0.7 and 0.9); no effect on time.
+    rounds: rounds simulated (every round is the same).
+  """
+
+  fusion_mb: float = FUSION_BYTES / (1 << 20)
+  cycle_ms: float = CYCLE_S * 1e3
+  global_batch: int = 0
+  microbatches: int = 0
+  policy: str = "ED"
+  local_steps: int = 8
+  h_by_speed: bool = False
+  local_workers: str = "gpu"
+  outer_lr: float = 0.7
+  outer_momentum: float = 0.9
+  rounds: int = 2
+
+  @property
+  def fusion_bytes(self) -> float:
+    return self.fusion_mb * (1 << 20)
+
+  @property
+  def cycle_s(self) -> float:
+    return self.cycle_ms / 1e3
+
+  def validate(self) -> PeerKnobs:
+    """Itself, once every knob is in range.
+
+    Raises:
+      ConfigError: naming the first knob out of range, its limit and what to give.
+    """
+    checks = [("fusion_mb", self.fusion_mb, math.isfinite(self.fusion_mb) and self.fusion_mb >= 0, ">= 0 MiB"),
+              ("cycle_ms", self.cycle_ms, math.isfinite(self.cycle_ms) and self.cycle_ms >= 0, ">= 0 ms"),
+              ("global_batch", self.global_batch, self.global_batch >= 0, ">= 0 (0: automatic)"),
+              ("microbatches", self.microbatches, self.microbatches >= 0, ">= 0 (0: automatic)"),
+              ("local_steps", self.local_steps, self.local_steps >= 1, ">= 1"),
+              ("local_workers", self.local_workers, self.local_workers in WORKER_KINDS, "gpu or vw"),
+              ("outer_lr", self.outer_lr, math.isfinite(self.outer_lr) and self.outer_lr > 0, "> 0"),
+              ("outer_momentum", self.outer_momentum, 0 <= self.outer_momentum < 1, "in [0, 1)"),
+              ("rounds", self.rounds, self.rounds >= 1, ">= 1")]
+    for name, value, ok, limit in checks:
+      if not ok:
+        raise ConfigError(f"--{name}={value}; give {limit}")
+    return self

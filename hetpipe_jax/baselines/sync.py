@@ -1,0 +1,384 @@
+"""Synchronous training on the simulator's network: the engine of every peer of :mod:`hetpipe_jax.baselines`.
+
+A *worker* is a pipeline of one or more GPUs (one GPU: a data-parallel worker) that trains one model
+replica. A *round* is what happens between two synchronisations:
+
+1. every worker takes its ``local_steps`` local steps; a local step is its ``batch`` examples in
+   ``microbatches`` microbatches through its pipeline under 1F1B with at most ``nm`` in flight, and a flush
+   (the step ends when its last backward is done; one GPU: gradient accumulation over its microbatches).
+   A task's input (the previous stage's activation, the next stage's gradient) is a flow over the links
+   between the two GPUs that leaves when it is produced and travels while the receiving GPU computes
+   (asynchronous point-to-point, as every pipeline system sends it);
+2. the gradients (or, after several local steps, the weight changes) are all-reduced: the GPUs that hold
+   a unit in every worker form that unit's communicator (every GPU for data parallelism; the GPUs of one
+   stage position for pipelines cut alike), and each communicator reduces its units as Horovod does
+   (tensor fusion): every ``cycle_s`` the tensors that every member has finished are packed, in the
+   order they became ready, into buffers of up to ``fusion_bytes`` and all-reduced one buffer after
+   another (:func:`hetpipe_jax.baselines.collective.allreduce`, flows on the shared links). With
+   ``overlap`` a unit's gradient is ready when its backward of the last microbatch of the round is done on
+   every worker (the all-reduce overlaps the rest of the backward pass); without it, when the worker's
+   last local step is done;
+3. the round ends when every all-reduce is done; the update (local optimizer or outer step) is applied at
+   once and the next round starts on every worker at that moment (a synchronous barrier).
+
+Compute times are the roofline's (:func:`hetpipe_jax.cost.roofline.unit_seconds`, the calibrated
+catalogue) at each microbatch's size (:class:`hetpipe_jax.cost.batch.BatchProfiles`), the links
+and their sharing those of the ``sim`` executor (:class:`hetpipe_jax.sim.network.Simulator`). In mixed
+precision the gradients and activations travel in 16 bits.
+
+The run writes a *timeline* (:mod:`hetpipe_jax.baselines.timeline`): per GPU, every interval as compute,
+link (waiting for an input in flight), bubble (other idle time inside a local step), allreduce (done,
+waiting for an all-reduce it takes part in), sync (done, waiting for slower workers) or unused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from hetpipe_jax.baselines.collective import allreduce
+from hetpipe_jax.cluster import Cluster, Gpu
+from hetpipe_jax.core import schedule as sched
+from hetpipe_jax.cost.batch import BatchProfiles
+from hetpipe_jax.cost.roofline import unit_seconds
+from hetpipe_jax.errors import ConfigError, ProtocolError
+from hetpipe_jax.precision import byte_scale
+from hetpipe_jax.sim.network import Simulator
+
+FUSION_BYTES = 64 << 20  # Horovod's default fusion buffer (HOROVOD_FUSION_THRESHOLD, docs/tensor-fusion.rst)
+CYCLE_S = 1e-3  # Horovod's default cycle time (HOROVOD_CYCLE_TIME, 1 ms since Horovod 0.21; 5 ms before)
+
+
+@dataclasses.dataclass(frozen=True)
+class Worker:
+  """One model replica: its GPUs (one per stage), its cuts, and what it trains per round.
+
+  Attributes:
+    gpus: the GPU of each stage.
+    cuts: stage j holds units ``cuts[j] .. cuts[j + 1] - 1`` (``(0, num_units)`` for one GPU).
+    batch: examples per local step.
+    microbatches: microbatches per local step (as equal as can be: the first ``batch % microbatches`` one
+      example larger).
+    nm: most microbatches in flight (its memory's limit; 1 for one GPU).
+    local_steps: local steps per round (1: synchronous SGD).
+  """
+
+  gpus: tuple[Gpu, ...]
+  cuts: tuple[int, ...]
+  batch: int
+  microbatches: int = 1
+  nm: int = 1
+  local_steps: int = 1
+
+  def micro_size(self, mb: int) -> int:
+    """Examples of microbatch ``mb`` (1-based) of a local step."""
+    q, r = divmod(self.batch, self.microbatches)
+    return q + 1 if mb <= r else q
+
+  @property
+  def examples_per_round(self) -> int:
+    """Examples of one round."""
+    return self.batch * self.local_steps
+
+
+@dataclasses.dataclass(frozen=True)
+class SyncJob:
+  """A synchronous system on a cluster.
+
+  Attributes:
+    system: its name (``horovod``, ``hetero_dp``, ``sync_pipeline``, ``local_sgd``).
+    cluster: the cluster.
+    workers: the model replicas.
+    profiles: the model's unit profiles at any batch size.
+    overlap: all-reduce each unit's gradient once it is ready (else after the last local step).
+    fusion_bytes: the fusion buffer (0: every tensor on its own).
+    cycle_s: how often ready tensors are collected.
+    precision: "fp32", "fp16" or "bf16".
+    rounds: rounds simulated (every round is the same; two show it).
+    knobs: what the system was built with (its JSON).
+  """
+
+  system: str
+  cluster: Cluster
+  workers: tuple[Worker, ...]
+  profiles: BatchProfiles
+  overlap: bool = True
+  fusion_bytes: float = FUSION_BYTES
+  cycle_s: float = CYCLE_S
+  precision: str = "fp32"
+  rounds: int = 2
+  knobs: tuple[tuple[str, Any], ...] = ()
+
+  def __post_init__(self):
+    if not self.workers:
+      raise ConfigError(f"{self.system}: no worker; give a cluster with a GPU that can train the model")
+    num_units = len(self.profiles.low)
+    for i, w in enumerate(self.workers):
+      if len(w.cuts) != len(w.gpus) + 1 or w.cuts[0] != 0 or w.cuts[-1] != num_units or \
+          any(a >= b for a, b in zip(w.cuts, w.cuts[1:])):
+        raise ConfigError(f"{self.system} worker {i}: cuts {list(w.cuts)} for {len(w.gpus)} GPUs; give increasing "
+                          f"cuts from 0 to {num_units} with one stage per GPU")
+      if min(w.microbatches, w.nm, w.local_steps) < 1 or w.batch < w.microbatches:
+        raise ConfigError(f"{self.system} worker {i}: batch={w.batch}, microbatches={w.microbatches}, nm={w.nm}, "
+                          f"local_steps={w.local_steps}; each must be >= 1, and batch >= microbatches")
+    used = [g.index for w in self.workers for g in w.gpus]
+    if len(used) != len(set(used)):
+      raise ConfigError(f"{self.system}: a GPU is in two workers; give each GPU to one worker")
+    if self.rounds < 1 or not self.cycle_s >= 0 or not self.fusion_bytes >= 0:
+      raise ConfigError(f"{self.system}: rounds={self.rounds}, cycle_s={self.cycle_s}, "
+                        f"fusion_bytes={self.fusion_bytes}; give rounds >= 1 and cycle_s, fusion_bytes >= 0")
+
+
+class SyncResult(NamedTuple):
+  """What a simulated synchronous run gives.
+
+  Attributes:
+    round_seconds: seconds of one round (the mean over the simulated rounds).
+    examples_per_round: examples every worker together trains per round.
+    images_per_sec: examples per second.
+    timeline: the run's timeline (:mod:`hetpipe_jax.baselines.timeline`).
+  """
+
+  round_seconds: float
+  examples_per_round: int
+  images_per_sec: float
+  timeline: dict[str, Any]
+
+
+class _Comm:
+  """A communicator: the GPUs that hold the same units in every worker, and those units' tensors."""
+
+  def __init__(self, gpus: tuple[Gpu, ...], units: list[int]):
+    self.gpus, self.units = gpus, units
+    self.waiting: dict[int, int] = {}  # unit -> workers that have not finished it this round
+    self.ready: list[int] = []  # units every member finished, negotiated, not yet reduced
+    self.left = 0  # units not yet reduced this round
+    self.busy = False
+    self.intervals: list[tuple[float, float]] = []
+
+
+def simulate_sync(job: SyncJob) -> SyncResult:
+  """Simulates ``job`` for ``job.rounds`` rounds (see the module docstring).
+
+  Raises:
+    ProtocolError: when the run stalls (a bug).
+  """
+  run = _Run(job)
+  seconds = run.go()
+  examples = sum(w.examples_per_round for w in job.workers)
+  from hetpipe_jax.baselines.timeline import build_timeline  # pylint: disable=g-import-not-at-top
+  return SyncResult(seconds / job.rounds, examples, examples * job.rounds / seconds, build_timeline(job, run.log))
+
+
+@dataclasses.dataclass
+class Log:
+  """What a run records for its timeline: per GPU index its compute intervals, the inputs in flight to
+  it, its last compute of each round; the rounds; the communicators' all-reduces."""
+
+  compute: dict[int, list[tuple[float, float, str]]] = dataclasses.field(default_factory=dict)
+  inbound: dict[int, list[tuple[float, float]]] = dataclasses.field(default_factory=dict)
+  last: dict[int, list[float]] = dataclasses.field(default_factory=dict)
+  rounds: list[tuple[float, float]] = dataclasses.field(default_factory=list)
+  comms: list[tuple[tuple[int, ...], list[tuple[float, float]]]] = dataclasses.field(default_factory=list)
+
+
+class _Run:
+  """One simulation: the simulator, each worker's pipeline state, the communicators."""
+
+  def __init__(self, job: SyncJob):
+    self.job, self.sim = job, Simulator(job.cluster)
+    self.log = Log()
+    scale = byte_scale(job.precision)
+    self.scale = scale
+    self._costs: dict[tuple[int, int, int], tuple] = {}  # (worker, stage, examples) -> :meth:`_cost`
+    self.comms = self._communicators(scale)
+    self.comm_of = {u: c for c in self.comms for u in c.units}
+    self.states: list[sched.PipelineState] = []
+    self.steps = [0] * len(job.workers)
+    self.arrived: list[set] = [set() for _ in job.workers]
+    self.workers_left = 0
+    self.round_start = 0.0
+    self.rounds_done = 0
+
+  def _cost(self, i: int, j: int, size: int) -> tuple[float, float, list[tuple[int, float]], float]:
+    """Stage ``j`` of worker ``i`` on a microbatch of ``size`` examples: (forward s, backward s, each unit's
+    backward s in reverse order, the bytes of its output activation)."""
+    found = self._costs.get((i, j, size))
+    if found is None:
+      w = self.job.workers[i]
+      profiles = self.job.profiles.at(size)
+      units = range(w.cuts[j], w.cuts[j + 1])
+      times = [unit_seconds(profiles[u], w.gpus[j].type, self.job.precision) for u in units]
+      found = self._costs[(i, j, size)] = (
+          sum(t[0] for t in times), sum(t[1] for t in times),
+          [(u, t[1]) for u, t in zip(reversed(units), reversed(times))],
+          profiles[w.cuts[j + 1] - 1].out_bytes * self.scale)
+    return found
+
+  def _communicators(self, scale: float) -> list[_Comm]:
+    profiles = self.job.profiles.low
+    by_members: dict[tuple[int, ...], list[int]] = {}
+    gpu_of: dict[int, Gpu] = {}
+    for u in range(len(profiles) - 1, -1, -1):  # backward order
+      if not profiles[u].param_bytes:
+        continue
+      members = []
+      for w in self.job.workers:
+        j = next(j for j in range(len(w.gpus)) if w.cuts[j] <= u < w.cuts[j + 1])
+        members.append(w.gpus[j].index)
+        gpu_of[w.gpus[j].index] = w.gpus[j]
+      by_members.setdefault(tuple(sorted(members)), []).append(u)
+    self.tensor_bytes = {u: profiles[u].param_bytes * scale for u in range(len(profiles))}
+    return [_Comm(tuple(gpu_of[i] for i in m), units) for m, units in by_members.items()]
+
+  def go(self) -> float:
+    self._start_round(0.0)
+    end = self.sim.drain()
+    if self.rounds_done != self.job.rounds:
+      raise ProtocolError(f"{self.job.system}: the simulation stalled in round {self.rounds_done + 1}")
+    return end
+
+  # rounds and local steps
+
+  def _start_round(self, t: float) -> None:
+    self.round_start = t
+    self.workers_left = len(self.job.workers)
+    for c in self.comms:
+      c.waiting = {u: len(self.job.workers) for u in c.units}
+      c.left = len(c.units)
+    for w in self.job.workers:
+      for g in w.gpus:
+        self.log.last.setdefault(g.index, []).append(t)
+    self.states = [sched.init(len(w.gpus), i) for i, w in enumerate(self.job.workers)]
+    self.steps = [0] * len(self.job.workers)
+    for i in range(len(self.job.workers)):
+      self._start_step(i)
+
+  def _start_step(self, i: int) -> None:
+    w = self.job.workers[i]
+    self.states[i] = sched.init(len(w.gpus), i)
+    self.arrived[i].clear()
+    self._inject(i)
+    for j in range(len(w.gpus)):
+      self._try_start(i, j)
+
+  def _inject(self, i: int) -> None:
+    w = self.job.workers[i]
+    while sched.can_inject(self.states[i], w.nm, w.microbatches, "1f1b"):
+      self.states[i], _ = sched.inject(self.states[i], "1f1b")
+
+  def _try_start(self, i: int, j: int) -> None:
+    arrived, k = self.arrived[i], len(self.job.workers[i].gpus)
+
+    def has_input(task: sched.Task) -> bool:
+      if task.kind == sched.FWD:
+        return task.stage == 0 or (task.stage, task.kind, task.mb) in arrived
+      return task.stage == k - 1 or (task.stage, task.kind, task.mb) in arrived
+    task = sched.pick(self.states[i], j, has_input)
+    if task is None:
+      return
+    self.states[i] = sched.start(self.states[i], task)
+    w = self.job.workers[i]
+    fwd, bwd, units, _ = self._cost(i, j, w.micro_size(task.mb))
+    t = self.sim.t
+    self.sim.at(t + (fwd if task.kind == sched.FWD else bwd), lambda t_end: self._finish(i, task, t, t_end))
+    if task.kind == sched.BWD and task.mb == w.microbatches and self.steps[i] + 1 == w.local_steps and \
+        self.job.overlap:  # the round's last backward: each unit's gradient is final when its part is done
+      done = t
+      for u, seconds in units:  # the stage's units, last first
+        done += seconds
+        self.sim.at(done, lambda _t, u=u: self._unit_ready(u, _t))
+
+  def _finish(self, i: int, task: sched.Task, t_start: float, t: float) -> None:
+    w = self.job.workers[i]
+    gpu = w.gpus[task.stage].index
+    self.log.compute.setdefault(gpu, []).append((t_start, t, f"{task.kind[0].upper()}{task.mb}"))
+    self.log.last[gpu][-1] = t
+    self.states[i], _ = sched.finish(self.states[i], task, "1f1b")
+    nxt = sched.successor(task, len(w.gpus))
+    if nxt is not None and nxt[0] != task.stage:
+      src, dst = w.gpus[task.stage], w.gpus[nxt[0]]
+      num_bytes = self._cost(i, min(task.stage, nxt[0]), w.micro_size(task.mb))[3]
+      key = (nxt[0], nxt[1], task.mb)
+      self.sim.send(src.node, dst.node, num_bytes,
+                    lambda t_landed: self._landed(i, key, dst.index, t, t_landed))
+    self._inject(i)
+    if self.states[i].completed == w.microbatches:
+      self._step_done(i, t)
+      return
+    for j in range(len(w.gpus)):
+      self._try_start(i, j)
+
+  def _landed(self, i: int, key: tuple, gpu: int, t_sent: float, t: float) -> None:
+    self.log.inbound.setdefault(gpu, []).append((t_sent, t))
+    self.arrived[i].add(key)
+    self._try_start(i, key[0])
+
+  def _step_done(self, i: int, t: float) -> None:
+    w = self.job.workers[i]
+    self.steps[i] += 1
+    if self.steps[i] < w.local_steps:
+      self._start_step(i)
+      return
+    if not self.job.overlap:
+      for u in self.tensor_bytes:
+        if u in self.comm_of:
+          self._unit_ready(u, t)
+    self.workers_left -= 1
+    self._maybe_end_round(t)
+
+  # all-reduce
+
+  def _unit_ready(self, u: int, t: float) -> None:
+    comm = self.comm_of.get(u)
+    if comm is None:
+      return
+    comm.waiting[u] -= 1
+    if comm.waiting[u]:
+      return
+    cycle, since = self.job.cycle_s, t - self.round_start  # negotiated at the next cycle's start
+    when = self.round_start + math.ceil(since / cycle - 1e-9) * cycle if cycle else t
+    self.sim.at(max(when, t), lambda _t: self._negotiated(comm, u))
+
+  def _negotiated(self, comm: _Comm, u: int) -> None:
+    comm.ready.append(u)
+    self._launch(comm)
+
+  def _launch(self, comm: _Comm) -> None:
+    if comm.busy or not comm.ready:
+      return
+    size, taken = 0.0, 0
+    for u in comm.ready:
+      if taken and size + self.tensor_bytes[u] > self.job.fusion_bytes:
+        break
+      size += self.tensor_bytes[u]
+      taken += 1
+    comm.ready = comm.ready[taken:]
+    comm.busy = True
+    t0 = self.sim.t
+
+    def done(t: float) -> None:
+      comm.busy = False
+      comm.intervals.append((t0, t))
+      comm.left -= taken
+      self._launch(comm)
+      if comm.left == 0:
+        self._maybe_end_round(t)
+    allreduce(self.sim, comm.gpus, size, done)
+
+  def _maybe_end_round(self, t: float) -> None:
+    if self.workers_left or any(c.left for c in self.comms):
+      return
+    self.log.rounds.append((self.round_start, t))
+    self.rounds_done += 1
+    if self.rounds_done == self.job.rounds:
+      self.log.comms = [(tuple(g.index for g in c.gpus), c.intervals) for c in self.comms]
+      return
+    self._start_round(t)
+
+
+def worker_gpus(workers: Sequence[Worker]) -> list[Gpu]:
+  """Every GPU of ``workers``, in worker and stage order."""
+  return [g for w in workers for g in w.gpus]

@@ -1,0 +1,70 @@
+"""Synchronous heterogeneous pipelines in data parallel (Metis, ATC'24; FlashFlex/HexiScale; Sailor,
+SOSP'25; AMP, NeurIPS'22).
+
+The partitioner's virtual workers (:func:`hetpipe_jax.plan.allocation.plan_cluster`: pipelines of
+different shapes and GPU types, cut by the same exact partitioner as HetPipe's, with the Nm their memory
+holds) each train, per iteration, a number of microbatches in proportion to its speed (its planned
+throughput), under 1F1B with at most Nm in flight and a flush at the end of the iteration. Each unit's
+gradient is all-reduced across the pipelines (among the GPUs that hold it) once every pipeline has
+finished its backward of that unit for the iteration, overlapped with the rest of the backward pass, in
+fusion buffers (:mod:`hetpipe_jax.baselines.sync`). Synchronous SGD at the global batch (the sum of the
+microbatches x the batch size): zero staleness.
+
+What it assumes: the grouping and cuts of HetPipe's planner (so that the comparison isolates WSP), the
+iteration's microbatches M over all pipelines (``knobs.microbatches``; default 4 x the most stages of a
+pipeline, per pipeline, which keeps the flush's bubble near (k - 1) / (5k - 1)), split by largest
+remainders of M x speed share with at least one each.
+"""
+
+from __future__ import annotations
+
+from hetpipe_jax.baselines.knobs import PeerKnobs
+from hetpipe_jax.baselines.sync import SyncJob, Worker
+from hetpipe_jax.cluster import Cluster
+from hetpipe_jax.cost.batch import BatchProfiles
+from hetpipe_jax.cost.context import DEFAULT_COSTS, CostContext
+from hetpipe_jax.errors import ConfigError
+
+
+def proportional(total: int, weights: list[float]) -> list[int]:
+  """``total`` split in proportion to ``weights`` by largest remainders, at least 1 each.
+
+  Raises:
+    ConfigError: when ``total`` is smaller than the number of parts.
+  """
+  if total < len(weights):
+    raise ConfigError(f"{total} to split over {len(weights)} workers; give at least one each ({len(weights)})")
+  extra = total - len(weights)
+  exact = [extra * w / sum(weights) for w in weights]
+  parts = [1 + int(x) for x in exact]
+  order = sorted(range(len(weights)), key=lambda i: (-(exact[i] - int(exact[i])), i))
+  for i in order[:total - sum(parts)]:
+    parts[i] += 1
+  return parts
+
+
+def pipeline_plans(cluster: Cluster, profiles: BatchProfiles, batch_size: int, policy: str,
+                   costs: CostContext = DEFAULT_COSTS):
+  """The planner's virtual workers for ``policy`` (see the module docstring)."""
+  from hetpipe_jax.plan.allocation import parse_policy, plan_cluster  # pylint: disable=g-import-not-at-top
+  return plan_cluster(cluster, list(profiles.at(batch_size)), parse_policy(policy), "default", "max_fit", None,
+                      costs).vws
+
+
+def sync_pipeline_job(cluster: Cluster, profiles: BatchProfiles, batch_size: int, knobs: PeerKnobs,
+                      costs: CostContext = DEFAULT_COSTS) -> SyncJob:
+  """sync_pipeline on the simulator's network (see the module docstring).
+
+  Raises:
+    ConfigError: for a policy no partition fits, or fewer microbatches than pipelines.
+  """
+  plans = pipeline_plans(cluster, profiles, batch_size, knobs.policy, costs)
+  total = knobs.microbatches or 4 * max(len(p.stages) for p in plans) * len(plans)
+  counts = proportional(total, [p.throughput for p in plans])
+  workers = tuple(Worker(tuple(p.gpus), tuple(p.cuts), m * batch_size, m, p.in_flight)
+                  for p, m in zip(plans, counts))
+  return SyncJob("sync_pipeline", cluster, workers, profiles, overlap=True, fusion_bytes=knobs.fusion_bytes,
+                 cycle_s=knobs.cycle_s, precision=costs.precision, rounds=knobs.rounds,
+                 knobs=(("batch_size", batch_size), ("policy", knobs.policy), ("microbatches", counts),
+                        ("nm", [p.in_flight for p in plans]), ("fusion_mb", knobs.fusion_mb),
+                        ("gpus", sum(len(p.stages) for p in plans))))

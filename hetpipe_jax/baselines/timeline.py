@@ -1,0 +1,124 @@
+"""The timeline of a simulated peer (:mod:`hetpipe_jax.baselines.sync`): where every GPU-second went.
+
+A timeline is JSON: ``{"format": "hetpipe-timeline", "meta": {...}, "devices": [...], "intervals": [...]}``,
+``meta`` naming the system, cluster, model, batch size, its images/s, the ideal heterogeneous aggregate
+and the efficiency; ``devices`` one ``{"gpu", "vw", "stage"}`` per GPU of the cluster (``vw``: its
+worker, -1 for a GPU no worker uses); ``intervals`` ``[device, start, end, category, label]`` covering
+every device from 0 to the end, with the categories of :data:`CATEGORIES`:
+
+* ``compute``: a forward or backward pass;
+* ``link``: idle inside a local step while the input of its next task is in flight;
+* ``bubble``: other idle time inside a local step (pipeline fill and drain, the flush);
+* ``allreduce``: its round's work done, an all-reduce it takes part in running;
+* ``sync``: its round's work done, waiting for slower workers (no all-reduce of its own running);
+* ``unused``: a GPU that no worker uses.
+
+``python -m hetpipe_jax.efficiency FILE.timeline.json`` reads it as it reads a HetPipe trace
+(:func:`timeline_report`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+  from hetpipe_jax.baselines.sync import Log, SyncJob
+
+FORMAT = "hetpipe-timeline"
+CATEGORIES = ("compute", "link", "bubble", "allreduce", "sync", "unused")
+EPS = 1e-12
+
+
+def _union(spans: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+  out: list[list[float]] = []
+  for a, b in sorted(spans):
+    if out and a <= out[-1][1]:
+      out[-1][1] = max(out[-1][1], b)
+    else:
+      out.append([a, b])
+  return [(a, b) for a, b in out]
+
+
+def _split(a: float, b: float, covered: Sequence[tuple[float, float]], inside: str, outside: str
+           ) -> list[tuple[float, float, str]]:
+  """[a, b] cut into the parts inside ``covered`` (a sorted union) and the rest."""
+  out, t = [], a
+  for c, d in covered:
+    c, d = max(c, a), min(d, b)
+    if d <= c:
+      continue
+    if c > t:
+      out.append((t, c, outside))
+    out.append((c, d, inside))
+    t = d
+  if b > t:
+    out.append((t, b, outside))
+  return [x for x in out if x[1] - x[0] > EPS]
+
+
+def _device_intervals(gpu: int, log: Log, comm_spans: list[tuple[float, float]]) -> list[tuple[float, float, str, str]]:
+  compute = sorted(log.compute.get(gpu, []))
+  inbound = _union(log.inbound.get(gpu, []))
+  out: list[tuple[float, float, str, str]] = []
+  c = 0
+  for r, (start, end) in enumerate(log.rounds):
+    last = log.last[gpu][r]
+    t = start
+    while c < len(compute) and compute[c][0] < end - EPS:
+      a, b, label = compute[c]
+      out += [(x, y, cat, "") for x, y, cat in _split(t, a, inbound, "link", "bubble")]
+      out.append((a, b, "compute", label))
+      t = b
+      c += 1
+    out += [(x, y, cat, "") for x, y, cat in _split(max(t, last), end, comm_spans, "allreduce", "sync")]
+  return out
+
+
+def build_timeline(job: SyncJob, log: Log) -> dict[str, Any]:
+  """The timeline of a finished run (see the module docstring); ``meta`` holds the system's knobs, the caller
+  adds the rest (:func:`finish_meta`)."""
+  position = {g.index: (i, j) for i, w in enumerate(job.workers) for j, g in enumerate(w.gpus)}
+  end = log.rounds[-1][1] if log.rounds else 0.0
+  devices, intervals = [], []
+  for d, g in enumerate(job.cluster.gpus):
+    worker, stage = position.get(g.index, (-1, 0))
+    devices.append({"gpu": g.name, "vw": worker, "stage": stage})
+    if worker < 0:
+      intervals.append([d, 0.0, end, "unused", ""])
+      continue
+    spans = _union([s for members, spans in log.comms if g.index in members for s in spans])
+    intervals += [[d, a, b, cat, label] for a, b, cat, label in _device_intervals(g.index, log, spans)]
+  return {"format": FORMAT, "meta": {"system": job.system, "cluster": job.cluster.name, "seconds": end,
+                                     "rounds": len(log.rounds), "precision": job.precision, **dict(job.knobs)},
+          "devices": devices, "intervals": intervals}
+
+
+def timeline_report(doc: dict[str, Any]) -> dict[str, Any]:
+  """The breakdown of a timeline as :func:`hetpipe_jax.efficiency.efficiency_report` gives a trace's:
+  ``seconds``, ``devices``, ``shares`` (per device, the fraction of the run in each category), ``categories``,
+  ``note``, and from ``meta`` the images/s, the ideal aggregate and the efficiency."""
+  seconds = float(doc["meta"]["seconds"])
+  totals = [dict.fromkeys(CATEGORIES, 0.0) for _ in doc["devices"]]
+  for d, a, b, cat, _ in doc["intervals"]:
+    totals[d][cat] += b - a
+  shares = [{c: (v / seconds if seconds > 0 else 0.0) for c, v in t.items()} for t in totals]
+  meta = doc["meta"]
+  report: dict[str, Any] = {"seconds": seconds, "devices": doc["devices"], "shares": shares,
+                            "categories": list(CATEGORIES), "note": None, "system": meta["system"]}
+  for key in ("images_per_sec", "ideal_images_per_sec", "efficiency"):
+    if key in meta:
+      report[key] = meta[key]
+  return report
+
+
+def is_timeline(path: str) -> bool:
+  """Whether ``path`` holds a timeline (JSON whose ``format`` is :data:`FORMAT`) rather than a trace."""
+  import json  # pylint: disable=g-import-not-at-top
+  if not path.endswith(".json"):
+    return False
+  try:
+    with open(path, encoding="utf-8") as f:
+      return json.load(f).get("format") == FORMAT
+  except (OSError, ValueError, AttributeError):
+    return False

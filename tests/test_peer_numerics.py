@@ -1,0 +1,244 @@
+"""The peers' numerics: the batch-weighted synchronous step is one big-batch step, local SGD with one local
+step and the plain outer step is synchronous SGD, equal batches are today's data parallelism bit for bit,
+the outer Nesterov step is the hand-computed recurrence, and bad inputs or a divergence stop with one line.
+
+Tolerances: a weighted mean of per-worker mean gradients sums the same float32 terms as one big batch's mean,
+in another order and with one more rounding per worker (b_i / B x mean_i), so the two differ by a few ulps
+per step (relative 1e-7 .. 1e-6 after a few steps, far below rtol 1e-5); local SGD's weight changes
+w_i - w cancel the leading digits of w (an absolute error of about eps x |w| ~ 1e-7 per round), hence its
+atol 1e-6."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from hetpipe_jax import MinibatchStreams, get_model, synthetic
+from hetpipe_jax.baselines.data_parallel import train_data_parallel
+from hetpipe_jax.baselines.numerics import outer_optimizer, train_local_sgd, train_weighted_sync
+from hetpipe_jax.data import WorkerStreams
+from hetpipe_jax.errors import ConfigError, RunStopped
+from hetpipe_jax.models.base import cross_entropy
+
+DATA = synthetic(num_train=512, num_test=128)
+MODEL = get_model("mlp")
+LOSS = jax.jit(jax.value_and_grad(lambda p, x, y: cross_entropy(MODEL.apply(p, x), y)))
+
+
+def init(batch: int, seed: int = 0):
+  return MODEL.init(jax.random.key(seed), jnp.asarray(DATA.x_train[:batch]))
+
+
+def assert_trees_close(a, b, rtol=1e-5, atol=1e-7):
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol)
+
+
+def test_worker_streams_are_minibatch_streams_for_equal_sizes():
+  for n, b in ((5, 16), (1, 32), (3, 128)):  # 5 x 16: steps straddle epochs (32 batches an epoch)
+    old, new = MinibatchStreams(DATA, b, n, seed=3), WorkerStreams(DATA, [b] * n, seed=3)
+    for s in range(1, 30):
+      for i in range(n):
+        for a, c in zip(old(i, s), new(i, s)):
+          np.testing.assert_array_equal(a, c)
+
+
+def test_unequal_streams_see_every_example_once_per_epoch():
+  streams = WorkerStreams(DATA, [3, 0, 5, 24], seed=1, local_steps=[2, 4, 1, 3])
+  assert streams.examples_per_round == 3 * 2 + 5 + 24 * 3
+  order = [streams.indices(streams.position(i, r, k), streams.batch_sizes[i])
+           for r in range(1, 30) for i in range(4) for k in range(1, streams.local_steps[i] + 1)]
+  seen = np.concatenate(order)
+  assert len(seen) == 29 * 83
+  for e in range(len(seen) // 512):
+    np.testing.assert_array_equal(np.sort(seen[e * 512:(e + 1) * 512]), np.arange(512))
+  assert len(streams(1, 5, 3)[0]) == 0  # batch 0: the worker takes nothing
+  other = WorkerStreams(DATA, [3, 0, 5, 24], seed=2, local_steps=[2, 4, 1, 3])
+  assert not np.array_equal(streams(3, 4, 2)[1], other(3, 4, 2)[1])  # seeded
+
+
+@pytest.mark.parametrize("sizes", [[3, 5], [7, 1, 24]])
+def test_weighted_sync_step_is_one_big_batch_step(sizes):
+  tx = optax.sgd(0.1, momentum=0.5)
+  steps = 3
+  rows, params = train_weighted_sync(MODEL, DATA, tx, sizes, steps, 0.5, seed=4, eval_every=steps,
+                                     return_params=True)
+  big = WorkerStreams(DATA, [sum(sizes)], seed=4)  # the same examples: the workers' batches concatenated
+  ref = init(max(sizes), seed=4)
+  state = tx.init(ref)
+  losses = []
+  for s in range(1, steps + 1):
+    x, y = big(0, s)
+    np.testing.assert_array_equal(x, np.concatenate([WorkerStreams(DATA, sizes, 4)(i, s)[0]
+                                                     for i in range(len(sizes))]))
+    loss, grads = LOSS(ref, x, y)
+    updates, state = tx.update(grads, state, ref)
+    ref = optax.apply_updates(ref, updates)
+    losses.append(float(loss))
+  assert_trees_close(params, ref)
+  np.testing.assert_allclose([r["train_loss"] for r in rows], losses, rtol=1e-5)
+  assert [r["examples"] for r in rows] == [s * sum(sizes) for s in range(1, steps + 1)]
+  assert [r["time"] for r in rows] == [0.5, 1.0, 1.5] and "test_accuracy" in rows[-1]
+
+
+def test_a_worker_of_batch_zero_sits_out():
+  a_rows, a = train_weighted_sync(MODEL, DATA, optax.sgd(0.1), [3, 5], 4, 1.0, seed=2, return_params=True)
+  b_rows, b = train_weighted_sync(MODEL, DATA, optax.sgd(0.1), [3, 0, 5, 0], 4, 1.0, seed=2, return_params=True)
+  assert a_rows == b_rows
+  assert all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+def old_train_data_parallel(tx, num_workers, steps, batch_size, step_seconds, seed, eval_every):
+  """The data-parallel baseline as it was before the peers (the reference of bit-for-bit identity)."""
+  from hetpipe_jax.evaluate import make_evaluator
+  device = jax.devices()[0]
+  streams = MinibatchStreams(DATA, batch_size, num_workers, seed)
+  params = jax.device_put(MODEL.init(jax.random.key(seed), jnp.asarray(DATA.x_train[:batch_size])), device)
+  opt_state = tx.init(params)
+  grad = jax.jit(jax.value_and_grad(lambda p, x, y: cross_entropy(MODEL.apply(p, x), y)))
+
+  @jax.jit
+  def update(params, opt_state, results):
+    loss = sum(r[0] for r in results) / len(results)
+    grads = jax.tree.map(lambda *g: sum(g) / len(g), *(r[1] for r in results))
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+  evaluate = make_evaluator(MODEL, DATA, device)
+  rows, losses = [], []
+  for s in range(1, steps + 1):
+    results = [grad(params, *(jax.device_put(np.asarray(a), device) for a in streams(w, s)))
+               for w in range(num_workers)]
+    params, opt_state, loss = update(params, opt_state, results)
+    losses.append(loss)
+    rows.append({"vw": 0, "wave": s - 1, "step": s, "time": s * step_seconds})
+    if s % eval_every == 0 or s == steps:
+      rows[-1]["test_accuracy"] = evaluate(params)
+  for row, loss in zip(rows, jax.device_get(losses)):
+    row["train_loss"] = float(loss)
+  return rows
+
+
+def test_equal_batches_are_todays_data_parallelism_bit_for_bit():
+  tx = optax.adam(3e-3)
+  old = old_train_data_parallel(tx, 5, 14, 16, 0.25, 1, 5)  # 5 x 16: steps straddle epochs
+  new = train_data_parallel(MODEL, DATA, tx, 5, 14, 16, 0.25, seed=1, eval_every=5)
+  weighted = train_weighted_sync(MODEL, DATA, tx, [16] * 5, 14, 0.25, seed=1, eval_every=5)
+  assert new == weighted
+  for a, b in zip(old, new, strict=True):
+    assert list(a.items()) == [(k, v) for k, v in b.items() if k != "examples"]  # same keys, order, bits
+    assert b["examples"] == b["step"] * 80
+
+
+@pytest.mark.parametrize("sizes", [[3, 5], [16, 16]])
+def test_local_sgd_with_one_local_step_and_the_plain_outer_step_is_synchronous_sgd(sizes):
+  # plain SGD inside: with momentum or Adam, each worker's own inner state would differ from the one state
+  rounds = 6
+  sync_rows, sync = train_weighted_sync(MODEL, DATA, optax.sgd(0.2), sizes, rounds, 1.0, seed=5, eval_every=3,
+                                        return_params=True)
+  local_rows, local = train_local_sgd(MODEL, DATA, optax.sgd(0.2), sizes, [1] * len(sizes), rounds, 1.0,
+                                      outer_lr=1.0, outer_momentum=0.0, seed=5, eval_every=3, return_params=True)
+  assert_trees_close(local, sync, atol=1e-6)
+  np.testing.assert_allclose([r["train_loss"] for r in local_rows], [r["train_loss"] for r in sync_rows], rtol=1e-5)
+  for a, b in zip(local_rows, sync_rows, strict=True):
+    assert {k: v for k, v in a.items() if k not in ("train_loss", "test_accuracy")} == {
+        k: v for k, v in b.items() if k not in ("train_loss", "test_accuracy")}
+    assert ("test_accuracy" in a) == ("test_accuracy" in b)
+
+
+def test_outer_nesterov_is_the_hand_computed_recurrence():
+  # one parameter, mean weight changes 1, 0.5, -0.25; lr 0.7, momentum 0.9:
+  # Nesterov: t = 0.9 t + d, update = 0.7 (d + 0.9 t); heavy ball: update = 0.7 t
+  deltas = [1.0, 0.5, -0.25]
+  expected = {True: [0.7 * 1.9, 0.7 * (0.5 + 0.9 * 1.4), 0.7 * (-0.25 + 0.9 * 1.01)], False: [0.7, 0.98, 0.707]}
+  for nesterov, want in expected.items():
+    tx = outer_optimizer(0.7, 0.9, nesterov)
+    w, state = jnp.zeros(()), tx.init(jnp.zeros(()))
+    got = []
+    for d in deltas:
+      update, state = tx.update(jnp.float32(d), state, w)
+      got.append(float(np.asarray(update)))
+      w = optax.apply_updates(w, update)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert float(np.asarray(w)) == pytest.approx(sum(want), rel=1e-6)  # the weights move along the mean change
+
+
+def test_local_sgd_rounds_are_the_hand_computed_outer_steps():
+  """Two workers of batches 4 and 2 taking 1 and 3 local steps (momentum SGD, each its own state across
+  rounds), weight changes averaged by examples (4 and 6), outer Nesterov lr 0.7 momentum 0.9, in numpy."""
+  sizes, hs, rounds, lr, m = [4, 2], [1, 3], 3, 0.7, 0.9
+  inner = optax.sgd(0.05, momentum=0.5)
+  rows, params = train_local_sgd(MODEL, DATA, inner, sizes, hs, rounds, 2.0, outer_lr=lr, outer_momentum=m, seed=6,
+                                 return_params=True)
+  streams = WorkerStreams(DATA, sizes, 6, hs)
+  w = [np.asarray(a, np.float64) for a in jax.tree.leaves(init(4, seed=6))]
+  treedef = jax.tree.structure(init(4, seed=6))
+  trace = [np.zeros_like(a) for a in w]
+  states = [inner.init(jax.tree.unflatten(treedef, [jnp.asarray(a, jnp.float32) for a in w])) for _ in sizes]
+  for r in range(1, rounds + 1):
+    mean = [np.zeros_like(a) for a in w]
+    for i in range(2):
+      p = jax.tree.unflatten(treedef, [jnp.asarray(a, jnp.float32) for a in w])
+      for k in range(1, hs[i] + 1):
+        _, g = LOSS(p, *streams(i, r, k))
+        u, states[i] = inner.update(g, states[i], p)
+        p = optax.apply_updates(p, u)
+      share = sizes[i] * hs[i] / 10
+      mean = [acc + share * (np.asarray(a, np.float64) - b) for acc, a, b in zip(mean, jax.tree.leaves(p), w)]
+    trace = [m * t + d for t, d in zip(trace, mean)]
+    w = [a + lr * (d + m * t) for a, d, t in zip(w, mean, trace)]
+  assert_trees_close(params, jax.tree.unflatten(treedef, w), atol=1e-6)  # float32 against a float64 reference
+  plain = train_local_sgd(MODEL, DATA, inner, sizes, hs, rounds, 2.0, seed=6, return_params=True)[1]
+  assert not np.allclose(np.asarray(jax.tree.leaves(plain)[0]), np.asarray(jax.tree.leaves(params)[0]))
+  assert [r["examples"] for r in rows] == [10, 20, 30] and [r["time"] for r in rows] == [2.0, 4.0, 6.0]
+  assert all("test_accuracy" in r and math.isfinite(r["train_loss"]) for r in rows)  # eval_every=1
+
+
+SYNC = lambda **kw: train_weighted_sync(MODEL, DATA, optax.sgd(0.1), **{
+    "batch_sizes": [4, 4], "steps": 2, "step_seconds": 1.0, **kw})
+LOCAL = lambda **kw: train_local_sgd(MODEL, DATA, optax.sgd(0.1), **{
+    "batch_sizes": [4, 4], "local_steps": [2, 2], "rounds": 2, "round_seconds": 1.0, **kw})
+
+
+@pytest.mark.parametrize("run,kw,words", [
+    (SYNC, {"batch_sizes": []}, "batch_sizes is empty"),
+    (SYNC, {"batch_sizes": [4, -1]}, "batch_sizes[1]=-1"),
+    (SYNC, {"batch_sizes": [4, 2.5]}, "batch_sizes[1]=2.5"),
+    (SYNC, {"batch_sizes": [0, 0]}, "all 0"),
+    (SYNC, {"batch_sizes": [4, 513]}, "above the 512 training examples"),
+    (SYNC, {"steps": -1}, "steps=-1"),
+    (SYNC, {"eval_every": 0}, "eval_every=0"),
+    (SYNC, {"step_seconds": float("nan")}, "step_seconds=nan"),
+    (SYNC, {"step_seconds": -1.0}, "step_seconds=-1.0"),
+    (LOCAL, {"local_steps": [2]}, "local_steps has 1 entries but batch_sizes 2"),
+    (LOCAL, {"local_steps": [2, 0]}, "local_steps[1]=0"),
+    (LOCAL, {"local_steps": []}, "local_steps is empty"),
+    (LOCAL, {"rounds": -2}, "rounds=-2"),
+    (LOCAL, {"outer_lr": 0.0}, "outer_lr=0.0"),
+    (LOCAL, {"outer_lr": -0.7}, "outer_lr=-0.7"),
+    (LOCAL, {"outer_lr": float("inf")}, "outer_lr=inf"),
+    (LOCAL, {"outer_momentum": 1.0}, "outer_momentum=1.0"),
+    (LOCAL, {"outer_momentum": -0.1}, "outer_momentum=-0.1"),
+    (LOCAL, {"outer_momentum": float("nan")}, "outer_momentum=nan"),
+])
+def test_bad_inputs_are_refused_in_one_line(run, kw, words):
+  with pytest.raises(ConfigError) as e:
+    run(**kw)
+  assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_data_parallel_refuses_bad_workers_and_batches():
+  with pytest.raises(ConfigError, match="num_workers=0"):
+    train_data_parallel(MODEL, DATA, optax.sgd(0.1), 0, 2, 32, 1.0)
+  with pytest.raises(ConfigError, match="does not divide"):
+    train_data_parallel(MODEL, DATA, optax.sgd(0.1), 2, 2, 30, 1.0)
+
+
+def test_a_divergence_stops_the_run_naming_the_step():
+  with pytest.raises(RunStopped, match=r"step \d+ is (nan|inf|-inf) \(not finite\)|weights after step \d+"):
+    train_weighted_sync(MODEL, DATA, optax.sgd(1e30), [8, 8], 6, 1.0, eval_every=3)
+  with pytest.raises(RunStopped, match="round"):
+    train_local_sgd(MODEL, DATA, optax.sgd(1e30), [8, 8], [2, 2], 3, 1.0)
