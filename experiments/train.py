@@ -46,6 +46,10 @@ flags.DEFINE_integer("waves", 120, "Waves each virtual worker runs.")
 flags.DEFINE_integer("batch_size", 32, "Examples per minibatch.")
 flags.DEFINE_float("learning_rate", 0.05, "Local optimizer learning rate.")
 flags.DEFINE_string("optimizer", "sgd", "Local optimizer: sgd, momentum, adam.")
+flags.DEFINE_string("ps_optimizer", "add", "The parameter server's outer optimizer on each pushed wave's summed "
+                    "update delta: add (default: W += delta), sgd:lr=X, momentum:lr=X,momentum=M, or "
+                    "nesterov:lr=0.7,momentum=0.9 (DiLoCo's outer Nesterov step on -delta; no effect on the sim "
+                    "executor, which has no numerics).")
 flags.DEFINE_string("weight_mode", "stash", "stash (backward uses its forward's weights) or latest.")
 flags.DEFINE_string("schedule", "1f1b", "Device task order: 1f1b (backward first), fifo, or gpipe (a wave's "
                     "forwards, then its backwards, flush between waves).")
@@ -304,7 +308,8 @@ def make_config(shape: dict, trace_out: str, time_model: str | None):
   from hetpipe_jax import RunConfig
   return RunConfig.of(
       **shape, cluster=FLAGS.cluster, d=FLAGS.d, waves=FLAGS.waves, batch_size=FLAGS.batch_size,
-      optimizer=FLAGS.optimizer, learning_rate=FLAGS.learning_rate, weight_mode=FLAGS.weight_mode,
+      optimizer=FLAGS.optimizer, learning_rate=FLAGS.learning_rate, ps_optimizer=FLAGS.ps_optimizer,
+      weight_mode=FLAGS.weight_mode,
       schedule=FLAGS.schedule, executor=FLAGS.executor, time_scale=FLAGS.time_scale, seed=FLAGS.seed,
       eval_every=FLAGS.eval_every, drop_remainder=FLAGS.drop_remainder, trace_path=trace_out,
       placement=FLAGS.placement, on_nonfinite=FLAGS.on_nonfinite, checkpoint_dir=FLAGS.checkpoint_dir,

@@ -11,7 +11,8 @@ of the runtime's stage, worker or engine code:
 * ``bwd`` of (i, j, p): ``jax.vjp`` of the stage at its forward's weights (``stash``) or at the weights of
   its own recorded version (``latest``), with cotangent 1.0 on the loss or stage j+1's input-cotangent;
   the optax update is applied to the stage's current weights and added to the accumulator of p's wave;
-* ``push`` of wave c: every unit's global weights += the wave's summed update (the default PS rule);
+* ``push`` of wave c: the PS rule on the wave's summed update U of every unit: ``U', s <- ps_tx.update(U, s, W)``,
+  ``W <- W + U'`` (docs/PROTOCOL.md section 3.5; the default rule is the identity, ``W <- W + U``);
 * ``pull``: every stage's weights <- the global weights that contain the pulled waves + every open
   (unpushed) wave accumulator of the stage; the new version is (waves[i] * Nm + updates added back, glob).
 
@@ -19,8 +20,12 @@ The engine applies a backward's update when the backward starts, the trace write
 pull can fall in between, and global + accumulators gives the same sum either way (up to rounding).
 
 The final global weights, every stage's final local weights and every wave's mean training loss must match
-the engine's. Planted faults (stashing kept on stage 0 only; a rebase that drops open accumulators while its
-trace still looks right) pass the trace checker but not the oracle.
+the engine's. Every case runs with the identity PS rule and with an outer Nesterov optimizer
+(``ps_optimizer``, DiLoCo's outer step, replayed here as ``optax.sgd(lr, momentum, nesterov=True)`` on the
+outer gradient -U): the identity rule is additive, so a PS that applied pushes in another order, or lost its
+own optimizer state, would still end with the same sum; a rule with state makes every such slip show.
+Planted faults (stashing kept on stage 0 only; a rebase that drops open accumulators while its trace still
+looks right) pass the trace checker but not the oracle.
 """
 
 import jax
@@ -45,6 +50,18 @@ TX = {
     "sgd": lambda lr: optax.sgd(lr),
     "momentum": lambda lr: optax.sgd(lr, momentum=0.9),
     "adam": lambda lr: optax.adam(lr),
+}
+
+
+def _outer_nesterov(lr, momentum):
+  """DiLoCo's outer step as the replay's PS rule: SGD with Nesterov momentum on the outer gradient -U."""
+  return optax.chain(optax.scale(-1.0), optax.sgd(lr, momentum=momentum, nesterov=True))
+
+
+# The PS rules every case runs with: name -> (RunConfig fields, the replay's rule built here from optax).
+PS_RULES = {
+    "identity": ({}, optax.identity),
+    "nesterov": ({"ps_optimizer": "nesterov:lr=0.7,momentum=0.9"}, lambda: _outer_nesterov(0.7, 0.9)),
 }
 
 _PROGRAMS = {}  # (first, last) -> jitted (forward, vjp) of the stage function
@@ -90,7 +107,8 @@ class _StageState:
     self.snaps[self.version] = self.w
 
 
-def replay(events, init_params, optimizer, learning_rate=LR, dataset=DATA, batch_size=BATCH, seed=SEED):
+def replay(events, init_params, optimizer, learning_rate=LR, dataset=DATA, batch_size=BATCH, seed=SEED,
+           ps_tx=None):
   """Recomputes a run's training from its trace.
 
   Args:
@@ -99,6 +117,8 @@ def replay(events, init_params, optimizer, learning_rate=LR, dataset=DATA, batch
     optimizer: a key of TX, the run's local optimizer.
     learning_rate: the run's learning rate.
     dataset, batch_size, seed: the run's data stream.
+    ps_tx: the run's PS rule, an optax transformation of every pushed wave's summed update (None: the
+      identity, the default).
 
   Returns:
     A dict: ``global`` (final global weights, one entry per unit), ``local`` ((vw, stage) -> (first, last,
@@ -113,6 +133,8 @@ def replay(events, init_params, optimizer, learning_rate=LR, dataset=DATA, batch
   update = jax.jit(tx.update)
   streams = MinibatchStreams(dataset, batch_size, n, seed)
   glob_w = tuple(init_params)
+  ps_tx = ps_tx or optax.identity()
+  ps_update, ps_state = jax.jit(ps_tx.update), ps_tx.init(glob_w)
   clock = (0,) * n
   history = {clock: glob_w}  # PS clock vector -> global weights holding exactly those waves
   stages = {}
@@ -171,14 +193,16 @@ def replay(events, init_params, optimizer, learning_rate=LR, dataset=DATA, batch
     elif kind == "push":
       i, c = ev["vw"], ev["wave"]
       assert c == clock[i], f"VW {i} pushed wave {c} at clock {clock[i]}"
-      new = list(glob_w)
+      pushed = [None] * len(glob_w)
       for j in range(ks[i]):
         s = stages[(i, j)]
         acc, count = s.acc.pop(c)
         assert count == nms[i], f"wave {c} of VW {i} stage {j} holds {count} updates"
         for u, a in zip(range(s.first, s.last), acc):
-          new[u] = _add(new[u], a)
-      glob_w = tuple(new)
+          pushed[u] = a
+      assert all(a is not None for a in pushed), f"wave {c} of VW {i} does not cover every unit"
+      step, ps_state = ps_update(tuple(pushed), ps_state, glob_w)
+      glob_w = _add(glob_w, step)
       clock = tuple(x + (k == i) for k, x in enumerate(clock))
       history[clock] = glob_w
       counters["pushes"] += 1
@@ -259,19 +283,22 @@ CASES = {  # name -> RunConfig fields; every case pipelines (k > 1, Nm > 1) in s
 _RESULTS = {}
 
 
-def _case(name):
-  """The run of case ``name`` and the oracle's replay of it (each computed once per session)."""
-  if name not in _RESULTS:
+def _case(name, rule="identity"):
+  """The run of case ``name`` with PS rule ``rule`` and the oracle's replay of it (each computed once per
+  session)."""
+  if (name, rule) not in _RESULTS:
     config = CASES[name]
-    result = _run(**config)
-    _RESULTS[name] = result, replay(result.events, result.init_params, config.get("optimizer", "sgd"),
-                                    config.get("learning_rate", LR))
-  return _RESULTS[name]
+    fields, ps_tx = PS_RULES[rule]
+    result = _run(**config, **fields)
+    _RESULTS[(name, rule)] = result, replay(result.events, result.init_params, config.get("optimizer", "sgd"),
+                                            config.get("learning_rate", LR), ps_tx=ps_tx())
+  return _RESULTS[(name, rule)]
 
 
+@pytest.mark.parametrize("rule", list(PS_RULES))
 @pytest.mark.parametrize("name", list(CASES))
-def test_oracle_recomputes_the_engines_weights(name):
-  result, oracle = _case(name)
+def test_oracle_recomputes_the_engines_weights(name, rule):
+  result, oracle = _case(name, rule)
   # The run exercised what the oracle checks: every wave pushed, pulls that add open accumulators back on
   # top of the global weights (on the wall clock that depends on timing: 2 in every run we tried), and
   # backwards whose stage weights moved since their forward (where stash and latest differ).

@@ -18,6 +18,7 @@ registry entry (:mod:`hetpipe_jax.run.executors`), once for every option.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Collection, Sequence
 from typing import Any
@@ -29,7 +30,7 @@ from hetpipe_jax.core.schedule import SCHEDULES
 from hetpipe_jax.core.versions import WEIGHT_MODES
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.models import FULL_SIZE
-from hetpipe_jax.optim import OPTIMIZERS, make_optimizer
+from hetpipe_jax.optim import OPTIMIZERS, make_optimizer, make_ps_optimizer, parse_ps_optimizer
 from hetpipe_jax.plan.placement import PLACEMENTS
 from hetpipe_jax.precision import check_precision
 from hetpipe_jax.runtime.ps import ON_NONFINITE
@@ -109,12 +110,33 @@ class WSPSpec:
     _known("schedule", self.schedule, SCHEDULES)
 
 
+class _FromSpec(optax.GradientTransformation):
+  """The parameter server's apply rule that :class:`OptimizerSpec` built from its ``ps_optimizer`` (not one
+  given as ``ps_tx``): a copy of the spec with another ``ps_optimizer`` builds its own again."""
+
+  __slots__ = ()
+
+  def __repr__(self) -> str:
+    return "<built from ps_optimizer>"
+
+
+@functools.cache
+def _ps_rule(spec: str) -> _FromSpec | None:
+  tx = make_ps_optimizer(spec)
+  return None if tx is None else _FromSpec(*tx)
+
+
 @dataclasses.dataclass(frozen=True)
 class OptimizerSpec:
   """Attributes:
     name / learning_rate: the local optimizer of every stage (sgd, momentum, adam), unless ``tx``.
     tx: the stages' local optimizer as an optax transformation (overrides ``name``).
-    ps_tx: the parameter server's apply rule (default: add each pushed wave as is).
+    ps_tx: the parameter server's apply rule (default: add each pushed wave as is); given, an optax
+      transformation of the pushed summed update; else what ``ps_optimizer`` builds (read it here: the
+      executors pass ``ps_tx`` to the server).
+    ps_optimizer: the parameter server's outer optimizer by spec (:func:`hetpipe_jax.optim.parse_ps_optimizer`):
+      ``add`` (default: W <- W + the wave's summed update), ``sgd:lr=..``, ``momentum:lr=..,momentum=..``,
+      ``nesterov:lr=0.7,momentum=0.9`` (DiLoCo's outer step on the outer gradient -delta). Not with ``ps_tx``.
     on_nonfinite: a pushed wave update with NaN or Inf is refused before it touches the global weights:
       "stop" ends the run (:class:`~hetpipe_jax.errors.NonFiniteUpdate`, naming VW, wave, stage, unit and
       the last good global clock); "skip" drops that wave's update and goes on (the trace's push event
@@ -126,9 +148,30 @@ class OptimizerSpec:
   tx: optax.GradientTransformation | None = None
   ps_tx: optax.GradientTransformation | None = None
   on_nonfinite: str = "stop"
+  ps_optimizer: str = "add"
+
+  def __post_init__(self):
+    if self.ps_tx is None or isinstance(self.ps_tx, _FromSpec):  # not given: built from ps_optimizer
+      try:
+        rule = _ps_rule(self.ps_optimizer)
+      except (ConfigError, TypeError):  # a bad spec (or an unhashable one): validate() says what is wrong
+        rule = None
+      object.__setattr__(self, "ps_tx", rule)
+
+  @property
+  def ps_spec(self) -> str:
+    """The canonical ``ps_optimizer`` (what the trace's meta line records), e.g. ``nesterov:lr=0.7,momentum=0.9``.
+
+    Raises:
+      ConfigError: for a bad spec.
+    """
+    return str(parse_ps_optimizer(self.ps_optimizer))
 
   def validate(self) -> None:
     _known("on_nonfinite", self.on_nonfinite, ON_NONFINITE)
+    if self.ps_spec != "add" and self.ps_tx is not None and not isinstance(self.ps_tx, _FromSpec):
+      raise ConfigError(f"ps_tx and ps_optimizer={self.ps_optimizer!r} both set the parameter server's apply rule; "
+                        "drop one of them (ps_optimizer='add' keeps the given ps_tx)")
     if self.tx is not None:
       return
     _known("optimizer", self.name, OPTIMIZERS)
@@ -224,6 +267,7 @@ FLAT: dict[str, tuple[str, str]] = {
     **{f.name: ("wsp", f.name) for f in dataclasses.fields(WSPSpec)},
     "optimizer": ("optim", "name"), "learning_rate": ("optim", "learning_rate"),
     "tx": ("optim", "tx"), "ps_tx": ("optim", "ps_tx"), "on_nonfinite": ("optim", "on_nonfinite"),
+    "ps_optimizer": ("optim", "ps_optimizer"),
     "failures": ("faults", "failures"), "rejoin": ("faults", "rejoin"),
     "checkpoint_dir": ("checkpoint", "directory"), "checkpoint_every": ("checkpoint", "every"),
     "keep_checkpoints": ("checkpoint", "keep"), "resume": ("checkpoint", "resume"),

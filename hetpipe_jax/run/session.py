@@ -60,12 +60,13 @@ def trained_images(events: Sequence[dict[str, Any]], batch_size: int) -> int:
 
 
 def identity(setup: Setup, meta: dict[str, Any]) -> dict[str, Any]:
-  """What a checkpoint's run is: a resume must match every entry."""
+  """What a checkpoint's run is: a resume must match every entry (the meta line names a ``ps_optimizer``
+  other than ``add``; a custom ``ps_tx`` counts as ``custom_tx``)."""
   c, opt = setup.config, setup.config.optim
   return {**{k: v for k, v in meta.items() if k not in ("ev", "version")},
           "optimizer": opt.name, "learning_rate": opt.learning_rate, "waves": c.waves, "eval_every": c.eval_every,
           "drop_remainder": c.drop_remainder, "on_nonfinite": opt.on_nonfinite, "rejoin": c.faults.rejoin,
-          "custom_tx": opt.tx is not None or opt.ps_tx is not None}
+          "custom_tx": opt.tx is not None or (opt.ps_tx is not None and opt.ps_spec == "add")}
 
 
 class _Checkpoints:

@@ -162,7 +162,8 @@ def run_fields(config: RunConfig, cluster: Cluster, model_name: str, data_name: 
   spec = config.layout
   return dict(model=model_name, dataset=data_name, batch_size=config.batch_size, cluster=cluster.name,
               seed=config.seed, policy=spec.policy, placement=spec.placement, time_model=spec.time_model,
-              **({"precision": config.precision} if config.precision != "fp32" else {}))
+              **({"precision": config.precision} if config.precision != "fp32" else {}),
+              **({"ps_optimizer": config.optim.ps_spec} if config.optim.ps_spec != "add" else {}))
 
 
 def prepare(model: LayeredModel, dataset: Dataset | FullSize, config: RunConfig) -> Setup:

@@ -1,0 +1,197 @@
+"""The parameter server's outer optimizer (``ps_optimizer``, ``--ps_optimizer``): its specs and their errors,
+the sign of its step (Nesterov with lr 1 and momentum 0 is the plain add, bit for bit, end to end), two pushes
+by hand, and runs with it that the WSP checker accepts."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from hetpipe_jax import ConfigError, ParameterServer, RunConfig, get_model, run_hetpipe, synthetic
+from hetpipe_jax.optim import PSOptimizer, make_ps_optimizer, parse_ps_optimizer
+
+from helpers import assert_trace_ok
+
+MODEL, DATA = get_model("mlp"), synthetic(num_train=256, num_test=64)
+SMALL = dict(cluster="hetero4", num_vws=2, stages=(2, 1), nm=(2, 3), d=1, waves=4, batch_size=16, eval_every=2)
+
+
+# --- specs -----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("spec, parsed, canonical", [
+    ("add", PSOptimizer("add"), "add"),
+    (" add ", PSOptimizer("add"), "add"),
+    ("sgd", PSOptimizer("sgd", 1.0), "sgd:lr=1.0"),
+    ("sgd:lr=0.5", PSOptimizer("sgd", 0.5), "sgd:lr=0.5"),
+    ("nesterov", PSOptimizer("nesterov", 0.7, 0.9), "nesterov:lr=0.7,momentum=0.9"),
+    ("nesterov:momentum=0.5, lr=2", PSOptimizer("nesterov", 2.0, 0.5), "nesterov:lr=2.0,momentum=0.5"),
+    ("momentum:lr=0.1,momentum=0", PSOptimizer("momentum", 0.1, 0.0), "momentum:lr=0.1,momentum=0.0"),
+])
+def test_specs_parse_to_their_canonical_form(spec, parsed, canonical):
+  assert parse_ps_optimizer(spec) == parsed and str(parsed) == canonical
+  assert parse_ps_optimizer(canonical) == parsed
+  assert make_ps_optimizer(spec) is make_ps_optimizer(canonical)  # one object per spec: configs compare equal
+  assert parsed.slots == (parsed.name in ("momentum", "nesterov"))
+  assert (make_ps_optimizer(spec) is None) == (parsed.name == "add")
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("adam", r"ps_optimizer='adam': unknown optimizer 'adam'; choose one of add, sgd, momentum, nesterov"),
+    ("add:lr=1", r"add has no key 'lr'; it takes no keys"),
+    ("sgd:momentum=0.9", r"sgd has no key 'momentum'; its keys are lr"),
+    ("nesterov:beta=0.9", r"nesterov has no key 'beta'; its keys are lr, momentum"),
+    ("nesterov:lr=1,lr=2", r"lr is given twice"),
+    ("nesterov:lr", r"'lr' is not KEY=NUMBER"),
+    ("nesterov:lr=fast", r"'lr=fast' is not KEY=NUMBER"),
+    ("nesterov:lr=0", r"lr=0.0; the outer learning rate must be a finite number > 0"),
+    ("sgd:lr=-1", r"lr=-1.0; the outer learning rate must be a finite number > 0"),
+    ("nesterov:lr=inf", r"lr=inf; the outer learning rate must be a finite number > 0"),
+    ("nesterov:lr=nan", r"lr=nan; the outer learning rate must be a finite number > 0"),
+    ("nesterov:momentum=1", r"momentum=1.0; the outer momentum must be in \[0, 1\)"),
+    ("momentum:momentum=-0.1", r"momentum=-0.1; the outer momentum must be in \[0, 1\)"),
+    ("nesterov:momentum=nan", r"momentum=nan; the outer momentum must be in \[0, 1\)"),
+])
+def test_a_bad_spec_is_one_line_naming_it(spec, message):
+  for check in (lambda: parse_ps_optimizer(spec), lambda: RunConfig.of(ps_optimizer=spec).validate()):
+    with pytest.raises(ConfigError, match=message) as e:
+      check()
+    assert "\n" not in str(e.value) and repr(spec) in str(e.value)
+
+
+def test_the_config_resolves_the_spec_into_the_servers_apply_rule():
+  assert RunConfig().optim.ps_tx is None and RunConfig().optim.ps_spec == "add"
+  config = RunConfig.of(ps_optimizer="nesterov")
+  config.validate()
+  assert config.optim.ps_spec == "nesterov:lr=0.7,momentum=0.9"
+  assert config.optim.ps_tx == make_ps_optimizer("nesterov")  # what the executors pass
+  assert config == RunConfig.of(ps_optimizer="nesterov")  # one rule per spec
+  # A copy with another spec builds its own rule: the built one is not taken for a given ps_tx.
+  assert config.replace(ps_optimizer="add") == RunConfig()
+  assert config.replace(ps_optimizer="sgd:lr=2").optim.ps_tx == make_ps_optimizer("sgd:lr=2")
+  assert dataclasses.replace(config.optim, ps_optimizer="add").ps_tx is None
+  # A given ps_tx is kept with the default spec, and refused with another one.
+  given = optax.trace(decay=0.5)
+  assert RunConfig.of(ps_tx=given).optim.ps_tx is given
+  with pytest.raises(ConfigError, match=r"^ps_tx and ps_optimizer='sgd:lr=2' both set the parameter server's apply "
+                                        r"rule; drop one of them"):
+    RunConfig.of(ps_tx=given, ps_optimizer="sgd:lr=2").validate()
+  with pytest.raises(ConfigError, match=r"ps_optimizer='nesterov:lr=0'"):  # refused before anything runs
+    run_hetpipe(MODEL, DATA, RunConfig.of(**SMALL, ps_optimizer="nesterov:lr=0"))
+
+
+# --- the step at the parameter server ---------------------------------------------------------------------
+
+def _params():
+  return ({"w": jnp.asarray([[1.0, -2.0], [0.5, 4.0]])}, {"b": jnp.asarray([0.25, -1.5, 3.0])})
+
+
+_D1 = ({"w": jnp.asarray([[0.1, -0.3], [0.7, 0.0]])}, {"b": jnp.asarray([-0.2, 0.05, 1.0])})
+_D2 = ({"w": jnp.asarray([[-0.4, 0.2], [0.3, -0.6]])}, {"b": jnp.asarray([0.5, -0.25, 0.125])})
+
+
+def _push_two(tx):
+  """A server with ``tx``: VW 0 pushes wave 0 (delta _D1), then VW 1 wave 0 (_D2); the weights after each."""
+  ps = ParameterServer(_params(), num_vws=2, d=1, tx=tx)
+  ps.push(0, 0, dict(enumerate(_D1)))
+  after_one = ps.params
+  ps.push(1, 0, dict(enumerate(_D2)))
+  return after_one, ps.params
+
+
+def _leaves(tree):
+  return [np.asarray(x) for x in jax.tree.leaves(tree)]
+
+
+def test_nesterov_with_lr_1_and_momentum_0_is_the_plain_add_bit_for_bit():
+  for spec in ("nesterov:lr=1,momentum=0", "momentum:lr=1,momentum=0", "sgd:lr=1"):
+    for got, want in zip(_push_two(make_ps_optimizer(spec)), _push_two(None), strict=True):
+      for a, b in zip(_leaves(got), _leaves(want), strict=True):
+        np.testing.assert_array_equal(a, b, err_msg=spec)
+
+
+@pytest.mark.parametrize("spec", ["nesterov:lr=0.5,momentum=0.9", "momentum:lr=0.5,momentum=0.9", "sgd:lr=0.5"])
+def test_two_pushes_move_the_weights_as_computed_by_hand(spec):
+  """The push is the summed weight change delta, the outer gradient -delta. By hand, with lr 0.5 and momentum
+  0.9: Nesterov m1 = d1, W1 = W0 + lr (d1 + 0.9 m1); m2 = d2 + 0.9 m1, W2 = W1 + lr (d2 + 0.9 m2); heavy ball
+  W1 = W0 + lr m1, W2 = W1 + lr m2; sgd W1 = W0 + lr d1, W2 = W1 + lr d2."""
+  name, lr, mom = parse_ps_optimizer(spec)
+  w0, d1, d2 = (np.concatenate([x.ravel() for x in _leaves(t)]).astype(np.float64) for t in (_params(), _D1, _D2))
+  m1 = d1
+  m2 = d2 + mom * m1 if name != "sgd" else d2
+  step1 = {"nesterov": d1 + mom * m1, "momentum": m1, "sgd": d1}[name]
+  step2 = {"nesterov": d2 + mom * m2, "momentum": m2, "sgd": d2}[name]
+  w1 = w0 + lr * step1
+  w2 = w1 + lr * step2
+  got1, got2 = (np.concatenate([x.ravel() for x in _leaves(t)]) for t in _push_two(make_ps_optimizer(spec)))
+  np.testing.assert_allclose(got1, w1, rtol=1e-6, atol=1e-7)
+  np.testing.assert_allclose(got2, w2, rtol=1e-6, atol=1e-7)
+  if name == "nesterov":  # the same numbers as w1 = 0.95 d1 and w2 = w1 + 0.95 d2 + 0.405 d1
+    np.testing.assert_allclose(got2, w0 + 1.355 * d1 + 0.95 * d2, rtol=1e-6, atol=1e-7)
+  assert not np.allclose(got2, w0 + d1 + d2)  # not the plain add
+
+
+def test_nesterov_is_optax_sgd_with_nesterov_momentum_on_the_outer_gradient():
+  """DiLoCo's outer step: ``optax.sgd(lr, momentum, nesterov=True)`` on the outer gradient -delta."""
+  reference = optax.sgd(0.7, momentum=0.9, nesterov=True)
+  w, state = _params(), reference.init(_params())
+  for delta in (_D1, _D2):
+    step, state = reference.update(jax.tree.map(jnp.negative, delta), state, w)
+    w = optax.apply_updates(w, step)
+  for a, b in zip(_leaves(_push_two(make_ps_optimizer("nesterov:lr=0.7,momentum=0.9"))[1]), _leaves(w),
+                  strict=True):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+# --- runs -------------------------------------------------------------------------------------------------
+
+_RUNS = {}
+
+
+def _run(executor="virtual", **kw):
+  """A small run (each computed once per session), its trace checked with the WSP checker."""
+  key = (executor, tuple(sorted(kw.items())))
+  if key not in _RUNS:
+    result = run_hetpipe(MODEL, DATA, RunConfig.of(**SMALL, executor=executor, **kw))
+    assert_trace_ok(result.events)
+    _RUNS[key] = result
+  return _RUNS[key]
+
+
+def test_nesterov_with_lr_1_and_momentum_0_runs_bit_identical_to_add():
+  plain, outer = _run(), _run(ps_optimizer="nesterov:lr=1,momentum=0")
+  assert "ps_optimizer" not in plain.events[0]  # a default run's meta line is as it was
+  assert outer.events[0] == {**plain.events[0], "ps_optimizer": "nesterov:lr=1.0,momentum=0.0"}
+  assert outer.events[1:] == plain.events[1:]
+  for a, b in zip(jax.tree.leaves(outer.params), jax.tree.leaves(plain.params), strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  for vw_a, vw_b in zip(outer.vws, plain.vws, strict=True):
+    for sa, sb in zip(vw_a.stages, vw_b.stages, strict=True):
+      for a, b in zip(jax.tree.leaves(sa.params), jax.tree.leaves(sb.params), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert outer.metrics == plain.metrics
+
+
+def test_an_outer_nesterov_step_changes_the_training_and_keeps_the_protocol():
+  plain, outer = _run(), _run(ps_optimizer="nesterov:lr=0.7,momentum=0.9")
+  assert outer.events[0]["ps_optimizer"] == "nesterov:lr=0.7,momentum=0.9"
+  # The schedule, the clocks and every weight version are the same: the rule changes the numbers only.
+  assert outer.events[1:] == plain.events[1:]
+  diff = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+             for a, b in zip(jax.tree.leaves(outer.params), jax.tree.leaves(plain.params), strict=True))
+  assert diff > 1e-3
+  assert all(np.isfinite(r["train_loss"]) for r in outer.metrics)
+
+
+def test_the_wall_executor_runs_the_outer_optimizer_under_the_checker():
+  result = _run(executor="wall", ps_optimizer="momentum:lr=0.5,momentum=0.5")
+  assert result.events[0]["ps_optimizer"] == "momentum:lr=0.5,momentum=0.5"
+  assert all(np.isfinite(r["train_loss"]) for r in result.metrics)
+
+
+def test_the_sim_executor_accepts_the_flag_and_its_timing_does_not_change():
+  plain, outer = _run(executor="sim"), _run(executor="sim", ps_optimizer="nesterov")
+  assert outer.seconds == plain.seconds
+  assert outer.events[1:] == plain.events[1:]
