@@ -1,40 +1,46 @@
-r"""Convergence study: HetPipe at several D and the tuned configuration against Horovod-style data
-parallelism (and, with --ssp, an SSP parameter server).
+r"""Convergence study: HetPipe (NP, ED, HD, the tuned configuration, and the tuned one with an outer optimizer
+at the parameter server) against its peers (Horovod, heterogeneity-aware data parallelism, synchronous
+heterogeneous pipelines, local SGD / DiLoCo) in time to accuracy.
 
-Real training (real gradients, Fashion-MNIST by default) under the exact staleness pattern of an
-emulated heterogeneous cluster. The default is the paper's setting: the time axis is VGG-19's cost on the
-16-GPU testbed (--time_model; "none" times the trained model's own cost) while the numerics train the small
-CNN, and the 12 -> 16 GPU comparison (--whimpy: the baselines may not use the RTX 2060s, HetPipe uses all
-16). Every run sees the same examples (same epochs) from the same initialisation, for every seed of
---seeds:
+Real training (real gradients, Fashion-MNIST by default) on the emulated cluster's clock. The time axis is
+the cost of --time_model (VGG-19 by default) on --cluster; "none" times the trained model's own cost. Every
+run trains the same model from the same initialisation on the same examples (--epochs of them), once per
+seed of --seeds:
 
-* HetPipe at each D of --ds (allocation --policy, partitions and Nm from the planner), and the tuned
-  configuration (``experiments.tune``'s search on the time model: grouping, Nm per virtual worker, D,
-  placement, transfer model), chosen by its predicted time to accuracy with the staleness model fitted to
-  the first seed's runs (--tuned_objective; images/s when they give no fit), or measured: --pilots
-  configurations of the tuner's front of images/s against staleness trained on --pilot_seed, the first
-  to the target chosen;
-* Horovod-style synchronous data parallelism on the GPUs that hold the whole model (time per step:
-  slowest GPU + all-reduce overlapped with the backward pass, the faster of the two baselines);
+* HetPipe with each allocation policy of --policies at each D of --ds (partitions and Nm from the planner),
+  and the tuned configuration (``experiments.tune``'s search on the time model), chosen by its predicted
+  time to accuracy with the staleness model fitted to the first seed's HetPipe runs (--tuned_objective;
+  images/s when they give no fit), or measured (--pilots configurations trained on --pilot_seed); with
+  --outer, the tuned configuration again with that outer optimizer at the parameter server
+  (``--ps_optimizer``: WSP with long waves as an asynchronous DiLoCo). They train on the ``virtual``
+  executor, whose clock is scaled so that each configuration's images/s equal the ``sim`` executor's;
+* every peer of --systems (:mod:`hetpipe_jax.baselines`), simulated on the same network and cost model
+  (its round's seconds are its clock) and trained with its own numerics: horovod, hetero_dp and
+  sync_pipeline as synchronous SGD at their global batch with each worker's gradient weighted by its share,
+  local_sgd with its H and outer Nesterov step (--local_steps, --h_by_speed, --outer_lr, --outer_momentum);
 * with --ssp, an SSP parameter server without pipelining (one worker per GPU, Nm = 1, D = --ssp_d).
 
-HetPipe and SSP runs train on the ``virtual`` executor, whose clock charges stage-to-stage transfers but
-not the PS's pushes and pulls; their time axis is scaled so that each configuration's images/s equal the
-``sim`` executor's for it (links shared, PS traffic, the configuration's transfer model), as the throughput
-study measures it.
+Learning rates, the same rule for every system: the candidates are 0.02 per 32-example update, scaled
+linearly with the examples behind one update (a synchronous peer's global batch; HetPipe's and local SGD's
+local step of one minibatch), times each factor of --lr_grid; each system (HetPipe once, on its first
+policy's configuration; HetPipe with the outer optimizer once more) trains every candidate on --pilot_seed
+(outside --seeds) for --lr_epochs epochs, and keeps the one whose smoothed test accuracy ends highest.
 
-The time to --target_accuracy is when a run's test accuracy first reaches the target and stays there at
-the next evaluation too (reached clearly, not a noisy peak). From the HetPipe runs that reach it, the
-study fits the tuner's staleness-aware estimate (images to target = images0 x (1 + beta x mean staleness):
-:class:`hetpipe_jax.staleness.StalenessModel`) and validates it leaving one run out at a time.
+Time to target: the test accuracy is smoothed by a trailing mean over --smooth evaluations (every
+--eval_examples examples); a run reaches --target_accuracy at the first evaluation from which the smoothed
+curve stays at or above it to the end. --target_accuracy=0 (the default) sets the target to 0.95 of the
+best configuration's final smoothed accuracy (its mean over seeds). --full runs the study the goals are
+measured on: 3 epochs, seeds 0, 1, 2.
 
-Writes convergence.json (every run with its ``seed``; the fitted ``staleness_model`` and its validation),
-a CSV and PNG plots (test accuracy against emulated time and against epochs, mean over seeds with the
-spread), prints each run's time to target (mean and range over seeds) and speedup over Horovod::
+Writes convergence.json (``target_accuracy``; every run with ``system``, ``name``, ``seed`` and
+``time_to_target_s``, null when missed; the table; the learning rates and their pilots; the fitted
+staleness model and its validation), a CSV of every curve and PNG plots, and prints one table: per
+configuration images/s, efficiency against the ideal aggregate, its ratio to the best peer, the time to
+target (mean, min, max over seeds) and the best peer's time over it::
 
   python -m experiments.convergence
-  python -m experiments.convergence --time_model=none --whimpy= --seeds=0 --out_dir=outputs/own_cost
-  python -m experiments.convergence --tuned_objective=measured --pilots=6
+  python -m experiments.convergence --full
+  python -m experiments.convergence --time_model=resnet152 --out_dir=outputs/convergence_resnet152
 """
 
 from __future__ import annotations
@@ -56,52 +62,83 @@ FLAGS = flags.FLAGS
 flags.DEFINE_string("model", "cnn", "Model trained: mlp, cnn, vgg, resnet.")
 flags.DEFINE_string("dataset", "auto", "auto (Fashion-MNIST, else digits), fashion_mnist, digits, synthetic.")
 flags.DEFINE_string("cluster", "paper_testbed", "Cluster preset or .toml file.")
-flags.DEFINE_string("policy", "ED", "HetPipe allocation policy: NP, ED, HD or a grouping.")
-flags.DEFINE_list("ds", ["0", "4", "32"], "Clock distance bounds D of the HetPipe runs.")
+flags.DEFINE_list("policies", ["NP", "ED", "HD"], "HetPipe allocation policies (NP, ED, HD or groupings).")
+flags.DEFINE_list("ds", ["0"], "Clock distance bounds D of the HetPipe policy runs.")
 flags.DEFINE_string("nm", "max_fit", "HetPipe Nm: max_fit, best or a number.")
 flags.DEFINE_bool("tuned", True, "Add the tuned configuration (experiments.tune's search on the time model).")
 flags.DEFINE_enum("tuned_objective", "time_to_accuracy", ["time_to_accuracy", "throughput", "measured"],
-                  "What the tuned configuration optimises: predicted time to --target_accuracy (the staleness "
-                  "model fitted to the first seed's runs; images/s when they give no fit), images/s, or measured "
-                  "time to --target_accuracy (--pilots runs on --pilot_seed, of the tuner's configurations on its "
+                  "What the tuned configuration optimises: predicted time to the target (the staleness model "
+                  "fitted to the first seed's runs; images/s when they give no fit), images/s, or measured time "
+                  "to the target (--pilots runs on --pilot_seed, of the tuner's configurations on its "
                   "images/s-staleness front).")
 flags.DEFINE_integer("pilots", 4, "--tuned_objective=measured: how many configurations are trained to choose "
                      "the tuned one.")
-flags.DEFINE_integer("pilot_seed", 100, "--tuned_objective=measured: the seed of the pilot runs (keep it out of "
-                     "--seeds: the choice is then not fitted to the runs that judge it).")
+flags.DEFINE_integer("pilot_seed", 100, "Seed of the pilot runs (learning rates, --tuned_objective=measured); keep "
+                     "it out of --seeds, so that no choice is fitted to the runs that judge it.")
+flags.DEFINE_string("outer", "nesterov:lr=0.7,momentum=0.9", "Outer optimizer at the PS of the extra tuned row "
+                    "(--ps_optimizer syntax); empty: no such row.")
+flags.DEFINE_list("systems", ["horovod", "hetero_dp", "sync_pipeline", "local_sgd"], "Peer systems.")
+flags.DEFINE_integer("microbatches", 0, "sync_pipeline: microbatches per iteration over all pipelines (0: the "
+                     "cluster's GPUs, the global batch of the data-parallel peers).")
+flags.DEFINE_integer("local_steps", 8, "local_sgd: H (of the fastest worker with --h_by_speed).")
+flags.DEFINE_bool("h_by_speed", True, "local_sgd: each worker's H in proportion to its speed.")
+flags.DEFINE_float("outer_lr", 0.7, "local_sgd: outer Nesterov learning rate (DiLoCo's 0.7).")
+flags.DEFINE_float("outer_momentum", 0.9, "local_sgd: outer Nesterov momentum (DiLoCo's 0.9).")
+flags.DEFINE_list("lr_grid", ["0.5", "1", "2"], "Learning-rate factors tried per system around the rule's rate "
+                  "(1 alone: no pilots).")
+flags.DEFINE_float("lr_epochs", 0.5, "Epochs of each learning-rate pilot run.")
 flags.DEFINE_list("seeds", ["0", "1", "2"], "Initialisation and shuffling seeds: every run once per seed.")
-flags.DEFINE_float("epochs", 0.7, "Training examples seen by every run, in epochs.")
+flags.DEFINE_float("epochs", 1.0, "Training examples seen by every run, in epochs.")
+flags.DEFINE_bool("full", False, "The study the goals are measured on: --epochs=3, --lr_epochs=1 and seeds 0, 1, 2 "
+                  "(overrides them).")
 flags.DEFINE_integer("batch_size", 32, "Minibatch size (per worker).")
-flags.DEFINE_float("learning_rate", 0.02, "SGD learning rate of every run (0.05 made the 4-VW D=0 run and the "
-                   "16-worker SSP run diverge).")
-flags.DEFINE_float("target_accuracy", 0.70, "Test accuracy whose emulated time is the headline (reached when a "
-                   "run reaches it and stays there at the next evaluation).")
-flags.DEFINE_string("time_model", "vgg19", "vgg19 or resnet152: time axis from this model's cost on the cluster; "
-                    "none: the trained model's own cost.")
+flags.DEFINE_float("target_accuracy", 0.0, "Test accuracy whose emulated time is the headline; 0: 0.95 of the best "
+                   "configuration's final smoothed accuracy (mean over seeds).")
+flags.DEFINE_integer("smooth", 3, "Evaluations in the trailing mean of the smoothed accuracy curve.")
+flags.DEFINE_integer("eval_examples", 3000, "Evaluate the test accuracy about every this many training examples.")
+flags.DEFINE_string("time_model", "vgg19", "vgg19, resnet152 or another full-size model: time axis from this "
+                    "model's cost on the cluster; none: the trained model's own cost.")
 flags.DEFINE_bool("ssp", False, "Add the SSP parameter-server baseline (one worker per GPU, Nm = 1).")
 flags.DEFINE_integer("ssp_d", 4, "Staleness bound of the SSP baseline.")
-flags.DEFINE_enum("horovod_lr_scale", "linear", ["linear", "none"], "Data-parallel learning rate: linear = "
-                  "learning_rate x workers (its step averages their gradients; Goyal et al. 2017), none = "
-                  "learning_rate.")
-flags.DEFINE_string("whimpy", "RTX 2060", "GPU type the baselines may not use (the 12 -> 16 GPU experiment); "
-                    "empty: they use every GPU that holds the model.")
-flags.DEFINE_integer("eval_every", 5, "Evaluate every this many global clock ticks (baseline: steps).")
+flags.DEFINE_string("whimpy", "", "GPU type the peers may not use (the paper's 12 -> 16 GPU experiment: "
+                    "'RTX 2060'); empty: they use every GPU they can.")
 flags.DEFINE_string("out_dir", "outputs/convergence", "Where the JSON, CSV and plots go.")
 
-OPTIMIZER = "sgd"  # every run's: HetPipe's local optimizer, the SSP workers' and the data-parallel step's
+OPTIMIZER = "sgd"  # every run's: HetPipe's local optimizer, the SSP workers', the peers' (inner) optimizer
+FULL = {"epochs": 3.0, "lr_epochs": 1.0, "seeds": [0, 1, 2]}  # --full
+TARGET_SHARE = 0.95  # --target_accuracy=0: this share of the best configuration's final smoothed accuracy
+HETPIPE, HETPIPE_OUTER = "hetpipe", "hetpipe_outer"  # HetPipe's learning-rate systems (without, with --outer)
 
 
-def time_to(curve: list[list[float]], target: float) -> float | None:
-  """When the accuracy first reaches ``target`` and is still there at the next evaluation (or the run ends)."""
-  for i, (t, _, acc, _) in enumerate(curve):
-    if acc >= target and (i + 1 == len(curve) or curve[i + 1][2] >= target):
-      return t
-  return None
+def smoothed(curve: list[list[float]], k: int) -> list[float]:
+  """The test accuracy of ``curve`` as a trailing mean over ``k`` evaluations (fewer at the start)."""
+  acc = [p[2] for p in curve]
+  return [sum(acc[max(0, i - k + 1):i + 1]) / (i + 1 - max(0, i - k + 1)) for i in range(len(acc))]
 
 
-def images_to(curve: list[list[float]], target: float, batch_size: int) -> float | None:
-  t = time_to(curve, target)
-  return None if t is None else next(mbs for tt, mbs, _, _ in curve if tt == t) * batch_size
+def reached_at(curve: list[list[float]], target: float, k: int) -> int | None:
+  """The first evaluation from which the smoothed accuracy stays at or above ``target`` to the end."""
+  s = smoothed(curve, k)
+  if not s or s[-1] < target:
+    return None
+  below = [i for i, x in enumerate(s) if x < target]
+  return below[-1] + 1 if below else 0
+
+
+def time_to(curve: list[list[float]], target: float, k: int | None = None) -> float | None:
+  """Emulated seconds until ``curve`` reaches ``target`` (:func:`reached_at`; ``k``: --smooth)."""
+  i = reached_at(curve, target, FLAGS.smooth if k is None else k)
+  return None if i is None else curve[i][0]
+
+
+def images_to(curve: list[list[float]], target: float, batch_size: int, k: int | None = None) -> float | None:
+  i = reached_at(curve, target, FLAGS.smooth if k is None else k)
+  return None if i is None else curve[i][1] * batch_size
+
+
+def final_accuracy(curve: list[list[float]], k: int | None = None) -> float:
+  """The smoothed accuracy at the end of ``curve`` (``k``: --smooth)."""
+  return smoothed(curve, FLAGS.smooth if k is None else k)[-1]
 
 
 def hetpipe_curve(metrics: list[dict], nms: list[int], scale: float = 1.0) -> list[list[float]]:
@@ -116,11 +153,14 @@ def hetpipe_curve(metrics: list[dict], nms: list[int], scale: float = 1.0) -> li
 
 class RunSpec(NamedTuple):
   """A HetPipe configuration of the study: its name, its :class:`~hetpipe_jax.RunConfig` fields (flat names),
-  and the ``sim`` executor's transfer models for its time scale (which only that executor has)."""
+  the ``sim`` executor's transfer models for its time scale (which only that executor has), its row in the
+  table (the key the throughput study matches) and its learning-rate system."""
 
   name: str
   fields: dict[str, Any]
   transfers: dict[str, Any]
+  row: str = ""
+  lr_system: str = HETPIPE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,19 +172,32 @@ class Study:
   dataset: Dataset
   clock_profiles: list[UnitProfile]  # the time axis's cost model (--time_model, or the trained model's)
   time_axis: str
-  base: RunConfig  # every run's config before its own fields
-  policy: str | list[list[int]]
+  base: RunConfig  # every HetPipe run's config before its own fields
+  policies: list[str | list[list[int]]]
   nm: int | str
   slots: float  # the optimizer's slots, for memory
   sim_model: LayeredModel  # what the sim executor runs for a time scale
   sim_data: Any
   ds: list[int]
   total: int  # minibatches every run sees
+  peers: list[Any]  # experiments.peer_runs.PeerSpec, one per --systems
+  knobs: Any  # the peers' PeerKnobs
+  ideal: float  # the ideal heterogeneous aggregate of the cluster on the time model
 
   @property
   def epoch(self) -> float:
     """Minibatches per epoch."""
     return len(self.dataset.x_train) / FLAGS.batch_size
+
+  def policy_specs(self) -> list[RunSpec]:
+    """HetPipe at every policy of --policies and every D of --ds."""
+    specs = []
+    for policy in self.policies:
+      label = policy if isinstance(policy, str) else "/".join(",".join(map(str, g)) for g in policy)
+      for d in self.ds:
+        name = f"HetPipe {label} D={d}"
+        specs.append(RunSpec(name, {"policy": policy, "nm": self.nm, "d": d}, {}, name))
+    return specs
 
 
 @dataclasses.dataclass
@@ -153,18 +206,23 @@ class Memo:
 
   Attributes:
     scales: configuration name -> its time scale to the sim executor (computed at its first run).
+    images: configuration name -> the sim executor's images/s for it.
     reused: (seed, a run's fields but D) -> its runs whose gate never closed (at a larger D the run is the
       same, event for event).
+    lrs: learning-rate system -> the chosen learning rate; pilots: their pilot runs.
   """
 
   scales: dict[str, float] = dataclasses.field(default_factory=dict)
+  images: dict[str, float] = dataclasses.field(default_factory=dict)
   reused: dict[tuple[int, str], list[RunResult]] = dataclasses.field(default_factory=dict)
+  lrs: dict[str, float] = dataclasses.field(default_factory=dict)
+  pilots: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
 
 class Tuned(NamedTuple):
-  """The tuned configuration: what it runs, the convergence.json ``tuned`` object, the pilot runs."""
+  """The tuned configurations: what they run, the convergence.json ``tuned`` object, the pilot runs."""
 
-  spec: RunSpec
+  specs: list[RunSpec]
   doc: dict[str, Any]
   pilots: list[dict[str, Any]]
 
@@ -173,106 +231,207 @@ def main(argv):
   del argv
   seeds, ds = check_flags()
   study = make_study(ds)
-  runs, tuned = run_study(study, seeds, Memo())
-  runs = [with_target(run) for run in runs]
-  doc = study_doc(study, seeds, runs, tuned)
+  memo = Memo()
+  choose_learning_rates(study, memo)
+  runs, tuned = run_study(study, seeds, memo)
+  target = FLAGS.target_accuracy or target_of(runs)
+  runs = [with_target(run, target) for run in runs]
+  doc = study_doc(study, seeds, runs, tuned, target, memo)
   paths = write_outputs(study, doc)
   report(doc, tuned)
   common.print_outputs(paths.items(), width=5)
 
 
 def check_flags() -> tuple[list[int], list[int]]:
-  """(seeds, ds) of the flags, refusing bad ones before anything runs."""
+  """(seeds, ds) of the flags (--full applied), refusing bad ones before anything runs."""
   from hetpipe_jax import ConfigError
+  if FLAGS.full:
+    FLAGS.epochs, FLAGS.lr_epochs, FLAGS.seeds = FULL["epochs"], FULL["lr_epochs"], [str(s) for s in FULL["seeds"]]
   seeds = [common.check_seed(s, "seeds") for s in common.parse_ints("seeds", FLAGS.seeds)]
   if not seeds:
     raise ConfigError("--seeds is empty; give one or more seeds, e.g. --seeds=0,1,2")
   ds = common.parse_ints("ds", FLAGS.ds)
-  if FLAGS.tuned and FLAGS.tuned_objective == "measured":
-    if FLAGS.pilots < 1:
-      raise ConfigError(f"--pilots={FLAGS.pilots}; --tuned_objective=measured needs at least 1 pilot run, e.g. "
-                        "--pilots=4")
-    if common.check_seed(FLAGS.pilot_seed, "pilot_seed") in seeds:
-      raise ConfigError(f"--pilot_seed={FLAGS.pilot_seed} is one of --seeds; use a seed outside them, so that "
-                        "the measured choice is not fitted to the runs that judge it")
+  if not ds or any(d < 0 for d in ds):
+    raise ConfigError(f"--ds={','.join(FLAGS.ds)}; give one or more clock distance bounds D >= 0")
+  for name, value, ok, limit in (("epochs", FLAGS.epochs, FLAGS.epochs > 0, "> 0"),
+                                 ("lr_epochs", FLAGS.lr_epochs, FLAGS.lr_epochs > 0, "> 0"),
+                                 ("smooth", FLAGS.smooth, FLAGS.smooth >= 1, ">= 1"),
+                                 ("eval_examples", FLAGS.eval_examples, FLAGS.eval_examples >= 1, ">= 1"),
+                                 ("target_accuracy", FLAGS.target_accuracy, 0 <= FLAGS.target_accuracy <= 1,
+                                  "in [0, 1] (0: automatic)")):
+    if not (ok and math.isfinite(value)):
+      raise ConfigError(f"--{name}={value}; give {limit}")
+  grid = [float(x) for x in FLAGS.lr_grid] if all(_is_number(x) for x in FLAGS.lr_grid) else []
+  if not grid or any(not (math.isfinite(x) and x > 0) for x in grid):
+    raise ConfigError(f"--lr_grid={','.join(FLAGS.lr_grid)}; give one or more factors > 0, e.g. 0.5,1,2")
+  if common.check_seed(FLAGS.pilot_seed, "pilot_seed") in seeds:
+    raise ConfigError(f"--pilot_seed={FLAGS.pilot_seed} is one of --seeds; use a seed outside them, so that no "
+                      "choice is fitted to the runs that judge it")
+  if FLAGS.tuned and FLAGS.tuned_objective == "measured" and FLAGS.pilots < 1:
+    raise ConfigError(f"--pilots={FLAGS.pilots}; --tuned_objective=measured needs at least 1 pilot run, e.g. "
+                      "--pilots=4")
   return seeds, ds
 
 
+def _is_number(text: str) -> bool:
+  try:
+    float(text)
+  except ValueError:
+    return False
+  return True
+
+
 def make_study(ds: list[int]) -> Study:
-  """The cluster, the trained model and data, the time axis and every run's base config, from the flags."""
+  """The cluster, the trained model and data, the time axis, the peers and every run's base config."""
   from hetpipe_jax import ConfigError, get_cluster
+  from hetpipe_jax.optim import make_ps_optimizer
   cluster = get_cluster(FLAGS.cluster)
   common.ensure_devices(cluster.num_gpus)
   import jax
   import jax.numpy as jnp
 
+  from experiments.peer_runs import peer_specs
   from hetpipe_jax import RunConfig, get_model, load_dataset
-  from hetpipe_jax.cost.profile import full_size_profiles, profile_units
+  from hetpipe_jax.baselines.knobs import PeerKnobs
+  from hetpipe_jax.cost.batch import BatchProfiles
+  from hetpipe_jax.cost.context import CostContext
+  from hetpipe_jax.cost.profile import profile_units
   from hetpipe_jax.models import FULL_SIZE, full_size_model
   from hetpipe_jax.optim import optimizer_slots
   from hetpipe_jax.plan.allocation import parse_policy
+  from hetpipe_jax.plan.costmodel import ideal_images_per_sec
 
   time_model = None if FLAGS.time_model.lower() in ("", "none") else FLAGS.time_model
   if time_model is not None and time_model not in FULL_SIZE:
     raise ConfigError(f"--time_model={FLAGS.time_model}; use one of {', '.join(FULL_SIZE)} or none")
+  if FLAGS.outer:
+    make_ps_optimizer(FLAGS.outer)  # refused before anything runs
   dataset = load_dataset(FLAGS.dataset)
   model = get_model(FLAGS.model, dataset.num_classes)
-  clock_profiles = (full_size_profiles(time_model, FLAGS.batch_size) if time_model else
-                    profile_units(model, jax.ShapeDtypeStruct((FLAGS.batch_size,) + dataset.x_train.shape[1:],
-                                                              jnp.float32)))
-  time_axis = (f"cost model of {time_model} (batch {FLAGS.batch_size}) on {cluster.name}"
-               if time_model else f"cost model of {model.name} on {cluster.name}")
-  base = RunConfig.of(cluster=cluster, batch_size=FLAGS.batch_size, optimizer=OPTIMIZER,
-                      learning_rate=FLAGS.learning_rate, eval_every=FLAGS.eval_every, time_model=time_model,
-                      executor="virtual")
+  b = FLAGS.batch_size
+  sample = lambda n: jax.ShapeDtypeStruct((n,) + dataset.x_train.shape[1:], jnp.float32)
+  profiles = (BatchProfiles.full_size(time_model, b) if time_model else
+              BatchProfiles(tuple(profile_units(model, sample(b))), tuple(profile_units(model, sample(2 * b))), b,
+                            2 * b))
+  clock_profiles = list(profiles.at(b))
+  time_axis = (f"cost model of {time_model} (batch {b}) on {cluster.name}" if time_model
+               else f"cost model of {model.name} on {cluster.name}")
+  base = RunConfig.of(cluster=cluster, batch_size=b, optimizer=OPTIMIZER, time_model=time_model, executor="virtual")
   sim_model, sim_data = ((full_size_model(time_model), FULL_SIZE[time_model]) if time_model else (model, dataset))
-  return Study(cluster, model, dataset, clock_profiles, time_axis, base, parse_policy(FLAGS.policy),
-               common.parse_nm(FLAGS.nm), optimizer_slots(OPTIMIZER), sim_model, sim_data, ds,
-               total=int(FLAGS.epochs * len(dataset.x_train) / FLAGS.batch_size))
+  slots = optimizer_slots(OPTIMIZER)
+  knobs = PeerKnobs(microbatches=FLAGS.microbatches or cluster.num_gpus, local_steps=FLAGS.local_steps,
+                    h_by_speed=FLAGS.h_by_speed, outer_lr=FLAGS.outer_lr, outer_momentum=FLAGS.outer_momentum,
+                    policy=next((p for p in FLAGS.policies if p in ("NP", "ED", "HD")), "ED")).validate()
+  peers = peer_specs(cluster, profiles, b, CostContext(optimizer_slots=slots), knobs, FLAGS.systems, FLAGS.whimpy,
+                     time_model or model.name)
+  return Study(cluster, model, dataset, clock_profiles, time_axis, base, [parse_policy(p) for p in FLAGS.policies],
+               common.parse_nm(FLAGS.nm), slots, sim_model, sim_data, ds,
+               int(FLAGS.epochs * len(dataset.x_train) / b), peers, knobs,
+               ideal_images_per_sec(cluster, clock_profiles, b))
+
+
+def choose_learning_rates(study: Study, memo: Memo) -> None:
+  """The learning rate of every system by the rule of the module docstring, into ``memo.lrs`` (the pilot runs
+  into ``memo.pilots``)."""
+  grid = [float(x) for x in FLAGS.lr_grid]
+  hetpipe = study.policy_specs()[0]
+  systems: list[tuple[str, float, Any]] = [(p.system, p.base_lr, p) for p in study.peers if p.run is not None]
+  systems.append((HETPIPE, 0.02 * FLAGS.batch_size / 32, hetpipe))
+  if FLAGS.outer:
+    outer = hetpipe._replace(name=hetpipe.name + " + outer", fields={**hetpipe.fields, "ps_optimizer": FLAGS.outer},
+                             lr_system=HETPIPE_OUTER)
+    systems.append((HETPIPE_OUTER, 0.02 * FLAGS.batch_size / 32, outer))
+  for system, base, what in systems:
+    if len(grid) == 1:
+      memo.lrs[system] = base * grid[0]
+      continue
+    scores = []
+    for factor in grid:
+      lr = base * factor
+      curve = pilot_curve(study, memo, what, lr)
+      score = final_accuracy(curve) if curve else -math.inf
+      memo.pilots.append({"system": system, "lr": lr, "factor": factor, "seed": FLAGS.pilot_seed,
+                          "epochs": FLAGS.lr_epochs, "final_smoothed_accuracy": score if curve else None,
+                          "diverged": not curve})
+      common.progress("learning rate of %s: %.4g (x%g) ends at %s", system, lr, factor,
+                      f"{score:.4f}" if curve else "divergence")
+      scores.append((score, -lr, lr))
+    memo.lrs[system] = max(scores)[2]  # the highest final accuracy; a tie: the smaller rate
+    common.progress("learning rate of %s: %.4g", system, memo.lrs[system])
+
+
+def pilot_curve(study: Study, memo: Memo, what: Any, lr: float) -> list[list[float]] | None:
+  """A learning-rate pilot: ``what`` (a peer or a HetPipe configuration) trained on --pilot_seed for
+  --lr_epochs epochs at ``lr``; None when it diverged."""
+  from experiments.peer_runs import train_peer
+  from hetpipe_jax.errors import RunStopped
+  try:
+    if isinstance(what, RunSpec):
+      return train(study, memo, what, FLAGS.pilot_seed, lr, FLAGS.lr_epochs)["curve"]
+    return train_peer(study.model, study.dataset, what, FLAGS.pilot_seed, lr, OPTIMIZER, FLAGS.lr_epochs,
+                      FLAGS.eval_examples, study.knobs)
+  except RunStopped as e:
+    common.progress("pilot at learning rate %.4g stopped: %s", lr, e)
+    return None
 
 
 def run_study(study: Study, seeds: list[int], memo: Memo) -> tuple[list[dict], Tuned | None]:
-  """Every run, seed by seed: HetPipe at every D, the tuned configuration (chosen once the first seed's
-  runs are in), Horovod and (--ssp) SSP. The runs, and the tuned configuration (None: --notuned)."""
-  specs = [RunSpec(f"HetPipe {FLAGS.policy} D={d}", {"policy": study.policy, "nm": study.nm, "d": d}, {})
-           for d in study.ds]
+  """Every run, seed by seed: the peers, HetPipe at every policy and D, the tuned configurations (chosen once
+  the first seed's runs are in) and (--ssp) SSP. The runs, and the tuned configurations (None: --notuned)."""
   runs: list[dict] = []
   tuned: Tuned | None = None
   for seed in seeds:
-    for spec in specs:
-      runs.append(train(study, memo, spec, seed))
+    runs += [peer_run(study, p, seed, memo.lrs[p.system]) for p in study.peers if p.run is not None]
+    for spec in study.policy_specs():
+      runs.append(train(study, memo, spec, seed, memo.lrs[HETPIPE]))
     if FLAGS.tuned:
       if tuned is None:
         tuned = tune_config(study, memo, runs)
-      runs.append(train(study, memo, tuned.spec, seed))
-    gpus = baseline_gpus(study)
-    runs.append(horovod_run(study, gpus, seed))
+      runs += [train(study, memo, spec, seed, memo.lrs[spec.lr_system]) for spec in tuned.specs]
     if FLAGS.ssp:
-      runs.append(ssp_run(study, memo, gpus, seed))
+      runs.append(ssp_run(study, memo, seed))
   return runs, tuned
 
 
-def sim_scale(study: Study, spec: RunSpec, waves: int, virtual_ips: float) -> float:
-  """Emulated seconds on the sim executor (with ``spec``'s transfer models) per second of the virtual
-  executor's clock."""
+def peer_run(study: Study, spec: Any, seed: int, lr: float) -> dict:
+  """One peer's run with its numerics: the entry of the runs it makes."""
+  from experiments.peer_runs import train_peer
+  common.progress("seed %d, %s: %d workers, batches %s, H %s, learning rate %.4g", seed, spec.name,
+                  len(spec.batch_sizes), spec.batch_sizes, spec.local_steps, lr)
+  curve = train_peer(study.model, study.dataset, spec, seed, lr, OPTIMIZER, FLAGS.epochs, FLAGS.eval_examples,
+                     study.knobs)
+  run = spec.run
+  return {"name": spec.name, "row": spec.system, "system": spec.system, "seed": seed, "d": 0, "nm": [1],
+          "lr": lr, "gpus": len({g.index for w in run.job.workers for g in w.gpus}),
+          "global_batch": spec.update_examples if spec.system != "local_sgd" else sum(spec.batch_sizes),
+          "batch_sizes": spec.batch_sizes, "local_steps": spec.local_steps, "round_seconds": run.round_seconds,
+          "images_per_sec": run.images_per_sec, "efficiency": run.efficiency, "curve": curve}
+
+
+def sim_rate(study: Study, spec: RunSpec, waves: int) -> float:
+  """The sim executor's images/s of ``spec`` (its transfer models; the trace checked)."""
   from hetpipe_jax import run_hetpipe
+  fields = {k: v for k, v in spec.fields.items() if k != "ps_optimizer"}  # (the outer optimizer: no time)
   sim = run_hetpipe(study.sim_model, study.sim_data, study.base.replace(
-      **spec.fields, **spec.transfers, time_model=None, executor="sim", waves=min(waves, 50)))
+      **fields, **spec.transfers, time_model=None, executor="sim", waves=min(waves, 50)))
   common.require_wsp(sim.events, "simulated run")
-  return virtual_ips / sim.images_per_second
+  return sim.images_per_second
 
 
-def candidate_spec(name: str, candidate) -> RunSpec:
+def candidate_spec(name: str, row: str, candidate, extra: dict | None = None) -> RunSpec:
   """A tuner candidate as the study runs it: its settings as a run takes them (those of
   :func:`~hetpipe_jax.tune.candidate_json`), its transfer models for the sim executor's time scale."""
   from hetpipe_jax.tune import candidate_json
   settings = candidate_json(candidate)
-  return RunSpec(name, {k: settings[k] for k in ("policy", "cuts", "nm", "window", "d", "placement")},
-                 {k: settings[k] for k in ("overlap_transfers", "staged_ps")})
+  return RunSpec(name, {**{k: settings[k] for k in ("policy", "cuts", "nm", "window", "d", "placement")},
+                        **(extra or {})},
+                 {k: settings[k] for k in ("overlap_transfers", "staged_ps")}, row,
+                 HETPIPE_OUTER if extra and "ps_optimizer" in extra else HETPIPE)
 
 
-def train(study: Study, memo: Memo, spec: RunSpec, seed: int) -> dict:
-  """One HetPipe run of ``spec`` on the virtual executor, its trace checked: the entry of the runs it makes."""
+def train(study: Study, memo: Memo, spec: RunSpec, seed: int, lr: float, epochs: float | None = None) -> dict:
+  """One HetPipe run of ``spec`` at learning rate ``lr`` on the virtual executor (--epochs, or ``epochs``), its
+  trace checked: the entry of the runs it makes."""
   from hetpipe_jax import staleness_stats
   from hetpipe_jax.cost.context import CostContext
   from hetpipe_jax.plan.allocation import plan_cluster
@@ -281,30 +440,32 @@ def train(study: Study, memo: Memo, spec: RunSpec, seed: int) -> dict:
   if "cuts" in fields:
     layout_nms = fields["nm"]
   else:
-    layout_nms = [p.nm for p in plan_cluster(study.cluster, study.clock_profiles, study.policy, "default", study.nm,
-                                             None, CostContext(optimizer_slots=study.slots)).vws]
-  waves = max(1, math.ceil(study.total / sum(layout_nms)))
-  common.progress("seed %d, %s: %d virtual workers, Nm=%s, %d waves", seed, name, len(layout_nms), layout_nms,
-                  waves)
-  result = hetpipe_result(study, memo, spec, seed, waves)
+    layout_nms = [p.nm for p in plan_cluster(study.cluster, study.clock_profiles, fields["policy"], "default",
+                                             study.nm, None, CostContext(optimizer_slots=study.slots)).vws]
+  total = study.total if epochs is None else int(epochs * study.epoch)
+  waves = max(1, math.ceil(total / sum(layout_nms)))
+  eval_every = max(1, round(FLAGS.eval_examples / (sum(layout_nms) * FLAGS.batch_size)))
+  common.progress("seed %d, %s: %d virtual workers, Nm=%s, %d waves, learning rate %.4g", seed, name,
+                  len(layout_nms), layout_nms, waves, lr)
+  result = hetpipe_result(study, memo, spec, seed, waves, {"learning_rate": lr, "eval_every": eval_every})
   if name not in memo.scales:
-    memo.scales[name] = sim_scale(study, spec, waves, result.images_per_second)
+    memo.images[name] = sim_rate(study, spec, waves)
+    memo.scales[name] = result.images_per_second / memo.images[name]
   nms = result.events[0]["nm"]
-  run = {"name": name, "system": "hetpipe", "seed": seed, "d": fields["d"], "nm": nms,
-         "gpus": sum(result.events[0]["stages"]), "time_scale": memo.scales[name],
-         "curve": hetpipe_curve(result.metrics, nms, memo.scales[name]),
-         "staleness": staleness_stats(result.events), "mean_staleness": mean_staleness(result.events)}
-  run["time_to_target_s"] = time_to(run["curve"], FLAGS.target_accuracy)
-  run["images_to_target"] = images_to(run["curve"], FLAGS.target_accuracy, FLAGS.batch_size)
-  return run
+  return {"name": name, "row": spec.row, "system": "hetpipe", "seed": seed, "d": fields["d"], "nm": nms, "lr": lr,
+          "gpus": sum(result.events[0]["stages"]), "time_scale": memo.scales[name],
+          "images_per_sec": memo.images[name], "efficiency": memo.images[name] / study.ideal,
+          "ps_optimizer": fields.get("ps_optimizer", "add"),
+          "curve": hetpipe_curve(result.metrics, nms, memo.scales[name]),
+          "staleness": staleness_stats(result.events), "mean_staleness": mean_staleness(result.events)}
 
 
-def hetpipe_result(study: Study, memo: Memo, spec: RunSpec, seed: int, waves: int) -> RunResult:
-  """The run of ``spec`` (``waves`` waves, ``seed``), or the same run at a smaller D whose gate never
-  closed (at a larger D it is the same, event for event); its trace checked."""
+def hetpipe_result(study: Study, memo: Memo, spec: RunSpec, seed: int, waves: int, extra: dict) -> RunResult:
+  """The run of ``spec`` (``waves`` waves, ``seed``, the ``extra`` fields), or the same run at a smaller D whose
+  gate never closed (at a larger D it is the same, event for event); its trace checked."""
   from hetpipe_jax import run_hetpipe
-  name, fields = spec.name, spec.fields
-  family = (seed, repr({k: v for k, v in fields.items() if k != "d"}))  # the same run but for D
+  name, fields = spec.name, {**spec.fields, **extra}
+  family = (seed, repr({k: v for k, v in fields.items() if k != "d"}) + f" waves={waves}")  # the same run but D
   same = next((r for r in memo.reused.get(family, []) if r.events[0]["d"] < fields["d"]), None)
   if same is not None:
     common.progress("seed %d, %s: the same run as at D=%d (its gate never closed)", seed, name,
@@ -318,19 +479,26 @@ def hetpipe_result(study: Study, memo: Memo, spec: RunSpec, seed: int, waves: in
   return result
 
 
+def provisional_target(runs: list[dict]) -> float:
+  """--target_accuracy, or the automatic target from the runs so far (the first seed's)."""
+  return FLAGS.target_accuracy or TARGET_SHARE * max(final_accuracy(r["curve"]) for r in runs)
+
+
 def tune_config(study: Study, memo: Memo, runs: list[dict]) -> Tuned:
   """The tuner's best on the time model (--tuned_objective): by predicted time to accuracy with the
-  staleness model fitted to ``runs`` (the first seed's; images/s when they give no fit), by images/s, or
-  measured: the pilot runs' fastest to the target."""
+  staleness model fitted to ``runs`` (the first seed's, at the target they give; images/s when they give no
+  fit), by images/s, or measured: the pilot runs' fastest to the target. With it, the same configuration with
+  --outer, and the tuner's fastest by images/s."""
   from hetpipe_jax import ConfigError
   from hetpipe_jax.cost.context import CostContext
   from hetpipe_jax.staleness import fit_staleness_model
   from hetpipe_jax.tune import RunSetting, SearchSpace, TuneOptions, tune
-  fit = None
+  target, fit = provisional_target(runs), None
   if FLAGS.tuned_objective != "throughput":
-    points = [(r["mean_staleness"], r["images_to_target"]) for r in runs if r.get("images_to_target")]
+    points = [(r["mean_staleness"], images_to(r["curve"], target, FLAGS.batch_size)) for r in runs
+              if r["system"] == "hetpipe"]
     try:
-      fit = fit_staleness_model(points, FLAGS.target_accuracy)
+      fit = fit_staleness_model([(s, i) for s, i in points if i], target)
     except ConfigError as e:
       common.progress("ranking by images/s: %s", e)
   space = SearchSpace(ds=tuple(study.ds), max_stages=study.model.num_units)  # the trained model is cut over them
@@ -341,18 +509,30 @@ def tune_config(study: Study, memo: Memo, runs: list[dict]) -> Tuned:
   best, pilots = out.best, []
   objective = "time_to_accuracy" if fit else "throughput"
   if FLAGS.tuned_objective == "measured":
-    best, pilots = measured_best(study, memo, out.results, fit)
+    best, pilots = measured_best(study, memo, out.results, fit, target)
     objective = "measured"
   doc = {"objective": objective, "label": best.candidate.label, "images_per_sec": best.images_per_sec,
          "mean_staleness": best.staleness, "fit": None if fit is None else dataclasses.asdict(fit),
+         "provisional_target": target,
          "predicted_time_to_target_s": None if fit is None else fit.seconds(best.images_per_sec, best.staleness)}
   common.progress("tuned (%s): %s", doc["objective"], best.candidate.label)
   c = best.candidate
-  return Tuned(candidate_spec(f"HetPipe tuned ({c.grouping}, D={c.d})", c), doc, pilots)
+  specs = [candidate_spec(f"HetPipe tuned ({c.grouping}, D={c.d})", "HetPipe tuned", c)]
+  if FLAGS.outer:
+    specs.append(candidate_spec(f"HetPipe tuned ({c.grouping}, D={c.d}) + {FLAGS.outer}", "HetPipe tuned + outer",
+                                c, {"ps_optimizer": FLAGS.outer}))
+  fastest = max(out.results, key=lambda r: r.images_per_sec)
+  doc["fastest"] = {"label": fastest.candidate.label, "images_per_sec": fastest.images_per_sec,
+                    "mean_staleness": fastest.staleness}
+  if fastest.candidate.label != c.label:
+    f = fastest.candidate
+    specs.append(candidate_spec(f"HetPipe tuned for images/s ({f.grouping}, D={f.d})", "HetPipe tuned for images/s",
+                                f))
+  return Tuned(specs, doc, pilots)
 
 
-def measured_best(study: Study, memo: Memo, results: Sequence, fit) -> tuple[Any, list[dict]]:
-  """Trains :func:`pilot_choices` of the tuner's results on --pilot_seed: the one that reached the target
+def measured_best(study: Study, memo: Memo, results: Sequence, fit, target: float) -> tuple[Any, list[dict]]:
+  """Trains :func:`pilot_choices` of the tuner's results on --pilot_seed: the one that reached ``target``
   first (on the emulated clock), and the pilot runs' entries."""
   from hetpipe_jax import ConfigError
   chosen, front = pilot_choices(results, fit, FLAGS.pilots)
@@ -360,87 +540,96 @@ def measured_best(study: Study, memo: Memo, results: Sequence, fit) -> tuple[Any
                   FLAGS.pilot_seed, len(front))
   timed, pilots = [], []
   for i, r in enumerate(chosen):
-    run = train(study, memo, candidate_spec(f"pilot {i + 1}: {r.candidate.label}", r.candidate), FLAGS.pilot_seed)
+    run = train(study, memo, candidate_spec(f"pilot {i + 1}: {r.candidate.label}", "", r.candidate),
+                FLAGS.pilot_seed, memo.lrs[HETPIPE])
+    when = time_to(run["curve"], target)
     pilots.append({"label": r.candidate.label, "images_per_sec": r.images_per_sec,
                    "mean_staleness_sim": r.staleness, "mean_staleness": run["mean_staleness"],
                    "predicted_time_to_target_s": None if fit is None else fit.seconds(r.images_per_sec,
                                                                                       r.staleness),
-                   "time_to_target_s": run["time_to_target_s"], "images_to_target": run["images_to_target"],
+                   "time_to_target_s": when, "images_to_target": images_to(run["curve"], target, FLAGS.batch_size),
                    "final_test_accuracy": run["curve"][-1][2], "seed": FLAGS.pilot_seed})
     common.progress("pilot %d/%d: %s: time to target %s", i + 1, len(chosen), r.candidate.label,
-                    "not reached" if run["time_to_target_s"] is None else f"{run['time_to_target_s']:.4g} s")
-    if run["time_to_target_s"] is not None:
-      timed.append((run["time_to_target_s"], -r.images_per_sec, i, r))
+                    "not reached" if when is None else f"{when:.4g} s")
+    if when is not None:
+      timed.append((when, -r.images_per_sec, i, r))
   if not timed:
-    raise ConfigError(f"none of the {len(chosen)} pilot runs reached {FLAGS.target_accuracy:.0%} within "
-                      f"{FLAGS.epochs} epochs; lower --target_accuracy, raise --epochs or --pilots")
+    raise ConfigError(f"none of the {len(chosen)} pilot runs reached {target:.1%} within {FLAGS.epochs} epochs; "
+                      "lower --target_accuracy, raise --epochs or --pilots")
   return min(timed)[3], pilots
 
 
-def baseline_gpus(study: Study) -> list:
-  """The GPUs the baselines train on: those that hold the whole model, but --whimpy ones."""
+def ssp_run(study: Study, memo: Memo, seed: int) -> dict:
+  """An SSP parameter server without pipelining (a worker per GPU that holds the model, Nm = 1, D = --ssp_d):
+  the entry of the runs it makes."""
   from hetpipe_jax import ConfigError
   from hetpipe_jax.cost.context import CostContext
   from hetpipe_jax.plan.allocation import horovod_gpus
-  held = horovod_gpus(study.cluster, study.clock_profiles, CostContext(optimizer_slots=study.slots))
-  gpus = [g for g in held if g.type.name != FLAGS.whimpy]
+  gpus = [g for g in horovod_gpus(study.cluster, study.clock_profiles, CostContext(optimizer_slots=study.slots))
+          if g.type.name != FLAGS.whimpy]
   if not gpus:
-    raise ConfigError("no GPU of the cluster holds the whole model for the data-parallel baselines; use a "
-                      "smaller --time_model or a cluster with larger GPUs")
-  return gpus
+    raise ConfigError("no GPU of the cluster holds the whole model for the SSP baseline; drop --ssp")
+  name = f"SSP PS ({len(gpus)} GPUs) D={FLAGS.ssp_d}"
+  spec = RunSpec(name, {"policy": [[g.index] for g in gpus], "nm": 1, "d": FLAGS.ssp_d}, {}, "SSP")
+  run = train(study, memo, spec, seed, memo.lrs[HETPIPE])
+  return {**run, "system": "ssp"}
 
 
-def horovod_run(study: Study, gpus: list, seed: int) -> dict:
-  """Horovod-style data parallelism on ``gpus``: the entry of the runs it makes."""
-  from hetpipe_jax.baselines.data_parallel import train_data_parallel
-  from hetpipe_jax.baselines.horovod import horovod_iteration_seconds
-  from hetpipe_jax.optim import make_optimizer
-  step_s = horovod_iteration_seconds(study.cluster, study.clock_profiles, gpus, overlap=True)
-  lr = FLAGS.learning_rate * (len(gpus) if FLAGS.horovod_lr_scale == "linear" else 1)
-  steps = study.total // len(gpus)
-  common.progress("seed %d, Horovod on %d GPUs: %d steps", seed, len(gpus), steps)
-  rows = train_data_parallel(study.model, study.dataset, make_optimizer(OPTIMIZER, lr), len(gpus), steps,
-                             FLAGS.batch_size, step_s, seed, FLAGS.eval_every)
-  return {"name": f"Horovod ({len(gpus)} GPUs)", "system": "horovod", "seed": seed, "d": 0, "nm": [1],
-          "lr": lr, "gpus": len(gpus), "curve": [[r["time"], r["step"] * len(gpus), r["test_accuracy"],
-                                                  r["train_loss"]] for r in rows if "test_accuracy" in r]}
+def target_of(runs: list[dict], k: int | None = None) -> float:
+  """The automatic target: 0.95 of the best configuration's final smoothed accuracy (mean over seeds; ``k``:
+  --smooth)."""
+  names = dict.fromkeys(r["name"] for r in runs)
+  return TARGET_SHARE * max(sum(final_accuracy(r["curve"], k) for r in runs if r["name"] == n) /
+                            sum(r["name"] == n for r in runs) for n in names)
 
 
-def ssp_run(study: Study, memo: Memo, gpus: list, seed: int) -> dict:
-  """An SSP parameter server without pipelining (a worker per GPU of ``gpus``, Nm = 1, D = --ssp_d): the
-  entry of the runs it makes."""
-  from hetpipe_jax import run_hetpipe, staleness_stats
-  from hetpipe_jax.staleness import mean_staleness
-  spec = RunSpec(f"SSP PS ({len(gpus)} GPUs) D={FLAGS.ssp_d}",
-                 {"policy": [[g.index] for g in gpus], "nm": 1, "d": FLAGS.ssp_d}, {})
-  name = spec.name
-  ssp = run_hetpipe(study.model, study.dataset, study.base.replace(seed=seed, waves=max(1, study.total // len(gpus)),
-                                                                   **spec.fields))
-  common.require_wsp(ssp.events, f"{name}, seed {seed}")
-  if name not in memo.scales:
-    memo.scales[name] = sim_scale(study, spec, study.total // len(gpus), ssp.images_per_second)
-  return {"name": name, "system": "ssp", "seed": seed, "d": FLAGS.ssp_d, "nm": [1], "gpus": len(gpus),
-          "time_scale": memo.scales[name], "curve": hetpipe_curve(ssp.metrics, [1] * len(gpus), memo.scales[name]),
-          "staleness": staleness_stats(ssp.events), "mean_staleness": mean_staleness(ssp.events)}
+def with_target(run: dict, target: float) -> dict:
+  """``run`` with its time and images to ``target`` and its final test accuracy (raw and smoothed)."""
+  return {**run, "time_to_target_s": time_to(run["curve"], target),
+          "images_to_target": images_to(run["curve"], target, FLAGS.batch_size),
+          "final_test_accuracy": run["curve"][-1][2], "final_smoothed_accuracy": final_accuracy(run["curve"])}
 
 
-def with_target(run: dict) -> dict:
-  """``run`` with its time and images to --target_accuracy and its final test accuracy."""
-  return {**run, "time_to_target_s": time_to(run["curve"], FLAGS.target_accuracy),
-          "images_to_target": images_to(run["curve"], FLAGS.target_accuracy, FLAGS.batch_size),
-          "final_test_accuracy": run["curve"][-1][2]}
-
-
-def study_doc(study: Study, seeds: list[int], runs: list[dict], tuned: Tuned | None) -> dict:
-  """convergence.json: the setting, every configuration's summary over seeds, the tuned configuration, the
-  fitted staleness model and its validation, every run."""
+def study_doc(study: Study, seeds: list[int], runs: list[dict], tuned: Tuned | None, target: float,
+              memo: Memo) -> dict:
+  """convergence.json: the setting, the table, every configuration's summary over seeds, the learning rates and
+  their pilots, the tuned configurations, the fitted staleness model and its validation, every run."""
   names = list(dict.fromkeys(run["name"] for run in runs))
   summary = {name: summarise([r for r in runs if r["name"] == name]) for name in names}
   tuned_doc = {} if tuned is None else {**tuned.doc, **({"pilots": tuned.pilots} if tuned.pilots else {})}
-  return {"target_accuracy": FLAGS.target_accuracy, "time_axis": study.time_axis, "model": study.model.name,
-          "dataset": study.dataset.name, "cluster": study.cluster.name, "epochs": FLAGS.epochs,
-          "whimpy": FLAGS.whimpy, "seeds": seeds, "summary": summary, "tuned": tuned_doc,
-          **validate_staleness_model(runs, FLAGS.target_accuracy), "runs": runs}
+  return {"target_accuracy": target, "target_rule": "given" if FLAGS.target_accuracy else
+          f"{TARGET_SHARE} x the best final smoothed accuracy", "smooth": FLAGS.smooth,
+          "time_axis": study.time_axis, "time_model": FLAGS.time_model, "model": study.model.name,
+          "dataset": study.dataset.name, "cluster": study.cluster.name, "epochs": FLAGS.epochs, "whimpy": FLAGS.whimpy,
+          "seeds": seeds, "ideal_images_per_sec": study.ideal, "table": table(summary), "summary": summary,
+          "learning_rates": memo.lrs, "lr_rule": lr_rule(), "lr_pilots": memo.pilots,
+          "peers_not_run": {p.system: p.reason for p in study.peers if p.run is None}, "tuned": tuned_doc,
+          **validate_staleness_model(runs, target), "runs": runs}
+
+
+def lr_rule() -> str:
+  return (f"0.02 per 32-example update x the examples of one update, times each of {','.join(FLAGS.lr_grid)}; "
+          f"the highest final smoothed accuracy after {FLAGS.lr_epochs} epochs on seed {FLAGS.pilot_seed}")
+
+
+def table(summary: dict[str, dict]) -> list[dict]:
+  """One row per configuration: images/s, efficiency and their ratio to the best peer, time to target (mean,
+  min, max over seeds) and the best peer's mean time over it."""
+  peers = [s for s in summary.values() if s["system"] not in ("hetpipe", "ssp")]
+  best_ips = max((s["images_per_sec"] for s in peers), default=None)
+  times = [s["mean_time_to_target_s"] for s in peers if s["mean_time_to_target_s"] is not None]
+  best_time = min(times, default=None)
+  rows = []
+  for name, s in summary.items():
+    t = s["mean_time_to_target_s"]
+    rows.append({"name": name, "row": s["row"], "system": s["system"], "gpus": s["gpus"],
+                 "images_per_sec": s["images_per_sec"], "efficiency": s["efficiency"],
+                 "images_per_sec_vs_best_peer": s["images_per_sec"] / best_ips if best_ips else None,
+                 "mean_time_to_target_s": t, "min_time_to_target_s": s["min_time_to_target_s"],
+                 "max_time_to_target_s": s["max_time_to_target_s"], "missed": s["missed"], "seeds": len(s["seeds"]),
+                 "speedup_vs_best_peer": best_time / t if best_time and t else None,
+                 "mean_final_smoothed_accuracy": s["mean_final_smoothed_accuracy"], "lr": s["lr"]})
+  return rows
 
 
 def write_outputs(study: Study, doc: dict) -> dict[str, str]:
@@ -453,42 +642,46 @@ def write_outputs(study: Study, doc: dict) -> dict[str, str]:
                                   "train_loss"],
                    ([run["name"], run["system"], run["seed"], run["d"], t, mbs, mbs / epoch, acc, loss]
                     for run in runs for t, mbs, acc, loss in run["curve"]))
-  plot(runs, epoch, paths["plot"], f"{study.model.name} on {study.dataset.name}; time: {study.time_axis}; "
-       f"seeds {doc['seeds']}")
+  plot(runs, epoch, doc["target_accuracy"], paths["plot"], f"{study.model.name} on {study.dataset.name}; time: "
+       f"{study.time_axis}; seeds {doc['seeds']}")
   return paths
 
 
 def report(doc: dict, tuned: Tuned | None) -> None:
-  """Prints every configuration's time to target and speedup over Horovod, the staleness, the fit, the
-  tuned configuration's prediction, the best HetPipe run and the time axis."""
-  summary = doc["summary"]
-  horovod = next(name for name in summary if name.startswith("Horovod"))
-  th = summary[horovod]["mean_time_to_target_s"]
-  print_times(doc, th)
+  """Prints the learning rates, the one table, the staleness, the fit, the tuned configuration's prediction
+  and the time axis."""
+  rates = ", ".join(f"{k} {v:.4g}" for k, v in doc["learning_rates"].items())
+  print(f"learning rates ({doc['lr_rule']}): {rates}")
+  for system, reason in doc["peers_not_run"].items():
+    print(f"{system}: not run ({reason})")
+  print_table(doc)
   print_staleness(doc)
   print_fit(doc)
   print_tuned(doc, tuned)
-  print_best(doc, horovod, th)
-  if th is None:
-    print(f"the data-parallel baseline did not reach {FLAGS.target_accuracy:.0%} within {FLAGS.epochs} epochs for "
-          "every seed: no mean speedup to report")
-  print(f"time axis: {doc['time_axis']} (emulated seconds, not wall time)")
+  print(f"time axis: {doc['time_axis']} (emulated seconds, not wall time); images/s: the sim executor's, or the "
+        "peer's simulated round")
 
 
-def print_times(doc: dict, th: float | None) -> None:
-  """Every configuration's time to target (mean and range over seeds), final accuracy, speedup."""
-  print(f"{'run':34} {'GPUs':>4} {'time to ' + format(FLAGS.target_accuracy, '.0%') + ' (mean, range)':>30} "
-        f"{'final acc':>9} {'speedup vs Horovod':>20}")
-  for name, s in doc["summary"].items():
-    t = s["mean_time_to_target_s"]
-    when = (f"{t:.4g} ({s['min_time_to_target_s']:.4g}..{s['max_time_to_target_s']:.4g})" if t is not None
-            else f"not reached by {s['missed']} of {len(doc['seeds'])}")
-    speed = f"{th / t:.2f}x ({(t - th) / th:+.0%} time)" if t and th else "-"
-    print(f"{name:34} {s['gpus']:>4} {when:>30} {s['mean_final_test_accuracy']:9.4f} {speed:>20}")
+def print_table(doc: dict) -> None:
+  """The one table of the study (see :func:`table`)."""
+  target = doc["target_accuracy"]
+  print(f"target: {target:.4f} test accuracy ({doc['target_rule']}), smoothed over {doc['smooth']} evaluations; "
+        f"{doc['epochs']} epochs; seeds {doc['seeds']}")
+  print(f"{'configuration':58} {'GPUs':>4} {'images/s':>9} {'eff.':>5} {'vs peer':>7} "
+        f"{'time to target: mean (min..max) s':>34} {'vs peer':>7} {'final':>6}")
+  for r in doc["table"]:
+    ratio = f"{r['images_per_sec_vs_best_peer']:.2f}x" if r["images_per_sec_vs_best_peer"] else "-"
+    t = r["mean_time_to_target_s"]
+    when = (f"{t:.4g} ({r['min_time_to_target_s']:.4g}..{r['max_time_to_target_s']:.4g})" if t is not None
+            else f"missed by {r['missed']} of {r['seeds']}")
+    speed = f"{r['speedup_vs_best_peer']:.2f}x" if r["speedup_vs_best_peer"] else "-"
+    print(f"{r['name'][:58]:58} {r['gpus']:>4} {r['images_per_sec']:9.1f} {r['efficiency']:5.2f} {ratio:>7} "
+          f"{when:>34} {speed:>7} {r['mean_final_smoothed_accuracy']:6.4f}")
+  print("vs peer: images/s over the best peer's; the best peer's mean time to target over this one's (> 1: faster)")
 
 
 def print_staleness(doc: dict) -> None:
-  """Every configuration's mean and largest staleness, and its time scale to the sim executor."""
+  """Every HetPipe configuration's mean and largest staleness, and its time scale to the sim executor."""
   for name in doc["summary"]:
     per_seed = [r for r in doc["runs"] if r["name"] == name]
     if "staleness" in per_seed[0]:
@@ -507,7 +700,7 @@ def print_fit(doc: dict) -> None:
   check = doc["staleness_validation"]
   error = ("no run to leave out" if check["mean_abs_error"] is None else
            f"mean {check['mean_abs_error']:.1%}, worst {check['max_abs_error']:.1%} over {len(check['runs'])} runs")
-  print(f"staleness-aware estimate: images to {FLAGS.target_accuracy:.0%} = {fit['images0']:.4g} x (1 + "
+  print(f"staleness-aware estimate: images to {doc['target_accuracy']:.1%} = {fit['images0']:.4g} x (1 + "
         f"{fit['beta']:.4g} x mean staleness); leave-one-out error on time to target: {error}")
 
 
@@ -517,29 +710,14 @@ def print_tuned(doc: dict, tuned: Tuned | None) -> None:
   for p in info.get("pilots", []):
     when = "not reached" if p["time_to_target_s"] is None else f"{p['time_to_target_s']:.4g} s"
     print(f"pilot (seed {p['seed']}): {p['label']}: {p['images_per_sec']:.1f} images/s, mean staleness "
-          f"{p['mean_staleness']:.2f}, time to {FLAGS.target_accuracy:.0%} {when}")
+          f"{p['mean_staleness']:.2f}, time to the provisional target {when}")
   if tuned is None or info.get("predicted_time_to_target_s") is None:
     return
-  measured = doc["summary"][tuned.spec.name]["mean_time_to_target_s"]
-  how = ("the pilot runs" if info["objective"] == "measured" else
-         "predicted time to " + format(FLAGS.target_accuracy, ".0%"))
-  print(f"tuned by {how} ({info['label']}): the estimate predicted {info['predicted_time_to_target_s']:.4g} s "
-        "before it ran, measured " + (f"{measured:.4g} s (mean over seeds)" if measured is not None else
-                                      "not reached by every seed"))
-
-
-def print_best(doc: dict, horovod: str, th: float | None) -> None:
-  """The HetPipe configuration fastest to the target, as a fraction of Horovod's time (mean, per seed)."""
-  summary, runs = doc["summary"], doc["runs"]
-  best = min((n for n in summary if n.startswith("HetPipe") and summary[n]["mean_time_to_target_s"] is not None),
-             key=lambda n: summary[n]["mean_time_to_target_s"], default=None)
-  if best is None or not th:
-    return
-  ratios = [r["time_to_target_s"] / h["time_to_target_s"] for r in runs if r["name"] == best
-            for h in runs if h["name"] == horovod and h["seed"] == r["seed"]
-            if r["time_to_target_s"] is not None and h["time_to_target_s"] is not None]
-  print(f"best HetPipe run: {best}, {summary[best]['mean_time_to_target_s'] / th:.2f} of Horovod's time to "
-        f"target (mean over seeds); per seed {', '.join(f'{x:.2f}' for x in ratios)}")
+  measured = doc["summary"][tuned.specs[0].name]["mean_time_to_target_s"]
+  how = "the pilot runs" if info["objective"] == "measured" else "predicted time to the provisional target"
+  print(f"tuned by {how} ({info['label']}): the estimate predicted {info['predicted_time_to_target_s']:.4g} s to "
+        f"{info['provisional_target']:.1%} before it ran; measured to {doc['target_accuracy']:.1%}: " +
+        (f"{measured:.4g} s (mean over seeds)" if measured is not None else "not reached by every seed"))
 
 
 def pilot_choices(results: Sequence, fit, count: int) -> tuple[list, list]:
@@ -563,13 +741,18 @@ def pilot_choices(results: Sequence, fit, count: int) -> tuple[list, list]:
 
 
 def summarise(runs: list[dict]) -> dict:
-  """Mean and range over seeds of one configuration's time to target and final accuracy."""
+  """One configuration over seeds: its row, system, images/s and efficiency, the mean and range of its time
+  to target, its final accuracy (raw and smoothed)."""
   times = [r["time_to_target_s"] for r in runs if r["time_to_target_s"] is not None]
   reached = len(times) == len(runs)
-  return {"gpus": runs[0]["gpus"], "seeds": [r["seed"] for r in runs], "missed": len(runs) - len(times),
+  first = runs[0]
+  return {"row": first["row"], "system": first["system"], "gpus": first["gpus"], "lr": first["lr"],
+          "images_per_sec": first["images_per_sec"], "efficiency": first["efficiency"],
+          "seeds": [r["seed"] for r in runs], "missed": len(runs) - len(times),
           "mean_time_to_target_s": sum(times) / len(times) if reached else None,
           "min_time_to_target_s": min(times) if times else None, "max_time_to_target_s": max(times) if times else None,
-          "mean_final_test_accuracy": sum(r["final_test_accuracy"] for r in runs) / len(runs)}
+          "mean_final_test_accuracy": sum(r["final_test_accuracy"] for r in runs) / len(runs),
+          "mean_final_smoothed_accuracy": sum(r["final_smoothed_accuracy"] for r in runs) / len(runs)}
 
 
 def validate_staleness_model(runs: list[dict], target_accuracy: float) -> dict:
@@ -600,26 +783,26 @@ def validate_staleness_model(runs: list[dict], target_accuracy: float) -> dict:
                                    "max_abs_error": max(errors) if errors else None}}
 
 
-def plot(runs: list[dict], epoch: float, path: str, title: str) -> None:
+def plot(runs: list[dict], epoch: float, target: float, path: str, title: str) -> None:
   """Test accuracy against emulated time and against epochs: per configuration the mean over seeds, and
-  the band between the lowest and highest seed (every seed is evaluated at the same points)."""
+  the band between the lowest and highest seed (every seed is evaluated at the same points); peers dashed."""
   import numpy as np
   plt = common.pyplot()
-  fig, (ax_t, ax_e) = plt.subplots(1, 2, figsize=(12, 4.2))
+  fig, (ax_t, ax_e) = plt.subplots(1, 2, figsize=(13, 4.6))
   for name in dict.fromkeys(run["name"] for run in runs):
     curves = [r["curve"] for r in runs if r["name"] == name]
     n = min(len(c) for c in curves)
     acc = np.array([[p[2] for p in c[:n]] for c in curves])
-    style = "--" if runs[[r["name"] for r in runs].index(name)]["system"] != "hetpipe" else "-"
+    style = "--" if runs[[r["name"] for r in runs].index(name)]["system"] not in ("hetpipe", "ssp") else "-"
     for ax, x in ((ax_t, [p[0] for p in curves[0][:n]]), (ax_e, [p[1] / epoch for p in curves[0][:n]])):
-      line, = ax.plot(x, acc.mean(axis=0), style, label=f"{name} ({len(curves)} seeds)")
+      line, = ax.plot(x, acc.mean(axis=0), style, label=f"{name[:50]} ({len(curves)} seeds)")
       if len(curves) > 1:
         ax.fill_between(x, acc.min(axis=0), acc.max(axis=0), color=line.get_color(), alpha=0.15, lw=0)
   for ax in (ax_t, ax_e):
-    ax.axhline(FLAGS.target_accuracy, color="grey", lw=0.8)
+    ax.axhline(target, color="grey", lw=0.8)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-  ax_t.set(xlabel="emulated time (s)", ylabel="test accuracy (mean; band: seeds' range)")
+  ax_e.legend(fontsize=6, loc="lower right")
+  ax_t.set(xlabel="emulated time (s)", ylabel="test accuracy (mean; band: seeds' range)", xscale="log")
   ax_e.set(xlabel="epochs", ylabel="test accuracy (mean; band: seeds' range)")
   fig.suptitle(title, fontsize=9)
   common.save_figure(fig, path)

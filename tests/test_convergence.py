@@ -93,22 +93,31 @@ def test_pilot_choices_take_the_estimates_best_and_faster_points_of_the_front():
 def test_convergence_cli(tmp_path):
   env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
   proc = subprocess.run([sys.executable, "-m", "experiments.convergence", "--model=mlp", "--dataset=digits",
-                         "--cluster=paper_mini", "--ds=0,4", "--epochs=2", "--target_accuracy=0.3",
-                         "--time_model=none", "--whimpy=", "--seeds=0,1", "--ssp", "--tuned_objective=measured",
-                         "--pilots=2", "--pilot_seed=7", f"--out_dir={tmp_path}"],
+                         "--cluster=paper_mini", "--policies=ED", "--ds=0,4", "--epochs=2", "--lr_epochs=0.3",
+                         "--systems=horovod,hetero_dp,local_sgd", "--lr_grid=0.5,1", "--eval_examples=200",
+                         "--time_model=none", "--seeds=0,1", "--ssp", "--tuned_objective=measured",
+                         "--target_accuracy=0.3", "--pilots=2", "--pilot_seed=7", f"--out_dir={tmp_path}"],
                         capture_output=True, text=True, timeout=600, env=env)
   assert proc.returncode == 0, proc.stderr[-3000:]
   doc = json.loads((tmp_path / "convergence.json").read_text())
-  assert {"target_accuracy", "time_axis", "runs", "summary", "seeds"} <= set(doc)
-  assert [r["system"] for r in doc["runs"]] == ["hetpipe", "hetpipe", "hetpipe", "horovod", "ssp"] * 2
-  assert [r["seed"] for r in doc["runs"]] == [0] * 5 + [1] * 5
-  assert doc["runs"][2]["name"].startswith("HetPipe tuned")
+  assert {"target_accuracy", "time_axis", "runs", "summary", "seeds", "table", "learning_rates"} <= set(doc)
+  for seed in (0, 1):
+    systems = [r["system"] for r in doc["runs"] if r["seed"] == seed]
+    assert systems[:5] == ["horovod", "hetero_dp", "local_sgd", "hetpipe", "hetpipe"] and systems[-1] == "ssp"
+    rows = [r["row"] for r in doc["runs"] if r["seed"] == seed]
+    assert rows[5:7] == ["HetPipe tuned", "HetPipe tuned + outer"]
+  assert doc["target_accuracy"] == 0.3 and doc["target_rule"] == "given"
+  assert {p["system"] for p in doc["lr_pilots"]} == {"horovod", "hetero_dp", "local_sgd", "hetpipe", "hetpipe_outer"}
+  assert {p["seed"] for p in doc["lr_pilots"]} == {7}
   for run in doc["runs"]:
-    assert {"name", "system", "seed", "d", "nm", "gpus", "time_to_target_s", "final_test_accuracy",
-            "curve"} <= set(run)
+    assert {"name", "row", "system", "seed", "d", "nm", "gpus", "lr", "time_to_target_s", "final_test_accuracy",
+            "curve", "images_per_sec", "efficiency"} <= set(run)
     assert all(len(point) == 4 for point in run["curve"])
-    if run["system"] != "horovod":  # the time axis follows the sim executor's rate for the configuration
+    if run["system"] in ("hetpipe", "ssp"):  # the time axis follows the sim executor's rate for the configuration
       assert run["time_scale"] > 0 and run["mean_staleness"] >= 0
+    else:
+      assert run["global_batch"] >= 1 and run["round_seconds"] > 0
+  assert [r["name"] for r in doc["table"]] == list(doc["summary"])
   assert "staleness_model" in doc or "staleness_note" in doc
   pilots = doc["tuned"]["pilots"]  # the tuned configuration: the pilot runs' fastest to the target
   assert doc["tuned"]["objective"] == "measured" and 1 <= len(pilots) <= 2
@@ -116,4 +125,21 @@ def test_convergence_cli(tmp_path):
   reached = [p for p in pilots if p["time_to_target_s"] is not None]
   assert doc["tuned"]["label"] == min(reached, key=lambda p: p["time_to_target_s"])["label"]
   assert (tmp_path / "convergence.png").stat().st_size > 10_000 and (tmp_path / "convergence.csv").exists()
-  assert "speedup vs Horovod" in proc.stdout and "mean staleness" in proc.stdout
+  assert "time to target" in proc.stdout and "mean staleness" in proc.stdout
+
+
+def test_time_to_target_is_when_the_smoothed_curve_stays_above_it():
+  from experiments import convergence
+  curve = [[t, t, acc, 0.0] for t, acc in enumerate([0.5, 0.9, 0.5, 0.8, 0.9, 0.9, 0.85])]
+  assert convergence.smoothed(curve, 2)[:3] == pytest.approx([0.5, 0.7, 0.7])
+  assert convergence.reached_at(curve, 0.85, 2) == 4  # 0.85, 0.9, 0.875 from there; 0.65 before
+  assert convergence.time_to(curve, 0.85, 2) == 4
+  assert convergence.reached_at(curve, 0.85, 1) == 4  # raw: 0.9, 0.9, 0.85 from t=4 on
+  assert convergence.reached_at(curve, 0.95, 3) is None
+
+
+def test_the_automatic_target_is_095_of_the_best_final_smoothed_accuracy():
+  from experiments import convergence
+  runs = [{"name": n, "curve": [[0, 0, a, 0.0], [1, 1, b, 0.0]]} for n, a, b in
+          (("x", 0.6, 0.8), ("x", 0.7, 0.9), ("y", 0.9, 0.9))]  # final smoothed: x 0.7, 0.8 (mean 0.75); y 0.9
+  assert convergence.target_of(runs, 2) == pytest.approx(0.95 * 0.9)
