@@ -30,7 +30,8 @@ Time to target: the test accuracy is smoothed by a trailing mean over --smooth e
 --eval_examples examples); a run reaches --target_accuracy at the first evaluation from which the smoothed
 curve stays at or above it to the end. --target_accuracy=0 (the default) sets the target to 0.95 of the
 best configuration's final smoothed accuracy (its mean over seeds). --full runs the study the goals are
-measured on: 3 epochs, seeds 0, 1, 2.
+measured on: 3 epochs, seeds 0, 1, 2 (learning-rate pilots of 0.5 epochs); the default is a shorter version
+(1 epoch, seeds 0 and 1, pilots of 0.25 epochs) to stay quick.
 
 Writes convergence.json (``target_accuracy``; every run with ``system``, ``name``, ``seed`` and
 ``time_to_target_s``, null when missed; the table; the learning rates and their pilots; the fitted
@@ -76,7 +77,8 @@ flags.DEFINE_integer("pilots", 4, "--tuned_objective=measured: how many configur
 flags.DEFINE_integer("pilot_seed", 100, "Seed of the pilot runs (learning rates, --tuned_objective=measured); keep "
                      "it out of --seeds, so that no choice is fitted to the runs that judge it.")
 flags.DEFINE_string("outer", "nesterov:lr=0.7,momentum=0.9", "Outer optimizer at the PS of the extra tuned row "
-                    "(--ps_optimizer syntax); empty: no such row.")
+                    "(--ps_optimizer syntax, lr on DiLoCo's scale: the server takes lr / N per push of N virtual "
+                    "workers); empty: no such row.")
 flags.DEFINE_list("systems", ["horovod", "hetero_dp", "sync_pipeline", "local_sgd"], "Peer systems.")
 flags.DEFINE_integer("microbatches", 0, "sync_pipeline: microbatches per iteration over all pipelines (0: the "
                      "cluster's GPUs, the global batch of the data-parallel peers).")
@@ -86,16 +88,19 @@ flags.DEFINE_float("outer_lr", 0.7, "local_sgd: outer Nesterov learning rate (Di
 flags.DEFINE_float("outer_momentum", 0.9, "local_sgd: outer Nesterov momentum (DiLoCo's 0.9).")
 flags.DEFINE_list("lr_grid", ["0.5", "1", "2"], "Learning-rate factors tried per system around the rule's rate "
                   "(1 alone: no pilots).")
-flags.DEFINE_float("lr_epochs", 0.5, "Epochs of each learning-rate pilot run.")
-flags.DEFINE_list("seeds", ["0", "1", "2"], "Initialisation and shuffling seeds: every run once per seed.")
+flags.DEFINE_float("lr_epochs", 0.25, "Epochs of each learning-rate pilot run.")
+flags.DEFINE_list("seeds", ["0", "1"], "Initialisation and shuffling seeds: every run once per seed.")
 flags.DEFINE_float("epochs", 1.0, "Training examples seen by every run, in epochs.")
-flags.DEFINE_bool("full", False, "The study the goals are measured on: --epochs=3, --lr_epochs=1 and seeds 0, 1, 2 "
-                  "(overrides them).")
+flags.DEFINE_bool("full", False, "The study the goals are measured on: --epochs=3, --lr_epochs=0.5 and seeds 0, 1, "
+                  "2 (overrides them).")
 flags.DEFINE_integer("batch_size", 32, "Minibatch size (per worker).")
-flags.DEFINE_float("target_accuracy", 0.0, "Test accuracy whose emulated time is the headline; 0: 0.95 of the best "
-                   "configuration's final smoothed accuracy (mean over seeds).")
+flags.DEFINE_float("target_accuracy", 0.0, "Test accuracy (a training loss with --target_metric=loss) whose emulated "
+                   "time is the headline; 0: 0.95 of the best configuration's final smoothed accuracy (mean over "
+                   "seeds; a loss: the best final loss / 0.95).")
+flags.DEFINE_enum("target_metric", "accuracy", ["accuracy", "loss"], "What the target is on: the test accuracy, or "
+                  "the training loss (a language model: the small GPT on --dataset=tokens).")
 flags.DEFINE_integer("smooth", 3, "Evaluations in the trailing mean of the smoothed accuracy curve.")
-flags.DEFINE_integer("eval_examples", 3000, "Evaluate the test accuracy about every this many training examples.")
+flags.DEFINE_integer("eval_examples", 6000, "Evaluate the test accuracy about every this many training examples.")
 flags.DEFINE_string("time_model", "vgg19", "vgg19, resnet152 or another full-size model: time axis from this "
                     "model's cost on the cluster; none: the trained model's own cost.")
 flags.DEFINE_bool("ssp", False, "Add the SSP parameter-server baseline (one worker per GPU, Nm = 1).")
@@ -105,23 +110,32 @@ flags.DEFINE_string("whimpy", "", "GPU type the peers may not use (the paper's 1
 flags.DEFINE_string("out_dir", "outputs/convergence", "Where the JSON, CSV and plots go.")
 
 OPTIMIZER = "sgd"  # every run's: HetPipe's local optimizer, the SSP workers', the peers' (inner) optimizer
-FULL = {"epochs": 3.0, "lr_epochs": 1.0, "seeds": [0, 1, 2]}  # --full
+FULL = {"epochs": 3.0, "lr_epochs": 0.5, "seeds": [0, 1, 2]}  # --full
 TARGET_SHARE = 0.95  # --target_accuracy=0: this share of the best configuration's final smoothed accuracy
 HETPIPE, HETPIPE_OUTER = "hetpipe", "hetpipe_outer"  # HetPipe's learning-rate systems (without, with --outer)
 
 
+def _loss() -> bool:
+  """Whether the target is a training loss (--target_metric=loss) rather than a test accuracy."""
+  return FLAGS.is_parsed() and FLAGS.target_metric == "loss"
+
+
 def smoothed(curve: list[list[float]], k: int) -> list[float]:
-  """The test accuracy of ``curve`` as a trailing mean over ``k`` evaluations (fewer at the start)."""
-  acc = [p[2] for p in curve]
+  """The curve's test accuracy (or, --target_metric=loss, its training loss) as a trailing mean over ``k``
+  evaluations (fewer at the start)."""
+  column = 3 if _loss() else 2
+  acc = [p[column] for p in curve]
   return [sum(acc[max(0, i - k + 1):i + 1]) / (i + 1 - max(0, i - k + 1)) for i in range(len(acc))]
 
 
 def reached_at(curve: list[list[float]], target: float, k: int) -> int | None:
-  """The first evaluation from which the smoothed accuracy stays at or above ``target`` to the end."""
-  s = smoothed(curve, k)
-  if not s or s[-1] < target:
+  """The first evaluation from which the smoothed accuracy stays at or above ``target`` to the end (a loss: at
+  or below)."""
+  sign = -1.0 if _loss() else 1.0
+  s = [sign * x for x in smoothed(curve, k)]
+  if not s or s[-1] < sign * target:
     return None
-  below = [i for i, x in enumerate(s) if x < target]
+  below = [i for i, x in enumerate(s) if x < sign * target]
   return below[-1] + 1 if below else 0
 
 
@@ -137,8 +151,18 @@ def images_to(curve: list[list[float]], target: float, batch_size: int, k: int |
 
 
 def final_accuracy(curve: list[list[float]], k: int | None = None) -> float:
-  """The smoothed accuracy at the end of ``curve`` (``k``: --smooth)."""
+  """The smoothed accuracy (or loss) at the end of ``curve`` (``k``: --smooth)."""
   return smoothed(curve, FLAGS.smooth if k is None else k)[-1]
+
+
+def better(value: float) -> float:
+  """``value`` as a score where higher is better (a loss negated)."""
+  return -value if _loss() else value
+
+
+def auto_target(best: float) -> float:
+  """The automatic target from the best final smoothed value: 0.95 of an accuracy, a loss / 0.95."""
+  return best / TARGET_SHARE if _loss() else TARGET_SHARE * best
 
 
 def hetpipe_curve(metrics: list[dict], nms: list[int], scale: float = 1.0) -> list[list[float]]:
@@ -183,6 +207,8 @@ class Study:
   peers: list[Any]  # experiments.peer_runs.PeerSpec, one per --systems
   knobs: Any  # the peers' PeerKnobs
   ideal: float  # the ideal heterogeneous aggregate of the cluster on the time model
+  per_example: int  # what one example counts as in throughput: a GPT time model's tokens per sequence, else 1
+  unit: str  # "tokens" or "images"
 
   @property
   def epoch(self) -> float:
@@ -257,8 +283,9 @@ def check_flags() -> tuple[list[int], list[int]]:
                                  ("lr_epochs", FLAGS.lr_epochs, FLAGS.lr_epochs > 0, "> 0"),
                                  ("smooth", FLAGS.smooth, FLAGS.smooth >= 1, ">= 1"),
                                  ("eval_examples", FLAGS.eval_examples, FLAGS.eval_examples >= 1, ">= 1"),
-                                 ("target_accuracy", FLAGS.target_accuracy, 0 <= FLAGS.target_accuracy <= 1,
-                                  "in [0, 1] (0: automatic)")):
+                                 ("target_accuracy", FLAGS.target_accuracy, FLAGS.target_accuracy >= 0 and (
+                                     FLAGS.target_metric == "loss" or FLAGS.target_accuracy <= 1),
+                                  "in [0, 1] for an accuracy, >= 0 for a loss (0: automatic)")):
     if not (ok and math.isfinite(value)):
       raise ConfigError(f"--{name}={value}; give {limit}")
   grid = [float(x) for x in FLAGS.lr_grid] if all(_is_number(x) for x in FLAGS.lr_grid) else []
@@ -288,7 +315,6 @@ def make_study(ds: list[int]) -> Study:
   cluster = get_cluster(FLAGS.cluster)
   common.ensure_devices(cluster.num_gpus)
   import jax
-  import jax.numpy as jnp
 
   from experiments.peer_runs import peer_specs
   from hetpipe_jax import RunConfig, get_model, load_dataset
@@ -296,7 +322,7 @@ def make_study(ds: list[int]) -> Study:
   from hetpipe_jax.cost.batch import BatchProfiles
   from hetpipe_jax.cost.context import CostContext
   from hetpipe_jax.cost.profile import profile_units
-  from hetpipe_jax.models import FULL_SIZE, full_size_model
+  from hetpipe_jax.models import FULL_SIZE, full_size_input, full_size_model
   from hetpipe_jax.optim import optimizer_slots
   from hetpipe_jax.plan.allocation import parse_policy
   from hetpipe_jax.plan.costmodel import ideal_images_per_sec
@@ -309,11 +335,12 @@ def make_study(ds: list[int]) -> Study:
   dataset = load_dataset(FLAGS.dataset)
   model = get_model(FLAGS.model, dataset.num_classes)
   b = FLAGS.batch_size
-  sample = lambda n: jax.ShapeDtypeStruct((n,) + dataset.x_train.shape[1:], jnp.float32)
+  sample = lambda n: jax.ShapeDtypeStruct((n,) + dataset.x_train.shape[1:], dataset.x_train.dtype)
   profiles = (BatchProfiles.full_size(time_model, b) if time_model else
               BatchProfiles(tuple(profile_units(model, sample(b))), tuple(profile_units(model, sample(2 * b))), b,
                             2 * b))
   clock_profiles = list(profiles.at(b))
+  per_example = full_size_input(time_model, 1).shape[1] if time_model and time_model.startswith("gpt") else 1
   time_axis = (f"cost model of {time_model} (batch {b}) on {cluster.name}" if time_model
                else f"cost model of {model.name} on {cluster.name}")
   base = RunConfig.of(cluster=cluster, batch_size=b, optimizer=OPTIMIZER, time_model=time_model, executor="virtual")
@@ -327,7 +354,8 @@ def make_study(ds: list[int]) -> Study:
   return Study(cluster, model, dataset, clock_profiles, time_axis, base, [parse_policy(p) for p in FLAGS.policies],
                common.parse_nm(FLAGS.nm), slots, sim_model, sim_data, ds,
                int(FLAGS.epochs * len(dataset.x_train) / b), peers, knobs,
-               ideal_images_per_sec(cluster, clock_profiles, b))
+               ideal_images_per_sec(cluster, clock_profiles, b), per_example,
+               "tokens" if per_example > 1 else "images")
 
 
 def choose_learning_rates(study: Study, memo: Memo) -> None:
@@ -338,7 +366,8 @@ def choose_learning_rates(study: Study, memo: Memo) -> None:
   systems: list[tuple[str, float, Any]] = [(p.system, p.base_lr, p) for p in study.peers if p.run is not None]
   systems.append((HETPIPE, 0.02 * FLAGS.batch_size / 32, hetpipe))
   if FLAGS.outer:
-    outer = hetpipe._replace(name=hetpipe.name + " + outer", fields={**hetpipe.fields, "ps_optimizer": FLAGS.outer},
+    spec = outer_spec(len(plan_nms(study, hetpipe)))
+    outer = hetpipe._replace(name=f"{hetpipe.name} + {spec}", fields={**hetpipe.fields, "ps_optimizer": spec},
                              lr_system=HETPIPE_OUTER)
     systems.append((HETPIPE_OUTER, 0.02 * FLAGS.batch_size / 32, outer))
   for system, base, what in systems:
@@ -349,15 +378,35 @@ def choose_learning_rates(study: Study, memo: Memo) -> None:
     for factor in grid:
       lr = base * factor
       curve = pilot_curve(study, memo, what, lr)
-      score = final_accuracy(curve) if curve else -math.inf
+      score = better(final_accuracy(curve)) if curve else -math.inf
       memo.pilots.append({"system": system, "lr": lr, "factor": factor, "seed": FLAGS.pilot_seed,
-                          "epochs": FLAGS.lr_epochs, "final_smoothed_accuracy": score if curve else None,
+                          "epochs": FLAGS.lr_epochs, "final_smoothed": final_accuracy(curve) if curve else None,
                           "diverged": not curve})
       common.progress("learning rate of %s: %.4g (x%g) ends at %s", system, lr, factor,
-                      f"{score:.4f}" if curve else "divergence")
+                      f"{final_accuracy(curve):.4f}" if curve else "divergence")
       scores.append((score, -lr, lr))
     memo.lrs[system] = max(scores)[2]  # the highest final accuracy; a tie: the smaller rate
     common.progress("learning rate of %s: %.4g", system, memo.lrs[system])
+
+
+def outer_spec(num_vws: int) -> str:
+  """--outer for a configuration of ``num_vws`` virtual workers: its learning rate is DiLoCo's, one step on the
+  mean of the workers' changes per round; every push of WSP takes its own step, so the server's rate per push
+  is that over ``num_vws``."""
+  from hetpipe_jax.optim import parse_ps_optimizer
+  parsed = parse_ps_optimizer(FLAGS.outer)
+  return str(parsed._replace(lr=parsed.lr / num_vws)) if parsed.name != "add" else str(parsed)
+
+
+def plan_nms(study: Study, spec: RunSpec) -> list[int]:
+  """Nm of every virtual worker of ``spec`` (planned for a policy)."""
+  from hetpipe_jax.cost.context import CostContext
+  from hetpipe_jax.plan.allocation import plan_cluster
+  fields = spec.fields
+  if "cuts" in fields:
+    return list(fields["nm"])
+  return [p.nm for p in plan_cluster(study.cluster, study.clock_profiles, fields["policy"], "default", study.nm, None,
+                                     CostContext(optimizer_slots=study.slots)).vws]
 
 
 def pilot_curve(study: Study, memo: Memo, what: Any, lr: float) -> list[list[float]] | None:
@@ -433,15 +482,9 @@ def train(study: Study, memo: Memo, spec: RunSpec, seed: int, lr: float, epochs:
   """One HetPipe run of ``spec`` at learning rate ``lr`` on the virtual executor (--epochs, or ``epochs``), its
   trace checked: the entry of the runs it makes."""
   from hetpipe_jax import staleness_stats
-  from hetpipe_jax.cost.context import CostContext
-  from hetpipe_jax.plan.allocation import plan_cluster
   from hetpipe_jax.staleness import mean_staleness
   name, fields = spec.name, spec.fields
-  if "cuts" in fields:
-    layout_nms = fields["nm"]
-  else:
-    layout_nms = [p.nm for p in plan_cluster(study.cluster, study.clock_profiles, fields["policy"], "default",
-                                             study.nm, None, CostContext(optimizer_slots=study.slots)).vws]
+  layout_nms = plan_nms(study, spec)
   total = study.total if epochs is None else int(epochs * study.epoch)
   waves = max(1, math.ceil(total / sum(layout_nms)))
   eval_every = max(1, round(FLAGS.eval_examples / (sum(layout_nms) * FLAGS.batch_size)))
@@ -481,7 +524,9 @@ def hetpipe_result(study: Study, memo: Memo, spec: RunSpec, seed: int, waves: in
 
 def provisional_target(runs: list[dict]) -> float:
   """--target_accuracy, or the automatic target from the runs so far (the first seed's)."""
-  return FLAGS.target_accuracy or TARGET_SHARE * max(final_accuracy(r["curve"]) for r in runs)
+  if FLAGS.target_accuracy:
+    return FLAGS.target_accuracy
+  return auto_target(max((final_accuracy(r["curve"]) for r in runs), key=better))
 
 
 def tune_config(study: Study, memo: Memo, runs: list[dict]) -> Tuned:
@@ -519,8 +564,9 @@ def tune_config(study: Study, memo: Memo, runs: list[dict]) -> Tuned:
   c = best.candidate
   specs = [candidate_spec(f"HetPipe tuned ({c.grouping}, D={c.d})", "HetPipe tuned", c)]
   if FLAGS.outer:
-    specs.append(candidate_spec(f"HetPipe tuned ({c.grouping}, D={c.d}) + {FLAGS.outer}", "HetPipe tuned + outer",
-                                c, {"ps_optimizer": FLAGS.outer}))
+    outer = outer_spec(len(c.plans))
+    specs.append(candidate_spec(f"HetPipe tuned ({c.grouping}, D={c.d}) + {outer}", "HetPipe tuned + outer", c,
+                                {"ps_optimizer": outer}))
   fastest = max(out.results, key=lambda r: r.images_per_sec)
   doc["fastest"] = {"label": fastest.candidate.label, "images_per_sec": fastest.images_per_sec,
                     "mean_staleness": fastest.staleness}
@@ -554,7 +600,7 @@ def measured_best(study: Study, memo: Memo, results: Sequence, fit, target: floa
     if when is not None:
       timed.append((when, -r.images_per_sec, i, r))
   if not timed:
-    raise ConfigError(f"none of the {len(chosen)} pilot runs reached {target:.1%} within {FLAGS.epochs} epochs; "
+    raise ConfigError(f"none of the {len(chosen)} pilot runs reached {target:.4g} within {FLAGS.epochs} epochs; "
                       "lower --target_accuracy, raise --epochs or --pilots")
   return min(timed)[3], pilots
 
@@ -579,8 +625,9 @@ def target_of(runs: list[dict], k: int | None = None) -> float:
   """The automatic target: 0.95 of the best configuration's final smoothed accuracy (mean over seeds; ``k``:
   --smooth)."""
   names = dict.fromkeys(r["name"] for r in runs)
-  return TARGET_SHARE * max(sum(final_accuracy(r["curve"], k) for r in runs if r["name"] == n) /
-                            sum(r["name"] == n for r in runs) for n in names)
+  means = [sum(final_accuracy(r["curve"], k) for r in runs if r["name"] == n) / sum(r["name"] == n for r in runs)
+           for n in names]
+  return auto_target(max(means, key=better))
 
 
 def with_target(run: dict, target: float) -> dict:
@@ -597,11 +644,14 @@ def study_doc(study: Study, seeds: list[int], runs: list[dict], tuned: Tuned | N
   names = list(dict.fromkeys(run["name"] for run in runs))
   summary = {name: summarise([r for r in runs if r["name"] == name]) for name in names}
   tuned_doc = {} if tuned is None else {**tuned.doc, **({"pilots": tuned.pilots} if tuned.pilots else {})}
-  return {"target_accuracy": target, "target_rule": "given" if FLAGS.target_accuracy else
-          f"{TARGET_SHARE} x the best final smoothed accuracy", "smooth": FLAGS.smooth,
+  rule = (f"the best final smoothed training loss / {TARGET_SHARE}" if _loss() else
+          f"{TARGET_SHARE} x the best final smoothed accuracy")
+  return {"target_accuracy": target, "target_metric": FLAGS.target_metric,
+          "target_rule": "given" if FLAGS.target_accuracy else rule, "smooth": FLAGS.smooth,
           "time_axis": study.time_axis, "time_model": FLAGS.time_model, "model": study.model.name,
           "dataset": study.dataset.name, "cluster": study.cluster.name, "epochs": FLAGS.epochs, "whimpy": FLAGS.whimpy,
-          "seeds": seeds, "ideal_images_per_sec": study.ideal, "table": table(summary), "summary": summary,
+          "seeds": seeds, "ideal_images_per_sec": study.ideal, "unit": study.unit, "per_example": study.per_example,
+          "table": table(summary), "summary": summary,
           "learning_rates": memo.lrs, "lr_rule": lr_rule(), "lr_pilots": memo.pilots,
           "peers_not_run": {p.system: p.reason for p in study.peers if p.run is None}, "tuned": tuned_doc,
           **validate_staleness_model(runs, target), "runs": runs}
@@ -665,9 +715,11 @@ def report(doc: dict, tuned: Tuned | None) -> None:
 def print_table(doc: dict) -> None:
   """The one table of the study (see :func:`table`)."""
   target = doc["target_accuracy"]
-  print(f"target: {target:.4f} test accuracy ({doc['target_rule']}), smoothed over {doc['smooth']} evaluations; "
+  what = "training loss" if doc["target_metric"] == "loss" else "test accuracy"
+  print(f"target: {target:.4f} {what} ({doc['target_rule']}), smoothed over {doc['smooth']} evaluations; "
         f"{doc['epochs']} epochs; seeds {doc['seeds']}")
-  print(f"{'configuration':58} {'GPUs':>4} {'images/s':>9} {'eff.':>5} {'vs peer':>7} "
+  unit, per = doc["unit"], doc["per_example"]
+  print(f"{'configuration':58} {'GPUs':>4} {unit + '/s':>9} {'eff.':>5} {'vs peer':>7} "
         f"{'time to target: mean (min..max) s':>34} {'vs peer':>7} {'final':>6}")
   for r in doc["table"]:
     ratio = f"{r['images_per_sec_vs_best_peer']:.2f}x" if r["images_per_sec_vs_best_peer"] else "-"
@@ -675,9 +727,9 @@ def print_table(doc: dict) -> None:
     when = (f"{t:.4g} ({r['min_time_to_target_s']:.4g}..{r['max_time_to_target_s']:.4g})" if t is not None
             else f"missed by {r['missed']} of {r['seeds']}")
     speed = f"{r['speedup_vs_best_peer']:.2f}x" if r["speedup_vs_best_peer"] else "-"
-    print(f"{r['name'][:58]:58} {r['gpus']:>4} {r['images_per_sec']:9.1f} {r['efficiency']:5.2f} {ratio:>7} "
+    print(f"{r['name'][:58]:58} {r['gpus']:>4} {r['images_per_sec'] * per:9.1f} {r['efficiency']:5.2f} {ratio:>7} "
           f"{when:>34} {speed:>7} {r['mean_final_smoothed_accuracy']:6.4f}")
-  print("vs peer: images/s over the best peer's; the best peer's mean time to target over this one's (> 1: faster)")
+  print(f"vs peer: {unit}/s over the best peer's; the best peer's mean time to target over this one's (> 1: faster)")
 
 
 def print_staleness(doc: dict) -> None:
@@ -700,7 +752,7 @@ def print_fit(doc: dict) -> None:
   check = doc["staleness_validation"]
   error = ("no run to leave out" if check["mean_abs_error"] is None else
            f"mean {check['mean_abs_error']:.1%}, worst {check['max_abs_error']:.1%} over {len(check['runs'])} runs")
-  print(f"staleness-aware estimate: images to {doc['target_accuracy']:.1%} = {fit['images0']:.4g} x (1 + "
+  print(f"staleness-aware estimate: images to {doc['target_accuracy']:.4g} = {fit['images0']:.4g} x (1 + "
         f"{fit['beta']:.4g} x mean staleness); leave-one-out error on time to target: {error}")
 
 
@@ -716,7 +768,7 @@ def print_tuned(doc: dict, tuned: Tuned | None) -> None:
   measured = doc["summary"][tuned.specs[0].name]["mean_time_to_target_s"]
   how = "the pilot runs" if info["objective"] == "measured" else "predicted time to the provisional target"
   print(f"tuned by {how} ({info['label']}): the estimate predicted {info['predicted_time_to_target_s']:.4g} s to "
-        f"{info['provisional_target']:.1%} before it ran; measured to {doc['target_accuracy']:.1%}: " +
+        f"{info['provisional_target']:.4g} before it ran; measured to {doc['target_accuracy']:.4g}: " +
         (f"{measured:.4g} s (mean over seeds)" if measured is not None else "not reached by every seed"))
 
 
@@ -792,7 +844,7 @@ def plot(runs: list[dict], epoch: float, target: float, path: str, title: str) -
   for name in dict.fromkeys(run["name"] for run in runs):
     curves = [r["curve"] for r in runs if r["name"] == name]
     n = min(len(c) for c in curves)
-    acc = np.array([[p[2] for p in c[:n]] for c in curves])
+    acc = np.array([[p[3 if _loss() else 2] for p in c[:n]] for c in curves])
     style = "--" if runs[[r["name"] for r in runs].index(name)]["system"] not in ("hetpipe", "ssp") else "-"
     for ax, x in ((ax_t, [p[0] for p in curves[0][:n]]), (ax_e, [p[1] / epoch for p in curves[0][:n]])):
       line, = ax.plot(x, acc.mean(axis=0), style, label=f"{name[:50]} ({len(curves)} seeds)")
@@ -802,8 +854,9 @@ def plot(runs: list[dict], epoch: float, target: float, path: str, title: str) -
     ax.axhline(target, color="grey", lw=0.8)
     ax.grid(alpha=0.3)
   ax_e.legend(fontsize=6, loc="lower right")
-  ax_t.set(xlabel="emulated time (s)", ylabel="test accuracy (mean; band: seeds' range)", xscale="log")
-  ax_e.set(xlabel="epochs", ylabel="test accuracy (mean; band: seeds' range)")
+  what = "training loss" if _loss() else "test accuracy"
+  ax_t.set(xlabel="emulated time (s)", ylabel=f"{what} (mean; band: seeds' range)", xscale="log")
+  ax_e.set(xlabel="epochs", ylabel=f"{what} (mean; band: seeds' range)")
   fig.suptitle(title, fontsize=9)
   common.save_figure(fig, path)
 
