@@ -39,7 +39,8 @@ flags.DEFINE_float("cycle_ms", 1.0, "How often ready tensors are collected, ms (
 flags.DEFINE_integer("global_batch", 0, "hetero_dp: examples per step over all GPUs (0: batch_size x GPUs).")
 flags.DEFINE_integer("microbatches", 0, "sync_pipeline: microbatches per iteration over all pipelines, split by "
                      "speed (0: 4 x the most stages of a pipeline, per pipeline).")
-flags.DEFINE_string("policy", "ED", "sync_pipeline, local_sgd with vw workers: NP, ED, HD or a grouping '0,1;2,3'.")
+flags.DEFINE_string("policy", "best", "sync_pipeline, local_sgd with vw workers: NP, ED, HD, a grouping '0,1;2,3', "
+                    "or best (the fastest of NP, ED, HD).")
 flags.DEFINE_integer("local_steps", 8, "local_sgd: H, local steps between synchronisations.")
 flags.DEFINE_bool("h_by_speed", False, "local_sgd: each worker's H in proportion to its speed.")
 flags.DEFINE_enum("local_workers", "gpu", ["gpu", "vw"], "local_sgd: workers are GPUs or pipelines.")

@@ -347,8 +347,8 @@ def make_study(ds: list[int]) -> Study:
   sim_model, sim_data = ((full_size_model(time_model), FULL_SIZE[time_model]) if time_model else (model, dataset))
   slots = optimizer_slots(OPTIMIZER)
   knobs = PeerKnobs(microbatches=FLAGS.microbatches or cluster.num_gpus, local_steps=FLAGS.local_steps,
-                    h_by_speed=FLAGS.h_by_speed, outer_lr=FLAGS.outer_lr, outer_momentum=FLAGS.outer_momentum,
-                    policy=next((p for p in FLAGS.policies if p in ("NP", "ED", "HD")), "ED")).validate()
+                    h_by_speed=FLAGS.h_by_speed, outer_lr=FLAGS.outer_lr, outer_momentum=FLAGS.outer_momentum
+                    ).validate()
   peers = peer_specs(cluster, profiles, b, CostContext(optimizer_slots=slots), knobs, FLAGS.systems, FLAGS.whimpy,
                      time_model or model.name)
   return Study(cluster, model, dataset, clock_profiles, time_axis, base, [parse_policy(p) for p in FLAGS.policies],

@@ -82,10 +82,13 @@ flags.DEFINE_string("coordinator_address", None, "multiprocess: HOST:PORT of the
 flags.DEFINE_integer("process_id", None, "multiprocess: this process's index = its node, 0..nodes-1.")
 flags.DEFINE_integer("num_processes", None, "multiprocess: the job's processes (= the cluster's nodes).")
 flags.DEFINE_float("job_timeout", 3600, "multiprocess launcher: seconds before the whole job is killed.")
-flags.DEFINE_string("plan", None, "A tuned plan (tune.json of experiments.tune): run its best configuration "
-                    "(model, cluster, batch size, grouping, cuts, Nm, D, placement, ...); a flag given beside it that "
-                    "disagrees is refused. On a numerics executor, --model=SMALL trains that model on the plan's "
-                    "full-size model's clock.")
+flags.DEFINE_string("plan", None, "A tuned plan (tune.json of experiments.tune): run its --plan_entry "
+                    "configuration (model, cluster, batch size, grouping, cuts, Nm, D, placement, ...); a flag given "
+                    "beside it that disagrees is refused. On a numerics executor, --model=SMALL trains that model on "
+                    "the plan's full-size model's clock. A peer's configuration (its system: hetero_dp, ...) is "
+                    "simulated with its knobs on the sim executor.")
+flags.DEFINE_string("plan_entry", "best", "--plan: which configuration of the tuned plan runs: best (the best of any "
+                    "system searched, HetPipe's or a peer's) or best_hetpipe (the best HetPipe one).")
 flags.DEFINE_bool("overlap_transfers", False, "sim executor: a stage's input travels while its device computes "
                   "other tasks, instead of being received in series inside the task.")
 flags.DEFINE_bool("staged_ps", False, "sim executor: each stage's part of a push leaves when that stage's last "
@@ -187,21 +190,108 @@ def _plan_values(path: str, best: dict) -> dict:
       "dataset": best.get("dataset") or FLAGS.dataset}  # a small model's plan was profiled on its dataset
 
 
-def apply_plan(path: str) -> dict | None:
-  """Sets the flags of ``--plan``'s best configuration; returns it (with ``time_model`` when the numerics
-  train a small ``--model`` on the plan's full-size model's clock).
+def read_plan(path: str, entry: str) -> dict:
+  """The ``entry`` configuration of the tuned plan ``path`` (``best`` or ``best_hetpipe``; a plan written before
+  ``best_hetpipe`` existed serves it from its ``best``, HetPipe's then).
 
   Raises:
-    ConfigError: for an unreadable plan, or a flag given beside it that disagrees with it.
+    ConfigError: for an unreadable plan, or one without that entry.
   """
   import json
 
   from hetpipe_jax import ConfigError
+  from hetpipe_jax.tune.peers import HETPIPE, system_of
+  try:
+    with open(path, encoding="utf-8") as f:
+      doc = json.load(f)
+    found = doc.get(entry)
+    if found is None and entry == "best_hetpipe" and system_of(doc["best"]) == HETPIPE:
+      found = doc["best"]  # a plan from before peers were searched: its best is HetPipe's
+    if found is None:
+      raise ConfigError(f"--plan={path} has no {entry!r} configuration; give --plan_entry=best or best_hetpipe")
+    if not isinstance(found, dict):
+      raise TypeError(f"its {entry!r} is a {type(found).__name__}, not an object")
+  except ConfigError:
+    raise
+  except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+    raise ConfigError(f"--plan={path}: not a tuned plan ({type(e).__name__}: {e}); write one with python -m "
+                      "experiments.tune") from None
+  return found
+
+
+# What a peer's tuned plan sets (a flag given beside it must match).
+PEER_PLAN_FLAGS = ("model", "dataset", "cluster", "batch_size", "optimizer", "weight_mode")
+
+
+def run_peer_plan(path: str, entry: dict) -> None:
+  """Simulates the peer a tuned plan's configuration names, with its knobs, on the sim executor: writes its
+  timeline (``python -m hetpipe_jax.efficiency`` reads it) and a summary into --out_dir and prints its images/s
+  and efficiency, last ``images_per_sec=<x> efficiency=<y>`` (examples/s, as the tuner ranks them).
+
+  Raises:
+    ConfigError: on another executor, for a flag given beside the plan that disagrees with it, or knobs the
+      system cannot run.
+  """
+  from hetpipe_jax import ConfigError, get_cluster
+  from hetpipe_jax.baselines.systems import simulate_peer
+  from hetpipe_jax.cost.context import CostContext
+  from hetpipe_jax.optim import optimizer_slots
+  from hetpipe_jax.tune.peers import peer_knobs, system_of, tuner_profiles
+  system = system_of(entry)
+  if FLAGS.executor != "sim":
+    raise ConfigError(f"--plan={path}: a peer plan (system {system}) runs on the sim executor; train its numerics "
+                      "with experiments.convergence")
+  try:
+    values = {"model": entry["model"], "dataset": entry.get("dataset") or FLAGS.dataset,
+              "cluster": entry["cluster"], "batch_size": int(entry["batch_size"]),
+              "optimizer": entry.get("optimizer", FLAGS.optimizer),
+              "weight_mode": entry.get("weight_mode", FLAGS.weight_mode)}
+    knobs = peer_knobs(entry)
+  except ConfigError:
+    raise
+  except (KeyError, TypeError, ValueError) as e:
+    raise ConfigError(f"--plan={path}: not a tuned plan ({type(e).__name__}: {e}); write one with python -m "
+                      "experiments.tune") from None
+  for name in PEER_PLAN_FLAGS:
+    if FLAGS[name].present and FLAGS[name].value != values[name]:
+      raise ConfigError(f"--{name}={FLAGS[name].value} disagrees with --plan={path}, which sets "
+                        f"{name}={values[name]}; drop --{name} or tune again with it")
+  cluster = get_cluster(values["cluster"])
+  profiles = tuner_profiles(values["model"], values["dataset"], values["batch_size"])
+  costs = CostContext(values["weight_mode"], optimizer_slots(values["optimizer"]), precision=FLAGS.precision)
+  common.progress("simulating the plan's %s: %s on %s, batch %d, %s", system, values["model"], cluster.name,
+                  values["batch_size"], knobs)
+  run = simulate_peer(system, cluster, profiles, values["batch_size"], knobs, costs, values["model"])
+  timeline_out = common.write_json(common.output_path(FLAGS.out_dir, f"{system}.timeline.json"), run.timeline,
+                                   indent=None)
+  predicted = entry.get("images_per_sec")
+  summary = {"system": system, "model": values["model"], "cluster": values["cluster"], "executor": "sim",
+             "batch_size": values["batch_size"], "knobs": knobs._asdict(), "round_seconds": run.round_seconds,
+             "examples_per_round": run.examples_per_round, "images_per_second": run.images_per_sec,
+             "efficiency": run.efficiency, "precision": FLAGS.precision,
+             "plan": {"path": path, "entry": FLAGS.plan_entry, "predicted_images_per_sec": predicted}}
+  summary_out = common.write_json(common.output_path(FLAGS.out_dir, "summary.json"), summary)
+  print(f"{system} ({entry.get('label', system)}): one round {run.round_seconds * 1e3:.4g} ms for "
+        f"{run.examples_per_round} examples on the simulated cluster time; ideal aggregate "
+        f"{run.ideal_images_per_sec:,.1f} images/s")
+  if predicted:
+    print(f"tuned plan {path}: predicted {predicted:,.1f} images/s, this run {run.images_per_sec:,.1f} "
+          f"({run.images_per_sec / predicted - 1:+.2%})")
+  common.print_outputs([("timeline", timeline_out), ("summary", summary_out)])
+  print(f"images_per_sec={run.images_per_sec:.6g} efficiency={run.efficiency:.4f}")
+
+
+def apply_plan(path: str, best: dict) -> dict | None:
+  """Sets the flags of a tuned plan's HetPipe configuration ``best`` (read from ``path``); returns it (with
+  ``time_model`` when the numerics train a small ``--model`` on the plan's full-size model's clock).
+
+  Raises:
+    ConfigError: for a plan that is not one, or a flag given beside it that disagrees with it.
+  """
+  from hetpipe_jax import ConfigError
   from hetpipe_jax.models import FULL_SIZE
   from hetpipe_jax.sim.options import ELSEWHERE
   try:
-    with open(path, encoding="utf-8") as f:
-      best = json.load(f)["best"]
     values = _plan_values(path, best)
   except (OSError, ValueError, KeyError, TypeError) as e:
     raise ConfigError(f"--plan={path}: not a tuned plan ({type(e).__name__}: {e}); write one with python -m "
@@ -371,8 +461,8 @@ def summarize(model, config, result, violations, stats, plan) -> dict:
       "precision": config.precision,
   }
   if plan is not None:
-    summary["plan"] = {"path": FLAGS.plan, "predicted_images_per_sec": plan["images_per_sec"],
-                       "predicted_waves": plan.get("waves")}
+    summary["plan"] = {"path": FLAGS.plan, "entry": FLAGS.plan_entry,
+                       "predicted_images_per_sec": plan["images_per_sec"], "predicted_waves": plan.get("waves")}
   return summary
 
 
@@ -424,7 +514,13 @@ def main(argv):
   from hetpipe_jax import check_trace, staleness_stats
   common.check_seed(FLAGS.seed)
   check_process_flags()
-  plan = apply_plan(FLAGS.plan) if FLAGS.plan else None
+  if FLAGS["plan_entry"].present and not FLAGS.plan:
+    raise common.config_error(f"--plan_entry={FLAGS.plan_entry} picks a configuration of a tuned plan; give "
+                              "--plan=tune.json too, or drop it")
+  entry = read_plan(FLAGS.plan, FLAGS.plan_entry) if FLAGS.plan else None
+  if entry is not None and entry.get("system") not in (None, "hetpipe"):  # a peer's (a plan from before: HetPipe)
+    return run_peer_plan(FLAGS.plan, entry)
+  plan = apply_plan(FLAGS.plan, entry) if entry is not None else None
   multiprocess = FLAGS.executor == "multiprocess"
   if multiprocess and FLAGS.coordinator_address is None:
     return launch_nodes()

@@ -1,24 +1,31 @@
-r"""Auto-tuner: the fastest HetPipe configuration of a model on a cluster (:mod:`hetpipe_jax.tune`).
+r"""Auto-tuner: the fastest configuration of a model on a cluster, HetPipe's or a peer's (:mod:`hetpipe_jax.tune`).
 
 Searches the grouping of GPUs into virtual workers (NP, ED, HD and general groupings), each virtual
 worker's GPU order, cuts and Nm (the same for all, the planner's max_fit, or sized to each one's speed),
 D, the PS placement and the transfer models (serial, or overlapped with computation; a virtual worker's
-push and pull whole, or staged: each stage's part on its own), with the planner and the ``sim`` executor.
-Prints the best configurations with their predicted images/s and efficiency (over the ideal heterogeneous
-aggregate), the best of every grouping, and writes ``tune.json`` (its ``best``
-object is a configuration that ``experiments.train --plan=tune.json`` runs), a CSV of every simulated
-configuration and a PNG::
+push and pull whole, or staged: each stage's part on its own), with the planner and the ``sim`` executor;
+and beside HetPipe the peers of --peers (:mod:`hetpipe_jax.baselines`), each over a small grid of its knobs
+(:mod:`hetpipe_jax.tune.peers`: hetero_dp's global batch, sync_pipeline's policy and microbatches, local
+SGD's H, H by speed and workers, Horovod's fusion buffer). Prints the best configurations with their
+predicted images/s and efficiency (over the ideal heterogeneous aggregate), the best of every grouping and
+of every peer, and writes ``tune.json`` (its ``best``, of any system, and ``best_hetpipe``, the best WSP
+configuration, are what ``experiments.train --plan=tune.json [--plan_entry=best_hetpipe]`` runs), a CSV of
+every simulated configuration (and one of the peers') and a PNG::
 
   python -m experiments.tune
   python -m experiments.tune --model=resnet152 --cluster=paper_testbed
   python -m experiments.train --plan=outputs/tune/tune.json --executor=sim
+  python -m experiments.train --plan=outputs/tune/tune.json --plan_entry=best_hetpipe --executor=sim
 
---objective=time_to_accuracy ranks by the predicted time to the target accuracy instead: the images a run
-needs grow with the mean staleness its simulated trace shows (:class:`hetpipe_jax.staleness.StalenessModel`),
-fitted to real runs and validated by the convergence study, whose ``convergence.json`` it reads::
+The objective (--objective) is by default the predicted time to the target accuracy: for HetPipe the images a
+run needs grow with the mean staleness its simulated trace shows (:class:`hetpipe_jax.staleness.StalenessModel`);
+for a synchronous peer with its global batch (the critical batch size), for local SGD with its H
+(:mod:`hetpipe_jax.tune.statistical`); both fitted to the real runs of the convergence study, whose
+``convergence.json`` it reads. Without that file it ranks by images/s and says so in one line::
 
   python -m experiments.convergence
-  python -m experiments.tune --objective=time_to_accuracy --staleness_model=outputs/convergence/convergence.json
+  python -m experiments.tune --staleness_model=outputs/convergence/convergence.json
+  python -m experiments.tune --objective=throughput --peers=hetero_dp,sync_pipeline
 """
 
 from __future__ import annotations
@@ -38,11 +45,15 @@ flags.DEFINE_string("cluster", "paper_testbed", "Cluster preset or .toml file.")
 flags.DEFINE_integer("batch_size", 32, "Minibatch size.")
 flags.DEFINE_string("optimizer", "momentum", "Local optimizer (its state counts in memory): sgd, momentum, adam.")
 flags.DEFINE_string("weight_mode", "stash", "stash or latest (memory and the run).")
-flags.DEFINE_enum("objective", "throughput", ["throughput", "time_to_accuracy"], "What the best configuration "
-                  "maximises: simulated images/s, or the inverse of the predicted time to accuracy.")
+flags.DEFINE_enum("objective", "time_to_accuracy", ["throughput", "time_to_accuracy"], "What the best "
+                  "configuration maximises: simulated images/s, or the inverse of the predicted time to accuracy "
+                  "(without --staleness_model's file and without this flag: images/s, said in one line).")
 flags.DEFINE_string("staleness_model", "outputs/convergence/convergence.json", "time_to_accuracy: the "
                     "convergence study's JSON, whose staleness_model (images to target = images0 x (1 + beta x "
-                    "mean staleness)) predicts time to accuracy.")
+                    "mean staleness)) and peer runs (images to target against the global batch, or H) predict "
+                    "time to accuracy.")
+flags.DEFINE_list("peers", ["horovod", "hetero_dp", "sync_pipeline", "local_sgd"], "Peer systems searched beside "
+                  "HetPipe, each over a grid of its knobs (empty: HetPipe alone).")
 flags.DEFINE_integer("waves", 50, "Waves per virtual worker of the predicting runs (screening runs half).")
 flags.DEFINE_list("ds", ["0", "4", "32"], "Clock distance bounds D searched.")
 flags.DEFINE_list("transfers", ["serial", "overlap"], "Transfer models searched: serial (the input received "
@@ -57,18 +68,17 @@ flags.DEFINE_string("out_dir", "outputs/tune", "Where tune.json, tune.csv and tu
 
 
 
-def model_profiles(name: str, dataset_name: str, batch_size: int):
-  """Unit profiles of a full-size model on its input, or of a small model on a dataset's inputs."""
-  from hetpipe_jax import get_model, load_dataset
-  from hetpipe_jax.cost.profile import full_size_profiles, profile_units
+def model_profiles(name: str, dataset_name: str, batch_size: int, peers: bool = False):
+  """Unit profiles of a full-size model on its input, or of a small model on a dataset's inputs; with
+  ``peers``, at any batch size (a :class:`~hetpipe_jax.cost.batch.BatchProfiles`: the peers split batches)."""
+  from hetpipe_jax.cost.profile import full_size_profiles
   from hetpipe_jax.models import FULL_SIZE
+  from hetpipe_jax.tune.peers import small_profiles, tuner_profiles
+  if peers:
+    return tuner_profiles(name, dataset_name, batch_size)
   if name in FULL_SIZE:
     return full_size_profiles(name, batch_size)
-  import jax
-  import jax.numpy as jnp
-  dataset = load_dataset(dataset_name)
-  return profile_units(get_model(name, dataset.num_classes),
-                       jax.ShapeDtypeStruct((batch_size,) + dataset.x_train.shape[1:], jnp.float32))
+  return small_profiles(name, dataset_name, batch_size)
 
 
 def main(argv):
@@ -76,11 +86,13 @@ def main(argv):
   from hetpipe_jax import get_cluster
   from hetpipe_jax.tune import tune
   space = search_space()
-  staleness_model = load_staleness_model(FLAGS.staleness_model) if FLAGS.objective == "time_to_accuracy" else None
+  staleness_model, peer_accuracy, note = objective_models()
+  if note:
+    print(note, flush=True)
   cluster = get_cluster(FLAGS.cluster)
-  profiles = model_profiles(FLAGS.model, FLAGS.dataset, FLAGS.batch_size)
-  out = tune(cluster, profiles, FLAGS.batch_size, space, tune_options(staleness_model))
-  doc = tune_doc(out, staleness_model)
+  profiles = model_profiles(FLAGS.model, FLAGS.dataset, FLAGS.batch_size, peers=bool(space.peers))
+  out = tune(cluster, profiles, FLAGS.batch_size, space, tune_options(staleness_model, peer_accuracy))
+  doc = tune_doc(out, staleness_model, note)
   outputs = write_outputs(doc)
   report(cluster, out, staleness_model)
   common.print_outputs(outputs, width=6)
@@ -88,6 +100,8 @@ def main(argv):
 
 def search_space():
   """The flags' search space (a bad value refused in one line)."""
+  from hetpipe_jax import ConfigError
+  from hetpipe_jax.baselines.systems import get_system
   from hetpipe_jax.tune import SearchSpace
   ds = common.parse_ints("ds", FLAGS.ds)
   if not ds or any(d < 0 for d in ds):
@@ -96,44 +110,65 @@ def search_space():
   staged = common.parse_ps_transfers(FLAGS.ps_transfers)
   if FLAGS.nm_max < 1:
     raise common.config_error(f"--nm_max={FLAGS.nm_max}; try at least Nm = 1")
+  peers = tuple(dict.fromkeys(p for p in FLAGS.peers if p))
+  for name in peers:
+    try:
+      get_system(name)
+    except ConfigError as e:
+      raise common.config_error(f"--peers={','.join(FLAGS.peers)}: {e}") from None
   return SearchSpace(ds=tuple(ds), transfers=tuple(transfers), staged=tuple(staged), nm_max=FLAGS.nm_max,
-                     windows=FLAGS.windows)
+                     windows=FLAGS.windows, peers=peers)
 
 
-def tune_options(staleness_model):
-  """How the flags run the search: their waves and run setting, ranked by ``staleness_model`` if any."""
+def tune_options(staleness_model, peer_accuracy=None):
+  """How the flags run the search: their waves and run setting, ranked by ``staleness_model`` (HetPipe) and
+  ``peer_accuracy`` (the peers) if any."""
   from hetpipe_jax.cost.context import CostContext
   from hetpipe_jax.optim import optimizer_slots
   from hetpipe_jax.tune import RunSetting, TuneOptions
   setting = RunSetting(CostContext(FLAGS.weight_mode, optimizer_slots(FLAGS.optimizer)))
-  return TuneOptions(waves=FLAGS.waves, staleness_model=staleness_model, setting=setting,
-                     progress=lambda line: common.progress("%s", line))
+  return TuneOptions(waves=FLAGS.waves, staleness_model=staleness_model, peer_accuracy=peer_accuracy,
+                     setting=setting, progress=lambda line: common.progress("%s", line))
 
 
-def tune_doc(out, staleness_model) -> dict:
-  """``tune.json``: the setting, the search's counts, the best configuration (which ``experiments.train
-  --plan`` runs), the best of every grouping and every simulated one."""
+def tune_doc(out, staleness_model, note: str | None = None) -> dict:
+  """``tune.json``: the setting, the search's counts, the best configuration of any system (``best``: which
+  ``experiments.train --plan`` runs) and the best HetPipe one (``best_hetpipe``), the best of every grouping
+  and of every peer, and every simulated one."""
   from hetpipe_jax import load_dataset
   from hetpipe_jax.models import FULL_SIZE
-  from hetpipe_jax.tune import policy_rows, result_json
-  best, results = out.best, out.results
+  from hetpipe_jax.tune import HETPIPE, PeerResult, peer_result_json, policy_rows, result_json
+  best, results, accuracy = out.best, out.results, out.peer_accuracy
   dataset = None if FLAGS.model in FULL_SIZE else load_dataset(FLAGS.dataset).name  # what it was profiled on
   setting = {"model": FLAGS.model, "dataset": dataset, "cluster": FLAGS.cluster, "batch_size": FLAGS.batch_size,
              "optimizer": FLAGS.optimizer, "weight_mode": FLAGS.weight_mode, "schedule": "1f1b",
              "waves": FLAGS.waves}
-  doc = {**setting, "objective": FLAGS.objective, "ideal_images_per_sec": best.ideal_images_per_sec,
-         "search_seconds": out.seconds, "planned": out.planned, "partitions": out.partitions,
-         "simulated": len(results), "best": {**setting, **result_json(best, FLAGS.batch_size, staleness_model)},
+  best_hetpipe = {**setting, "system": HETPIPE, **result_json(best, FLAGS.batch_size, staleness_model)}
+  overall = out.overall
+  doc = {**setting, "objective": "throughput" if staleness_model is None else "time_to_accuracy",
+         "ideal_images_per_sec": best.ideal_images_per_sec, "search_seconds": out.seconds, "planned": out.planned,
+         "partitions": out.partitions, "simulated": len(results),
+         "best": ({**setting, **peer_result_json(overall, accuracy)} if isinstance(overall, PeerResult)
+                  else best_hetpipe),
+         "best_hetpipe": best_hetpipe,
          "groupings": {name: result_json(r, FLAGS.batch_size, staleness_model)
                        for name, r in policy_rows(results).items()},
-         "results": [result_json(r, FLAGS.batch_size, staleness_model) for r in results]}
+         "results": [result_json(r, FLAGS.batch_size, staleness_model) for r in results],
+         "peers_best": {name: peer_result_json(p, accuracy) for name, p in out.best_peers().items()},
+         "peers": [peer_result_json(p, accuracy) for p in out.peers],
+         "peers_skipped": [{"system": s.system, **s.knobs._asdict(), "reason": s.reason} for s in out.peers_skipped]}
+  if note:
+    doc["objective_note"] = note
   if staleness_model is not None:
     doc["staleness_model"] = dataclasses.asdict(staleness_model)
+  if accuracy is not None:
+    doc["peer_accuracy"] = accuracy.to_json()
   return doc
 
 
 def write_outputs(doc: dict) -> list[tuple[str, str]]:
-  """``tune.json``, a CSV of every simulated configuration and the chart: (kind, path) of each."""
+  """``tune.json``, a CSV of every simulated configuration (and of the peers' settings) and the chart: (kind,
+  path) of each."""
   json_out = common.write_json(common.output_path(FLAGS.out_dir, "tune.json"), doc)
   rows = doc["results"]
   csv_out = common.write_csv(common.output_path(FLAGS.out_dir, "tune.csv"),
@@ -145,15 +180,26 @@ def write_outputs(doc: dict) -> list[tuple[str, str]]:
                                r["overlap_transfers"], r["staged_ps"], r["images_per_sec"], r["efficiency"],
                                r["modelled_images_per_sec"], r["waves"], r["mean_staleness"],
                                r.get("time_to_accuracy_s", "")] for r in rows))
+  outputs = [("json", json_out), ("csv", csv_out)]
+  if doc["peers"]:
+    keys = ["system", "fusion_mb", "global_batch", "microbatches", "policy", "local_steps", "h_by_speed",
+            "local_workers", "images_per_sec", "efficiency", "examples_per_update", "round_seconds",
+            "images_to_target", "time_to_accuracy_s"]
+    outputs.append(("peers", common.write_csv(common.output_path(FLAGS.out_dir, "tune_peers.csv"), keys,
+                                              ([p.get(k, "") for k in keys] for p in doc["peers"]))))
   png_out = common.output_path(FLAGS.out_dir, "tune.png")
   chart(doc, png_out)
-  return [("json", json_out), ("csv", csv_out), ("chart", png_out)]
+  return outputs + [("chart", png_out)]
+
+
+def _seconds(value: float | None) -> str:
+  return "-" if value is None else ("never" if value == float("inf") else f"{value:.4g}")
 
 
 def report(cluster, out, staleness_model) -> None:
-  """Prints the best configurations, the best of every grouping and the search's cost."""
-  from hetpipe_jax.tune import policy_rows
-  best, results = out.best, out.results
+  """Prints the best configurations, the best of every grouping and of every peer, and the search's cost."""
+  from hetpipe_jax.tune import PeerResult, policy_rows
+  best, results, accuracy = out.best, out.results, out.peer_accuracy
   print(f"{FLAGS.model} on {cluster.name} ({cluster.num_gpus} GPUs), batch {FLAGS.batch_size}: "
         f"ideal aggregate {best.ideal_images_per_sec:.1f} images/s")
   if staleness_model is not None:
@@ -161,47 +207,119 @@ def report(cluster, out, staleness_model) -> None:
           f"(1 + {staleness_model.beta:.4g} x mean staleness) images (fitted in {FLAGS.staleness_model})")
   print(f"{'images/s':>9} {'eff.':>5} {'planned':>8} {'stale':>5} {'TTA s':>8}  configuration")
   for r in results[:FLAGS.top]:
-    tta = "-" if staleness_model is None else f"{staleness_model.seconds(r.images_per_sec, r.staleness):.4g}"
+    tta = None if staleness_model is None else staleness_model.seconds(r.images_per_sec, r.staleness)
     print(f"{r.images_per_sec:9.1f} {r.efficiency:5.2f} {r.candidate.modelled_images_per_sec(FLAGS.batch_size):8.1f}"
-          f" {r.staleness:5.2f} {tta:>8}  {r.candidate.label}")
+          f" {r.staleness:5.2f} {_seconds(tta):>8}  {r.candidate.label}")
   print("best of every grouping:")
   for name, r in sorted(policy_rows(results).items(), key=lambda kv: -kv[1].images_per_sec):
     print(f"{r.images_per_sec:9.1f} {r.efficiency:5.2f}  {name}: {r.candidate.label}")
+  if out.peers or out.peers_skipped:
+    print(f"peers, the best setting of each ({len(out.peers)} settings simulated):")
+    print(f"{'images/s':>9} {'eff.':>5} {'TTA s':>8}  setting")
+    for p in out.best_peers().values():
+      tta = None if accuracy is None else accuracy.seconds(p)
+      print(f"{p.images_per_sec:9.1f} {p.efficiency:5.2f} {_seconds(tta):>8}  {p.label}")
+    for system in dict.fromkeys(s.system for s in out.peers_skipped):
+      mine = [s for s in out.peers_skipped if s.system == system]
+      print(f"  {system}: {len(mine)} settings cannot run here (e.g. {mine[0].reason})")
+    for line in ([] if accuracy is None else accuracy.lines()):
+      print(f"  peers' images to target: {line}")
   print(f"searched {out.planned} planned configurations ({out.partitions} partitions), simulated "
         f"{len(results)} in {out.seconds:.1f} s (host); images/s of the simulated cluster, not measured on GPUs")
-  print(f"best: {best.images_per_sec:.1f} images/s, efficiency {best.efficiency:.3f} ({best.candidate.label})")
+  overall = out.overall
+  hetpipe = f"{best.images_per_sec:.1f} images/s, efficiency {best.efficiency:.3f} ({best.candidate.label})"
+  if isinstance(overall, PeerResult):
+    print(f"best HetPipe: {hetpipe}")
+    print(f"best: {overall.system}, {overall.images_per_sec:.1f} images/s, efficiency {overall.efficiency:.3f} "
+          f"({overall.label})")
+  else:
+    print(f"best: hetpipe, {hetpipe}")
 
 
-def load_staleness_model(path: str):
-  """The staleness model the convergence study fitted (its ``convergence.json``)."""
+def objective_models():
+  """(the staleness model, the peers' accuracy model, a line to print or None) of the objective the flags ask
+  for: (None, None, None) for images/s; time to accuracy without --staleness_model's file (or with one that
+  holds no fit) falls back to images/s with a line saying why, unless --objective asks for it explicitly.
+
+  Raises:
+    ConfigError: for an unreadable file, or (--objective given) a missing one or one without a fit.
+  """
+  from hetpipe_jax import ConfigError
+  from hetpipe_jax.tune import fit_peer_accuracy
+  if FLAGS.objective == "throughput":
+    return None, None, None
+  path = FLAGS.staleness_model
+  fallback = ("objective: time to accuracy needs the convergence study's {}; ranking by images/s (throughput) "
+              "instead: make it with python -m experiments.convergence (or give --objective=throughput)")
+  if not os.path.exists(path) and not FLAGS["objective"].present:
+    return None, None, fallback.format(f"{path}, which is missing")
+  doc = read_convergence(path)
+  try:
+    staleness_model = staleness_from(doc, path)
+  except ConfigError:
+    if FLAGS["objective"].present:
+      raise
+    return None, None, fallback.format(f"fitted staleness model, which {path} does not hold "
+                                       f"({doc.get('staleness_note', 'no staleness_model')})")
+  runs = doc.get("runs")
+  runs = [r for r in runs if isinstance(r, dict)] if isinstance(runs, list) else []
+  return staleness_model, fit_peer_accuracy(runs, staleness_model, doc.get("target_accuracy")), None
+
+
+def read_convergence(path: str) -> dict:
+  """The convergence study's ``convergence.json``.
+
+  Raises:
+    ConfigError: when it cannot be read.
+  """
   import json
-
-  from hetpipe_jax.staleness import StalenessModel
   try:
     with open(path, encoding="utf-8") as f:
-      fit = json.load(f).get("staleness_model")
+      doc = json.load(f)
   except (OSError, ValueError) as e:
     raise common.config_error(f"--staleness_model={path}: cannot read it ({e}); run python -m "
                               "experiments.convergence first, or use --objective=throughput") from None
+  if not isinstance(doc, dict):
+    raise common.config_error(f"--staleness_model={path} is not a convergence.json (not an object); give the one "
+                              "python -m experiments.convergence writes")
+  return doc
+
+
+def staleness_from(doc: dict, path: str):
+  """The staleness model the convergence study fitted (its ``convergence.json``'s ``staleness_model``).
+
+  Raises:
+    ConfigError: when it holds none.
+  """
+  from hetpipe_jax.staleness import StalenessModel
+  fit = doc.get("staleness_model")
   if not isinstance(fit, dict) or not {"images0", "beta"} <= set(fit):
     raise common.config_error(f"--staleness_model={path} holds no fitted staleness_model; give the "
                               "convergence.json of python -m experiments.convergence (this version)")
   return StalenessModel(float(fit["images0"]), float(fit["beta"]), fit.get("target_accuracy"))
 
 
+def load_staleness_model(path: str):
+  """The staleness model the convergence study fitted (its ``convergence.json``)."""
+  return staleness_from(read_convergence(path), path)
+
+
 def chart(doc: dict, path: str) -> None:
-  """The best simulated images/s of every grouping, with the ideal aggregate."""
+  """The best simulated images/s of every grouping and of every peer, with the ideal aggregate."""
   plt = common.pyplot()
   rows = sorted(doc["groupings"].items(), key=lambda kv: -kv[1]["images_per_sec"])
-  fig, ax = plt.subplots(figsize=(8, 4.2))
-  ax.bar(range(len(rows)), [r["images_per_sec"] for _, r in rows], color="#4C72B0")
+  peers = sorted(doc.get("peers_best", {}).items(), key=lambda kv: -kv[1]["images_per_sec"])
+  labels = [f"{name}\nNm {r['nm']}" if len(r["nm"]) <= 4 else name for name, r in rows] + [name for name, _ in peers]
+  values = [r["images_per_sec"] for _, r in rows] + [p["images_per_sec"] for _, p in peers]
+  fig, ax = plt.subplots(figsize=(8 + 0.5 * len(peers), 4.2))
+  ax.bar(range(len(values)), values, color=["#4C72B0"] * len(rows) + ["#8C8C8C"] * len(peers))
   ax.axhline(doc["ideal_images_per_sec"], color="#C44E52", linestyle="--", linewidth=1)
-  ax.text(len(rows) - 0.5, doc["ideal_images_per_sec"], f"ideal aggregate {doc['ideal_images_per_sec']:.0f}",
+  ax.text(len(values) - 0.5, doc["ideal_images_per_sec"], f"ideal aggregate {doc['ideal_images_per_sec']:.0f}",
           ha="right", va="bottom", fontsize=7, color="#C44E52")
-  ax.set_xticks(range(len(rows)))
-  ax.set_xticklabels([f"{name}\nNm {r['nm']}" if len(r["nm"]) <= 4 else name for name, r in rows], fontsize=7)
-  ax.set(title=f"{doc['model']} on {os.path.basename(doc['cluster'])}: best of every grouping (tuner)",
-         ylabel="images/s (simulated)")
+  ax.set_xticks(range(len(values)))
+  ax.set_xticklabels(labels, fontsize=7)
+  what = "best of every grouping" + (" (blue) and peer (grey)" if peers else "")
+  ax.set(title=f"{doc['model']} on {os.path.basename(doc['cluster'])}: {what} (tuner)", ylabel="images/s (simulated)")
   ax.grid(alpha=0.3, axis="y")
   common.save_figure(fig, path)
 

@@ -204,26 +204,28 @@ def test_tune_cli_and_train_plan(tmp_path):
   virtual executor (with numerics, the trace checked), and refuses a flag that disagrees in one line."""
   out = tmp_path / "tune"
   proc = _run(["experiments.tune", "--model=mlp", "--dataset=digits", "--cluster=hetero4", "--waves=6",
-               "--nm_max=3", "--ds=0,1", f"--out_dir={out}"], tmp_path)
+               "--nm_max=3", "--ds=0,1", f"--staleness_model={tmp_path / 'missing.json'}", f"--out_dir={out}"],
+              tmp_path)
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert "best:" in proc.stdout and (out / "tune.png").exists() and (out / "tune.csv").exists()
   doc = json.loads((out / "tune.json").read_text())
-  best = doc["best"]
+  best = doc["best_hetpipe"]  # the best WSP configuration (``best`` may be a peer's)
   assert {"model", "cluster", "batch_size", "policy", "cuts", "nm", "d", "placement", "images_per_sec",
           "efficiency"} <= set(best)
   assert best["images_per_sec"] == max(r["images_per_sec"] for r in doc["results"] if r["waves"] == 6)
   plan = f"--plan={out / 'tune.json'}"
-  proc = _run(["experiments.train", plan, "--executor=sim", f"--out_dir={tmp_path / 'sim'}"], tmp_path)
+  proc = _run(["experiments.train", plan, "--plan_entry=best_hetpipe", "--executor=sim",
+               f"--out_dir={tmp_path / 'sim'}"], tmp_path)
   assert proc.returncode == 0, proc.stderr[-2000:]
   summary = json.loads((tmp_path / "sim" / "summary.json").read_text())
   assert summary["images_per_second"] == pytest.approx(best["images_per_sec"], rel=0.02)
   assert summary["nm"] == best["nm"] and summary["window"] == best["window"] and summary["d"] == best["d"]
-  proc = _run(["experiments.train", plan, "--executor=virtual", "--waves=3", f"--out_dir={tmp_path / 'virtual'}"],
-              tmp_path)
+  proc = _run(["experiments.train", plan, "--plan_entry=best_hetpipe", "--executor=virtual", "--waves=3",
+               f"--out_dir={tmp_path / 'virtual'}"], tmp_path)
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert "trace check: OK" in proc.stdout
   other = 1 - best["d"] if best["d"] <= 1 else 0
-  proc = _run(["experiments.train", plan, "--executor=sim", f"--d={other}"], tmp_path)
+  proc = _run(["experiments.train", plan, "--plan_entry=best_hetpipe", "--executor=sim", f"--d={other}"], tmp_path)
   assert proc.returncode == 1
   assert proc.stderr.strip().splitlines()[-1].startswith(f"error: --d={other} disagrees with --plan=")
 
@@ -233,6 +235,7 @@ def test_tune_cli_and_train_plan(tmp_path):
     (["--ps_transfers=whole,halves"], "error: --ps_transfers=whole,halves; give whole, staged or both"),
     (["--objective=time_to_accuracy", "--staleness_model=/nonexistent/convergence.json"],
      "error: --staleness_model=/nonexistent/convergence.json: cannot read it"),
+    (["--peers=hetero_dp,gossip"], "error: --peers=hetero_dp,gossip: unknown system 'gossip'"),
 ])
 def test_tune_bad_input_is_one_line(args, start, tmp_path):
   proc = _run(["experiments.tune", *args, f"--out_dir={tmp_path}"], tmp_path, timeout=120)

@@ -22,8 +22,8 @@ class PeerKnobs(NamedTuple):
     global_batch: hetero_dp's examples per step over every GPU (0: the batch size x the GPUs that train).
     microbatches: sync_pipeline's microbatches per iteration over every pipeline, split in proportion to each
       pipeline's speed (0: 4 x the most stages of a pipeline, per pipeline).
-    policy: how GPUs are grouped into pipelines (sync_pipeline, local_sgd with vw workers): NP, ED, HD or a
-      grouping.
+    policy: how GPUs are grouped into pipelines (sync_pipeline, local_sgd with vw workers): NP, ED, HD, a
+      grouping, or ``best`` (the fastest of NP, ED and HD).
     local_steps: local_sgd's H, the local steps between synchronisations (of the fastest worker with
       ``h_by_speed``).
     h_by_speed: local_sgd: each worker's H in proportion to its speed (the fastest takes ``local_steps``).
@@ -36,7 +36,7 @@ class PeerKnobs(NamedTuple):
   cycle_ms: float = CYCLE_S * 1e3
   global_batch: int = 0
   microbatches: int = 0
-  policy: str = "ED"
+  policy: str = "best"
   local_steps: int = 8
   h_by_speed: bool = False
   local_workers: str = "gpu"

@@ -3,11 +3,12 @@ proposes (arXiv 2401.09135).
 
 Every worker, a GPU that holds the whole model (``knobs.local_workers=gpu``, batch ``batch_size`` a step)
 or a virtual worker of the planner run as a synchronous pipeline (``vw``: a local step is Nm microbatches
-under 1F1B with a flush), takes H local steps from the global weights, then the workers all-reduce their
-weight changes (no overlap: the change is known only after the last step) and an outer optimizer step
-(Nesterov, outer learning rate and momentum; ``knobs.outer_lr``, ``knobs.outer_momentum``) updates the
-global weights. With ``h_by_speed`` each worker's H is in proportion to its speed (the fastest takes
-``knobs.local_steps``, every worker at least 1), so that no worker waits long for the slowest.
+under 1F1B with a flush; the fastest of the NP, ED and HD groupings unless ``knobs.policy`` names one),
+takes H local steps from the global weights, then the workers all-reduce their weight changes (no overlap:
+the change is known only after the last step) and an outer optimizer step (Nesterov, outer learning rate
+and momentum; ``knobs.outer_lr``, ``knobs.outer_momentum``) updates the global weights. With
+``h_by_speed`` each worker's H is in proportion to its speed (the fastest takes ``knobs.local_steps``,
+every worker at least 1), so that no worker waits long for the slowest.
 
 What it assumes: the inner optimizer is each worker's own (its state stays local, as DiLoCo's), the
 all-reduce is Horovod's (:mod:`hetpipe_jax.baselines.sync`), and the outer step costs nothing in time.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 from hetpipe_jax.baselines.knobs import PeerKnobs
 from hetpipe_jax.baselines.sync import SyncJob, Worker
+from hetpipe_jax.baselines.sync_pipeline import BEST, POLICIES, best_of
 from hetpipe_jax.cluster import Cluster
 from hetpipe_jax.cost.batch import BatchProfiles
 from hetpipe_jax.cost.context import DEFAULT_COSTS, CostContext
@@ -32,6 +34,9 @@ def local_sgd_job(cluster: Cluster, profiles: BatchProfiles, batch_size: int, kn
     ConfigError: when no GPU holds the model (gpu workers) or no partition fits (vw workers).
   """
   num_units = len(profiles.low)
+  if knobs.local_workers == "vw" and knobs.policy == BEST:
+    return best_of(POLICIES, lambda policy: local_sgd_job(cluster, profiles, batch_size,
+                                                           knobs._replace(policy=policy), costs))
   if knobs.local_workers == "gpu":
     from hetpipe_jax.plan.allocation import horovod_gpus  # pylint: disable=g-import-not-at-top
     gpus = horovod_gpus(cluster, profiles.at(batch_size), costs)

@@ -10,7 +10,8 @@ finished its backward of that unit for the iteration, overlapped with the rest o
 fusion buffers (:mod:`hetpipe_jax.baselines.sync`). Synchronous SGD at the global batch (the sum of the
 microbatches x the batch size): zero staleness.
 
-What it assumes: the grouping and cuts of HetPipe's planner (so that the comparison isolates WSP), the
+What it assumes: the grouping and cuts of HetPipe's planner (so that the comparison isolates WSP; by default
+the fastest of its NP, ED and HD groupings), the
 iteration's microbatches M over all pipelines (``knobs.microbatches``; default 4 x the most stages of a
 pipeline, per pipeline, which keeps the flush's bubble near (k - 1) / (5k - 1)), split by largest
 remainders of M x speed share with at least one each.
@@ -18,12 +19,38 @@ remainders of M x speed share with at least one each.
 
 from __future__ import annotations
 
+import dataclasses
+
 from hetpipe_jax.baselines.knobs import PeerKnobs
 from hetpipe_jax.baselines.sync import SyncJob, Worker
 from hetpipe_jax.cluster import Cluster
 from hetpipe_jax.cost.batch import BatchProfiles
 from hetpipe_jax.cost.context import DEFAULT_COSTS, CostContext
 from hetpipe_jax.errors import ConfigError
+
+BEST, POLICIES = "best", ("NP", "ED", "HD")  # knobs.policy="best": the fastest of these
+
+
+def best_of(policies: tuple[str, ...], build) -> SyncJob:
+  """The job of the fastest of ``policies`` (``build(policy) -> SyncJob``; one that cannot run is skipped).
+
+  Raises:
+    ConfigError: when none can run (the last one's reason).
+  """
+  from hetpipe_jax.baselines.sync import simulate_sync  # pylint: disable=g-import-not-at-top
+  best, error = None, None
+  for policy in policies:
+    try:
+      job = build(policy)
+    except ConfigError as e:
+      error = e
+      continue
+    rate = simulate_sync(dataclasses.replace(job, rounds=1)).images_per_sec  # (every round is the same)
+    if best is None or rate > best[0]:
+      best = (rate, job)
+  if best is None:
+    raise error or ConfigError("no policy to plan pipelines with")
+  return best[1]
 
 
 def proportional(total: int, weights: list[float]) -> list[int]:
@@ -53,11 +80,15 @@ def pipeline_plans(cluster: Cluster, profiles: BatchProfiles, batch_size: int, p
 
 def sync_pipeline_job(cluster: Cluster, profiles: BatchProfiles, batch_size: int, knobs: PeerKnobs,
                       costs: CostContext = DEFAULT_COSTS) -> SyncJob:
-  """sync_pipeline on the simulator's network (see the module docstring).
+  """sync_pipeline on the simulator's network (see the module docstring); ``knobs.policy="best"`` (the
+  default) simulates NP, ED and HD and keeps the fastest, as a system that plans its own pipelines would.
 
   Raises:
     ConfigError: for a policy no partition fits, or fewer microbatches than pipelines.
   """
+  if knobs.policy == BEST:
+    return best_of(POLICIES, lambda policy: sync_pipeline_job(cluster, profiles, batch_size,
+                                                               knobs._replace(policy=policy), costs))
   plans = pipeline_plans(cluster, profiles, batch_size, knobs.policy, costs)
   total = knobs.microbatches or 4 * max(len(p.stages) for p in plans) * len(plans)
   counts = proportional(total, [p.throughput for p in plans])

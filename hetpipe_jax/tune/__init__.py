@@ -28,20 +28,55 @@ process pool). Cost: O(groupings x Nm) partitions plus a few dozen short simulat
 takes seconds. What the search tries and how: :mod:`~hetpipe_jax.tune.options`; what it returns, and
 ``tune.json``: :mod:`~hetpipe_jax.tune.result`. Ranking by time to accuracy uses the convergence study's
 staleness model (:mod:`hetpipe_jax.staleness`, re-exported here).
+
+Beside HetPipe the search tries the peers of ``SearchSpace.peers`` (:mod:`hetpipe_jax.baselines`), each over a
+small grid of its knobs (:mod:`~hetpipe_jax.tune.peers`), ranked by the same objective: images/s, or the
+predicted time to accuracy, a peer's images to target from the convergence study's runs of its kind
+(:mod:`~hetpipe_jax.tune.statistical`: the critical batch size for the synchronous peers, H for local SGD).
+``TuneResult.overall`` is the best of every system, ``TuneResult.best`` HetPipe's.
 """
 
 from hetpipe_jax.staleness import StalenessModel, fit_staleness_model, mean_staleness
 from hetpipe_jax.tune.candidate import Candidate, modelled_images_per_sec
 from hetpipe_jax.tune.groupings import groupings
 from hetpipe_jax.tune.options import RunSetting, SearchSpace, TuneOptions
+from hetpipe_jax.tune.peers import (
+  HETPIPE,
+  PeerResult,
+  PeerSkip,
+  peer_grid,
+  peer_json,
+  peer_knobs,
+  search_peers,
+  system_of,
+  tuner_profiles,
+)
 from hetpipe_jax.tune.planner import Planner, nm_choices, replicate
 from hetpipe_jax.tune.pool import SimContext, Simulations, simulate_candidate
-from hetpipe_jax.tune.result import Result, TuneResult, candidate_json, pareto_front, policy_rows, result_json
+from hetpipe_jax.tune.result import (
+  Result,
+  TuneResult,
+  candidate_json,
+  pareto_front,
+  peer_result_json,
+  policy_rows,
+  result_json,
+)
 from hetpipe_jax.tune.search import spread, tune
+from hetpipe_jax.tune.statistical import (
+  CriticalBatch,
+  LocalStepsFit,
+  PeerAccuracyModel,
+  fit_critical_batch,
+  fit_local_steps,
+  fit_peer_accuracy,
+)
 
 __all__ = [
-    "Candidate", "Planner", "Result", "RunSetting", "SearchSpace", "SimContext", "Simulations", "StalenessModel",
-    "TuneOptions", "TuneResult", "candidate_json", "fit_staleness_model", "groupings", "mean_staleness",
-    "modelled_images_per_sec", "nm_choices", "pareto_front", "policy_rows", "replicate", "result_json",
-    "simulate_candidate", "spread", "tune",
+    "HETPIPE", "Candidate", "CriticalBatch", "LocalStepsFit", "PeerAccuracyModel", "PeerResult", "PeerSkip",
+    "Planner", "Result", "RunSetting", "SearchSpace", "SimContext", "Simulations", "StalenessModel", "TuneOptions",
+    "TuneResult", "candidate_json", "fit_critical_batch", "fit_local_steps", "fit_peer_accuracy",
+    "fit_staleness_model", "groupings", "mean_staleness", "modelled_images_per_sec", "nm_choices", "pareto_front",
+    "peer_grid", "peer_json", "peer_knobs", "peer_result_json", "policy_rows", "replicate", "result_json",
+    "search_peers", "simulate_candidate", "spread", "system_of", "tune", "tuner_profiles",
 ]

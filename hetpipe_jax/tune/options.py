@@ -9,9 +9,11 @@ from collections.abc import Callable
 from typing import Any
 
 from hetpipe_jax.cost.context import DEFAULT_COSTS, CostContext
+from hetpipe_jax.plan.allocation import POLICIES
 from hetpipe_jax.plan.placement import PLACEMENTS
 from hetpipe_jax.sim import SimOptions
 from hetpipe_jax.staleness import StalenessModel
+from hetpipe_jax.tune.statistical import PeerAccuracyModel
 
 Progress = Callable[[str], None]
 Setting = tuple[str, SimOptions]  # a PS placement and the simulator's transfer models
@@ -45,6 +47,9 @@ class SearchSpace:
       about a million).
     max_stages: groupings with a larger virtual worker are skipped (e.g. a small model trained on the
       tuned configuration's clock has only so many units to cut).
+    peers: the peer systems (:data:`hetpipe_jax.baselines.systems.SYSTEMS`) searched beside HetPipe, each over
+      its grid of knobs (:mod:`hetpipe_jax.tune.peers`); empty: HetPipe alone.
+    peer_policies: the groupings of the peers' pipelines searched (sync_pipeline, local_sgd's pipeline workers).
   """
 
   ds: tuple[int, ...] = (0, 4, 32)
@@ -55,6 +60,8 @@ class SearchSpace:
   windows: bool = True
   max_states: int = 100_000
   max_stages: int | None = None
+  peers: tuple[str, ...] = ()
+  peer_policies: tuple[str, ...] = POLICIES
 
   def settings(self) -> list[Setting]:
     """Every (placement, transfer models) searched: placements outermost, PS transfer models innermost."""
@@ -74,6 +81,9 @@ class TuneOptions:
       trade-off between images/s and staleness and not only the fastest choices (None: 6 with a
       ``staleness_model``, else 0).
     staleness_model: rank by its predicted time to accuracy (fastest first) instead of by images/s.
+    peer_accuracy: with ``staleness_model``, the peers' images to target
+      (:func:`hetpipe_jax.tune.statistical.fit_peer_accuracy` of the convergence study's runs; None: the
+      staleness model's images0 for every peer).
     setting: the run tuned for (:class:`RunSetting`).
     workers: processes that simulate candidates at once (None: one per CPU core; 1: this process only).
       The results are the same for any count.
@@ -85,6 +95,7 @@ class TuneOptions:
   refine: int = 6
   front: int | None = None
   staleness_model: StalenessModel | None = None
+  peer_accuracy: PeerAccuracyModel | None = None
   setting: RunSetting = RunSetting()
   workers: int | None = None
   progress: Progress | None = None

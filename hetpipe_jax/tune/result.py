@@ -1,14 +1,18 @@
-"""What the tuner finds: a simulated candidate (:class:`Result`), the search's outcome (:class:`TuneResult`),
-and both as ``tune.json`` holds them."""
+"""What the tuner finds: a simulated candidate (:class:`Result`), the search's outcome (:class:`TuneResult`,
+with the peers' settings it simulated: :class:`~hetpipe_jax.tune.peers.PeerResult`), and both as ``tune.json``
+holds them."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable
 from typing import Any
 
 from hetpipe_jax.staleness import StalenessModel
 from hetpipe_jax.tune.candidate import Candidate
+from hetpipe_jax.tune.peers import PeerResult, PeerSkip, peer_json
+from hetpipe_jax.tune.statistical import PeerAccuracyModel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,12 +35,17 @@ class TuneResult:
   """The outcome of :func:`hetpipe_jax.tune.tune`.
 
   Attributes:
-    best: the fastest refined configuration (by the search's ranking).
+    best: the fastest refined HetPipe (WSP) configuration (by the search's ranking).
     results: every simulated run, ranked: the refined ones (``best`` first), then the screened ones the
       refining round left out.
     planned: how many modelled choices the search planned.
     partitions: how many virtual workers it partitioned.
     seconds: host seconds the search took.
+    peers: every simulated setting of the peers searched (``SearchSpace.peers``), ranked the same way.
+    peers_skipped: the peers' settings that cannot run on the cluster, with why.
+    winner: the best of every system searched, HetPipe's ``best`` or a peer (None: ``best``; see
+      :attr:`overall`).
+    peer_accuracy: the peers' images to target the ranking used (time to accuracy; None: by images/s).
   """
 
   best: Result
@@ -44,6 +53,22 @@ class TuneResult:
   planned: int
   partitions: int
   seconds: float
+  peers: tuple[PeerResult, ...] = ()
+  peers_skipped: tuple[PeerSkip, ...] = ()
+  winner: Result | PeerResult | None = None
+  peer_accuracy: PeerAccuracyModel | None = None
+
+  @property
+  def overall(self) -> Result | PeerResult:
+    """The best of every system searched."""
+    return self.best if self.winner is None else self.winner
+
+  def best_peers(self) -> dict[str, PeerResult]:
+    """The best setting of every peer system (``peers`` are ranked), in rank order."""
+    best: dict[str, PeerResult] = {}
+    for p in self.peers:
+      best.setdefault(p.system, p)
+    return best
 
 
 def pareto_front(results: Iterable[Result]) -> list[Result]:
@@ -85,4 +110,16 @@ def result_json(result: Result, batch_size: int, staleness_model: StalenessModel
          "mean_staleness": result.staleness}
   if staleness_model is not None:
     out["time_to_accuracy_s"] = staleness_model.seconds(result.images_per_sec, result.staleness)
+  return out
+
+
+def peer_result_json(peer: PeerResult, peer_accuracy: PeerAccuracyModel | None = None) -> dict[str, Any]:
+  """A peer's setting as ``tune.json`` holds it (:func:`~hetpipe_jax.tune.peers.peer_json`), with its predicted
+  images and time to accuracy when ``peer_accuracy`` is given (null when its kind does not reach the target)."""
+  out = peer_json(peer)
+  if peer_accuracy is not None:
+    images = peer_accuracy.images(peer)
+    finite = math.isfinite(images)
+    out["images_to_target"] = images if finite else None
+    out["time_to_accuracy_s"] = images / peer.images_per_sec if finite else None
   return out

@@ -1,4 +1,6 @@
-"""The search (:func:`tune`), in the three rounds :mod:`hetpipe_jax.tune` describes: plan, screen, refine."""
+"""The search (:func:`tune`), in the three rounds :mod:`hetpipe_jax.tune` describes: plan, screen, refine; and
+beside them the peers' grids (:mod:`hetpipe_jax.tune.peers`), ranked with HetPipe's configurations by the same
+objective."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
 from hetpipe_jax.cluster import Cluster
+from hetpipe_jax.cost.batch import BatchProfiles
 from hetpipe_jax.cost.profile import UnitProfile
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.plan.allocation import POLICIES
@@ -17,12 +20,15 @@ from hetpipe_jax.staleness import StalenessModel
 from hetpipe_jax.tune.candidate import Candidate
 from hetpipe_jax.tune.groupings import groupings
 from hetpipe_jax.tune.options import Progress, SearchSpace, Setting, TuneOptions
+from hetpipe_jax.tune.peers import PeerResult, PeerSkip, search_peers
 from hetpipe_jax.tune.planner import Planner, nm_choices
 from hetpipe_jax.tune.pool import SimContext, Simulations
 from hetpipe_jax.tune.result import Result, TuneResult
+from hetpipe_jax.tune.statistical import PeerAccuracyModel, fit_peer_accuracy
 
 T = TypeVar("T")
 RankKey = Callable[[Result], float]
+PeerKey = Callable[[PeerResult], float]
 
 
 class _Say:
@@ -40,34 +46,57 @@ class _Say:
     return time.perf_counter() - self.t0
 
 
-def tune(cluster: Cluster, profiles: Sequence[UnitProfile], batch_size: int, space: SearchSpace | None = None,
-         options: TuneOptions | None = None) -> TuneResult:
+def tune(cluster: Cluster, profiles: Sequence[UnitProfile] | BatchProfiles, batch_size: int,
+         space: SearchSpace | None = None, options: TuneOptions | None = None) -> TuneResult:
   """Searches configurations of ``profiles``' model at ``batch_size`` on ``cluster`` (:mod:`hetpipe_jax.tune`)
-  over ``space``, as ``options`` say (None: their defaults).
+  over ``space``, as ``options`` say (None: their defaults); with ``space.peers``, those peers' grids too
+  (:mod:`hetpipe_jax.tune.peers`), ranked by the same objective.
+
+  Args:
+    cluster: the cluster.
+    profiles: the model's unit profiles at ``batch_size``, or at any batch size (the peers need them: a
+      :class:`~hetpipe_jax.cost.batch.BatchProfiles`).
+    batch_size: examples per minibatch.
+    space: what is searched.
+    options: how.
 
   Returns:
     The best configuration and every simulated one, ranked (:class:`~hetpipe_jax.tune.result.TuneResult`).
 
   Raises:
-    ConfigError: when no grouping of the cluster fits the model.
+    ConfigError: when no grouping of the cluster fits the model, or peers are searched without a
+      :class:`~hetpipe_jax.cost.batch.BatchProfiles`.
   """
   space = SearchSpace() if space is None else space
   options = TuneOptions() if options is None else options
   say = _Say(options.progress)
   if options.waves < 2:
     raise ConfigError(f"waves={options.waves}; the tuner needs at least 2 waves per virtual worker")
-  planner = Planner(cluster, profiles, space.nm_max, options.setting)
+  if space.peers and not isinstance(profiles, BatchProfiles):
+    raise ConfigError("the peer search splits batches unevenly: give the model's profiles at two batch sizes "
+                      "(hetpipe_jax.cost.batch.BatchProfiles), or search no peers")
+  units = list(profiles.at(batch_size)) if isinstance(profiles, BatchProfiles) else profiles
+  planner = Planner(cluster, units, space.nm_max, options.setting)
   choices = plan_choices(planner, space, say)
   keep = shortlist(choices, batch_size, options.screen, options.front_size)
-  ideal = ideal_images_per_sec(cluster, profiles, batch_size, precision=options.setting.costs.precision)
+  ideal = ideal_images_per_sec(cluster, units, batch_size, precision=options.setting.costs.precision)
   key = rank_key(options.staleness_model)
-  with Simulations(options.workers, SimContext(cluster, profiles, batch_size, options.setting), ideal) as sims:
+  with Simulations(options.workers, SimContext(cluster, units, batch_size, options.setting), ideal) as sims:
     screened = screen(sims, keep, space, key, max(2, options.waves // 2), say)
     refined = refine(sims, screened[:options.refine], space.ds, options.waves, say)
     refined.update(run_fixed(sims, choices, space, options.waves, refined, say))
   results = sorted(refined.values(), key=key)
+  peers: list[PeerResult] = []
+  skipped: list[PeerSkip] = []
+  accuracy = peer_accuracy(options)
+  if space.peers:
+    assert isinstance(profiles, BatchProfiles)
+    peers, skipped = search_peers(space.peers, cluster, profiles, batch_size, options.setting.costs,
+                                  space.peer_policies, say)
+    peers.sort(key=peer_rank_key(accuracy))
+  winner = best_of(results[0], peers, key, peer_rank_key(accuracy))
   return TuneResult(results[0], tuple(results + screened[options.refine:]), len(choices), planner.partitions,
-                    say.seconds)
+                    say.seconds, tuple(peers), tuple(skipped), winner, accuracy)
 
 
 def rank_key(staleness_model: StalenessModel | None) -> RankKey:
@@ -75,6 +104,28 @@ def rank_key(staleness_model: StalenessModel | None) -> RankKey:
   if staleness_model is None:
     return lambda r: -r.images_per_sec
   return lambda r: staleness_model.seconds(r.images_per_sec, r.staleness)
+
+
+def peer_accuracy(options: TuneOptions) -> PeerAccuracyModel | None:
+  """The peers' images to target under ``options``: theirs, or (time to accuracy without one) the staleness
+  model's images0 for every peer; None when ranking by images/s."""
+  if options.staleness_model is None:
+    return None
+  return options.peer_accuracy or fit_peer_accuracy((), options.staleness_model)
+
+
+def peer_rank_key(accuracy: PeerAccuracyModel | None) -> PeerKey:
+  """The peers' ranking, lowest first, on the same scale as :func:`rank_key`'s: by images/s, or by the
+  predicted time to accuracy."""
+  if accuracy is None:
+    return lambda p: -p.images_per_sec
+  return accuracy.seconds
+
+
+def best_of(hetpipe: Result, peers: Sequence[PeerResult], key: RankKey, peer_key: PeerKey) -> Result | PeerResult:
+  """The best of HetPipe's best and the peers (HetPipe's on a tie)."""
+  peer = min(peers, key=peer_key, default=None)
+  return peer if peer is not None and peer_key(peer) < key(hetpipe) else hetpipe
 
 
 def plan_choices(planner: Planner, space: SearchSpace, say: _Say) -> list[Candidate]:
