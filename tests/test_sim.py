@@ -161,38 +161,6 @@ def test_sim_executor_through_run_hetpipe():
   assert result.events[0]["executor"] == "sim" and len(result.metrics) == 10 * len(result.vws)
 
 
-@pytest.mark.slow  # 30 s: the study with its tuner (the README's test command keeps under 10 minutes)
-def test_throughput_study_cli(tmp_path):
-  import json
-  import os
-  import subprocess
-  import sys
-  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
-  proc = subprocess.run([sys.executable, "-m", "experiments.throughput", "--models=vgg19", "--waves=20",
-                         "--nm_max=3", f"--out_dir={tmp_path}"], capture_output=True, text=True, timeout=300,
-                        env=env)
-  assert proc.returncode == 0, proc.stderr[-2000:]
-  rows = json.loads((tmp_path / "throughput.json").read_text())
-  assert all(set(r) == {"model", "study", "config", "gpus", "nm", "d", "transfers", "images_per_sec",
-                        "ideal_images_per_sec", "efficiency"} for r in rows)
-  tuned = [r for r in rows if r["config"].startswith("tuned")]
-  assert len(tuned) == 1  # the tuner searched every fixed policy row's configuration too
-  assert tuned[0]["images_per_sec"] >= max(r["images_per_sec"] for r in rows if r["study"] == "policy"
-                                           and not r["config"].startswith(("Horovod", "tuned")))
-  assert all(0 < r["efficiency"] < 1 and r["efficiency"] == r["images_per_sec"] / r["ideal_images_per_sec"]
-             for r in rows)
-  policy = [r for r in rows if r["study"] == "policy"]
-  assert len({r["ideal_images_per_sec"] for r in policy}) == 1  # every policy row: the whole cluster's ideal
-  assert {(r["config"], r["d"]) for r in policy} >= {("HD-local", 0), ("HD-local D=4", 4), ("HD-local D=32", 32)}
-  assert {r["study"] for r in rows} == {"nm", "policy", "whimpy"}
-  assert {r["config"] for r in rows if r["study"] == "policy"} >= {"Horovod", "Horovod, all-reduce overlapped",
-                                                                  "NP-default", "ED-local", "HD-default"}
-  assert all(r["images_per_sec"] > 0 for r in rows)
-  for name in ("throughput.csv", "throughput_nm.png", "throughput_policy.png", "throughput_whimpy.png"):
-    assert (tmp_path / name).stat().st_size > 0 and str(tmp_path / name) in proc.stdout
-  assert "vs Horovod" in proc.stdout
-
-
 @pytest.mark.parametrize("failures,rejoin", [({}, False), ({1: [3], 2: [5]}, True)])
 def test_transfers_overlapped_with_compute(failures, rejoin):
   """With overlap_transfers a stage's input travels while its device computes something else: every WSP
