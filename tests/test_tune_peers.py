@@ -9,11 +9,12 @@ import subprocess
 import sys
 
 import pytest
+from test_peers import NET, PCIE, PROFILES, TWO_NODES, UNITS
 
 from hetpipe_jax import ConfigError, get_cluster
 from hetpipe_jax.baselines.knobs import PeerKnobs
 from hetpipe_jax.baselines.systems import SYSTEMS
-from hetpipe_jax.cluster import GpuType, Link, make_cluster
+from hetpipe_jax.cluster import GpuType, make_cluster
 from hetpipe_jax.cost.batch import BatchProfiles, fixed
 from hetpipe_jax.cost.profile import UnitProfile
 from hetpipe_jax.staleness import StalenessModel
@@ -39,14 +40,7 @@ from hetpipe_jax.tune.peers import simulate_setting
 from hetpipe_jax.tune.statistical import leave_one_out
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FAST = GpuType("fast", 1 << 36, 10e12, 10e12, 1e18, 1.0)
-SLOW = GpuType("slow", 1 << 36, 5e12, 5e12, 1e18, 1.0)
-PCIE, NET = Link("pcie", 10e9, 1e-5), Link("net", 1e9, 1e-4)
 # tests/test_peers.py's hand-worked model: two units of 1 + 2 Tflop at batch 32, 100 MB and 300 MB of weights
-UNITS = [UnitProfile("u0", 1e12, 2e12, 1, 1, 100_000_000, 10_000_000, 0),
-         UnitProfile("u1", 1e12, 2e12, 1, 1, 300_000_000, 10_000_000, 0)]
-PROFILES = fixed(UNITS, 32)
-TWO_NODES = make_cluster("fast+slow", [[FAST], [SLOW]], PCIE, NET)
 ALL = tuple(SYSTEMS)
 SMALL = SearchSpace(ds=(0,), nm_max=2, peers=ALL)
 QUICK = TuneOptions(waves=4, screen=2, refine=1, workers=1)
