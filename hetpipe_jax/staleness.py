@@ -37,8 +37,10 @@ class StalenessModel:
 
 def fit_staleness_model(points: Sequence[tuple[float, float]], target_accuracy: float | None = None
                         ) -> StalenessModel:
-  """Least squares of images to target = a + b x staleness over ``(staleness, images)`` points of real
-  runs; images0 = a, beta = b / a (beta = 0 with one point, or when the points all share one staleness).
+  """Least squares of images to target = a + b x staleness, b >= 0, over ``(staleness, images)`` points of
+  real runs; images0 = a, beta = b / a (beta = 0 with one point, when the points all share one staleness, or
+  when they fall with staleness: noise, which a negative beta would extrapolate into staler configurations
+  needing fewer images, down to none).
 
   Raises:
     ConfigError: without points, or when the fit gives no positive images at zero staleness.
@@ -50,6 +52,8 @@ def fit_staleness_model(points: Sequence[tuple[float, float]], target_accuracy: 
   mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
   sxx = sum((x - mx) ** 2 for x in xs)
   b = 0.0 if sxx == 0 else sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+  if b < 0:  # least squares under beta >= 0 (staleness never saves images): the optimum on the boundary
+    b = 0.0
   a = my - b * mx
   if a <= 0:
     raise ConfigError(f"the staleness fit gives {a:.4g} images at zero staleness (slope {b:.4g} per unit of "

@@ -157,6 +157,9 @@ def test_staleness_model_fit_by_hand():
   with pytest.raises(ConfigError, match="zero staleness"):
     fit_staleness_model([(1.0, 10.0), (2.0, 100.0)])
   assert StalenessModel(10.0, 0.5).images(2.0) == pytest.approx(20.0)
+  # points that fall with staleness (noise) give beta = 0 and their mean, not a staleness that saves images
+  falling = fit_staleness_model([(6.0, 500.0), (6.0, 480.0), (9.0, 400.0)])
+  assert falling.beta == 0.0 and falling.images0 == pytest.approx(460.0)
 
 
 def test_mean_staleness_counts_every_virtual_workers_missing_updates_by_hand():

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from hetpipe_jax.baselines.collective import allreduce
@@ -377,8 +376,3 @@ class _Run:
       self.log.comms = [(tuple(g.index for g in c.gpus), c.intervals) for c in self.comms]
       return
     self._start_round(t)
-
-
-def worker_gpus(workers: Sequence[Worker]) -> list[Gpu]:
-  """Every GPU of ``workers``, in worker and stage order."""
-  return [g for w in workers for g in w.gpus]
