@@ -125,15 +125,16 @@ class Study:
                       "efficiency": ips / best})
 
   def entry(self, row: str, system: str, config: str, gpus: int | None, ips: float | None,
-            reason: str | None = None, objective: str | None = None) -> None:
-    """A row of the table: ``ips`` examples/s, or None and the ``reason`` it cannot run."""
+            reason: str | None = None, objective: str | None = None, signature: list | None = None) -> None:
+    """A row of the table: ``ips`` examples/s, or None and the ``reason`` it cannot run; ``signature``: what
+    identifies its configuration in a convergence study's runs (:func:`run_signature`)."""
     ideal = self.ideal()
     self.table.append({"model": self.model_name, "row": row, "system": system, "config": config,
                        "objective": objective, "gpus": gpus, "images_per_sec": ips,
                        "throughput": None if ips is None else ips * self.per_example, "unit": self.unit,
                        "ideal_images_per_sec": ideal, "efficiency": None if ips is None else ips / ideal,
                        "ratio_to_best_peer": None, "goodput": NOT_TRAINED, "time_to_target_s": None,
-                       "reason": reason})
+                       "reason": reason, "signature": signature})
     if ips is None:
       common.progress("%s %s cannot run: %s", self.model_name, row, reason)
     else:
@@ -160,13 +161,15 @@ def peer_entries(s: Study) -> None:
   """The peers, simulated with default knobs but --microbatches, --local_steps, --h_by_speed."""
   from experiments.peer_runs import peer_specs
   from hetpipe_jax.baselines.knobs import PeerKnobs
-  knobs = PeerKnobs(microbatches=FLAGS.microbatches, local_steps=FLAGS.local_steps, h_by_speed=FLAGS.h_by_speed)
+  knobs = PeerKnobs(microbatches=FLAGS.microbatches or s.cluster.num_gpus, local_steps=FLAGS.local_steps,
+                    h_by_speed=FLAGS.h_by_speed)  # (the convergence study's defaults: the same configurations)
   for spec in peer_specs(s.cluster, s.batch_profiles, s.batch, s.costs, knobs, PEERS, model=s.model_name):
     if spec.run is None:
       s.entry(spec.system, spec.system, "", None, None, spec.reason)
       continue
     gpus = len({g.index for w in spec.run.job.workers for g in w.gpus})
-    s.entry(spec.system, spec.system, peer_config(spec.run.timeline["meta"]), gpus, spec.run.images_per_sec)
+    s.entry(spec.system, spec.system, peer_config(spec.run.timeline["meta"]), gpus, spec.run.images_per_sec,
+            signature=[spec.batch_sizes, spec.local_steps])
 
 
 def peer_config(meta: dict) -> str:
@@ -198,7 +201,7 @@ def hetpipe_entries(s: Study, ds: list[int]) -> None:
     config = f"{len(plan.vws)} virtual workers, Nm {[p.nm for p in plan.vws]}, default placement"
     for d in ds:
       s.entry(f"HetPipe {policy} D={d}", "hetpipe", config, s.cluster.num_gpus,
-              simulated_images_per_sec(s, plan.vws, d, "default"))
+              simulated_images_per_sec(s, plan.vws, d, "default"), signature=[[p.nm for p in plan.vws], d])
 
 
 def staleness_model(s: Study):
@@ -231,10 +234,13 @@ def tuned_entries(s: Study, ds: list[int]) -> None:
   gpus = s.cluster.num_gpus
   s.notes.append(f"{TUNED} (+ outer): ranked {why}: {best.candidate.label}")
   s.notes.append(f"{TUNED_IPS}: {fastest.candidate.label}")
-  s.entry(TUNED, "hetpipe", best.candidate.label, gpus, best.images_per_sec, objective=objective)
-  s.entry(TUNED_IPS, "hetpipe", fastest.candidate.label, gpus, fastest.images_per_sec, objective="throughput")
+  sign = lambda c: [[p.nm for p in c.plans], c.d]
+  s.entry(TUNED, "hetpipe", best.candidate.label, gpus, best.images_per_sec, objective=objective,
+          signature=sign(best.candidate))
+  s.entry(TUNED_IPS, "hetpipe", fastest.candidate.label, gpus, fastest.images_per_sec, objective="throughput",
+          signature=sign(fastest.candidate))
   s.entry(TUNED_OUTER, "hetpipe", f"as {TUNED}, + outer optimizer at the PS (same timing)", gpus,
-          best.images_per_sec, objective=objective)
+          best.images_per_sec, objective=objective, signature=sign(best.candidate))
 
 
 def tuned_best(s: Study, ds: list[int], fit):
@@ -257,7 +263,7 @@ def finish_table(s: Study) -> None:
   for e in s.table:
     if e["images_per_sec"] is not None and best_peer is not None:
       e["ratio_to_best_peer"] = e["images_per_sec"] / best_peer["images_per_sec"]
-    e["goodput"], e["time_to_target_s"] = goodput(s.convergence, e["row"])
+    e["goodput"], e["time_to_target_s"] = goodput(s.convergence, e["row"], e["signature"])
 
 
 # Goodput: the convergence study's verdict on every row.
@@ -303,20 +309,33 @@ def matches(doc: dict, model: str, cluster_name: str) -> bool:
   return time_model_of(doc) == model and doc.get("cluster") == cluster_name
 
 
-def goodput(docs: list[dict], row: str) -> tuple[str, float | None]:
-  """(the mark of ``row`` in the first of ``docs`` that trained it, its mean time to target)."""
+def run_signature(run: dict) -> list:
+  """What identifies a convergence run's configuration: a HetPipe run's Nm per virtual worker and D, a peer's
+  batch per worker and local steps (the throughput study's entries carry the same)."""
+  if run.get("system") == "hetpipe":
+    return [list(run.get("nm") or []), run.get("d")]
+  return [list(run.get("batch_sizes") or []), list(run.get("local_steps") or [])]
+
+
+def goodput(docs: list[dict], row: str, signature: list | None = None) -> tuple[str, float | None]:
+  """(the mark of ``row`` in the first of ``docs`` that trained it, its mean time to target). A convergence
+  study that trained this row in another configuration (another ``signature``) does not mark it."""
   for doc in docs:
-    entry = next((v for v in doc["summary"].values() if isinstance(v, dict) and v.get("row") == row), None)
-    if entry is not None:
-      missed = entry.get("missed", 0)
-      missed = len(missed) if isinstance(missed, list) else int(missed)
-      return (MISSES if missed else REACHES), entry.get("mean_time_to_target_s")
     runs = [r for r in doc.get("runs", []) if r.get("row") == row]
+    if signature is not None and runs and "nm" in runs[0]:
+      runs = [r for r in runs if run_signature(r) == signature]
+      if not runs:
+        return f"{NOT_TRAINED} (the convergence study trained another configuration)", None
     if runs:
       times = [r.get("time_to_target_s") for r in runs]
       if any(t is None for t in times):
         return MISSES, None
       return REACHES, sum(times) / len(times)
+    entry = next((v for v in doc["summary"].values() if isinstance(v, dict) and v.get("row") == row), None)
+    if entry is not None:
+      missed = entry.get("missed", 0)
+      missed = len(missed) if isinstance(missed, list) else int(missed)
+      return (MISSES if missed else REACHES), entry.get("mean_time_to_target_s")
   return NOT_TRAINED, None
 
 
@@ -324,7 +343,7 @@ def headline(s: Study) -> dict:
   """The fastest row that reaches the target (without convergence data: the fastest row), and the fastest."""
   ran = [e for e in s.table if e["images_per_sec"]]
   fastest = max(ran, key=lambda e: e["images_per_sec"], default=None)
-  known = any(e["goodput"] != NOT_TRAINED for e in s.table)
+  known = any(not e["goodput"].startswith(NOT_TRAINED) for e in s.table)
   best = max((e for e in ran if e["goodput"] == REACHES), key=lambda e: e["images_per_sec"], default=None)
   where = f"{s.model_name} on {s.cluster.name}"
   if not known:
@@ -459,7 +478,8 @@ def table_chart(studies: list[Study], path: str) -> str:
     ax.set_ylim(0, top * 1.1)
     ax.set_xticks(range(len(values)))
     ax.set_xticklabels([e["row"] for e in s.table], rotation=40, ha="right", fontsize=7)
-    known = "" if any(e["goodput"] != NOT_TRAINED for e in s.table) else "; goodput unknown (no convergence data)"
+    trained = any(not e["goodput"].startswith(NOT_TRAINED) for e in s.table)
+    known = "" if trained else "; goodput unknown (no convergence data)"
     ax.set(title=f"{s.model_name} on {s.cluster.name} (batch {s.batch}){known}", ylabel=f"{s.unit}/s (simulated)")
     ax.grid(alpha=0.3, axis="y")
   fig.legend(handles=[Patch(color="#999999", label="peers"), Patch(color="#4C72B0", label="HetPipe"),

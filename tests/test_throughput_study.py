@@ -13,7 +13,8 @@ ENV = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFO
 ROWS = ["horovod", "hetero_dp", "sync_pipeline", "local_sgd", "HetPipe NP D=0", "HetPipe ED D=0", "HetPipe HD D=0",
         "HetPipe tuned", "HetPipe tuned for images/s", "HetPipe tuned + outer"]
 ENTRY = {"model", "row", "system", "config", "objective", "gpus", "images_per_sec", "throughput", "unit",
-         "ideal_images_per_sec", "efficiency", "ratio_to_best_peer", "goodput", "time_to_target_s", "reason"}
+         "ideal_images_per_sec", "efficiency", "ratio_to_best_peer", "goodput", "time_to_target_s", "reason",
+         "signature"}
 
 
 def run_study(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -133,3 +134,16 @@ def test_paper_testbed_study(tmp_path):
   for name in ("throughput.csv", "throughput_rows.csv", "throughput_table.png", "throughput_nm.png",
                "throughput_whimpy.png"):
     assert (tmp_path / name).stat().st_size > 0 and str(tmp_path / name) in proc.stdout
+
+
+def test_goodput_marks_only_the_configuration_that_was_trained():
+  from experiments.throughput import goodput
+  runs = [{"row": "HetPipe ED D=0", "system": "hetpipe", "nm": [4, 4], "d": 0, "seed": s, "time_to_target_s": t}
+          for s, t in ((0, 10.0), (1, 14.0))]
+  runs += [{"row": "hetero_dp", "system": "hetero_dp", "batch_sizes": [40, 24], "local_steps": [1, 1], "seed": 0,
+            "time_to_target_s": None, "nm": [1]}]
+  docs = [{"runs": runs, "summary": {}}]
+  assert goodput(docs, "HetPipe ED D=0", [[4, 4], 0]) == ("reaches", 12.0)
+  assert goodput(docs, "HetPipe ED D=0", [[5, 4], 0])[0].startswith("not trained (the convergence study trained")
+  assert goodput(docs, "hetero_dp", [[40, 24], [1, 1]]) == ("misses", None)
+  assert goodput(docs, "sync_pipeline", [[64], [1]]) == ("not trained", None)
