@@ -73,6 +73,8 @@ flags.DEFINE_bool("overlap_transfers", False, "Simulate the HetPipe policy rows'
                   "overlapped with computation (a GPU receives its next input while it computes) instead of "
                   "charged in series.")
 flags.DEFINE_bool("tuned", True, "Add the tuned rows (experiments.tune's search).")
+flags.DEFINE_integer("max_stages", 0, "Most stages per virtual worker the tuner tries (0: no limit; a convergence "
+                     "study of a small model limits them to its units, e.g. 4 for the MLP).")
 flags.DEFINE_enum("tuned_objective", "time_to_accuracy", ["time_to_accuracy", "throughput"],
                   "What the 'HetPipe tuned' row optimises: predicted time to accuracy (the staleness model of the "
                   "matching --convergence file; images/s when there is none), or images/s.")
@@ -215,24 +217,32 @@ def staleness_model(s: Study):
 
 
 def tuned_entries(s: Study, ds: list[int]) -> None:
-  """HetPipe tuned (--tuned_objective), tuned for images/s, and tuned + outer (the tuned one's timing)."""
+  """HetPipe tuned, tuned for images/s, and tuned + outer (the tuned one's timing). The tuned rows are the
+  configurations a matching convergence study chose and trained, when the tuner's search holds them (so their
+  goodput marks are theirs); else the tuner's best by --tuned_objective and by images/s."""
   from hetpipe_jax import ConfigError
   fit = staleness_model(s) if FLAGS.tuned_objective == "time_to_accuracy" else None
   try:
-    fastest = tuned_best(s, ds, None)
-    best = fastest if fit is None else tuned_best(s, ds, fit)
+    out = tuned_search(s, ds, fit)
   except ConfigError as e:
     for row in (TUNED, TUNED_IPS, TUNED_OUTER):
       s.entry(row, "hetpipe", "", None, None, str(e))
     return
-  if fit is not None:
-    objective, why = "time_to_accuracy", "by predicted time to accuracy (staleness model of the convergence study)"
-  elif FLAGS.tuned_objective == "time_to_accuracy":
-    objective, why = "throughput", "by images/s: no staleness model from --convergence"
-  else:
-    objective, why = "throughput", "by images/s (--tuned_objective=throughput)"
+  fastest = max(out.results, key=lambda r: r.images_per_sec)
+  best, why = out.best, ("by predicted time to accuracy (staleness model of the convergence study)" if fit else
+                         "by images/s" + ("" if FLAGS.tuned_objective == "throughput" else
+                                          ": no staleness model from --convergence"))
+  objective = "time_to_accuracy" if fit else "throughput"
+  trained = [doc["tuned"] for doc in s.convergence if isinstance(doc.get("tuned"), dict) and doc["tuned"].get("label")]
+  if trained:
+    by_label = {r.candidate.label: r for r in out.results}
+    chosen = by_label.get(trained[0]["label"])
+    if chosen is not None:
+      best, why, objective = chosen, f"as the convergence study chose it ({trained[0].get('objective')})", "study"
+    fast = by_label.get((trained[0].get("fastest") or {}).get("label", ""))
+    fastest = fast or fastest
   gpus = s.cluster.num_gpus
-  s.notes.append(f"{TUNED} (+ outer): ranked {why}: {best.candidate.label}")
+  s.notes.append(f"{TUNED} (+ outer): {why}: {best.candidate.label}")
   s.notes.append(f"{TUNED_IPS}: {fastest.candidate.label}")
   sign = lambda c: [[p.nm for p in c.plans], c.d]
   s.entry(TUNED, "hetpipe", best.candidate.label, gpus, best.images_per_sec, objective=objective,
@@ -243,18 +253,17 @@ def tuned_entries(s: Study, ds: list[int]) -> None:
           best.images_per_sec, objective=objective, signature=sign(best.candidate))
 
 
-def tuned_best(s: Study, ds: list[int], fit):
-  """The tuner's best configuration, by images/s (``fit`` None) or by predicted time to accuracy."""
+def tuned_search(s: Study, ds: list[int], fit):
+  """The tuner's search (its best by images/s with ``fit`` None, else by predicted time to accuracy)."""
   from hetpipe_jax.tune import RunSetting, SearchSpace, TuneOptions, tune
   tune_ds = common.parse_ints("tune_ds", FLAGS.tune_ds) if FLAGS.tune_ds else ds
   what = "images/s" if fit is None else "time to accuracy"
-  best = tune(s.cluster, s.profiles, s.batch, SearchSpace(ds=tuple(tune_ds)),
-              TuneOptions(waves=FLAGS.waves, staleness_model=fit, setting=RunSetting(s.costs),
-                          progress=lambda line: common.progress("%s tuner (%s): %s", s.model_name, what,
-                                                                line))).best
-  common.progress("%s tuned by %s (%s): %.1f images/s", s.model_name, what, best.candidate.label,
-                  best.images_per_sec)
-  return best
+  out = tune(s.cluster, s.profiles, s.batch, SearchSpace(ds=tuple(tune_ds), max_stages=FLAGS.max_stages or None),
+             TuneOptions(waves=FLAGS.waves, staleness_model=fit, setting=RunSetting(s.costs), front=6,
+                         progress=lambda line: common.progress("%s tuner (%s): %s", s.model_name, what, line)))
+  common.progress("%s tuned by %s (%s): %.1f images/s", s.model_name, what, out.best.candidate.label,
+                  out.best.images_per_sec)
+  return out
 
 
 def finish_table(s: Study) -> None:
