@@ -61,7 +61,6 @@ def main(argv):
   del argv
   from hetpipe_jax import efficiency, get_cluster
   from hetpipe_jax.baselines.systems import SYSTEMS, simulate_peer
-  from hetpipe_jax.cost.batch import BatchProfiles
   from hetpipe_jax.cost.context import CostContext
   from hetpipe_jax.optim import optimizer_slots
   from hetpipe_jax.precision import check_precision
@@ -74,7 +73,7 @@ def main(argv):
     raise common.config_error(f"--batch_size={FLAGS.batch_size}; give a batch size >= 1")
   check_precision(FLAGS.precision)
   cluster = get_cluster(FLAGS.cluster)
-  profiles, per_example, unit = BatchProfiles.of_model(FLAGS.model, FLAGS.batch_size, FLAGS.seq_len)
+  profiles, per_example, unit = common.batch_profiles(FLAGS.model, FLAGS.batch_size, FLAGS.seq_len)
   costs = CostContext(weight_mode="stash", optimizer_slots=optimizer_slots(FLAGS.optimizer), precision=FLAGS.precision)
   common.progress("simulating %s: %s on %s, batch %d", FLAGS.system, FLAGS.model, cluster.name, FLAGS.batch_size)
   run = simulate_peer(FLAGS.system, cluster, profiles, FLAGS.batch_size, knobs(), costs, FLAGS.model)

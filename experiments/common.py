@@ -298,3 +298,42 @@ def run_train_job(flags: Sequence[str], out_dir: str, timeout_s: float) -> dict[
   with open(os.path.join(out_dir, "summary.json"), encoding="utf-8") as f:
     return json.load(f)
 
+
+def model_profiles(name: str, batch_size: int, seq_len: int | None = None) -> tuple[list, int, str]:
+  """Profiles of any model the experiments name: a full-size one (``vgg19``, ``resnet152``, the GPTs) on its
+  input, the small GPT (``gpt``) on the tokens dataset's sequences, or a small image model on 28x28 grey
+  images.
+
+  Returns:
+    (the profiles, what one example counts as in throughput: its tokens for a GPT, else 1, and that unit's
+    name: "tokens" or "images").
+
+  Raises:
+    ConfigError: for an unknown model or a bad ``seq_len``.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
+  from hetpipe_jax.cost.profile import full_size_profiles, profile_units  # pylint: disable=g-import-not-at-top
+  from hetpipe_jax.models import FULL_SIZE, full_size_input, get_model  # pylint: disable=g-import-not-at-top
+  if name in FULL_SIZE:
+    shape = full_size_input(name, batch_size, seq_len)
+    tokens = shape.shape[1] if len(shape.shape) == 2 else 0
+    return full_size_profiles(name, batch_size, seq_len=seq_len), tokens or 1, "tokens" if tokens else "images"
+  if name == "gpt":  # the small GPT, on the tokens dataset's sequences
+    from hetpipe_jax.data import tokens as token_data  # pylint: disable=g-import-not-at-top
+    data = token_data(num_train=1, num_test=1)
+    seq = data.x_train.shape[1]
+    return (profile_units(get_model(name, data.num_classes),
+                          jax.ShapeDtypeStruct((batch_size, *data.x_train.shape[1:]), jnp.int32)), seq, "tokens")
+  return (profile_units(get_model(name), jax.ShapeDtypeStruct((batch_size, 28, 28, 1), jnp.float32)), 1,
+          "images")
+
+
+def batch_profiles(name: str, batch_size: int, seq_len: int | None = None):
+  """Any model :func:`model_profiles` names, as :class:`~hetpipe_jax.cost.batch.BatchProfiles` (at
+  ``batch_size`` and twice it), with what one example counts as in throughput and that unit's name."""
+  from hetpipe_jax.cost.batch import BatchProfiles  # pylint: disable=g-import-not-at-top
+  low, per_example, unit = model_profiles(name, batch_size, seq_len)
+  high = model_profiles(name, 2 * batch_size, seq_len)[0]
+  return BatchProfiles(tuple(low), tuple(high), batch_size, 2 * batch_size), per_example, unit

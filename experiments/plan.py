@@ -60,7 +60,6 @@ def main(argv):
   del argv
   from hetpipe_jax import get_cluster
   from hetpipe_jax.cost.context import CostContext
-  from hetpipe_jax.cost.profile import model_profiles
   from hetpipe_jax.optim import optimizer_slots
   from hetpipe_jax.plan.allocation import parse_policy, plan_cluster
   from hetpipe_jax.plan.plan_json import plan_to_json
@@ -69,7 +68,7 @@ def main(argv):
   check_precision(FLAGS.precision)
   slots = optimizer_slots(FLAGS.optimizer)
   cluster = get_cluster(FLAGS.cluster)
-  profiles = model_profiles(FLAGS.model, FLAGS.batch_size, FLAGS.seq_len)[0]
+  profiles = common.model_profiles(FLAGS.model, FLAGS.batch_size, FLAGS.seq_len)[0]
   plan = plan_cluster(cluster, profiles, parse_policy(FLAGS.policy), FLAGS.placement, common.parse_nm(FLAGS.nm),
                       FLAGS.nm_max,
                       CostContext(weight_mode=FLAGS.weight_mode, optimizer_slots=slots, precision=FLAGS.precision))

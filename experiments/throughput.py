@@ -95,14 +95,13 @@ class Study:
   """One model on one cluster: its profiles and batch, the table's entries and the sub-studies' rows."""
 
   def __init__(self, model_name: str, cluster, convergence: list[dict], sources: Sequence[str] = ()):
-    from hetpipe_jax.cost.batch import BatchProfiles
     from hetpipe_jax.cost.context import CostContext
     from hetpipe_jax.optim import optimizer_slots
     self.model_name, self.cluster = model_name, cluster
     gpt = model_name.lower().startswith("gpt")
     self.batch = FLAGS.gpt_batch_size if gpt and FLAGS.gpt_batch_size else FLAGS.batch_size
     self.costs = CostContext(optimizer_slots=optimizer_slots(FLAGS.optimizer))
-    self.batch_profiles, self.per_example, self.unit = BatchProfiles.of_model(model_name, self.batch, FLAGS.seq_len)
+    self.batch_profiles, self.per_example, self.unit = common.batch_profiles(model_name, self.batch, FLAGS.seq_len)
     self.profiles = list(self.batch_profiles.at(self.batch))
     self.convergence = [doc for doc in convergence if matches(doc, model_name, cluster.name)]
     self.sources = list(sources)  # every convergence file read, matching or not

@@ -38,6 +38,7 @@ import math
 from typing import Any, NamedTuple
 
 from hetpipe_jax.baselines.collective import allreduce
+from hetpipe_jax.baselines.timeline import Log, build_timeline
 from hetpipe_jax.cluster import Cluster, Gpu
 from hetpipe_jax.core import schedule as sched
 from hetpipe_jax.cost.batch import BatchProfiles
@@ -167,20 +168,7 @@ def simulate_sync(job: SyncJob) -> SyncResult:
   run = _Run(job)
   seconds = run.go()
   examples = sum(w.examples_per_round for w in job.workers)
-  from hetpipe_jax.baselines.timeline import build_timeline  # pylint: disable=g-import-not-at-top
   return SyncResult(seconds / job.rounds, examples, examples * job.rounds / seconds, build_timeline(job, run.log))
-
-
-@dataclasses.dataclass
-class Log:
-  """What a run records for its timeline: per GPU index its compute intervals, the inputs in flight to
-  it, its last compute of each round; the rounds; the communicators' all-reduces."""
-
-  compute: dict[int, list[tuple[float, float, str]]] = dataclasses.field(default_factory=dict)
-  inbound: dict[int, list[tuple[float, float]]] = dataclasses.field(default_factory=dict)
-  last: dict[int, list[float]] = dataclasses.field(default_factory=dict)
-  rounds: list[tuple[float, float]] = dataclasses.field(default_factory=list)
-  comms: list[tuple[tuple[int, ...], list[tuple[float, float]]]] = dataclasses.field(default_factory=list)
 
 
 class _Run:

@@ -19,11 +19,22 @@ every device from 0 to the end, with the categories of :data:`CATEGORIES`:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-  from hetpipe_jax.baselines.sync import Log, SyncJob
+
+@dataclasses.dataclass
+class Log:
+  """What a run records for its timeline: per GPU index its compute intervals, the inputs in flight to
+  it, its last compute of each round; the rounds; the communicators' all-reduces."""
+
+  compute: dict[int, list[tuple[float, float, str]]] = dataclasses.field(default_factory=dict)
+  inbound: dict[int, list[tuple[float, float]]] = dataclasses.field(default_factory=dict)
+  last: dict[int, list[float]] = dataclasses.field(default_factory=dict)
+  rounds: list[tuple[float, float]] = dataclasses.field(default_factory=list)
+  comms: list[tuple[tuple[int, ...], list[tuple[float, float]]]] = dataclasses.field(default_factory=list)
+
 
 FORMAT = "hetpipe-timeline"
 CATEGORIES = ("compute", "link", "bubble", "allreduce", "sync", "unused")
@@ -75,9 +86,9 @@ def _device_intervals(gpu: int, log: Log, comm_spans: list[tuple[float, float]])
   return out
 
 
-def build_timeline(job: SyncJob, log: Log) -> dict[str, Any]:
-  """The timeline of a finished run (see the module docstring); ``meta`` holds the system's knobs, the caller
-  adds the rest (:func:`finish_meta`)."""
+def build_timeline(job: Any, log: Log) -> dict[str, Any]:
+  """The timeline of a finished run of ``job`` (a :class:`~hetpipe_jax.baselines.sync.SyncJob`; see the module
+  docstring); ``meta`` holds the system's knobs, the caller adds its rates."""
   position = {g.index: (i, j) for i, w in enumerate(job.workers) for j, g in enumerate(w.gpus)}
   end = log.rounds[-1][1] if log.rounds else 0.0
   devices, intervals = [], []

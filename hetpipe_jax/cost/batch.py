@@ -51,16 +51,6 @@ class BatchProfiles:
     return cls(tuple(full_size_profiles(name, batch_size, seq_len=seq_len)),
                tuple(full_size_profiles(name, 2 * batch_size, seq_len=seq_len)), batch_size, 2 * batch_size)
 
-  @classmethod
-  def of_model(cls, name: str, batch_size: int, seq_len: int | None = None) -> tuple[BatchProfiles, int, str]:
-    """Any model the experiments name (:func:`hetpipe_jax.cost.profile.model_profiles`), at ``batch_size`` and
-    twice it; with what one example counts as in throughput (its tokens for a GPT, else 1) and that unit's
-    name."""
-    from hetpipe_jax.cost.profile import model_profiles  # pylint: disable=g-import-not-at-top
-    low, per_example, unit = model_profiles(name, batch_size, seq_len)
-    high = model_profiles(name, 2 * batch_size, seq_len)[0]
-    return cls(tuple(low), tuple(high), batch_size, 2 * batch_size), per_example, unit
-
   def at(self, batch_size: int) -> tuple[UnitProfile, ...]:
     """Every unit's profile at ``batch_size`` (>= 1).
 
