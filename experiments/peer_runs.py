@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 from experiments import common
 
 BASE_LR_PER_32 = 0.02  # the learning-rate rule's base: 0.02 per update of a 32-example minibatch
+REACHES, MISSES, NOT_TRAINED = "reaches", "misses", "not trained"  # goodput marks (:func:`goodput`)
 
 
 class PeerSpec(NamedTuple):
@@ -110,3 +111,33 @@ def train_peer(model, dataset, spec: PeerSpec, seed: int, lr: float, optimizer: 
   batch = run.timeline["meta"]["batch_size"]
   return [[r["time"], r["examples"] / batch, r["test_accuracy"], r["train_loss"]] for r in rows
           if "test_accuracy" in r]
+
+
+def run_signature(run: dict) -> list:
+  """What identifies a convergence run's configuration: a HetPipe run's Nm per virtual worker and D, a peer's
+  batch per worker and local steps (the throughput study's entries carry the same)."""
+  if run.get("system") == "hetpipe":
+    return [list(run.get("nm") or []), run.get("d")]
+  return [list(run.get("batch_sizes") or []), list(run.get("local_steps") or [])]
+
+
+def goodput(docs: list[dict], row: str, signature: list | None = None) -> tuple[str, float | None]:
+  """(the mark of ``row`` in the first of ``docs`` that trained it, its mean time to target). A convergence
+  study that trained this row in another configuration (another ``signature``) does not mark it."""
+  for doc in docs:
+    runs = [r for r in doc.get("runs", []) if r.get("row") == row]
+    if signature is not None and runs and "nm" in runs[0]:
+      runs = [r for r in runs if run_signature(r) == signature]
+      if not runs:
+        return f"{NOT_TRAINED} (the convergence study trained another configuration)", None
+    if runs:
+      times = [r.get("time_to_target_s") for r in runs]
+      if any(t is None for t in times):
+        return MISSES, None
+      return REACHES, sum(times) / len(times)
+    entry = next((v for v in doc["summary"].values() if isinstance(v, dict) and v.get("row") == row), None)
+    if entry is not None:
+      missed = entry.get("missed", 0)
+      missed = len(missed) if isinstance(missed, list) else int(missed)
+      return (MISSES if missed else REACHES), entry.get("mean_time_to_target_s")
+  return NOT_TRAINED, None

@@ -50,6 +50,7 @@ from collections.abc import Sequence
 from absl import flags
 
 from experiments import common
+from experiments.peer_runs import MISSES, NOT_TRAINED, REACHES, goodput
 
 FLAGS = flags.FLAGS
 SUB_STUDIES = ("nm", "closed_form", "whimpy")
@@ -88,7 +89,6 @@ PEERS = ("horovod", "hetero_dp", "sync_pipeline", "local_sgd")
 POLICIES = ("NP", "ED", "HD")
 TUNED, TUNED_IPS, TUNED_OUTER = "HetPipe tuned", "HetPipe tuned for images/s", "HetPipe tuned + outer"
 DEFAULT_CONVERGENCE = os.path.join("outputs", "convergence", "convergence.json")
-REACHES, MISSES, NOT_TRAINED = "reaches", "misses", "not trained"
 
 
 class Study:
@@ -315,36 +315,6 @@ def time_model_of(doc: dict) -> str | None:
 
 def matches(doc: dict, model: str, cluster_name: str) -> bool:
   return time_model_of(doc) == model and doc.get("cluster") == cluster_name
-
-
-def run_signature(run: dict) -> list:
-  """What identifies a convergence run's configuration: a HetPipe run's Nm per virtual worker and D, a peer's
-  batch per worker and local steps (the throughput study's entries carry the same)."""
-  if run.get("system") == "hetpipe":
-    return [list(run.get("nm") or []), run.get("d")]
-  return [list(run.get("batch_sizes") or []), list(run.get("local_steps") or [])]
-
-
-def goodput(docs: list[dict], row: str, signature: list | None = None) -> tuple[str, float | None]:
-  """(the mark of ``row`` in the first of ``docs`` that trained it, its mean time to target). A convergence
-  study that trained this row in another configuration (another ``signature``) does not mark it."""
-  for doc in docs:
-    runs = [r for r in doc.get("runs", []) if r.get("row") == row]
-    if signature is not None and runs and "nm" in runs[0]:
-      runs = [r for r in runs if run_signature(r) == signature]
-      if not runs:
-        return f"{NOT_TRAINED} (the convergence study trained another configuration)", None
-    if runs:
-      times = [r.get("time_to_target_s") for r in runs]
-      if any(t is None for t in times):
-        return MISSES, None
-      return REACHES, sum(times) / len(times)
-    entry = next((v for v in doc["summary"].values() if isinstance(v, dict) and v.get("row") == row), None)
-    if entry is not None:
-      missed = entry.get("missed", 0)
-      missed = len(missed) if isinstance(missed, list) else int(missed)
-      return (MISSES if missed else REACHES), entry.get("mean_time_to_target_s")
-  return NOT_TRAINED, None
 
 
 def headline(s: Study) -> dict:

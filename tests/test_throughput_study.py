@@ -137,7 +137,7 @@ def test_paper_testbed_study(tmp_path):
 
 
 def test_goodput_marks_only_the_configuration_that_was_trained():
-  from experiments.throughput import goodput
+  from experiments.peer_runs import goodput
   runs = [{"row": "HetPipe ED D=0", "system": "hetpipe", "nm": [4, 4], "d": 0, "seed": s, "time_to_target_s": t}
           for s, t in ((0, 10.0), (1, 14.0))]
   runs += [{"row": "hetero_dp", "system": "hetero_dp", "batch_sizes": [40, 24], "local_steps": [1, 1], "seed": 0,
