@@ -360,7 +360,8 @@ def make_study(ds: list[int]) -> Study:
                     ).validate()
   peers = peer_specs(cluster, profiles, b, CostContext(optimizer_slots=slots), knobs, FLAGS.systems, FLAGS.whimpy,
                      time_model or model.name)
-  policies, not_run = plannable([parse_policy(p) for p in FLAGS.policies], cluster, clock_profiles, slots)
+  policies, not_run = plannable([parse_policy(p) for p in FLAGS.policies], cluster, clock_profiles, slots,
+                                model.num_units)
   not_run.update({p.system: str(p.reason) for p in peers if p.run is None})
   return Study(cluster, model, dataset, clock_profiles, time_axis, base, policies,
                common.parse_nm(FLAGS.nm), slots, sim_model, sim_data, ds,
@@ -369,8 +370,9 @@ def make_study(ds: list[int]) -> Study:
                "tokens" if per_example > 1 else "images", not_run)
 
 
-def plannable(policies: list, cluster, profiles, slots: float) -> tuple[list, dict[str, str]]:
-  """The policies the planner can lay out on ``cluster`` (memory), and why each other one cannot run.
+def plannable(policies: list, cluster, profiles, slots: float, num_units: int) -> tuple[list, dict[str, str]]:
+  """The policies the planner can lay out on ``cluster`` (memory) with virtual workers of at most
+  ``num_units`` GPUs (the trained model is cut over them), and why each other one cannot run.
 
   Raises:
     ConfigError: when none can.
@@ -381,8 +383,12 @@ def plannable(policies: list, cluster, profiles, slots: float) -> tuple[list, di
   kept, reasons = [], {}
   for policy in policies:
     try:
-      plan_cluster(cluster, profiles, policy, "default", common.parse_nm(FLAGS.nm), None,
-                   CostContext(optimizer_slots=slots))
+      plan = plan_cluster(cluster, profiles, policy, "default", common.parse_nm(FLAGS.nm), None,
+                          CostContext(optimizer_slots=slots))
+      widest = max(len(vw.stages) for vw in plan.vws)
+      if widest > num_units:
+        raise ConfigError(f"its virtual workers have {widest} GPUs, and the trained model has only {num_units} "
+                          "units to cut over them; train a deeper model (--model) or use other --policies")
       kept.append(policy)
     except ConfigError as e:
       reasons[f"HetPipe {policy}"] = str(e)
