@@ -177,12 +177,12 @@ class _Run:
   def __init__(self, job: SyncJob):
     self.job, self.sim = job, Simulator(job.cluster)
     self.log = Log()
-    scale = byte_scale(job.precision)
-    self.scale = scale
+    self.scale = byte_scale(job.precision)
     self._costs: dict[tuple[int, int, int], tuple] = {}  # (worker, stage, examples) -> :meth:`_cost`
-    self.comms = self._communicators(scale)
+    self.tensor_bytes = {u: p.param_bytes * self.scale for u, p in enumerate(job.profiles.low) if p.param_bytes}
+    self.comms = self._communicators()
     self.comm_of = {u: c for c in self.comms for u in c.units}
-    self.states: list[sched.PipelineState] = []
+    self.states = [sched.init(len(w.gpus), i) for i, w in enumerate(job.workers)]  # (each step starts anew)
     self.steps = [0] * len(job.workers)
     self.arrived: list[set] = [set() for _ in job.workers]
     self.workers_left = 0
@@ -204,7 +204,7 @@ class _Run:
           profiles[w.cuts[j + 1] - 1].out_bytes * self.scale)
     return found
 
-  def _communicators(self, scale: float) -> list[_Comm]:
+  def _communicators(self) -> list[_Comm]:
     profiles = self.job.profiles.low
     by_members: dict[tuple[int, ...], list[int]] = {}
     gpu_of: dict[int, Gpu] = {}
@@ -217,7 +217,6 @@ class _Run:
         members.append(w.gpus[j].index)
         gpu_of[w.gpus[j].index] = w.gpus[j]
       by_members.setdefault(tuple(sorted(members)), []).append(u)
-    self.tensor_bytes = {u: profiles[u].param_bytes * scale for u in range(len(profiles))}
     return [_Comm(tuple(gpu_of[i] for i in m), units) for m, units in by_members.items()]
 
   def go(self) -> float:
@@ -238,7 +237,6 @@ class _Run:
     for w in self.job.workers:
       for g in w.gpus:
         self.log.last.setdefault(g.index, []).append(t)
-    self.states = [sched.init(len(w.gpus), i) for i, w in enumerate(self.job.workers)]
     self.steps = [0] * len(self.job.workers)
     for i in range(len(self.job.workers)):
       self._start_step(i)
@@ -309,10 +307,9 @@ class _Run:
     if self.steps[i] < w.local_steps:
       self._start_step(i)
       return
-    if not self.job.overlap:
+    if not self.job.overlap:  # every weight change is ready now, in unit order
       for u in self.tensor_bytes:
-        if u in self.comm_of:
-          self._unit_ready(u, t)
+        self._unit_ready(u, t)
     self.workers_left -= 1
     self._maybe_end_round(t)
 
