@@ -43,7 +43,8 @@ flags.DEFINE_string("policy", "best", "sync_pipeline, local_sgd with vw workers:
                     "or best (the fastest of NP, ED, HD).")
 flags.DEFINE_integer("local_steps", 8, "local_sgd: H, local steps between synchronisations.")
 flags.DEFINE_bool("h_by_speed", False, "local_sgd: each worker's H in proportion to its speed.")
-flags.DEFINE_enum("local_workers", "gpu", ["gpu", "vw"], "local_sgd: workers are GPUs or pipelines.")
+flags.DEFINE_enum("local_workers", "auto", ["auto", "gpu", "vw"], "local_sgd: workers are GPUs or pipelines "
+                  "(auto: GPUs where one holds the model, else pipelines).")
 flags.DEFINE_float("outer_lr", 0.7, "local_sgd: outer Nesterov learning rate (no effect on time).")
 flags.DEFINE_float("outer_momentum", 0.9, "local_sgd: outer Nesterov momentum (no effect on time).")
 flags.DEFINE_integer("rounds", 2, "Rounds simulated (every round is the same).")

@@ -320,7 +320,7 @@ def model_profiles(name: str, batch_size: int, seq_len: int | None = None) -> tu
     shape = full_size_input(name, batch_size, seq_len)
     tokens = shape.shape[1] if len(shape.shape) == 2 else 0
     return full_size_profiles(name, batch_size, seq_len=seq_len), tokens or 1, "tokens" if tokens else "images"
-  if name == "gpt":  # the small GPT, on the tokens dataset's sequences
+  if name.startswith("gpt"):  # the small GPTs, on the tokens dataset's sequences
     from hetpipe_jax.data import tokens as token_data  # pylint: disable=g-import-not-at-top
     data = token_data(num_train=1, num_test=1)
     seq = data.x_train.shape[1]

@@ -21,10 +21,11 @@ seed of --seeds:
   local_sgd with its H and outer Nesterov step (--local_steps, --h_by_speed, --outer_lr, --outer_momentum);
 * with --ssp, an SSP parameter server without pipelining (one worker per GPU, Nm = 1, D = --ssp_d).
 
-Learning rates, the same rule for every system: the candidates are 0.02 per 32-example update, scaled
-linearly with the examples behind one update (a synchronous peer's global batch; HetPipe's and local SGD's
-local step of one minibatch), times each factor of --lr_grid; each system (HetPipe once, on its first
-policy's configuration; HetPipe with the outer optimizer once more) trains every candidate on --pilot_seed
+Learning rates, the same rule for every system: the candidates are --base_lr (0.02) per 32-example update,
+scaled linearly (--lr_scaling=sqrt: with the square root, for Adam) with the examples behind one update (a
+synchronous peer's global batch; HetPipe's and local SGD's local step of one minibatch), times each factor
+of --lr_grid; each system (HetPipe once, on its first policy's configuration; HetPipe with the outer
+optimizer once more) trains every candidate on --pilot_seed
 (outside --seeds) for --lr_epochs epochs, and keeps the one whose smoothed test accuracy ends highest; while
 the best is the grid's largest (smallest) factor, the grid extends by one more step of the same ratio past
 it, up to 3 times.
@@ -50,6 +51,7 @@ target (mean, min, max over seeds) and the best peer's time over it::
 from __future__ import annotations
 
 import dataclasses
+import gc
 import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -89,8 +91,16 @@ flags.DEFINE_integer("microbatches", 0, "sync_pipeline: microbatches per iterati
                      "cluster's GPUs, the global batch of the data-parallel peers).")
 flags.DEFINE_integer("local_steps", 8, "local_sgd: H (of the fastest worker with --h_by_speed).")
 flags.DEFINE_bool("h_by_speed", True, "local_sgd: each worker's H in proportion to its speed.")
+flags.DEFINE_enum("local_workers", "auto", ["auto", "gpu", "vw"], "local_sgd: workers are GPUs or pipelines "
+                  "(auto: GPUs where one holds the model, else pipelines).")
 flags.DEFINE_float("outer_lr", 0.7, "local_sgd: outer Nesterov learning rate (DiLoCo's 0.7).")
 flags.DEFINE_float("outer_momentum", 0.9, "local_sgd: outer Nesterov momentum (DiLoCo's 0.9).")
+flags.DEFINE_enum("optimizer", "sgd", ["sgd", "momentum", "adam"], "Every run's optimizer: HetPipe's local "
+                  "one, the SSP workers', the peers' (local SGD's inner one). adam for a GPT, with --lr_scaling=sqrt.")
+flags.DEFINE_float("base_lr", 0.02, "The learning-rate rule's base: the rate of an update of 32 examples.")
+flags.DEFINE_enum("lr_scaling", "linear", ["linear", "sqrt"], "How the rule scales --base_lr with the examples "
+                  "of one update: linearly (SGD, Goyal et al. 2017) or with their square root (Adam, Malladi et "
+                  "al. 2022).")
 flags.DEFINE_list("lr_grid", ["0.5", "1", "2"], "Learning-rate factors tried per system around the rule's rate "
                   "(1 alone: no pilots).")
 flags.DEFINE_float("lr_epochs", 0.5, "Epochs of each learning-rate pilot run.")
@@ -114,7 +124,6 @@ flags.DEFINE_string("whimpy", "", "GPU type the peers may not use (the paper's 1
                     "'RTX 2060'); empty: they use every GPU they can.")
 flags.DEFINE_string("out_dir", "outputs/convergence", "Where the JSON, CSV and plots go.")
 
-OPTIMIZER = "sgd"  # every run's: HetPipe's local optimizer, the SSP workers', the peers' (inner) optimizer
 FULL = {"epochs": 10.0, "lr_epochs": 1.0, "seeds": [0, 1, 2]}  # --full
 TARGET_SHARE = 0.95  # --target_accuracy=0: this share of the best configuration's final smoothed accuracy
 LR_EXTENSIONS = 3  # learning-rate pilots: how many steps the grid may extend past an edge that is best
@@ -352,12 +361,13 @@ def make_study(ds: list[int]) -> Study:
   per_example = full_size_input(time_model, 1).shape[1] if time_model and time_model.startswith("gpt") else 1
   time_axis = (f"cost model of {time_model} (batch {b}) on {cluster.name}" if time_model
                else f"cost model of {model.name} on {cluster.name}")
-  base = RunConfig.of(cluster=cluster, batch_size=b, optimizer=OPTIMIZER, time_model=time_model, executor="virtual")
+  base = RunConfig.of(cluster=cluster, batch_size=b, optimizer=FLAGS.optimizer, time_model=time_model,
+                      executor="virtual")
   sim_model, sim_data = ((full_size_model(time_model), FULL_SIZE[time_model]) if time_model else (model, dataset))
-  slots = optimizer_slots(OPTIMIZER)
+  slots = optimizer_slots(FLAGS.optimizer)
   knobs = PeerKnobs(microbatches=FLAGS.microbatches or cluster.num_gpus, local_steps=FLAGS.local_steps,
-                    h_by_speed=FLAGS.h_by_speed, outer_lr=FLAGS.outer_lr, outer_momentum=FLAGS.outer_momentum
-                    ).validate()
+                    h_by_speed=FLAGS.h_by_speed, local_workers=FLAGS.local_workers, outer_lr=FLAGS.outer_lr,
+                    outer_momentum=FLAGS.outer_momentum).validate()
   peers = peer_specs(cluster, profiles, b, CostContext(optimizer_slots=slots), knobs, FLAGS.systems, FLAGS.whimpy,
                      time_model or model.name)
   policies, not_run = plannable([parse_policy(p) for p in FLAGS.policies], cluster, clock_profiles, slots,
@@ -403,13 +413,16 @@ def choose_learning_rates(study: Study, memo: Memo) -> None:
   into ``memo.pilots``)."""
   grid = [float(x) for x in FLAGS.lr_grid]
   hetpipe = study.policy_specs()[0]
-  systems: list[tuple[str, float, Any]] = [(p.system, p.base_lr, p) for p in study.peers if p.run is not None]
-  systems.append((HETPIPE, 0.02 * FLAGS.batch_size / 32, hetpipe))
+  from experiments.peer_runs import rule_lr
+  rule = lambda examples: rule_lr(examples, FLAGS.base_lr, FLAGS.lr_scaling)
+  systems: list[tuple[str, float, Any]] = [(p.system, rule(p.update_examples), p) for p in study.peers
+                                           if p.run is not None]
+  systems.append((HETPIPE, rule(FLAGS.batch_size), hetpipe))
   if FLAGS.outer:
     spec = outer_spec(len(plan_nms(study, hetpipe)))
     outer = hetpipe._replace(name=f"{hetpipe.name} + {spec}", fields={**hetpipe.fields, "ps_optimizer": spec},
                              lr_system=HETPIPE_OUTER)
-    systems.append((HETPIPE_OUTER, 0.02 * FLAGS.batch_size / 32, outer))
+    systems.append((HETPIPE_OUTER, rule(FLAGS.batch_size), outer))
   for system, base, what in systems:
     if len(grid) == 1:
       memo.lrs[system] = base * grid[0]
@@ -470,7 +483,7 @@ def pilot_curve(study: Study, memo: Memo, what: Any, lr: float) -> list[list[flo
   try:
     if isinstance(what, RunSpec):
       return train(study, memo, what, FLAGS.pilot_seed, lr, FLAGS.lr_epochs)["curve"]
-    return train_peer(study.model, study.dataset, what, FLAGS.pilot_seed, lr, OPTIMIZER, FLAGS.lr_epochs,
+    return train_peer(study.model, study.dataset, what, FLAGS.pilot_seed, lr, FLAGS.optimizer, FLAGS.lr_epochs,
                       FLAGS.eval_examples, study.knobs)
   except RunStopped as e:
     common.progress("pilot at learning rate %.4g stopped: %s", lr, e)
@@ -500,7 +513,7 @@ def peer_run(study: Study, spec: Any, seed: int, lr: float) -> dict:
   from experiments.peer_runs import train_peer
   common.progress("seed %d, %s: %d workers, batches %s, H %s, learning rate %.4g", seed, spec.name,
                   len(spec.batch_sizes), spec.batch_sizes, spec.local_steps, lr)
-  curve = train_peer(study.model, study.dataset, spec, seed, lr, OPTIMIZER, FLAGS.epochs, FLAGS.eval_examples,
+  curve = train_peer(study.model, study.dataset, spec, seed, lr, FLAGS.optimizer, FLAGS.epochs, FLAGS.eval_examples,
                      study.knobs)
   run = spec.run
   return {"name": spec.name, "row": spec.system, "system": spec.system, "seed": seed, "d": 0, "nm": [1],
@@ -571,7 +584,10 @@ def hetpipe_result(study: Study, memo: Memo, spec: RunSpec, seed: int, waves: in
     result = run_hetpipe(study.model, study.dataset, study.base.replace(seed=seed, waves=waves, **fields))
   common.require_wsp(result.events, f"{name}, seed {seed}")
   if not any(e["ev"] == "wait" for e in result.events):
-    memo.reused.setdefault(family, []).append(result)
+    # kept without its virtual workers: their compiled programs would stay mapped (a 64-GPU study's runs
+    # exceed the kernel's 65,530 memory maps of a process), and only the trace, metrics and clock are reused
+    memo.reused.setdefault(family, []).append(dataclasses.replace(result, vws=[], init_params=None, params=None))
+  gc.collect()  # the run's programs freed now, not when the collector next runs
   return result
 
 
@@ -703,6 +719,7 @@ def study_doc(study: Study, seeds: list[int], runs: list[dict], tuned: Tuned | N
   return {"target_accuracy": target, "target_metric": FLAGS.target_metric,
           "target_rule": "given" if FLAGS.target_accuracy else rule, "smooth": FLAGS.smooth,
           "time_axis": study.time_axis, "time_model": FLAGS.time_model, "model": study.model.name,
+          "optimizer": FLAGS.optimizer,
           "dataset": study.dataset.name, "cluster": study.cluster.name, "epochs": FLAGS.epochs, "whimpy": FLAGS.whimpy,
           "seeds": seeds, "ideal_images_per_sec": study.ideal, "unit": study.unit, "per_example": study.per_example,
           "table": table(summary), "summary": summary,
@@ -712,7 +729,9 @@ def study_doc(study: Study, seeds: list[int], runs: list[dict], tuned: Tuned | N
 
 
 def lr_rule() -> str:
-  return (f"0.02 per 32-example update x the examples of one update, times each of {','.join(FLAGS.lr_grid)}; "
+  scaled = "linearly" if FLAGS.lr_scaling == "linear" else "with the square root"
+  return (f"{FLAGS.base_lr:g} per 32-example update, scaled {scaled} with the examples of one update, times each "
+          f"of {','.join(FLAGS.lr_grid)}; "
           f"the highest final smoothed accuracy after {FLAGS.lr_epochs} epochs on seed {FLAGS.pilot_seed}, the grid "
           f"extended past an edge that is best up to {LR_EXTENSIONS} times")
 

@@ -14,6 +14,15 @@ from typing import Any, NamedTuple
 from experiments import common
 
 BASE_LR_PER_32 = 0.02  # the learning-rate rule's base: 0.02 per update of a 32-example minibatch
+LR_SCALINGS = ("linear", "sqrt")
+
+
+def rule_lr(update_examples: int, base: float = BASE_LR_PER_32, scaling: str = "linear") -> float:
+  """The learning-rate rule's centre for an update of ``update_examples`` examples: ``base`` per 32-example
+  update, scaled linearly with the examples (SGD: Goyal et al. 2017) or with their square root (Adam: Malladi
+  et al. 2022)."""
+  ratio = update_examples / 32
+  return base * (ratio if scaling == "linear" else ratio ** 0.5)
 REACHES, MISSES, NOT_TRAINED = "reaches", "misses", "not trained"  # goodput marks (:func:`goodput`)
 
 
@@ -50,11 +59,6 @@ class PeerSpec(NamedTuple):
       return max(self.batch_sizes)
     return sum(self.batch_sizes)
 
-  @property
-  def base_lr(self) -> float:
-    """The learning-rate rule's centre: :data:`BASE_LR_PER_32` scaled linearly with the examples of an update
-    (Goyal et al. 2017)."""
-    return BASE_LR_PER_32 * self.update_examples / 32
 
 
 def peer_specs(cluster, profiles, batch_size: int, costs, knobs, systems: Sequence[str], exclude: str = "",

@@ -82,6 +82,8 @@ flags.DEFINE_enum("tuned_objective", "time_to_accuracy", ["time_to_accuracy", "t
 flags.DEFINE_integer("microbatches", 0, "sync_pipeline: microbatches per iteration over all pipelines (0: auto).")
 flags.DEFINE_integer("local_steps", 8, "local_sgd: H (of the fastest worker with --h_by_speed).")
 flags.DEFINE_bool("h_by_speed", True, "local_sgd: each worker's H in proportion to its speed.")
+flags.DEFINE_enum("local_workers", "auto", ["auto", "gpu", "vw"], "local_sgd: workers are GPUs or pipelines "
+                  "(auto: GPUs where one holds the model, else pipelines).")
 flags.DEFINE_list("convergence", None, "convergence.json files (experiments.convergence) giving each row's goodput "
                   "mark; default: outputs/convergence/convergence.json if it exists; empty: none.")
 
@@ -159,11 +161,12 @@ def simulated_images_per_sec(s: Study, plans, d: int = 0, placement: str = "defa
 
 
 def peer_entries(s: Study) -> None:
-  """The peers, simulated with default knobs but --microbatches, --local_steps, --h_by_speed."""
+  """The peers, simulated with default knobs but --microbatches, --local_steps, --h_by_speed, --local_workers."""
   from experiments.peer_runs import peer_specs
   from hetpipe_jax.baselines.knobs import PeerKnobs
+  # (the convergence study's defaults: the same configurations)
   knobs = PeerKnobs(microbatches=FLAGS.microbatches or s.cluster.num_gpus, local_steps=FLAGS.local_steps,
-                    h_by_speed=FLAGS.h_by_speed)  # (the convergence study's defaults: the same configurations)
+                    h_by_speed=FLAGS.h_by_speed, local_workers=FLAGS.local_workers)
   for spec in peer_specs(s.cluster, s.batch_profiles, s.batch, s.costs, knobs, PEERS, model=s.model_name):
     if spec.run is None:
       s.entry(spec.system, spec.system, "", None, None, spec.reason)

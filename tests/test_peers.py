@@ -142,6 +142,21 @@ def test_local_sgd_by_hand():
   assert run.images_per_sec == pytest.approx(96 / 1.6004)
 
 
+def test_local_sgd_auto_workers_are_gpus_where_one_holds_the_model_else_pipelines():
+  gpu_run = simulate_peer("local_sgd", TWO_NODES, PROFILES, 32, PeerKnobs(local_workers="gpu"))
+  auto_run = simulate_peer("local_sgd", TWO_NODES, PROFILES, 32, PeerKnobs(local_workers="auto"))
+  assert auto_run.timeline["meta"]["local_workers"] == "gpu"
+  assert auto_run.round_seconds == gpu_run.round_seconds
+  # 1 GiB GPUs: neither holds both 400 MB units with their optimizer state, a two-GPU pipeline holds them
+  tiny = GpuType("tiny", 1 << 30, 10e12, 10e12, 1e18, 1.0)
+  big = fixed([dataclasses.replace(u, param_bytes=400_000_000) for u in UNITS], 32)
+  cluster = make_cluster("tiny1x2", [[tiny, tiny]], PCIE, NET)
+  with pytest.raises(ConfigError, match="no GPU holds the whole model"):
+    simulate_peer("local_sgd", cluster, big, 32, PeerKnobs(local_workers="gpu"))
+  run = simulate_peer("local_sgd", cluster, big, 32, PeerKnobs(local_workers="auto"))
+  assert run.timeline["meta"]["local_workers"] == "vw" and len(run.job.workers[0].gpus) == 2
+
+
 def test_sync_pipeline_splits_microbatches_by_speed():
   assert proportional(16, [2.0, 1.0, 1.0]) == [8, 4, 4]
   assert proportional(5, [10.0, 1.0]) == [4, 1]

@@ -147,3 +147,10 @@ def test_goodput_marks_only_the_configuration_that_was_trained():
   assert goodput(docs, "HetPipe ED D=0", [[5, 4], 0])[0].startswith("not trained (the convergence study trained")
   assert goodput(docs, "hetero_dp", [[40, 24], [1, 1]]) == ("misses", None)
   assert goodput(docs, "sync_pipeline", [[64], [1]]) == ("not trained", None)
+
+
+def test_learning_rate_rule_scales_linearly_or_with_the_square_root():
+  from experiments.peer_runs import rule_lr
+  assert rule_lr(128) == pytest.approx(0.08)  # 0.02 per 32 examples, x 4
+  assert rule_lr(128, 0.002, "sqrt") == pytest.approx(0.004)  # x sqrt(4)
+  assert rule_lr(8, 0.002, "sqrt") == pytest.approx(0.001)

@@ -12,7 +12,7 @@ from typing import NamedTuple
 from hetpipe_jax.baselines.sync import CYCLE_S, FUSION_BYTES
 from hetpipe_jax.errors import ConfigError
 
-WORKER_KINDS = ("gpu", "vw")
+WORKER_KINDS = ("auto", "gpu", "vw")
 
 
 class PeerKnobs(NamedTuple):
@@ -27,7 +27,9 @@ class PeerKnobs(NamedTuple):
     local_steps: local_sgd's H, the local steps between synchronisations (of the fastest worker with
       ``h_by_speed``).
     h_by_speed: local_sgd: each worker's H in proportion to its speed (the fastest takes ``local_steps``).
-    local_workers: local_sgd's workers: ``gpu`` (every GPU that holds the model) or ``vw`` (pipelines).
+    local_workers: local_sgd's workers: ``gpu`` (every GPU that holds the model), ``vw`` (pipelines), or
+      ``auto`` (GPUs where any GPU holds the model, else pipelines: what DiLoCo's authors do with a model that
+      no one GPU holds).
     outer_lr / outer_momentum: local_sgd's outer Nesterov step (DiLoCo: 0.7 and 0.9); no effect on time.
     rounds: rounds simulated (every round is the same).
   """
@@ -39,7 +41,7 @@ class PeerKnobs(NamedTuple):
   policy: str = "best"
   local_steps: int = 8
   h_by_speed: bool = False
-  local_workers: str = "gpu"
+  local_workers: str = "auto"
   outer_lr: float = 0.7
   outer_momentum: float = 0.9
   rounds: int = 2
@@ -63,7 +65,7 @@ class PeerKnobs(NamedTuple):
               ("global_batch", self.global_batch, self.global_batch >= 0, ">= 0 (0: automatic)"),
               ("microbatches", self.microbatches, self.microbatches >= 0, ">= 0 (0: automatic)"),
               ("local_steps", self.local_steps, self.local_steps >= 1, ">= 1"),
-              ("local_workers", self.local_workers, self.local_workers in WORKER_KINDS, "gpu or vw"),
+              ("local_workers", self.local_workers, self.local_workers in WORKER_KINDS, "auto, gpu or vw"),
               ("outer_lr", self.outer_lr, math.isfinite(self.outer_lr) and self.outer_lr > 0, "> 0"),
               ("outer_momentum", self.outer_momentum, 0 <= self.outer_momentum < 1, "in [0, 1)"),
               ("rounds", self.rounds, self.rounds >= 1, ">= 1")]

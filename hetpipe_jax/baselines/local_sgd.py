@@ -3,7 +3,8 @@ proposes (arXiv 2401.09135).
 
 Every worker, a GPU that holds the whole model (``knobs.local_workers=gpu``, batch ``batch_size`` a step)
 or a virtual worker of the planner run as a synchronous pipeline (``vw``: a local step is Nm microbatches
-under 1F1B with a flush; the fastest of the NP, ED and HD groupings unless ``knobs.policy`` names one),
+under 1F1B with a flush; the fastest of the NP, ED and HD groupings unless ``knobs.policy`` names one; ``auto``:
+GPUs where one holds the model, else virtual workers),
 takes H local steps from the global weights, then the workers all-reduce their weight changes (no overlap:
 the change is known only after the last step) and an outer optimizer step (Nesterov, outer learning rate
 and momentum; ``knobs.outer_lr``, ``knobs.outer_momentum``) updates the global weights. With
@@ -26,6 +27,10 @@ from hetpipe_jax.cost.roofline import model_compute_seconds
 from hetpipe_jax.errors import ConfigError
 
 
+class NoGpuHoldsModel(ConfigError):
+  """No GPU of the cluster holds the whole model (local SGD with GPU workers cannot run)."""
+
+
 def local_sgd_job(cluster: Cluster, profiles: BatchProfiles, batch_size: int, knobs: PeerKnobs,
                   costs: CostContext = DEFAULT_COSTS) -> SyncJob:
   """local_sgd on the simulator's network (see the module docstring).
@@ -34,6 +39,11 @@ def local_sgd_job(cluster: Cluster, profiles: BatchProfiles, batch_size: int, kn
     ConfigError: when no GPU holds the model (gpu workers) or no partition fits (vw workers).
   """
   num_units = len(profiles.low)
+  if knobs.local_workers == "auto":
+    try:
+      return local_sgd_job(cluster, profiles, batch_size, knobs._replace(local_workers="gpu"), costs)
+    except NoGpuHoldsModel:
+      return local_sgd_job(cluster, profiles, batch_size, knobs._replace(local_workers="vw"), costs)
   if knobs.local_workers == "vw" and knobs.policy == BEST:
     return best_of(POLICIES, lambda policy: local_sgd_job(cluster, profiles, batch_size,
                                                            knobs._replace(policy=policy), costs))
@@ -41,7 +51,8 @@ def local_sgd_job(cluster: Cluster, profiles: BatchProfiles, batch_size: int, kn
     from hetpipe_jax.plan.allocation import horovod_gpus  # pylint: disable=g-import-not-at-top
     gpus = horovod_gpus(cluster, profiles.at(batch_size), costs)
     if not gpus:
-      raise ConfigError("local_sgd: no GPU holds the whole model; use --local_workers=vw or larger GPUs")
+      raise NoGpuHoldsModel("local_sgd: no GPU holds the whole model; use --local_workers=vw (or auto) or "
+                            "larger GPUs")
     shapes = [((g,), (0, num_units), batch_size, 1, 1) for g in gpus]
     speeds = [1 / model_compute_seconds(profiles.at(batch_size), g.type, costs.precision) for g in gpus]
   else:
