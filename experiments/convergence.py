@@ -109,11 +109,11 @@ flags.DEFINE_float("epochs", 2.0, "Training examples seen by every run, in epoch
 flags.DEFINE_bool("full", False, "The study the goals are measured on: --epochs=10, --lr_epochs=1 and seeds 0, 1, "
                   "2 (where those flags are not given).")
 flags.DEFINE_integer("batch_size", 32, "Minibatch size (per worker).")
-flags.DEFINE_float("target_accuracy", 0.0, "Test accuracy (a training loss with --target_metric=loss) whose emulated "
+flags.DEFINE_float("target_accuracy", 0.0, "Test accuracy (a test loss with --target_metric=loss) whose emulated "
                    "time is the headline; 0: 0.95 of the best configuration's final smoothed accuracy (mean over "
                    "seeds; a loss: the best final loss / 0.95).")
 flags.DEFINE_enum("target_metric", "accuracy", ["accuracy", "loss"], "What the target is on: the test accuracy, or "
-                  "the training loss (a language model: the small GPT on --dataset=tokens).")
+                  "the test loss (a language model: the small GPT on --dataset=tokens).")
 flags.DEFINE_integer("smooth", 3, "Evaluations in the trailing mean of the smoothed accuracy curve.")
 flags.DEFINE_integer("eval_examples", 6000, "Evaluate the test accuracy about every this many training examples.")
 flags.DEFINE_string("time_model", "vgg19", "vgg19, resnet152 or another full-size model: time axis from this "
@@ -127,18 +127,19 @@ flags.DEFINE_string("out_dir", "outputs/convergence", "Where the JSON, CSV and p
 FULL = {"epochs": 10.0, "lr_epochs": 1.0, "seeds": [0, 1, 2]}  # --full
 TARGET_SHARE = 0.95  # --target_accuracy=0: this share of the best configuration's final smoothed accuracy
 LR_EXTENSIONS = 3  # learning-rate pilots: how many steps the grid may extend past an edge that is best
+LOSS_COLUMN = 4  # a curve point's test loss (--target_metric=loss)
 HETPIPE, HETPIPE_OUTER = "hetpipe", "hetpipe_outer"  # HetPipe's learning-rate systems (without, with --outer)
 
 
 def _loss() -> bool:
-  """Whether the target is a training loss (--target_metric=loss) rather than a test accuracy."""
+  """Whether the target is a test loss (--target_metric=loss) rather than a test accuracy."""
   return FLAGS.is_parsed() and FLAGS.target_metric == "loss"
 
 
 def smoothed(curve: list[list[float]], k: int) -> list[float]:
-  """The curve's test accuracy (or, --target_metric=loss, its training loss) as a trailing mean over ``k``
+  """The curve's test accuracy (or, --target_metric=loss, its test loss) as a trailing mean over ``k``
   evaluations (fewer at the start)."""
-  column = 3 if _loss() else 2
+  column = LOSS_COLUMN if _loss() else 2
   acc = [p[column] for p in curve]
   return [sum(acc[max(0, i - k + 1):i + 1]) / (i + 1 - max(0, i - k + 1)) for i in range(len(acc))]
 
@@ -181,12 +182,12 @@ def auto_target(best: float) -> float:
 
 
 def hetpipe_curve(metrics: list[dict], nms: list[int], scale: float = 1.0) -> list[list[float]]:
-  """[time x scale, minibatches so far (all workers), test accuracy, train loss] at every evaluation."""
+  """[time x scale, minibatches so far (all workers), test accuracy, train loss, test loss] at every evaluation."""
   curve, done = [], 0
   for row in metrics:
     done += nms[row["vw"]]
     if "test_accuracy" in row:
-      curve.append([row["time"] * scale, done, row["test_accuracy"], row["train_loss"]])
+      curve.append([row["time"] * scale, done, row["test_accuracy"], row["train_loss"], row["test_loss"]])
   return curve
 
 
@@ -714,7 +715,7 @@ def study_doc(study: Study, seeds: list[int], runs: list[dict], tuned: Tuned | N
   names = list(dict.fromkeys(run["name"] for run in runs))
   summary = {name: summarise([r for r in runs if r["name"] == name]) for name in names}
   tuned_doc = {} if tuned is None else {**tuned.doc, **({"pilots": tuned.pilots} if tuned.pilots else {})}
-  rule = (f"the best final smoothed training loss / {TARGET_SHARE}" if _loss() else
+  rule = (f"the best final smoothed test loss / {TARGET_SHARE}" if _loss() else
           f"{TARGET_SHARE} x the best final smoothed accuracy")
   return {"target_accuracy": target, "target_metric": FLAGS.target_metric,
           "target_rule": "given" if FLAGS.target_accuracy else rule, "smooth": FLAGS.smooth,
@@ -763,9 +764,9 @@ def write_outputs(study: Study, doc: dict) -> dict[str, str]:
   runs, epoch = doc["runs"], study.epoch
   common.write_json(paths["json"], doc)
   common.write_csv(paths["csv"], ["name", "system", "seed", "d", "time_s", "minibatches", "epochs", "test_accuracy",
-                                  "train_loss"],
-                   ([run["name"], run["system"], run["seed"], run["d"], t, mbs, mbs / epoch, acc, loss]
-                    for run in runs for t, mbs, acc, loss in run["curve"]))
+                                  "train_loss", "test_loss"],
+                   ([run["name"], run["system"], run["seed"], run["d"], t, mbs, mbs / epoch, acc, loss, test_loss]
+                    for run in runs for t, mbs, acc, loss, test_loss in run["curve"]))
   plot(runs, epoch, doc["target_accuracy"], paths["plot"], f"{study.model.name} on {study.dataset.name}; time: "
        f"{study.time_axis}; seeds {doc['seeds']}")
   return paths
@@ -789,7 +790,7 @@ def report(doc: dict, tuned: Tuned | None) -> None:
 def print_table(doc: dict) -> None:
   """The one table of the study (see :func:`table`)."""
   target = doc["target_accuracy"]
-  what = "training loss" if doc["target_metric"] == "loss" else "test accuracy"
+  what = "test loss" if doc["target_metric"] == "loss" else "test accuracy"
   print(f"target: {target:.4f} {what} ({doc['target_rule']}), smoothed over {doc['smooth']} evaluations; "
         f"{doc['epochs']} epochs; seeds {doc['seeds']}")
   unit, per = doc["unit"], doc["per_example"]
@@ -918,7 +919,7 @@ def plot(runs: list[dict], epoch: float, target: float, path: str, title: str) -
   for name in dict.fromkeys(run["name"] for run in runs):
     curves = [r["curve"] for r in runs if r["name"] == name]
     n = min(len(c) for c in curves)
-    acc = np.array([[p[3 if _loss() else 2] for p in c[:n]] for c in curves])
+    acc = np.array([[p[LOSS_COLUMN if _loss() else 2] for p in c[:n]] for c in curves])
     style = "--" if runs[[r["name"] for r in runs].index(name)]["system"] not in ("hetpipe", "ssp") else "-"
     for ax, x in ((ax_t, [p[0] for p in curves[0][:n]]), (ax_e, [p[1] / epoch for p in curves[0][:n]])):
       line, = ax.plot(x, acc.mean(axis=0), style, label=f"{name[:50]} ({len(curves)} seeds)")
@@ -928,7 +929,7 @@ def plot(runs: list[dict], epoch: float, target: float, path: str, title: str) -
     ax.axhline(target, color="grey", lw=0.8)
     ax.grid(alpha=0.3)
   ax_e.legend(fontsize=6, loc="lower right")
-  what = "training loss" if _loss() else "test accuracy"
+  what = "test loss" if _loss() else "test accuracy"
   ax_t.set(xlabel="emulated time (s)", ylabel=f"{what} (mean; band: seeds' range)", xscale="log")
   ax_e.set(xlabel="epochs", ylabel=f"{what} (mean; band: seeds' range)")
   fig.suptitle(title, fontsize=9)

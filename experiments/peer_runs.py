@@ -96,8 +96,8 @@ def train_peer(model, dataset, spec: PeerSpec, seed: int, lr: float, optimizer: 
   worker's gradient weighted by its share; local SGD with its H and outer Nesterov step).
 
   Returns:
-    The curve: ``[time s, examples so far / batch size, test accuracy, train loss]`` at every evaluation, on the
-    clock of the peer's simulated round.
+    The curve: ``[time s, examples so far / batch size, test accuracy, train loss, test loss]`` at every
+    evaluation, on the clock of the peer's simulated round.
   """
   from hetpipe_jax.baselines.numerics import train_local_sgd, train_weighted_sync
   from hetpipe_jax.optim import make_optimizer
@@ -113,7 +113,7 @@ def train_peer(model, dataset, spec: PeerSpec, seed: int, lr: float, optimizer: 
     rows = train_weighted_sync(model, dataset, make_optimizer(optimizer, lr), spec.batch_sizes, rounds,
                                run.round_seconds, seed, every, what=what)
   batch = run.timeline["meta"]["batch_size"]
-  return [[r["time"], r["examples"] / batch, r["test_accuracy"], r["train_loss"]] for r in rows
+  return [[r["time"], r["examples"] / batch, r["test_accuracy"], r["train_loss"], r["test_loss"]] for r in rows
           if "test_accuracy" in r]
 
 

@@ -1,4 +1,4 @@
-"""Test accuracy of a model's weights: shared by HetPipe runs and the data-parallel baseline."""
+"""Test accuracy and test loss of a model's weights: shared by HetPipe runs and the peers' numerics."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from hetpipe_jax.data import Dataset
-from hetpipe_jax.models.base import LayeredModel
+from hetpipe_jax.models.base import LayeredModel, cross_entropy
 
 
 def make_evaluator(model: LayeredModel, dataset: Dataset, device: Any,
-                   chunk: int = 2000) -> Callable[[Any], float]:
+                   chunk: int = 2000) -> Callable[[Any], dict[str, float]]:
   """An evaluator of the whole model on ``dataset``'s test split.
 
   Args:
@@ -24,14 +24,23 @@ def make_evaluator(model: LayeredModel, dataset: Dataset, device: Any,
     chunk: examples per jitted prediction.
 
   Returns:
-    ``params -> test accuracy`` (a fraction in [0, 1]).
+    ``params -> {"test_accuracy": a fraction in [0, 1], "test_loss": the mean cross-entropy per label}`` (a
+    language model: per token; its perplexity is ``exp`` of it).
   """
-  predict = jax.jit(lambda params, x: jnp.argmax(model.apply(params, x), axis=-1))
-  xs = [jax.device_put(dataset.x_test[i:i + chunk], device) for i in range(0, len(dataset.x_test), chunk)]
 
-  def evaluate(params) -> float:
+  def predict(params, x, y):
+    logits = model.apply(params, x)
+    return jnp.argmax(logits, axis=-1), cross_entropy(logits, y) * y.size
+
+  predict = jax.jit(predict)
+  parts = [(jax.device_put(dataset.x_test[i:i + chunk], device), jax.device_put(dataset.y_test[i:i + chunk], device))
+           for i in range(0, len(dataset.x_test), chunk)]
+
+  def evaluate(params) -> dict[str, float]:
     params = jax.device_put(params, device)
-    pred = np.concatenate([np.asarray(predict(params, x)) for x in xs])
-    return float((pred == dataset.y_test).mean())
+    outs = [predict(params, x, y) for x, y in parts]
+    pred = np.concatenate([np.asarray(p) for p, _ in outs])
+    loss = sum(float(s) for _, s in outs) / dataset.y_test.size
+    return {"test_accuracy": float((pred == dataset.y_test).mean()), "test_loss": loss}
 
   return evaluate

@@ -31,6 +31,20 @@ def first_time(metrics, target):
   return next((r["time"] for r in metrics if r.get("test_accuracy", 0) >= target), None)
 
 
+def test_the_evaluator_reports_test_accuracy_and_the_mean_loss_per_label():
+  import jax
+
+  from hetpipe_jax.evaluate import make_evaluator
+  from hetpipe_jax.models.base import cross_entropy
+  data = load_dataset("tokens")
+  model = get_model("gpt", data.num_classes)
+  params = model.init(jax.random.PRNGKey(0), data.x_train[:2])
+  got = make_evaluator(model, data, jax.devices()[0], chunk=100)(params)  # 256 test sequences: 3 chunks
+  logits = model.apply(params, data.x_test)
+  assert got["test_accuracy"] == pytest.approx(float((np.argmax(logits, -1) == data.y_test).mean()))
+  assert got["test_loss"] == pytest.approx(float(cross_entropy(logits, data.y_test)), rel=1e-5)
+
+
 def test_data_parallel_with_one_gpu_is_plain_sgd():
   ref_losses, ref_params = plain_sgd(optax.sgd(0.1))
   rows = train_data_parallel(get_model("mlp"), TDATA, optax.sgd(0.1), 1, STEPS, 32, 0.5, seed=3,
@@ -112,7 +126,7 @@ def test_convergence_cli(tmp_path):
   for run in doc["runs"]:
     assert {"name", "row", "system", "seed", "d", "nm", "gpus", "lr", "time_to_target_s", "final_test_accuracy",
             "curve", "images_per_sec", "efficiency"} <= set(run)
-    assert all(len(point) == 4 for point in run["curve"])
+    assert all(len(point) == 5 and point[4] > 0 for point in run["curve"])  # ..., train loss, test loss
     if run["system"] in ("hetpipe", "ssp"):  # the time axis follows the sim executor's rate for the configuration
       assert run["time_scale"] > 0 and run["mean_staleness"] >= 0
     else:

@@ -116,7 +116,7 @@ def old_train_data_parallel(tx, num_workers, steps, batch_size, step_seconds, se
     losses.append(loss)
     rows.append({"vw": 0, "wave": s - 1, "step": s, "time": s * step_seconds})
     if s % eval_every == 0 or s == steps:
-      rows[-1]["test_accuracy"] = evaluate(params)
+      rows[-1].update(evaluate(params))
   for row, loss in zip(rows, jax.device_get(losses)):
     row["train_loss"] = float(loss)
   return rows
@@ -144,9 +144,11 @@ def test_local_sgd_with_one_local_step_and_the_plain_outer_step_is_synchronous_s
   assert_trees_close(local, sync, atol=1e-6)
   np.testing.assert_allclose([r["train_loss"] for r in local_rows], [r["train_loss"] for r in sync_rows], rtol=1e-5)
   for a, b in zip(local_rows, sync_rows, strict=True):
-    assert {k: v for k, v in a.items() if k not in ("train_loss", "test_accuracy")} == {
-        k: v for k, v in b.items() if k not in ("train_loss", "test_accuracy")}
+    measured = ("train_loss", "test_accuracy", "test_loss")
+    assert {k: v for k, v in a.items() if k not in measured} == {k: v for k, v in b.items() if k not in measured}
     assert ("test_accuracy" in a) == ("test_accuracy" in b)
+    if "test_loss" in a:
+      assert a["test_loss"] == pytest.approx(b["test_loss"], rel=1e-5)
 
 
 def test_outer_nesterov_is_the_hand_computed_recurrence():

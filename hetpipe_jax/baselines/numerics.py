@@ -97,7 +97,7 @@ class _Tracker:
     self.rows.append({"vw": 0, "wave": s - 1, "step": s, "time": s * self.seconds})
     if s % self.eval_every == 0 or s == self.total:
       self.check(params)
-      self.rows[-1]["test_accuracy"] = self.evaluate(params)
+      self.rows[-1].update(self.evaluate(params))  # test_accuracy, test_loss
       logging.info("%s: %s %d/%d  t=%.4gs  test accuracy %.4f", self.what, self.unit, s, self.total,
                    self.rows[-1]["time"], self.rows[-1]["test_accuracy"])
 

@@ -98,7 +98,7 @@ class _Checkpoints:
     return VirtualClock(**self.state["clock"])
 
   def between(self, engine: Engine, built: Built, metrics: WaveMetrics, trace: Trace,
-              evaluate: Callable[[Any], float]) -> Checkpointing:
+              evaluate: Callable[[Any], dict[str, float]]) -> Checkpointing:
     """When a checkpoint is due and how the executor saves one."""
     server = built.server
 

@@ -21,7 +21,8 @@ from hetpipe_jax.core.server import Server
 
 
 class WaveMetrics:
-  """Collects ``{"vw", "wave", "step", "time", "train_loss", "global_clock"}`` per pushed wave.
+  """Collects ``{"vw", "wave", "step", "time", "train_loss", "global_clock"}`` per pushed wave, and
+  ``test_accuracy`` and ``test_loss`` (of the global weights, on the test split) at every evaluation.
 
   Args:
     ps: the parameter server (its clock decides when to snapshot its ``params``, the global weights).
@@ -51,17 +52,17 @@ class WaveMetrics:
                      clock, self._waves, t, vw, wave, float(np.mean(jax.device_get(losses))),
                      self._pushed, self._waves * len(self._nms))
 
-  def resolve(self, evaluate: Callable[[Any], float]) -> None:
+  def resolve(self, evaluate: Callable[[Any], dict[str, float]]) -> None:
     """Evaluates the snapshots taken so far and resolves the losses to floats (what :meth:`finish` does;
     before a checkpoint, so that it holds numbers, not arrays)."""
     for row_index, params in self._snapshots:
-      self.rows[row_index]["test_accuracy"] = evaluate(params)
+      self.rows[row_index].update(evaluate(params))  # test_accuracy, test_loss
     self._snapshots = []
     pending = [row for row in self.rows if not isinstance(row["train_loss"], float)]
     for row, losses in zip(pending, jax.device_get([row["train_loss"] for row in pending])):
       row["train_loss"] = float(np.mean(losses))
 
-  def checkpoint_state(self, evaluate: Callable[[Any], float]) -> dict[str, Any]:
+  def checkpoint_state(self, evaluate: Callable[[Any], dict[str, float]]) -> dict[str, Any]:
     """The rows so far (resolved; as JSON text, which keeps their key order), for a checkpoint."""
     self.resolve(evaluate)
     return {"rows": json.dumps(self.rows), "clock": self._clock, "pushed": self._pushed}
@@ -70,7 +71,7 @@ class WaveMetrics:
     self.rows = json.loads(state["rows"])
     self._clock, self._pushed, self._snapshots = state["clock"], state["pushed"], []
 
-  def finish(self, final_params, evaluate: Callable[[Any], float]) -> list[dict[str, Any]]:
+  def finish(self, final_params, evaluate: Callable[[Any], dict[str, float]]) -> list[dict[str, Any]]:
     """Evaluates every snapshot (and ``final_params`` on the last row), resolves the losses to floats."""
     rows = self.rows
     if not self._snapshots or self._snapshots[-1][0] != len(rows) - 1:
