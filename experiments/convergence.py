@@ -731,10 +731,10 @@ def study_doc(study: Study, seeds: list[int], runs: list[dict], tuned: Tuned | N
 
 def lr_rule() -> str:
   scaled = "linearly" if FLAGS.lr_scaling == "linear" else "with the square root"
+  metric = "test loss" if _loss() else "accuracy"
   return (f"{FLAGS.base_lr:g} per 32-example update, scaled {scaled} with the examples of one update, times each "
-          f"of {','.join(FLAGS.lr_grid)}; "
-          f"the highest final smoothed accuracy after {FLAGS.lr_epochs} epochs on seed {FLAGS.pilot_seed}, the grid "
-          f"extended past an edge that is best up to {LR_EXTENSIONS} times")
+          f"of {','.join(FLAGS.lr_grid)}; the best final smoothed {metric} after {FLAGS.lr_epochs} epochs on seed "
+          f"{FLAGS.pilot_seed}, the grid extended past an edge that is best up to {LR_EXTENSIONS} times")
 
 
 def table(summary: dict[str, dict]) -> list[dict]:
