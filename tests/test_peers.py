@@ -142,6 +142,17 @@ def test_local_sgd_by_hand():
   assert run.images_per_sec == pytest.approx(96 / 1.6004)
 
 
+def test_ps_sync_by_hand():
+  # u0 (100 MB) on the PS task of node 0, u1 (300 MB) on node 1's (round-robin). u1 is done on both GPUs at
+  # 0.8 s (the slow one's backward 0.4..1.2, u1 first): fast pushes over the network (0.3001, lands 1.1001),
+  # slow over its PCIe; u0 at 1.2: slow pushes over the network (0.1001, lands 1.3001). Then the pulls, all on
+  # separate resources: u1 to the fast GPU over the network, 0.3001: the step ends at 1.6002
+  run = simulate_peer("ps_sync", TWO_NODES, PROFILES, 32)
+  assert run.round_seconds == pytest.approx(1.6002)
+  assert run.images_per_sec == pytest.approx(64 / 1.6002)
+  assert run.timeline["meta"]["ps_tasks"] == 2
+
+
 def test_local_sgd_auto_workers_are_gpus_where_one_holds_the_model_else_pipelines():
   gpu_run = simulate_peer("local_sgd", TWO_NODES, PROFILES, 32, PeerKnobs(local_workers="gpu"))
   auto_run = simulate_peer("local_sgd", TWO_NODES, PROFILES, 32, PeerKnobs(local_workers="auto"))

@@ -49,6 +49,7 @@ from hetpipe_jax.sim.network import Simulator
 
 FUSION_BYTES = 64 << 20  # Horovod's default fusion buffer (HOROVOD_FUSION_THRESHOLD, docs/tensor-fusion.rst)
 CYCLE_S = 1e-3  # Horovod's default cycle time (HOROVOD_CYCLE_TIME, 1 ms since Horovod 0.21; 5 ms before)
+EXCHANGES = ("allreduce", "ps")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,6 +99,10 @@ class SyncJob:
     precision: "fp32", "fp16" or "bf16".
     rounds: rounds simulated (every round is the same; two show it).
     knobs: what the system was built with (its JSON).
+    exchange: how gradients meet: ``allreduce`` (ring, fused), or ``ps`` (a synchronous parameter server,
+      :func:`ps_exchange`: every unit's variables on one PS task, the tasks round-robin over the workers'
+      hosts; each worker pushes a unit's gradient to its task when ready, and once every unit is pushed by
+      every worker, pulls every variable back).
   """
 
   system: str
@@ -110,6 +115,7 @@ class SyncJob:
   precision: str = "fp32"
   rounds: int = 2
   knobs: tuple[tuple[str, Any], ...] = ()
+  exchange: str = "allreduce"
 
   def __post_init__(self):
     if not self.workers:
@@ -126,6 +132,8 @@ class SyncJob:
     used = [g.index for w in self.workers for g in w.gpus]
     if len(used) != len(set(used)):
       raise ConfigError(f"{self.system}: a GPU is in two workers; give each GPU to one worker")
+    if self.exchange not in EXCHANGES:
+      raise ConfigError(f"{self.system}: exchange={self.exchange!r}; give one of {', '.join(EXCHANGES)}")
     if self.rounds < 1 or not self.cycle_s >= 0 or not self.fusion_bytes >= 0:
       raise ConfigError(f"{self.system}: rounds={self.rounds}, cycle_s={self.cycle_s}, "
                         f"fusion_bytes={self.fusion_bytes}; give rounds >= 1 and cycle_s, fusion_bytes >= 0")
@@ -188,6 +196,9 @@ class _Run:
     self.workers_left = 0
     self.round_start = 0.0
     self.rounds_done = 0
+    hosts = sorted({g.node for w in job.workers for g in w.gpus})
+    self.ps_host = {u: hosts[k % len(hosts)] for k, u in enumerate(self.tensor_bytes)}  # round-robin
+    self.pulls_left = 0
 
   def _cost(self, i: int, j: int, size: int) -> tuple[float, float, list[tuple[int, float]], float]:
     """Stage ``j`` of worker ``i`` on a microbatch of ``size`` examples: (forward s, backward s, each unit's
@@ -331,6 +342,9 @@ class _Run:
     self._launch(comm)
 
   def _launch(self, comm: _Comm) -> None:
+    if self.job.exchange == "ps":
+      self._push(comm)
+      return
     if comm.busy or not comm.ready:
       return
     size, taken = 0.0, 0
@@ -352,8 +366,47 @@ class _Run:
         self._maybe_end_round(t)
     allreduce(self.sim, comm.gpus, size, done)
 
+  # parameter server
+
+  def _push(self, comm: _Comm) -> None:
+    """Every ready unit's gradient, from every member to the unit's PS task at once (no fusion)."""
+    ready, comm.ready = comm.ready, []
+    for u in ready:
+      t0, left = self.sim.t, [len(comm.gpus)]
+
+      def landed(t: float, u=u, t0=t0, left=left) -> None:
+        left[0] -= 1
+        if left[0]:
+          return
+        comm.intervals.append((t0, t))
+        comm.left -= 1
+        if not any(c.left for c in self.comms):
+          self._pull(t)
+      for g in comm.gpus:
+        self.sim.send(g.node, self.ps_host[u], self.tensor_bytes[u], landed)
+
+  def _pull(self, t: float) -> None:
+    """Every worker GPU reads back the variables it holds, each PS task's share in one transfer."""
+    shares: dict[tuple[int, Gpu], float] = {}  # (PS host, reading GPU) -> bytes
+    for c in self.comms:
+      for u in c.units:
+        for g in c.gpus:
+          key = (self.ps_host[u], g)
+          shares[key] = shares.get(key, 0.0) + self.tensor_bytes[u]
+    self.pulls_left = len(shares) if shares else 0
+    if not shares:
+      self._maybe_end_round(t)
+      return
+
+    def landed(t_landed: float) -> None:
+      self.pulls_left -= 1
+      if not self.pulls_left:
+        self._maybe_end_round(t_landed)
+    for (src, gpu), num_bytes in shares.items():
+      self.sim.send(src, gpu.node, num_bytes, landed)
+
   def _maybe_end_round(self, t: float) -> None:
-    if self.workers_left or any(c.left for c in self.comms):
+    if self.workers_left or any(c.left for c in self.comms) or self.pulls_left:
       return
     self.log.rounds.append((self.round_start, t))
     self.rounds_done += 1

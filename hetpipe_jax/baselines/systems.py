@@ -14,6 +14,7 @@ from hetpipe_jax.baselines.hetero_dp import hetero_dp_job
 from hetpipe_jax.baselines.horovod import horovod_job
 from hetpipe_jax.baselines.knobs import PeerKnobs
 from hetpipe_jax.baselines.local_sgd import local_sgd_job
+from hetpipe_jax.baselines.ps_sync import ps_sync_job
 from hetpipe_jax.baselines.sync import SyncJob, simulate_sync
 from hetpipe_jax.baselines.sync_pipeline import sync_pipeline_job
 from hetpipe_jax.cluster import Cluster
@@ -38,6 +39,8 @@ SYSTEMS: dict[str, System] = {
                             "with a flush, gradients all-reduced across pipelines"),
     "local_sgd": System(local_sgd_job, "H local steps per worker, then an all-reduce of the weight change and an "
                         "outer Nesterov step (DiLoCo)"),
+    "ps_sync": System(ps_sync_job, "TensorFlow's synchronous parameter server: variables round-robin over one PS "
+                      "task per worker host, every worker pushes every gradient and pulls every variable a step"),
 }
 
 

@@ -112,7 +112,8 @@ def full_size_profiles(name: str, batch_size: int, cache_dir: str | None = FROM_
   """Profiles of a full-size model (:data:`hetpipe_jax.models.FULL_SIZE`) on its input shape.
 
   Args:
-    name: ``"vgg19"``, ``"resnet152"``, ``"gpt2-xl"``, ``"gpt-6.7b"`` or ``"gpt-13b"``.
+    name: a name of :data:`hetpipe_jax.models.FULL_SIZE`: ``"vgg16"``, ``"vgg19"``, ``"resnet50"``,
+      ``"resnet101"``, ``"resnet152"``, ``"inception_v3"`` (299x299), ``"gpt2-xl"``, ``"gpt-6.7b"``, ``"gpt-13b"``.
     batch_size: examples per minibatch.
     cache_dir: see :func:`profile_units`.
     seq_len: a GPT's tokens per example (default: its context); None for the image models.

@@ -3,6 +3,7 @@
 from hetpipe_jax.models.base import LayeredModel, cross_entropy, num_params
 from hetpipe_jax.models.cnn import small_cnn
 from hetpipe_jax.models.gpt import gpt, gpt_num_params
+from hetpipe_jax.models.inception import inception_v3
 from hetpipe_jax.models.mlp import mlp
 from hetpipe_jax.models.resnet import resnet
 from hetpipe_jax.models.vgg import vgg
@@ -18,6 +19,6 @@ from hetpipe_jax.models.zoo import (
 
 __all__ = [
     "FULL_SIZE", "MODELS", "FullSize", "LayeredModel", "cross_entropy", "full_size_input",
-    "full_size_model", "full_size_spec", "get_model", "gpt", "gpt_num_params", "mlp", "num_params", "resnet",
-    "small_cnn", "vgg",
+    "full_size_model", "full_size_spec", "get_model", "gpt", "gpt_num_params", "inception_v3", "mlp", "num_params",
+    "resnet", "small_cnn", "vgg",
 ]

@@ -1,10 +1,12 @@
 """The models by name: small ones that train on a CPU, and full-size ones for planning.
 
-The full-size models (docs/PROTOCOL.md section 5: VGG-19 and ResNet-152 on ImageNet; and GPT decoders too large
-for any one GPU: GPT-2 XL, 1.6B parameters with untied embeddings, and GPT-3-shaped 6.7B and 13B) are
-profiled, planned and simulated, never trained here; :data:`FULL_SIZE` holds their input shape (a GPT's:
-its context length of tokens), dtype and class count (a GPT's: its vocabulary), the one place these
-numbers live. A GPT's sequence length can be shorter than its context (:func:`full_size_spec`).
+The full-size models (docs/PROTOCOL.md section 5: VGG-19 and ResNet-152 on ImageNet; beside them VGG-16,
+ResNet-50, ResNet-101 and Inception-v3 (299x299 inputs), the other ImageNet models of the simulator's
+fidelity checks; and GPT decoders too large for any one GPU: GPT-2 XL, 1.6B parameters with untied
+embeddings, and GPT-3-shaped 6.7B and 13B) are profiled, planned and simulated, never trained here;
+:data:`FULL_SIZE` holds their input shape (a GPT's: its context length of tokens), dtype and class count
+(a GPT's: its vocabulary), the one place these numbers live. A GPT's sequence length can be shorter than
+its context (:func:`full_size_spec`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.models.base import LayeredModel
 from hetpipe_jax.models.cnn import small_cnn
 from hetpipe_jax.models.gpt import gpt
+from hetpipe_jax.models.inception import inception_v3
 from hetpipe_jax.models.mlp import mlp
 from hetpipe_jax.models.resnet import resnet
 from hetpipe_jax.models.vgg import vgg
@@ -34,6 +37,11 @@ MODELS = {
     # Full size, for planning and profiling at 224x224 (every layer / residual block is a unit).
     "vgg19": lambda num_classes: vgg("E", width=1, classifier=4096, num_classes=num_classes),
     "resnet152": lambda num_classes: resnet(152, width=64, num_classes=num_classes, large_stem=True),
+    "vgg16": lambda num_classes: vgg("D", width=1, classifier=4096, num_classes=num_classes),
+    "resnet50": lambda num_classes: resnet(50, width=64, num_classes=num_classes, large_stem=True),
+    "resnet101": lambda num_classes: resnet(101, width=64, num_classes=num_classes, large_stem=True),
+    # At 299x299: five stem convolutions, the eleven Inception blocks and the head are the units.
+    "inception_v3": lambda num_classes: inception_v3(num_classes=num_classes),
     # GPT-2 XL (Radford et al. 2019): 48 layers, d = 1600, 25 heads, context 1024.
     "gpt2-xl": lambda num_classes: gpt(num_classes, 48, 1600, 25, 1024, name="gpt2-xl"),
     # GPT-3 6.7B and 13B shapes (Brown et al. 2020, table 2.1): context 2048.
@@ -53,7 +61,8 @@ class FullSize(NamedTuple):
 
 IMAGENET = FullSize((224, 224, 3), 1000)
 GPT2_VOCAB = 50257  # GPT-2's byte-pair vocabulary, which GPT-3 kept
-FULL_SIZE = {"vgg19": IMAGENET, "resnet152": IMAGENET,
+FULL_SIZE = {"vgg19": IMAGENET, "resnet152": IMAGENET, "vgg16": IMAGENET, "resnet50": IMAGENET,
+             "resnet101": IMAGENET, "inception_v3": FullSize((299, 299, 3), 1000),
              "gpt2-xl": FullSize((1024,), GPT2_VOCAB, "int32"),
              "gpt-6.7b": FullSize((2048,), GPT2_VOCAB, "int32"),
              "gpt-13b": FullSize((2048,), GPT2_VOCAB, "int32")}
@@ -64,7 +73,8 @@ def get_model(name: str, num_classes: int = 10) -> LayeredModel:
 
   Args:
     name: the small "mlp", "cnn", "vgg", "resnet", "gpt", "gpt6", or the full-size "vgg19", "resnet152",
-      "gpt2-xl", "gpt-6.7b", "gpt-13b" (for those, :func:`full_size_model` also picks the class count).
+      "vgg16", "resnet50", "resnet101", "inception_v3", "gpt2-xl", "gpt-6.7b", "gpt-13b" (for those,
+      :func:`full_size_model` also picks the class count).
     num_classes: outputs of the last unit.
 
   Returns:

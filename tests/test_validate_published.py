@@ -1,0 +1,83 @@
+"""experiments.validate_published: the published table parses, the fit makes its own rows exact and nothing
+else, a raw all-reduce row is the simulator's ring, and the CLI ends with its one summary line."""
+
+import csv
+import json
+import subprocess
+import sys
+
+import pytest
+
+from experiments import validate_published as vp
+
+COLUMNS = ["id", "category", "source", "gpu", "gpus", "nodes", "intra_link", "inter_link", "system", "model",
+           "batch_per_gpu", "microbatches", "partitions", "precision", "figure", "unit", "one_gpu_figure",
+           "message_bytes", "notes"]
+
+
+def _table(path, rows):
+  with open(path, "w", newline="", encoding="utf-8") as f:
+    writer = csv.DictWriter(f, COLUMNS)
+    writer.writeheader()
+    for row in rows:
+      writer.writerow({c: row.get(c, "") for c in COLUMNS})
+  return str(path)
+
+
+ONE = {"id": "v100-r50-1", "category": "single_node", "source": "test", "gpu": "V100 SXM2", "gpus": 1, "nodes": 1,
+       "intra_link": "nvlink2", "system": "allreduce", "model": "resnet50", "batch_per_gpu": 64, "figure": 400.0,
+       "unit": "images_per_sec", "one_gpu_figure": 400.0}
+EIGHT = {**ONE, "id": "v100-r50-8", "gpus": 8, "figure": 3000.0}
+RING = {"id": "ring-2x4", "category": "allreduce", "source": "test", "gpu": "P100", "gpus": 8, "nodes": 2,
+        "intra_link": "pcie3", "inter_link": "ib_fdr56", "system": "nccl_allreduce", "figure": 0.01,
+        "unit": "seconds", "message_bytes": 64e6}
+PS = {**ONE, "id": "ps", "category": "multi_node_ps", "system": "ps_sync", "gpus": 8, "nodes": 2,
+      "inter_link": "eth25", "figure": 2000.0}
+PIPE = {**ONE, "id": "pipe", "category": "pipeline", "system": "gpipe", "gpus": 4, "partitions": 4,
+        "microbatches": 8, "figure": 2.5, "unit": "speedup"}
+
+
+def test_the_fit_reproduces_its_own_single_gpu_figure_and_holds_out_the_rest(tmp_path):
+  rows = vp.read_table(_table(tmp_path / "t.csv", [ONE, EIGHT]))
+  types, points = vp.fit_efficiency(rows, ["resnet50"])
+  assert len(points) == 1 and points[0]["gpu"] == "V100 SXM2" and points[0]["published"] == 400.0
+  assert vp.simulate(rows[0], types) == pytest.approx(400.0, rel=1e-6)  # the fitted row, exact
+  # the catalogue's 1.0 until fitted, times the ratio published / simulated
+  assert dict(types["V100 SXM2"].family_efficiency)["resnet"] == pytest.approx(points[0]["ratio"], rel=1e-9)
+  eight = vp.simulate(rows[1], types)
+  assert 0 < eight <= 8 * 400.0 * (1 + 1e-9)  # 8 GPUs never beat 8 x one
+  untouched, _ = vp.fit_efficiency(rows, ["vgg16"])  # no vgg16 row: nothing fitted
+  assert untouched["V100 SXM2"].family_efficiency == ()
+
+
+def test_a_raw_allreduce_row_is_the_ring_alone_on_the_network(tmp_path):
+  from hetpipe_jax.baselines.horovod import allreduce_seconds
+  from hetpipe_jax.cluster import CATALOGUE
+  row = vp.read_table(_table(tmp_path / "t.csv", [RING]))[0]
+  cluster = vp.row_cluster(row, CATALOGUE)
+  assert vp.simulate(row, CATALOGUE) == pytest.approx(allreduce_seconds(cluster, cluster.gpus, 64e6), rel=1e-9)
+
+
+def test_the_cli_reports_every_row_and_ends_with_its_summary(tmp_path):
+  table = _table(tmp_path / "t.csv", [ONE, EIGHT, RING, PS, PIPE])
+  proc = subprocess.run([sys.executable, "-m", "experiments.validate_published", f"--table={table}",
+                         "--fit_models=resnet50", f"--out_dir={tmp_path}"], capture_output=True, text=True,
+                        timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  last = proc.stdout.strip().splitlines()[-1]
+  assert last.startswith("median_error=") and last.endswith("cases=3")  # the 8-GPU, ring and PS rows
+  doc = json.loads((tmp_path / "validate_published.json").read_text())
+  by_id = {r["id"]: r for r in doc["rows"]}
+  assert by_id["v100-r50-1"]["fitted"] and abs(by_id["v100-r50-1"]["error"]) < 1e-6
+  assert not by_id["v100-r50-8"]["fitted"] and by_id["v100-r50-8"]["published_scaling"] == pytest.approx(3000 / 3200)
+  assert by_id["pipe"]["simulated"] is None and "not modelled" in by_id["pipe"]["reason"]
+  assert 0 < by_id["ps"]["simulated"] < by_id["v100-r50-8"]["simulated"]  # a PS over 25 GbE: slower
+  assert doc["summary"]["held_out"]["cases"] == 3 and doc["summary"]["not_run"] == 1
+  for ext in ("json", "csv", "png"):
+    assert (tmp_path / f"validate_published.{ext}").stat().st_size > 0
+
+
+def test_a_missing_table_is_one_line(tmp_path):
+  proc = subprocess.run([sys.executable, "-m", "experiments.validate_published", f"--table={tmp_path}/none.csv",
+                         f"--out_dir={tmp_path}"], capture_output=True, text=True, timeout=120)
+  assert proc.returncode != 0 and "no such file" in proc.stderr and "Traceback" not in proc.stderr
