@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from experiments import validate_published as vp
+from experiments import published as vp
 
 COLUMNS = ["id", "category", "source", "gpu", "gpus", "nodes", "intra_link", "inter_link", "system", "model",
            "batch_per_gpu", "microbatches", "partitions", "precision", "figure", "unit", "one_gpu_figure",
