@@ -128,7 +128,7 @@ def fit_efficiency(rows: list[Row], fit_models: list[str]) -> tuple[dict, list[d
   seen = set()
   for row in rows:
     key = (row.gpu, row.model, row.batch_per_gpu, row.intra_link, row.precision, row.source)
-    if row.system != "allreduce" or row.model not in fit_models or row.one_gpu_figure is None or key in seen:
+    if row.system not in PEER_OF or row.model not in fit_models or row.one_gpu_figure is None or key in seen:
       continue
     seen.add(key)
     try:
@@ -159,7 +159,7 @@ def evaluate(rows: list[Row], types: dict, fit_models: list[str], fitted: bool =
   for row in rows:
     entry: dict[str, Any] = {**row._asdict(), "simulated": None, "error": None, "reason": None}
     single = row.gpus == 1
-    entry["fitted"] = bool(fitted and single and row.model in fit_models and row.system == "allreduce")
+    entry["fitted"] = bool(fitted and single and row.model in fit_models and row.system in PEER_OF)
     if row.system not in MODELLED:
       entry["reason"] = f"system {row.system!r} not modelled yet"
       out.append(entry)

@@ -16,8 +16,10 @@ the same cost model, catalogue, links and network as every study of hetpipe_jax:
 
 Calibration (``--fit``, on by default): the one fitted parameter is each GPU type's roofline efficiency per
 model family (:mod:`hetpipe_jax.cluster.catalogue`), fitted on the single-GPU figures of the *fit* models
-(``--fit_models``: one model per family) and nothing else; every other single-GPU figure and every figure of
-more than one GPU (where the network decides) is held out, and its errors are reported apart. No network
+(``--fit_models``: one model per family; a one-GPU row's figure, or a multi-GPU row's ``one_gpu_figure``, the
+same source's one-GPU run, simulated with the row's own system) and nothing else; every other single-GPU
+figure and every figure of more than one GPU (where the network decides) is held out, and its errors are
+reported apart. No network
 parameter is fitted. Errors: in images/s (simulated / published - 1) and in scaling efficiency (images/s over
 N x the same source's one-GPU figure, published against simulated, an absolute difference).
 
@@ -47,12 +49,12 @@ def plot(entries: list[dict], path: str) -> None:
   plt = common.pyplot()
   fig, ax = plt.subplots(figsize=(6.4, 6))
   ran = [e for e in entries if e["error"] is not None and e["unit"] == "images_per_sec"]
-  for category in dict.fromkeys(e["category"] for e in ran):
+  for k, category in enumerate(dict.fromkeys(e["category"] for e in ran)):
     for fitted in (False, True):
       es = [e for e in ran if e["category"] == category and e["fitted"] == fitted]
       if es:
-        ax.scatter([e["figure"] for e in es], [e["simulated"] for e in es], s=22,
-                   facecolors="none" if fitted else None, label=f"{category}{' (fitted)' if fitted else ''}")
+        ax.scatter([e["figure"] for e in es], [e["simulated"] for e in es], s=22, edgecolors=f"C{k}",
+                   facecolors="none" if fitted else f"C{k}", label=f"{category}{' (fitted)' if fitted else ''}")
   if ran:
     lo, hi = min(e["figure"] for e in ran) * 0.8, max(e["figure"] for e in ran) * 1.25
     ax.plot([lo, hi], [lo, hi], color="grey", lw=0.8)
