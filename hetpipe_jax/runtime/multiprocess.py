@@ -76,15 +76,20 @@ class Mailbox:
       self._cond.notify_all()
 
   def take(self, key: str, timeout_s: float, node: Node | None = None) -> Any:
-    """The value put under ``key``; in a recoverable job (``node``), gives up once the job is stopping.
+    """The value put under ``key``; with ``node``, gives up once the job cannot go on (process 0's verdict,
+    :attr:`Node.fatal`: the thread that would put it may be waiting for a process that is gone) or, in a
+    recoverable job, once it is stopping.
 
     Raises:
       TimeoutError: after ``timeout_s``.
+      RunStopped: when the job cannot go on.
       PeerGone: when the job is stopping.
     """
     deadline = time.monotonic() + timeout_s
     with self._cond:
       while key not in self._items:
+        if node is not None and node.fatal:
+          raise RunStopped(node.fatal)
         if node is not None and node.recoverable and node.stopping():
           raise PeerGone(node.process, " (the job is stopping)")
         left = deadline - time.monotonic()
