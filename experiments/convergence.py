@@ -25,10 +25,9 @@ Learning rates, the same rule for every system: the candidates are --base_lr (0.
 scaled linearly (--lr_scaling=sqrt: with the square root, for Adam) with the examples behind one update (a
 synchronous peer's global batch; HetPipe's and local SGD's local step of one minibatch), times each factor
 of --lr_grid; each system (HetPipe once, on its first policy's configuration; HetPipe with the outer
-optimizer once more) trains every candidate on --pilot_seed
-(outside --seeds) for --lr_epochs epochs, and keeps the one whose smoothed test accuracy ends highest; while
-the best is the grid's largest (smallest) factor, the grid extends by one more step of the same ratio past
-it, up to 3 times.
+optimizer once more) trains every candidate on --pilot_seed (outside --seeds) for --lr_epochs epochs, and
+keeps the one whose smoothed test accuracy ends highest; while the best is the grid's largest (smallest)
+factor, the grid extends by one more step of the same ratio past it, up to 3 times.
 
 Time to target: the test accuracy is smoothed by a trailing mean over --smooth evaluations (every
 --eval_examples examples); a run reaches --target_accuracy at the first evaluation from which the smoothed
@@ -59,6 +58,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from absl import flags
 
 from experiments import common
+from experiments.peer_runs import BASE_LR_PER_32, LR_SCALINGS, rule_lr
 
 if TYPE_CHECKING:
   from hetpipe_jax import Cluster, Dataset, LayeredModel, RunConfig, RunResult
@@ -97,8 +97,8 @@ flags.DEFINE_float("outer_lr", 0.7, "local_sgd: outer Nesterov learning rate (Di
 flags.DEFINE_float("outer_momentum", 0.9, "local_sgd: outer Nesterov momentum (DiLoCo's 0.9).")
 flags.DEFINE_enum("optimizer", "sgd", ["sgd", "momentum", "adam"], "Every run's optimizer: HetPipe's local "
                   "one, the SSP workers', the peers' (local SGD's inner one). adam for a GPT, with --lr_scaling=sqrt.")
-flags.DEFINE_float("base_lr", 0.02, "The learning-rate rule's base: the rate of an update of 32 examples.")
-flags.DEFINE_enum("lr_scaling", "linear", ["linear", "sqrt"], "How the rule scales --base_lr with the examples "
+flags.DEFINE_float("base_lr", BASE_LR_PER_32, "The learning-rate rule's base: the rate of an update of 32 examples.")
+flags.DEFINE_enum("lr_scaling", "linear", list(LR_SCALINGS), "How the rule scales --base_lr with the examples "
                   "of one update: linearly (SGD, Goyal et al. 2017) or with their square root (Adam, Malladi et "
                   "al. 2022).")
 flags.DEFINE_list("lr_grid", ["0.5", "1", "2"], "Learning-rate factors tried per system around the rule's rate "
@@ -414,7 +414,6 @@ def choose_learning_rates(study: Study, memo: Memo) -> None:
   into ``memo.pilots``)."""
   grid = [float(x) for x in FLAGS.lr_grid]
   hetpipe = study.policy_specs()[0]
-  from experiments.peer_runs import rule_lr
   rule = lambda examples: rule_lr(examples, FLAGS.base_lr, FLAGS.lr_scaling)
   systems: list[tuple[str, float, Any]] = [(p.system, rule(p.update_examples), p) for p in study.peers
                                            if p.run is not None]

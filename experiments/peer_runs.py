@@ -14,7 +14,8 @@ from typing import Any, NamedTuple
 from experiments import common
 
 BASE_LR_PER_32 = 0.02  # the learning-rate rule's base: 0.02 per update of a 32-example minibatch
-LR_SCALINGS = ("linear", "sqrt")
+LR_SCALINGS = ("linear", "sqrt")  # how the rule scales with the examples of an update (:func:`rule_lr`)
+REACHES, MISSES, NOT_TRAINED = "reaches", "misses", "not trained"  # goodput marks (:func:`goodput`)
 
 
 def rule_lr(update_examples: int, base: float = BASE_LR_PER_32, scaling: str = "linear") -> float:
@@ -23,7 +24,6 @@ def rule_lr(update_examples: int, base: float = BASE_LR_PER_32, scaling: str = "
   et al. 2022)."""
   ratio = update_examples / 32
   return base * (ratio if scaling == "linear" else ratio ** 0.5)
-REACHES, MISSES, NOT_TRAINED = "reaches", "misses", "not trained"  # goodput marks (:func:`goodput`)
 
 
 class PeerSpec(NamedTuple):
@@ -58,7 +58,6 @@ class PeerSpec(NamedTuple):
     if self.system == "local_sgd":
       return max(self.batch_sizes)
     return sum(self.batch_sizes)
-
 
 
 def peer_specs(cluster, profiles, batch_size: int, costs, knobs, systems: Sequence[str], exclude: str = "",

@@ -14,8 +14,8 @@ from typing import Any, NamedTuple
 from experiments import common
 
 TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "published.csv")
-MODELLED = ("allreduce", "nccl_allreduce", "ps_sync")
 PEER_OF = {"allreduce": "horovod", "ps_sync": "ps_sync"}  # the row's system -> the peer that simulates it
+MODELLED = (*PEER_OF, "nccl_allreduce")  # the systems a row can name and the simulator runs
 
 
 class Row(NamedTuple):
@@ -54,9 +54,11 @@ def read_table(path: str) -> list[Row]:
   """The table's rows.
 
   Raises:
-    ConfigError: naming the file and row of a missing column or a bad number.
+    ConfigError: naming the file and row of a missing column, a bad number, or a GPU or link the catalogue
+      does not have.
   """
   from hetpipe_jax import ConfigError
+  from hetpipe_jax.cluster import CATALOGUE, LINKS
   if not os.path.exists(path):
     raise ConfigError(f"--table={path}: no such file; give the CSV of published measurements")
   rows = []
@@ -71,6 +73,12 @@ def read_table(path: str) -> list[Row]:
       except (KeyError, ValueError) as e:
         raise ConfigError(f"{path} line {n}: {e!r}; every row needs the header's columns and numbers where "
                           "they are numbers") from e
+      row = rows[-1]
+      for what, name, known in (("gpu", row.gpu, CATALOGUE), ("intra_link", row.intra_link, LINKS),
+                                ("inter_link", row.inter_link, LINKS)):
+        if name not in known and (name or what != "inter_link"):  # (no inter_link: one node, or none named)
+          raise ConfigError(f"{path} line {n}: {what}={name!r} is not in the catalogue; give one of "
+                            f"{', '.join(sorted(known))}")
   return rows
 
 
@@ -166,7 +174,7 @@ def evaluate(rows: list[Row], types: dict, fit_models: list[str], fitted: bool =
       continue
     try:
       simulated = simulate(row, types)
-    except (ConfigError, KeyError) as e:
+    except ConfigError as e:
       entry["reason"] = str(e)
       out.append(entry)
       continue

@@ -81,3 +81,10 @@ def test_a_missing_table_is_one_line(tmp_path):
   proc = subprocess.run([sys.executable, "-m", "experiments.validate_published", f"--table={tmp_path}/none.csv",
                          f"--out_dir={tmp_path}"], capture_output=True, text=True, timeout=120)
   assert proc.returncode != 0 and "no such file" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_gpu_or_link_the_catalogue_lacks_is_named_with_the_choices(tmp_path):
+  from hetpipe_jax import ConfigError
+  for field, value in (("gpu", "V200"), ("intra_link", "nvlink9"), ("inter_link", "eth7")):
+    with pytest.raises(ConfigError, match=f"line 2: {field}='{value}' is not in the catalogue; give one of "):
+      vp.read_table(_table(tmp_path / "t.csv", [{**ONE, field: value}]))

@@ -100,9 +100,9 @@ class SyncJob:
     rounds: rounds simulated (every round is the same; two show it).
     knobs: what the system was built with (its JSON).
     exchange: how gradients meet: ``allreduce`` (ring, fused), or ``ps`` (a synchronous parameter server,
-      :func:`ps_exchange`: every unit's variables on one PS task, the tasks round-robin over the workers'
-      hosts; each worker pushes a unit's gradient to its task when ready, and once every unit is pushed by
-      every worker, pulls every variable back).
+      :mod:`hetpipe_jax.baselines.ps_sync`: every unit's variables on one PS task, the tasks round-robin over
+      the workers' hosts; each worker pushes a unit's gradient to its task when ready, and once every unit is
+      pushed by every worker, pulls every variable back).
   """
 
   system: str
@@ -374,29 +374,27 @@ class _Run:
     for u in ready:
       t0, left = self.sim.t, [len(comm.gpus)]
 
-      def landed(t: float, u=u, t0=t0, left=left) -> None:
+      def landed(t: float, t0=t0, left=left) -> None:
         left[0] -= 1
         if left[0]:
           return
         comm.intervals.append((t0, t))
         comm.left -= 1
         if not any(c.left for c in self.comms):
-          self._pull(t)
+          self._pull()
       for g in comm.gpus:
         self.sim.send(g.node, self.ps_host[u], self.tensor_bytes[u], landed)
 
-  def _pull(self, t: float) -> None:
-    """Every worker GPU reads back the variables it holds, each PS task's share in one transfer."""
+  def _pull(self) -> None:
+    """Every worker GPU reads back the variables it holds, each PS task's share in one transfer (called when
+    the last push has landed, so there is at least one)."""
     shares: dict[tuple[int, Gpu], float] = {}  # (PS host, reading GPU) -> bytes
     for c in self.comms:
       for u in c.units:
         for g in c.gpus:
           key = (self.ps_host[u], g)
           shares[key] = shares.get(key, 0.0) + self.tensor_bytes[u]
-    self.pulls_left = len(shares) if shares else 0
-    if not shares:
-      self._maybe_end_round(t)
-      return
+    self.pulls_left = len(shares)
 
     def landed(t_landed: float) -> None:
       self.pulls_left -= 1
