@@ -14,8 +14,8 @@ from typing import Any, NamedTuple
 from experiments import common
 
 TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "published.csv")
-PEER_OF = {"allreduce": "horovod", "ps_sync": "ps_sync"}  # the row's system -> the peer that simulates it
-MODELLED = (*PEER_OF, "nccl_allreduce")  # the systems a row can name and the simulator runs
+TRAINING = ("horovod", "tf_replicated", "tf_replicated_copy", "ps_sync", "ps_replicated")  # peers a row can name
+MODELLED = (*TRAINING, "nccl_allreduce")  # the systems a row can name and the simulator runs
 
 
 class Row(NamedTuple):
@@ -24,6 +24,7 @@ class Row(NamedTuple):
   id: str
   category: str
   source: str
+  setup: str
   gpu: str
   gpus: int
   nodes: int
@@ -65,7 +66,7 @@ def read_table(path: str) -> list[Row]:
   with open(path, newline="", encoding="utf-8") as f:
     for n, rec in enumerate(csv.DictReader(f), start=2):
       try:
-        rows.append(Row(rec["id"], rec["category"], rec["source"], rec["gpu"], _count(rec["gpus"], 1),
+        rows.append(Row(rec["id"], rec["category"], rec["source"], rec["setup"], rec["gpu"], _count(rec["gpus"], 1),
                         _count(rec["nodes"], 1), rec["intra_link"], rec["inter_link"], rec["system"],
                         rec["model"], _count(rec["batch_per_gpu"], 0), _count(rec["microbatches"], 0),
                         _count(rec["partitions"], 0), rec["precision"] or "fp32", float(rec["figure"]),
@@ -93,98 +94,157 @@ def row_cluster(row: Row, types: dict):
   return make_cluster(row.id, [[types[row.gpu]] * per_node for _ in range(row.nodes)], LINKS[row.intra_link], inter)
 
 
+def _costs(row: Row, weight_mode: str = "stash"):
+  """Plain SGD (no optimizer slots), as every training row ran, in the row's precision."""
+  from hetpipe_jax.cost.context import CostContext
+  return CostContext(weight_mode=weight_mode, optimizer_slots=0, precision=row.precision)
+
+
+def memory_holds(row: Row, types: dict) -> bool:
+  """Whether the memory model says one GPU of the row's type holds the model at the row's batch (a published
+  row did: where this is false, the memory model is too strict for it)."""
+  from hetpipe_jax.cost.batch import BatchProfiles
+  from hetpipe_jax.cost.memory import stage_memory_bytes
+  profiles = BatchProfiles.full_size(row.model, row.batch_per_gpu).at(row.batch_per_gpu)
+  need = stage_memory_bytes(profiles, 1, _costs(row, "latest"))
+  return types[row.gpu].memory_bytes >= need
+
+
 def simulate(row: Row, types: dict, gpus: int | None = None) -> float:
-  """The row's figure on the simulator (images/s, or seconds for a raw all-reduce), on ``gpus`` GPUs of one
+  """The row's throughput on the simulator (images/s, or seconds for a raw all-reduce), on ``gpus`` GPUs of one
   node instead of the row's when given (its one-GPU figure: ``gpus=1``).
 
+  The row's GPUs held the model at its batch (it ran), so the simulated GPUs are not refused by the memory
+  model, which validates time here, not memory (:func:`memory_holds` says where it would refuse).
+
   Raises:
-    ConfigError: when the system cannot run the row (e.g. no GPU holds the model at its batch).
+    ConfigError: when the system cannot run the row.
   """
   from hetpipe_jax.baselines.knobs import PeerKnobs
   from hetpipe_jax.baselines.systems import simulate_peer
   from hetpipe_jax.cost.batch import BatchProfiles
-  from hetpipe_jax.cost.context import CostContext
   if gpus is not None:
     row = row._replace(gpus=gpus, nodes=1)
-  cluster = row_cluster(row, types)
   if row.system == "nccl_allreduce":
     from hetpipe_jax.baselines.collective import allreduce
     from hetpipe_jax.sim.network import Simulator
+    cluster = row_cluster(row, types)
     sim, ended = Simulator(cluster), []
     allreduce(sim, cluster.gpus, row.message_bytes or 0.0, ended.append)
     sim.drain()
     return ended[0]
+  held = dict(types)
+  held[row.gpu] = dataclasses.replace(types[row.gpu], memory_bytes=1 << 62)
   profiles = BatchProfiles.full_size(row.model, row.batch_per_gpu)
-  run = simulate_peer(PEER_OF[row.system], cluster, profiles, row.batch_per_gpu, PeerKnobs(),
-                      CostContext(optimizer_slots=0, precision=row.precision), row.model)
+  run = simulate_peer(row.system, row_cluster(row, held), profiles, row.batch_per_gpu, PeerKnobs(),
+                      _costs(row), row.model)
   return run.images_per_sec
 
 
-def fit_efficiency(rows: list[Row], fit_models: list[str]) -> tuple[dict, list[dict]]:
-  """Each GPU type's efficiency per family, so that its simulated one-GPU rate on each fit model equals the
-  published one (the roofline's time is inversely proportional to the efficiency: one ratio; several fit
-  rows of a type and family: their geometric mean).
+FIT_SCOPES = ("setup", "type", "none")
 
-  Returns:
-    The catalogue's types with the fitted factors, and one record per fitted point.
+
+class Calibration(NamedTuple):
+  """The fitted efficiencies: each setup's catalogue (``by_setup``, a setup without a fitted point of a type
+  and family takes ``by_type``'s), and one record per fitted point."""
+
+  by_type: dict
+  by_setup: dict[str, dict]
+  records: list[dict]
+  scope: str
+
+  def types_for(self, row: Row) -> dict:
+    """The catalogue that simulates ``row``."""
+    return self.by_setup.get(row.setup, self.by_type)
+
+  def is_fit_point(self, row: Row) -> bool:
+    """Whether ``row``'s figure is one a fit used (a one-GPU figure of a fit model)."""
+    return any(r.get("id") == row.id for r in self.records if "ratio" in r)
+
+
+def _with_factors(types: dict, points: dict[tuple[str, str], list[float]]) -> dict:
+  from hetpipe_jax.cluster import CATALOGUE
+  out = dict(types)
+  for (gpu, family), ratios in points.items():
+    t = CATALOGUE[gpu]
+    factor = math.exp(statistics.mean(math.log(r) for r in ratios)) * t.efficiency_for(family)
+    families = dict(out[gpu].family_efficiency)
+    families[family] = factor
+    out[gpu] = dataclasses.replace(out[gpu], family_efficiency=tuple(sorted(families.items())))
+  return out
+
+
+def fit_efficiency(rows: list[Row], fit_models: list[str], scope: str = "setup") -> Calibration:
+  """Each GPU type's efficiency per model family, so that its simulated one-GPU rate on each fit model equals
+  the published one (the roofline's time is inversely proportional to the efficiency: one ratio; several fit
+  points: their geometric mean), per setup (``scope="setup"``: one machine and software stack of one source,
+  the row's ``setup`` column), or per type over every setup (``"type"``), or none (``"none"``: the catalogue's).
+
+  A fit point is a one-GPU row of a fit model, or a multi-GPU row's ``one_gpu_figure`` (the same setup's one-GPU
+  run), simulated with the row's own system; every other figure is held out.
   """
   from hetpipe_jax import ConfigError
   from hetpipe_jax.cluster import CATALOGUE
   from hetpipe_jax.cluster.catalogue import model_family
-  points: dict[tuple[str, str], list[float]] = {}
-  records = []
+  if scope not in FIT_SCOPES:
+    raise ConfigError(f"--fit={scope!r}; give one of {', '.join(FIT_SCOPES)}")
+  by_type: dict[tuple[str, str], list[float]] = {}
+  by_setup: dict[str, dict[tuple[str, str], list[float]]] = {}
+  records: list[dict] = []
   seen = set()
-  for row in rows:
-    key = (row.gpu, row.model, row.batch_per_gpu, row.intra_link, row.precision, row.source)
-    if row.system not in PEER_OF or row.model not in fit_models or row.one_gpu_figure is None or key in seen:
+  for row in rows if scope != "none" else []:
+    key = (row.setup, row.gpu, row.model, row.batch_per_gpu, row.precision, row.system)
+    if row.system not in TRAINING or row.model not in fit_models or row.one_gpu_figure is None or key in seen:
       continue
     seen.add(key)
     try:
       simulated = simulate(row, CATALOGUE, gpus=1)
     except ConfigError as e:
-      records.append({"gpu": row.gpu, "model": row.model, "batch": row.batch_per_gpu, "skipped": str(e)})
+      records.append({"id": row.id, "gpu": row.gpu, "model": row.model, "skipped": str(e)})
       continue
-    family = model_family(row.model)
-    ratio = row.one_gpu_figure / simulated
-    points.setdefault((row.gpu, family), []).append(ratio)
-    records.append({"gpu": row.gpu, "model": row.model, "family": family, "batch": row.batch_per_gpu,
-                    "published": row.one_gpu_figure, "simulated_before": simulated, "ratio": ratio})
-  types = dict(CATALOGUE)
-  for (gpu, family), ratios in points.items():
-    t = types[gpu]
-    factor = math.exp(statistics.mean(math.log(r) for r in ratios)) * t.efficiency_for(family)
-    families = dict(t.family_efficiency)
-    families[family] = factor
-    types[gpu] = dataclasses.replace(t, family_efficiency=tuple(sorted(families.items())))
-  return types, records
+    family, ratio = model_family(row.model), row.one_gpu_figure / simulated
+    by_type.setdefault((row.gpu, family), []).append(ratio)
+    by_setup.setdefault(row.setup, {}).setdefault((row.gpu, family), []).append(ratio)
+    records.append({"id": row.id, "setup": row.setup, "gpu": row.gpu, "model": row.model, "family": family,
+                    "batch": row.batch_per_gpu, "published": row.one_gpu_figure, "simulated_before": simulated,
+                    "ratio": ratio})
+  typed = _with_factors(dict(CATALOGUE), by_type)
+  setups = {setup: _with_factors(typed, points) for setup, points in by_setup.items()} if scope == "setup" else {}
+  return Calibration(typed, setups, records, scope)
 
 
-def evaluate(rows: list[Row], types: dict, fit_models: list[str], fitted: bool = True) -> list[dict]:
-  """Every row simulated: its figure, the error, the scaling efficiencies, and whether a fit used it
-  (``fitted``: the efficiencies were fitted on ``fit_models``)."""
+def evaluate(rows: list[Row], calibration: Calibration) -> list[dict]:
+  """Every row simulated on its setup's catalogue: its figure, the error, the scaling efficiencies, whether a
+  fit used it, and whether the memory model holds its batch."""
   from hetpipe_jax import ConfigError
   out = []
   for row in rows:
     entry: dict[str, Any] = {**row._asdict(), "simulated": None, "error": None, "reason": None}
-    single = row.gpus == 1
-    entry["fitted"] = bool(fitted and single and row.model in fit_models and row.system in PEER_OF)
+    entry["fitted"] = row.gpus == 1 and calibration.is_fit_point(row)
     if row.system not in MODELLED:
-      entry["reason"] = f"system {row.system!r} not modelled yet"
+      entry["reason"] = f"system {row.system or '(none named)'!r} not modelled"
       out.append(entry)
       continue
+    types = calibration.types_for(row)
     try:
       simulated = simulate(row, types)
+      one = simulate(row, types, gpus=1) if row.gpus > 1 and row.system in TRAINING else None  # (same GPUs)
     except ConfigError as e:
       entry["reason"] = str(e)
       out.append(entry)
       continue
-    entry["simulated"] = simulated
-    entry["error"] = simulated / row.figure - 1
-    if row.one_gpu_figure and row.gpus > 1 and row.unit == "images_per_sec":
-      one = simulate(row, types, gpus=1)  # (it ran on more GPUs of the same kind: it runs on one)
+    if row.system in TRAINING:
+      entry["memory_model_holds"] = memory_holds(row, types)
+    if row.unit == "scaling_efficiency" and one is not None:  # N-GPU images/s over N x one GPU's
+      entry["published_scaling"], simulated = row.figure, simulated / (row.gpus * one)
+      entry["simulated_scaling"] = simulated
+    elif one is not None and row.one_gpu_figure:
       entry["published_scaling"] = row.figure / (row.gpus * row.one_gpu_figure)
       entry["simulated_scaling"] = simulated / (row.gpus * one)
+    if "simulated_scaling" in entry:
       entry["scaling_error"] = entry["simulated_scaling"] - entry["published_scaling"]
+    entry["simulated"] = simulated
+    entry["error"] = simulated / row.figure - 1
     common.progress("%s: published %.4g, simulated %.4g (%+.1f%%)", row.id, row.figure, simulated,
                     100 * entry["error"])
     out.append(entry)

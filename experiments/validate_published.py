@@ -34,12 +34,13 @@ from __future__ import annotations
 from absl import flags
 
 from experiments import common
-from experiments.published import TABLE, evaluate, fit_efficiency, read_table, summary
+from experiments.published import FIT_SCOPES, TABLE, evaluate, fit_efficiency, read_table, summary
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("table", TABLE, "The published measurements (CSV, one row per measurement).")
-flags.DEFINE_bool("fit", True, "Fit each GPU type's efficiency per family on the single-GPU figures of "
-                  "--fit_models (else the catalogue's as they are).")
+flags.DEFINE_enum("fit", "setup", list(FIT_SCOPES), "Fit each GPU type's efficiency per family on the "
+                  "single-GPU figures of --fit_models: per setup (one machine and software stack of one source), "
+                  "per type over every setup, or none (the catalogue's as they are).")
 flags.DEFINE_list("fit_models", ["resnet50", "vgg16", "inception_v3"], "The models whose single-GPU figures the "
                   "fit uses (one per family); every other row is held out.")
 flags.DEFINE_string("out_dir", "outputs/validate_published", "Where the JSON, CSV and chart go.")
@@ -73,16 +74,15 @@ def plot(entries: list[dict], path: str) -> None:
 
 def main(argv):
   del argv
-  from hetpipe_jax.cluster import CATALOGUE
   rows = read_table(FLAGS.table)
-  types, fit_points = fit_efficiency(rows, FLAGS.fit_models) if FLAGS.fit else (dict(CATALOGUE), [])
-  entries = evaluate(rows, types, FLAGS.fit_models, FLAGS.fit)
+  calibration = fit_efficiency(rows, FLAGS.fit_models, FLAGS.fit)
+  entries = evaluate(rows, calibration)
   stats = summary(entries)
   paths = {k: common.output_path(FLAGS.out_dir, f"validate_published.{k}") for k in ("json", "csv", "png")}
-  common.write_json(paths["json"], {"table": FLAGS.table, "fit_models": FLAGS.fit_models if FLAGS.fit else [],
-                                    "fit": fit_points, "summary": stats, "rows": entries})
-  columns = ["id", "category", "gpu", "gpus", "nodes", "system", "model", "batch_per_gpu", "figure", "unit",
-             "simulated", "error", "published_scaling", "simulated_scaling", "fitted", "reason"]
+  common.write_json(paths["json"], {"table": FLAGS.table, "fit": FLAGS.fit, "fit_models": FLAGS.fit_models,
+                                    "fit_points": calibration.records, "summary": stats, "rows": entries})
+  columns = ["id", "category", "setup", "gpu", "gpus", "nodes", "system", "model", "batch_per_gpu", "figure", "unit",
+             "simulated", "error", "published_scaling", "simulated_scaling", "fitted", "memory_model_holds", "reason"]
   common.write_csv(paths["csv"], columns, ([e.get(c) for c in columns] for e in entries))
   plot(entries, paths["png"])
   print(f"{'id':44} {'published':>10} {'simulated':>10} {'error':>7} {'scaling pub/sim':>16}")

@@ -153,6 +153,30 @@ def test_ps_sync_by_hand():
   assert run.timeline["meta"]["ps_tasks"] == 2
 
 
+def test_tf_replicated_by_hand():
+  # the slow GPU's backward ends at 1.2; then u0 (100 MB) and u1 (300 MB) are all-reduced one after another,
+  # each alone: 2 steps of 1e-4 + 50 MB at 1 GB/s to 1.3002, then 2 steps of 1e-4 + 150 MB to 1.6004
+  run = simulate_peer("tf_replicated", TWO_NODES, PROFILES, 32)
+  assert run.round_seconds == pytest.approx(1.6004)
+  # without NCCL, on one node of two fast GPUs: the step ends at 0.6, both push both units to the host's task
+  # (800 MB on its 10 GB/s PCIe, 0.08 + 1e-5), then both pull 400 MB each (the same again): 0.76002
+  one_node = make_cluster("1x2", [[FAST, FAST]], PCIE, NET)
+  assert simulate_peer("tf_replicated_copy", one_node, PROFILES, 32).round_seconds == pytest.approx(0.76002)
+
+
+def test_ps_replicated_sums_inside_each_host_by_hand():
+  # two hosts of two fast GPUs; u0's task on host 0, u1's on host 1. u1 is done everywhere at 0.4: each host
+  # sums it over its PCIe (300 MB, 0.03001), host 0 pushes it over the network (0.3001, lands 0.73011), host 1
+  # to itself; u0 at 0.6: summed (0.01001), host 1 pushes it over the network (lands 0.71011). The pulls start
+  # at 0.73011; the last is u1 to host 0 over the network (0.3001) and its copy to host 0's other GPU (0.03001)
+  cluster = make_cluster("2x2", [[FAST, FAST], [FAST, FAST]], PCIE, NET)
+  run = simulate_peer("ps_replicated", cluster, PROFILES, 32)
+  assert run.round_seconds == pytest.approx(1.06022)
+  assert run.examples_per_round == 128
+  # every GPU its own worker: four pushes and pulls of each unit, twice the network's bytes: slower
+  assert simulate_peer("ps_sync", cluster, PROFILES, 32).round_seconds > 1.5
+
+
 def test_local_sgd_auto_workers_are_gpus_where_one_holds_the_model_else_pipelines():
   gpu_run = simulate_peer("local_sgd", TWO_NODES, PROFILES, 32, PeerKnobs(local_workers="gpu"))
   auto_run = simulate_peer("local_sgd", TWO_NODES, PROFILES, 32, PeerKnobs(local_workers="auto"))

@@ -1,5 +1,6 @@
-"""experiments.validate_published: the published table parses, the fit makes its own rows exact and nothing
-else, a raw all-reduce row is the simulator's ring, and the CLI ends with its one summary line."""
+"""experiments.validate_published: the published table parses, the fit makes its own rows exact per setup and
+nothing else, a raw all-reduce row is the simulator's ring, a scaling-efficiency row is N GPUs over N x one,
+and the CLI ends with its one summary line."""
 
 import csv
 import json
@@ -10,7 +11,7 @@ import pytest
 
 from experiments import published as vp
 
-COLUMNS = ["id", "category", "source", "gpu", "gpus", "nodes", "intra_link", "inter_link", "system", "model",
+COLUMNS = ["id", "category", "source", "setup", "gpu", "gpus", "nodes", "intra_link", "inter_link", "system", "model",
            "batch_per_gpu", "microbatches", "partitions", "precision", "figure", "unit", "one_gpu_figure",
            "message_bytes", "notes"]
 
@@ -24,30 +25,66 @@ def _table(path, rows):
   return str(path)
 
 
-ONE = {"id": "v100-r50-1", "category": "single_node", "source": "test", "gpu": "V100 SXM2", "gpus": 1, "nodes": 1,
-       "intra_link": "nvlink2", "system": "allreduce", "model": "resnet50", "batch_per_gpu": 64, "figure": 400.0,
-       "unit": "images_per_sec", "one_gpu_figure": 400.0}
+ONE = {"id": "v100-r50-1", "category": "single_node", "source": "test", "setup": "a", "gpu": "V100 SXM2", "gpus": 1,
+       "nodes": 1, "intra_link": "nvlink2", "system": "tf_replicated", "model": "resnet50", "batch_per_gpu": 64,
+       "figure": 400.0, "unit": "images_per_sec", "one_gpu_figure": 400.0}
 EIGHT = {**ONE, "id": "v100-r50-8", "gpus": 8, "figure": 3000.0}
-RING = {"id": "ring-2x4", "category": "allreduce", "source": "test", "gpu": "P100", "gpus": 8, "nodes": 2,
+RING = {"id": "ring-2x4", "category": "allreduce", "source": "test", "setup": "r", "gpu": "P100", "gpus": 8, "nodes": 2,
         "intra_link": "pcie3", "inter_link": "ib_fdr56", "system": "nccl_allreduce", "figure": 0.01,
         "unit": "seconds", "message_bytes": 64e6}
-PS = {**ONE, "id": "ps", "category": "multi_node_ps", "system": "ps_sync", "gpus": 8, "nodes": 2,
+PS = {**ONE, "id": "ps", "setup": "p", "category": "multi_node_ps", "system": "ps_sync", "gpus": 8, "nodes": 2,
       "inter_link": "eth25", "figure": 2000.0}
 PIPE = {**ONE, "id": "pipe", "category": "pipeline", "system": "gpipe", "gpus": 4, "partitions": 4,
         "microbatches": 8, "figure": 2.5, "unit": "speedup"}
 
 
-def test_the_fit_reproduces_its_own_single_gpu_figure_and_holds_out_the_rest(tmp_path):
-  rows = vp.read_table(_table(tmp_path / "t.csv", [ONE, EIGHT]))
-  types, points = vp.fit_efficiency(rows, ["resnet50"])
-  assert len(points) == 1 and points[0]["gpu"] == "V100 SXM2" and points[0]["published"] == 400.0
-  assert vp.simulate(rows[0], types) == pytest.approx(400.0, rel=1e-6)  # the fitted row, exact
-  # the catalogue's 1.0 until fitted, times the ratio published / simulated
-  assert dict(types["V100 SXM2"].family_efficiency)["resnet"] == pytest.approx(points[0]["ratio"], rel=1e-9)
-  eight = vp.simulate(rows[1], types)
+def test_the_fit_reproduces_each_setups_single_gpu_figure_and_holds_out_the_rest(tmp_path):
+  other = {**ONE, "id": "v100-r50-1b", "setup": "b", "figure": 300.0, "one_gpu_figure": 300.0}
+  unfitted = {**EIGHT, "id": "v100-r50-8c", "setup": "c", "one_gpu_figure": ""}
+  rows = vp.read_table(_table(tmp_path / "t.csv", [ONE, EIGHT, other, unfitted]))
+  cal = vp.fit_efficiency(rows, ["resnet50"])
+  points = [r for r in cal.records if "ratio" in r]
+  assert [p["id"] for p in points] == ["v100-r50-1", "v100-r50-1b"]  # (the 8-GPU row's one-GPU run: the same)
+  for row, figure in ((rows[0], 400.0), (rows[2], 300.0)):  # each setup's own figure, exact
+    assert vp.simulate(row, cal.types_for(row)) == pytest.approx(figure, rel=1e-6)
+  assert cal.is_fit_point(rows[0]) and not cal.is_fit_point(rows[3])
+  # a setup with no fitted point takes the type's geometric mean over every setup's points
+  mean = vp.simulate(rows[3], cal.types_for(rows[3]), gpus=1)
+  assert mean == pytest.approx((400.0 * 300.0) ** 0.5, rel=1e-6)
+  eight = vp.simulate(rows[1], cal.types_for(rows[1]))
   assert 0 < eight <= 8 * 400.0 * (1 + 1e-9)  # 8 GPUs never beat 8 x one
-  untouched, _ = vp.fit_efficiency(rows, ["vgg16"])  # no vgg16 row: nothing fitted
-  assert untouched["V100 SXM2"].family_efficiency == ()
+  typed = vp.fit_efficiency(rows, ["resnet50"], "type")
+  assert vp.simulate(rows[0], typed.types_for(rows[0])) == pytest.approx(mean, rel=1e-9)
+  none = vp.fit_efficiency(rows, ["resnet50"], "none")
+  assert none.records == [] and none.types_for(rows[0])["V100 SXM2"].family_efficiency == ()
+  untouched = vp.fit_efficiency(rows, ["vgg16"])  # no vgg16 row: nothing fitted
+  assert untouched.types_for(rows[0])["V100 SXM2"].family_efficiency == ()
+  from hetpipe_jax import ConfigError
+  with pytest.raises(ConfigError, match="--fit='model'; give one of setup, type, none"):
+    vp.fit_efficiency(rows, ["resnet50"], "model")
+
+
+def test_a_row_runs_at_its_published_batch_where_the_memory_model_would_refuse_it(tmp_path):
+  # ResNet-152 at 32 per GPU ran on 11 GB RTX 2080 Tis (Lambda); the memory model charges more than 11 GB
+  big = {**ONE, "id": "r152", "gpu": "RTX 2080 Ti", "model": "resnet152", "batch_per_gpu": 32, "gpus": 2,
+         "intra_link": "pcie3_nop2p", "figure": 194.3, "one_gpu_figure": 122.4}
+  rows = vp.read_table(_table(tmp_path / "t.csv", [big]))
+  cal = vp.fit_efficiency(rows, [])
+  (entry,) = vp.evaluate(rows, cal)
+  assert entry["simulated"] > 0 and entry["memory_model_holds"] is False
+
+
+def test_a_scaling_efficiency_row_is_n_gpus_over_n_times_one(tmp_path):
+  row = {**ONE, "id": "eff", "category": "multi_node_allreduce", "system": "horovod", "gpus": 16, "nodes": 4,
+         "intra_link": "pcie3", "inter_link": "roce25", "figure": 0.9, "unit": "scaling_efficiency",
+         "one_gpu_figure": ""}
+  rows = vp.read_table(_table(tmp_path / "t.csv", [row]))
+  cal = vp.fit_efficiency(rows, [])
+  (entry,) = vp.evaluate(rows, cal)
+  types = cal.types_for(rows[0])
+  expected = vp.simulate(rows[0], types) / (16 * vp.simulate(rows[0], types, gpus=1))
+  assert entry["simulated"] == pytest.approx(expected, rel=1e-12) and 0 < expected <= 1 + 1e-9
+  assert entry["scaling_error"] == pytest.approx(expected - 0.9) and entry["error"] == pytest.approx(expected / 0.9 - 1)
 
 
 def test_a_raw_allreduce_row_is_the_ring_alone_on_the_network(tmp_path):

@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from hetpipe_jax.baselines.knobs import PeerKnobs
-from hetpipe_jax.baselines.sync import SyncJob, Worker
+from hetpipe_jax.baselines.sync import SyncJob, equal_batch_job
 from hetpipe_jax.cluster import Cluster, Gpu, Link
 from hetpipe_jax.cost.batch import BatchProfiles
 from hetpipe_jax.cost.context import DEFAULT_COSTS, CostContext
@@ -147,10 +147,6 @@ def horovod_job(cluster: Cluster, profiles: BatchProfiles, batch_size: int, knob
   Raises:
     ConfigError: when no GPU holds the model.
   """
-  from hetpipe_jax.plan.allocation import horovod_gpus  # pylint: disable=g-import-not-at-top
-  gpus = horovod_gpus(cluster, profiles.at(batch_size), costs)
-  num_units = len(profiles.low)
-  return SyncJob("horovod", cluster, tuple(Worker((g,), (0, num_units), batch_size) for g in gpus), profiles,
-                 overlap=True, fusion_bytes=knobs.fusion_bytes, cycle_s=knobs.cycle_s, precision=costs.precision,
-                 rounds=knobs.rounds, knobs=(("batch_size", batch_size), ("fusion_mb", knobs.fusion_mb),
-                                             ("gpus", len(gpus))))
+  return equal_batch_job("horovod", cluster, profiles, batch_size, knobs.rounds, costs,
+                         (("fusion_mb", knobs.fusion_mb),), overlap=True, fusion_bytes=knobs.fusion_bytes,
+                         cycle_s=knobs.cycle_s)

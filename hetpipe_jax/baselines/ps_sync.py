@@ -13,12 +13,18 @@ when every pull has landed (:func:`hetpipe_jax.baselines.sync.SyncJob` ``exchang
 What it assumes: the update on the PS costs no time; pulls do not overlap the next step's forward pass
 (TensorFlow reads a variable when an op needs it, so part of a real pull overlaps; the model is slower there);
 every worker finishes a unit at the same time (true of the equal GPUs of the published runs).
+
+``ps_replicated`` (``--variable_update=distributed_replicated``, TensorFlow's 2017 distributed runs): the same
+with each host's GPUs as one worker: a unit's gradient is summed inside the host first and the host pushes
+one copy, pulls one copy and copies it to its other GPUs (``exchange="ps_host"``).
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 from hetpipe_jax.baselines.knobs import PeerKnobs
-from hetpipe_jax.baselines.sync import SyncJob, Worker
+from hetpipe_jax.baselines.sync import SyncJob, equal_batch_job
 from hetpipe_jax.cluster import Cluster
 from hetpipe_jax.cost.batch import BatchProfiles
 from hetpipe_jax.cost.context import DEFAULT_COSTS, CostContext
@@ -26,15 +32,27 @@ from hetpipe_jax.cost.context import DEFAULT_COSTS, CostContext
 
 def ps_sync_job(cluster: Cluster, profiles: BatchProfiles, batch_size: int, knobs: PeerKnobs,
                 costs: CostContext = DEFAULT_COSTS) -> SyncJob:
-  """The synchronous parameter server on ``cluster`` (see the module docstring).
+  """The synchronous parameter server on ``cluster``, every GPU a worker (see the module docstring).
 
   Raises:
     ConfigError: when no GPU holds the model.
   """
-  from hetpipe_jax.plan.allocation import horovod_gpus  # pylint: disable=g-import-not-at-top
-  gpus = horovod_gpus(cluster, profiles.at(batch_size), costs)
-  num_units = len(profiles.low)
-  return SyncJob("ps_sync", cluster, tuple(Worker((g,), (0, num_units), batch_size) for g in gpus), profiles,
-                 overlap=True, fusion_bytes=0.0, cycle_s=0.0, precision=costs.precision, rounds=knobs.rounds,
-                 knobs=(("batch_size", batch_size), ("ps_tasks", len({g.node for g in gpus})), ("gpus", len(gpus))),
-                 exchange="ps")
+  return _ps("ps_sync", "ps", cluster, profiles, batch_size, knobs, costs)
+
+
+def ps_replicated_job(cluster: Cluster, profiles: BatchProfiles, batch_size: int, knobs: PeerKnobs,
+                      costs: CostContext = DEFAULT_COSTS) -> SyncJob:
+  """The synchronous parameter server on ``cluster``, every host a worker (see the module docstring).
+
+  Raises:
+    ConfigError: when no GPU holds the model.
+  """
+  return _ps("ps_replicated", "ps_host", cluster, profiles, batch_size, knobs, costs)
+
+
+def _ps(system: str, exchange: str, cluster: Cluster, profiles: BatchProfiles, batch_size: int, knobs: PeerKnobs,
+        costs: CostContext) -> SyncJob:
+  job = equal_batch_job(system, cluster, profiles, batch_size, knobs.rounds, costs, overlap=True, fusion_bytes=0.0,
+                        cycle_s=0.0, exchange=exchange)
+  hosts = len({g.node for w in job.workers for g in w.gpus})
+  return dataclasses.replace(job, knobs=(*job.knobs[:1], ("ps_tasks", hosts), *job.knobs[1:]))

@@ -42,6 +42,7 @@ from hetpipe_jax.baselines.timeline import Log, build_timeline
 from hetpipe_jax.cluster import Cluster, Gpu
 from hetpipe_jax.core import schedule as sched
 from hetpipe_jax.cost.batch import BatchProfiles
+from hetpipe_jax.cost.context import CostContext
 from hetpipe_jax.cost.roofline import unit_seconds
 from hetpipe_jax.errors import ConfigError, ProtocolError
 from hetpipe_jax.precision import byte_scale
@@ -49,7 +50,7 @@ from hetpipe_jax.sim.network import Simulator
 
 FUSION_BYTES = 64 << 20  # Horovod's default fusion buffer (HOROVOD_FUSION_THRESHOLD, docs/tensor-fusion.rst)
 CYCLE_S = 1e-3  # Horovod's default cycle time (HOROVOD_CYCLE_TIME, 1 ms since Horovod 0.21; 5 ms before)
-EXCHANGES = ("allreduce", "ps")
+EXCHANGES = ("allreduce", "ps", "ps_host")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +103,10 @@ class SyncJob:
     exchange: how gradients meet: ``allreduce`` (ring, fused), or ``ps`` (a synchronous parameter server,
       :mod:`hetpipe_jax.baselines.ps_sync`: every unit's variables on one PS task, the tasks round-robin over
       the workers' hosts; each worker pushes a unit's gradient to its task when ready, and once every unit is
-      pushed by every worker, pulls every variable back).
+      pushed by every worker, pulls every variable back), or ``ps_host`` (the same with the GPUs of a host
+      as one worker, :func:`hetpipe_jax.baselines.ps_sync.ps_replicated_job`: a unit's gradients are first
+      summed inside each host, one flow of (g - 1) x its bytes over the host's PCIe for g GPUs, then the host
+      pushes one copy; the pull reads one copy per host and copies it to the host's other GPUs).
   """
 
   system: str
@@ -137,6 +141,23 @@ class SyncJob:
     if self.rounds < 1 or not self.cycle_s >= 0 or not self.fusion_bytes >= 0:
       raise ConfigError(f"{self.system}: rounds={self.rounds}, cycle_s={self.cycle_s}, "
                         f"fusion_bytes={self.fusion_bytes}; give rounds >= 1 and cycle_s, fusion_bytes >= 0")
+
+
+def equal_batch_job(system: str, cluster: Cluster, profiles: BatchProfiles, batch_size: int, rounds: int, costs: CostContext,
+                    knobs: tuple[tuple[str, Any], ...] = (), **options: Any) -> SyncJob:
+  """Data parallelism with equal batches: every GPU that holds the whole model at ``batch_size``
+  (:func:`hetpipe_jax.plan.allocation.horovod_gpus`, under ``costs``) is a worker of one GPU; ``options`` are
+  :class:`SyncJob`'s (overlap, fusion, exchange); its knobs are the batch, ``knobs`` and the GPUs.
+
+  Raises:
+    ConfigError: when no GPU holds the model.
+  """
+  from hetpipe_jax.plan.allocation import horovod_gpus  # pylint: disable=g-import-not-at-top
+  gpus = horovod_gpus(cluster, profiles.at(batch_size), costs)
+  num_units = len(profiles.low)
+  return SyncJob(system, cluster, tuple(Worker((g,), (0, num_units), batch_size) for g in gpus), profiles,
+                 precision=costs.precision, rounds=rounds,
+                 knobs=(("batch_size", batch_size), *knobs, ("gpus", len(gpus))), **options)
 
 
 class SyncResult(NamedTuple):
@@ -342,7 +363,7 @@ class _Run:
     self._launch(comm)
 
   def _launch(self, comm: _Comm) -> None:
-    if self.job.exchange == "ps":
+    if self.job.exchange != "allreduce":
       self._push(comm)
       return
     if comm.busy or not comm.ready:
@@ -368,11 +389,23 @@ class _Run:
 
   # parameter server
 
+  def _members(self, comm: _Comm) -> list[tuple[int, int, int]]:
+    """Who exchanges with the PS tasks: (its node, the GPUs it stands for, its identity): every GPU (``ps``),
+    or every host (``ps_host``)."""
+    if self.job.exchange == "ps":
+      return [(g.node, 1, g.index) for g in comm.gpus]
+    per_node: dict[int, int] = {}
+    for g in comm.gpus:
+      per_node[g.node] = per_node.get(g.node, 0) + 1
+    return [(node, g, node) for node, g in per_node.items()]
+
   def _push(self, comm: _Comm) -> None:
-    """Every ready unit's gradient, from every member to the unit's PS task at once (no fusion)."""
+    """Every ready unit's gradient, from every member (a host: summed inside it first) to the unit's PS task at
+    once (no fusion)."""
     ready, comm.ready = comm.ready, []
+    members = self._members(comm)
     for u in ready:
-      t0, left = self.sim.t, [len(comm.gpus)]
+      t0, left, ps, size = self.sim.t, [len(members)], self.ps_host[u], self.tensor_bytes[u]
 
       def landed(t: float, t0=t0, left=left) -> None:
         left[0] -= 1
@@ -382,17 +415,21 @@ class _Run:
         comm.left -= 1
         if not any(c.left for c in self.comms):
           self._pull()
-      for g in comm.gpus:
-        self.sim.send(g.node, self.ps_host[u], self.tensor_bytes[u], landed)
+      for node, g, _ in members:
+        if g > 1:  # summed over the host's PCIe, then pushed
+          self.sim.send(node, node, (g - 1) * size,
+                        lambda _t, node=node, ps=ps, size=size: self.sim.send(node, ps, size, landed))
+        else:
+          self.sim.send(node, ps, size, landed)
 
   def _pull(self) -> None:
-    """Every worker GPU reads back the variables it holds, each PS task's share in one transfer (called when
-    the last push has landed, so there is at least one)."""
-    shares: dict[tuple[int, Gpu], float] = {}  # (PS host, reading GPU) -> bytes
+    """Every member reads back the variables it holds, each PS task's share in one transfer, and a host copies
+    them to its other GPUs (called when the last push has landed, so there is at least one)."""
+    shares: dict[tuple[int, int, int, int], float] = {}  # (PS host, node, GPUs, identity) -> bytes
     for c in self.comms:
-      for u in c.units:
-        for g in c.gpus:
-          key = (self.ps_host[u], g)
+      for node, g, ident in self._members(c):
+        for u in c.units:
+          key = (self.ps_host[u], node, g, ident)
           shares[key] = shares.get(key, 0.0) + self.tensor_bytes[u]
     self.pulls_left = len(shares)
 
@@ -400,8 +437,12 @@ class _Run:
       self.pulls_left -= 1
       if not self.pulls_left:
         self._maybe_end_round(t_landed)
-    for (src, gpu), num_bytes in shares.items():
-      self.sim.send(src, gpu.node, num_bytes, landed)
+    for (src, node, g, _), num_bytes in shares.items():
+      if g > 1:
+        self.sim.send(src, node, num_bytes,
+                      lambda _t, node=node, b=(g - 1) * num_bytes: self.sim.send(node, node, b, landed))
+      else:
+        self.sim.send(src, node, num_bytes, landed)
 
   def _maybe_end_round(self, t: float) -> None:
     if self.workers_left or any(c.left for c in self.comms) or self.pulls_left:

@@ -14,9 +14,10 @@ from hetpipe_jax.baselines.hetero_dp import hetero_dp_job
 from hetpipe_jax.baselines.horovod import horovod_job
 from hetpipe_jax.baselines.knobs import PeerKnobs
 from hetpipe_jax.baselines.local_sgd import local_sgd_job
-from hetpipe_jax.baselines.ps_sync import ps_sync_job
+from hetpipe_jax.baselines.ps_sync import ps_replicated_job, ps_sync_job
 from hetpipe_jax.baselines.sync import SyncJob, simulate_sync
 from hetpipe_jax.baselines.sync_pipeline import sync_pipeline_job
+from hetpipe_jax.baselines.tf_replicated import tf_replicated_copy_job, tf_replicated_job
 from hetpipe_jax.cluster import Cluster
 from hetpipe_jax.cost.batch import BatchProfiles
 from hetpipe_jax.cost.context import DEFAULT_COSTS, CostContext
@@ -41,6 +42,12 @@ SYSTEMS: dict[str, System] = {
                         "outer Nesterov step (DiLoCo)"),
     "ps_sync": System(ps_sync_job, "TensorFlow's synchronous parameter server: variables round-robin over one PS "
                       "task per worker host, every worker pushes every gradient and pulls every variable a step"),
+    "ps_replicated": System(ps_replicated_job, "ps_sync with each host's GPUs as one worker: gradients summed "
+                            "inside the host, one push and one pull per host (distributed_replicated)"),
+    "tf_replicated": System(tf_replicated_job, "TensorFlow's replicated variables with NCCL: every unit's gradient "
+                            "all-reduced on its own after the backward pass"),
+    "tf_replicated_copy": System(tf_replicated_copy_job, "TensorFlow's replicated variables without NCCL: every "
+                                 "variable summed on one device by copies after the backward pass, copied back"),
 }
 
 
