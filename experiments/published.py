@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 from experiments import common
 
 TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "published.csv")
-TRAINING = ("horovod", "tf_replicated", "tf_replicated_copy", "ps_sync", "ps_replicated")  # peers a row can name
+TRAINING = ("horovod", "tf_replicated", "tf_replicated_copy", "ps_sync", "ps_replicated", "gpipe")  # rows may name
 MODELLED = (*TRAINING, "nccl_allreduce")  # the systems a row can name and the simulator runs
 
 
@@ -39,6 +39,7 @@ class Row(NamedTuple):
   figure: float
   unit: str
   one_gpu_figure: float | None
+  baseline_batch: int
   message_bytes: float | None
   notes: str
 
@@ -70,7 +71,8 @@ def read_table(path: str) -> list[Row]:
                         _count(rec["nodes"], 1), rec["intra_link"], rec["inter_link"], rec["system"],
                         rec["model"], _count(rec["batch_per_gpu"], 0), _count(rec["microbatches"], 0),
                         _count(rec["partitions"], 0), rec["precision"] or "fp32", float(rec["figure"]),
-                        rec["unit"], _number(rec["one_gpu_figure"]), _number(rec["message_bytes"]), rec["notes"]))
+                        rec["unit"], _number(rec["one_gpu_figure"]),
+                        _count(rec["baseline_batch"], 0), _number(rec["message_bytes"]), rec["notes"]))
       except (KeyError, ValueError) as e:
         raise ConfigError(f"{path} line {n}: {e!r}; every row needs the header's columns and numbers where "
                           "they are numbers") from e
@@ -135,9 +137,12 @@ def simulate(row: Row, types: dict, gpus: int | None = None) -> float:
     return ended[0]
   held = dict(types)
   held[row.gpu] = dataclasses.replace(types[row.gpu], memory_bytes=1 << 62)
-  profiles = BatchProfiles.full_size(row.model, row.batch_per_gpu)
-  run = simulate_peer(row.system, row_cluster(row, held), profiles, row.batch_per_gpu, PeerKnobs(),
-                      _costs(row), row.model)
+  batch, knobs = row.batch_per_gpu, PeerKnobs(rounds=1)  # (every round is the same)
+  if row.system == "gpipe":  # (the row's batch is the pipeline's mini-batch, in its microbatches)
+    knobs = knobs._replace(global_batch=row.batch_per_gpu, microbatches=row.microbatches)
+    batch = row.batch_per_gpu // row.microbatches
+  profiles = BatchProfiles.full_size(row.model, batch)
+  run = simulate_peer(row.system, row_cluster(row, held), profiles, batch, knobs, _costs(row), row.model)
   return run.images_per_sec
 
 
@@ -228,14 +233,18 @@ def evaluate(rows: list[Row], calibration: Calibration) -> list[dict]:
     types = calibration.types_for(row)
     try:
       simulated = simulate(row, types)
-      one = simulate(row, types, gpus=1) if row.gpus > 1 and row.system in TRAINING else None  # (same GPUs)
+      one = simulate(row, types, gpus=1) if row.gpus > 1 and row.system in TRAINING and row.system != "gpipe" \
+          else None  # (it ran on more GPUs of the same kind: it runs on one)
     except ConfigError as e:
       entry["reason"] = str(e)
       out.append(entry)
       continue
     if row.system in TRAINING:
       entry["memory_model_holds"] = memory_holds(row, types)
-    if row.unit == "scaling_efficiency" and one is not None:  # N-GPU images/s over N x one GPU's
+    if row.unit == "speedup":  # over one GPU's plain training at the baseline's batch
+      simulated /= simulate(row._replace(system="horovod", batch_per_gpu=row.baseline_batch or row.batch_per_gpu),
+                            types, gpus=1)
+    elif row.unit == "scaling_efficiency" and one is not None:  # N-GPU images/s over N x one GPU's
       entry["published_scaling"], simulated = row.figure, simulated / (row.gpus * one)
       entry["simulated_scaling"] = simulated
     elif one is not None and row.one_gpu_figure:

@@ -142,6 +142,23 @@ def test_local_sgd_by_hand():
   assert run.images_per_sec == pytest.approx(96 / 1.6004)
 
 
+def test_gpipe_by_hand():
+  # fast -> slow, one unit each, 4 microbatches of 8 (a quarter of a unit's batch-32 flops each: fast 0.025 s
+  # forward, 0.05 backward; slow twice that), 2.5 MB activations over the 1 GB/s network (1e-4 + 2.5e-3)
+  run = simulate_peer("gpipe", TWO_NODES, PROFILES, 8, PeerKnobs(microbatches=4))
+  assert run.job.workers[0].cuts == (0, 1, 2) and run.job.schedule == "gpipe" and run.job.recompute
+  # slow: forwards at 0.0276 + 0.05 k (k = 0..3, each after its input lands; the 4th ends 0.2276), then its
+  # backwards, the first three with their forward again (0.15 each), the last without (0.1): ends 0.7776; that
+  # gradient lands on fast at 0.7802 (fast ran B1..B3 as theirs landed) and fast's last backward takes 0.05
+  assert run.round_seconds == pytest.approx(0.2276 + 3 * 0.15 + 0.1 + 0.0026 + 0.05)
+  slow = [(a, b) for d, a, b, cat, label in run.timeline["intervals"] if d == 1 and label.startswith("B")]
+  assert [round(b - a, 6) for a, b in slow[:4]] == [0.15, 0.15, 0.15, 0.1]
+  with pytest.raises(ConfigError, match="give global_batch >= microbatches"):
+    simulate_peer("gpipe", TWO_NODES, PROFILES, 8, PeerKnobs(microbatches=4, global_batch=2))
+  with pytest.raises(ConfigError, match="3 GPUs for a model of 2 units"):
+    simulate_peer("gpipe", make_cluster("3", [[FAST], [FAST], [SLOW]], PCIE, NET), PROFILES, 8)
+
+
 def test_ps_sync_by_hand():
   # u0 (100 MB) on the PS task of node 0, u1 (300 MB) on node 1's (round-robin). u1 is done on both GPUs at
   # 0.8 s (the slow one's backward 0.4..1.2, u1 first): fast pushes over the network (0.3001, lands 1.1001),
@@ -202,6 +219,8 @@ def test_sync_pipeline_splits_microbatches_by_speed():
 @pytest.mark.parametrize("system", list(SYSTEMS))
 def test_every_peer_accounts_for_every_gpu_second(system):
   cluster = make_cluster("2x2", [[FAST, SLOW], [FAST, SLOW]], PCIE, NET)
+  if system == "gpipe":  # (one pipeline over every GPU: one per unit)
+    cluster = make_cluster("2x1", [[FAST], [SLOW]], PCIE, NET)
   run = simulate_peer(system, cluster, PROFILES, 32, PeerKnobs(local_steps=3, microbatches=6))
   report = timeline_report(run.timeline)
   assert set(report["categories"]) == set(CATEGORIES)

@@ -13,7 +13,7 @@ from experiments import published as vp
 
 COLUMNS = ["id", "category", "source", "setup", "gpu", "gpus", "nodes", "intra_link", "inter_link", "system", "model",
            "batch_per_gpu", "microbatches", "partitions", "precision", "figure", "unit", "one_gpu_figure",
-           "message_bytes", "notes"]
+           "baseline_batch", "message_bytes", "notes"]
 
 
 def _table(path, rows):
@@ -35,7 +35,7 @@ RING = {"id": "ring-2x4", "category": "allreduce", "source": "test", "setup": "r
 PS = {**ONE, "id": "ps", "setup": "p", "category": "multi_node_ps", "system": "ps_sync", "gpus": 8, "nodes": 2,
       "inter_link": "eth25", "figure": 2000.0}
 PIPE = {**ONE, "id": "pipe", "category": "pipeline", "system": "gpipe", "gpus": 4, "partitions": 4,
-        "microbatches": 8, "figure": 2.5, "unit": "speedup"}
+        "microbatches": 8, "figure": 2.5, "unit": "speedup", "one_gpu_figure": "", "baseline_batch": 32}
 
 
 def test_the_fit_reproduces_each_setups_single_gpu_figure_and_holds_out_the_rest(tmp_path):
@@ -102,14 +102,14 @@ def test_the_cli_reports_every_row_and_ends_with_its_summary(tmp_path):
                         timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   last = proc.stdout.strip().splitlines()[-1]
-  assert last.startswith("median_error=") and last.endswith("cases=3")  # the 8-GPU, ring and PS rows
+  assert last.startswith("median_error=") and last.endswith("cases=4")  # the 8-GPU, ring, PS and pipeline rows
   doc = json.loads((tmp_path / "validate_published.json").read_text())
   by_id = {r["id"]: r for r in doc["rows"]}
   assert by_id["v100-r50-1"]["fitted"] and abs(by_id["v100-r50-1"]["error"]) < 1e-6
   assert not by_id["v100-r50-8"]["fitted"] and by_id["v100-r50-8"]["published_scaling"] == pytest.approx(3000 / 3200)
-  assert by_id["pipe"]["simulated"] is None and "not modelled" in by_id["pipe"]["reason"]
+  assert 1 < by_id["pipe"]["simulated"] < 4  # 4 GPUs' GPipe over one GPU's plain training at batch 32
   assert 0 < by_id["ps"]["simulated"] < by_id["v100-r50-8"]["simulated"]  # a PS over 25 GbE: slower
-  assert doc["summary"]["held_out"]["cases"] == 3 and doc["summary"]["not_run"] == 1
+  assert doc["summary"]["held_out"]["cases"] == 4 and doc["summary"]["not_run"] == 0
   for ext in ("json", "csv", "png"):
     assert (tmp_path / f"validate_published.{ext}").stat().st_size > 0
 

@@ -19,8 +19,10 @@ class PeerKnobs(NamedTuple):
   """Attributes:
     fusion_mb: the fusion buffer in MiB (Horovod's default 64; 0: no fusion).
     cycle_ms: how often ready tensors are collected (Horovod's default 1 ms).
-    global_batch: hetero_dp's examples per step over every GPU (0: the batch size x the GPUs that train).
-    microbatches: sync_pipeline's microbatches per iteration over every pipeline, split in proportion to each
+    global_batch: hetero_dp's examples per step over every GPU (0: the batch size x the GPUs that train);
+      gpipe's mini-batch (0: the batch size x its microbatches).
+    microbatches: gpipe's microbatches per step (0: 4 per GPU); sync_pipeline's microbatches per iteration over
+      every pipeline, split in proportion to each
       pipeline's speed (0: 4 x the most stages of a pipeline, per pipeline).
     policy: how GPUs are grouped into pipelines (sync_pipeline, local_sgd with vw workers): NP, ED, HD, a
       grouping, or ``best`` (the fastest of NP, ED and HD).

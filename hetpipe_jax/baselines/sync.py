@@ -4,7 +4,8 @@ A *worker* is a pipeline of one or more GPUs (one GPU: a data-parallel worker) t
 replica. A *round* is what happens between two synchronisations:
 
 1. every worker takes its ``local_steps`` local steps; a local step is its ``batch`` examples in
-   ``microbatches`` microbatches through its pipeline under 1F1B with at most ``nm`` in flight, and a flush
+   ``microbatches`` microbatches through its pipeline under its schedule (1F1B, or GPipe's) with at most
+   ``nm`` in flight, and a flush
    (the step ends when its last backward is done; one GPU: gradient accumulation over its microbatches).
    A task's input (the previous stage's activation, the next stage's gradient) is a flow over the links
    between the two GPUs that leaves when it is produced and travels while the receiving GPU computes
@@ -107,6 +108,10 @@ class SyncJob:
       as one worker, :func:`hetpipe_jax.baselines.ps_sync.ps_replicated_job`: a unit's gradients are first
       summed inside each host, one flow of (g - 1) x its bytes over the host's PCIe for g GPUs, then the host
       pushes one copy; the pull reads one copy per host and copies it to the host's other GPUs).
+    schedule: the pipelines' schedule (:data:`hetpipe_jax.core.schedule.SCHEDULES`): ``1f1b``, or ``gpipe``
+      (every forward of the step before its backwards).
+    recompute: activation checkpointing as torchgpipe's ``except_last``: the backward of every microbatch but
+      a step's last runs its stage's forward again first.
   """
 
   system: str
@@ -120,6 +125,8 @@ class SyncJob:
   rounds: int = 2
   knobs: tuple[tuple[str, Any], ...] = ()
   exchange: str = "allreduce"
+  schedule: str = "1f1b"
+  recompute: bool = False
 
   def __post_init__(self):
     if not self.workers:
@@ -136,6 +143,8 @@ class SyncJob:
     used = [g.index for w in self.workers for g in w.gpus]
     if len(used) != len(set(used)):
       raise ConfigError(f"{self.system}: a GPU is in two workers; give each GPU to one worker")
+    if self.schedule not in sched.SCHEDULES:
+      raise ConfigError(f"{self.system}: schedule={self.schedule!r}; give one of {', '.join(sched.SCHEDULES)}")
     if self.exchange not in EXCHANGES:
       raise ConfigError(f"{self.system}: exchange={self.exchange!r}; give one of {', '.join(EXCHANGES)}")
     if self.rounds < 1 or not self.cycle_s >= 0 or not self.fusion_bytes >= 0:
@@ -143,8 +152,8 @@ class SyncJob:
                         f"fusion_bytes={self.fusion_bytes}; give rounds >= 1 and cycle_s, fusion_bytes >= 0")
 
 
-def equal_batch_job(system: str, cluster: Cluster, profiles: BatchProfiles, batch_size: int, rounds: int, costs: CostContext,
-                    knobs: tuple[tuple[str, Any], ...] = (), **options: Any) -> SyncJob:
+def equal_batch_job(system: str, cluster: Cluster, profiles: BatchProfiles, batch_size: int, rounds: int,
+                    costs: CostContext, knobs: tuple[tuple[str, Any], ...] = (), **options: Any) -> SyncJob:
   """Data parallelism with equal batches: every GPU that holds the whole model at ``batch_size``
   (:func:`hetpipe_jax.plan.allocation.horovod_gpus`, under ``costs``) is a worker of one GPU; ``options`` are
   :class:`SyncJob`'s (overlap, fusion, exchange); its knobs are the batch, ``knobs`` and the GPUs.
@@ -283,8 +292,8 @@ class _Run:
 
   def _inject(self, i: int) -> None:
     w = self.job.workers[i]
-    while sched.can_inject(self.states[i], w.nm, w.microbatches, "1f1b"):
-      self.states[i], _ = sched.inject(self.states[i], "1f1b")
+    while sched.can_inject(self.states[i], w.nm, w.microbatches, self.job.schedule):
+      self.states[i], _ = sched.inject(self.states[i], self.job.schedule)
 
   def _try_start(self, i: int, j: int) -> None:
     arrived, k = self.arrived[i], len(self.job.workers[i].gpus)
@@ -299,6 +308,8 @@ class _Run:
     self.states[i] = sched.start(self.states[i], task)
     w = self.job.workers[i]
     fwd, bwd, units, _ = self._cost(i, j, w.micro_size(task.mb))
+    if task.kind == sched.BWD and self.job.recompute and task.mb < w.microbatches:
+      bwd += fwd  # (its forward again, checkpointed)
     t = self.sim.t
     self.sim.at(t + (fwd if task.kind == sched.FWD else bwd), lambda t_end: self._finish(i, task, t, t_end))
     if task.kind == sched.BWD and task.mb == w.microbatches and self.steps[i] + 1 == w.local_steps and \
@@ -313,7 +324,7 @@ class _Run:
     gpu = w.gpus[task.stage].index
     self.log.compute.setdefault(gpu, []).append((t_start, t, f"{task.kind[0].upper()}{task.mb}"))
     self.log.last[gpu][-1] = t
-    self.states[i], _ = sched.finish(self.states[i], task, "1f1b")
+    self.states[i], _ = sched.finish(self.states[i], task, self.job.schedule)
     nxt = sched.successor(task, len(w.gpus))
     if nxt is not None and nxt[0] != task.stage:
       src, dst = w.gpus[task.stage], w.gpus[nxt[0]]

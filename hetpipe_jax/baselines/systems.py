@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from hetpipe_jax.baselines.gpipe import gpipe_job
 from hetpipe_jax.baselines.hetero_dp import hetero_dp_job
 from hetpipe_jax.baselines.horovod import horovod_job
 from hetpipe_jax.baselines.knobs import PeerKnobs
@@ -46,6 +47,8 @@ SYSTEMS: dict[str, System] = {
                             "inside the host, one push and one pull per host (distributed_replicated)"),
     "tf_replicated": System(tf_replicated_job, "TensorFlow's replicated variables with NCCL: every unit's gradient "
                             "all-reduced on its own after the backward pass"),
+    "gpipe": System(gpipe_job, "one pipeline over every GPU in order, cuts balanced by compute, every forward "
+                    "then every backward, checkpointed activations, a flush (GPipe, torchgpipe)"),
     "tf_replicated_copy": System(tf_replicated_copy_job, "TensorFlow's replicated variables without NCCL: every "
                                  "variable summed on one device by copies after the backward pass, copied back"),
 }

@@ -19,6 +19,7 @@ every device from 0 to the end, with the categories of :data:`CATEGORIES`:
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from collections.abc import Sequence
 from typing import Any
@@ -51,11 +52,14 @@ def _union(spans: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
   return [(a, b) for a, b in out]
 
 
-def _split(a: float, b: float, covered: Sequence[tuple[float, float]], inside: str, outside: str
-           ) -> list[tuple[float, float, str]]:
-  """[a, b] cut into the parts inside ``covered`` (a sorted union) and the rest."""
+def _split(a: float, b: float, covered: Sequence[tuple[float, float]], ends: Sequence[float], inside: str,
+           outside: str) -> list[tuple[float, float, str]]:
+  """[a, b] cut into the parts inside ``covered`` (a sorted union, ``ends`` its intervals' ends) and the rest."""
   out, t = [], a
-  for c, d in covered:
+  for k in range(bisect.bisect_right(ends, a), len(covered)):  # (the first interval that ends after a)
+    c, d = covered[k]
+    if c >= b:
+      break
     c, d = max(c, a), min(d, b)
     if d <= c:
       continue
@@ -71,6 +75,7 @@ def _split(a: float, b: float, covered: Sequence[tuple[float, float]], inside: s
 def _device_intervals(gpu: int, log: Log, comm_spans: list[tuple[float, float]]) -> list[tuple[float, float, str, str]]:
   compute = sorted(log.compute.get(gpu, []))
   inbound = _union(log.inbound.get(gpu, []))
+  inbound_ends, comm_ends = [d for _, d in inbound], [d for _, d in comm_spans]
   out: list[tuple[float, float, str, str]] = []
   c = 0
   for r, (start, end) in enumerate(log.rounds):
@@ -78,11 +83,12 @@ def _device_intervals(gpu: int, log: Log, comm_spans: list[tuple[float, float]])
     t = start
     while c < len(compute) and compute[c][0] < end - EPS:
       a, b, label = compute[c]
-      out += [(x, y, cat, "") for x, y, cat in _split(t, a, inbound, "link", "bubble")]
+      out += [(x, y, cat, "") for x, y, cat in _split(t, a, inbound, inbound_ends, "link", "bubble")]
       out.append((a, b, "compute", label))
       t = b
       c += 1
-    out += [(x, y, cat, "") for x, y, cat in _split(max(t, last), end, comm_spans, "allreduce", "sync")]
+    out += [(x, y, cat, "") for x, y, cat in _split(max(t, last), end, comm_spans, comm_ends, "allreduce",
+                                                             "sync")]
   return out
 
 
