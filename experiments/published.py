@@ -85,15 +85,17 @@ def read_table(path: str) -> list[Row]:
   return rows
 
 
-def row_cluster(row: Row, types: dict):
-  """The row's hardware: ``nodes`` nodes of ``gpus / nodes`` GPUs of its type, its links."""
+def row_cluster(row: Row, types: dict, links: dict | None = None):
+  """The row's hardware: ``nodes`` nodes of ``gpus / nodes`` GPUs of its type, its links (of ``links``, the
+  catalogue's by default)."""
   from hetpipe_jax import ConfigError
   from hetpipe_jax.cluster import LINKS, make_cluster
+  links = links or LINKS
   per_node = max(1, row.gpus // row.nodes)
   if row.nodes > 1 and not row.inter_link:
     raise ConfigError(f"{row.id}: {row.nodes} nodes and no inter_link: the source names no network the catalogue has")
-  inter = LINKS[row.inter_link or "ib_fdr56"]  # (one node: never used)
-  return make_cluster(row.id, [[types[row.gpu]] * per_node for _ in range(row.nodes)], LINKS[row.intra_link], inter)
+  inter = links[row.inter_link or "ib_fdr56"]  # (one node: never used)
+  return make_cluster(row.id, [[types[row.gpu]] * per_node for _ in range(row.nodes)], links[row.intra_link], inter)
 
 
 def _costs(row: Row, weight_mode: str = "stash"):
@@ -112,7 +114,7 @@ def memory_holds(row: Row, types: dict) -> bool:
   return types[row.gpu].memory_bytes >= need
 
 
-def simulate(row: Row, types: dict, gpus: int | None = None) -> float:
+def simulate(row: Row, types: dict, gpus: int | None = None, links: dict | None = None) -> float:
   """The row's throughput on the simulator (images/s, or seconds for a raw all-reduce), on ``gpus`` GPUs of one
   node instead of the row's when given (its one-GPU figure: ``gpus=1``).
 
@@ -130,7 +132,7 @@ def simulate(row: Row, types: dict, gpus: int | None = None) -> float:
   if row.system == "nccl_allreduce":
     from hetpipe_jax.baselines.collective import allreduce
     from hetpipe_jax.sim.network import Simulator
-    cluster = row_cluster(row, types)
+    cluster = row_cluster(row, types, links)
     sim, ended = Simulator(cluster), []
     allreduce(sim, cluster.gpus, row.message_bytes or 0.0, ended.append)
     sim.drain()
@@ -142,7 +144,7 @@ def simulate(row: Row, types: dict, gpus: int | None = None) -> float:
     knobs = knobs._replace(global_batch=row.batch_per_gpu, microbatches=row.microbatches)
     batch = row.batch_per_gpu // row.microbatches
   profiles = BatchProfiles.full_size(row.model, batch)
-  run = simulate_peer(row.system, row_cluster(row, held), profiles, batch, knobs, _costs(row), row.model)
+  run = simulate_peer(row.system, row_cluster(row, held, links), profiles, batch, knobs, _costs(row), row.model)
   return run.images_per_sec
 
 
@@ -150,20 +152,26 @@ FIT_SCOPES = ("setup", "type", "none")
 
 
 class Calibration(NamedTuple):
-  """The fitted efficiencies: each setup's catalogue (``by_setup``, a setup without a fitted point of a type
-  and family takes ``by_type``'s), and one record per fitted point."""
+  """The fitted parameters: each setup's GPU types (``by_setup``; a setup without a fitted point of a type and
+  family takes ``by_type``'s), the links of the setups whose intra-node link was fitted (``links``), and one
+  record per fitted point."""
 
   by_type: dict
   by_setup: dict[str, dict]
   records: list[dict]
   scope: str
+  links: dict[str, dict] = {}
 
   def types_for(self, row: Row) -> dict:
-    """The catalogue that simulates ``row``."""
+    """The GPU types that simulate ``row``."""
     return self.by_setup.get(row.setup, self.by_type)
 
+  def links_for(self, row: Row) -> dict | None:
+    """The links that simulate ``row`` (None: the catalogue's)."""
+    return self.links.get(row.setup if self.scope == "setup" else row.intra_link)
+
   def is_fit_point(self, row: Row) -> bool:
-    """Whether ``row``'s figure is one a fit used (a one-GPU figure of a fit model)."""
+    """Whether ``row``'s figure is one a fit used (a one-GPU figure of a fit model, a two-GPU all-reduce)."""
     return any(r.get("id") == row.id for r in self.records if "ratio" in r)
 
 
@@ -215,7 +223,40 @@ def fit_efficiency(rows: list[Row], fit_models: list[str], scope: str = "setup")
                     "ratio": ratio})
   typed = _with_factors(dict(CATALOGUE), by_type)
   setups = {setup: _with_factors(typed, points) for setup, points in by_setup.items()} if scope == "setup" else {}
-  return Calibration(typed, setups, records, scope)
+  links = _fit_links(rows, scope, records) if scope != "none" else {}
+  return Calibration(typed, setups, records, scope, links)
+
+
+def _fit_links(rows: list[Row], scope: str, records: list[dict]) -> dict[str, dict]:
+  """The intra-node link's bandwidth B and latency a fitted on the two-GPU all-reduce times of one node, per
+  setup (or per link, ``scope="type"``): a two-GPU ring takes 2 a + S / B for S bytes; a and 1 / B minimise the
+  squared relative errors (the sizes span three decades; a >= 0, else 1 / B alone). Every larger all-reduce is
+  held out."""
+  from hetpipe_jax.cluster import LINKS
+  from hetpipe_jax.cluster.catalogue import Link
+  points: dict[str, list[Row]] = {}
+  for row in rows:
+    if row.system == "nccl_allreduce" and row.gpus == 2 and row.nodes == 1 and row.message_bytes:
+      points.setdefault(row.setup if scope == "setup" else row.intra_link, []).append(row)
+  out = {}
+  for key, fit in points.items():
+    us, vs = [2 / r.figure for r in fit], [(r.message_bytes or 0.0) / r.figure for r in fit]  # (target: 1 each)
+    suu, svv, suv = sum(u * u for u in us), sum(v * v for v in vs), sum(u * v for u, v in zip(us, vs))
+    det = suu * svv - suv * suv
+    if len(fit) < 2 or det <= 0:
+      continue
+    latency, slope = (svv * sum(us) - suv * sum(vs)) / det, (suu * sum(vs) - suv * sum(us)) / det
+    if latency < 0:
+      latency, slope = 0.0, sum(vs) / svv
+    name = fit[0].intra_link
+    links = dict(LINKS)
+    links[name] = Link(name, 1 / slope, latency)
+    out[key] = links
+    for r in fit:
+      records.append({"id": r.id, "setup": r.setup, "link": name, "bytes_per_s": 1 / slope, "latency_s": latency,
+                      "catalogue_bytes_per_s": LINKS[name].bytes_per_s, "catalogue_latency_s": LINKS[name].latency_s,
+                      "ratio": None})
+  return out
 
 
 def evaluate(rows: list[Row], calibration: Calibration) -> list[dict]:
@@ -225,16 +266,17 @@ def evaluate(rows: list[Row], calibration: Calibration) -> list[dict]:
   out = []
   for row in rows:
     entry: dict[str, Any] = {**row._asdict(), "simulated": None, "error": None, "reason": None}
-    entry["fitted"] = row.gpus == 1 and calibration.is_fit_point(row)
+    entry["fitted"] = calibration.is_fit_point(row) and (row.gpus == 1 or row.system == "nccl_allreduce")
     if row.system not in MODELLED:
       entry["reason"] = f"system {row.system or '(none named)'!r} not modelled"
       out.append(entry)
       continue
-    types = calibration.types_for(row)
+    types, links = calibration.types_for(row), calibration.links_for(row)
     try:
-      simulated = simulate(row, types)
-      one = simulate(row, types, gpus=1) if row.gpus > 1 and row.system in TRAINING and row.system != "gpipe" \
-          else None  # (it ran on more GPUs of the same kind: it runs on one)
+      simulated = simulate(row, types, links=links)
+      one = None  # the same GPUs' one-GPU figure (a data-parallel row of more GPUs runs on one)
+      if row.gpus > 1 and row.system in TRAINING and row.system != "gpipe":
+        one = simulate(row, types, gpus=1, links=links)
     except ConfigError as e:
       entry["reason"] = str(e)
       out.append(entry)
@@ -243,7 +285,7 @@ def evaluate(rows: list[Row], calibration: Calibration) -> list[dict]:
       entry["memory_model_holds"] = memory_holds(row, types)
     if row.unit == "speedup":  # over one GPU's plain training at the baseline's batch
       simulated /= simulate(row._replace(system="horovod", batch_per_gpu=row.baseline_batch or row.batch_per_gpu),
-                            types, gpus=1)
+                            types, gpus=1, links=links)
     elif row.unit == "scaling_efficiency" and one is not None:  # N-GPU images/s over N x one GPU's
       entry["published_scaling"], simulated = row.figure, simulated / (row.gpus * one)
       entry["simulated_scaling"] = simulated

@@ -64,6 +64,21 @@ def test_the_fit_reproduces_each_setups_single_gpu_figure_and_holds_out_the_rest
     vp.fit_efficiency(rows, ["resnet50"], "model")
 
 
+def test_the_link_fit_recovers_a_link_from_its_two_gpu_times_and_holds_out_the_rest(tmp_path):
+  # times made by a ring on a link of 6 GB/s and 20 us: 2 steps of 20 us + S / 2 at 6 GB/s for two GPUs
+  made = [{**RING, "id": f"two-{n}", "setup": "x", "gpus": 2, "nodes": 1, "inter_link": "", "message_bytes": n,
+           "figure": 2 * 20e-6 + n / 6e9} for n in (4e5, 4e6, 4e7)]
+  eight = {**made[0], "id": "eight", "gpus": 8, "message_bytes": 4e7, "figure": 14 * 20e-6 + 1.75 * 4e7 / 6e9}
+  rows = vp.read_table(_table(tmp_path / "t.csv", [*made, eight]))
+  cal = vp.fit_efficiency(rows, [])
+  link = cal.links_for(rows[0])["pcie3"]
+  assert link.bytes_per_s == pytest.approx(6e9, rel=1e-9) and link.latency_s == pytest.approx(20e-6, rel=1e-9)
+  entries = {e["id"]: e for e in vp.evaluate(rows, cal)}
+  assert all(entries[f"two-{n}"]["fitted"] for n in (4e5, 4e6, 4e7)) and not entries["eight"]["fitted"]
+  assert entries["eight"]["error"] == pytest.approx(0.0, abs=1e-9)  # the ring's own model: exact
+  assert vp.fit_efficiency(rows, [], "none").links_for(rows[0]) is None  # the catalogue's
+
+
 def test_a_row_runs_at_its_published_batch_where_the_memory_model_would_refuse_it(tmp_path):
   # ResNet-152 at 32 per GPU ran on 11 GB RTX 2080 Tis (Lambda); the memory model charges more than 11 GB
   big = {**ONE, "id": "r152", "gpu": "RTX 2080 Ti", "model": "resnet152", "batch_per_gpu": 32, "gpus": 2,
