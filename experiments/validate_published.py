@@ -1,27 +1,30 @@
 r"""The simulator against published measurements of real multi-GPU hardware (issue 24).
 
 Every row of ``experiments/data/published.csv`` is a measurement someone published, with its source, its
-hardware (catalogue names of GPUs and links), the system it ran and the figure. Each row is simulated on
-the same cost model, catalogue, links and network as every study of hetpipe_jax:
+setup (one machine and software stack of one source), its hardware (catalogue names of GPUs and links), the
+system it ran and the figure. Each row is simulated on the same cost model, catalogue, links and network as
+every study of hetpipe_jax, by the peer of :mod:`hetpipe_jax.baselines` that the row names:
 
-* ``allreduce`` (Horovod / NCCL, TensorFlow's replicated variables with NCCL): the ``horovod`` peer
-  (:mod:`hetpipe_jax.baselines.horovod`: equal batches, fused ring all-reduce overlapped with the backward),
-  one node or several;
+* ``tf_replicated`` / ``tf_replicated_copy`` (tf_cnn_benchmarks' replicated variables with / without NCCL),
+  ``horovod`` (Horovod, PyTorch's DDP), ``ps_sync`` / ``ps_replicated`` (TensorFlow's synchronous parameter
+  server, every GPU or every host a worker), ``gpipe`` (torchgpipe's speed-ups over one GPU's plain training
+  at ``baseline_batch``);
 * ``nccl_allreduce`` (a raw all-reduce timing): :func:`hetpipe_jax.baselines.collective.allreduce` of the
   row's bytes on the row's GPUs, alone on the network;
-* ``ps_sync`` (TensorFlow's synchronous parameter server): the ``ps_sync`` peer
-  (:mod:`hetpipe_jax.baselines.ps_sync`: one PS task per worker host, variables round-robin);
-* other systems (GPipe, TensorFlow's replicated variables without NCCL) are reported as not modelled yet,
-  with the reason, and left out of the errors.
+* a row whose system is not named, or whose network the catalogue lacks, is reported with its reason and left
+  out of the errors.
 
-Calibration (``--fit``, on by default): the one fitted parameter is each GPU type's roofline efficiency per
-model family (:mod:`hetpipe_jax.cluster.catalogue`), fitted on the single-GPU figures of the *fit* models
-(``--fit_models``: one model per family; a one-GPU row's figure, or a multi-GPU row's ``one_gpu_figure``, the
-same source's one-GPU run, simulated with the row's own system) and nothing else; every other single-GPU
-figure and every figure of more than one GPU (where the network decides) is held out, and its errors are
-reported apart. No network
-parameter is fitted. Errors: in images/s (simulated / published - 1) and in scaling efficiency (images/s over
-N x the same source's one-GPU figure, published against simulated, an absolute difference).
+A published row ran at its batch, so its GPUs are not refused by the memory model (``memory_model_holds``
+says where the memory model would have).
+
+Calibration (``--fit=setup``, the default): each GPU type's roofline efficiency per model family, per setup,
+on that setup's single-GPU figures of the fit models (``--fit_models``: one per family; a one-GPU row's
+figure or a multi-GPU row's ``one_gpu_figure``, simulated with the row's own system; a setup with none takes
+the type's geometric mean over every setup); and the intra-node link's bandwidth and per-step latency per
+setup, on its two-GPU raw all-reduce times (2a + S/B, least squares in relative error). ``--fit=type``: the
+same per type and per link over every setup; ``--fit=none``: the catalogue as it is. Every other figure is
+held out and its errors are reported apart: in the row's unit (simulated / published - 1) and in scaling
+efficiency (images/s over N x the same setup's one-GPU figure, an absolute difference).
 
 Writes validate_published.json, .csv and .png (simulated against published) in --out_dir; the last line is
 ``median_error=<x> worst_error=<y> cases=<n>`` over the held-out rows that ran.
