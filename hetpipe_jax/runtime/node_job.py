@@ -21,18 +21,14 @@ from hetpipe_jax.data import MinibatchStreams
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.models.base import LayeredModel
 from hetpipe_jax.plan.layout import Layout
+from hetpipe_jax.runtime import protocol
+from hetpipe_jax.runtime.channels import Channel
 from hetpipe_jax.runtime.distributed import Node
-from hetpipe_jax.runtime.multiprocess import (
-  TIMEOUT_S,
-  Channel,
-  Mailbox,
-  RemoteNumerics,
-  ShardedServer,
-  ShardWorker,
-  StageWorker,
-  process_of,
-)
+from hetpipe_jax.runtime.mailbox import TIMEOUT_S, Mailbox
+from hetpipe_jax.runtime.remote import RemoteNumerics, process_of
+from hetpipe_jax.runtime.shards import ShardedServer, ShardWorker
 from hetpipe_jax.runtime.stage import Stage
+from hetpipe_jax.runtime.stage_worker import StageWorker
 
 
 class Job(NamedTuple):
@@ -142,7 +138,7 @@ class NodeJob:
     numerics adapter per virtual worker (commands to the stages' processes)."""
     job, node = self.job, self.node
     node.watch(self.on_gone)
-    self.channels = {p: Channel(node, f"ps{p}", p, f"the PS shards of process {p}")
+    self.channels = {p: Channel(node, f"ps{p}", p, f"the PS shards of process {p}", protocol.SHARD_OPS)
                      for p in sorted(set(self.shard_owners))}
     server = ShardedServer(node, job.layout.num_vws, job.d, self.shard_owners, self.channels, self.mailbox,
                            [jax.tree.structure(p) for p in job.init_params])

@@ -15,9 +15,10 @@ from hetpipe_jax.run.executors.wall import runner
 from hetpipe_jax.run.result import RunResult
 from hetpipe_jax.run.session import Built, run_engine
 from hetpipe_jax.run.setup import Setup
+from hetpipe_jax.runtime.channels import wait
 from hetpipe_jax.runtime.distributed import current_node
-from hetpipe_jax.runtime.multiprocess import merge_records, wait
 from hetpipe_jax.runtime.node_job import Job, NodeJob, check_node
+from hetpipe_jax.runtime.remote import merge_records
 
 
 def job(setup: Setup, init_params) -> Job:

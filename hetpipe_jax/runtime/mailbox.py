@@ -1,0 +1,96 @@
+"""Arrays between the threads and processes of a ``multiprocess`` run (:mod:`hetpipe_jax.runtime.multiprocess`):
+a :class:`Mailbox` between the stages and shards of one process, :func:`deliver` and :func:`collect` that go
+through it or through the transport (:mod:`hetpipe_jax.runtime.distributed`), trees of a checkpoint's part
+as arrays, and the timeouts that tell a lost process."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from hetpipe_jax.errors import RunStopped
+from hetpipe_jax.runtime import checkpoint
+from hetpipe_jax.runtime.distributed import POLL_S, Node, PeerGone
+
+TIMEOUT_S = 60.0  # a report or a tensor that takes longer means a hung or lost process: the job ends
+IDLE_S = 3600.0  # how long a stage or shard may wait for its next command
+
+class Mailbox:
+  """Tensors between stages of one process (the transport is for other processes)."""
+
+  def __init__(self):
+    self._items: dict[str, Any] = {}
+    self._cond = threading.Condition()
+
+  def put(self, key: str, value: Any) -> None:
+    with self._cond:
+      self._items[key] = value
+      self._cond.notify_all()
+
+  def take(self, key: str, timeout_s: float, node: Node | None = None) -> Any:
+    """The value put under ``key``; with ``node``, gives up once the job cannot go on (process 0's verdict,
+    :attr:`Node.fatal`: the thread that would put it may be waiting for a process that is gone) or, in a
+    recoverable job, once it is stopping.
+
+    Raises:
+      TimeoutError: after ``timeout_s``.
+      RunStopped: when the job cannot go on.
+      PeerGone: when the job is stopping.
+    """
+    deadline = time.monotonic() + timeout_s
+    with self._cond:
+      while key not in self._items:
+        if node is not None and node.fatal:
+          raise RunStopped(node.fatal)
+        if node is not None and node.recoverable and node.stopping():
+          raise PeerGone(node.process, " (the job is stopping)")
+        left = deadline - time.monotonic()
+        if left <= 0:
+          raise TimeoutError(f"no {key} within {timeout_s:g} s")
+        self._cond.wait(min(left, POLL_S))
+      return self._items.pop(key)
+
+
+def deliver(node: Node, mailbox: Mailbox, dst: int, tag: str, arrays: list[Any]) -> None:
+  """Sends ``arrays`` to process ``dst`` under ``tag`` (through the mailbox when ``dst`` is this process)."""
+  if dst == node.process:
+    mailbox.put(tag, arrays)
+  else:
+    node.send(dst, tag, arrays)
+
+
+def collect(node: Node, mailbox: Mailbox, src: int, tag: str) -> list[Any]:
+  """The arrays process ``src`` delivered under ``tag``."""
+  return mailbox.take(tag, TIMEOUT_S, node) if src == node.process else node.recv(src, tag, TIMEOUT_S)
+
+
+class JobStopped(Exception):
+  """Raised by a command that found why the job must stop (e.g. a non-finite update): its channel ends
+  and process 0 stops the job with this message."""
+
+
+def send_tree(node: Node, mailbox: Mailbox, dst: int, tag: str, tree: Any) -> None:
+  """Sends any tree of plain values and arrays (a checkpoint's part) to process ``dst`` under ``tag``."""
+  skeleton, arrays = checkpoint.split(tree)
+  leaves = [np.frombuffer(skeleton, np.uint8)] + [arrays[str(i)] for i in range(len(arrays))]
+  deliver(node, mailbox, dst, tag, [jax.device_put(x, node.device) for x in leaves])
+
+
+def receive_tree(node: Node, mailbox: Mailbox, src: int, tag: str) -> Any:
+  """The tree process ``src`` sent with :func:`send_tree` (its arrays as numpy)."""
+  skeleton, *arrays = collect(node, mailbox, src, tag)
+  return checkpoint.join(np.asarray(skeleton).tobytes(), {str(i): np.asarray(a) for i, a in enumerate(arrays)})
+
+
+def unflatten_units(treedefs: Sequence[Any], leaves: Sequence[Any]) -> list[Any]:
+  """Splits the leaves of several units, flattened one after another, back into one tree per unit."""
+  out, leaves = [], list(leaves)
+  for treedef in treedefs:
+    out.append(jax.tree.unflatten(treedef, leaves[:treedef.num_leaves]))
+    leaves = leaves[treedef.num_leaves:]
+  return out
