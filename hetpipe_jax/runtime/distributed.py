@@ -14,6 +14,11 @@ This is the one module that touches JAX's experimental and private distributed A
   exactly once; the sender keeps the offered arrays alive until the receiver acknowledges by deleting the
   notice (checked once more than a few messages or MB are held), because deleting or donating an offered
   buffer before its pull breaks the pull.
+* A *direct* message has no notice: :meth:`Node.send_direct` offers the arrays under an id both ends derive
+  from (sender, receiver, tag: a hash), and :meth:`Node.recv_direct`, which knows the arrays' shapes and
+  dtypes, pulls it; a pull may come before its offer (the transfer server pairs them). No key-value
+  operation: what stages send each other on every task. The sender holds its newest offers per stream, as
+  many as the caller says can be in flight.
 
 Measured on this 2-core machine (BUILD_NOTES.md, "Multi-process transport"): 0.70-0.75 GB/s for 1-100 MB
 pulls on loopback (a local ``device_put`` between two CPU devices: 1.5-1.7 GB/s), ~0.19 ms to pull a tiny
@@ -22,11 +27,14 @@ array that is already offered, ~0.4 ms per key-value operation.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
+import hashlib
 import itertools
 import json
 import os
+import queue
 import sys
 import threading
 import time
@@ -49,7 +57,31 @@ DEAD_AFTER_S = 5.0  # a process whose beat has not moved for this long is gone (
 POLL_S = 0.5  # how often a wait checks whether its peer is gone
 
 
-_PULLS = concurrent.futures.ThreadPoolExecutor(16, thread_name_prefix="pull")  # recoverable jobs' pulls
+class _DaemonPool:
+  """Threads that run pulls and never hold up the process's exit (a pull given up on, from a process that is
+  gone or never offered, blocks its thread for good; ``concurrent.futures``' pools join theirs at exit)."""
+
+  def __init__(self, size: int):
+    self._work: queue.SimpleQueue = queue.SimpleQueue()
+    for k in range(size):
+      threading.Thread(target=self._loop, name=f"pull-{k}", daemon=True).start()
+
+  def _loop(self) -> None:
+    while True:
+      future, fn = self._work.get()
+      if future.set_running_or_notify_cancel():
+        try:
+          future.set_result(fn())
+        except BaseException as e:  # pylint: disable=broad-except  # handed to the waiter
+          future.set_exception(e)
+
+  def submit(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    self._work.put((future, fn))
+    return future
+
+
+_PULLS = _DaemonPool(16)  # pulls waited on with a deadline or a watch on the sender
 
 
 class PeerGone(RuntimeError):
@@ -92,6 +124,7 @@ class Node:
     self._sent: dict[tuple[int, str], int] = {}
     self._received: dict[tuple[int, str], int] = {}
     self._offered: dict[str, list[Any]] = {}  # notice key -> arrays kept alive until acknowledged
+    self._direct: dict[tuple[int, str], collections.deque] = {}  # (dst, stream) -> the newest direct offers
     self._lock = threading.Lock()  # several threads send and receive
     self.recoverable, self._beating = False, False  # see :meth:`beat`
     self.dead: set[int] = set()  # process 0's verdicts (see :meth:`watch`)
@@ -155,6 +188,34 @@ class Node:
     if check:
       self._release_acknowledged()
 
+  def send_direct(self, dst: int, tag: str, arrays: Sequence[jax.Array], stream: str, hold: int) -> None:
+    """Offers ``arrays`` to process ``dst`` as the one message ``tag`` (unique in the job), under an id both
+    ends derive from (this process, ``dst``, ``tag``): no notice, no key-value operation. The receiver must
+    know the arrays' shapes and dtypes (:meth:`recv_direct`). The offers stay alive until ``hold`` newer ones
+    went to ``dst`` on ``stream``: the caller's guarantee that by then the receiver has pulled them (e.g. a
+    stage's activations: the Nm window lets at most Nm of them be in flight)."""
+    arrays = list(arrays)
+    self._server.await_pull(_direct_id(self.process, dst, tag), arrays)
+    with self._lock:
+      held = self._direct.setdefault((dst, stream), collections.deque(maxlen=hold))
+      held.append(arrays)
+
+  def recv_direct(self, src: int, tag: str, specs: Sequence[tuple[tuple[int, ...], Any]],
+                  timeout_s: float) -> list[jax.Array]:
+    """Message ``tag`` from process ``src`` (:meth:`send_direct`), arrays of ``specs`` ((shape, dtype)
+    each), pulled onto this process's device; the pull waits for the offer.
+
+    Raises:
+      TimeoutError: when it does not arrive within ``timeout_s``.
+      PeerGone: when ``src`` is declared gone first (a recoverable job).
+    """
+    sharding = jax.sharding.SingleDeviceSharding(self.device)
+    shapes = [jax.ShapeDtypeStruct(tuple(shape), jnp.dtype(dtype), sharding=sharding) for shape, dtype in specs]
+    connection = self._connection(src, timeout_s)
+    uid = _direct_id(src, self.process, tag)
+    return list(self._pull_unless_gone(src, tag, lambda: jax.block_until_ready(connection.pull(uid, shapes)),
+                                       timeout_s))
+
   def recv(self, src: int, tag: str, timeout_s: float) -> list[jax.Array]:
     """The next message from process ``src`` on channel ``tag``, pulled onto this process's device.
 
@@ -175,16 +236,20 @@ class Node:
     self.delete(key)  # the acknowledgement: the sender may drop the arrays
     return list(arrays)
 
-  def _pull_unless_gone(self, src: int, tag: str, pull: Callable[[], Any]) -> Any:
-    """``pull()`` in a helper thread, given up (:class:`PeerGone`) if ``src`` is declared gone meanwhile:
-    a pull from a process that died after offering can fail, or block for good."""
+  def _pull_unless_gone(self, src: int, tag: str, pull: Callable[[], Any], timeout_s: float | None = None) -> Any:
+    """``pull()`` in a helper thread, given up (:class:`PeerGone`) if ``src`` is declared gone meanwhile (a
+    recoverable job: a pull from a process that died after offering can fail, or block for good), or
+    (:class:`TimeoutError`) after ``timeout_s`` when given."""
     future = _PULLS.submit(pull)
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while True:
       try:
         return future.result(timeout=POLL_S)
       except concurrent.futures.TimeoutError:
-        if self.gone(src):
+        if self.recoverable and self.gone(src):
           raise PeerGone(src, f" (while process {self.process} pulled {tag!r})") from None
+        if deadline is not None and time.monotonic() >= deadline:
+          raise TimeoutError(f"no {tag} from process {src} within {timeout_s:g} s") from None
       except Exception as e:  # pylint: disable=broad-except  # its transfer server went away
         raise PeerGone(src, f" (process {self.process} could not pull {tag!r} from it: "
                             f"{str(e).splitlines()[0][:100]})") from None
@@ -339,6 +404,13 @@ class Node:
 
 
 _CURRENT: list[Node] = []  # the Node of this process, once it has joined
+
+
+def _direct_id(src: int, dst: int, tag: str) -> int:
+  """The transfer id of direct message ``tag`` from ``src`` to ``dst``: a 62-bit hash with bit 62 set, apart
+  from the small counted ids of :meth:`Node.send`."""
+  digest = hashlib.blake2b(f"{src}>{dst}>{tag}".encode(), digest_size=8).digest()
+  return (int.from_bytes(digest, "big") & ((1 << 62) - 1)) | (1 << 62)
 
 
 def current_node() -> Node | None:

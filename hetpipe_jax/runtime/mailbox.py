@@ -64,6 +64,23 @@ def deliver(node: Node, mailbox: Mailbox, dst: int, tag: str, arrays: list[Any])
     node.send(dst, tag, arrays)
 
 
+def deliver_direct(node: Node, mailbox: Mailbox, dst: int, tag: str, arrays: list[Any], stream: str, hold: int
+                   ) -> None:
+  """:func:`deliver` without a notice (:meth:`Node.send_direct`: the receiver knows the shapes; the last
+  ``hold`` offers on ``stream`` stay alive)."""
+  if dst == node.process:
+    mailbox.put(tag, arrays)
+  else:
+    node.send_direct(dst, tag, arrays, stream, hold)
+
+
+def collect_direct(node: Node, mailbox: Mailbox, src: int, tag: str, specs: Sequence[tuple[Any, Any]]) -> list[Any]:
+  """What :func:`deliver_direct` sent under ``tag``: arrays of ``specs`` ((shape, dtype) each)."""
+  if src == node.process:
+    return mailbox.take(tag, TIMEOUT_S, node)
+  return node.recv_direct(src, tag, specs, TIMEOUT_S)
+
+
 def collect(node: Node, mailbox: Mailbox, src: int, tag: str) -> list[Any]:
   """The arrays process ``src`` delivered under ``tag``."""
   return mailbox.take(tag, TIMEOUT_S, node) if src == node.process else node.recv(src, tag, TIMEOUT_S)

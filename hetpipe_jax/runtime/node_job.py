@@ -99,8 +99,10 @@ class NodeJob:
     stage = Stage(job.model, units.start, units.stop, job.init_params[units.start:units.stop], device, job.tx,
                   vw.nm, job.weight_mode)
     x = job.model.apply(job.init_params[:units.start], jnp.asarray(x0), 0, units.start)  # the stage's input
-    stage.warm_up(x, jax.device_put(y0, device) if stage.is_last else None)
-    return StageWorker(self.node, i, j, stage, vw.nm, self.owners, self.shard_owners, job.streams, self.mailbox)
+    out = stage.warm_up(x, jax.device_put(y0, device) if stage.is_last else None)
+    inputs = {"a": (x.shape, x.dtype), "g": (out.shape, out.dtype)}  # what it receives (shapes are fixed)
+    return StageWorker(self.node, i, j, stage, vw.nm, self.owners, self.shard_owners, job.streams, self.mailbox,
+                       inputs)
 
   def start(self) -> None:
     """Builds and starts this process's stage and shard threads; returns once every process has."""

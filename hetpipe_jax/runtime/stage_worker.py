@@ -19,7 +19,16 @@ from hetpipe_jax.errors import ProtocolError
 from hetpipe_jax.runtime import protocol
 from hetpipe_jax.runtime.channels import command_loop
 from hetpipe_jax.runtime.distributed import Node, PeerGone
-from hetpipe_jax.runtime.mailbox import Mailbox, collect, deliver, receive_tree, send_tree, unflatten_units
+from hetpipe_jax.runtime.mailbox import (
+  Mailbox,
+  collect,
+  collect_direct,
+  deliver,
+  deliver_direct,
+  receive_tree,
+  send_tree,
+  unflatten_units,
+)
 from hetpipe_jax.runtime.ps import nonfinite_units
 from hetpipe_jax.runtime.stage import Stage
 
@@ -41,13 +50,19 @@ class StageWorker:
     shard_owners: the process of every unit's PS shard.
     streams: the minibatch source (every process draws the same minibatches from the same seed).
     mailbox: tensors between this process's stages.
+    inputs: the (shape, dtype) of what this stage receives: ``"a"``, the activation from the previous stage
+      (none for stage 0), ``"g"``, the gradient of its output from the next (none for the last stage).
+      Activations and gradients between processes go without a notice (:meth:`Node.send_direct`): the
+      receiver knows their shapes, and the Nm window bounds how many are in flight, so the sender holds
+      its last Nm + 1 offers per stream.
   """
 
   def __init__(self, node: Node, vw: int, stage: int, stage_obj: Stage, nm: int,
                owners: dict[tuple[int, int], int], shard_owners: Sequence[int], streams: MinibatchStreams,
-               mailbox: Mailbox):
+               mailbox: Mailbox, inputs: dict[str, tuple[Any, Any]]):
     self.node, self.vw, self.j, self.stage, self.nm = node, vw, stage, stage_obj, nm
     self._owners, self._shards, self._streams, self._mailbox = owners, shard_owners, streams, mailbox
+    self._inputs = inputs
     self._treedefs = [jax.tree.structure(p) for p in stage_obj.params]  # one per unit
     self._gen = 0  # the virtual worker's generation: bumped when it fails
     self._held: dict[tuple[str, int], Any] = {}  # (kind, mb) -> an input taken for a checkpoint, not used yet
@@ -74,12 +89,14 @@ class StageWorker:
 
   def _send(self, stage: int, kind: str, mb: int, x: Any) -> None:
     """Sends activation (kind "a") or gradient ("g") of ``mb`` to ``stage`` of this virtual worker."""
-    deliver(self.node, self._mailbox, self._owners[(self.vw, stage)], self._tag(kind, stage, mb), [x])
+    deliver_direct(self.node, self._mailbox, self._owners[(self.vw, stage)], self._tag(kind, stage, mb), [x],
+                   f"{kind}{self.vw}.{stage}", self.nm + 1)
 
   def _receive(self, stage: int, kind: str, mb: int) -> Any:
     if (kind, mb) in self._held:  # taken for a checkpoint
       return jax.device_put(self._held.pop((kind, mb)), self.stage.device)
-    (x,) = collect(self.node, self._mailbox, self._owners[(self.vw, stage)], self._tag(kind, self.j, mb))
+    (x,) = collect_direct(self.node, self._mailbox, self._owners[(self.vw, stage)], self._tag(kind, self.j, mb),
+                          [self._inputs[kind]])
     return jax.device_put(x, self.stage.device)
 
   def _task(self, task, mb: int) -> dict:
