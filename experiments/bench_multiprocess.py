@@ -7,7 +7,8 @@ r"""The multi-process runtime's costs on this machine, measured in one run (CPU 
    service's key-value store, as the runtime uses them; the receiver times ``recv`` (notice wait + pull +
    ready). Against a local ``jax.device_put`` between two CPU devices of one process.
 2. **Per-task overhead**: one virtual worker of 2 stages on 2 nodes (Nm = 2, D = 0, small MLP, no
-   padding) as a ``multiprocess`` job (its stages in 2 processes: every task a command and a report
+   padding; ``--processes=2,4,8``: also 4 stages on 4 nodes, and 2 virtual workers of 4 on 8) as a
+   ``multiprocess`` job (its stages in 2 processes: every task a command and a report
    through the key-value store, every activation and gradient through the transport) against the same
    layout on the single-process ``wall`` executor: seconds per task of each, and their ratio.
 3. **PS apply rate**: a push of 400 MB of weights (4 units of 100 MB, ``optax.identity``) to
@@ -18,7 +19,7 @@ r"""The multi-process runtime's costs on this machine, measured in one run (CPU 
 The last line is machine-readable::
 
   transport_gbytes_per_s=<100 MB, both directions> overhead_ratio=<multiprocess / wall seconds per task>
-  ps_apply_ratio=<apply GB/s / donated add GB/s>
+  ps_apply_ratio=<apply GB/s / donated add GB/s> [overhead_ratios=<processes>:<ratio>,...]
 
   python -m experiments.bench_multiprocess
 """
@@ -41,6 +42,8 @@ flags.DEFINE_integer("reps", 5, "Messages per size and direction (after one unti
 flags.DEFINE_list("mbytes", ["1", "10", "100"], "Message sizes in MB (float32 arrays).")
 flags.DEFINE_float("timeout", 300, "Seconds before a job is killed.")
 flags.DEFINE_integer("waves", 150, "Waves of the per-task overhead runs.")
+flags.DEFINE_list("processes", ["2"], "Nodes (processes) of the per-task overhead runs, one run each: 2-4 make one "
+                  "virtual worker across them, multiples of 4 virtual workers of 4 stages.")
 flags.DEFINE_integer("ps_mbytes", 400, "Weights pushed to the parameter server, in MB (4 equal units).")
 
 WORKER_ENV = "HETPIPE_BENCH_MULTIPROCESS_OUT"  # set in the two processes: where each writes its timings (+ .<process>)
@@ -124,23 +127,34 @@ def transport() -> tuple[float, float]:
   return gbytes, gbytes / rate("local", big)
 
 
-def task_overhead(out_dir: str) -> float:
-  """Part 2; returns multiprocess / wall seconds per task."""
+def _layout(processes: int) -> tuple[int, int]:
+  """(virtual workers, stages each) of the per-task run on ``processes`` nodes of one GPU each: one virtual
+  worker across them, or, past the MLP's 4 units, virtual workers of 4 stages."""
+  return (1, processes) if processes <= 4 else (processes // 4, 4)
+
+
+def task_overhead(out_dir: str, processes: int) -> float:
+  """Part 2 on ``processes`` nodes; returns multiprocess / wall seconds per task."""
   from hetpipe_jax import RunConfig, get_model, run_hetpipe, synthetic
-  cluster = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "data",
-                         "two_nodes.toml")
-  flags_ = ["--num_vws=1", "--stages=2", "--nm=2", "--d=0", f"--waves={FLAGS.waves}", "--batch_size=32"]
+  vws, stages = _layout(processes)
+  if vws * stages != processes:
+    raise SystemExit(f"error: --processes={processes}: give 2, 3, 4 or a multiple of 4")
+  cluster = os.path.join(out_dir, f"nodes{processes}.toml")
+  with open(cluster, "w", encoding="utf-8") as f:  # one GPU per node, the classes A-D in turn
+    f.write(f'name = "nodes{processes}"\n[links]\nintra_node = "pcie3"\ninter_node = "ib_fdr56"\n')
+    f.write("".join(f'[[nodes]]\ngpus = ["{"ABCD"[i % 4]}"]\n' for i in range(processes)))
+  flags_ = [f"--num_vws={vws}", f"--stages={stages}", "--nm=2", "--d=0", f"--waves={FLAGS.waves}", "--batch_size=32"]
   summary = common.run_train_job(["--executor=multiprocess", f"--cluster={cluster}", "--model=mlp",
-                                  "--dataset=synthetic", f"--eval_every={FLAGS.waves}", *flags_], out_dir,
-                                  FLAGS.timeout)
-  tasks = FLAGS.waves * 2 * 2 * 2  # waves x Nm minibatches x 2 stages x (forward, backward)
+                                  "--dataset=synthetic", f"--eval_every={FLAGS.waves}", *flags_],
+                                 os.path.join(out_dir, str(processes)), FLAGS.timeout)
+  tasks = FLAGS.waves * 2 * processes * 2  # waves x Nm minibatches x stages of every VW x (forward, backward)
   wall = run_hetpipe(get_model("mlp"), synthetic(), RunConfig.of(
-      cluster=cluster, num_vws=1, stages=2, nm=2, d=0, waves=FLAGS.waves, batch_size=32, executor="wall",
+      cluster=cluster, num_vws=vws, stages=stages, nm=2, d=0, waves=FLAGS.waves, batch_size=32, executor="wall",
       cuts=summary["cuts"], eval_every=FLAGS.waves))
   common.require_wsp(wall.events, "wall run")
   per_task = {"multiprocess": summary["seconds"] / tasks, "wall": wall.seconds / tasks}
-  print(f"2. per-task overhead: 1 virtual worker x 2 stages on 2 nodes, Nm=2, D=0, MLP, {tasks} tasks, no "
-        "padding (trace checked)")
+  print(f"2. per-task overhead: {vws} virtual worker(s) x {stages} stages on {processes} nodes, Nm=2, D=0, MLP, "
+        f"{tasks} tasks, no padding (trace checked)")
   for name, seconds in per_task.items():
     print(f"   {name:13} {seconds * 1e3:7.3f} ms per task")
   print(f"   multiprocess - wall: {(per_task['multiprocess'] - per_task['wall']) * 1e3:.3f} ms per task")
@@ -196,11 +210,14 @@ def main(argv):
   del argv
   common.ensure_devices(2)
   gbytes, ratio_local = transport()
+  counts = common.parse_ints("processes", FLAGS.processes)
   with tempfile.TemporaryDirectory() as out_dir:
-    overhead = task_overhead(out_dir)
+    overheads = {p: task_overhead(out_dir, p) for p in counts}
   apply_ratio = ps_apply()
   print(f"CPU emulation on this machine; transport at the largest size is {ratio_local:.3f} of a local copy")
-  print(f"transport_gbytes_per_s={gbytes:.3f} overhead_ratio={overhead:.3f} ps_apply_ratio={apply_ratio:.3f}")
+  extra = f" overhead_ratios={','.join(f'{p}:{r:.3f}' for p, r in overheads.items())}" if len(counts) > 1 else ""
+  print(f"transport_gbytes_per_s={gbytes:.3f} overhead_ratio={overheads[counts[0]]:.3f} "
+        f"ps_apply_ratio={apply_ratio:.3f}{extra}")
 
 
 if __name__ == "__main__":
