@@ -14,7 +14,9 @@ r"""The multi-process runtime's costs on this machine, measured in one run (CPU 
 3. **PS apply rate**: a push of 400 MB of weights (4 units of 100 MB, ``optax.identity``) to
    :class:`~hetpipe_jax.runtime.ps.ParameterServer`, as bytes read and written per second (weights and
    update read, weights written), against a donated jitted add of the same arrays; a jitted add without
-   donation (how the server applied before) for comparison.
+   donation (how the server applied before) for comparison. The apply as the multi-process runtime's shards
+   do it (the stages checked the update for NaN and Inf: one pass; ``ps_apply_ratio``), as one process's
+   server does it (the check fused in: a second read of the update), and the stages' check on its own.
 
 The last line is machine-readable::
 
@@ -26,6 +28,7 @@ The last line is machine-readable::
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import statistics
@@ -166,7 +169,7 @@ def ps_apply() -> float:
   import jax
   import jax.numpy as jnp
 
-  from hetpipe_jax.runtime.ps import ParameterServer
+  from hetpipe_jax.runtime.ps import ParameterServer, nonfinite_units
   n = FLAGS.ps_mbytes * (1 << 20) // 4 // 4  # float32 elements per unit
   params = [{"w": jnp.full((n,), 1.0, jnp.float32)} for _ in range(4)]
   ps = ParameterServer(params, num_vws=1, d=0)
@@ -183,10 +186,17 @@ def ps_apply() -> float:
         times.append(time.perf_counter() - t)
     return moved / statistics.median(times) / 1e9
 
-  def push(wave, update):
-    ps.push(0, wave, dict(enumerate(update)))
-    return ps.state.params
-  apply = timed(push)
+  waves = itertools.count()
+
+  def push(nonfinite):
+    def run(r, update):
+      del r
+      ps.push(0, next(waves), dict(enumerate(update)), nonfinite)
+      return ps.state.params
+    return run
+  checked_by_server = timed(push(None))
+  apply = timed(push([]))  # the multi-process runtime's: its stages checked the update
+  check = timed(lambda r, update: nonfinite_units(update))  # what that check costs the stages
   add = lambda p, u: jax.tree.map(jnp.add, p, u)
   state = {"donated": jax.tree.map(jnp.copy, params), "plain": jax.tree.map(jnp.copy, params)}
   programs = {"donated": jax.jit(add, donate_argnums=0), "plain": jax.jit(add)}
@@ -200,9 +210,11 @@ def ps_apply() -> float:
   rates = {name: timed(step(name)) for name in programs}
   print(f"3. PS apply: a push of {FLAGS.ps_mbytes} MB of weights (4 units, optax.identity) on the host CPU, "
         f"{moved / 1e9:.2f} GB read and written per push; median of --reps pushes")
-  for name, rate in (("apply (push)", apply), ("donated add", rates["donated"]),
-                     ("add, not donated", rates["plain"])):
-    print(f"   {name:17} {rate:7.2f} GB/s  ({moved / rate / 1e9 * 1e3:7.1f} ms per push)")
+  for name, rate in (("apply, checked by its producer (multiprocess)", apply),
+                     ("apply, checked by the server (one process)", checked_by_server),
+                     ("donated add", rates["donated"]), ("add, not donated", rates["plain"])):
+    print(f"   {name:46} {rate:7.2f} GB/s  ({moved / rate / 1e9 * 1e3:7.1f} ms per push)")
+  print(f"   {'the producer check itself (at the stages)':46} {moved / check / 1e9 * 1e3:7.1f} ms for the same update")
   return apply / rates["donated"]
 
 

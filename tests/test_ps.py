@@ -34,6 +34,28 @@ def test_push_goes_through_the_optax_apply_rule():
   np.testing.assert_allclose(ps.params[0]["w"], 0.1)
 
 
+@pytest.mark.parametrize("tx", [None, optax.trace(decay=0.5)])
+def test_a_push_its_producer_checked_applies_in_one_pass_as_the_checked_one_does(tx):
+  checked, trusted = (ParameterServer(_params(), num_vws=1, d=0, tx=tx) for _ in range(2))
+  for wave, scale in enumerate((0.5, -0.25, 2.0)):
+    checked.push(0, wave, _update(scale))
+    trusted.push(0, wave, _update(scale), nonfinite=[])  # (the producer found every shard finite)
+  for a, b in zip(jax.tree.leaves(checked.params), jax.tree.leaves(trusted.params)):
+    np.testing.assert_array_equal(a, b)  # bit-identical
+
+
+def test_a_push_its_producer_found_not_finite_is_refused_without_touching_the_weights():
+  from hetpipe_jax.errors import NonFiniteUpdate
+  ps = ParameterServer(_params(), num_vws=1, d=0)
+  with pytest.raises(NonFiniteUpdate):
+    ps.push(0, 0, _update(0.5), nonfinite=[1])  # (the server does not look again: the producer said so)
+  np.testing.assert_array_equal(ps.params[0]["w"], 0.0)
+  skip = ParameterServer(_params(), num_vws=1, d=0, on_nonfinite="skip")
+  assert skip.push(0, 0, _update(0.5), nonfinite=[1]).c_local == (1,)  # the wave counts, its update is dropped
+  assert skip.dropped == {(0, 0): [1]}
+  np.testing.assert_array_equal(skip.params[1]["b"], 1.0)
+
+
 def test_push_rejects_out_of_order_repeated_and_partial_waves():
   ps = ParameterServer(_params(), num_vws=2, d=0)
   with pytest.raises(ProtocolError, match="pushed wave 1 but its clock is 0"):

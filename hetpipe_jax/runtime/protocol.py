@@ -79,7 +79,7 @@ SHARD_OPS: dict[str, Op] = _table([
 MESSAGES: dict[str, Message] = _table([
     Message("activation", "a{vw}g{gen}.{stage}.{mb}", "stage - 1", "stage (of generation gen)"),
     Message("gradient", "g{vw}g{gen}.{stage}.{mb}", "stage + 1", "stage (of generation gen)"),
-    Message("update", "u{vw}.{stage}.{wave}", "stage", "the owners of its units' shards"),
+    Message("update", "u{vw}.{stage}.{wave}", "stage", "the owners of its units' shards"),  # (+ finite flags)
     Message("pull", "p{vw}.{stage}.{n}", "the owners of its units' shards", "stage"),
     Message("stage_state", "s{vw}.{stage}.{n}", "stage", "process 0 (a checkpoint)"),
     Message("stage_restore", "r{vw}.{stage}.{n}", "process 0", "stage (a resumed run)"),

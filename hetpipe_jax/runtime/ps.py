@@ -92,6 +92,7 @@ class ParameterServer:
     self._state = ServerState(params, jax.device_put(self._tx.init(params), self.device), wsp.init(num_vws))
     self._cond = threading.Condition()
     self._apply = jax.jit(self._apply_fn, donate_argnums=(0, 1))  # in place: see the module docstring
+    self._apply_checked = jax.jit(self._apply_checked_fn, donate_argnums=(0, 1))  # (its producer checked it)
 
   def _apply_fn(self, params, opt_state, updates):
     """(weights, optax state, whether each shard's update is finite): the new state if every shard's
@@ -102,11 +103,17 @@ class ParameterServer:
     return (jax.tree.map(keep, optax.apply_updates(params, new_updates), params),
             jax.tree.map(keep, new_opt_state, opt_state), finite)
 
+  def _apply_checked_fn(self, params, opt_state, updates):
+    """(weights, optax state) after an update whose producer found it finite: one pass, no check."""
+    new_updates, new_opt_state = self._tx.update(updates, opt_state, params)
+    return optax.apply_updates(params, new_updates), new_opt_state
+
   def warm_up(self) -> None:
-    """Compiles the apply program on zero updates (results discarded) before a timed run."""
+    """Compiles the apply programs on zero updates (results discarded) before a timed run."""
     with self._cond:
-      params, opt_state = jax.tree.map(jnp.copy, (self._state.params, self._state.opt_state))  # donated
-      jax.block_until_ready(self._apply(params, opt_state, jax.tree.map(jnp.zeros_like, params)))
+      for apply in (self._apply, self._apply_checked):
+        params, opt_state = jax.tree.map(jnp.copy, (self._state.params, self._state.opt_state))  # donated
+        jax.block_until_ready(apply(params, opt_state, jax.tree.map(jnp.zeros_like, params)))
 
   @property
   def state(self) -> ServerState:
@@ -137,14 +144,18 @@ class ParameterServer:
     with self._cond:
       return jax.tree.map(jnp.copy, self._state.params)
 
-  def push(self, vw: int, wave: int, updates: Mapping[int, Any]) -> wsp.ClockState:
+  def push(self, vw: int, wave: int, updates: Mapping[int, Any], nonfinite: Sequence[int] | None = None
+           ) -> wsp.ClockState:
     """Applies VW ``vw``'s wave ``wave``: ``updates`` maps every shard (unit) index to its summed update.
 
     Returns the clock state after the push.
 
     A wave whose update holds NaN or Inf is refused before it touches the weights: with
     ``on_nonfinite="stop"`` the push raises; with ``"skip"`` the wave counts (its clock ticks) but its
-    update is dropped, and ``dropped[(vw, wave)]`` names the units that were not finite.
+    update is dropped, and ``dropped[(vw, wave)]`` names the units that were not finite. The server checks
+    the update itself, in the apply's program (a second read of the update), unless its producer did:
+    ``nonfinite``, the shard indices it found not finite (:func:`nonfinite_units`; empty: all finite), and the
+    apply is one pass.
 
     Raises:
       ProtocolError: when the wave is not the VW's next one or does not cover every shard exactly once.
@@ -156,9 +167,15 @@ class ParameterServer:
     full = jax.device_put(tuple(updates[u] for u in range(self.num_shards)), self.device)
     with self._cond:
       clock = wsp.push(self._state.clock, vw, wave)  # raises before anything is applied
-      params, opt_state, finite = self._apply(self._state.params, self._state.opt_state, full)
-      self._state = self._state._replace(params=params, opt_state=opt_state)  # the old buffers were donated
-      bad = [int(u) for u in np.flatnonzero(~np.asarray(finite))]  # then the weights were left as they were
+      if nonfinite is None:
+        params, opt_state, finite = self._apply(self._state.params, self._state.opt_state, full)
+        self._state = self._state._replace(params=params, opt_state=opt_state)  # the old buffers were donated
+        bad = [int(u) for u in np.flatnonzero(~np.asarray(finite))]  # then the weights were left as they were
+      else:
+        bad = sorted(int(u) for u in nonfinite)
+        if not bad:
+          params, opt_state = self._apply_checked(self._state.params, self._state.opt_state, full)
+          self._state = self._state._replace(params=params, opt_state=opt_state)
       if bad and self.on_nonfinite == "stop":
         raise NonFiniteUpdate(vw, wave, bad, wsp.c_global(self._state.clock))
       if bad:  # skip: the wave counts (the clock ticks), its update is dropped

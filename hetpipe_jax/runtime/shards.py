@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
+import numpy as np
 
 from hetpipe_jax.core import wsp
 from hetpipe_jax.core.server import Snapshot
@@ -72,17 +73,18 @@ class ShardWorker:
     """Applies wave ``cmd["wave"]`` of VW ``cmd["vw"]``, received from its stages; with ``drop`` (a unit
     of the wave, maybe elsewhere, was not finite) only counts it."""
     vw, wave = cmd["vw"], cmd["wave"]
-    updates = {}
+    updates, nonfinite = {}, []
     for j, units in self._stage_units(vw):
-      leaves = collect(self.node, self._mailbox, self._owners[(vw, j)],
-                       protocol.tag("update", vw=vw, stage=j, wave=wave))
+      *leaves, flags = collect(self.node, self._mailbox, self._owners[(vw, j)],
+                               protocol.tag("update", vw=vw, stage=j, wave=wave))
       local = [self.units.index(u) for u in units]
       updates.update(zip(local, unflatten_units([self._treedefs[i] for i in local], leaves)))
+      nonfinite += [i for i, bad in zip(local, np.asarray(flags)) if bad]  # (its stage checked them)
     if cmd.get("drop"):
       self.ps.skip(vw, wave, cmd["drop"])
       return
     try:
-      self.ps.push(vw, wave, updates)
+      self.ps.push(vw, wave, updates, nonfinite)
     except NonFiniteUpdate as e:  # refused (on_nonfinite="stop"): process 0 stops the job, naming it
       units = [self.units[i] for i in e.units]
       raise JobStopped(str(NonFiniteUpdate(vw, wave, units, e.clock).with_stages(self._cuts[vw]))) from None

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+import numpy as np
 
 from hetpipe_jax.core.schedule import FWD
 from hetpipe_jax.data import MinibatchStreams
@@ -137,14 +138,17 @@ class StageWorker:
     return {}
 
   def _take(self, wave: int, check: bool) -> dict:
-    """Closes ``wave``: sends each unit's summed update to the process that owns its shard; with
-    ``check``, reports the units whose update is not finite."""
+    """Closes ``wave``: sends each unit's summed update to the process that owns its shard, with which of
+    those units' updates are not finite (checked here, so that the owner applies in one pass); with
+    ``check``, reports them."""
     update = self.stage.take_wave(wave)
+    bad = {self.stage.first + u for u in nonfinite_units(update)}
     for owner, units in self._by_owner().items():
       leaves = jax.tree.leaves(tuple(update[u - self.stage.first] for u in units))
+      flags = jax.device_put(np.array([u in bad for u in units], np.int32), self.stage.device)
       deliver(self.node, self._mailbox, owner, protocol.tag("update", vw=self.vw, stage=self.j, wave=wave),
-              leaves)
-    return {"nonfinite": [self.stage.first + u for u in nonfinite_units(update)] if check else []}
+              [*leaves, flags])
+    return {"nonfinite": sorted(bad) if check else []}
 
   def _pull(self, n: int) -> tuple[Any, ...]:
     """Pull ``n``: the global weights of this stage's units, from their owners."""
