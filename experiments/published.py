@@ -153,14 +153,15 @@ FIT_SCOPES = ("setup", "type", "none")
 
 class Calibration(NamedTuple):
   """The fitted parameters: each setup's GPU types (``by_setup``; a setup without a fitted point of a type and
-  family takes ``by_type``'s), the links of the setups whose intra-node link was fitted (``links``), and one
-  record per fitted point."""
+  family takes ``by_type``'s), the links of the setups whose intra-node link was fitted (``links``), one
+  record per fitted point, and the rows whose own figure a fit used (``fitted``)."""
 
   by_type: dict
   by_setup: dict[str, dict]
   records: list[dict]
   scope: str
-  links: dict[str, dict] = {}
+  links: dict[str, dict]
+  fitted: frozenset[str]
 
   def types_for(self, row: Row) -> dict:
     """The GPU types that simulate ``row``."""
@@ -171,8 +172,9 @@ class Calibration(NamedTuple):
     return self.links.get(row.setup if self.scope == "setup" else row.intra_link)
 
   def is_fit_point(self, row: Row) -> bool:
-    """Whether ``row``'s figure is one a fit used (a one-GPU figure of a fit model, a two-GPU all-reduce)."""
-    return any(r.get("id") == row.id for r in self.records if "ratio" in r)
+    """Whether ``row``'s own figure is one a fit used (a one-GPU figure of a fit model, a two-GPU all-reduce;
+    a multi-GPU row whose ``one_gpu_figure`` was used is not)."""
+    return row.id in self.fitted
 
 
 def _with_factors(types: dict, points: dict[tuple[str, str], list[float]]) -> dict:
@@ -224,7 +226,9 @@ def fit_efficiency(rows: list[Row], fit_models: list[str], scope: str = "setup")
   typed = _with_factors(dict(CATALOGUE), by_type)
   setups = {setup: _with_factors(typed, points) for setup, points in by_setup.items()} if scope == "setup" else {}
   links = _fit_links(rows, scope, records) if scope != "none" else {}
-  return Calibration(typed, setups, records, scope, links)
+  by_id = {row.id: row for row in rows}
+  fitted = frozenset(r["id"] for r in records if ("ratio" in r and by_id[r["id"]].gpus == 1) or "link" in r)
+  return Calibration(typed, setups, records, scope, links, fitted)
 
 
 def _fit_links(rows: list[Row], scope: str, records: list[dict]) -> dict[str, dict]:
@@ -254,8 +258,7 @@ def _fit_links(rows: list[Row], scope: str, records: list[dict]) -> dict[str, di
     out[key] = links
     for r in fit:
       records.append({"id": r.id, "setup": r.setup, "link": name, "bytes_per_s": 1 / slope, "latency_s": latency,
-                      "catalogue_bytes_per_s": LINKS[name].bytes_per_s, "catalogue_latency_s": LINKS[name].latency_s,
-                      "ratio": None})
+                      "catalogue_bytes_per_s": LINKS[name].bytes_per_s, "catalogue_latency_s": LINKS[name].latency_s})
   return out
 
 
@@ -266,7 +269,7 @@ def evaluate(rows: list[Row], calibration: Calibration) -> list[dict]:
   out = []
   for row in rows:
     entry: dict[str, Any] = {**row._asdict(), "simulated": None, "error": None, "reason": None}
-    entry["fitted"] = calibration.is_fit_point(row) and (row.gpus == 1 or row.system == "nccl_allreduce")
+    entry["fitted"] = calibration.is_fit_point(row)
     if row.system not in MODELLED:
       entry["reason"] = f"system {row.system or '(none named)'!r} not modelled"
       out.append(entry)
