@@ -56,34 +56,28 @@ class Mailbox:
       return self._items.pop(key)
 
 
-def deliver(node: Node, mailbox: Mailbox, dst: int, tag: str, arrays: list[Any]) -> None:
-  """Sends ``arrays`` to process ``dst`` under ``tag`` (through the mailbox when ``dst`` is this process)."""
+def deliver(node: Node, mailbox: Mailbox, dst: int, tag: str, arrays: list[Any], stream: str | None = None,
+            hold: int = 0) -> None:
+  """Sends ``arrays`` to process ``dst`` under ``tag`` (through the mailbox when ``dst`` is this process); with
+  ``stream``, without a notice (:meth:`Node.send_direct`: the receiver knows the shapes; the last ``hold``
+  offers on ``stream`` stay alive)."""
   if dst == node.process:
     mailbox.put(tag, arrays)
+  elif stream is not None:
+    node.send_direct(dst, tag, arrays, stream, hold)
   else:
     node.send(dst, tag, arrays)
 
 
-def deliver_direct(node: Node, mailbox: Mailbox, dst: int, tag: str, arrays: list[Any], stream: str, hold: int
-                   ) -> None:
-  """:func:`deliver` without a notice (:meth:`Node.send_direct`: the receiver knows the shapes; the last
-  ``hold`` offers on ``stream`` stay alive)."""
-  if dst == node.process:
-    mailbox.put(tag, arrays)
-  else:
-    node.send_direct(dst, tag, arrays, stream, hold)
-
-
-def collect_direct(node: Node, mailbox: Mailbox, src: int, tag: str, specs: Sequence[tuple[Any, Any]]) -> list[Any]:
-  """What :func:`deliver_direct` sent under ``tag``: arrays of ``specs`` ((shape, dtype) each)."""
+def collect(node: Node, mailbox: Mailbox, src: int, tag: str, specs: Sequence[tuple[Any, Any]] | None = None
+            ) -> list[Any]:
+  """The arrays process ``src`` delivered under ``tag``; ``specs`` ((shape, dtype) each) for what was sent
+  without a notice."""
   if src == node.process:
     return mailbox.take(tag, TIMEOUT_S, node)
-  return node.recv_direct(src, tag, specs, TIMEOUT_S)
-
-
-def collect(node: Node, mailbox: Mailbox, src: int, tag: str) -> list[Any]:
-  """The arrays process ``src`` delivered under ``tag``."""
-  return mailbox.take(tag, TIMEOUT_S, node) if src == node.process else node.recv(src, tag, TIMEOUT_S)
+  if specs is not None:
+    return node.recv_direct(src, tag, specs, TIMEOUT_S)
+  return node.recv(src, tag, TIMEOUT_S)
 
 
 class JobStopped(Exception):

@@ -20,16 +20,7 @@ from hetpipe_jax.errors import ProtocolError
 from hetpipe_jax.runtime import protocol
 from hetpipe_jax.runtime.channels import command_loop
 from hetpipe_jax.runtime.distributed import Node, PeerGone
-from hetpipe_jax.runtime.mailbox import (
-  Mailbox,
-  collect,
-  collect_direct,
-  deliver,
-  deliver_direct,
-  receive_tree,
-  send_tree,
-  unflatten_units,
-)
+from hetpipe_jax.runtime.mailbox import Mailbox, collect, deliver, receive_tree, send_tree, unflatten_units
 from hetpipe_jax.runtime.ps import nonfinite_units
 from hetpipe_jax.runtime.stage import Stage
 
@@ -90,14 +81,14 @@ class StageWorker:
 
   def _send(self, stage: int, kind: str, mb: int, x: Any) -> None:
     """Sends activation (kind "a") or gradient ("g") of ``mb`` to ``stage`` of this virtual worker."""
-    deliver_direct(self.node, self._mailbox, self._owners[(self.vw, stage)], self._tag(kind, stage, mb), [x],
-                   f"{kind}{self.vw}.{stage}", self.nm + 1)
+    deliver(self.node, self._mailbox, self._owners[(self.vw, stage)], self._tag(kind, stage, mb), [x],
+            stream=f"{kind}{self.vw}.{stage}", hold=self.nm + 1)
 
   def _receive(self, stage: int, kind: str, mb: int) -> Any:
     if (kind, mb) in self._held:  # taken for a checkpoint
       return jax.device_put(self._held.pop((kind, mb)), self.stage.device)
-    (x,) = collect_direct(self.node, self._mailbox, self._owners[(self.vw, stage)], self._tag(kind, self.j, mb),
-                          [self._inputs[kind]])
+    (x,) = collect(self.node, self._mailbox, self._owners[(self.vw, stage)], self._tag(kind, self.j, mb),
+                   specs=[self._inputs[kind]])
     return jax.device_put(x, self.stage.device)
 
   def _task(self, task, mb: int) -> dict:
