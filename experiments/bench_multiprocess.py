@@ -8,9 +8,11 @@ r"""The multi-process runtime's costs on this machine, measured in one run (CPU 
    ready). Against a local ``jax.device_put`` between two CPU devices of one process.
 2. **Per-task overhead**: one virtual worker of 2 stages on 2 nodes (Nm = 2, D = 0, small MLP, no
    padding; ``--processes=2,4,8``: also 4 stages on 4 nodes, and 2 virtual workers of 4 on 8) as a
-   ``multiprocess`` job (its stages in 2 processes: every task a command and a report
-   through the key-value store, every activation and gradient through the transport) against the same
-   layout on the single-process ``wall`` executor: seconds per task of each, and their ratio.
+   ``multiprocess`` job (decentralised: each process runs its stages by the schedule; every activation,
+   gradient, push, pull and control message goes through the transport, no key-value operation while it
+   trains; with D = 0 every wave waits for its push and pull to go through the clock and the owners)
+   against the same layout on the single-process ``wall`` executor, whose pushes and pulls are in-process:
+   seconds per task of each, and their ratio.
 3. **PS apply rate**: a push of 400 MB of weights (4 units of 100 MB, ``optax.identity``) to
    :class:`~hetpipe_jax.runtime.ps.ParameterServer`, as bytes read and written per second (weights and
    update read, weights written), against a donated jitted add of the same arrays; a jitted add without

@@ -1,13 +1,13 @@
 r"""Validates the ``multiprocess`` executor against the ``sim`` executor's prediction, on loopback.
 
 Each configuration runs as a real multi-process job (``experiments.train --executor=multiprocess``: one
-process per node, activations, gradients, pushes and pulls through the transport, control through the
-coordination service) with every task padded to its emulated duration (``--time_scale=1``), and the
+process per node, decentralised: activations, gradients, pushes, pulls and the clock's control messages
+through the transport) with every task padded to its emulated duration (``--time_scale=1``), and the
 ``sim`` executor predicts the same plan (same cluster, policy, Nm and D, so the same layout and cost
 model). The configurations cover NP, ED and HD layouts, D = 0 and D > 0, 2 and 4 processes. The emulated
 GPUs are slow enough that a task lasts tens of milliseconds, so the schedule, the Nm window and the WSP
-gate set the pace, and what the prediction leaves out is the runtime's own overhead (commands and reports
-through the key-value store, transfers). Links are fast in the cluster files (100 GB/s): loopback has no
+gate set the pace, and what the prediction leaves out is the runtime's own overhead (each message's trip
+between processes, the clock's and the owners' work on a push and a pull). Links are fast in the cluster files (100 GB/s): loopback has no
 network to compare the contention model with. Every trace is checked against the WSP guarantees.
 
 Writes a CSV, a JSON and a PNG (measured vs. predicted images/s) and prints their paths; the last line is

@@ -97,3 +97,56 @@ def test_a_killed_job_resumes_from_its_checkpoint(tmp_path):
   assert pushes(events) == {0: 40, 1: 40}
   tasks = collections.Counter((e["ev"], e["vw"], e["stage"], e["mb"]) for e in events if e["ev"] in ("fwd", "bwd"))
   assert set(tasks.values()) == {1}  # rolled back to the checkpoint: no task twice
+
+
+def _kill_when_written(tmp_path, victim: int, lines: int, *flags: str) -> tuple[subprocess.CompletedProcess, int]:
+  """Starts a job, SIGKILLs process ``victim`` once its trace part holds ``lines`` events (mid-run, at a
+  moment the run decides), and waits for the job; returns its outcome and the events the part held."""
+  part = tmp_path / f"trace.jsonl.part{victim}"
+  job = subprocess.Popen([sys.executable, "-m", "experiments.train", *FLAGS, f"--out_dir={tmp_path}", *flags],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=ROOT)
+  try:
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and job.poll() is None:
+      if part.exists() and len(part.read_text().splitlines()) >= lines:
+        break
+      time.sleep(0.05)
+    written = len(part.read_text().splitlines())
+    pids = subprocess.run(["pgrep", "-f", "--", f"--out_dir={tmp_path} .*--process_id={victim}"],
+                          capture_output=True, text=True).stdout.split()
+    assert pids and job.poll() is None, "the job ended before it could be killed"
+    os.kill(int(pids[0]), signal.SIGKILL)
+    out, err = job.communicate(timeout=240)
+  finally:
+    job.kill()
+    job.wait(timeout=30)
+  return subprocess.CompletedProcess(job.args, job.returncode, out, err), written
+
+
+def test_a_decentralised_run_goes_on_without_a_killed_process(tmp_path):
+  """No fault injection (a decentralised run): NP with every PS shard on node 0; process 2, which holds VW
+  2's stages only, is SIGKILLed mid-run. The clock learns it from process 0's watch, VW 2 leaves, the
+  others push every wave; its waves pushed before stay applied once each (the pushes whose history died
+  with the process say so), and the merged trace passes the checker."""
+  proc, written = _kill_when_written(tmp_path, 2, 60, "--policy=NP", "--placement=local", "--d=1", "--waves=30")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert written >= 60
+  events = read_trace(str(tmp_path / "trace.jsonl"))
+  assert_trace_ok(events)
+  (leave,) = [e for e in events if e["ev"] == "leave"]
+  assert leave["vw"] == 2 and "process 2 is gone" in leave["reason"], leave
+  counts = pushes(events)
+  assert [counts[i] for i in (0, 1, 3)] == [30, 30, 30] and counts[2] == leave["pushed"] < 30, counts
+  waves = [(e["vw"], e["wave"]) for e in events if e["ev"] == "push"]
+  assert len(waves) == len(set(waves))  # each pushed wave once
+  # process 2's part died with it: its VW's pushes are in (the clock's), each saying its history is lost
+  assert {e["process"] for e in events if e["ev"] in ("fwd", "bwd")} == {0, 1, 3}
+  assert all(e.get("history") == "lost" for e in events if e["ev"] == "push" and e["vw"] == 2)
+
+
+def test_a_decentralised_run_stops_in_one_line_without_a_shard_owner(tmp_path):
+  proc, _ = _kill_when_written(tmp_path, 2, 40, "--policy=ED", "--d=1", "--waves=30")
+  assert proc.returncode == 1
+  errors = [line for line in proc.stderr.splitlines() if line.startswith("error")]
+  assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+  assert "process 2 is gone, and with it the PS shards of units" in errors[0]

@@ -90,3 +90,27 @@ def test_a_thread_handles_its_table_exactly():
     protocol.dispatcher(protocol.SHARD_OPS, {k: v for k, v in handlers.items() if k != "sync"})
   with pytest.raises(ProtocolError, match="handlers for"):
     protocol.dispatcher(protocol.STAGE_OPS, handlers)
+
+
+def test_the_documented_control_messages_are_the_tables():
+  documented: dict[str, dict[str, tuple[str, ...]]] = {}
+  stream = None
+  for name, op, fields, *_ in _section("### 11.9 A decentralised run"):
+    stream = _names(name)[0] if name else stream
+    documented.setdefault(stream, {})[_names(op)[0]] = tuple(_names(fields))
+  assert documented == {"control": {n: o.fields for n, o in protocol.CONTROL_OPS.items()},
+                        "order": {n: o.fields for n, o in protocol.ORDER_OPS.items()}}
+
+
+def test_a_control_message_is_built_from_its_table_and_read_back():
+  message = protocol.encode(protocol.CONTROL_OPS, "push", 6, [0, 1, 0], wave=3)
+  assert message.tolist() == [0, 3, 0, 1, 0, 0] and str(message.dtype) == "int32"
+  assert protocol.decode(protocol.CONTROL_OPS, message) == ("push", {"wave": 3}, [0, 1, 0, 0])
+  order = protocol.encode(protocol.ORDER_OPS, "apply", protocol.ORDER_WIDTH, vw=1, wave=2, drop=1)
+  assert protocol.decode(protocol.ORDER_OPS, order) == ("apply", {"vw": 1, "wave": 2, "drop": 1}, [])
+  with pytest.raises(ProtocolError, match="unknown control message 'pull'; the table has push, request"):
+    protocol.encode(protocol.CONTROL_OPS, "pull", 4, n=1)
+  with pytest.raises(ProtocolError, match=r"control message 'serve' takes fields \['vw', 'n'\], got \['n'\]"):
+    protocol.encode(protocol.ORDER_OPS, "serve", protocol.ORDER_WIDTH, n=1)
+  with pytest.raises(ProtocolError, match="control message 'push' needs 5 entries; the message holds 4"):
+    protocol.encode(protocol.CONTROL_OPS, "push", 4, [1, 1, 1], wave=0)

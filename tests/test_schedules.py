@@ -124,3 +124,53 @@ def test_schedule_invariants(k, nm):
   assert peak == min(nm, 4 * nm)
   assert [e["mb"] for e in events if e["ev"] == "complete"] == list(range(1, 4 * nm + 1))
   assert sum(e["ev"] in ("fwd", "bwd") for e in events) == 2 * k * 4 * nm
+
+
+@pytest.mark.parametrize("name", sorted(schedule.SCHEDULES))
+def test_a_stage_that_holds_only_its_part_follows_the_same_schedule(name):
+  """A decentralised stage (hetpipe_jax/runtime/stage_loop.py) holds the pipeline state and touches only its
+  own stage: its task is released and the successor arrives where it runs. Driving k such views (each
+  told of arrivals in the order finish would ready them) gives every device the tasks in the order one
+  state driven by :func:`schedule.finish` gives it."""
+  k, nm, total = 3, 2, 8
+  whole = schedule.init(k)
+  parts = [schedule.init(k) for _ in range(k)]
+  order = {"whole": [[] for _ in range(k)], "parts": [[] for _ in range(k)]}
+  running = []
+  while whole.completed < total:
+    while schedule.can_inject(whole, nm, total, name):
+      whole, _ = schedule.inject(whole, name)
+      parts[0], _ = schedule.inject(parts[0], name)
+    for j in range(k):
+      task = schedule.pick(whole, j)
+      assert task == schedule.pick(parts[j], j)
+      if task is not None:
+        whole, parts[j] = schedule.start(whole, task), schedule.start(parts[j], task)
+        running.append(task)
+        order["whole"][j].append(task)
+    task = running.pop(0)
+    whole, completed = schedule.finish(whole, task, name)
+    parts[task.stage], released = schedule.release(parts[task.stage], task)
+    assert completed == released
+    nxt = schedule.successor(task, k)
+    if nxt is not None:
+      stage, kind = nxt
+      parts[stage] = schedule.arrive(parts[stage], schedule.Task(task.vw, stage, kind, task.mb), name)
+  assert parts[0].completed == whole.completed == total
+  for j in range(k):  # each view's own stage has nothing left, like the whole
+    assert parts[j].ready[j] == whole.ready[j] == () and parts[j].busy[j] is None
+
+
+def test_release_checks_its_moves():
+  state = schedule.init(2)
+  state, _ = schedule.inject(state, "1f1b")
+  task = schedule.pick(state, 0)
+  with pytest.raises(ProtocolError, match="finished but stage 0 was running None"):
+    schedule.release(state, task)
+  state = schedule.start(state, task)
+  state, completed = schedule.release(state, task)
+  assert not completed and state.busy == (None, None) and state.ready == ((), ())  # the successor is elsewhere
+  late = schedule.Task(0, 0, schedule.BWD, 2)
+  state = schedule.start(schedule.arrive(state, late, "1f1b"), late)
+  with pytest.raises(ProtocolError, match="minibatch 2 completed before 1"):
+    schedule.release(state, late)

@@ -34,3 +34,17 @@ def test_rebase_counts_pushed_waves_and_added_local_updates():
   book = versions.init(k=2, num_vws=3)
   book = versions.rebase(book, waves=(2, 1, 4), vw=0, nm=3, added=[1, 0])
   assert book.current == (Version(7, (2, 1, 4)), Version(6, (2, 1, 4)))
+
+
+def test_each_stage_closing_its_part_is_closing_the_wave():
+  """A decentralised stage closes its own part of a wave (after its last backward of it): stage by stage it
+  is what closing the wave at once is, and it refuses a part without Nm updates."""
+  book = versions.init(k=2, num_vws=1)
+  for mb in (1, 2):
+    for j in (1, 0):
+      book, _ = versions.forward(book, j, mb)
+      book, _ = versions.backward(book, j, mb, nm=2, weight_mode="stash")
+  staged = versions.close_stage_wave(versions.close_stage_wave(book, 1, 0, nm=2, vw=0), 0, 0, nm=2, vw=0)
+  assert staged == versions.close_wave(book, 0, nm=2, vw=0)
+  with pytest.raises(ProtocolError, match="VW 0 stage 1: wave 0 has 2 updates, expected Nm=3"):
+    versions.close_stage_wave(book, 1, 0, nm=3, vw=0)

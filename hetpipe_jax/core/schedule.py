@@ -200,6 +200,35 @@ def finish(state: PipelineState, task: Task, schedule: str) -> tuple[PipelineSta
   return _tuple(PipelineState, (vw, next_mb, completed, busy, ready, seq + 1)), False
 
 
+def arrive(state: PipelineState, task: Task, schedule: str) -> PipelineState:
+  """``task`` becomes ready at its stage because its input arrived from another process: what :func:`finish`
+  does for a successor, on the side that runs it (a stage of a decentralised run holds only its own part)."""
+  vw, next_mb, completed, busy, ready, seq = state
+  j = task.stage
+  ready = ready[:j] + (ready[j] + (_ready_entry(vw, j, task.kind, task.mb, schedule, seq),),) + ready[j + 1:]
+  return _tuple(PipelineState, (vw, next_mb, completed, busy, ready, seq + 1))
+
+
+def release(state: PipelineState, task: Task) -> tuple[PipelineState, bool]:
+  """``task`` is done and its device free, its successor readied elsewhere (:func:`arrive`, where it runs):
+  :func:`finish` without the successor. Returns the new state and whether ``task`` completed its minibatch.
+
+  Raises:
+    ProtocolError: as :func:`finish`.
+  """
+  vw, next_mb, completed, busy, ready, seq = state
+  _, j, kind, mb = task
+  if busy[j] != task:
+    raise ProtocolError(f"VW {vw}: {task} finished but stage {j} was running {busy[j]}")
+  busy = busy[:j] + (None,) + busy[j + 1:]
+  done = kind != FWD and j == 0
+  if done:
+    if mb != completed + 1:
+      raise ProtocolError(f"VW {vw}: minibatch {mb} completed before {completed + 1}")
+    completed = mb
+  return _tuple(PipelineState, (vw, next_mb, completed, busy, ready, seq)), done
+
+
 def timetable(k: int, nm: int, total: int, schedule: str = "1f1b", bwd_ticks: int = 1,
               window: int | None = None) -> list[list[str]]:
   """The schedule on unit time: per device, what runs at each tick (``F3``, ``B1`` or ``.``).

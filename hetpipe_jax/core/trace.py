@@ -32,10 +32,11 @@ from hetpipe_jax.errors import ConfigError
 class Trace:
   """Collects events in order (under one lock) and optionally writes them as JSON Lines."""
 
-  def __init__(self, path: str | None = None, keep: bool = True):
+  def __init__(self, path: str | None = None, keep: bool = True, line_buffered: bool = False):
     self.events: list[dict[str, Any]] = []
     self._keep = keep
-    self._file = open(path, "w", encoding="utf-8") if path else None  # noqa: SIM115 (open until close())
+    # (line_buffered: every event reaches the file at once, for a part of a run that may die)
+    self._file = open(path, "w", encoding="utf-8", buffering=1 if line_buffered else -1) if path else None  # noqa: SIM115
     self._lock = threading.Lock()
 
   def emit(self, **event) -> None:

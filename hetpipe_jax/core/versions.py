@@ -93,6 +93,20 @@ def close_wave(book: VersionBook, wave: int, nm: int, vw: int) -> VersionBook:
   return book._replace(open_waves=tuple(open_waves))
 
 
+def close_stage_wave(book: VersionBook, stage: int, wave: int, nm: int, vw: int) -> VersionBook:
+  """:func:`close_wave` at one stage (a decentralised run: each stage closes its part after its own last
+  backward of the wave).
+
+  Raises:
+    ProtocolError: when the stage does not hold exactly Nm updates of the wave.
+  """
+  opened = dict(book.open_waves[stage])
+  count = opened.pop(wave, 0)
+  if count != nm:
+    raise ProtocolError(f"VW {vw} stage {stage}: wave {wave} has {count} updates, expected Nm={nm}")
+  return book._replace(open_waves=_set(book.open_waves, stage, opened))
+
+
 def open_updates(book: VersionBook) -> list[int]:
   """Per stage, the local updates not pushed yet (what a rebase adds back on top of the global base)."""
   return [sum(opened.values()) for opened in book.open_waves]

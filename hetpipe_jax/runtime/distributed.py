@@ -201,20 +201,44 @@ class Node:
       held.append(arrays)
 
   def recv_direct(self, src: int, tag: str, specs: Sequence[tuple[tuple[int, ...], Any]],
-                  timeout_s: float) -> list[jax.Array]:
+                  timeout_s: float | None) -> list[jax.Array]:
     """Message ``tag`` from process ``src`` (:meth:`send_direct`), arrays of ``specs`` ((shape, dtype)
-    each), pulled onto this process's device; the pull waits for the offer.
+    each), pulled onto this process's device; the pull waits for the offer. With ``timeout_s`` None the
+    calling thread pulls itself and waits for as long as it takes (a thread that does nothing else: a
+    decentralised run's input streams).
 
     Raises:
       TimeoutError: when it does not arrive within ``timeout_s``.
-      PeerGone: when ``src`` is declared gone first (a recoverable job).
+      PeerGone: when ``src`` is declared gone first (a recoverable job), or its transfer server went away.
     """
+    if timeout_s is None:
+      return self.wait_direct(src, tag, self.post_direct(src, tag, specs))
     sharding = jax.sharding.SingleDeviceSharding(self.device)
     shapes = [jax.ShapeDtypeStruct(tuple(shape), jnp.dtype(dtype), sharding=sharding) for shape, dtype in specs]
     connection = self._connection(src, timeout_s)
     uid = _direct_id(src, self.process, tag)
-    return list(self._pull_unless_gone(src, tag, lambda: jax.block_until_ready(connection.pull(uid, shapes)),
-                                       timeout_s))
+    pull = lambda: jax.block_until_ready(connection.pull(uid, shapes))
+    return list(self._pull_unless_gone(src, tag, pull, timeout_s))
+
+  def post_direct(self, src: int, tag: str, specs: Sequence[tuple[tuple[int, ...], Any]]) -> list[jax.Array]:
+    """Asks for direct message ``tag`` from process ``src`` now, without waiting: the arrays come back at once
+    and are ready once the message has arrived (:meth:`wait_direct`). Asking before the offer is made is what
+    takes the request's trip off the message's path (the sender's transfer server holds the request)."""
+    sharding = jax.sharding.SingleDeviceSharding(self.device)
+    shapes = [jax.ShapeDtypeStruct(tuple(shape), jnp.dtype(dtype), sharding=sharding) for shape, dtype in specs]
+    return list(self._connection(src, 60.0).pull(_direct_id(src, self.process, tag), shapes))
+
+  def wait_direct(self, src: int, tag: str, arrays: list[jax.Array]) -> list[jax.Array]:
+    """Waits, as long as it takes, for what :meth:`post_direct` asked for (a thread that does nothing else).
+
+    Raises:
+      PeerGone: when the sender's transfer server went away.
+    """
+    try:
+      return list(jax.block_until_ready(arrays))
+    except Exception as e:  # pylint: disable=broad-except
+      raise PeerGone(src, f" (process {self.process} could not pull {tag!r} from it: "
+                          f"{str(e).splitlines()[0][:100]})") from None
 
   def recv(self, src: int, tag: str, timeout_s: float) -> list[jax.Array]:
     """The next message from process ``src`` on channel ``tag``, pulled onto this process's device.
@@ -276,6 +300,10 @@ class Node:
 
   def _dead(self, process: int) -> bool:
     return process in self.dead or self.try_get(_DEAD_KEY.format(process=process)) is not None
+
+  def declared_dead(self, process: int) -> bool:
+    """Whether process 0 has declared ``process`` gone (see :meth:`watch`)."""
+    return self._dead(process)
 
   def stopping(self) -> bool:
     """Whether process 0 is stopping the job early (:meth:`stop_job`)."""

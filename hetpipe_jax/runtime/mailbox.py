@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -21,38 +21,45 @@ TIMEOUT_S = 60.0  # a report or a tensor that takes longer means a hung or lost 
 IDLE_S = 3600.0  # how long a stage or shard may wait for its next command
 
 class Mailbox:
-  """Tensors between stages of one process (the transport is for other processes)."""
+  """Tensors between stages of one process (the transport is for other processes). A taker waits on its
+  key's own event: a put wakes only the thread that waits for it."""
 
   def __init__(self):
     self._items: dict[str, Any] = {}
-    self._cond = threading.Condition()
+    self._waiting: dict[str, threading.Event] = {}
+    self._lock = threading.Lock()
 
   def put(self, key: str, value: Any) -> None:
-    with self._cond:
+    with self._lock:
       self._items[key] = value
-      self._cond.notify_all()
+      event = self._waiting.get(key)
+    if event is not None:
+      event.set()
 
   def take(self, key: str, timeout_s: float, node: Node | None = None) -> Any:
     """The value put under ``key``; with ``node``, gives up once the job cannot go on (process 0's verdict,
     :attr:`Node.fatal`: the thread that would put it may be waiting for a process that is gone) or, in a
-    recoverable job, once it is stopping.
+    recoverable job, once it is stopping (both looked at every ``POLL_S`` of waiting).
 
     Raises:
       TimeoutError: after ``timeout_s``.
       RunStopped: when the job cannot go on.
       PeerGone: when the job is stopping.
     """
+    with self._lock:
+      if key in self._items:
+        return self._items.pop(key)
+      event = self._waiting.setdefault(key, threading.Event())
     deadline = time.monotonic() + timeout_s
-    with self._cond:
-      while key not in self._items:
-        if node is not None and node.fatal:
-          raise RunStopped(node.fatal)
-        if node is not None and node.recoverable and node.stopping():
-          raise PeerGone(node.process, " (the job is stopping)")
-        left = deadline - time.monotonic()
-        if left <= 0:
-          raise TimeoutError(f"no {key} within {timeout_s:g} s")
-        self._cond.wait(min(left, POLL_S))
+    while not event.wait(min(POLL_S, max(deadline - time.monotonic(), 0.0))):
+      if node is not None and node.fatal:
+        raise RunStopped(node.fatal)
+      if node is not None and node.recoverable and node.stopping():
+        raise PeerGone(node.process, " (the job is stopping)")
+      if time.monotonic() >= deadline:
+        raise TimeoutError(f"no {key} within {timeout_s:g} s")
+    with self._lock:
+      del self._waiting[key]
       return self._items.pop(key)
 
 
@@ -69,15 +76,27 @@ def deliver(node: Node, mailbox: Mailbox, dst: int, tag: str, arrays: list[Any],
     node.send(dst, tag, arrays)
 
 
-def collect(node: Node, mailbox: Mailbox, src: int, tag: str, specs: Sequence[tuple[Any, Any]] | None = None
-            ) -> list[Any]:
+def collect(node: Node, mailbox: Mailbox, src: int, tag: str, specs: Sequence[tuple[Any, Any]] | None = None,
+            timeout_s: float | None = TIMEOUT_S) -> list[Any]:
   """The arrays process ``src`` delivered under ``tag``; ``specs`` ((shape, dtype) each) for what was sent
-  without a notice."""
+  without a notice. ``timeout_s`` None: wait as long as it takes (a thread that does nothing else), giving
+  up only when the job cannot go on."""
   if src == node.process:
-    return mailbox.take(tag, TIMEOUT_S, node)
+    return mailbox.take(tag, IDLE_S if timeout_s is None else timeout_s, node)
   if specs is not None:
-    return node.recv_direct(src, tag, specs, TIMEOUT_S)
-  return node.recv(src, tag, TIMEOUT_S)
+    return node.recv_direct(src, tag, specs, timeout_s)
+  return node.recv(src, tag, TIMEOUT_S if timeout_s is None else timeout_s)
+
+
+def expect(node: Node, mailbox: Mailbox, src: int, tag: str, specs: Sequence[tuple[Any, Any]]
+           ) -> Callable[[], list[Any]]:
+  """Asks now for the arrays process ``src`` will deliver under ``tag`` without a notice; returns what waits
+  for them (as long as it takes: a thread that does nothing else). Asking early takes the request's trip off
+  the message's path (:meth:`Node.post_direct`)."""
+  if src == node.process:
+    return lambda: mailbox.take(tag, IDLE_S, node)
+  arrays = node.post_direct(src, tag, specs)
+  return lambda: node.wait_direct(src, tag, arrays)
 
 
 class JobStopped(Exception):

@@ -20,6 +20,11 @@ from hetpipe_jax.core import wsp
 from hetpipe_jax.core.server import Server
 
 
+def eval_due(clock: int, eval_every: int, waves: int) -> bool:
+  """Whether global clock ``clock``, just reached, is an evaluation tick (every ``eval_every``, and the end)."""
+  return clock % eval_every == 0 or clock == waves
+
+
 class WaveMetrics:
   """Collects ``{"vw", "wave", "step", "time", "train_loss", "global_clock"}`` per pushed wave, and
   ``test_accuracy`` and ``test_loss`` (of the global weights, on the test split) at every evaluation.
@@ -46,7 +51,7 @@ class WaveMetrics:
                       "train_loss": losses, "global_clock": clock})
     if clock > self._clock:
       self._clock = clock
-      if clock % self._eval_every == 0 or clock == self._waves:
+      if eval_due(clock, self._eval_every, self._waves):
         self._snapshots.append((len(self.rows) - 1, self._ps.params))  # type: ignore[attr-defined]
         logging.info("global clock %d/%d  t=%.4gs  VW %d wave %d loss %.4f  (%d/%d waves pushed)",
                      clock, self._waves, t, vw, wave, float(np.mean(jax.device_get(losses))),
@@ -78,3 +83,34 @@ class WaveMetrics:
       self._snapshots.append((len(rows) - 1, final_params))
     self.resolve(evaluate)
     return rows
+
+
+class _Replayed:
+  """The clocks and gathered weights of a run, as :class:`WaveMetrics` reads a server."""
+
+  def __init__(self, num_vws: int, gathers):
+    self.clock = wsp.init(num_vws)
+    self._gathers = iter(gathers)
+
+  @property
+  def params(self):
+    return next(self._gathers)
+
+
+def replay_metrics(events, gathers, nms: list[int], waves: int, eval_every: int) -> WaveMetrics:
+  """The :class:`WaveMetrics` of a run that did not have them as it went (a decentralised ``multiprocess``
+  run): its pushes from the trace in order, each wave's losses from its last stage's forwards (their
+  ``loss``), and the weights gathered at every evaluation tick, in order (``gathers``, which the clock
+  ordered where :meth:`WaveMetrics.on_wave` snapshots)."""
+  server = _Replayed(len(nms), gathers)
+  metrics = WaveMetrics(server, nms, waves, eval_every)  # type: ignore[arg-type]
+  losses = {(ev["vw"], ev["mb"]): ev["loss"] for ev in events if ev["ev"] == "fwd" and "loss" in ev}
+  for ev in events:
+    if ev["ev"] == "leave":
+      server.clock = wsp.leave(server.clock, ev["vw"])
+    elif ev["ev"] == "push":
+      i, wave = ev["vw"], ev["wave"]
+      server.clock = wsp.push(server.clock, i, wave)
+      mbs = range(wave * nms[i] + 1, (wave + 1) * nms[i] + 1)  # (a loss that died with a process: NaN)
+      metrics.on_wave(i, wave, ev["t"], [losses.get((i, mb), float("nan")) for mb in mbs])
+  return metrics

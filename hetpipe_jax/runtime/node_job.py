@@ -77,6 +77,20 @@ def check_node(node: Node | None, cluster: Cluster) -> Node:
   return node
 
 
+def build_stage(job: Job, i: int, j: int, x0, y0) -> tuple[Stage, dict[str, tuple[Any, Any]]]:
+  """Stage j of virtual worker i on its GPU's local device of this process, compiled on inputs like the
+  run's (``x0``, ``y0``: a minibatch), and the (shape, dtype) of what it receives: ``"a"``, its input
+  activation, ``"g"``, the gradient of its output."""
+  vw = job.layout.vws[i]
+  units, gpu = vw.stage_units(j), vw.gpus[j]
+  device = jax.local_devices()[[g.index for g in job.cluster.node_gpus(gpu.node)].index(gpu.index)]
+  stage = Stage(job.model, units.start, units.stop, job.init_params[units.start:units.stop], device, job.tx,
+                vw.nm, job.weight_mode)
+  x = job.model.apply(job.init_params[:units.start], jnp.asarray(x0), 0, units.start)  # the stage's input
+  out = stage.warm_up(x, jax.device_put(y0, device) if stage.is_last else None)
+  return stage, {"a": (x.shape, x.dtype), "g": (out.shape, out.dtype)}  # (shapes are fixed)
+
+
 class NodeJob:
   """This process's threads of ``job`` (see the module docstring)."""
 
@@ -92,17 +106,9 @@ class NodeJob:
 
   def _stage_worker(self, i: int, j: int, x0, y0) -> StageWorker:
     """Stage j of virtual worker i on its GPU's local device, compiled on inputs like the run's."""
-    job = self.job
-    vw = job.layout.vws[i]
-    units, gpu = vw.stage_units(j), vw.gpus[j]
-    device = jax.local_devices()[[g.index for g in job.cluster.node_gpus(gpu.node)].index(gpu.index)]
-    stage = Stage(job.model, units.start, units.stop, job.init_params[units.start:units.stop], device, job.tx,
-                  vw.nm, job.weight_mode)
-    x = job.model.apply(job.init_params[:units.start], jnp.asarray(x0), 0, units.start)  # the stage's input
-    out = stage.warm_up(x, jax.device_put(y0, device) if stage.is_last else None)
-    inputs = {"a": (x.shape, x.dtype), "g": (out.shape, out.dtype)}  # what it receives (shapes are fixed)
-    return StageWorker(self.node, i, j, stage, vw.nm, self.owners, self.shard_owners, job.streams, self.mailbox,
-                       inputs)
+    stage, inputs = build_stage(self.job, i, j, x0, y0)
+    return StageWorker(self.node, i, j, stage, self.job.layout.vws[i].nm, self.owners, self.shard_owners,
+                       self.job.streams, self.mailbox, inputs)
 
   def start(self) -> None:
     """Builds and starts this process's stage and shard threads; returns once every process has."""

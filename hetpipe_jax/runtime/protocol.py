@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import string
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from hetpipe_jax.errors import ProtocolError
@@ -86,7 +86,56 @@ MESSAGES: dict[str, Message] = _table([
     Message("shard_state", "S{process}.{n}", "a process's shards", "process 0 (a checkpoint)"),
     Message("shard_restore", "R{process}.{n}", "process 0", "a process's shards (a resumed run)"),
     Message("weights", "w{process}.{n}", "a process's shards", "process 0 (a gather)"),
+    Message("control", "c{vw}.{seq}", "stage 0 (a decentralised run)", "the clock"),
+    Message("order", "o{process}.{seq}", "the clock", "a process's shards (a decentralised run)"),
+    Message("grant", "n{vw}.{stage}.{n}", "the clock", "stage (a decentralised run: pull n's waves)"),
+    Message("trace_part", "T{process}", "every process", "process 0 (a decentralised run's trace)"),
 ])
+
+# A decentralised run (docs/PROTOCOL.md section 11.9): control messages are small int32 arrays that travel
+# like activations (no key-value operation): [operation, fields..., padding]. Stage 0 of each virtual worker
+# tells the clock (``control``) that a wave is pushed (with the non-finite flag of every unit) and asks for
+# the pull of a gated minibatch; the clock puts every apply, serve and gather into one order (``order``)
+# that every shard owner follows.
+CONTROL_OPS: dict[str, Op] = _table([
+    Op("push", ("wave",), "every stage's part of the wave went to the owners (+ one non-finite flag per unit)"),
+    Op("request", ("n",), "stage 0 may inject its n-th gated minibatch once the gate opens: pull n"),
+])
+
+ORDER_OPS: dict[str, Op] = _table([
+    Op("apply", ("vw", "wave", "drop"), "apply the wave's updates from its stages (with drop: only count it)"),
+    Op("serve", ("vw", "n"), "send every stage of the virtual worker its units' global weights as pull n"),
+    Op("gather", ("n",), "send every shard's global weights to process 0 (evaluation)"),
+    Op(STOP, (), "the order's last entry"),
+])
+ORDER_WIDTH = 4  # an order: [operation, vw, wave or n, drop]
+
+
+def encode(ops: Mapping[str, Op], op: str, width: int, tail: Sequence[int] = (), **fields: int) -> Any:
+  """Control message ``op`` of the table ``ops`` as an int32 array of ``width``: its index in the table, its
+  fields in the table's order, then ``tail`` (e.g. flags), zero-padded.
+
+  Raises:
+    ProtocolError: for an operation the table lacks, fields other than its own, or more than ``width``.
+  """
+  import numpy as np  # (only the decentralised runtime encodes)
+
+  spec = ops.get(op)
+  if spec is None:
+    raise ProtocolError(f"unknown control message {op!r}; the table has {', '.join(ops)}")
+  _check_fields(f"control message {op!r}", fields, spec.fields)
+  values = [list(ops).index(op), *(int(fields[f]) for f in spec.fields), *(int(v) for v in tail)]
+  if len(values) > width:
+    raise ProtocolError(f"control message {op!r} needs {len(values)} entries; the message holds {width}")
+  return np.array(values + [0] * (width - len(values)), np.int32)
+
+
+def decode(ops: Mapping[str, Op], message: Any) -> tuple[str, dict[str, int], list[int]]:
+  """(operation, fields, the rest) of a message :func:`encode` built."""
+  values = [int(v) for v in message]
+  spec = list(ops.values())[values[0]]
+  n = len(spec.fields)
+  return spec.name, dict(zip(spec.fields, values[1:1 + n])), values[1 + n:]
 
 
 def _check_fields(what: str, given: Mapping[str, Any], fields: tuple[str, ...]) -> None:

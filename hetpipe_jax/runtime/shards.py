@@ -4,6 +4,7 @@ and process 0's parameter server that keeps the WSP clocks and posts to them (:c
 
 from __future__ import annotations
 
+import collections
 import itertools
 import threading
 from collections.abc import Mapping, Sequence
@@ -17,8 +18,18 @@ from hetpipe_jax.core.server import Snapshot
 from hetpipe_jax.errors import NonFiniteUpdate
 from hetpipe_jax.runtime import protocol
 from hetpipe_jax.runtime.channels import Channel, command_loop, wait
+from hetpipe_jax.runtime.decentral import Context, run_thread
 from hetpipe_jax.runtime.distributed import Node
-from hetpipe_jax.runtime.mailbox import JobStopped, Mailbox, collect, deliver, receive_tree, send_tree, unflatten_units
+from hetpipe_jax.runtime.mailbox import (
+  JobStopped,
+  Mailbox,
+  collect,
+  deliver,
+  expect,
+  receive_tree,
+  send_tree,
+  unflatten_units,
+)
 from hetpipe_jax.runtime.ps import ParameterServer
 
 
@@ -198,3 +209,88 @@ class ShardedServer:
     for p, channel in self._channels.items():
       channel.post(op="restore", n=n, report=False)
       send_tree(self.node, self._mailbox, p, protocol.tag("shard_restore", process=p, n=n), state["shards"][p])
+
+
+FOLLOW_AHEAD = 2  # order entries an owner asks for ahead (the clock sends as many stops after the first)
+
+
+class ShardFollower:
+  """The PS shards this process owns in a decentralised run (:mod:`hetpipe_jax.runtime.decentral`): their
+  global weights and optax state, applied, served and gathered in the one order the clock sends
+  (:class:`~hetpipe_jax.runtime.clock.ClockService`), every entry pulled in turn by this thread.
+
+  Args:
+    ctx: this process's context.
+    units: the units whose shards live here; ``params``: their initial global weights.
+    tx: the apply rule (:class:`~hetpipe_jax.runtime.ps.ParameterServer`).
+  """
+
+  def __init__(self, ctx: Context, units: Sequence[int], params: Sequence[Any], tx):
+    self.ctx, self.units = ctx, list(units)
+    self.ps = ParameterServer(params, ctx.layout.num_vws, ctx.d, tx)  # the same apply rule as in one process
+    self.ps.warm_up()
+    self._treedefs = [jax.tree.structure(p) for p in params]
+    self.thread = threading.Thread(target=self._main, daemon=True, name=f"ps{ctx.node.process}")
+
+  def _main(self) -> None:
+    run_thread(self.ctx, f"the PS shards of process {self.ctx.node.process}", self._run)
+
+  def _stage_units(self, vw: int) -> list[tuple[int, list[int]]]:
+    """(stage, its units that live here) for every stage of ``vw`` that holds any."""
+    cuts, out = self.ctx.layout.cuts[vw], []
+    for j in range(len(cuts) - 1):
+      units = [u for u in range(cuts[j], cuts[j + 1]) if u in self.units]
+      if units:
+        out.append((j, units))
+    return out
+
+  def _expect_update(self, vw: int, j: int, units: list[int], wave: int) -> None:
+    ctx = self.ctx
+    if wave < ctx.waves:
+      self._updates[(vw, j)] = expect(ctx.node, ctx.mailbox, ctx.owners[(vw, j)],
+                                      protocol.tag("update", vw=vw, stage=j, wave=wave), ctx.leaf_specs(units))
+
+  def _run(self) -> None:
+    ctx, me = self.ctx, self.ctx.node.process
+    self._updates: dict[tuple[int, int], Any] = {}  # (vw, stage) -> what waits for its next wave's update
+    for vw in range(ctx.layout.num_vws):
+      for j, units in self._stage_units(vw):
+        self._expect_update(vw, j, units, 0)
+    order = lambda seq: expect(ctx.node, ctx.mailbox, ctx.clock, protocol.tag("order", process=me, seq=seq),
+                               [((protocol.ORDER_WIDTH,), np.int32)])
+    ahead = collections.deque(order(seq) for seq in range(FOLLOW_AHEAD))  # asked for before the clock sends them
+    for seq in itertools.count(FOLLOW_AHEAD):
+      (message,) = ahead.popleft()()
+      ahead.append(order(seq))
+      op, f, _ = protocol.decode(protocol.ORDER_OPS, np.asarray(message))
+      if op == protocol.STOP:
+        return
+      if op == "apply":
+        self._apply(f["vw"], f["wave"], bool(f["drop"]))
+      elif op == "serve":
+        self._serve(f["vw"], f["n"])
+      else:
+        leaves = jax.tree.leaves(self.ps.params)
+        deliver(ctx.node, ctx.mailbox, 0, protocol.tag("weights", process=me, n=f["n"]), leaves)
+
+  def _apply(self, vw: int, wave: int, drop: bool) -> None:
+    """Applies the wave's updates from the stages that hold units here (with ``drop``: a unit of the wave,
+    maybe elsewhere, was not finite; the wave only counts)."""
+    updates = {}
+    for j, units in self._stage_units(vw):
+      leaves = self._updates.pop((vw, j))()
+      self._expect_update(vw, j, units, wave + 1)
+      local = [self.units.index(u) for u in units]
+      updates.update(zip(local, unflatten_units([self._treedefs[i] for i in local], leaves)))
+    if drop:
+      self.ps.skip(vw, wave, [])
+    else:
+      self.ps.push(vw, wave, updates, nonfinite=[])  # (the stages checked: one pass)
+
+  def _serve(self, vw: int, n: int) -> None:
+    ctx = self.ctx
+    params = self.ps.params  # a copy: the next apply donates the server's own buffers, maybe before the pull
+    for j, units in self._stage_units(vw):
+      leaves = jax.tree.leaves(tuple(params[self.units.index(u)] for u in units))
+      deliver(ctx.node, ctx.mailbox, ctx.owners[(vw, j)], protocol.tag("pull", vw=vw, stage=j, n=n), leaves,
+              stream=f"p{vw}.{j}", hold=2)

@@ -1,0 +1,175 @@
+"""One trace from many writers: the parts that the processes of a decentralised run write, merged in causal
+order by the events' identities and causal keys, never by comparing the clocks of different processes.
+
+Each part is one process's events in the order they happened there. Across parts, an event may come only
+after the events it causally follows (its *causal keys*), which the merge reads from the events themselves:
+
+=================================  ===========================================================
+event                              comes after
+=================================  ===========================================================
+``fwd`` of minibatch p at stage j  the ``fwd`` of p at stage j - 1 (its input)
+``bwd`` of p at stage j < k - 1    the ``bwd`` of p at stage j + 1 (its gradient)
+``push`` of wave c of VW i         ``complete`` of VW i's minibatch (c + 1) * Nm
+``pull`` holding waves glob        the ``push`` of wave glob[v] - 1 of every VW v
+                                   (the snapshot holds exactly those waves)
+=================================  ===========================================================
+
+A virtual worker that left (the clock's ``leave`` line) may leave events that cannot be placed (what they
+follow died with a process) or that its stages wrote after it left: they are left out, unrecorded, except
+its pushes, which happened (the clock counted them and the owners applied them): a push whose wave's
+history died with a process is placed with ``"history": "lost"``.
+
+Within those constraints the merge takes, among the parts whose next event may come, the one whose event
+happened earliest on its own process's clock (ties: the lower part), so a run's merged trace reads in about
+the order things happened, but a skew between the clocks can never reorder causally related events. Every
+time field stays as its process wrote it; the checker compares times only within a process
+(``process`` field).
+
+``python -m hetpipe_jax.core.merge OUT META PART...`` merges part files on demand (e.g. of a run that died:
+the events that cannot be placed, because what they follow was never written, are reported and left out).
+"""
+
+from __future__ import annotations
+
+import collections
+import heapq
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+Key = tuple  # an event's identity as a causal key
+
+
+def provides(ev: dict[str, Any]) -> Key | None:
+  """The causal key an event is (what later events may follow), or None."""
+  kind = ev["ev"]
+  if kind in ("fwd", "bwd"):
+    return (kind, ev["vw"], ev["stage"], ev["mb"])
+  if kind == "complete":
+    return ("complete", ev["vw"], ev["mb"])
+  if kind == "push":
+    return ("push", ev["vw"], ev["wave"])
+  return None
+
+
+def requires(ev: dict[str, Any], nm: Sequence[int], stages: Sequence[int]) -> list[Key]:
+  """The causal keys that must come before ``ev`` in the merged trace (see the module docstring)."""
+  kind = ev["ev"]
+  if kind == "fwd" and ev["stage"] > 0:
+    return [("fwd", ev["vw"], ev["stage"] - 1, ev["mb"])]
+  if kind == "bwd" and ev["stage"] < stages[ev["vw"]] - 1:
+    return [("bwd", ev["vw"], ev["stage"] + 1, ev["mb"])]
+  if kind == "push":
+    return [("complete", ev["vw"], (ev["wave"] + 1) * nm[ev["vw"]])]
+  if kind == "pull":
+    return [("push", v, g - 1) for v, g in enumerate(ev["glob"]) if g > 0]
+  return []
+
+
+def _time(ev: dict[str, Any]) -> float:
+  return max(ev.get(f, 0.0) for f in ("t", "t0", "t1"))
+
+
+def merge(meta: dict[str, Any], parts: Sequence[Sequence[dict[str, Any]]]
+          ) -> tuple[list[dict[str, Any]], int, int]:
+  """The events of ``parts`` (each in its process's order) in one causal order, after ``meta``.
+
+  A virtual worker that left (its ``leave`` line, written by the clock, is in some part) may have events
+  that cannot be placed, because what they follow died with a process, and events its stages recorded after
+  it left, before they learnt it: both are left out (unrecorded, as the engine leaves a failed virtual
+  worker's last tasks), so that the rest of their parts can be placed; but a push of it is placed, with
+  ``"history": "lost"`` when what it follows died with a process.
+
+  Returns:
+    The merged trace (``meta`` first), how many events could not be placed (what they follow is in no part:
+    a run that died; 0 for a complete run), and how many events of virtual workers that left were left out.
+  """
+  nm, stages = meta["nm"], meta["stages"]
+  leaving = {ev["vw"] for part in parts for ev in part if ev["ev"] == "leave"}
+  emitted: set[Key] = set()
+  waiting: dict[Key, list[int]] = collections.defaultdict(list)  # a key -> parts whose next event needs it
+  blocked: set[int] = set()  # parts whose next event waits
+  ready: list[tuple[float, int]] = []
+  at = [0] * len(parts)
+
+  def consider(p: int) -> None:
+    if at[p] < len(parts[p]):
+      ev = parts[p][at[p]]
+      missing = next((key for key in requires(ev, nm, stages) if key not in emitted), None)
+      if missing is None:
+        heapq.heappush(ready, (_time(ev), p))
+      else:
+        waiting[missing].append(p)
+        blocked.add(p)
+
+  for p in range(len(parts)):
+    consider(p)
+  out, left, dropped = [meta], set(), 0
+  while True:
+    if not ready:  # stuck: an event of a virtual worker that left may wait for what died with a process
+      stuck = [p for p in sorted(blocked) if parts[p][at[p]]["vw"] in leaving]
+      if not stuck:
+        break
+      for p in stuck:
+        blocked.discard(p)
+        for q in waiting.values():
+          if p in q:
+            q.remove(p)
+        ev = parts[p][at[p]]
+        at[p] += 1
+        if ev["ev"] == "push":  # it happened (the clock counted it, the owners applied it); what it follows
+          out.append({**ev, "history": "lost"})  # died with a process: the trace says so
+          emitted.add(("push", ev["vw"], ev["wave"]))
+          for q in waiting.pop(("push", ev["vw"], ev["wave"]), ()):
+            consider(q)
+        else:
+          dropped += 1
+        consider(p)
+      continue
+    _, p = heapq.heappop(ready)
+    blocked.discard(p)
+    ev = parts[p][at[p]]
+    at[p] += 1
+    if ev.get("vw") in left:
+      dropped += 1  # recorded after its virtual worker left
+    else:
+      out.append(ev)
+      left.update([ev["vw"]] if ev["ev"] == "leave" else [])
+    key = provides(ev)
+    if key is not None:
+      emitted.add(key)
+      for q in waiting.pop(key, ()):
+        consider(q)
+    consider(p)
+  return out, sum(len(part) - i for part, i in zip(parts, at)), dropped
+
+
+def _read(path: str) -> list[dict[str, Any]]:
+  with open(path, encoding="utf-8") as f:
+    return [json.loads(line) for line in f if line.endswith("\n")]  # a cut last line: not complete
+
+
+def main(argv: list[str]) -> int:
+  """``python -m hetpipe_jax.core.merge OUT META PART...``: writes the merged trace to OUT (META: a file whose
+  first line is the meta event, e.g. process 0's part)."""
+  if len(argv) < 4:
+    print("usage: python -m hetpipe_jax.core.merge OUT META PART...", file=sys.stderr)
+    return 2
+  out_path, meta_path, *part_paths = argv[1:]
+  meta = _read(meta_path)[0]
+  if meta.get("ev") != "meta":
+    print(f"error: the first line of {meta_path} is not the meta event", file=sys.stderr)
+    return 2
+  parts = [[ev for ev in _read(path) if ev.get("ev") != "meta"] for path in part_paths]
+  events, unplaced, dropped = merge(meta, parts)
+  with open(out_path, "w", encoding="utf-8") as f:
+    f.writelines(json.dumps(ev, separators=(",", ":")) + "\n" for ev in events)
+  print(f"merged {len(events) - 1} events of {len(parts)} parts into {out_path}"
+        + (f"; {unplaced} events could not be placed (what they follow was never written)" if unplaced else "")
+        + (f"; {dropped} events of virtual workers that left were left out" if dropped else ""))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv))

@@ -1,0 +1,235 @@
+"""A decentralised ``multiprocess`` run: every process follows the schedule where it runs, and no process is
+the brain (docs/PROTOCOL.md section 11.9).
+
+* Each stage is a loop in its own process (:class:`~hetpipe_jax.runtime.stage_loop.StageLoop`): it starts
+  its next task when the task's input has arrived and the pure schedule (:mod:`hetpipe_jax.core.schedule`)
+  picks it, keeps its own weight versions (:mod:`hetpipe_jax.core.versions`), and sends its output straight
+  to the next stage. Stage 0 of each virtual worker injects under the Nm window itself and asks for the
+  pull of a gated minibatch.
+* The WSP clock is a service in the process of the first PS shard's owner (not process 0 unless it is the
+  only one; :class:`~hetpipe_jax.runtime.clock.ClockService`): it ticks on each wave's push, opens the
+  gates (:mod:`hetpipe_jax.core.wsp`), and puts every apply, serve and gather into one order that every
+  shard owner follows (:class:`~hetpipe_jax.runtime.shards.ShardFollower`), so a pull holds exactly the
+  waves its snapshot counts.
+* Control messages are small int32 arrays (:data:`~hetpipe_jax.runtime.protocol.CONTROL_OPS`,
+  :data:`~hetpipe_jax.runtime.protocol.ORDER_OPS`) moved like activations: no key-value operation while
+  the run trains. Each input stream of a stage or the clock has a thread that pulls its messages in order.
+* Each process writes its own trace part; at the end they merge into one trace by causal keys
+  (:mod:`hetpipe_jax.core.merge`), never by comparing the clocks of different processes.
+
+Process 0 hosts the coordination service, runs the stages of its node, and at the end merges the trace
+parts and evaluates the gathered weights; it makes no decision while the run trains.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from hetpipe_jax.core.schedule import Task
+from hetpipe_jax.core.trace import Trace
+from hetpipe_jax.data import MinibatchStreams
+from hetpipe_jax.errors import RunStopped
+from hetpipe_jax.plan.layout import Layout
+from hetpipe_jax.runtime.distributed import POLL_S, Node, PeerGone
+from hetpipe_jax.runtime.mailbox import Mailbox
+
+Spec = tuple[tuple[int, ...], Any]  # (shape, dtype) of an array a receiver expects
+LEFT_KEY = "left/{vw}"  # set by the clock once a virtual worker has left (its threads may wait for good)
+
+
+@dataclasses.dataclass
+class Context:
+  """What the threads of one process of a decentralised run share.
+
+  Attributes:
+    node / mailbox: this process's node and its mailbox (arrays between its own threads).
+    layout: the run's layout; ``owners``: (virtual worker, stage) -> process; ``shard_owners``: the process
+      of every unit's PS shard; ``clock``: the clock service's process.
+    waves / d / schedule / weight_mode: as in the run's configuration.
+    unit_specs: per unit, the (shape, dtype) of each of its weight leaves.
+    streams: every virtual worker's minibatches (the same in every process).
+    cost / time_scale: a task's emulated seconds, and real seconds per emulated second (0: no padding).
+    trace: this process's trace part; ``t_start``: its clock's zero (when it left the start barrier).
+  """
+
+  node: Node
+  mailbox: Mailbox
+  layout: Layout
+  owners: dict[tuple[int, int], int]
+  shard_owners: Sequence[int]
+  clock: int
+  waves: int
+  d: int
+  schedule: str
+  weight_mode: str
+  unit_specs: Sequence[Sequence[Spec]]
+  streams: MinibatchStreams
+  cost: Callable[[Task], float] | None
+  time_scale: float
+  trace: Trace
+  t_start: float = 0.0
+  stopped: list[str] = dataclasses.field(default_factory=list)  # why threads ended early
+  _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+  @property
+  def num_units(self) -> int:
+    return len(self.shard_owners)
+
+  def now(self) -> float:
+    """Seconds on this process's clock since it left the start barrier."""
+    return time.perf_counter() - self.t_start
+
+  def emit(self, stamp: str, **event) -> None:
+    """Writes ``event`` to this process's trace part, naming the process, with its field ``stamp`` set to
+    now (taken under one lock, so the part's times never go back)."""
+    with self._lock:
+      self.trace.emit(**event, **{stamp: self.now()}, process=self.node.process)
+
+  def pad(self, task: Task, t0: float) -> None:
+    """Sleeps until ``task``, started at ``t0``, has lasted its emulated duration x ``time_scale``."""
+    if self.cost is not None and self.time_scale > 0:
+      remaining = t0 + self.cost(task) * self.time_scale - self.now()
+      if remaining > 0:
+        time.sleep(remaining)
+
+  def owner_units(self, first: int, last: int) -> dict[int, list[int]]:
+    """The shard owner of each unit in ``[first, last)``: owner process -> units, in unit order."""
+    out: dict[int, list[int]] = {}
+    for unit in range(first, last):
+      out.setdefault(self.shard_owners[unit], []).append(unit)
+    return out
+
+  def fatal_loss(self, p: int) -> str | None:
+    """Why the job cannot go on without process ``p`` (it held PS shards, or the clock), or None (only the
+    virtual workers with a stage there leave)."""
+    units = [u for u, owner in enumerate(self.shard_owners) if owner == p]
+    if units:
+      return (f"process {p} is gone, and with it the PS shards of units {units}: the global weights are lost; "
+              "resume from the newest checkpoint (--checkpoint_dir with --resume), or keep the shards off nodes "
+              "that may fail (--placement)")
+    if p == self.clock:
+      return f"process {p} is gone, and with it the WSP clock: the job cannot go on"
+    return None
+
+  def leaf_specs(self, units: Sequence[int]) -> list[Spec]:
+    return [spec for u in units for spec in self.unit_specs[u]]
+
+  def check_job(self) -> None:
+    """Raises RunStopped when the job cannot go on (another process said why), PeerGone when it stops."""
+    if self.node.fatal:
+      raise RunStopped(self.node.fatal)
+    if self.node.recoverable and self.node.stopping():
+      raise PeerGone(self.node.process, " (the job is stopping)")
+
+
+def flags_spec(num_units: int) -> Spec:
+  """The non-finite flags of every unit, carried with a wave's last gradient down the pipeline."""
+  return ((num_units,), np.int32)
+
+
+class Actor:
+  """State that one thread at a time works on, fed by input threads (:func:`stream`): whichever thread brings
+  an input does the work it allows, so no thread has to wake up between a message's arrival and that work.
+
+  ``step(items)`` takes the inputs that arrived (``(name, key, value)`` each), does everything they allow, and
+  returns True once the actor is finished. :meth:`run` (the actor's own thread) makes the first step and
+  waits until it is finished, raising what a step or an input thread raised, or why the job stopped.
+  """
+
+  def __init__(self, ctx: Context, step: Callable[[list[tuple[str, Any, Any]]], bool]):
+    self.ctx, self._step = ctx, step
+    self._lock = threading.Lock()
+    self._inbox: list[tuple[str, Any, Any]] = []
+    self._busy = True  # a thread is stepping (the first step is :meth:`run`'s)
+    self._finished = threading.Event()
+    self._error: BaseException | None = None
+
+  def offer(self, item: tuple[str, Any, Any]) -> None:
+    """An input arrived (any thread): it is worked off now, by this thread unless another is stepping."""
+    with self._lock:
+      self._inbox.append(item)
+      if self._busy:
+        return
+      self._busy = True
+    self._work()
+
+  @property
+  def finished(self) -> bool:
+    return self._finished.is_set()
+
+  def fail(self, error: BaseException) -> None:
+    """An input thread failed: so does the actor."""
+    with self._lock:
+      self._error = self._error or error
+    self._finished.set()
+
+  def _work(self) -> None:
+    try:
+      while not self._finished.is_set():
+        with self._lock:
+          items, self._inbox = self._inbox, []
+        if self._step(items):
+          self._finished.set()
+          return
+        with self._lock:
+          if not self._inbox:
+            self._busy = False
+            return
+    except BaseException as e:  # pylint: disable=broad-except  # raised by run()
+      self.fail(e)
+
+  def run(self) -> None:
+    """The first step, then waits until the actor is finished (checking every ``POLL_S`` that the job can
+    still go on)."""
+    self._work()
+    while not self._finished.wait(POLL_S):
+      self.ctx.check_job()
+    if self._error is not None:
+      raise self._error
+
+
+def stream(actor: Actor, name: str, keys: Iterable[Any], expect: Callable[[Any], Callable[[], Any]],
+           depth: int = 2) -> None:
+  """Starts a thread that receives the messages of ``keys`` in order and offers each to ``actor`` as
+  ``(name, key, value)``: ``expect(key)`` asks for one at once and returns what waits for it, and the thread
+  keeps the next ``depth`` asked for ahead (so a message's request is at its sender before it is offered).
+  When the sender is gone the stream ends, offering ``(name, None, PeerGone)``."""
+
+  def loop() -> None:
+    try:
+      ahead = iter(keys)
+      pending = collections.deque((key, expect(key)) for key in itertools.islice(ahead, depth))
+      while pending:
+        key, wait = pending.popleft()
+        for nxt in itertools.islice(ahead, 1):
+          pending.append((nxt, expect(nxt)))
+        actor.offer((name, key, wait()))
+    except PeerGone as e:  # its sender is gone: the actor decides what that means
+      actor.offer((name, None, e))
+    except BaseException as e:  # pylint: disable=broad-except  # raised by the actor's run()
+      actor.fail(e)
+
+  threading.Thread(target=loop, name=name, daemon=True).start()
+
+
+def run_thread(ctx: Context, what: str, body: Callable[[], None]) -> None:
+  """Runs a thread's ``body``. When the job stops (another process said why), it just ends; a lost peer
+  tells process 0 why the job cannot go on; any other failure ends this process at once (a bug, or a stage
+  that cannot compute: the others follow)."""
+  try:
+    body()
+  except RunStopped as e:
+    ctx.stopped.append(str(e))
+  except PeerGone as e:
+    ctx.stopped.append(f"{e}, so {what} (process {ctx.node.process}) cannot go on")
+    ctx.node.publish_fatal(ctx.stopped[-1])
+  except BaseException as e:  # pylint: disable=broad-except
+    ctx.node.abort(f"{what}: {type(e).__name__}: {e}")

@@ -1,0 +1,202 @@
+"""One process's part of a decentralised ``multiprocess`` run (:mod:`hetpipe_jax.runtime.decentral`): the
+loops of the stages on its node, the PS shards it owns, the clock if it holds it; at the end its trace part,
+and on process 0 every part and the gathered weights.
+
+Every process builds the same :class:`~hetpipe_jax.runtime.node_job.Job` (the same seed gives the same
+initial weights everywhere), compiles its stages, connects, meets the others at the start barrier (its
+clock's zero), runs its threads to the end, and meets them again; then each sends process 0 its trace
+part (one message, after training), and process 0 collects the weights the clock had gathered.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+import jax
+import numpy as np
+
+from hetpipe_jax.core.schedule import Task
+from hetpipe_jax.core.trace import Trace
+from hetpipe_jax.errors import RunStopped
+from hetpipe_jax.runtime import protocol
+from hetpipe_jax.runtime.clock import GATHERS_KEY, ClockService
+from hetpipe_jax.runtime.decentral import LEFT_KEY, Context
+from hetpipe_jax.runtime.distributed import DEAD_AFTER_S, POLL_S, Node, PeerGone
+from hetpipe_jax.runtime.mailbox import TIMEOUT_S, Mailbox, collect, deliver, unflatten_units
+from hetpipe_jax.runtime.node_job import Job, build_stage, nodes_of
+from hetpipe_jax.runtime.remote import process_of
+from hetpipe_jax.runtime.shards import ShardFollower
+from hetpipe_jax.runtime.stage_loop import StageLoop
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+  """How the run goes beyond its :class:`~hetpipe_jax.runtime.node_job.Job`.
+
+  Attributes:
+    waves / schedule / eval_every / on_nonfinite: as in the run's configuration.
+    cost / time_scale: a task's emulated seconds and the padding (0: none).
+    part_path: where this process writes its trace part as it goes (None: kept in memory only).
+  """
+
+  waves: int
+  schedule: str
+  eval_every: int
+  on_nonfinite: str
+  cost: Callable[[Task], float] | None
+  time_scale: float
+  part_path: str | None
+
+
+@dataclasses.dataclass
+class Outcome:
+  """What process 0 has at the end: every process's trace part, the gathered global weights (in gather
+  order; the last is the final weights), the seconds from the start barrier until every part was in, and
+  the processes that were gone before they could send theirs."""
+
+  parts: list[list[dict[str, Any]]]
+  gathers: list[tuple[Any, ...]]
+  seconds: float
+  missing: list[int]
+
+
+def clock_process(shard_owners: list[int]) -> int:
+  """Where the clock runs: with the first PS shard owned outside process 0 (which hosts the coordination
+  service), else with process 0's shards."""
+  return next((p for p in shard_owners if p != 0), shard_owners[0])
+
+
+class DecentralJob:
+  """This process's part of a decentralised run (see the module docstring)."""
+
+  def __init__(self, node: Node, job: Job, options: Options):
+    self.node, self.job, self.options = node, job, options
+    nodes = nodes_of(job.cluster)
+    owners = process_of(job.layout, nodes)
+    shard_owners = [nodes.index(n) for n in job.shard_nodes]
+    specs = [[(leaf.shape, leaf.dtype) for leaf in jax.tree.leaves(p)] for p in job.init_params]
+    self.trace = Trace(options.part_path, line_buffered=True)  # what a run that died leaves is merged too
+    self.ctx = Context(node, Mailbox(), job.layout, owners, shard_owners, clock_process(shard_owners), options.waves,
+                       job.d, options.schedule, job.weight_mode, specs, job.streams, options.cost,
+                       options.time_scale, self.trace)
+    self.threads: list[tuple[threading.Thread, int | None]] = []  # (thread, its virtual worker, if a stage)
+    self._left_behind: list[threading.Thread] = []
+
+  def start(self) -> None:
+    """Builds and compiles this process's threads, meets every other process, starts the threads."""
+    ctx, job, me = self.ctx, self.job, self.node.process
+    mine = [u for u, p in enumerate(ctx.shard_owners) if p == me]
+    if mine:
+      self.threads.append((ShardFollower(ctx, mine, [job.init_params[u] for u in mine], job.ps_tx).thread, None))
+    x0, y0 = job.streams(0, 1)
+    for (i, j), process in sorted(ctx.owners.items()):
+      if process == me:
+        self.threads.append((StageLoop(ctx, i, j, *build_stage(job, i, j, x0, y0)).thread, i))
+    if me == ctx.clock:
+      self.threads.append((ClockService(ctx, self.options.eval_every, self.options.on_nonfinite).thread, None))
+    self.node.connect_all()
+    self.node.barrier("hetpipe_jax/ready", 600)  # every stage compiled and connected before the clocks start
+    ctx.t_start = time.perf_counter()
+    for thread, _ in self.threads:
+      thread.start()
+
+  def _stopping(self) -> bool:
+    node = self.node
+    return bool(self.ctx.stopped or node.fatal) or (node.recoverable and node.stopping())
+
+  def _join(self) -> bool:
+    """Waits for this process's threads; False when the job stopped early. The threads of a virtual worker
+    that left may wait for good (for a process that is gone): they are left behind."""
+    node = self.node
+    for thread, vw in self.threads:
+      while thread.is_alive():
+        thread.join(POLL_S)
+        if self._stopping():
+          return False
+        if vw is not None and node.try_get(LEFT_KEY.format(vw=vw)) is not None:
+          self._left_behind.append(thread)
+          break
+    return not self._stopping()
+
+  def finish(self) -> Outcome | None:
+    """Runs to the end; returns process 0's :class:`Outcome` (None on the other processes).
+
+    A process other than 0 whose threads still wait inside the transport (the job stopped early, or a
+    virtual worker left) closes and ends at once (``os._exit``: Python's teardown would abort under those
+    threads; the launcher goes by process 0); process 0 closes once every other one has, and lets its
+    own such waits fail with their senders gone.
+
+    Raises:
+      RunStopped: on process 0, when the job stopped early (e.g. a non-finite update with
+        ``on_nonfinite="stop"``, or lost PS shards), saying why.
+    """
+    node, ctx = self.node, self.ctx
+    if not self._join():
+      self._stop()
+    self.trace.close()
+    if node.process != 0:
+      text = "".join(json.dumps(ev, separators=(",", ":")) + "\n" for ev in self.trace.events)
+      deliver(node, ctx.mailbox, 0, protocol.tag("trace_part", process=node.process),
+              [jax.device_put(np.frombuffer(text.encode(), np.uint8), node.device)])
+      self._close()
+      return None
+    parts, missing = [self.trace.events], []
+    for p in range(1, node.num_processes):  # each sends its part once its threads are done
+      try:
+        (data,) = collect(node, ctx.mailbox, p, protocol.tag("trace_part", process=p))
+        parts.append([json.loads(line) for line in np.asarray(data).tobytes().decode().splitlines()])
+      except PeerGone:
+        missing.append(p)
+    seconds = ctx.now()
+    outcome = Outcome(parts, self._gathers(), seconds, missing)
+    self._close()
+    return outcome
+
+  def _close(self) -> None:
+    self.node.close()
+    if self._left_behind and self.node.process != 0:
+      self._exit()
+    for thread in self._left_behind:  # (process 0) their senders are gone: their waits fail, the threads end
+      thread.join(2.0)
+
+  def _exit(self) -> NoReturn:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+  def _stop(self) -> NoReturn:
+    node = self.node
+    self.trace.close()
+    if node.process != 0:
+      node.close()
+      self._exit()
+    deadline = time.monotonic() + DEAD_AFTER_S + 5 * POLL_S
+    while not node.fatal and time.monotonic() < deadline:  # the verdict comes within the watch's delay
+      time.sleep(POLL_S)
+    node.stop_job()  # every wait for another process gives up
+    node.close()
+    for thread, _ in self.threads:  # their senders are gone: their waits fail and the threads end
+      thread.join(2.0)
+    raise RunStopped(node.fatal or (self.ctx.stopped or ["the job stopped early"])[0])
+
+  def _gathers(self) -> list[tuple[Any, ...]]:
+    """Process 0: every gather the clock ordered, each the global weights of every unit."""
+    ctx, node = self.ctx, self.node
+    treedefs = [jax.tree.structure(p) for p in self.job.init_params]
+    out = []
+    for n in range(int(node.get(GATHERS_KEY, TIMEOUT_S))):
+      params: list[Any] = [None] * ctx.num_units
+      for p in sorted(set(ctx.shard_owners)):
+        units = [u for u, owner in enumerate(ctx.shard_owners) if owner == p]
+        leaves = collect(node, ctx.mailbox, p, protocol.tag("weights", process=p, n=n))
+        for u, tree in zip(units, unflatten_units([treedefs[u] for u in units], leaves)):
+          params[u] = tree
+      out.append(tuple(params))
+    return out

@@ -1,0 +1,272 @@
+"""One stage of a virtual worker in a decentralised ``multiprocess`` run (:mod:`hetpipe_jax.runtime.decentral`):
+a loop that runs the stage's tasks by the pure schedule where the stage lives, with no command from anyone.
+
+The loop holds the virtual worker's :class:`~hetpipe_jax.core.schedule.PipelineState` and
+:class:`~hetpipe_jax.core.versions.VersionBook` and touches only its own stage's part of them: a task
+becomes ready when its input arrives (:func:`~hetpipe_jax.core.schedule.arrive`), the schedule picks among
+the ready ones (:func:`~hetpipe_jax.core.schedule.pick`), and a finished task frees the device
+(:func:`~hetpipe_jax.core.schedule.release`) and sends its output to the stage that runs its successor.
+Weight versions follow the same pure functions as the engine's, stage by stage (as the ``sim`` executor's
+staged pulls do): a backward applies its update, the stage closes its part of a wave after its own last
+backward of it, and a pull rebases the stage when it lands; a forward of a gated minibatch or a later one
+waits for that pull.
+
+Stage 0 also injects: while the Nm window (and the schedule) allow, it draws the next minibatch, and before
+a gated one it asks the clock for the pull (``request``) and waits for it to land. When it completes a
+wave's last minibatch it tells the clock the wave is pushed (``push``), with the non-finite flag of every
+unit: each stage adds its own to the flags that came up with the wave's last gradient.
+
+Inputs arrive on threads of their own, one per stream (activations from the previous stage, gradients
+from the next, pulls from the clock and the owners), each asking for its next messages ahead and offering
+each to the stage as it lands (:class:`~hetpipe_jax.runtime.decentral.Actor`): the thread that brings an
+input runs the tasks it allows, unless another thread is running the stage's tasks already, in which case
+that one takes it up next. No thread wakes another between a message's arrival and the task it allows.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from hetpipe_jax.core import schedule as schedule_lib
+from hetpipe_jax.core import versions as versions_lib
+from hetpipe_jax.core import wsp
+from hetpipe_jax.core.schedule import BWD, FWD, Task
+from hetpipe_jax.errors import ProtocolError
+from hetpipe_jax.runtime import protocol
+from hetpipe_jax.runtime.decentral import Actor, Context, Spec, flags_spec, run_thread, stream
+from hetpipe_jax.runtime.distributed import PeerGone
+from hetpipe_jax.runtime.mailbox import deliver, expect, unflatten_units
+from hetpipe_jax.runtime.ps import nonfinite_units
+from hetpipe_jax.runtime.stage import Stage
+
+HOLD_PS = 2  # offers held per update, pull and grant stream: the protocol lets at most 2 be unpulled
+
+
+def control_width(num_units: int) -> int:
+  """Entries of a control message: operation, field, one flag per unit."""
+  return 2 + num_units
+
+
+class StageLoop:
+  """Stage ``j`` of virtual worker ``vw`` in this process (see the module docstring).
+
+  Args:
+    ctx: this process's context.
+    vw, j: which stage.
+    stage: its numerics, on its local device.
+    inputs: the (shape, dtype) of what it receives: ``"a"``, the previous stage's activation (none for
+      stage 0), ``"g"``, the next stage's gradient (none for the last stage).
+  """
+
+  def __init__(self, ctx: Context, vw: int, j: int, stage: Stage, inputs: dict[str, Spec]):
+    self.ctx, self.vw, self.j, self.stage, self._inputs = ctx, vw, j, stage, inputs
+    shape = ctx.layout.vws[vw]
+    self.k, self.nm, self.window = shape.k, shape.nm, shape.window
+    self.total = ctx.waves * self.nm
+    self.pulls = max(ctx.waves - 1, 0)  # pull n is for gated minibatch (n + 2) * Nm
+    self._treedefs = [jax.tree.structure(p) for p in stage.params]
+    self._actor = Actor(ctx, self._step)
+    self._done = 0  # backwards run here
+    self._held: dict[tuple[str, int], list[Any]] = {}  # (kind, mb) -> an input that arrived, not used yet
+    self._flags: dict[int, np.ndarray] = {}  # wave-end minibatch -> flags that came with its gradient
+    self._state = schedule_lib.init(self.k, vw)
+    self._book = versions_lib.init(self.k, ctx.layout.num_vws)
+    self._rebased = -1  # the last pull applied
+    self.left = False  # its virtual worker left (a process of one of its stages is gone)
+    self._requested = -1  # stage 0: the last pull asked for
+    self.thread = threading.Thread(target=self._main, name=f"vw{vw}-stage{j}", daemon=True)
+
+  # --- inputs ----------------------------------------------------------------------------------------
+
+  def _start_streams(self) -> None:
+    ctx, vw, j = self.ctx, self.vw, self.j
+    mbs = range(1, self.total + 1)
+    if j > 0:
+      prev = ctx.owners[(vw, j - 1)]
+      stream(self._actor, f"a{vw}.{j}", mbs, lambda mb: expect(
+          ctx.node, ctx.mailbox, prev, protocol.tag("activation", vw=vw, gen=0, stage=j, mb=mb), [self._inputs["a"]]))
+    if j < self.k - 1:
+      nxt, flags = ctx.owners[(vw, j + 1)], [flags_spec(ctx.num_units)]
+      stream(self._actor, f"g{vw}.{j}", mbs, lambda mb: expect(
+          ctx.node, ctx.mailbox, nxt, protocol.tag("gradient", vw=vw, gen=0, stage=j, mb=mb),
+          [self._inputs["g"], *(flags if wsp.is_wave_end(mb, self.nm) else [])]))
+    if self.pulls:
+      stream(self._actor, f"p{vw}.{j}", range(self.pulls), self._expect_pull)
+
+  def _expect_pull(self, n: int) -> Callable[[], tuple[tuple[int, ...], tuple[Any, ...]] | None]:
+    """Asks for pull ``n`` (the waves its snapshot holds, from the clock, and this stage's units' global
+    weights, from their owners, all at once); returns what waits for it."""
+    ctx, vw, j = self.ctx, self.vw, self.j
+    grant = expect(ctx.node, ctx.mailbox, ctx.clock, protocol.tag("grant", vw=vw, stage=j, n=n),
+                   [((ctx.layout.num_vws,), np.int32)])
+    parts = [(units, expect(ctx.node, ctx.mailbox, owner, protocol.tag("pull", vw=vw, stage=j, n=n),
+                            ctx.leaf_specs(units)))
+             for owner, units in ctx.owner_units(self.stage.first, self.stage.last).items()]
+
+    def wait() -> tuple[tuple[int, ...], tuple[Any, ...]] | None:
+      (glob,) = grant()
+      if int(np.asarray(glob)[0]) < 0:
+        return None  # the virtual worker left (no weights will come)
+      params: dict[int, Any] = {}
+      for units, leaves in parts:
+        params.update(zip(units, unflatten_units([self._treedefs[u - self.stage.first] for u in units], leaves())))
+      return tuple(int(g) for g in np.asarray(glob)), tuple(params[u] for u in sorted(params))
+
+    return wait
+
+  def _arrived(self, item: tuple[str, Any, Any]) -> None:
+    name, key, value = item
+    kind = name[0]
+    if isinstance(value, PeerGone):  # this virtual worker is gone (the clock learns it from process 0)
+      reason = self.ctx.fatal_loss(value.process)
+      if reason is not None:  # PS shards or the clock were there: the job cannot go on
+        self.ctx.node.publish_fatal(reason)
+      self.left = True
+      return None
+    if kind == "p":
+      if value is None:  # the clock says the virtual worker left
+        self.left = True
+        return None
+      return self._rebase(key, *value)
+    self._held[(kind, key)] = value
+    self._state = schedule_lib.arrive(self._state, Task(self.vw, self.j, FWD if kind == "a" else BWD, key),
+                                      self.ctx.schedule)
+    return None
+
+  def _rebase(self, n: int, glob: tuple[int, ...], params: tuple[Any, ...]) -> None:
+    """Pull ``n`` landed: the stage's weights <- the global ones + its open accumulators (exactly the local
+    updates its versions count: anything else is a lost or extra update)."""
+    expect = versions_lib.open_updates(self._book)[self.j]
+    added = self.stage.rebase(params)
+    if added != expect:
+      raise ProtocolError(f"VW {self.vw} stage {self.j} added back {added} local updates at pull {n}; its "
+                          f"versions count {expect}")
+    self._book = versions_lib.rebase_stage(self._book, self.j, glob, self.vw, self.nm, added)
+    self._rebased = n
+    self.ctx.emit("t", ev="pull", vw=self.vw, glob=list(glob), stage=self.j)
+
+  # --- the loop --------------------------------------------------------------------------------------
+
+  def _allow(self, task: Task) -> bool:
+    """A forward of the next pull's gated minibatch or a later one waits for that pull."""
+    return task.kind != FWD or task.mb < (self._rebased + 3) * self.nm or self._rebased + 1 >= self.pulls
+
+  def _main(self) -> None:
+    def body() -> None:
+      self._start_streams()
+      self._actor.run()
+    run_thread(self.ctx, f"VW {self.vw} stage {self.j}", body)
+
+  def _step(self, items: list[tuple[str, Any, Any]]) -> bool:
+    """Takes what arrived, runs every task the schedule allows now; True once every task has run here."""
+    for item in items:
+      self._arrived(item)
+    while not self.left:
+      if self.j == 0:
+        self._inject()
+      task = schedule_lib.pick(self._state, self.j, self._allow)
+      if task is None:
+        return self._done == self.total
+      if task.kind == FWD:
+        self._forward(task)
+      else:
+        self._backward(task)
+        self._done += 1
+    return True  # its virtual worker left: what it still held is dropped, and the thread ends
+
+  def _inject(self) -> None:
+    """Stage 0: injects while the window and the schedule allow; a gated minibatch waits for its pull."""
+    ctx, nm = self.ctx, self.nm
+    while schedule_lib.can_inject(self._state, nm, self.total, ctx.schedule, self.window):
+      mb = self._state.next_mb
+      if wsp.is_gated(mb, nm) and self._rebased < mb // nm - 2:
+        n = mb // nm - 2
+        if self._requested < n:  # (its own last push went first: it completed before the window opened)
+          self._control("request", 2 * n + 1, n=n)
+          self._requested = n
+        return
+      self._state, _ = schedule_lib.inject(self._state, ctx.schedule)
+      ctx.emit("t", ev="inject", vw=self.vw, mb=mb)
+
+  def _control(self, op: str, seq: int, tail=(), **fields: int) -> None:
+    """Control message ``seq`` to the clock: the push of wave c is message 2c, the request of pull n 2n + 1."""
+    ctx = self.ctx
+    message = protocol.encode(protocol.CONTROL_OPS, op, control_width(ctx.num_units), tail, **fields)
+    deliver(ctx.node, ctx.mailbox, ctx.clock, protocol.tag("control", vw=self.vw, seq=seq),
+            [jax.device_put(message, ctx.node.device)], stream=f"c{self.vw}", hold=HOLD_PS)
+
+  def _event(self, task: Task, t0: float, busy: float, version: versions_lib.Version, **extra) -> None:
+    ctx = self.ctx
+    ctx.pad(task, t0)
+    self._state, completed = schedule_lib.release(self._state, task)
+    ctx.emit("t1", ev=task.kind, vw=self.vw, stage=self.j, mb=task.mb, t0=t0, own=version.own,
+             glob=list(version.glob), busy=busy, **extra)
+    if completed:
+      ctx.emit("t", ev="complete", vw=self.vw, mb=task.mb)
+
+  def _send(self, stage: int, kind: str, mb: int, arrays: list[Any]) -> None:
+    ctx = self.ctx
+    deliver(ctx.node, ctx.mailbox, ctx.owners[(self.vw, stage)],
+            protocol.tag("activation" if kind == "a" else "gradient", vw=self.vw, gen=0, stage=stage, mb=mb),
+            arrays, stream=f"{kind}{self.vw}.{stage}", hold=self.nm + 1)
+
+  def _forward(self, task: Task) -> None:
+    ctx, stage, mb = self.ctx, self.stage, task.mb
+    t0 = ctx.now()
+    self._state = schedule_lib.start(self._state, task)
+    self._book, version = versions_lib.forward(self._book, self.j, mb)
+    if self.j == 0:
+      x = jax.device_put(ctx.streams(self.vw, mb)[0], stage.device)
+    else:
+      x = jax.device_put(self._held.pop(("a", mb))[0], stage.device)
+    labels = jax.device_put(ctx.streams(self.vw, mb)[1], stage.device) if stage.is_last else None
+    out = jax.block_until_ready(stage.forward(mb, x, labels))
+    busy = ctx.now() - t0
+    if stage.is_last:
+      self._event(task, t0, busy, version, loss=float(out))
+      self._state = schedule_lib.arrive(self._state, Task(self.vw, self.j, BWD, mb), ctx.schedule)
+    else:
+      self._event(task, t0, busy, version)
+      self._send(self.j + 1, "a", mb, [out])
+
+  def _backward(self, task: Task) -> None:
+    ctx, stage, mb, j = self.ctx, self.stage, task.mb, self.j
+    t0 = ctx.now()
+    self._state = schedule_lib.start(self._state, task)
+    self._book, version = versions_lib.backward(self._book, j, mb, self.nm, ctx.weight_mode)
+    g = None
+    if not stage.is_last:
+      g, *flags = self._held.pop(("g", mb))
+      if flags:
+        self._flags[mb] = np.array(flags[0])
+      g = jax.device_put(g, stage.device)
+    gx = stage.backward(mb, g)
+    jax.block_until_ready((gx, stage.params))
+    self._event(task, t0, ctx.now() - t0, version)
+    extra = []
+    if wsp.is_wave_end(mb, self.nm):
+      extra = [self._close_wave(mb)]
+    if j > 0:
+      self._send(j - 1, "g", mb, [gx, *(jax.device_put(f, ctx.node.device) for f in extra)])
+    elif wsp.is_wave_end(mb, self.nm):
+      wave = wsp.wave_of(mb, self.nm)
+      self._control("push", 2 * wave, tail=extra[0], wave=wave)
+
+  def _close_wave(self, mb: int) -> np.ndarray:
+    """This stage's part of the wave is final: sends each owner its units' summed update; returns the
+    non-finite flag of every unit, the ones that came with the gradient and this stage's own."""
+    ctx, stage, wave = self.ctx, self.stage, wsp.wave_of(mb, self.nm)
+    self._book = versions_lib.close_stage_wave(self._book, self.j, wave, self.nm, self.vw)
+    update = stage.take_wave(wave)
+    flags = self._flags.pop(mb, np.zeros(ctx.num_units, np.int32))
+    flags[[stage.first + u for u in nonfinite_units(update)]] = 1
+    for owner, units in ctx.owner_units(stage.first, stage.last).items():
+      leaves = jax.tree.leaves(tuple(update[u - stage.first] for u in units))
+      deliver(ctx.node, ctx.mailbox, owner, protocol.tag("update", vw=self.vw, stage=self.j, wave=wave), leaves,
+              stream=f"u{self.vw}.{self.j}", hold=HOLD_PS)
+    return flags
