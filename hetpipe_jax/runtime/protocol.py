@@ -86,6 +86,7 @@ MESSAGES: dict[str, Message] = _table([
     Message("shard_state", "S{process}.{n}", "a process's shards", "process 0 (a checkpoint)"),
     Message("shard_restore", "R{process}.{n}", "process 0", "a process's shards (a resumed run)"),
     Message("weights", "w{process}.{n}", "a process's shards", "process 0 (a gather)"),
+    Message("flags", "f{vw}.{stage}.{wave}", "stage + 1 (a decentralised run)", "stage: the wave's non-finite flags"),
     Message("control", "c{vw}.{seq}", "stage 0 (a decentralised run)", "the clock"),
     Message("order", "o{process}.{seq}", "the clock", "a process's shards (a decentralised run)"),
     Message("grant", "n{vw}.{stage}.{n}", "the clock", "stage (a decentralised run: pull n's waves)"),

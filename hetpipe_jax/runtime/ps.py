@@ -93,6 +93,7 @@ class ParameterServer:
     self._cond = threading.Condition()
     self._apply = jax.jit(self._apply_fn, donate_argnums=(0, 1))  # in place: see the module docstring
     self._apply_checked = jax.jit(self._apply_checked_fn, donate_argnums=(0, 1))  # (its producer checked it)
+    self._copy = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))  # one dispatch for every leaf
 
   def _apply_fn(self, params, opt_state, updates):
     """(weights, optax state, whether each shard's update is finite): the new state if every shard's
@@ -142,7 +143,7 @@ class ParameterServer:
   def params(self) -> tuple[Any, ...]:
     """A copy of the global weights (later pushes do not change it)."""
     with self._cond:
-      return jax.tree.map(jnp.copy, self._state.params)
+      return self._copy(self._state.params)
 
   def push(self, vw: int, wave: int, updates: Mapping[int, Any], nonfinite: Sequence[int] | None = None
            ) -> wsp.ClockState:

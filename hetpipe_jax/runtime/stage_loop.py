@@ -73,7 +73,8 @@ class StageLoop:
     self._actor = Actor(ctx, self._step)
     self._done = 0  # backwards run here
     self._held: dict[tuple[str, int], list[Any]] = {}  # (kind, mb) -> an input that arrived, not used yet
-    self._flags: dict[int, np.ndarray] = {}  # wave-end minibatch -> flags that came with its gradient
+    self._own_flags: dict[int, np.ndarray] = {}  # wave -> this stage's units' non-finite flags, not passed on
+    self._later_flags: dict[int, np.ndarray] = {}  # wave -> the flags of the stages after this one
     self._state = schedule_lib.init(self.k, vw)
     self._book = versions_lib.init(self.k, ctx.layout.num_vws)
     self._rebased = -1  # the last pull applied
@@ -91,10 +92,11 @@ class StageLoop:
       stream(self._actor, f"a{vw}.{j}", mbs, lambda mb: expect(
           ctx.node, ctx.mailbox, prev, protocol.tag("activation", vw=vw, gen=0, stage=j, mb=mb), [self._inputs["a"]]))
     if j < self.k - 1:
-      nxt, flags = ctx.owners[(vw, j + 1)], [flags_spec(ctx.num_units)]
+      nxt = ctx.owners[(vw, j + 1)]
       stream(self._actor, f"g{vw}.{j}", mbs, lambda mb: expect(
-          ctx.node, ctx.mailbox, nxt, protocol.tag("gradient", vw=vw, gen=0, stage=j, mb=mb),
-          [self._inputs["g"], *(flags if wsp.is_wave_end(mb, self.nm) else [])]))
+          ctx.node, ctx.mailbox, nxt, protocol.tag("gradient", vw=vw, gen=0, stage=j, mb=mb), [self._inputs["g"]]))
+      stream(self._actor, f"f{vw}.{j}", range(ctx.waves), lambda wave: expect(
+          ctx.node, ctx.mailbox, nxt, protocol.tag("flags", vw=vw, stage=j, wave=wave), [flags_spec(ctx.num_units)]))
     if self.pulls:
       stream(self._actor, f"p{vw}.{j}", range(self.pulls), self._expect_pull)
 
@@ -133,6 +135,9 @@ class StageLoop:
         self.left = True
         return None
       return self._rebase(key, *value)
+    if kind == "f":
+      self._later_flags[key] = np.asarray(value[0])
+      return self._pass_flags(key)
     self._held[(kind, key)] = value
     self._state = schedule_lib.arrive(self._state, Task(self.vw, self.j, FWD if kind == "a" else BWD, key),
                                       self.ctx.schedule)
@@ -170,8 +175,8 @@ class StageLoop:
       if self.j == 0:
         self._inject()
       task = schedule_lib.pick(self._state, self.j, self._allow)
-      if task is None:
-        return self._done == self.total
+      if task is None:  # done once every task ran and every wave's flags went on
+        return self._done == self.total and not self._own_flags
       if task.kind == FWD:
         self._forward(task)
       else:
@@ -239,34 +244,40 @@ class StageLoop:
     t0 = ctx.now()
     self._state = schedule_lib.start(self._state, task)
     self._book, version = versions_lib.backward(self._book, j, mb, self.nm, ctx.weight_mode)
-    g = None
-    if not stage.is_last:
-      g, *flags = self._held.pop(("g", mb))
-      if flags:
-        self._flags[mb] = np.array(flags[0])
-      g = jax.device_put(g, stage.device)
+    g = None if stage.is_last else jax.device_put(self._held.pop(("g", mb))[0], stage.device)
     gx = stage.backward(mb, g)
     jax.block_until_ready((gx, stage.params))
     self._event(task, t0, ctx.now() - t0, version)
-    extra = []
-    if wsp.is_wave_end(mb, self.nm):
-      extra = [self._close_wave(mb)]
     if j > 0:
-      self._send(j - 1, "g", mb, [gx, *(jax.device_put(f, ctx.node.device) for f in extra)])
-    elif wsp.is_wave_end(mb, self.nm):
-      wave = wsp.wave_of(mb, self.nm)
-      self._control("push", 2 * wave, tail=extra[0], wave=wave)
+      self._send(j - 1, "g", mb, [gx])  # first: closing the wave is off the previous stage's path
+    if wsp.is_wave_end(mb, self.nm):
+      self._close_wave(wsp.wave_of(mb, self.nm))
 
-  def _close_wave(self, mb: int) -> np.ndarray:
-    """This stage's part of the wave is final: sends each owner its units' summed update; returns the
-    non-finite flag of every unit, the ones that came with the gradient and this stage's own."""
-    ctx, stage, wave = self.ctx, self.stage, wsp.wave_of(mb, self.nm)
+  def _close_wave(self, wave: int) -> None:
+    """This stage's part of the wave is final: sends each owner its units' summed update, and its units'
+    non-finite flags on (:meth:`_pass_flags`)."""
+    ctx, stage = self.ctx, self.stage
     self._book = versions_lib.close_stage_wave(self._book, self.j, wave, self.nm, self.vw)
     update = stage.take_wave(wave)
-    flags = self._flags.pop(mb, np.zeros(ctx.num_units, np.int32))
+    flags = np.zeros(ctx.num_units, np.int32)
     flags[[stage.first + u for u in nonfinite_units(update)]] = 1
     for owner, units in ctx.owner_units(stage.first, stage.last).items():
       leaves = jax.tree.leaves(tuple(update[u - stage.first] for u in units))
       deliver(ctx.node, ctx.mailbox, owner, protocol.tag("update", vw=self.vw, stage=self.j, wave=wave), leaves,
               stream=f"u{self.vw}.{self.j}", hold=HOLD_PS)
-    return flags
+    self._own_flags[wave] = flags
+    self._pass_flags(wave)
+
+  def _pass_flags(self, wave: int) -> None:
+    """Once this stage has closed ``wave`` and the flags of the stages after it came (the last stage has
+    none to wait for), sends the previous stage every unit's flag so far; stage 0 pushes the wave."""
+    if wave not in self._own_flags or (self.j < self.k - 1 and wave not in self._later_flags):
+      return
+    flags = self._own_flags.pop(wave) | self._later_flags.pop(wave, 0)
+    ctx = self.ctx
+    if self.j > 0:
+      deliver(ctx.node, ctx.mailbox, ctx.owners[(self.vw, self.j - 1)],
+              protocol.tag("flags", vw=self.vw, stage=self.j - 1, wave=wave),
+              [jax.device_put(flags, ctx.node.device)], stream=f"f{self.vw}.{self.j - 1}", hold=HOLD_PS)
+    else:
+      self._control("push", 2 * wave, tail=flags, wave=wave)
