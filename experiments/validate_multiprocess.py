@@ -7,8 +7,9 @@ through the transport) with every task padded to its emulated duration (``--time
 model). The configurations cover NP, ED and HD layouts, D = 0 and D > 0, 2 and 4 processes. The emulated
 GPUs are slow enough that a task lasts tens of milliseconds, so the schedule, the Nm window and the WSP
 gate set the pace, and what the prediction leaves out is the runtime's own overhead (each message's trip
-between processes, the clock's and the owners' work on a push and a pull). Links are fast in the cluster files (100 GB/s): loopback has no
-network to compare the contention model with. Every trace is checked against the WSP guarantees.
+between processes, the clock's and the owners' work on a push and a pull). Links are fast in the cluster
+files (100 GB/s): loopback has no network to compare the contention model with. Every trace is checked
+against the WSP guarantees.
 
 Writes a CSV, a JSON and a PNG (measured vs. predicted images/s) and prints their paths; the last line is
 ``worst_error=<fraction>`` (goal: <= 0.10)::
