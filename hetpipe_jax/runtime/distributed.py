@@ -18,7 +18,9 @@ This is the one module that touches JAX's experimental and private distributed A
   from (sender, receiver, tag: a hash), and :meth:`Node.recv_direct`, which knows the arrays' shapes and
   dtypes, pulls it; a pull may come before its offer (the transfer server pairs them). No key-value
   operation: what stages send each other on every task. The sender holds its newest offers per stream, as
-  many as the caller says can be in flight.
+  many as the caller says can be in flight. :meth:`Node.post_direct` asks for a direct message ahead, without
+  waiting (a pull returns at once; its arrays are ready when the data lands), and :meth:`Node.wait_direct`
+  waits for it: a decentralised run's input streams.
 
 Measured on this 2-core machine (BUILD_NOTES.md, "Multi-process transport"): 0.70-0.75 GB/s for 1-100 MB
 pulls on loopback (a local ``device_put`` between two CPU devices: 1.5-1.7 GB/s), ~0.19 ms to pull a tiny
@@ -201,24 +203,20 @@ class Node:
       held.append(arrays)
 
   def recv_direct(self, src: int, tag: str, specs: Sequence[tuple[tuple[int, ...], Any]],
-                  timeout_s: float | None) -> list[jax.Array]:
+                  timeout_s: float) -> list[jax.Array]:
     """Message ``tag`` from process ``src`` (:meth:`send_direct`), arrays of ``specs`` ((shape, dtype)
-    each), pulled onto this process's device; the pull waits for the offer. With ``timeout_s`` None the
-    calling thread pulls itself and waits for as long as it takes (a thread that does nothing else: a
-    decentralised run's input streams).
+    each), pulled onto this process's device; the pull waits for the offer.
 
     Raises:
       TimeoutError: when it does not arrive within ``timeout_s``.
-      PeerGone: when ``src`` is declared gone first (a recoverable job), or its transfer server went away.
+      PeerGone: when ``src`` is declared gone first (a recoverable job).
     """
-    if timeout_s is None:
-      return self.wait_direct(src, tag, self.post_direct(src, tag, specs))
     sharding = jax.sharding.SingleDeviceSharding(self.device)
     shapes = [jax.ShapeDtypeStruct(tuple(shape), jnp.dtype(dtype), sharding=sharding) for shape, dtype in specs]
     connection = self._connection(src, timeout_s)
     uid = _direct_id(src, self.process, tag)
-    pull = lambda: jax.block_until_ready(connection.pull(uid, shapes))
-    return list(self._pull_unless_gone(src, tag, pull, timeout_s))
+    return list(self._pull_unless_gone(src, tag, lambda: jax.block_until_ready(connection.pull(uid, shapes)),
+                                       timeout_s))
 
   def post_direct(self, src: int, tag: str, specs: Sequence[tuple[tuple[int, ...], Any]]) -> list[jax.Array]:
     """Asks for direct message ``tag`` from process ``src`` now, without waiting: the arrays come back at once

@@ -76,16 +76,15 @@ def deliver(node: Node, mailbox: Mailbox, dst: int, tag: str, arrays: list[Any],
     node.send(dst, tag, arrays)
 
 
-def collect(node: Node, mailbox: Mailbox, src: int, tag: str, specs: Sequence[tuple[Any, Any]] | None = None,
-            timeout_s: float | None = TIMEOUT_S) -> list[Any]:
+def collect(node: Node, mailbox: Mailbox, src: int, tag: str, specs: Sequence[tuple[Any, Any]] | None = None
+            ) -> list[Any]:
   """The arrays process ``src`` delivered under ``tag``; ``specs`` ((shape, dtype) each) for what was sent
-  without a notice. ``timeout_s`` None: wait as long as it takes (a thread that does nothing else), giving
-  up only when the job cannot go on."""
+  without a notice."""
   if src == node.process:
-    return mailbox.take(tag, IDLE_S if timeout_s is None else timeout_s, node)
+    return mailbox.take(tag, TIMEOUT_S, node)
   if specs is not None:
-    return node.recv_direct(src, tag, specs, timeout_s)
-  return node.recv(src, tag, TIMEOUT_S if timeout_s is None else timeout_s)
+    return node.recv_direct(src, tag, specs, TIMEOUT_S)
+  return node.recv(src, tag, TIMEOUT_S)
 
 
 def expect(node: Node, mailbox: Mailbox, src: int, tag: str, specs: Sequence[tuple[Any, Any]]
