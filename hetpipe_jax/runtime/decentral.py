@@ -77,6 +77,7 @@ class Context:
   trace: Trace
   t_start: float = 0.0
   stopped: list[str] = dataclasses.field(default_factory=list)  # why threads ended early
+  inputs: list[threading.Thread] = dataclasses.field(default_factory=list)  # the input streams' threads
   _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
   @property
@@ -217,7 +218,9 @@ def stream(actor: Actor, name: str, keys: Iterable[Any], expect: Callable[[Any],
     except BaseException as e:  # pylint: disable=broad-except  # raised by the actor's run()
       actor.fail(e)
 
-  threading.Thread(target=loop, name=name, daemon=True).start()
+  thread = threading.Thread(target=loop, name=name, daemon=True)
+  actor.ctx.inputs.append(thread)
+  thread.start()
 
 
 def run_thread(ctx: Context, what: str, body: Callable[[], None]) -> None:

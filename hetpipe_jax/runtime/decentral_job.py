@@ -160,11 +160,16 @@ class DecentralJob:
     return outcome
 
   def _close(self) -> None:
+    """Closes; a process other than 0 with a thread still waiting inside the transport (a VW left: what it
+    waits for will not come) ends at once; process 0, after every other, gives such threads 2 s for their
+    waits to fail with their senders gone."""
     self.node.close()
-    if self._left_behind and self.node.process != 0:
+    waiting = [t for t in self._left_behind + self.ctx.inputs if t.is_alive()]
+    if waiting and self.node.process != 0:
       self._exit()
-    for thread in self._left_behind:  # (process 0) their senders are gone: their waits fail, the threads end
-      thread.join(2.0)
+    deadline = time.monotonic() + 2.0
+    for thread in waiting:
+      thread.join(max(deadline - time.monotonic(), 0.0))
 
   def _exit(self) -> NoReturn:
     sys.stdout.flush()
