@@ -150,3 +150,16 @@ def test_a_decentralised_run_stops_in_one_line_without_a_shard_owner(tmp_path):
   errors = [line for line in proc.stderr.splitlines() if line.startswith("error")]
   assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
   assert "process 2 is gone, and with it the PS shards of units" in errors[0]
+
+
+def test_a_decentralised_virtual_worker_across_a_lost_process_leaves(tmp_path):
+  """HD with the shards on nodes 0 and 2: VW 0 has stages on processes 0 and 3. Process 3 is SIGKILLed
+  mid-run: VW 0 leaves (its stages on process 0 end), VW 1 pushes every wave, and the trace passes."""
+  proc, _ = _kill_when_written(tmp_path, 3, 60, "--policy=HD", "--placement=local", "--d=1", "--waves=20")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  events = read_trace(str(tmp_path / "trace.jsonl"))
+  assert_trace_ok(events)
+  (leave,) = [e for e in events if e["ev"] == "leave"]
+  assert leave["vw"] == 0 and "process 3 is gone" in leave["reason"], leave
+  counts = pushes(events)
+  assert counts[1] == 20 and counts[0] == leave["pushed"] < 20, counts

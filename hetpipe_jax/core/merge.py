@@ -7,11 +7,14 @@ after the events it causally follows (its *causal keys*), which the merge reads 
 =================================  ===========================================================
 event                              comes after
 =================================  ===========================================================
-``fwd`` of minibatch p at stage j  the ``fwd`` of p at stage j - 1 (its input)
-``bwd`` of p at stage j < k - 1    the ``bwd`` of p at stage j + 1 (its gradient)
+``fwd`` of minibatch p at stage j  the ``fwd`` of p at stage j - 1 (its input; at stage 0 its ``inject``)
+``bwd`` of p at stage j            the ``bwd`` of p at stage j + 1 (its gradient; at the last stage its
+                                   ``fwd``)
+``complete`` of p                  the ``bwd`` of p at stage 0
 ``push`` of wave c of VW i         ``complete`` of VW i's minibatch (c + 1) * Nm
 ``pull`` holding waves glob        the ``push`` of wave glob[v] - 1 of every VW v
-                                   (the snapshot holds exactly those waves)
+                                   (the snapshot holds exactly those waves), and the
+                                   ``leave`` of every VW it names in ``left``
 =================================  ===========================================================
 
 A virtual worker that left (the clock's ``leave`` line) may leave events that cannot be placed (what they
@@ -46,24 +49,29 @@ def provides(ev: dict[str, Any]) -> Key | None:
   kind = ev["ev"]
   if kind in ("fwd", "bwd"):
     return (kind, ev["vw"], ev["stage"], ev["mb"])
-  if kind == "complete":
-    return ("complete", ev["vw"], ev["mb"])
+  if kind in ("complete", "inject"):
+    return (kind, ev["vw"], ev["mb"])
   if kind == "push":
     return ("push", ev["vw"], ev["wave"])
+  if kind == "leave":
+    return ("leave", ev["vw"])
   return None
 
 
 def requires(ev: dict[str, Any], nm: Sequence[int], stages: Sequence[int]) -> list[Key]:
   """The causal keys that must come before ``ev`` in the merged trace (see the module docstring)."""
   kind = ev["ev"]
-  if kind == "fwd" and ev["stage"] > 0:
-    return [("fwd", ev["vw"], ev["stage"] - 1, ev["mb"])]
-  if kind == "bwd" and ev["stage"] < stages[ev["vw"]] - 1:
-    return [("bwd", ev["vw"], ev["stage"] + 1, ev["mb"])]
+  if kind == "fwd":
+    return [("fwd", ev["vw"], ev["stage"] - 1, ev["mb"]) if ev["stage"] > 0 else ("inject", ev["vw"], ev["mb"])]
+  if kind == "bwd":
+    last = ev["stage"] == stages[ev["vw"]] - 1
+    return [("fwd" if last else "bwd", ev["vw"], ev["stage"] + (0 if last else 1), ev["mb"])]
+  if kind == "complete":  # (in the same part; written out so that leaving out an event leaves out what follows it)
+    return [("bwd", ev["vw"], 0, ev["mb"])]
   if kind == "push":
     return [("complete", ev["vw"], (ev["wave"] + 1) * nm[ev["vw"]])]
-  if kind == "pull":
-    return [("push", v, g - 1) for v, g in enumerate(ev["glob"]) if g > 0]
+  if kind == "pull":  # (and the leaves that had opened its gate)
+    return [("push", v, g - 1) for v, g in enumerate(ev["glob"]) if g > 0] + [("leave", v) for v in ev.get("left", ())]
   return []
 
 

@@ -145,7 +145,7 @@ class ClockService:
     self._pending.pop(vw, None)
     ctx.emit("t", ev="leave", vw=vw, pushed=self._clock.c_local[vw], reason=reason)
     ctx.node.put(LEFT_KEY.format(vw=vw), reason)
-    left = jax.device_put(np.full(self.n, -1, np.int32), ctx.node.device)
+    left = jax.device_put(np.full(2 * self.n, -1, np.int32), ctx.node.device)
     for j in range(ctx.layout.vws[vw].k):
       if ctx.owners[(vw, j)] not in self._gone:
         deliver(ctx.node, ctx.mailbox, ctx.owners[(vw, j)], protocol.tag("grant", vw=vw, stage=j,
@@ -195,7 +195,8 @@ class ClockService:
     if closed:
       ctx.emit("t1", ev="wait", vw=vw, t0=asked)
     self._order("serve", vw=vw, n=n)
-    glob = jax.device_put(np.array(self._clock.c_local, np.int32), ctx.node.device)
+    left = [int(v in self._left) for v in range(self.n)]  # (the leaves that may have opened the gate)
+    glob = jax.device_put(np.array([*self._clock.c_local, *left], np.int32), ctx.node.device)
     for j in range(ctx.layout.vws[vw].k):
       deliver(ctx.node, ctx.mailbox, ctx.owners[(vw, j)], protocol.tag("grant", vw=vw, stage=j, n=n), [glob],
               stream=f"n{vw}.{j}", hold=HOLD_PS)

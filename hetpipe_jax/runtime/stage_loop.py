@@ -100,24 +100,27 @@ class StageLoop:
     if self.pulls:
       stream(self._actor, f"p{vw}.{j}", range(self.pulls), self._expect_pull)
 
-  def _expect_pull(self, n: int) -> Callable[[], tuple[tuple[int, ...], tuple[Any, ...]] | None]:
-    """Asks for pull ``n`` (the waves its snapshot holds, from the clock, and this stage's units' global
-    weights, from their owners, all at once); returns what waits for it."""
+  def _expect_pull(self, n: int) -> Callable[[], tuple[tuple[int, ...], tuple[int, ...], tuple[Any, ...]] | None]:
+    """Asks for pull ``n`` (from the clock: the waves its snapshot holds and the virtual workers that had
+    left; from the owners: this stage's units' global weights; all at once); returns what waits for it."""
     ctx, vw, j = self.ctx, self.vw, self.j
     grant = expect(ctx.node, ctx.mailbox, ctx.clock, protocol.tag("grant", vw=vw, stage=j, n=n),
-                   [((ctx.layout.num_vws,), np.int32)])
+                   [((2 * ctx.layout.num_vws,), np.int32)])
     parts = [(units, expect(ctx.node, ctx.mailbox, owner, protocol.tag("pull", vw=vw, stage=j, n=n),
                             ctx.leaf_specs(units)))
              for owner, units in ctx.owner_units(self.stage.first, self.stage.last).items()]
 
-    def wait() -> tuple[tuple[int, ...], tuple[Any, ...]] | None:
-      (glob,) = grant()
-      if int(np.asarray(glob)[0]) < 0:
+    def wait() -> tuple[tuple[int, ...], tuple[int, ...], tuple[Any, ...]] | None:
+      (granted,) = grant()
+      granted = [int(g) for g in np.asarray(granted)]
+      if granted[0] < 0:
         return None  # the virtual worker left (no weights will come)
+      n_vws = ctx.layout.num_vws
+      left = tuple(v for v in range(n_vws) if granted[n_vws + v])
       params: dict[int, Any] = {}
       for units, leaves in parts:
         params.update(zip(units, unflatten_units([self._treedefs[u - self.stage.first] for u in units], leaves())))
-      return tuple(int(g) for g in np.asarray(glob)), tuple(params[u] for u in sorted(params))
+      return tuple(granted[:n_vws]), left, tuple(params[u] for u in sorted(params))
 
     return wait
 
@@ -143,7 +146,7 @@ class StageLoop:
                                       self.ctx.schedule)
     return None
 
-  def _rebase(self, n: int, glob: tuple[int, ...], params: tuple[Any, ...]) -> None:
+  def _rebase(self, n: int, glob: tuple[int, ...], left: tuple[int, ...], params: tuple[Any, ...]) -> None:
     """Pull ``n`` landed: the stage's weights <- the global ones + its open accumulators (exactly the local
     updates its versions count: anything else is a lost or extra update)."""
     expect = versions_lib.open_updates(self._book)[self.j]
@@ -153,7 +156,7 @@ class StageLoop:
                           f"versions count {expect}")
     self._book = versions_lib.rebase_stage(self._book, self.j, glob, self.vw, self.nm, added)
     self._rebased = n
-    self.ctx.emit("t", ev="pull", vw=self.vw, glob=list(glob), stage=self.j)
+    self.ctx.emit("t", ev="pull", vw=self.vw, glob=list(glob), stage=self.j, **({"left": list(left)} if left else {}))
 
   # --- the loop --------------------------------------------------------------------------------------
 
