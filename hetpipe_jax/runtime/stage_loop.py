@@ -14,10 +14,14 @@ waits for that pull.
 Stage 0 also injects: while the Nm window (and the schedule) allow, it draws the next minibatch, and before
 a gated one it asks the clock for the pull (``request``) and waits for it to land. When it completes a
 wave's last minibatch it tells the clock the wave is pushed (``push``), with the non-finite flag of every
-unit: each stage adds its own to the flags that came up with the wave's last gradient.
+unit: each stage, once it has closed the wave, adds its own to the flags from the stages after it and sends
+them on (``flags``; the wave's last gradient goes first).
 
-Inputs arrive on threads of their own, one per stream (activations from the previous stage, gradients
-from the next, pulls from the clock and the owners), each asking for its next messages ahead and offering
+A process that is gone ends the stage: its virtual worker leaves (the clock says so to the stages still
+running, with a grant of no waves), or, if the process held PS shards or the clock, the job stops.
+
+Inputs arrive on threads of their own, one per stream (activations from the previous stage, gradients and
+flags from the next, pulls from the clock and the owners), each asking for its next messages ahead and offering
 each to the stage as it lands (:class:`~hetpipe_jax.runtime.decentral.Actor`): the thread that brings an
 input runs the tasks it allows, unless another thread is running the stage's tasks already, in which case
 that one takes it up next. No thread wakes another between a message's arrival and the task it allows.
