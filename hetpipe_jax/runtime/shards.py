@@ -33,6 +33,17 @@ from hetpipe_jax.runtime.mailbox import (
 from hetpipe_jax.runtime.ps import ParameterServer
 
 
+def stage_units(cuts: Sequence[int], units: Sequence[int]) -> list[tuple[int, list[int]]]:
+  """(stage, its units among ``units``) for every stage of a virtual worker cut at ``cuts`` that holds any
+  (what an owner of ``units`` exchanges with each stage)."""
+  out = []
+  for j in range(len(cuts) - 1):
+    mine = [u for u in range(cuts[j], cuts[j + 1]) if u in units]
+    if mine:
+      out.append((j, mine))
+  return out
+
+
 class ShardWorker:
   """The PS shards this process owns: their global weights and optax state, applied and served in the
   order the controller posts (channel ``ps<process>``).
@@ -72,13 +83,7 @@ class ShardWorker:
                                    args=(node, f"ps{me}", handle, f"PS shards of process {me}"))
 
   def _stage_units(self, vw: int) -> list[tuple[int, list[int]]]:
-    """(stage, its units that live here) for every stage of ``vw`` that holds any."""
-    cuts, out = self._cuts[vw], []
-    for j in range(len(cuts) - 1):
-      units = [u for u in range(cuts[j], cuts[j + 1]) if u in self.units]
-      if units:
-        out.append((j, units))
-    return out
+    return stage_units(self._cuts[vw], self.units)
 
   def _apply(self, cmd: dict) -> None:
     """Applies wave ``cmd["wave"]`` of VW ``cmd["vw"]``, received from its stages; with ``drop`` (a unit
@@ -236,13 +241,7 @@ class ShardFollower:
     run_thread(self.ctx, f"the PS shards of process {self.ctx.node.process}", self._run)
 
   def _stage_units(self, vw: int) -> list[tuple[int, list[int]]]:
-    """(stage, its units that live here) for every stage of ``vw`` that holds any."""
-    cuts, out = self.ctx.layout.cuts[vw], []
-    for j in range(len(cuts) - 1):
-      units = [u for u in range(cuts[j], cuts[j + 1]) if u in self.units]
-      if units:
-        out.append((j, units))
-    return out
+    return stage_units(self.ctx.layout.cuts[vw], self.units)
 
   def _expect_update(self, vw: int, j: int, units: list[int], wave: int) -> None:
     ctx = self.ctx
