@@ -487,3 +487,42 @@ def test_format_event_without_a_time():
   t = pipeline_trace()
   t.append({"ev": "wait", "vw": 1})
   expect(t, {"format": [(len(t), "wait event has no time (t, or t0 and t1)")]})
+
+
+# --- applied -------------------------------------------------------------------------------------------
+
+def applied(vw, owner, units, waves, t):
+  return dict(ev="applied", vw=vw, owner=owner, units=list(units), waves=waves, t=t)
+
+
+def with_copies(t, counts=((3, 3), (3, 3))):
+  """The pipeline trace with a decentralised run's last lines: two copies (processes 0 and 1), each of both
+  units, saying how many waves of each VW they applied (``counts[copy][vw]``)."""
+  end = t[-1].get("t1", t[-1].get("t", 0.0)) + 1.0
+  return t + [applied(vw, owner, range(SHARDS), waves, end) for owner, row in enumerate(counts)
+              for vw, waves in enumerate(row)]
+
+
+def test_applied_copies_that_applied_every_pushed_wave_pass():
+  assert check_trace(with_copies(pipeline_trace())) == []
+
+
+def test_applied_a_copy_that_missed_or_repeated_a_wave():
+  t = with_copies(pipeline_trace(), counts=((3, 3), (3, 2)))
+  expect(t, {"applied": [(len(t), f"line {len(t)}: the copy of units [0, 1] in process 1 applied 2 waves of VW 1, "
+                                   "which pushed 3")]})
+  t = with_copies(pipeline_trace(), counts=((4, 3), (3, 3)))
+  expect(t, {"applied": [(len(t), f"line {len(t) - 3}: the copy of units [0, 1] in process 0 applied 4 waves")]})
+  t = with_copies(pipeline_trace())
+  move(t, dict(ev="applied", vw=1, owner=1), dict(ev="push", vw=1, wave=2))  # placed before the last push
+  moved = t[find(t, ev="applied", vw=1, owner=1)]
+  moved["waves"], moved["t"] = 2, t[find(t, ev="push", vw=1, wave=2)]["t"]  # (right there, wrong at the end)
+  expect(t, {"applied": [(len(t), "in process 1 applied 2 waves of VW 1, which pushed 3")]})
+
+
+def test_applied_a_unit_no_copy_reports():
+  t = with_copies(pipeline_trace())
+  for e in t[-4:]:
+    e["units"] = [0]
+  expect(t, {"applied": [(len(t), "no copy of the PS shards of units [1] says what it applied of VW 0"),
+                         (len(t), "no copy of the PS shards of units [1] says what it applied of VW 1")]})

@@ -144,3 +144,21 @@ def test_a_pull_that_a_leave_opened_is_placed_after_it():
   early = [e for e in events if e["ev"] != "leave"]
   early.insert(max(opened), events[leave])  # the leave after the last pull it opened
   assert "gate" in _rules(early)
+
+
+def test_what_the_copies_applied_comes_after_the_pushes_it_counts():
+  """An ``applied`` line (process 0 writes them last) goes after the push of the last wave it counts, also
+  for a VW that left (what its copies applied of it still counts); the checker then holds it to the pushes."""
+  meta, parts = _loss_run()
+  pushed = {vw: sum(1 for part in parts[:3] for e in part if e["ev"] == "push" and e["vw"] == vw) for vw in (0, 1)}
+  lines = [dict(ev="applied", vw=vw, owner=0, units=list(range(meta["shards"])), waves=waves, t=-1.0, process=9)
+           for vw, waves in pushed.items()]  # (first in a part of their own, at a time before everything)
+  events, unplaced, _ = merge(meta, [lines, *parts[:3]])
+  assert unplaced == 0 and check_trace(events) == []
+  last_push = max(i for i, e in enumerate(events) if e["ev"] == "push")
+  assert [e["vw"] for e in events[last_push:] if e["ev"] == "applied"] == [0, 1] or \
+      min(i for i, e in enumerate(events) if e["ev"] == "applied" and e["vw"] == 1) > last_push
+  assert provides(lines[0]) is None and requires(lines[1], meta["nm"], meta["stages"]) == [("push", 1, pushed[1] - 1)]
+  lines[1]["waves"] -= 1
+  events, _, _ = merge(meta, [lines, *parts[:3]])
+  assert "applied" in _rules(events)

@@ -99,10 +99,13 @@ def test_a_killed_job_resumes_from_its_checkpoint(tmp_path):
   assert set(tasks.values()) == {1}  # rolled back to the checkpoint: no task twice
 
 
-def _kill_when_written(tmp_path, victim: int, lines: int, *flags: str) -> tuple[subprocess.CompletedProcess, int]:
-  """Starts a job, SIGKILLs process ``victim`` once its trace part holds ``lines`` events (mid-run, at a
-  moment the run decides), and waits for the job; returns its outcome and the events the part held."""
-  part = tmp_path / f"trace.jsonl.part{victim}"
+def _kill_when_written(tmp_path, victim: int | tuple[int, ...], lines: int, *flags: str
+                       ) -> tuple[subprocess.CompletedProcess, int]:
+  """Starts a job, SIGKILLs process ``victim`` (each of several, one after another) once the first one's
+  trace part holds ``lines`` events (mid-run, at a moment the run decides), and waits for the job; returns its
+  outcome and the events the part held."""
+  victims = (victim,) if isinstance(victim, int) else victim
+  part = tmp_path / f"trace.jsonl.part{victims[0]}"
   job = subprocess.Popen([sys.executable, "-m", "experiments.train", *FLAGS, f"--out_dir={tmp_path}", *flags],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=ROOT)
   try:
@@ -112,15 +115,27 @@ def _kill_when_written(tmp_path, victim: int, lines: int, *flags: str) -> tuple[
         break
       time.sleep(0.05)
     written = len(part.read_text().splitlines())
-    pids = subprocess.run(["pgrep", "-f", "--", f"--out_dir={tmp_path} .*--process_id={victim}"],
-                          capture_output=True, text=True).stdout.split()
-    assert pids and job.poll() is None, "the job ended before it could be killed"
-    os.kill(int(pids[0]), signal.SIGKILL)
+    for v in victims:
+      pids = subprocess.run(["pgrep", "-f", "--", f"--out_dir={tmp_path} .*--process_id={v}"],
+                            capture_output=True, text=True).stdout.split()
+      assert pids and job.poll() is None, "the job ended before it could be killed"
+      os.kill(int(pids[0]), signal.SIGKILL)
     out, err = job.communicate(timeout=240)
   finally:
     job.kill()
     job.wait(timeout=30)
   return subprocess.CompletedProcess(job.args, job.returncode, out, err), written
+
+
+def applied_exactly_once(events) -> dict[int, set[int]]:
+  """Asserts that every live copy of the PS shards applied every pushed wave of every VW once (its
+  ``applied`` lines equal the pushes, and each wave was pushed once); returns each copy's units."""
+  waves = [(e["vw"], e["wave"]) for e in events if e["ev"] == "push"]
+  assert len(waves) == len(set(waves))  # each pushed wave once
+  counts = pushes(events)
+  lines = [e for e in events if e["ev"] == "applied"]
+  assert lines and all(e["waves"] == counts[e["vw"]] for e in lines), (counts, lines)
+  return {e["owner"]: set(e["units"]) for e in lines}
 
 
 def test_a_decentralised_run_goes_on_without_a_killed_process(tmp_path):
@@ -144,12 +159,43 @@ def test_a_decentralised_run_goes_on_without_a_killed_process(tmp_path):
   assert all(e.get("history") == "lost" for e in events if e["ev"] == "push" and e["vw"] == 2)
 
 
-def test_a_decentralised_run_stops_in_one_line_without_a_shard_owner(tmp_path):
+@pytest.mark.parametrize("victim, lines", [(1, 40), (2, 100), (3, 70)])
+def test_a_decentralised_run_goes_on_without_a_shard_owner(tmp_path, victim, lines):
+  """NP with the PS shards spread over the nodes, each with a backup in the next process: the process of
+  VW ``victim``, which holds primary shards and backs up another's, is SIGKILLed mid-run (the kill points
+  differ: before, around and after the wave updates in flight). VW ``victim`` leaves, the backups serve its
+  primaries, the others push every wave, and every live copy applied every pushed wave exactly once: the
+  waves the clock counted (those every copy held) and no other."""
+  proc, _ = _kill_when_written(tmp_path, victim, lines, "--policy=NP", "--d=1", "--waves=30")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  events = read_trace(str(tmp_path / "trace.jsonl"))
+  assert_trace_ok(events)  # (its "applied" rule: every copy's count equals the pushes)
+  (leave,) = [e for e in events if e["ev"] == "leave"]
+  assert leave["vw"] == victim and f"process {victim} is gone" in leave["reason"], leave
+  counts = pushes(events)
+  assert all(counts[i] == 30 for i in range(4) if i != victim) and counts[victim] == leave["pushed"] < 30, counts
+  copies = applied_exactly_once(events)
+  assert victim not in copies and set().union(*copies.values()) == set(range(4)), copies  # every unit, elsewhere
+  primaries = set(range(4)) - {u for e in events if e["ev"] == "applied" for u in e["primary"]}
+  assert primaries and primaries <= copies[(victim + 1) % 4], copies  # the victim's, kept by its backup
+
+
+def test_a_decentralised_run_stops_in_one_line_without_both_copies_of_a_shard(tmp_path):
+  """Processes 1 and 2 (unit 0's primary and its backup) are SIGKILLed: the job stops in one line."""
+  proc, _ = _kill_when_written(tmp_path, (1, 2), 40, "--policy=NP", "--d=1", "--waves=30")
+  assert proc.returncode == 1
+  errors = [line for line in proc.stderr.splitlines() if line.startswith("error")]
+  assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+  assert "every copy of the PS shards of units" in errors[0], errors[0]
+
+
+def test_a_decentralised_run_stops_in_one_line_without_a_virtual_worker(tmp_path):
+  """ED: every VW has a stage on every node, so losing process 2 leaves none to go on."""
   proc, _ = _kill_when_written(tmp_path, 2, 40, "--policy=ED", "--d=1", "--waves=30")
   assert proc.returncode == 1
   errors = [line for line in proc.stderr.splitlines() if line.startswith("error")]
   assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-  assert "process 2 is gone, and with it the PS shards of units" in errors[0]
+  assert "process 2 is gone, and every virtual worker had left or had a stage there" in errors[0], errors[0]
 
 
 def test_a_decentralised_virtual_worker_across_a_lost_process_leaves(tmp_path):

@@ -103,14 +103,17 @@ def test_the_documented_control_messages_are_the_tables():
 
 
 def test_a_control_message_is_built_from_its_table_and_read_back():
-  message = protocol.encode(protocol.CONTROL_OPS, "push", 6, [0, 1, 0], wave=3)
+  message = protocol.encode(protocol.CONTROL_OPS, "have", 6, [0, 1, 0], wave=3)
   assert message.tolist() == [0, 3, 0, 1, 0, 0] and str(message.dtype) == "int32"
-  assert protocol.decode(protocol.CONTROL_OPS, message) == ("push", {"wave": 3}, [0, 1, 0, 0])
-  order = protocol.encode(protocol.ORDER_OPS, "apply", protocol.ORDER_WIDTH, vw=1, wave=2, drop=1)
-  assert protocol.decode(protocol.ORDER_OPS, order) == ("apply", {"vw": 1, "wave": 2, "drop": 1}, [])
-  with pytest.raises(ProtocolError, match="unknown control message 'pull'; the table has push, request"):
+  assert protocol.decode(protocol.CONTROL_OPS, message) == ("have", {"wave": 3}, [0, 1, 0, 0])
+  width = protocol.order_width(2)  # a serve carries the snapshot: 2 clocks, 2 left flags
+  order = protocol.encode(protocol.ORDER_OPS, "serve", width, [4, 3, 0, 1], vw=1, n=2)
+  assert protocol.decode(protocol.ORDER_OPS, order) == ("serve", {"vw": 1, "n": 2}, [4, 3, 0, 1, 0])
+  lost = protocol.encode(protocol.ORDER_OPS, "lost", width, process=3)
+  assert protocol.decode(protocol.ORDER_OPS, lost)[:2] == ("lost", {"process": 3})
+  with pytest.raises(ProtocolError, match="unknown control message 'pull'; the table has have, request"):
     protocol.encode(protocol.CONTROL_OPS, "pull", 4, n=1)
   with pytest.raises(ProtocolError, match=r"control message 'serve' takes fields \['vw', 'n'\], got \['n'\]"):
-    protocol.encode(protocol.ORDER_OPS, "serve", protocol.ORDER_WIDTH, n=1)
-  with pytest.raises(ProtocolError, match="control message 'push' needs 5 entries; the message holds 4"):
-    protocol.encode(protocol.CONTROL_OPS, "push", 4, [1, 1, 1], wave=0)
+    protocol.encode(protocol.ORDER_OPS, "serve", width, n=1)
+  with pytest.raises(ProtocolError, match="control message 'have' needs 5 entries; the message holds 4"):
+    protocol.encode(protocol.CONTROL_OPS, "have", 4, [1, 1, 1], wave=0)

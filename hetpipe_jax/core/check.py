@@ -22,6 +22,8 @@ member      a VW that left runs nothing until it joins; it joins at the global c
             VWs and pulls first (the rules above then hold over the live VWs; a VW that left
             counts with at most the waves it pushed)
 end         every injected minibatch completed and every finished wave pushed (live VWs)
+applied     where copies of the PS shards report what they applied (a multi-process run's ``applied``
+            lines), each applied exactly the waves pushed, and every unit has such a copy
 ==========  ===================================================================================
 
 CLI: ``python -m hetpipe_jax.check TRACE`` prints the violations (exit 1) or "OK" and the observed
@@ -74,6 +76,7 @@ class _Checker:
     self.device_free_at: dict[tuple, float] = {}
     self.t: dict[int | None, float] = {}  # the latest time on each process's clock (None: one process)
     self.joining: set[int] = set()  # joined, not pulled yet
+    self.applied_lines: list[tuple[int, int, int, list[int], int]] = []  # (line, vw, owner, units, waves)
 
   def fail(self, rule: str, message: str) -> None:
     self.violations.append(Violation(self.line, rule, message))
@@ -258,6 +261,11 @@ class _Checker:
   def _on_wait(self, ev) -> None:
     pass  # times are checked for every event
 
+  def _on_applied(self, ev) -> None:
+    """A copy of PS shards (process ``owner``, holding ``units``) says how many waves of the VW it applied by
+    the end of the run (a multi-process run's last lines): checked against the trace's pushes at its end."""
+    self.applied_lines.append((self.line, ev["vw"], ev["owner"], list(ev["units"]), ev["waves"]))
+
   # --- membership ------------------------------------------------------------------------------------
 
   def _on_leave(self, ev) -> None:
@@ -289,6 +297,16 @@ class _Checker:
     self.joining.add(i)  # its first event must be its pull
 
   def finish(self) -> None:
+    covered: list[set[int]] = [set() for _ in range(self.n)]
+    for line, i, owner, units, waves in self.applied_lines:
+      covered[i].update(units)
+      if waves != self.clock.c_local[i]:
+        self.fail("applied", f"line {line}: the copy of units {units} in process {owner} applied {waves} waves of "
+                  f"VW {i}, which pushed {self.clock.c_local[i]}")
+    if self.applied_lines and self.shards is not None:
+      for i, units in enumerate(covered):
+        if missing := sorted(set(range(self.shards)) - units):
+          self.fail("applied", f"no copy of the PS shards of units {missing} says what it applied of VW {i}")
     for i in range(self.n):
       if i in self.clock.left:
         continue  # it left: its unfinished work was dropped (the leave event says how much)

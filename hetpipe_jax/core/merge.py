@@ -15,6 +15,8 @@ event                              comes after
 ``pull`` holding waves glob        the ``push`` of wave glob[v] - 1 of every VW v
                                    (the snapshot holds exactly those waves), and the
                                    ``leave`` of every VW it names in ``left``
+``applied``: c waves of VW i       the ``push`` of VW i's wave c - 1 (a copy of PS shards applied
+                                   them all)
 =================================  ===========================================================
 
 A virtual worker that left (the clock's ``leave`` line) may leave events that cannot be placed (what they
@@ -70,6 +72,8 @@ def requires(ev: dict[str, Any], nm: Sequence[int], stages: Sequence[int]) -> li
     return [("bwd", ev["vw"], 0, ev["mb"])]
   if kind == "push":
     return [("complete", ev["vw"], (ev["wave"] + 1) * nm[ev["vw"]])]
+  if kind == "applied":
+    return [("push", ev["vw"], ev["waves"] - 1)] if ev["waves"] > 0 else []
   if kind == "pull":  # (and the leaves that had opened its gate)
     return [("push", v, g - 1) for v, g in enumerate(ev["glob"]) if g > 0] + [("leave", v) for v in ev.get("left", ())]
   return []
@@ -116,7 +120,7 @@ def merge(meta: dict[str, Any], parts: Sequence[Sequence[dict[str, Any]]]
   out, left, dropped = [meta], set(), 0
   while True:
     if not ready:  # stuck: an event of a virtual worker that left may wait for what died with a process
-      stuck = [p for p in sorted(blocked) if parts[p][at[p]]["vw"] in leaving]
+      stuck = [p for p in sorted(blocked) if parts[p][at[p]]["vw"] in leaving and parts[p][at[p]]["ev"] != "applied"]
       if not stuck:
         break
       for p in stuck:
@@ -139,7 +143,7 @@ def merge(meta: dict[str, Any], parts: Sequence[Sequence[dict[str, Any]]]
     blocked.discard(p)
     ev = parts[p][at[p]]
     at[p] += 1
-    if ev.get("vw") in left:
+    if ev.get("vw") in left and ev["ev"] != "applied":  # (what the copies applied of it counts still)
       dropped += 1  # recorded after its virtual worker left
     else:
       out.append(ev)

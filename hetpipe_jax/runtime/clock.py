@@ -1,24 +1,32 @@
 """The WSP clock of a decentralised ``multiprocess`` run (:mod:`hetpipe_jax.runtime.decentral`): one service,
-in the process of a PS shard's owner, that counts pushes, opens gates and orders what the owners do.
+in process 0 (which hosts the coordination service: its loss ends the job anyway), that counts pushes,
+opens gates and orders what the copies of the PS shards do.
 
-Stage 0 of each virtual worker sends it, in order, the push of wave 0, the request of pull 0, the push of
-wave 1, ... (:data:`~hetpipe_jax.runtime.protocol.CONTROL_OPS`; one input thread per virtual worker). For
-a push the clock ticks (:func:`hetpipe_jax.core.wsp.push`), writes the trace's ``push`` line and appends an
-``apply`` to the one order that every shard owner follows (:data:`~hetpipe_jax.runtime.protocol.ORDER_OPS`),
-and, when the global clock reaches an evaluation tick, a ``gather``. For a request it grants the pull once
-the gate is open (:func:`hetpipe_jax.core.wsp.gate_open`; the trace's ``wait`` line when it was closed):
-it appends a ``serve`` to the order and sends every stage of the virtual worker the waves the snapshot
-holds. Because each owner applies and serves in that one order, pull n holds exactly those waves however
-long the applies take, with no owner waiting for another.
+Every process that holds a copy of PS shards (a primary or a backup) tells it, for each virtual worker in
+wave order, once it holds every part of the wave's update it applies (``have``, with the non-finite flag of
+every unit); stage 0 of each virtual worker asks for each gated pull (``request``)
+(:data:`~hetpipe_jax.runtime.protocol.CONTROL_OPS`). Once every live copy holds a wave, the clock ticks
+(:func:`hetpipe_jax.core.wsp.push`), writes the trace's ``push`` line and appends an ``apply`` to the one order
+that every copy follows (:data:`~hetpipe_jax.runtime.protocol.ORDER_OPS`), and, when the global clock
+reaches an evaluation tick, a ``gather``. A request is granted once the virtual worker's own push of the
+wave before it has ticked and its gate is open (:func:`hetpipe_jax.core.wsp.gate_open`; the trace's
+``wait`` line when it was closed): the clock appends a ``serve`` that holds the waves of the snapshot, and
+each copy sends the stages the units it serves. Because every copy applies and serves in that one order,
+pull n holds exactly those waves however long the applies take, at the primary and at the backup alike.
 
-A pushed wave with a non-finite unit (the flags came with the push) is counted and dropped at every owner
-(``on_nonfinite="skip"``), or stops the job naming it (``"stop"``).
+A process that is gone: the order says so (``lost``: the backups of its primary shards serve them from then
+on, and send what they kept of the pulls a stage may still wait for), every virtual worker with a stage
+there leaves (``leave``), and the clock stops waiting for that process's copies. A wave that some live copy
+does not hold when its virtual worker leaves is never applied anywhere; one that every live copy holds is
+applied by all. When every copy of some shard is gone, the job stops.
+
+A pushed wave with a non-finite unit is counted and dropped at every copy (``on_nonfinite="skip"``), or
+stops the job naming it (``"stop"``).
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Sequence
 
 import jax
@@ -28,11 +36,11 @@ from hetpipe_jax.core import wsp
 from hetpipe_jax.errors import NonFiniteUpdate
 from hetpipe_jax.runtime import protocol
 from hetpipe_jax.runtime.decentral import LEFT_KEY, Actor, Context, run_thread, stream
-from hetpipe_jax.runtime.distributed import POLL_S, PeerGone
+from hetpipe_jax.runtime.distributed import PeerGone
 from hetpipe_jax.runtime.mailbox import deliver, expect
 from hetpipe_jax.runtime.metrics import eval_due
 from hetpipe_jax.runtime.shards import FOLLOW_AHEAD
-from hetpipe_jax.runtime.stage_loop import HOLD_PS, control_width
+from hetpipe_jax.runtime.stage_loop import control_width
 
 GATHERS_KEY = "clock/gathers"  # how many gathers the clock ordered (process 0 collects them at the end)
 
@@ -51,14 +59,17 @@ class ClockService:
     self.ctx, self._eval_every, self._on_nonfinite = ctx, eval_every, on_nonfinite
     self.n = ctx.layout.num_vws
     self._clock = wsp.init(self.n)
-    self._owners = sorted(set(ctx.shard_owners))
+    self._holders = sorted({p for u in range(ctx.num_units) for p in ctx.copies(u)})  # every copy's process
+    self._width = protocol.order_width(self.n)
+    self._hold = 2 * self.n * ctx.waves + ctx.waves + 2 * self.n + 8  # every entry a run can have: all stay offered
     self._seq = 0  # entries of the order so far
     self._gathers = 0
     self._global = 0  # the global clock at the last evaluation check
     self._actor = Actor(ctx, self._step)
     self._left: set[int] = set()  # virtual workers that left
+    self._stopped = False  # the job cannot go on
     self._gone: set[int] = set()  # processes found gone
-    self._granted = [0] * self.n  # pulls granted per virtual worker
+    self._have: dict[tuple[int, int], tuple[set[int], np.ndarray]] = {}  # (vw, wave) -> (copies that hold it, flags)
     self._pending: dict[int, tuple[int, float, bool]] = {}  # vw -> (pull n, asked at, found closed)
     self.thread = threading.Thread(target=self._main, name="clock", daemon=True)
 
@@ -68,29 +79,24 @@ class ClockService:
   def _run(self) -> None:
     ctx = self.ctx
     width = control_width(ctx.num_units)
+    spec = [((width,), np.int32)]
+    pulls = max(ctx.waves - 1, 0)
     for vw in range(self.n):
       src = ctx.owners[(vw, 0)]
-      stream(self._actor, f"c{vw}", range(2 * ctx.waves - 1), lambda seq, vw=vw, src=src: expect(
-          ctx.node, ctx.mailbox, src, protocol.tag("control", vw=vw, seq=seq), [((width,), np.int32)]))
-    threading.Thread(target=self._watch, name="clock-watch", daemon=True).start()
+      stream(self._actor, f"r{vw}", range(pulls), lambda n, vw=vw, src=src: expect(
+          ctx.node, ctx.mailbox, src, protocol.tag("control", vw=vw, seq=n), spec))
+      for p in self._holders:
+        stream(self._actor, f"h{vw}.{p}", range(ctx.waves), lambda wave, vw=vw, p=p: expect(
+            ctx.node, ctx.mailbox, p, protocol.tag("have", vw=vw, process=p, wave=wave), spec))
+    ctx.on_gone.append(lambda p: self._actor.offer(("lost", p, None)))
     self._actor.run()
-    if not self._finished():
-      return  # stopped (a non-finite update, or lost PS shards)
+    if self._stopped:
+      return  # a non-finite update, every copy of some shard lost, or no virtual worker left
+
     self._order("gather", n=self._gathers)  # the final weights
-    for _ in range(1 + FOLLOW_AHEAD):  # the owners ask for entries ahead: those after the stop are stops too
+    for _ in range(1 + FOLLOW_AHEAD):  # the copies ask for entries ahead: those after the stop are stops too
       self._order(protocol.STOP)
     ctx.node.put(GATHERS_KEY, str(self._gathers + 1))
-
-  def _watch(self) -> None:
-    """Offers the clock every process that process 0 declares gone (a key-value look per process every
-    ``POLL_S``, off every task's path)."""
-    node, seen = self.ctx.node, set()
-    while not self._actor.finished:
-      for p in range(node.num_processes):
-        if p != node.process and p not in seen and node.declared_dead(p):
-          seen.add(p)
-          self._actor.offer(("lost", p, None))
-      time.sleep(POLL_S)
 
   def _finished(self) -> bool:
     """Every virtual worker still in has pushed every wave."""
@@ -98,26 +104,48 @@ class ClockService:
 
   def _step(self, items) -> bool:
     """Works off what arrived; True once every push is in (or the job stops)."""
+    if not self._work(items):
+      self._stopped = True
+      return True
+    return self._finished()
+
+  def _work(self, items) -> bool:
+    """Works off what arrived; False when the job stops."""
     for name, key, value in items:
       if name == "lost" or isinstance(value, PeerGone):
         if not self._lost(key if name == "lost" else value.process):
-          return True
+          return False
         continue
-      vw = int(name[1:])
+      vw = int(name[1:].split(".")[0])
       if vw in self._left:
-        continue  # what a virtual worker sent before it was found gone: dropped with it
+        continue  # what came from or for a virtual worker that left: dropped with it
       op, fields, tail = protocol.decode(protocol.CONTROL_OPS, np.asarray(value[0]))
-      if op == "push":
-        if not self._push(vw, fields["wave"], [u for u, flag in enumerate(tail[:self.ctx.num_units]) if flag]):
-          return True
+      if op == "have":
+        copies, flags = self._have.setdefault((vw, fields["wave"]), (set(), np.zeros(self.ctx.num_units, np.int32)))
+        copies.add(int(name.split(".")[1]))
+        flags |= np.array(tail[:self.ctx.num_units], np.int32)
+        if not self._tick(vw):
+          return False
       else:
         self._pending[vw] = (fields["n"], self.ctx.now(), False)
         self._grant(vw)
-    return self._finished()
+    return True
+
+  def _tick(self, vw: int) -> bool:
+    """Counts every wave of ``vw`` that every live copy holds, in order; False when that stops the job."""
+    while (vw, c := self._clock.c_local[vw]) in self._have:
+      copies, flags = self._have[(vw, c)]
+      if not set(self._holders) - self._gone <= copies:
+        return True
+      del self._have[(vw, c)]
+      if not self._push(vw, c, [int(u) for u in np.flatnonzero(flags)]):
+        return False
+    return True
 
   def _lost(self, p: int) -> bool:
-    """Process ``p`` is gone: every virtual worker with a stage there leaves, and the others go on under
-    WSP over the live ones; False when the job cannot go on (``p`` held PS shards)."""
+    """Process ``p`` is gone: the order says so, every virtual worker with a stage there leaves, and the
+    others go on under WSP over the live ones; False when the job cannot go on (every copy of some shard
+    was there)."""
     ctx = self.ctx
     if p in self._gone:
       return True
@@ -126,39 +154,41 @@ class ClockService:
     if reason is not None:
       ctx.node.publish_fatal(reason)
       return False
+    self._order("lost", process=p)
     for vw in sorted({vw for (vw, _), q in ctx.owners.items() if q == p} - self._left):
       self._leave(vw, f"process {p} is gone")
     if len(self._left) == self.n:
       ctx.node.publish_fatal(f"process {p} is gone, and every virtual worker had left or had a stage there: no "
                              "virtual worker is left to go on")
       return False
+    for vw in range(self.n):  # waves that waited for the copies there may count now
+      if vw not in self._left and not self._tick(vw):
+        return False
     for other in sorted(self._pending):  # the global clock may have moved: closed gates may open
       self._grant(other)
     return True
 
   def _leave(self, vw: int, reason: str) -> None:
-    """``vw`` leaves: its clock no longer counts, its pull is never granted; its stages still running are
-    told (a grant of no waves), and every process may stop waiting for them (``left/<vw>``)."""
+    """``vw`` leaves: its clock no longer counts, its pull is never granted, the copies drop what it sent
+    that was not applied; every process may stop waiting for its stages (``left/<vw>``)."""
     ctx = self.ctx
     self._clock = wsp.leave(self._clock, vw)
     self._left.add(vw)
     self._pending.pop(vw, None)
+    for key in [key for key in self._have if key[0] == vw]:
+      del self._have[key]
     ctx.emit("t", ev="leave", vw=vw, pushed=self._clock.c_local[vw], reason=reason)
+    self._order("leave", vw=vw)
     ctx.node.put(LEFT_KEY.format(vw=vw), reason)
-    left = jax.device_put(np.full(2 * self.n, -1, np.int32), ctx.node.device)
-    for j in range(ctx.layout.vws[vw].k):
-      if ctx.owners[(vw, j)] not in self._gone:
-        deliver(ctx.node, ctx.mailbox, ctx.owners[(vw, j)], protocol.tag("grant", vw=vw, stage=j,
-                                                                         n=self._granted[vw]),
-                [left], stream=f"n{vw}.{j}", hold=HOLD_PS)
 
-  def _order(self, op: str, **fields: int) -> None:
-    """Appends an entry to the order every shard owner follows."""
+  def _order(self, op: str, tail: Sequence[int] = (), **fields: int) -> None:
+    """Appends an entry to the order every copy of the shards follows."""
     ctx = self.ctx
-    message = protocol.encode(protocol.ORDER_OPS, op, protocol.ORDER_WIDTH, (), **fields)
-    for owner in self._owners:
-      deliver(ctx.node, ctx.mailbox, owner, protocol.tag("order", process=owner, seq=self._seq),
-              [jax.device_put(message, ctx.node.device)], stream="order", hold=2 * self.n + 2 + FOLLOW_AHEAD)
+    message = protocol.encode(protocol.ORDER_OPS, op, self._width, tail, **fields)
+    for holder in self._holders:
+      if holder not in self._gone:
+        deliver(ctx.node, ctx.mailbox, holder, protocol.tag("order", process=holder, seq=self._seq),
+                [jax.device_put(message, ctx.node.device)], stream="order", hold=self._hold)
     self._seq += 1
 
   def _push(self, vw: int, wave: int, bad: Sequence[int]) -> bool:
@@ -184,19 +214,16 @@ class ClockService:
     return True
 
   def _grant(self, vw: int) -> None:
-    """Grants ``vw``'s pending pull if its gate is open now."""
+    """Grants ``vw``'s pending pull n once its own push of wave n has ticked and its gate is open."""
     ctx = self.ctx
     n, asked, closed = self._pending[vw]
+    if self._clock.c_local[vw] <= n:
+      return  # its own wave n is not counted yet (its copies have not all said so)
     if not wsp.gate_open(self._clock, vw, ctx.d):
       self._pending[vw] = (n, asked, True)
       return
     del self._pending[vw]
-    self._granted[vw] += 1
     if closed:
       ctx.emit("t1", ev="wait", vw=vw, t0=asked)
-    self._order("serve", vw=vw, n=n)
     left = [int(v in self._left) for v in range(self.n)]  # (the leaves that may have opened the gate)
-    glob = jax.device_put(np.array([*self._clock.c_local, *left], np.int32), ctx.node.device)
-    for j in range(ctx.layout.vws[vw].k):
-      deliver(ctx.node, ctx.mailbox, ctx.owners[(vw, j)], protocol.tag("grant", vw=vw, stage=j, n=n), [glob],
-              stream=f"n{vw}.{j}", hold=HOLD_PS)
+    self._order("serve", [*self._clock.c_local, *left], vw=vw, n=n)

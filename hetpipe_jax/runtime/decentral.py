@@ -24,6 +24,7 @@ parts and evaluates the gathered weights; it makes no decision while the run tra
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
 import itertools
 import threading
@@ -31,14 +32,12 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-import numpy as np
-
 from hetpipe_jax.core.schedule import Task
 from hetpipe_jax.core.trace import Trace
 from hetpipe_jax.data import MinibatchStreams
 from hetpipe_jax.errors import RunStopped
 from hetpipe_jax.plan.layout import Layout
-from hetpipe_jax.runtime.distributed import POLL_S, Node, PeerGone
+from hetpipe_jax.runtime.distributed import POLL_S, PULLS, Node, PeerGone
 from hetpipe_jax.runtime.mailbox import Mailbox
 
 Spec = tuple[tuple[int, ...], Any]  # (shape, dtype) of an array a receiver expects
@@ -52,7 +51,9 @@ class Context:
   Attributes:
     node / mailbox: this process's node and its mailbox (arrays between its own threads).
     layout: the run's layout; ``owners``: (virtual worker, stage) -> process; ``shard_owners``: the process
-      of every unit's PS shard; ``clock``: the clock service's process.
+      of every unit's PS shard (its primary); ``backup_of``: per process, the process that holds a backup of
+      its primary shards (None: no backup, a job of one process); ``clock``: the clock service's process
+      (process 0, whose loss ends the job anyway).
     waves / d / schedule / weight_mode: as in the run's configuration.
     unit_specs: per unit, the (shape, dtype) of each of its weight leaves.
     streams: every virtual worker's minibatches (the same in every process).
@@ -65,6 +66,7 @@ class Context:
   layout: Layout
   owners: dict[tuple[int, int], int]
   shard_owners: Sequence[int]
+  backup_of: Sequence[int | None]
   clock: int
   waves: int
   d: int
@@ -78,6 +80,9 @@ class Context:
   t_start: float = 0.0
   stopped: list[str] = dataclasses.field(default_factory=list)  # why threads ended early
   inputs: list[threading.Thread] = dataclasses.field(default_factory=list)  # the input streams' threads
+  gone: set[int] = dataclasses.field(default_factory=set)  # processes found gone (see :meth:`watch`)
+  over: threading.Event = dataclasses.field(default_factory=threading.Event)  # this process's part has ended
+  on_gone: list[Callable[[int], None]] = dataclasses.field(default_factory=list)  # told of each process gone
   _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
   @property
@@ -108,17 +113,76 @@ class Context:
       out.setdefault(self.shard_owners[unit], []).append(unit)
     return out
 
+  def copies(self, unit: int) -> list[int]:
+    """The processes that hold a copy of ``unit``'s shard: its primary, then its backup (if any)."""
+    primary = self.shard_owners[unit]
+    backup = self.backup_of[primary]
+    return [primary] if backup is None else [primary, backup]
+
+  def holders(self, first: int, last: int) -> dict[int, list[int]]:
+    """Every process not known gone that holds a copy of a unit in ``[first, last)``: process -> those units."""
+    out: dict[int, list[int]] = {}
+    for unit in range(first, last):
+      for p in self.copies(unit):
+        if p not in self.gone:
+          out.setdefault(p, []).append(unit)
+    return dict(sorted(out.items()))
+
+  def held_units(self, p: int) -> list[int]:
+    """The units of which process ``p`` holds a copy (primary or backup)."""
+    return [u for u in range(self.num_units) if p in self.copies(u)]
+
+  def serving(self, primary: int) -> int:
+    """The process that serves the pulls of ``primary``'s shards: it, or once it is known gone its backup."""
+    backup = self.backup_of[primary]
+    return backup if primary in self.gone and backup is not None else primary
+
   def fatal_loss(self, p: int) -> str | None:
-    """Why the job cannot go on without process ``p`` (it held PS shards, or the clock), or None (only the
-    virtual workers with a stage there leave)."""
-    units = [u for u, owner in enumerate(self.shard_owners) if owner == p]
+    """Why the job cannot go on without process ``p`` and those already gone (every copy of some PS shard was
+    there, or the clock), or None (only the virtual workers with a stage there leave)."""
+    gone = self.gone | self.node.dead | {p}
+    units = [u for u in range(self.num_units) if set(self.copies(u)) <= gone]
     if units:
-      return (f"process {p} is gone, and with it the PS shards of units {units}: the global weights are lost; "
-              "resume from the newest checkpoint (--checkpoint_dir with --resume), or keep the shards off nodes "
-              "that may fail (--placement)")
+      where = "" if len(self.copies(units[0])) == 1 else " and the processes of their backups"
+      return (f"process {p} is gone{where}, and with it every copy of the PS shards of units {units}: the "
+              "global weights are lost; resume from the newest checkpoint (--checkpoint_dir with --resume), or "
+              "keep the shards off nodes that may fail (--placement)")
     if p == self.clock:
       return f"process {p} is gone, and with it the WSP clock: the job cannot go on"
     return None
+
+  def watch(self) -> None:
+    """Starts a thread that adds to :attr:`gone` every process declared gone (by process 0: a key-value look
+    per process every ``POLL_S``, off every task's path; free in process 0), or found gone by a thread of
+    this process, and calls every function of :attr:`on_gone` with it once."""
+
+    def loop() -> None:
+      told: set[int] = set()
+      while not self.over.is_set():
+        for p in range(self.node.num_processes):
+          if p != self.node.process and p not in told and (p in self.gone or self.node.declared_dead(p)):
+            self.gone.add(p)  # (a thread may have found it gone first: a pull from it failed)
+            told.add(p)
+            for on_gone in self.on_gone:
+              on_gone(p)
+        time.sleep(POLL_S)
+
+    threading.Thread(target=loop, name="watch-gone", daemon=True).start()
+
+  def wait_unless_gone(self, src: int, what: str, wait: Callable[[], Any]) -> Any:
+    """``wait()`` (what :func:`~hetpipe_jax.runtime.mailbox.expect` returned for a message from ``src``), given
+    up with :class:`PeerGone` once ``src`` is declared gone: a pull from a process that died may block for
+    good. Looked at every ``POLL_S`` of waiting."""
+    if src == self.node.process:
+      return wait()
+    future = PULLS.submit(wait)
+    while True:
+      try:
+        return future.result(timeout=POLL_S)
+      except concurrent.futures.TimeoutError:
+        if src in self.gone or self.node.declared_dead(src):
+          self.gone.add(src)
+          raise PeerGone(src, f" (while process {self.node.process} waited for {what})") from None
 
   def leaf_specs(self, units: Sequence[int]) -> list[Spec]:
     return [spec for u in units for spec in self.unit_specs[u]]
@@ -129,11 +193,6 @@ class Context:
       raise RunStopped(self.node.fatal)
     if self.node.recoverable and self.node.stopping():
       raise PeerGone(self.node.process, " (the job is stopping)")
-
-
-def flags_spec(num_units: int) -> Spec:
-  """The non-finite flags of every unit, carried with a wave's last gradient down the pipeline."""
-  return ((num_units,), np.int32)
 
 
 class Actor:

@@ -5,7 +5,9 @@ and on process 0 every part and the gathered weights.
 Every process builds the same :class:`~hetpipe_jax.runtime.node_job.Job` (the same seed gives the same
 initial weights everywhere), compiles its stages, connects, meets the others at the start barrier (its
 clock's zero), runs its threads to the end, and meets them again; then each sends process 0 its trace
-part (one message, after training), and process 0 collects the weights the clock had gathered.
+part (one message, after training), and process 0 collects the weights the clock had gathered from every
+live copy of every shard, checks that the copies agree bit for bit, and adds to the trace how many waves
+each copy applied (``applied`` lines).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import numpy as np
 
 from hetpipe_jax.core.schedule import Task
 from hetpipe_jax.core.trace import Trace
-from hetpipe_jax.errors import RunStopped
+from hetpipe_jax.errors import ProtocolError, RunStopped
 from hetpipe_jax.runtime import protocol
 from hetpipe_jax.runtime.clock import GATHERS_KEY, ClockService
 from hetpipe_jax.runtime.decentral import LEFT_KEY, Context
@@ -67,10 +69,9 @@ class Outcome:
   missing: list[int]
 
 
-def clock_process(shard_owners: list[int]) -> int:
-  """Where the clock runs: with the first PS shard owned outside process 0 (which hosts the coordination
-  service), else with process 0's shards."""
-  return next((p for p in shard_owners if p != 0), shard_owners[0])
+def backups(num_processes: int) -> list[int | None]:
+  """The process that backs up each process's primary PS shards: the next one (none in a job of one)."""
+  return [(p + 1) % num_processes if num_processes > 1 else None for p in range(num_processes)]
 
 
 class DecentralJob:
@@ -83,8 +84,8 @@ class DecentralJob:
     shard_owners = [nodes.index(n) for n in job.shard_nodes]
     specs = [[(leaf.shape, leaf.dtype) for leaf in jax.tree.leaves(p)] for p in job.init_params]
     self.trace = Trace(options.part_path, line_buffered=True)  # what a run that died leaves is merged too
-    self.ctx = Context(node, Mailbox(), job.layout, owners, shard_owners, clock_process(shard_owners), options.waves,
-                       job.d, options.schedule, job.weight_mode, specs, job.streams, options.cost,
+    self.ctx = Context(node, Mailbox(), job.layout, owners, shard_owners, backups(node.num_processes), 0,
+                       options.waves, job.d, options.schedule, job.weight_mode, specs, job.streams, options.cost,
                        options.time_scale, self.trace)
     self.threads: list[tuple[threading.Thread, int | None]] = []  # (thread, its virtual worker, if a stage)
     self._left_behind: list[threading.Thread] = []
@@ -92,9 +93,8 @@ class DecentralJob:
   def start(self) -> None:
     """Builds and compiles this process's threads, meets every other process, starts the threads."""
     ctx, job, me = self.ctx, self.job, self.node.process
-    mine = [u for u, p in enumerate(ctx.shard_owners) if p == me]
-    if mine:
-      self.threads.append((ShardFollower(ctx, mine, [job.init_params[u] for u in mine], job.ps_tx).thread, None))
+    if ctx.held_units(me):
+      self.threads.append((ShardFollower(ctx, job.init_params, job.ps_tx).thread, None))
     x0, y0 = job.streams(0, 1)
     for (i, j), process in sorted(ctx.owners.items()):
       if process == me:
@@ -104,6 +104,7 @@ class DecentralJob:
     self.node.connect_all()
     self.node.barrier("hetpipe_jax/ready", 600)  # every stage compiled and connected before the clocks start
     ctx.t_start = time.perf_counter()
+    ctx.watch()
     for thread, _ in self.threads:
       thread.start()
 
@@ -140,6 +141,9 @@ class DecentralJob:
     node, ctx = self.node, self.ctx
     if not self._join():
       self._stop()
+    if node.process == 0:
+      gathers = self._gathers()
+    ctx.over.set()
     self.trace.close()
     if node.process != 0:
       text = "".join(json.dumps(ev, separators=(",", ":")) + "\n" for ev in self.trace.events)
@@ -155,7 +159,7 @@ class DecentralJob:
       except PeerGone:
         missing.append(p)
     seconds = ctx.now()
-    outcome = Outcome(parts, self._gathers(), seconds, missing)
+    outcome = Outcome(parts, gathers, seconds, missing)
     self._close()
     return outcome
 
@@ -192,16 +196,39 @@ class DecentralJob:
     raise RunStopped(node.fatal or (self.ctx.stopped or ["the job stopped early"])[0])
 
   def _gathers(self) -> list[tuple[Any, ...]]:
-    """Process 0: every gather the clock ordered, each the global weights of every unit."""
+    """Process 0: every gather the clock ordered, each the global weights of every unit, from every copy not
+    gone (the copies of a unit must agree bit for bit); then, in the trace, how many waves of each virtual
+    worker each copy had applied at the last gather (``applied``).
+
+    Raises:
+      ProtocolError: when two copies of a shard differ.
+    """
     ctx, node = self.ctx, self.node
     treedefs = [jax.tree.structure(p) for p in self.job.init_params]
-    out = []
-    for n in range(int(node.get(GATHERS_KEY, TIMEOUT_S))):
+    holders = sorted({p for u in range(ctx.num_units) for p in ctx.copies(u)})
+    out, applied = [], {}
+    count = int(node.get(GATHERS_KEY, TIMEOUT_S))
+    for n in range(count):
       params: list[Any] = [None] * ctx.num_units
-      for p in sorted(set(ctx.shard_owners)):
-        units = [u for u, owner in enumerate(ctx.shard_owners) if owner == p]
-        leaves = collect(node, ctx.mailbox, p, protocol.tag("weights", process=p, n=n))
+      for p in holders:
+        if p in node.dead:
+          continue
+        units = ctx.held_units(p)
+        try:
+          *leaves, clock = collect(node, ctx.mailbox, p, protocol.tag("weights", process=p, n=n))
+        except PeerGone:
+          continue  # gone since: its copies are elsewhere
+        if n == count - 1:  # the copies that are there at the end
+          applied[p] = [int(c) for c in np.asarray(clock)]
         for u, tree in zip(units, unflatten_units([treedefs[u] for u in units], leaves)):
-          params[u] = tree
+          if params[u] is None:
+            params[u] = tree
+          elif not all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(params[u]), jax.tree.leaves(tree))):
+            raise ProtocolError(f"gather {n}: the copy of unit {u}'s PS shard in process {p} differs from the "
+                                f"one in process {ctx.copies(u)[0]}")
       out.append(tuple(params))
+    for p, counts in sorted(applied.items()):
+      for vw, waves in enumerate(counts):
+        ctx.emit("t", ev="applied", vw=vw, owner=p, units=ctx.held_units(p), waves=waves,
+                 primary=[u for u in ctx.held_units(p) if ctx.shard_owners[u] == p])
     return out

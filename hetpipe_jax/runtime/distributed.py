@@ -83,7 +83,7 @@ class _DaemonPool:
     return future
 
 
-_PULLS = _DaemonPool(16)  # pulls waited on with a deadline or a watch on the sender
+PULLS = _DaemonPool(16)  # pulls waited on with a deadline or a watch on the sender
 
 
 class PeerGone(RuntimeError):
@@ -262,7 +262,7 @@ class Node:
     """``pull()`` in a helper thread, given up (:class:`PeerGone`) if ``src`` is declared gone meanwhile (a
     recoverable job: a pull from a process that died after offering can fail, or block for good), or
     (:class:`TimeoutError`) after ``timeout_s`` when given."""
-    future = _PULLS.submit(pull)
+    future = PULLS.submit(pull)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while True:
       try:

@@ -86,30 +86,41 @@ MESSAGES: dict[str, Message] = _table([
     Message("shard_state", "S{process}.{n}", "a process's shards", "process 0 (a checkpoint)"),
     Message("shard_restore", "R{process}.{n}", "process 0", "a process's shards (a resumed run)"),
     Message("weights", "w{process}.{n}", "a process's shards", "process 0 (a gather)"),
-    Message("flags", "f{vw}.{stage}.{wave}", "stage + 1 (a decentralised run)", "stage: the wave's non-finite flags"),
-    Message("control", "c{vw}.{seq}", "stage 0 (a decentralised run)", "the clock"),
+    Message("control", "c{vw}.{seq}", "stage 0 (a decentralised run)", "the clock: a request"),
+    Message("have", "h{vw}.{process}.{wave}", "a process's shards (a decentralised run)",
+            "the clock: they hold the wave's update"),
     Message("order", "o{process}.{seq}", "the clock", "a process's shards (a decentralised run)"),
-    Message("grant", "n{vw}.{stage}.{n}", "the clock", "stage (a decentralised run: pull n's waves)"),
+    Message("served", "q{vw}.{stage}.{n}.{primary}", "the live copy of primary's shards (a decentralised run)",
+            "stage: pull n of the units whose primary is process primary, with the waves it holds"),
     Message("trace_part", "T{process}", "every process", "process 0 (a decentralised run's trace)"),
 ])
 
 # A decentralised run (docs/PROTOCOL.md section 11.9): control messages are small int32 arrays that travel
-# like activations (no key-value operation): [operation, fields..., padding]. Stage 0 of each virtual worker
-# tells the clock (``control``) that a wave is pushed (with the non-finite flag of every unit) and asks for
-# the pull of a gated minibatch; the clock puts every apply, serve and gather into one order (``order``)
-# that every shard owner follows.
+# like activations (no key-value operation): [operation, fields..., padding]. Each process holding a copy of
+# PS shards tells the clock (``have``) once it holds every part of a wave's update that it applies, with
+# the non-finite flag of every unit; stage 0 of each virtual worker asks for the pull of a gated minibatch
+# (``control``). The clock puts every apply, serve, gather and loss into one order (``order``) that every
+# copy of the shards follows.
 CONTROL_OPS: dict[str, Op] = _table([
-    Op("push", ("wave",), "every stage's part of the wave went to the owners (+ one non-finite flag per unit)"),
+    Op("have", ("wave",), "this process holds its parts of the wave's update (+ one non-finite flag per unit)"),
     Op("request", ("n",), "stage 0 may inject its n-th gated minibatch once the gate opens: pull n"),
 ])
 
 ORDER_OPS: dict[str, Op] = _table([
-    Op("apply", ("vw", "wave", "drop"), "apply the wave's updates from its stages (with drop: only count it)"),
-    Op("serve", ("vw", "n"), "send every stage of the virtual worker its units' global weights as pull n"),
-    Op("gather", ("n",), "send every shard's global weights to process 0 (evaluation)"),
+    Op("apply", ("vw", "wave", "drop"), "apply the wave's update (with drop: only count it)"),
+    Op("serve", ("vw", "n"), "pull n: each stage gets its units' global weights from their live copy "
+                             "(+ the waves the snapshot holds and the VWs that had left)"),
+    Op("gather", ("n",), "send the global weights of every shard held here to process 0 (evaluation)"),
+    Op("leave", ("vw",), "the virtual worker left: drop what it sent that was not applied"),
+    Op("lost", ("process",), "the process is gone: its backups take over its primary shards"),
     Op(STOP, (), "the order's last entry"),
 ])
-ORDER_WIDTH = 4  # an order: [operation, vw, wave or n, drop]
+
+
+def order_width(num_vws: int) -> int:
+  """Entries of an order: operation, three fields, then (a serve) the waves of every virtual worker its
+  snapshot holds and which had left."""
+  return 4 + 2 * num_vws
 
 
 def encode(ops: Mapping[str, Op], op: str, width: int, tail: Sequence[int] = (), **fields: int) -> Any:

@@ -12,16 +12,18 @@ backward of it, and a pull rebases the stage when it lands; a forward of a gated
 waits for that pull.
 
 Stage 0 also injects: while the Nm window (and the schedule) allow, it draws the next minibatch, and before
-a gated one it asks the clock for the pull (``request``) and waits for it to land. When it completes a
-wave's last minibatch it tells the clock the wave is pushed (``push``), with the non-finite flag of every
-unit: each stage, once it has closed the wave, adds its own to the flags from the stages after it and sends
-them on (``flags``; the wave's last gradient goes first).
+a gated one it asks the clock for the pull (``request``) and waits for it to land. When a stage closes its
+part of a wave it sends its units' summed update, with each unit's non-finite flag, to every copy of their
+PS shards (primary and backup): the copies tell the clock once they hold it (``have``), and the clock
+counts the push once every live copy does.
 
-A process that is gone ends the stage: its virtual worker leaves (the clock says so to the stages still
-running, with a grant of no waves), or, if the process held PS shards or the clock, the job stops.
+A pull comes from the live copy of each group of units (those with the same primary): the primary, or once
+it is gone its backup, which kept what it served. A process of the stage's own virtual worker that is gone
+ends the stage: its virtual worker leaves (the clock says so under ``left/<vw>``), or, if every copy of
+some PS shard is gone, the job stops.
 
-Inputs arrive on threads of their own, one per stream (activations from the previous stage, gradients and
-flags from the next, pulls from the clock and the owners), each asking for its next messages ahead and offering
+Inputs arrive on threads of their own, one per stream (activations from the previous stage, gradients from
+the next, pulls from the shards' copies), each asking for its next messages ahead and offering
 each to the stage as it lands (:class:`~hetpipe_jax.runtime.decentral.Actor`): the thread that brings an
 input runs the tasks it allows, unless another thread is running the stage's tasks already, in which case
 that one takes it up next. No thread wakes another between a message's arrival and the task it allows.
@@ -42,13 +44,13 @@ from hetpipe_jax.core import wsp
 from hetpipe_jax.core.schedule import BWD, FWD, Task
 from hetpipe_jax.errors import ProtocolError
 from hetpipe_jax.runtime import protocol
-from hetpipe_jax.runtime.decentral import Actor, Context, Spec, flags_spec, run_thread, stream
+from hetpipe_jax.runtime.decentral import Actor, Context, Spec, run_thread, stream
 from hetpipe_jax.runtime.distributed import PeerGone
 from hetpipe_jax.runtime.mailbox import deliver, expect, unflatten_units
 from hetpipe_jax.runtime.ps import nonfinite_units
 from hetpipe_jax.runtime.stage import Stage
 
-HOLD_PS = 2  # offers held per update, pull and grant stream: the protocol lets at most 2 be unpulled
+HOLD_PS = 3  # offers held per update and pull stream: the protocol lets at most 3 be unpulled
 
 
 def control_width(num_units: int) -> int:
@@ -77,8 +79,6 @@ class StageLoop:
     self._actor = Actor(ctx, self._step)
     self._done = 0  # backwards run here
     self._held: dict[tuple[str, int], list[Any]] = {}  # (kind, mb) -> an input that arrived, not used yet
-    self._own_flags: dict[int, np.ndarray] = {}  # wave -> this stage's units' non-finite flags, not passed on
-    self._later_flags: dict[int, np.ndarray] = {}  # wave -> the flags of the stages after this one
     self._state = schedule_lib.init(self.k, vw)
     self._book = versions_lib.init(self.k, ctx.layout.num_vws)
     self._rebased = -1  # the last pull applied
@@ -99,32 +99,41 @@ class StageLoop:
       nxt = ctx.owners[(vw, j + 1)]
       stream(self._actor, f"g{vw}.{j}", mbs, lambda mb: expect(
           ctx.node, ctx.mailbox, nxt, protocol.tag("gradient", vw=vw, gen=0, stage=j, mb=mb), [self._inputs["g"]]))
-      stream(self._actor, f"f{vw}.{j}", range(ctx.waves), lambda wave: expect(
-          ctx.node, ctx.mailbox, nxt, protocol.tag("flags", vw=vw, stage=j, wave=wave), [flags_spec(ctx.num_units)]))
     if self.pulls:
       stream(self._actor, f"p{vw}.{j}", range(self.pulls), self._expect_pull)
 
-  def _expect_pull(self, n: int) -> Callable[[], tuple[tuple[int, ...], tuple[int, ...], tuple[Any, ...]] | None]:
-    """Asks for pull ``n`` (from the clock: the waves its snapshot holds and the virtual workers that had
-    left; from the owners: this stage's units' global weights; all at once); returns what waits for it."""
+  def _expect_pull(self, n: int) -> Callable[[], tuple[tuple[int, ...], tuple[int, ...], tuple[Any, ...]]]:
+    """Asks for pull ``n`` from the live copy of each group of this stage's units (those with the same
+    primary): their global weights and the waves the snapshot holds and the virtual workers that had left;
+    returns what waits for it. A copy found gone while it is waited for is replaced by the other one (which
+    kept what it served)."""
     ctx, vw, j = self.ctx, self.vw, self.j
-    grant = expect(ctx.node, ctx.mailbox, ctx.clock, protocol.tag("grant", vw=vw, stage=j, n=n),
-                   [((2 * ctx.layout.num_vws,), np.int32)])
-    parts = [(units, expect(ctx.node, ctx.mailbox, owner, protocol.tag("pull", vw=vw, stage=j, n=n),
-                            ctx.leaf_specs(units)))
-             for owner, units in ctx.owner_units(self.stage.first, self.stage.last).items()]
+    n_vws = ctx.layout.num_vws
 
-    def wait() -> tuple[tuple[int, ...], tuple[int, ...], tuple[Any, ...]] | None:
-      (granted,) = grant()
-      granted = [int(g) for g in np.asarray(granted)]
-      if granted[0] < 0:
-        return None  # the virtual worker left (no weights will come)
-      n_vws = ctx.layout.num_vws
-      left = tuple(v for v in range(n_vws) if granted[n_vws + v])
+    def ask(primary: int, units: list[int], src: int) -> Callable[[], list[Any]]:
+      return expect(ctx.node, ctx.mailbox, src, protocol.tag("served", vw=vw, stage=j, n=n, primary=primary),
+                    [*ctx.leaf_specs(units), ((2 * n_vws,), np.int32)])
+
+    groups = ctx.owner_units(self.stage.first, self.stage.last)
+    asked = {primary: (src := ctx.serving(primary), ask(primary, units, src)) for primary, units in groups.items()}
+
+    def wait() -> tuple[tuple[int, ...], tuple[int, ...], tuple[Any, ...]]:
       params: dict[int, Any] = {}
-      for units, leaves in parts:
-        params.update(zip(units, unflatten_units([self._treedefs[u - self.stage.first] for u in units], leaves())))
-      return tuple(granted[:n_vws]), left, tuple(params[u] for u in sorted(params))
+      for primary, units in groups.items():
+        src, waiting = asked[primary]
+        what = f"pull {n} of VW {vw} stage {j}"
+        try:
+          *leaves, glob = ctx.wait_unless_gone(src, what, waiting)
+        except PeerGone:
+          backup = ctx.backup_of[primary]
+          if src != primary or backup is None:
+            raise  # every copy is gone: the job cannot go on
+          ctx.gone.add(primary)  # (its transfer server went away: it is gone)
+          *leaves, glob = ctx.wait_unless_gone(backup, what, ask(primary, units, backup))  # which kept it
+        params.update(zip(units, unflatten_units([self._treedefs[u - self.stage.first] for u in units], leaves)))
+      glob = [int(g) for g in np.asarray(glob)]
+      left = tuple(v for v in range(n_vws) if glob[n_vws + v])
+      return tuple(glob[:n_vws]), left, tuple(params[u] for u in sorted(params))
 
     return wait
 
@@ -133,18 +142,12 @@ class StageLoop:
     kind = name[0]
     if isinstance(value, PeerGone):  # this virtual worker is gone (the clock learns it from process 0)
       reason = self.ctx.fatal_loss(value.process)
-      if reason is not None:  # PS shards or the clock were there: the job cannot go on
+      if reason is not None:  # every copy of some PS shard was there: the job cannot go on
         self.ctx.node.publish_fatal(reason)
       self.left = True
       return None
     if kind == "p":
-      if value is None:  # the clock says the virtual worker left
-        self.left = True
-        return None
       return self._rebase(key, *value)
-    if kind == "f":
-      self._later_flags[key] = np.asarray(value[0])
-      return self._pass_flags(key)
     self._held[(kind, key)] = value
     self._state = schedule_lib.arrive(self._state, Task(self.vw, self.j, FWD if kind == "a" else BWD, key),
                                       self.ctx.schedule)
@@ -182,8 +185,8 @@ class StageLoop:
       if self.j == 0:
         self._inject()
       task = schedule_lib.pick(self._state, self.j, self._allow)
-      if task is None:  # done once every task ran and every wave's flags went on
-        return self._done == self.total and not self._own_flags
+      if task is None:  # done once every task ran
+        return self._done == self.total
       if task.kind == FWD:
         self._forward(task)
       else:
@@ -198,18 +201,18 @@ class StageLoop:
       mb = self._state.next_mb
       if wsp.is_gated(mb, nm) and self._rebased < mb // nm - 2:
         n = mb // nm - 2
-        if self._requested < n:  # (its own last push went first: it completed before the window opened)
-          self._control("request", 2 * n + 1, n=n)
+        if self._requested < n:
+          self._request(n)
           self._requested = n
         return
       self._state, _ = schedule_lib.inject(self._state, ctx.schedule)
       ctx.emit("t", ev="inject", vw=self.vw, mb=mb)
 
-  def _control(self, op: str, seq: int, tail=(), **fields: int) -> None:
-    """Control message ``seq`` to the clock: the push of wave c is message 2c, the request of pull n 2n + 1."""
+  def _request(self, n: int) -> None:
+    """Asks the clock for pull ``n`` (control message ``n`` of this virtual worker)."""
     ctx = self.ctx
-    message = protocol.encode(protocol.CONTROL_OPS, op, control_width(ctx.num_units), tail, **fields)
-    deliver(ctx.node, ctx.mailbox, ctx.clock, protocol.tag("control", vw=self.vw, seq=seq),
+    message = protocol.encode(protocol.CONTROL_OPS, "request", control_width(ctx.num_units), n=n)
+    deliver(ctx.node, ctx.mailbox, ctx.clock, protocol.tag("control", vw=self.vw, seq=n),
             [jax.device_put(message, ctx.node.device)], stream=f"c{self.vw}", hold=HOLD_PS)
 
   def _event(self, task: Task, t0: float, busy: float, version: versions_lib.Version, **extra) -> None:
@@ -261,30 +264,14 @@ class StageLoop:
       self._close_wave(wsp.wave_of(mb, self.nm))
 
   def _close_wave(self, wave: int) -> None:
-    """This stage's part of the wave is final: sends each owner its units' summed update, and its units'
-    non-finite flags on (:meth:`_pass_flags`)."""
+    """This stage's part of the wave is final: sends every copy of its units' shards their summed update and
+    each unit's non-finite flag."""
     ctx, stage = self.ctx, self.stage
     self._book = versions_lib.close_stage_wave(self._book, self.j, wave, self.nm, self.vw)
     update = stage.take_wave(wave)
-    flags = np.zeros(ctx.num_units, np.int32)
-    flags[[stage.first + u for u in nonfinite_units(update)]] = 1
-    for owner, units in ctx.owner_units(stage.first, stage.last).items():
+    bad = {stage.first + u for u in nonfinite_units(update)}
+    for holder, units in ctx.holders(stage.first, stage.last).items():
       leaves = jax.tree.leaves(tuple(update[u - stage.first] for u in units))
-      deliver(ctx.node, ctx.mailbox, owner, protocol.tag("update", vw=self.vw, stage=self.j, wave=wave), leaves,
-              stream=f"u{self.vw}.{self.j}", hold=HOLD_PS)
-    self._own_flags[wave] = flags
-    self._pass_flags(wave)
-
-  def _pass_flags(self, wave: int) -> None:
-    """Once this stage has closed ``wave`` and the flags of the stages after it came (the last stage has
-    none to wait for), sends the previous stage every unit's flag so far; stage 0 pushes the wave."""
-    if wave not in self._own_flags or (self.j < self.k - 1 and wave not in self._later_flags):
-      return
-    flags = self._own_flags.pop(wave) | self._later_flags.pop(wave, 0)
-    ctx = self.ctx
-    if self.j > 0:
-      deliver(ctx.node, ctx.mailbox, ctx.owners[(self.vw, self.j - 1)],
-              protocol.tag("flags", vw=self.vw, stage=self.j - 1, wave=wave),
-              [jax.device_put(flags, ctx.node.device)], stream=f"f{self.vw}.{self.j - 1}", hold=HOLD_PS)
-    else:
-      self._control("push", 2 * wave, tail=flags, wave=wave)
+      flags = jax.device_put(np.array([int(u in bad) for u in units], np.int32), ctx.node.device)
+      deliver(ctx.node, ctx.mailbox, holder, protocol.tag("update", vw=self.vw, stage=self.j, wave=wave),
+              [*leaves, flags], stream=f"u{self.vw}.{self.j}", hold=HOLD_PS)
