@@ -6,19 +6,21 @@ the brain (docs/PROTOCOL.md section 11.9).
   picks it, keeps its own weight versions (:mod:`hetpipe_jax.core.versions`), and sends its output straight
   to the next stage. Stage 0 of each virtual worker injects under the Nm window itself and asks for the
   pull of a gated minibatch.
-* The WSP clock is a service in the process of the first PS shard's owner (not process 0 unless it is the
-  only one; :class:`~hetpipe_jax.runtime.clock.ClockService`): it ticks on each wave's push, opens the
-  gates (:mod:`hetpipe_jax.core.wsp`), and puts every apply, serve and gather into one order that every
-  shard owner follows (:class:`~hetpipe_jax.runtime.shards.ShardFollower`), so a pull holds exactly the
-  waves its snapshot counts.
+* Every PS shard has two copies, its primary and a backup in the next process
+  (:class:`~hetpipe_jax.runtime.shards.ShardFollower`). The WSP clock is a service in process 0, which
+  hosts the coordination service (:class:`~hetpipe_jax.runtime.clock.ClockService`): it counts a wave once
+  every live copy holds it, opens the gates (:mod:`hetpipe_jax.core.wsp`), and puts every apply, serve,
+  gather and loss into one order that every copy follows, so a pull holds exactly the waves its snapshot
+  counts and a push in flight when a process dies is applied everywhere or nowhere.
 * Control messages are small int32 arrays (:data:`~hetpipe_jax.runtime.protocol.CONTROL_OPS`,
   :data:`~hetpipe_jax.runtime.protocol.ORDER_OPS`) moved like activations: no key-value operation while
   the run trains. Each input stream of a stage or the clock has a thread that pulls its messages in order.
 * Each process writes its own trace part; at the end they merge into one trace by causal keys
   (:mod:`hetpipe_jax.core.merge`), never by comparing the clocks of different processes.
 
-Process 0 hosts the coordination service, runs the stages of its node, and at the end merges the trace
-parts and evaluates the gathered weights; it makes no decision while the run trains.
+Process 0 hosts the coordination service and the clock, runs the stages of its node, and at the end checks
+the copies against each other, merges the trace parts and evaluates the gathered weights; no task passes
+through it. Losing any other process lets the others go on.
 """
 
 from __future__ import annotations

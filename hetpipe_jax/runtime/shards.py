@@ -1,6 +1,7 @@
 """The PS shards of a ``multiprocess`` run (:mod:`hetpipe_jax.runtime.multiprocess`): the thread of a process
-that owns some (:class:`ShardWorker`, its channel's commands :data:`hetpipe_jax.runtime.protocol.SHARD_OPS`),
-and process 0's parameter server that keeps the WSP clocks and posts to them (:class:`ShardedServer`)."""
+that owns some (:class:`ShardWorker`, its channel's commands :data:`hetpipe_jax.runtime.protocol.SHARD_OPS`)
+and process 0's parameter server that keeps the WSP clocks and posts to them (:class:`ShardedServer`) in a
+central run; the primary and backup copies a process holds in a decentralised one (:class:`ShardFollower`)."""
 
 from __future__ import annotations
 
@@ -250,7 +251,7 @@ class ShardFollower:
     self._left: set[int] = set()  # virtual workers the order said had left
     self._parts: dict[tuple[int, int], dict[int, list[Any]]] = {}  # (vw, wave) -> stage -> its part
     self._served: dict[int, collections.deque] = collections.defaultdict(lambda: collections.deque(maxlen=KEEP_SERVED))
-    self._next = 0  # the next order entry
+    self._stopped = False  # the order said stop
     self.thread = threading.Thread(target=self._main, daemon=True, name=f"ps{me}")
 
   def _main(self) -> None:
@@ -267,7 +268,7 @@ class ShardFollower:
         stream(self._actor, f"u{vw}.{j}", range(ctx.waves), lambda wave, vw=vw, j=j, specs=specs: expect(
             ctx.node, ctx.mailbox, ctx.owners[(vw, j)], protocol.tag("update", vw=vw, stage=j, wave=wave), specs))
     width = protocol.order_width(ctx.layout.num_vws)
-    stream(self._actor, "o", itertools.count(), lambda seq: expect(
+    stream(self._actor, "o", itertools.takewhile(lambda _: not self._stopped, itertools.count()), lambda seq: expect(
         ctx.node, ctx.mailbox, ctx.clock, protocol.tag("order", process=me, seq=seq), [((width,), np.int32)]),
         depth=FOLLOW_AHEAD)
     self._actor.run()
@@ -303,7 +304,8 @@ class ShardFollower:
   def _follow(self, message: np.ndarray) -> bool:
     """Order entry ``message``; True for the stop."""
     op, f, tail = protocol.decode(protocol.ORDER_OPS, message)
-    if op == protocol.STOP:
+    if op == protocol.STOP:  # (the clock sends one for each entry asked for ahead: the stream then ends)
+      self._stopped = True
       return True
     if op == "apply":
       self._apply(f["vw"], f["wave"], bool(f["drop"]))
