@@ -45,6 +45,7 @@ def test_train_cli_writes_outputs_the_checker_accepts(tmp_path, executor):
     assert str(tmp_path / name) in proc.stdout
 
 
+@pytest.mark.slow  # (15-18 s: the README's command keeps under 10 minutes; .ci/run runs it)
 def test_one_cuts_list_serves_every_virtual_worker_and_sets_the_stages(tmp_path):
   proc = run_module("experiments.train", "--dataset=digits", "--cuts=0,1,3,5", "--num_vws=2", "--waves=2",
                     f"--out_dir={tmp_path}")

@@ -30,6 +30,7 @@ def train(tmp_path, *flags: str, timeout: float = 300) -> subprocess.CompletedPr
                         capture_output=True, text=True, timeout=timeout, env=ENV, cwd=ROOT)
 
 
+@pytest.mark.slow  # (15-18 s: the README's command keeps under 10 minutes; .ci/run runs it)
 def test_four_processes_train_with_pipelines_across_nodes(tmp_path):
   """ED on hetero4: every virtual worker has one GPU on each of the 4 nodes, so every hop crosses processes."""
   proc = train(tmp_path, "--cluster=hetero4", "--policy=ED", "--d=1", "--waves=4")

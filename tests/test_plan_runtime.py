@@ -67,6 +67,7 @@ def test_training_runs_on_planned_layouts(policy):
       assert ev["t1"] - ev["t0"] == pytest.approx(cost.task_seconds(ev["vw"], ev["stage"], ev["ev"]))
 
 
+@pytest.mark.slow  # (15-18 s: the README's command keeps under 10 minutes; .ci/run runs it)
 def test_train_cli_on_the_paper_testbed(tmp_path):
   proc = subprocess.run([sys.executable, "-m", "experiments.train", "--cluster=paper_testbed", "--policy=HD",
                          "--model=mlp", "--dataset=digits", "--waves=3", f"--out_dir={tmp_path}",

@@ -218,6 +218,7 @@ def _run(*args, timeout=300):
                         timeout=timeout)
 
 
+@pytest.mark.slow  # (15-18 s: the README's command keeps under 10 minutes; .ci/run runs it)
 def test_tune_cli_falls_back_to_throughput_and_writes_best_and_best_hetpipe(tmp_path):
   """Without the convergence study's file the default objective ranks by images/s, said in one line;
   ``best`` names its system, ``best_hetpipe`` is the best WSP configuration in the form ``best`` had, and
