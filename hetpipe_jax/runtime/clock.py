@@ -59,7 +59,7 @@ class ClockService:
     self.ctx, self._eval_every, self._on_nonfinite = ctx, eval_every, on_nonfinite
     self.n = ctx.layout.num_vws
     self._clock = wsp.init(self.n)
-    self._holders = sorted({p for u in range(ctx.num_units) for p in ctx.copies(u)})  # every copy's process
+    self._holders = ctx.copy_holders()
     self._width = protocol.order_width(self.n)
     self._hold = 2 * self.n * ctx.waves + ctx.waves + 2 * self.n + 8  # every entry a run can have: all stay offered
     self._seq = 0  # entries of the order so far

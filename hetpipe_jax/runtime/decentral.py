@@ -26,7 +26,6 @@ through it. Losing any other process lets the others go on.
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import dataclasses
 import itertools
 import threading
@@ -39,7 +38,7 @@ from hetpipe_jax.core.trace import Trace
 from hetpipe_jax.data import MinibatchStreams
 from hetpipe_jax.errors import RunStopped
 from hetpipe_jax.plan.layout import Layout
-from hetpipe_jax.runtime.distributed import POLL_S, PULLS, Node, PeerGone
+from hetpipe_jax.runtime.distributed import POLL_S, Node, PeerGone
 from hetpipe_jax.runtime.mailbox import Mailbox
 
 Spec = tuple[tuple[int, ...], Any]  # (shape, dtype) of an array a receiver expects
@@ -173,18 +172,13 @@ class Context:
 
   def wait_unless_gone(self, src: int, what: str, wait: Callable[[], Any]) -> Any:
     """``wait()`` (what :func:`~hetpipe_jax.runtime.mailbox.expect` returned for a message from ``src``), given
-    up with :class:`PeerGone` once ``src`` is declared gone: a pull from a process that died may block for
-    good. Looked at every ``POLL_S`` of waiting."""
-    if src == self.node.process:
-      return wait()
-    future = PULLS.submit(wait)
-    while True:
-      try:
-        return future.result(timeout=POLL_S)
-      except concurrent.futures.TimeoutError:
-        if src in self.gone or self.node.declared_dead(src):
-          self.gone.add(src)
-          raise PeerGone(src, f" (while process {self.node.process} waited for {what})") from None
+    up with :class:`PeerGone` once ``src`` is declared gone (:meth:`Node.pull_unless_gone`): a pull from a
+    process that died may block for good."""
+    return wait() if src == self.node.process else self.node.pull_unless_gone(src, what, wait)
+
+  def copy_holders(self) -> list[int]:
+    """Every process that holds a copy (primary or backup) of some unit's PS shard."""
+    return sorted({p for u in range(self.num_units) for p in self.copies(u)})
 
   def leaf_specs(self, units: Sequence[int]) -> list[Spec]:
     return [spec for u in units for spec in self.unit_specs[u]]

@@ -205,12 +205,11 @@ class DecentralJob:
     """
     ctx, node = self.ctx, self.node
     treedefs = [jax.tree.structure(p) for p in self.job.init_params]
-    holders = sorted({p for u in range(ctx.num_units) for p in ctx.copies(u)})
     out, applied = [], {}
     count = int(node.get(GATHERS_KEY, TIMEOUT_S))
     for n in range(count):
       params: list[Any] = [None] * ctx.num_units
-      for p in holders:
+      for p in ctx.copy_holders():
         if p in node.dead:
           continue
         units = ctx.held_units(p)

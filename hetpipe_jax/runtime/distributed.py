@@ -83,7 +83,7 @@ class _DaemonPool:
     return future
 
 
-PULLS = _DaemonPool(16)  # pulls waited on with a deadline or a watch on the sender
+_PULLS = _DaemonPool(16)  # pulls waited on with a deadline or a watch on the sender
 
 
 class PeerGone(RuntimeError):
@@ -215,7 +215,7 @@ class Node:
     shapes = [jax.ShapeDtypeStruct(tuple(shape), jnp.dtype(dtype), sharding=sharding) for shape, dtype in specs]
     connection = self._connection(src, timeout_s)
     uid = _direct_id(src, self.process, tag)
-    return list(self._pull_unless_gone(src, tag, lambda: jax.block_until_ready(connection.pull(uid, shapes)),
+    return list(self.pull_unless_gone(src, tag, lambda: jax.block_until_ready(connection.pull(uid, shapes)),
                                        timeout_s))
 
   def post_direct(self, src: int, tag: str, specs: Sequence[tuple[tuple[int, ...], Any]]) -> list[jax.Array]:
@@ -254,15 +254,15 @@ class Node:
              for shape, dtype in notice["arrays"]]
     connection = self._connection(src, timeout_s)
     pull = lambda: jax.block_until_ready(connection.pull(notice["id"], specs))
-    arrays = pull() if not self.recoverable else self._pull_unless_gone(src, tag, pull)
+    arrays = pull() if not self.recoverable else self.pull_unless_gone(src, tag, pull)
     self.delete(key)  # the acknowledgement: the sender may drop the arrays
     return list(arrays)
 
-  def _pull_unless_gone(self, src: int, tag: str, pull: Callable[[], Any], timeout_s: float | None = None) -> Any:
+  def pull_unless_gone(self, src: int, tag: str, pull: Callable[[], Any], timeout_s: float | None = None) -> Any:
     """``pull()`` in a helper thread, given up (:class:`PeerGone`) if ``src`` is declared gone meanwhile (a
     recoverable job: a pull from a process that died after offering can fail, or block for good), or
     (:class:`TimeoutError`) after ``timeout_s`` when given."""
-    future = PULLS.submit(pull)
+    future = _PULLS.submit(pull)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while True:
       try:
