@@ -6,7 +6,7 @@ r"""The multi-process runtime's costs on this machine, measured in one run (CPU 
    pull: weights to a stage), each an offer on the transfer server plus a notice in the coordination
    service's key-value store, as the runtime uses them; the receiver times ``recv`` (notice wait + pull +
    ready). Against a local ``jax.device_put`` between two CPU devices of one process.
-2. **Per-task overhead**: one virtual worker of 2 stages on 2 nodes (Nm = 2, D = 0, small MLP, no
+2. **Per-task overhead**: one virtual worker of 2 stages on 2 nodes (Nm = 2, D = 0 or ``--d``, small MLP, no
    padding; ``--processes=2,4,8``: also 4 stages on 4 nodes, and 2 virtual workers of 4 on 8) as a
    ``multiprocess`` job (decentralised: each process runs its stages by the schedule; every activation,
    gradient, push, pull and control message goes through the transport, no key-value operation while it
@@ -49,6 +49,8 @@ flags.DEFINE_float("timeout", 300, "Seconds before a job is killed.")
 flags.DEFINE_integer("waves", 150, "Waves of the per-task overhead runs.")
 flags.DEFINE_list("processes", ["2"], "Nodes (processes) of the per-task overhead runs, one run each: 2-4 make one "
                   "virtual worker across them, multiples of 4 virtual workers of 4 stages.")
+flags.DEFINE_integer("d", 0, "Clock distance D of the per-task overhead runs (0: every wave waits for its own push and "
+                     "pull; >= 1: WSP lets the next wave start on local weights while they travel).")
 flags.DEFINE_integer("ps_mbytes", 400, "Weights pushed to the parameter server, in MB (4 equal units).")
 
 WORKER_ENV = "HETPIPE_BENCH_MULTIPROCESS_OUT"  # set in the two processes: where each writes its timings (+ .<process>)
@@ -148,18 +150,19 @@ def task_overhead(out_dir: str, processes: int) -> float:
   with open(cluster, "w", encoding="utf-8") as f:  # one GPU per node, the classes A-D in turn
     f.write(f'name = "nodes{processes}"\n[links]\nintra_node = "pcie3"\ninter_node = "ib_fdr56"\n')
     f.write("".join(f'[[nodes]]\ngpus = ["{"ABCD"[i % 4]}"]\n' for i in range(processes)))
-  flags_ = [f"--num_vws={vws}", f"--stages={stages}", "--nm=2", "--d=0", f"--waves={FLAGS.waves}", "--batch_size=32"]
+  flags_ = [f"--num_vws={vws}", f"--stages={stages}", "--nm=2", f"--d={FLAGS.d}", f"--waves={FLAGS.waves}",
+            "--batch_size=32"]
   summary = common.run_train_job(["--executor=multiprocess", f"--cluster={cluster}", "--model=mlp",
                                   "--dataset=synthetic", f"--eval_every={FLAGS.waves}", *flags_],
                                  os.path.join(out_dir, str(processes)), FLAGS.timeout)
   tasks = FLAGS.waves * 2 * processes * 2  # waves x Nm minibatches x stages of every VW x (forward, backward)
   wall = run_hetpipe(get_model("mlp"), synthetic(), RunConfig.of(
-      cluster=cluster, num_vws=vws, stages=stages, nm=2, d=0, waves=FLAGS.waves, batch_size=32, executor="wall",
+      cluster=cluster, num_vws=vws, stages=stages, nm=2, d=FLAGS.d, waves=FLAGS.waves, batch_size=32, executor="wall",
       cuts=summary["cuts"], eval_every=FLAGS.waves))
   common.require_wsp(wall.events, "wall run")
   per_task = {"multiprocess": summary["seconds"] / tasks, "wall": wall.seconds / tasks}
-  print(f"2. per-task overhead: {vws} virtual worker(s) x {stages} stages on {processes} nodes, Nm=2, D=0, MLP, "
-        f"{tasks} tasks, no padding (trace checked)")
+  print(f"2. per-task overhead: {vws} virtual worker(s) x {stages} stages on {processes} nodes, Nm=2, "
+        f"D={FLAGS.d}, MLP, {tasks} tasks, no padding (trace checked)")
   for name, seconds in per_task.items():
     print(f"   {name:13} {seconds * 1e3:7.3f} ms per task")
   print(f"   multiprocess - wall: {(per_task['multiprocess'] - per_task['wall']) * 1e3:.3f} ms per task")

@@ -25,6 +25,7 @@ from hetpipe_jax.runtime import protocol
 from hetpipe_jax.runtime.channels import Channel
 from hetpipe_jax.runtime.distributed import Node
 from hetpipe_jax.runtime.mailbox import TIMEOUT_S, Mailbox
+from hetpipe_jax.runtime.ps import nonfinite_units
 from hetpipe_jax.runtime.remote import RemoteNumerics, process_of
 from hetpipe_jax.runtime.shards import ShardedServer, ShardWorker
 from hetpipe_jax.runtime.stage import Stage
@@ -88,6 +89,7 @@ def build_stage(job: Job, i: int, j: int, x0, y0) -> tuple[Stage, dict[str, tupl
                 vw.nm, job.weight_mode)
   x = job.model.apply(job.init_params[:units.start], jnp.asarray(x0), 0, units.start)  # the stage's input
   out = stage.warm_up(x, jax.device_put(y0, device) if stage.is_last else None)
+  nonfinite_units(jax.tree.map(jnp.zeros_like, stage.params))  # compiles the check of a closed wave's update
   return stage, {"a": (x.shape, x.dtype), "g": (out.shape, out.dtype)}  # (shapes are fixed)
 
 

@@ -110,11 +110,13 @@ class ParameterServer:
     return optax.apply_updates(params, new_updates), new_opt_state
 
   def warm_up(self) -> None:
-    """Compiles the apply programs on zero updates (results discarded) before a timed run."""
+    """Compiles the apply programs on zero updates, and the serves' copy (results discarded), before a
+    timed run."""
     with self._cond:
       for apply in (self._apply, self._apply_checked):
         params, opt_state = jax.tree.map(jnp.copy, (self._state.params, self._state.opt_state))  # donated
         jax.block_until_ready(apply(params, opt_state, jax.tree.map(jnp.zeros_like, params)))
+      jax.block_until_ready(self._copy(self._state.params))
 
   @property
   def state(self) -> ServerState:
