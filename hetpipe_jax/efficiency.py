@@ -111,13 +111,13 @@ def efficiency_report(events: list[dict[str, Any]], time_scale: float | None = N
 
 
 def plot_breakdown(report: dict[str, Any], path: str, title: str = "") -> None:
-  """A stacked bar per GPU: the share of the run in each category."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  """A stacked bar per GPU: the share of the run in each category (a PNG at ``path``, drawn on a figure of
+  its own, not through pyplot: a notebook's or a script's matplotlib backend stays as it is)."""
+  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
 
   devices, fractions = report["devices"], report["shares"]
-  fig, ax = plt.subplots(figsize=(max(6.0, 0.5 * len(devices) + 2), 4.5))
+  fig = Figure(figsize=(max(6.0, 0.5 * len(devices) + 2), 4.5))
+  ax = fig.subplots()
   bottom = [0.0] * len(devices)
   for c in report.get("categories", CATEGORIES):
     values = [f[c] for f in fractions]
@@ -132,7 +132,6 @@ def plot_breakdown(report: dict[str, Any], path: str, title: str = "") -> None:
   ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
   fig.tight_layout()
   fig.savefig(path, dpi=110)
-  plt.close(fig)
 
 
 def main(argv: list[str]) -> int:
