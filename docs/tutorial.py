@@ -18,8 +18,9 @@
 #   Every minibatch is a full SGD step; there is no pipeline flush.
 # * **Wave Synchronous Parallel** (WSP). The virtual workers train in data parallel through a parameter
 #   server (PS). A *wave* is Nm consecutive minibatches of one VW; at its end the VW pushes the wave's
-#   summed update. A VW may run at most **D** waves ahead of the slowest one (the clock distance bound):
-#   before injecting the last minibatch of a wave it passes a *gate* and pulls the global weights.
+#   summed update, which the PS applies at once. A VW's clock (its waves pushed) may lead the slowest
+#   VW's by at most **D**, the clock distance bound, when it passes the *gate* before the last minibatch
+#   of a wave (by D + 1 at any moment); passing the gate, it pulls the global weights.
 #
 # This notebook walks through the whole workflow on CPU (it runs in under three minutes on two cores):
 #
