@@ -39,30 +39,13 @@ flags.DEFINE_string("precision", "fp32", "fp32, fp16 or bf16 (mixed precision: 1
 flags.DEFINE_string("out", "outputs/plan/plan.json", "Where to write the plan JSON.")
 
 
-def plan_table(doc: dict) -> str:
-  """A readable table per virtual worker."""
-  lines = [f"{doc['model']} (batch {doc['batch_size']}, {doc['precision']}) on {doc['cluster']}: policy "
-           f"{doc['policy']}, placement {doc['placement']}, modelled {doc['images_per_s']:.1f} images/s in total "
-           "(no WSP waiting)"]
-  for i, vw in enumerate(doc["vws"]):
-    lines.append(f"virtual worker {i}: Nm={vw['nm']}  bottleneck {vw['bottleneck_s'] * 1e3:.1f} ms  "
-                 f"{vw['images_per_s']:.1f} images/s  PS traffic across nodes "
-                 f"{vw['ps_cross_node_bytes_per_wave'] / 2**20:.1f} MiB per push")
-    lines.append(f"  {'stage':>5} {'device':24} {'layers':>9} {'time ms':>8} {'memory GiB used / limit':>24}")
-    for j, s in enumerate(vw["stages"]):
-      lines.append(f"  {j:>5} {s['device']:24} {s['first_layer']:>4}..{s['last_layer']:<4} "
-                   f"{s['time_s'] * 1e3:8.1f} {s['memory_bytes'] / 2**30:11.2f} / "
-                   f"{s['memory_limit_bytes'] / 2**30:<10.2f}")
-  return "\n".join(lines)
-
-
 def main(argv):
   del argv
   from hetpipe_jax import get_cluster
   from hetpipe_jax.cost.context import CostContext
   from hetpipe_jax.optim import optimizer_slots
   from hetpipe_jax.plan.allocation import parse_policy, plan_cluster
-  from hetpipe_jax.plan.plan_json import plan_to_json
+  from hetpipe_jax.plan.plan_json import plan_table, plan_to_json
   from hetpipe_jax.precision import check_precision
 
   check_precision(FLAGS.precision)

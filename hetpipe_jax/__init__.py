@@ -6,7 +6,7 @@ module exports; the packages below show the layers (``core`` < ``cluster``/``cos
 ``runtime``/``sim`` < ``api``; see BUILD_NOTES.md, "Map of the code").
 """
 
-from hetpipe_jax.api import RunConfig, RunResult, run_hetpipe
+from hetpipe_jax.api import RunConfig, RunResult, plan_hetpipe, plan_table, run_hetpipe
 from hetpipe_jax.cluster import Cluster, Gpu, GpuType, ensure_cpu_devices, get_cluster
 from hetpipe_jax.core import wsp
 from hetpipe_jax.core.check import check_trace
@@ -20,6 +20,6 @@ from hetpipe_jax.runtime.ps import ParameterServer
 __all__ = [
     "Cluster", "ConfigError", "Dataset", "Gpu", "GpuType", "LayeredModel", "Layout", "MinibatchStreams",
     "ParameterServer", "ProtocolError", "RunConfig", "RunResult", "VWLayout", "check_trace",
-    "ensure_cpu_devices", "get_cluster", "get_model", "load_dataset", "read_trace", "run_hetpipe",
-    "staleness_stats", "synthetic", "wsp",
+    "ensure_cpu_devices", "get_cluster", "get_model", "load_dataset", "plan_hetpipe", "plan_table",
+    "read_trace", "run_hetpipe", "staleness_stats", "synthetic", "wsp",
 ]

@@ -2,27 +2,44 @@
 
 Example::
 
-  from hetpipe_jax import RunConfig, get_model, load_dataset, run_hetpipe
-  result = run_hetpipe(get_model("cnn"), load_dataset("digits"),
-                       RunConfig.of(num_vws=2, stages=(2, 2), nm=(2, 2), d=1, waves=20))
+  from hetpipe_jax import RunConfig, get_model, load_dataset, plan_hetpipe, plan_table, run_hetpipe
+  config = RunConfig.of(num_vws=2, stages=(2, 2), nm=(2, 2), d=1, waves=20)
+  print(plan_table(plan_hetpipe(get_model("cnn"), load_dataset("digits"), config)))   # before running it
+  result = run_hetpipe(get_model("cnn"), load_dataset("digits"), config)
   result.metrics[-1]["test_accuracy"]
 
 A run is a short pipeline (:mod:`hetpipe_jax.run`): validate the config -> the executor's entry checks
 what it runs -> profile and lay out (:func:`~hetpipe_jax.run.setup.prepare`) -> the executor builds and
 runs it -> the result. Every bad configuration raises :class:`ConfigError` before anything runs.
+:func:`plan_hetpipe` stops after the layout and returns the plan to read before running it.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.models import FullSize
 from hetpipe_jax.models.base import LayeredModel
+from hetpipe_jax.plan.allocation import layout_plan
+from hetpipe_jax.plan.plan_json import plan_table, plan_to_json
 from hetpipe_jax.run.config import RunConfig
 from hetpipe_jax.run.executors import get_executor
 from hetpipe_jax.run.result import RunResult
-from hetpipe_jax.run.setup import prepare
+from hetpipe_jax.run.setup import Setup, prepare
 
-__all__ = ["RunConfig", "RunResult", "run_hetpipe"]
+__all__ = ["RunConfig", "RunResult", "plan_hetpipe", "plan_table", "run_hetpipe"]
+
+
+def _setup(model: LayeredModel, dataset, config: RunConfig) -> Setup:
+  """Validates ``config`` (its own fields, then what its executor runs) and lays the run out."""
+  config.validate()
+  executor = get_executor(config.executor)
+  executor.validate(config)
+  if isinstance(dataset, FullSize) and executor.numerics:
+    raise ConfigError(f"executor={config.executor!r} trains on data, but the run has only an input shape "
+                      f"{dataset.input_shape}; give a dataset, or simulate (executor='sim')")
+  return prepare(model, dataset, config)
 
 
 def run_hetpipe(model: LayeredModel, dataset, config: RunConfig) -> RunResult:
@@ -35,10 +52,30 @@ def run_hetpipe(model: LayeredModel, dataset, config: RunConfig) -> RunResult:
   Raises:
     ConfigError: for a configuration that cannot run, before anything runs.
   """
-  config.validate()
-  executor = get_executor(config.executor)
-  executor.validate(config)
-  if isinstance(dataset, FullSize) and executor.numerics:
-    raise ConfigError(f"executor={config.executor!r} trains on data, but the run has only an input shape "
-                      f"{dataset.input_shape}; give a dataset, or simulate (executor='sim')")
-  return executor.run(prepare(model, dataset, config))
+  return get_executor(config.executor).run(_setup(model, dataset, config))
+
+
+def plan_hetpipe(model: LayeredModel, dataset, config: RunConfig) -> dict[str, Any]:
+  """The plan of the run ``run_hetpipe(model, dataset, config)`` would run, without running it.
+
+  The same layout the run gets (the planner's with ``config.layout.policy``, else the given stages and
+  cuts), evaluated by the cost model: per virtual worker its GPUs in pipeline order, Nm, each stage's
+  units, modelled time per minibatch and memory against its GPU's, the bottleneck and modelled images/s,
+  and the PS traffic a push sends across nodes; the node of every PS shard; per unit its costs on every GPU
+  type. With ``time_model`` the plan is of the clock's model (the one the layout was planned for). The
+  document is JSON-serialisable, the same that ``python -m experiments.plan`` writes;
+  :func:`plan_table` prints it.
+
+  ``dataset`` may be a :class:`~hetpipe_jax.models.FullSize` input description with the ``sim`` executor,
+  as for :func:`run_hetpipe`.
+
+  Raises:
+    ConfigError: for what :func:`run_hetpipe` would refuse (a policy whose virtual workers no partition
+      fits in memory included), before anything runs.
+  """
+  setup = _setup(model, dataset, config)
+  spec = config.layout
+  policy = "manual" if spec.policy is None else spec.policy if isinstance(spec.policy, str) else "custom"
+  plan = layout_plan(setup.cluster, setup.clock_profiles, setup.clock_layout, policy, spec.placement, setup.costs)
+  return plan_to_json(setup.cluster, setup.clock_profiles, plan, spec.time_model or model.name, config.batch_size,
+                      config.precision)

@@ -25,6 +25,7 @@ import os
 import sys
 from typing import Any
 
+from hetpipe_jax.cluster import Cluster, get_cluster
 from hetpipe_jax.core.breakdown import CATEGORIES, pushed_images, shares, time_breakdown
 from hetpipe_jax.core.trace import trace_cli
 from hetpipe_jax.errors import ConfigError
@@ -34,18 +35,21 @@ COLOURS = {"compute": "#4C72B0", "link": "#8172B2", "bubble": "#CCB974", "window
            "allreduce": "#55A868", "sync": "#DA8BC3", "unused": "#EEEEEE"}  # (the last three: a peer's timeline)
 
 
-def trace_costs(meta: dict[str, Any]):
+def trace_costs(meta: dict[str, Any], cluster: Cluster | None = None):
   """(cluster, profiles, layout) of a trace's run, rebuilt from its meta line.
+
+  Args:
+    meta: the trace's meta line.
+    cluster: the run's cluster; None: the preset the meta line names.
 
   Raises:
     ConfigError: when the cluster or the model cannot be rebuilt (naming which).
   """
-  from hetpipe_jax.cluster import get_cluster  # pylint: disable=g-import-not-at-top
   from hetpipe_jax.cost.profile import full_size_profiles, profile_units
   from hetpipe_jax.models import FULL_SIZE
   from hetpipe_jax.plan.layout import Layout, VWLayout
 
-  cluster = get_cluster(meta["cluster"])
+  cluster = cluster or get_cluster(meta["cluster"])
   batch = meta["batch_size"]
   from hetpipe_jax import get_model, load_dataset
 
@@ -68,22 +72,36 @@ def trace_costs(meta: dict[str, Any]):
   return cluster, profiles, layout
 
 
-def efficiency_report(events: list[dict[str, Any]], time_scale: float | None = None) -> dict[str, Any]:
+def efficiency_report(events: list[dict[str, Any]], time_scale: float | None = None,
+                      cluster: Cluster | str | None = None) -> dict[str, Any]:
   """The breakdown and the efficiencies of a trace (see the module docstring).
 
   Args:
     events: the trace.
     time_scale: wall seconds per emulated second of a ``wall``/``multiprocess`` run (None: the trace is
       on the emulated clock for ``virtual`` and ``sim``, unknown otherwise).
+    cluster: the run's cluster, when the trace's meta line names one that is not a preset (a
+      :class:`~hetpipe_jax.cluster.Cluster`, or a TOML file's path); None: the preset it names.
+
+  Returns:
+    ``seconds`` (the run's length), ``devices`` and ``shares`` (per GPU: its seconds and share of the run
+    in each category of :mod:`hetpipe_jax.core.breakdown`), ``note`` (why a part is missing, or None);
+    with a cost model also ``vws`` (per virtual worker: images/s, its GPUs' ideal, efficiency) and the
+    cluster's ``images_per_sec``, ``ideal_images_per_sec`` and ``efficiency``.
   """
   from hetpipe_jax.plan.costmodel import CostModel, ideal_images_per_sec
 
   meta = events[0]
+  if isinstance(cluster, str):
+    cluster = get_cluster(cluster)
+  if cluster is not None and cluster.name != meta["cluster"]:
+    raise ConfigError(f"the trace ran on cluster {meta['cluster']!r}, not on the given {cluster.name!r}: "
+                      "give the run's cluster (or none for a preset)")
   scale = time_scale if time_scale else (1.0 if meta.get("executor") in ("virtual", "sim") else None)
   note, cost = None, None
   try:
-    cluster, profiles, layout = trace_costs(meta)
-    cost = CostModel(cluster, profiles, layout)
+    run_cluster, profiles, layout = trace_costs(meta, cluster)
+    cost = CostModel(run_cluster, profiles, layout)
   except (ConfigError, KeyError) as e:
     note = f"no cost model for this trace ({e}): tasks count as compute, no efficiency"
   if cost is not None and scale is None:
@@ -100,24 +118,24 @@ def efficiency_report(events: list[dict[str, Any]], time_scale: float | None = N
   images = pushed_images(events, meta["batch_size"])
   batch = meta["batch_size"]
   report["vws"] = [{"vw": i, "images_per_sec": images[i] / emulated,
-                    "ideal_images_per_sec": ideal_images_per_sec(cluster, profiles, batch, vw.gpus)}
+                    "ideal_images_per_sec": ideal_images_per_sec(run_cluster, profiles, batch, vw.gpus)}
                    for i, vw in enumerate(layout.vws)]
   for row in report["vws"]:
     row["efficiency"] = row["images_per_sec"] / row["ideal_images_per_sec"]
   report["images_per_sec"] = sum(images) / emulated
-  report["ideal_images_per_sec"] = ideal_images_per_sec(cluster, profiles, batch)
+  report["ideal_images_per_sec"] = ideal_images_per_sec(run_cluster, profiles, batch)
   report["efficiency"] = report["images_per_sec"] / report["ideal_images_per_sec"]
   return report
 
 
 def plot_breakdown(report: dict[str, Any], path: str, title: str = "") -> None:
-  """A stacked bar per GPU: the share of the run in each category."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  """A stacked bar per GPU: the share of the run in each category (a PNG at ``path``, drawn on a figure of
+  its own, not through pyplot: a notebook's or a script's matplotlib backend stays as it is)."""
+  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
 
   devices, fractions = report["devices"], report["shares"]
-  fig, ax = plt.subplots(figsize=(max(6.0, 0.5 * len(devices) + 2), 4.5))
+  fig = Figure(figsize=(max(6.0, 0.5 * len(devices) + 2), 4.5))
+  ax = fig.subplots()
   bottom = [0.0] * len(devices)
   for c in report.get("categories", CATEGORIES):
     values = [f[c] for f in fractions]
@@ -132,7 +150,6 @@ def plot_breakdown(report: dict[str, Any], path: str, title: str = "") -> None:
   ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
   fig.tight_layout()
   fig.savefig(path, dpi=110)
-  plt.close(fig)
 
 
 def main(argv: list[str]) -> int:

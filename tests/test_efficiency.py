@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from hetpipe_jax import RunConfig, get_cluster, get_model, run_hetpipe, synthetic
+from hetpipe_jax import ConfigError, RunConfig, get_cluster, get_model, run_hetpipe, synthetic
 from hetpipe_jax.core.breakdown import CATEGORIES, shares, time_breakdown
 from hetpipe_jax.cost.profile import full_size_profiles
 from hetpipe_jax.models import FULL_SIZE
@@ -149,3 +149,23 @@ def test_a_padded_wall_trace_gets_efficiency_with_its_time_scale():
   assert report["images_per_sec"] == pytest.approx(result.images / (report["seconds"] / 2000.0))
   for fraction in report["shares"]:
     assert sum(fraction.values()) == pytest.approx(1.0)
+
+
+def test_a_cluster_that_is_not_a_preset_is_passed_along(tmp_path):
+  """A trace of a run on a cluster from a TOML file names it by its name only: the report gets no cost model
+  from the name, and the whole report from the cluster given beside the trace (a Cluster or the file)."""
+  from hetpipe_jax.efficiency import efficiency_report
+
+  toml = tmp_path / "lab.toml"
+  toml.write_text('name = "lab"\n[[nodes]]\ngpus = ["TITAN V", "TITAN V"]\n[[nodes]]\ngpus = ["RTX 2060"]\n')
+  cluster = get_cluster(str(toml))
+  result = run_hetpipe(get_model("mlp"), synthetic(num_train=256), RunConfig.of(
+      cluster=cluster, executor="sim", num_vws=1, stages=3, nm=2, waves=4, batch_size=16))
+  assert_trace_ok(result.events)
+  assert "unknown cluster 'lab'" in efficiency_report(result.events)["note"]
+  for given in (cluster, str(toml)):
+    report = efficiency_report(result.events, cluster=given)
+    assert report["note"] is None and 0 < report["efficiency"] < 1
+    assert report["images_per_sec"] == pytest.approx(result.images_per_second)
+  with pytest.raises(ConfigError, match="ran on cluster 'lab', not on the given 'hetero4'"):
+    efficiency_report(result.events, cluster="hetero4")

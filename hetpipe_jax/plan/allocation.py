@@ -160,6 +160,28 @@ class ClusterPlan:
     return sum(p.throughput for p in self.vws)
 
 
+def layout_plan(cluster: Cluster, profiles: Sequence[UnitProfile], layout: Layout, policy: str = "manual",
+                placement: str = "default", costs: CostContext = DEFAULT_COSTS) -> ClusterPlan:
+  """The plan of a given layout: every virtual worker's stage times and memory, and the PS shards placed.
+
+  The plan :func:`plan_cluster` returns is ``layout_plan`` of its own layout; a layout from elsewhere (given
+  cuts, a tuned plan) is evaluated the same way.
+
+  Args:
+    cluster: the cluster.
+    profiles: per-unit profiles of the model at the training batch size.
+    layout: every virtual worker's GPUs in pipeline order, cuts, Nm and window.
+    policy: the name the plan records (how the layout was made).
+    placement: "default", "local" or "striped" (:func:`hetpipe_jax.plan.placement.place_shards`).
+    costs: what the memory of a stage holds, and the precision of its times and memory.
+
+  Returns:
+    The plan; nothing is checked against the GPUs' memory (each stage's need and limit are in it).
+  """
+  plans = tuple(vw_plan(cluster, profiles, vw.gpus, vw.cuts, vw.nm, costs, vw.window) for vw in layout.vws)
+  return ClusterPlan(policy, placement, plans, tuple(place_shards(cluster, profiles, layout, placement)))
+
+
 def _same_plan_on(cluster: Cluster, profiles: Sequence[UnitProfile], template: VWPlan, gpus: Sequence[Gpu],
                   costs: CostContext) -> VWPlan:
   """``template``'s stage order by GPU type and its cuts, on another VW with the same types (ED)."""

@@ -1,4 +1,5 @@
-"""A cluster plan as JSON: everything needed to recheck it from its own numbers (experiments/plan.py)."""
+"""A cluster plan as JSON (everything needed to recheck it from its own numbers) and as a readable table
+(experiments/plan.py, :func:`hetpipe_jax.api.plan_hetpipe`)."""
 
 from __future__ import annotations
 
@@ -60,3 +61,22 @@ def plan_to_json(cluster: Cluster, profiles: Sequence[UnitProfile], plan: Cluste
       "links": {"intra_node": dataclasses.asdict(cluster.intra_node),
                 "inter_node": dataclasses.asdict(cluster.inter_node)},
   }
+
+
+def plan_table(doc: dict[str, Any]) -> str:
+  """A plan document (:func:`plan_to_json`) as text: the totals, then per virtual worker its Nm,
+  bottleneck, modelled images/s and PS traffic, and a table of its stages (GPU, layers, time per
+  minibatch, memory used and the GPU's limit)."""
+  lines = [f"{doc['model']} (batch {doc['batch_size']}, {doc['precision']}) on {doc['cluster']}: policy "
+           f"{doc['policy']}, placement {doc['placement']}, modelled {doc['images_per_s']:.1f} images/s in total "
+           "(no WSP waiting)"]
+  for i, vw in enumerate(doc["vws"]):
+    lines.append(f"virtual worker {i}: Nm={vw['nm']}  bottleneck {vw['bottleneck_s'] * 1e3:.1f} ms  "
+                 f"{vw['images_per_s']:.1f} images/s  PS traffic across nodes "
+                 f"{vw['ps_cross_node_bytes_per_wave'] / 2**20:.1f} MiB per push")
+    lines.append(f"  {'stage':>5} {'device':24} {'layers':>9} {'time ms':>8} {'memory GiB used / limit':>24}")
+    for j, s in enumerate(vw["stages"]):
+      lines.append(f"  {j:>5} {s['device']:24} {s['first_layer']:>4}..{s['last_layer']:<4} "
+                   f"{s['time_s'] * 1e3:8.1f} {s['memory_bytes'] / 2**30:11.2f} / "
+                   f"{s['memory_limit_bytes'] / 2**30:<10.2f}")
+  return "\n".join(lines)

@@ -49,10 +49,9 @@ def chrome_trace(events: Iterable[dict[str, Any]]) -> dict[str, Any]:
 
 
 def plot_gantt(events: Iterable[dict[str, Any]], path: str, waves: int = 3) -> None:
-  """A PNG Gantt chart of each virtual worker's first ``waves`` waves."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  """A PNG Gantt chart of each virtual worker's first ``waves`` waves (drawn on a figure of its own, not
+  through pyplot: a notebook's or a script's matplotlib backend stays as it is)."""
+  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
   from matplotlib.patches import Patch
 
   events = list(events)
@@ -63,7 +62,8 @@ def plot_gantt(events: Iterable[dict[str, Any]], path: str, waves: int = 3) -> N
   shown = [e for e in events[1:] if e["ev"] in ("fwd", "bwd") and wsp.wave_of(e["mb"], nms[e["vw"]]) < waves]
   t_end = max((e["t1"] for e in shown), default=1.0)
   waits = [e for e in events[1:] if e["ev"] == "wait" and e["t0"] < t_end]
-  fig, ax = plt.subplots(figsize=(12, 0.45 * len(rows) + 1.2))
+  fig = Figure(figsize=(12, 0.45 * len(rows) + 1.2))
+  ax = fig.subplots()
   for e in shown + waits:
     row = y[(e["vw"], e["stage"] if e["ev"] != "wait" else "gate")]
     t1 = min(e["t1"], t_end)
@@ -81,7 +81,6 @@ def plot_gantt(events: Iterable[dict[str, Any]], path: str, waves: int = 3) -> N
   ax.set_title(f"first {waves} waves: Nm={nms}, D={meta['d']}, {meta.get('weight_mode')}", fontsize=9)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
-  plt.close(fig)
 
 
 def main(argv: list[str]) -> int:
