@@ -988,8 +988,7 @@ def plot(runs: list[dict], epoch: float, target: float, path: str, title: str,
         ax.fill_between(x, y.min(axis=0), y.max(axis=0), color=line.get_color(), alpha=0.15, lw=0)
   if language:
     axes[2].axhline(unigram_perplexity, color="grey", lw=0.8, ls=":", label="unigram baseline")
-    axes[2].set(xlabel="emulated time (s)", ylabel="test perplexity (mean; band: seeds' range)", xscale="log",
-                yscale="log")
+    axes[2].set(xlabel="emulated time (s)", ylabel="test perplexity (mean; band: seeds' range)", xscale="log")
     axes[2].grid(alpha=0.3)
     axes[2].legend(fontsize=6, loc="upper right")
   for ax in (ax_t, ax_e):

@@ -10,7 +10,7 @@ trace against the WSP guarantees, and prints the paths::
   python -m experiments.train --num_vws=3 --stages=2 --nm=3 --d=1 --waves=6 --executor=wall \
       --trace_out=t.jsonl
   python -m experiments.train --model=gpt --dataset=tokens --optimizer=adam --learning_rate=0.003 --waves=30
-  python -m experiments.train --model=gpt --dataset=text --optimizer=adam --learning_rate=0.003 --waves=60
+  python -m experiments.train --model=gpt --dataset=text --optimizer=adam --learning_rate=0.01 --waves=60
   python -m experiments.train --model=gpt-6.7b --seq_len=1024 --batch_size=1 --precision=bf16 \
       --optimizer=adam --executor=sim --cluster=paper_testbed --policy=0,1,2,3,4,5,6,7 --waves=5
 """
@@ -485,7 +485,7 @@ def write_pictures(model, config, result) -> list[tuple[str, str]]:
   return outputs + [("timeline", gantt_out), ("chrome", chrome_out)]
 
 
-def language_loss(dataset, result) -> dict:
+def language_metrics(dataset, result) -> dict:
   """A language model's (labels: the next tokens) final test loss per token, its perplexity and the unigram
   baseline's (the training set's token frequencies); empty for any other run."""
   import math
@@ -563,7 +563,7 @@ def main(argv):
   common.write_jsonl(metrics_out, result.metrics)
   violations = check_trace(result.events)
   stats = staleness_stats(result.events)
-  language = language_loss(dataset, result)
+  language = language_metrics(dataset, result)
   summary_out = common.write_json(common.output_path(FLAGS.out_dir, "summary.json"),
                                   {**summarize(model, config, result, violations, stats, plan), **language})
   outputs = [("trace", trace_out), ("metrics", metrics_out), ("summary", summary_out)]

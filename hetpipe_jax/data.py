@@ -149,7 +149,8 @@ def text(root: str = corpus.FORTUNES_DIR, seq_len: int = 64, valid_every: int = 
     The dataset, named ``text``; ``num_classes`` is 256.
 
   Raises:
-    ConfigError: when the corpus is not installed, or a size is below 1 (``valid_every`` below 2).
+    ConfigError: when the corpus is not installed, a size is below 1 (``valid_every`` below 2), or the corpus
+      gives fewer than ``train_multiple`` training windows or no validation window.
   """
   for name, value, low in (("seq_len", seq_len, 1), ("valid_every", valid_every, 2),
                            ("train_multiple", train_multiple, 1)):
