@@ -10,7 +10,7 @@ trace against the WSP guarantees, and prints the paths::
   python -m experiments.train --num_vws=3 --stages=2 --nm=3 --d=1 --waves=6 --executor=wall \
       --trace_out=t.jsonl
   python -m experiments.train --model=gpt --dataset=tokens --optimizer=adam --learning_rate=0.003 --waves=30
-  python -m experiments.train --model=gpt --dataset=text --optimizer=adam --learning_rate=0.01 --waves=60
+  python -m experiments.train --model=gpt --dataset=text --optimizer=adam --learning_rate=0.001 --waves=150
   python -m experiments.train --model=gpt-6.7b --seq_len=1024 --batch_size=1 --precision=bf16 \
       --optimizer=adam --executor=sim --cluster=paper_testbed --policy=0,1,2,3,4,5,6,7 --waves=5
 """
