@@ -51,7 +51,7 @@ line per configuration::
   python -m experiments.convergence --full
   python -m experiments.convergence --model=gpt --dataset=text --optimizer=adam --lr_scaling=sqrt \
       --base_lr=0.001 --target_metric=loss --time_model=none --systems= --notuned --outer= --seeds=0 \
-      --lr_grid=1 --policies=NP --cluster=hetero4 --epochs=1 --eval_examples=4000
+      --lr_grid=1 --policies=NP --cluster=hetero4 --epochs=3 --eval_examples=8000
   python -m experiments.convergence --time_model=resnet152 --out_dir=outputs/convergence_resnet152
 """
 
