@@ -2,20 +2,28 @@
 # Sets up hetpipe_jax on a fresh machine; safe to run again (it only does what is missing).
 #  - Fashion-MNIST from Debian's dataset-fashion-mnist package (needs root or sudo; without it the
 #    training CLI falls back to scikit-learn's bundled digits and says so);
+#  - the English text of --dataset=text from Debian's fortunes package (BSD licence; without it
+#    --dataset=text says what to install);
 #  - a Python >= 3.11 virtual environment in .venv with the package and its test extras.
 set -euo pipefail
 cd "$(dirname "$0")"
 
-if [ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
+# apt_install PACKAGE FILE WHAT: installs PACKAGE with apt-get unless FILE exists; warns (WHAT) if it cannot.
+apt_install() {
+  [ -e "$2" ] && return 0
   if [ "$(id -u)" = 0 ]; then SUDO=""; elif command -v sudo >/dev/null; then SUDO="sudo"; else SUDO="none"; fi
   if [ "$SUDO" != none ] && command -v apt-get >/dev/null; then
-    echo "setup: installing Fashion-MNIST (apt-get install dataset-fashion-mnist)"
-    $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist >/dev/null \
-      || echo "setup: WARNING: could not install dataset-fashion-mnist; training will use the bundled digits"
+    echo "setup: installing $1 (apt-get install $1)"
+    if [ -z "${APT_UPDATED:-}" ]; then $SUDO apt-get update -qq || true; APT_UPDATED=1; fi
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$1" >/dev/null \
+      || echo "setup: WARNING: could not install $1; $3"
   else
-    echo "setup: WARNING: no apt-get/root to install dataset-fashion-mnist; training will use the bundled digits"
+    echo "setup: WARNING: no apt-get/root to install $1; $3"
   fi
-fi
+}
+apt_install dataset-fashion-mnist /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz \
+  "training will use the bundled digits"
+apt_install fortunes /usr/share/games/fortunes/cookie "--dataset=text will not be available"
 
 PYTHON="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then

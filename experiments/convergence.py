@@ -40,10 +40,18 @@ Writes convergence.json (``target_accuracy``; every run with ``system``, ``name`
 ``time_to_target_s``, null when missed; the table; the learning rates and their pilots; the fitted
 staleness model and its validation), a CSV of every curve and PNG plots, and prints one table: per
 configuration images/s, efficiency against the ideal aggregate, its ratio to the best peer, the time to
-target (mean, min, max over seeds) and the best peer's time over it::
+target (mean, min, max over seeds) and the best peer's time over it. A language model's runs (the small GPT
+on --dataset=tokens or text) report their test perplexity (exp of the mean test loss per token) against time
+too: the CSV's ``test_perplexity`` column, each run's ``perplexity_curve`` ([time s, perplexity] at every
+evaluation) and ``final_test_perplexity`` in the JSON, with the byte- (token-) unigram baseline
+``unigram_test_perplexity`` (the training set's frequencies on the test set), a third plot panel and a
+line per configuration::
 
   python -m experiments.convergence
   python -m experiments.convergence --full
+  python -m experiments.convergence --model=gpt --dataset=text --optimizer=adam --lr_scaling=sqrt \
+      --base_lr=0.001 --target_metric=loss --time_model=none --systems= --notuned --outer= --seeds=0 \
+      --lr_grid=1 --policies=NP --cluster=hetero4 --epochs=3 --eval_examples=8000
   python -m experiments.convergence --time_model=resnet152 --out_dir=outputs/convergence_resnet152
 """
 
@@ -67,8 +75,9 @@ if TYPE_CHECKING:
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model", "mlp", "Model trained: mlp (the default: its 32-example gradient costs 0.18 ms here, "
                     "the cnn's 29.6 ms, which makes a 3-epoch study of every configuration take hours), cnn, vgg, "
-                    "resnet, gpt (--dataset=tokens).")
-flags.DEFINE_string("dataset", "auto", "auto (Fashion-MNIST, else digits), fashion_mnist, digits, synthetic.")
+                    "resnet, gpt (--dataset=tokens or text).")
+flags.DEFINE_string("dataset", "auto", "auto (Fashion-MNIST, else digits), fashion_mnist, digits, synthetic, "
+                    "tokens (a synthetic language), text (English bytes: Debian's fortunes).")
 flags.DEFINE_string("cluster", "paper_testbed", "Cluster preset or .toml file.")
 flags.DEFINE_list("policies", ["NP", "ED", "HD"], "HetPipe allocation policies (NP, ED, HD or groupings).")
 flags.DEFINE_list("ds", ["0"], "Clock distance bounds D of the HetPipe policy runs.")
@@ -113,7 +122,7 @@ flags.DEFINE_float("target_accuracy", 0.0, "Test accuracy (a test loss with --ta
                    "time is the headline; 0: 0.95 of the best configuration's final smoothed accuracy (mean over "
                    "seeds; a loss: the best final loss / 0.95).")
 flags.DEFINE_enum("target_metric", "accuracy", ["accuracy", "loss"], "What the target is on: the test accuracy, or "
-                  "the test loss (a language model: the small GPT on --dataset=tokens).")
+                  "the test loss (a language model: the small GPT on --dataset=tokens or text).")
 flags.DEFINE_integer("smooth", 3, "Evaluations in the trailing mean of the smoothed accuracy curve.")
 flags.DEFINE_integer("eval_examples", 6000, "Evaluate the test accuracy about every this many training examples.")
 flags.DEFINE_string("time_model", "vgg19", "vgg19, resnet152 or another full-size model: time axis from this "
@@ -228,6 +237,11 @@ class Study:
   not_run: dict[str, str]  # row -> why it cannot run on this cluster (a peer, or a policy no partition fits)
 
   @property
+  def language(self) -> bool:
+    """Whether the trained model is a language model (labels: the next tokens), whose perplexity is reported."""
+    return self.dataset.y_train.ndim == 2
+
+  @property
   def epoch(self) -> float:
     """Minibatches per epoch."""
     return len(self.dataset.x_train) / FLAGS.batch_size
@@ -279,6 +293,8 @@ def main(argv):
   runs, tuned = run_study(study, seeds, memo)
   target = FLAGS.target_accuracy or target_of(runs)
   runs = [with_target(run, target) for run in runs]
+  if study.language:
+    runs = [with_perplexity(run) for run in runs]
   doc = study_doc(study, seeds, runs, tuned, target, memo)
   paths = write_outputs(study, doc)
   report(doc, tuned)
@@ -701,10 +717,23 @@ def target_of(runs: list[dict], k: int | None = None) -> float:
 
 
 def with_target(run: dict, target: float) -> dict:
-  """``run`` with its time and images to ``target`` and its final test accuracy (raw and smoothed)."""
+  """``run`` with its time and images to ``target``, its final test accuracy (raw and smoothed) and its final
+  test loss and perplexity."""
   return {**run, "time_to_target_s": time_to(run["curve"], target),
           "images_to_target": images_to(run["curve"], target, FLAGS.batch_size),
-          "final_test_accuracy": run["curve"][-1][2], "final_smoothed_accuracy": final_accuracy(run["curve"])}
+          "final_test_accuracy": run["curve"][-1][2], "final_smoothed_accuracy": final_accuracy(run["curve"]),
+          "final_test_loss": run["curve"][-1][LOSS_COLUMN],
+          "final_test_perplexity": perplexity(run["curve"][-1][LOSS_COLUMN])}
+
+
+def perplexity(loss: float) -> float:
+  """exp of a mean cross-entropy per label (nats): a language model's perplexity."""
+  return math.exp(loss)
+
+
+def with_perplexity(run: dict) -> dict:
+  """A language model's ``run`` with its ``perplexity_curve``: [time s, test perplexity] at every evaluation."""
+  return {**run, "perplexity_curve": [[p[0], perplexity(p[LOSS_COLUMN])] for p in run["curve"]]}
 
 
 def study_doc(study: Study, seeds: list[int], runs: list[dict], tuned: Tuned | None, target: float,
@@ -724,8 +753,17 @@ def study_doc(study: Study, seeds: list[int], runs: list[dict], tuned: Tuned | N
           "seeds": seeds, "ideal_images_per_sec": study.ideal, "unit": study.unit, "per_example": study.per_example,
           "table": table(summary), "summary": summary,
           "learning_rates": memo.lrs, "lr_rule": lr_rule(), "lr_pilots": memo.pilots,
-          "not_run": study.not_run, "tuned": tuned_doc,
+          "not_run": study.not_run, "tuned": tuned_doc, **unigram_baseline(study),
           **validate_staleness_model(runs, target), "runs": runs}
+
+
+def unigram_baseline(study: Study) -> dict:
+  """A language model's context: the test loss and perplexity of the training set's token frequencies."""
+  from hetpipe_jax.evaluate import unigram_loss
+  if not study.language:
+    return {}
+  loss = unigram_loss(study.dataset)
+  return {"unigram_test_loss": loss, "unigram_test_perplexity": perplexity(loss)}
 
 
 def lr_rule() -> str:
@@ -763,11 +801,12 @@ def write_outputs(study: Study, doc: dict) -> dict[str, str]:
   runs, epoch = doc["runs"], study.epoch
   common.write_json(paths["json"], doc)
   common.write_csv(paths["csv"], ["name", "system", "seed", "d", "time_s", "minibatches", "epochs", "test_accuracy",
-                                  "train_loss", "test_loss"],
-                   ([run["name"], run["system"], run["seed"], run["d"], t, mbs, mbs / epoch, acc, loss, test_loss]
+                                  "train_loss", "test_loss", "test_perplexity"],
+                   ([run["name"], run["system"], run["seed"], run["d"], t, mbs, mbs / epoch, acc, loss, test_loss,
+                     perplexity(test_loss)]
                     for run in runs for t, mbs, acc, loss, test_loss in run["curve"]))
   plot(runs, epoch, doc["target_accuracy"], paths["plot"], f"{study.model.name} on {study.dataset.name}; time: "
-       f"{study.time_axis}; seeds {doc['seeds']}")
+       f"{study.time_axis}; seeds {doc['seeds']}", doc.get("unigram_test_perplexity"))
   return paths
 
 
@@ -779,6 +818,7 @@ def report(doc: dict, tuned: Tuned | None) -> None:
   for system, reason in doc["not_run"].items():
     print(f"{system}: not run ({reason})")
   print_table(doc)
+  print_perplexity(doc)
   print_staleness(doc)
   print_fit(doc)
   print_tuned(doc, tuned)
@@ -804,6 +844,18 @@ def print_table(doc: dict) -> None:
     print(f"{r['name'][:58]:58} {r['gpus']:>4} {r['images_per_sec'] * per:9.1f} {r['efficiency']:5.2f} {ratio:>7} "
           f"{when:>34} {speed:>7} {r['mean_final_smoothed_accuracy']:6.4f}")
   print(f"vs peer: {unit}/s over the best peer's; the best peer's mean time to target over this one's (> 1: faster)")
+
+
+def print_perplexity(doc: dict) -> None:
+  """A language model's final test perplexity per configuration, beside the unigram baseline's."""
+  if "unigram_test_perplexity" not in doc:
+    return
+  print(f"test perplexity (exp of the test loss per token; the training set's unigram frequencies: "
+        f"{doc['unigram_test_perplexity']:.4g}, loss {doc['unigram_test_loss']:.4f}):")
+  for name, s in doc["summary"].items():
+    runs = [r for r in doc["runs"] if r["name"] == name]
+    print(f"  {name}: final {s['mean_final_test_perplexity']:.4g} (mean over {len(runs)} seeds; loss "
+          f"{sum(r['final_test_loss'] for r in runs) / len(runs):.4f}) at {runs[0]['curve'][-1][0]:.4g} s")
 
 
 def print_staleness(doc: dict) -> None:
@@ -878,6 +930,7 @@ def summarise(runs: list[dict]) -> dict:
           "mean_time_to_target_s": sum(times) / len(times) if reached else None,
           "min_time_to_target_s": min(times) if times else None, "max_time_to_target_s": max(times) if times else None,
           "mean_final_test_accuracy": sum(r["final_test_accuracy"] for r in runs) / len(runs),
+          "mean_final_test_perplexity": sum(r["final_test_perplexity"] for r in runs) / len(runs),
           "mean_final_smoothed_accuracy": sum(r["final_smoothed_accuracy"] for r in runs) / len(runs)}
 
 
@@ -909,21 +962,35 @@ def validate_staleness_model(runs: list[dict], target_accuracy: float) -> dict:
                                    "max_abs_error": max(errors) if errors else None}}
 
 
-def plot(runs: list[dict], epoch: float, target: float, path: str, title: str) -> None:
+def plot(runs: list[dict], epoch: float, target: float, path: str, title: str,
+         unigram_perplexity: float | None = None) -> None:
   """Test accuracy against emulated time and against epochs: per configuration the mean over seeds, and
-  the band between the lowest and highest seed (every seed is evaluated at the same points); peers dashed."""
+  the band between the lowest and highest seed (every seed is evaluated at the same points); peers dashed.
+  A language model (``unigram_perplexity`` given) adds its test perplexity against emulated time, and the
+  unigram baseline's."""
   import numpy as np
   plt = common.pyplot()
-  fig, (ax_t, ax_e) = plt.subplots(1, 2, figsize=(13, 4.6))
+  language = unigram_perplexity is not None
+  fig, axes = plt.subplots(1, 3 if language else 2, figsize=(19 if language else 13, 4.6))
+  ax_t, ax_e = axes[0], axes[1]
   for name in dict.fromkeys(run["name"] for run in runs):
     curves = [r["curve"] for r in runs if r["name"] == name]
     n = min(len(c) for c in curves)
     acc = np.array([[p[LOSS_COLUMN if _loss() else 2] for p in c[:n]] for c in curves])
+    ppl = np.exp(np.array([[p[LOSS_COLUMN] for p in c[:n]] for c in curves]))
     style = "--" if runs[[r["name"] for r in runs].index(name)]["system"] not in ("hetpipe", "ssp") else "-"
-    for ax, x in ((ax_t, [p[0] for p in curves[0][:n]]), (ax_e, [p[1] / epoch for p in curves[0][:n]])):
-      line, = ax.plot(x, acc.mean(axis=0), style, label=f"{name[:50]} ({len(curves)} seeds)")
+    times = [p[0] for p in curves[0][:n]]
+    panels = [(ax_t, times, acc), (ax_e, [p[1] / epoch for p in curves[0][:n]], acc)]
+    panels += [(axes[2], times, ppl)] if language else []
+    for ax, x, y in panels:
+      line, = ax.plot(x, y.mean(axis=0), style, label=f"{name[:50]} ({len(curves)} seeds)")
       if len(curves) > 1:
-        ax.fill_between(x, acc.min(axis=0), acc.max(axis=0), color=line.get_color(), alpha=0.15, lw=0)
+        ax.fill_between(x, y.min(axis=0), y.max(axis=0), color=line.get_color(), alpha=0.15, lw=0)
+  if language:
+    axes[2].axhline(unigram_perplexity, color="grey", lw=0.8, ls=":", label="unigram baseline")
+    axes[2].set(xlabel="emulated time (s)", ylabel="test perplexity (mean; band: seeds' range)", xscale="log")
+    axes[2].grid(alpha=0.3)
+    axes[2].legend(fontsize=6, loc="upper right")
   for ax in (ax_t, ax_e):
     ax.axhline(target, color="grey", lw=0.8)
     ax.grid(alpha=0.3)

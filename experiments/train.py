@@ -10,6 +10,7 @@ trace against the WSP guarantees, and prints the paths::
   python -m experiments.train --num_vws=3 --stages=2 --nm=3 --d=1 --waves=6 --executor=wall \
       --trace_out=t.jsonl
   python -m experiments.train --model=gpt --dataset=tokens --optimizer=adam --learning_rate=0.003 --waves=30
+  python -m experiments.train --model=gpt --dataset=text --optimizer=adam --learning_rate=0.001 --waves=150
   python -m experiments.train --model=gpt-6.7b --seq_len=1024 --batch_size=1 --precision=bf16 \
       --optimizer=adam --executor=sim --cluster=paper_testbed --policy=0,1,2,3,4,5,6,7 --waves=5
 """
@@ -23,10 +24,11 @@ from absl import flags
 from experiments import common
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("model", "cnn", "Model: mlp, cnn, vgg, resnet, gpt (on --dataset=tokens); with "
+flags.DEFINE_string("model", "cnn", "Model: mlp, cnn, vgg, resnet, gpt (on --dataset=tokens or text); with "
                     "--executor=sim also the full-size vgg19, resnet152, gpt2-xl, gpt-6.7b, gpt-13b.")
 flags.DEFINE_string("dataset", "auto", "Dataset: auto (Fashion-MNIST, else digits), fashion_mnist, "
-                    "digits, synthetic, tokens (a synthetic language for --model=gpt).")
+                    "digits, synthetic, tokens (a synthetic language for --model=gpt), text (English text "
+                    "byte by byte for --model=gpt: Debian's fortunes, apt-get install -y fortunes).")
 flags.DEFINE_integer("seq_len", None, "Full-size GPT models (sim): tokens per sequence (default: the context).")
 flags.DEFINE_string("precision", "fp32", "fp32, or with --executor=sim fp16 or bf16: mixed precision in the "
                     "cost and memory model (the planner, the clock, the transfers).")
@@ -483,14 +485,34 @@ def write_pictures(model, config, result) -> list[tuple[str, str]]:
   return outputs + [("timeline", gantt_out), ("chrome", chrome_out)]
 
 
-def report(config, result, stats, plan) -> None:
-  """The run's lines on stdout: accuracy and rate, fast-sim, staleness, plan, checkpoints."""
+def language_metrics(dataset, result) -> dict:
+  """A language model's (labels: the next tokens) final test loss per token, its perplexity and the unigram
+  baseline's (the training set's token frequencies); empty for any other run."""
+  import math
+
+  from hetpipe_jax.evaluate import unigram_loss
+  labels = getattr(dataset, "y_train", None)
+  loss = result.metrics[-1].get("test_loss")
+  if labels is None or labels.ndim != 2 or loss is None:
+    return {}
+  baseline = unigram_loss(dataset)
+  return {"final_test_loss": loss, "final_test_perplexity": math.exp(loss), "unigram_test_loss": baseline,
+          "unigram_test_perplexity": math.exp(baseline)}
+
+
+def report(config, result, stats, plan, language: dict) -> None:
+  """The run's lines on stdout: accuracy and rate (a language model's perplexity), fast-sim, staleness, plan,
+  checkpoints."""
   final_acc = result.metrics[-1].get("test_accuracy")
   rate = result.images_per_second  # a GPT's: sequences per second
   accuracy = "no numerics (sim)" if final_acc is None else f"final test accuracy {final_acc:.4f}"
   print(f"{accuracy} after {config.waves} waves per virtual worker; "
         f"{rate:{',.0f' if rate >= 100 else '.3g'}} images/s on the {CLOCKS[config.executor]} "
         f"({result.seconds:.4g} s; host {result.wall_seconds:.1f} s)")
+  if language:
+    print(f"final test loss {language['final_test_loss']:.4f} per token, perplexity "
+          f"{language['final_test_perplexity']:.4g} (unigram baseline: loss {language['unigram_test_loss']:.4f}, "
+          f"perplexity {language['unigram_test_perplexity']:.4g})")
   if result.fast_sim is not None:
     print(f"fast sim ({result.fast_sim['method']}): simulated {max(result.fast_sim['simulated_waves'])} of "
           f"{config.waves} waves per virtual worker; the trace holds those")
@@ -541,11 +563,12 @@ def main(argv):
   common.write_jsonl(metrics_out, result.metrics)
   violations = check_trace(result.events)
   stats = staleness_stats(result.events)
+  language = language_metrics(dataset, result)
   summary_out = common.write_json(common.output_path(FLAGS.out_dir, "summary.json"),
-                                  summarize(model, config, result, violations, stats, plan))
+                                  {**summarize(model, config, result, violations, stats, plan), **language})
   outputs = [("trace", trace_out), ("metrics", metrics_out), ("summary", summary_out)]
   outputs += write_pictures(model, config, result)
-  report(config, result, stats, plan)
+  report(config, result, stats, plan, language)
   print("trace check: " + ("OK, every WSP guarantee holds" if not violations else
                            f"FAILED, {len(violations)} violations (see {summary_out})"))
   common.print_outputs(outputs)

@@ -8,6 +8,10 @@
   tokens in which each token is followed by its own successor with probability 0.9 (else any token), so
   the next token is learnable and the loss falls from ln 32 = 3.47 towards the chain's entropy (about
   0.65 nats). Inputs are ``(16,)`` int32 tokens, labels the next 16 (:func:`tokens`).
+* ``text``: English text for the GPT models, byte by byte (vocabulary 256): Debian's ``fortunes`` package
+  (``apt-get install -y fortunes``; BSD licence), every tenth fortune a validation document, the rest
+  training ones, cut into windows of 64 bytes whose labels are the next 64 (:func:`text`,
+  :mod:`hetpipe_jax.corpus`).
 * ``auto``: Fashion-MNIST when installed, else digits (the log says which).
 
 Each virtual worker draws its own stream: epoch e is a seeded permutation of the training set cut into
@@ -26,20 +30,21 @@ import struct
 import numpy as np
 from absl import logging
 
+from hetpipe_jax import corpus
 from hetpipe_jax.errors import ConfigError
 
 FASHION_DIR = "/usr/share/datasets/fashion-mnist"
-DATASETS = ("auto", "fashion_mnist", "digits", "synthetic", "tokens")
+DATASETS = ("auto", "fashion_mnist", "digits", "synthetic", "tokens", "text")
 
 
 @dataclasses.dataclass(frozen=True)
 class Dataset:
   name: str
-  x_train: np.ndarray  # float32, NHWC, scaled to [0, 1] (synthetic: standardised); tokens: int32 (n, seq)
-  y_train: np.ndarray  # int32 (n,); tokens: the next tokens, (n, seq)
+  x_train: np.ndarray  # float32, NHWC, scaled to [0, 1] (synthetic: standardised); tokens, text: int32 (n, seq)
+  y_train: np.ndarray  # int32 (n,); tokens, text: the next tokens, (n, seq)
   x_test: np.ndarray
   y_test: np.ndarray
-  num_classes: int  # tokens: the vocabulary
+  num_classes: int  # tokens, text: the vocabulary
 
 
 def _read_idx(path: str) -> np.ndarray:
@@ -122,11 +127,54 @@ def tokens(num_train: int = 2048, num_test: int = 256, vocab_size: int = 32, seq
   return Dataset("tokens", x_train, y_train, x_test, y_test, vocab_size)
 
 
+def text_installed(root: str = corpus.FORTUNES_DIR) -> bool:
+  """Whether Debian's ``fortunes`` corpus is under ``root``."""
+  return bool(corpus.corpus_files(root))
+
+
+def text(root: str = corpus.FORTUNES_DIR, seq_len: int = 64, valid_every: int = 10,
+         train_multiple: int = 256) -> Dataset:
+  """English text, byte-level: the documents of the cookie files under ``root`` (:mod:`hetpipe_jax.corpus`),
+  every ``valid_every``-th one for validation (the test split), cut into windows of ``seq_len`` bytes whose
+  labels are the next ``seq_len``.
+
+  Args:
+    root: the cookie files (Debian's ``fortunes``: /usr/share/games/fortunes).
+    seq_len: bytes per example.
+    valid_every: one document in this many is a validation document.
+    train_multiple: the training windows are cut to a multiple of this (the stream's tail: at most this
+      many windows less one), so that every power-of-two batch size up to it divides the training set.
+
+  Returns:
+    The dataset, named ``text``; ``num_classes`` is 256.
+
+  Raises:
+    ConfigError: when the corpus is not installed, a size is below 1 (``valid_every`` below 2), or the corpus
+      gives fewer than ``train_multiple`` training windows or no validation window.
+  """
+  for name, value, low in (("seq_len", seq_len, 1), ("valid_every", valid_every, 2),
+                           ("train_multiple", train_multiple, 1)):
+    if value < low:
+      raise ConfigError(f"text: {name}={value} must be >= {low}")
+  if not text_installed(root):
+    raise ConfigError(f"the text corpus is not installed under {root}; run `apt-get install -y fortunes` (the "
+                      "README's setup does), or use --dataset=tokens")
+  train_docs, valid_docs = corpus.split_documents(corpus.read_documents(corpus.corpus_files(root)), valid_every)
+  x_train, y_train = corpus.next_byte_windows(corpus.byte_stream(train_docs), seq_len)
+  x_test, y_test = corpus.next_byte_windows(corpus.byte_stream(valid_docs), seq_len)
+  keep = len(x_train) // train_multiple * train_multiple
+  if not keep or not len(x_test):
+    raise ConfigError(f"the text corpus under {root} gives {len(x_train)} training and {len(x_test)} validation "
+                      f"windows of {seq_len} bytes; it needs {train_multiple} and 1 (a shorter seq_len, or a larger "
+                      "corpus)")
+  return Dataset("text", x_train[:keep], y_train[:keep], x_test, y_test, corpus.VOCAB)
+
+
 def load_dataset(name: str) -> Dataset:
   """Loads a dataset by name (see the module docstring).
 
   Raises:
-    ConfigError: for an unknown name, or fashion_mnist when it is not installed.
+    ConfigError: for an unknown name, or fashion_mnist or text when it is not installed.
   """
   if name == "auto":
     if fashion_mnist_installed():
@@ -134,7 +182,8 @@ def load_dataset(name: str) -> Dataset:
     logging.warning("Fashion-MNIST is not installed (apt-get install -y dataset-fashion-mnist); "
                     "using scikit-learn's bundled 8x8 digits instead")
     return _digits()
-  loaders = {"fashion_mnist": _fashion_mnist, "digits": _digits, "synthetic": synthetic, "tokens": tokens}
+  loaders = {"fashion_mnist": _fashion_mnist, "digits": _digits, "synthetic": synthetic, "tokens": tokens,
+             "text": text}
   if name not in loaders:
     raise ConfigError(f"unknown dataset {name!r}; known datasets: {', '.join(DATASETS)}")
   return loaders[name]()

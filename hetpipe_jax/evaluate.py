@@ -44,3 +44,19 @@ def make_evaluator(model: LayeredModel, dataset: Dataset, device: Any,
     return {"test_accuracy": float((pred == dataset.y_test).mean()), "test_loss": loss}
 
   return evaluate
+
+
+def unigram_loss(dataset: Dataset) -> float:
+  """The test loss of a model that ignores its input: the mean cross-entropy per test label (nats) of the
+  training labels' frequencies, add-one smoothed over the ``num_classes`` classes (a language model's
+  unigram baseline; its perplexity is ``exp`` of it).
+
+  Example:
+    >>> from hetpipe_jax.data import Dataset
+    >>> y = np.array([[0, 0, 0, 1]])
+    >>> round(unigram_loss(Dataset("d", y, y, y, y, 2)), 4)  # p(0) = 4/6, p(1) = 2/6
+    0.5788
+  """
+  counts = np.bincount(dataset.y_train.ravel(), minlength=dataset.num_classes) + 1.0
+  log_p = np.log(counts / counts.sum())
+  return float(-log_p[dataset.y_test.ravel()].mean())

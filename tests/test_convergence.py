@@ -157,3 +157,20 @@ def test_the_automatic_target_is_095_of_the_best_final_smoothed_accuracy():
   runs = [{"name": n, "curve": [[0, 0, a, 0.0], [1, 1, b, 0.0]]} for n, a, b in
           (("x", 0.6, 0.8), ("x", 0.7, 0.9), ("y", 0.9, 0.9))]  # final smoothed: x 0.7, 0.8 (mean 0.75); y 0.9
   assert convergence.target_of(runs, 2) == pytest.approx(0.95 * 0.9)
+
+
+def test_a_language_models_runs_report_perplexity_against_time(capsys):
+  import math
+
+  from experiments.convergence import print_perplexity, with_perplexity
+  run = {"name": "HetPipe NP D=0", "curve": [[1.5, 10, 0.2, 3.0, math.log(30.0)], [3.0, 20, 0.3, 2.5, math.log(12.0)]]}
+  run = {**with_perplexity(run), "final_test_loss": math.log(12.0)}
+  assert run["perplexity_curve"] == [[1.5, pytest.approx(30.0)], [3.0, pytest.approx(12.0)]]  # [time, exp(loss)]
+  doc = {"unigram_test_perplexity": 27.8, "unigram_test_loss": math.log(27.8), "runs": [run],
+         "summary": {run["name"]: {"mean_final_test_perplexity": 12.0}}}
+  print_perplexity(doc)
+  out = capsys.readouterr().out
+  assert "the training set's unigram frequencies: 27.8, loss 3.3250" in out
+  assert "HetPipe NP D=0: final 12 (mean over 1 seeds; loss 2.4849) at 3 s" in out
+  print_perplexity({"summary": {}, "runs": []})  # an image model: no perplexity
+  assert capsys.readouterr().out == ""

@@ -2,6 +2,8 @@
 
   core            imports nothing of hetpipe_jax but errors
   precision       (the precisions' registry) likewise
+  corpus          (the text corpus's byte pipeline) likewise
+  data            + corpus
   cluster         + precision
   cost            + core, models, optim, precision
   plan            + cluster, cost
@@ -25,7 +27,8 @@ ALLOWED = {
     "core": BASE | {"core"},
     "models": BASE | {"models"},
     "optim": BASE | {"optim"},
-    "data": BASE | {"data"},
+    "corpus": BASE | {"corpus"},
+    "data": BASE | {"data", "corpus"},
     "precision": BASE | {"precision"},
     "cluster": BASE | {"cluster", "precision"},
     "cost": BASE | {"cost", "cluster", "models", "optim", "core", "precision"},
