@@ -69,10 +69,11 @@ def _unit_names(modules: Sequence[Any], names: Sequence[str] | None) -> tuple[st
 
 
 def _as_unit(module: Any, index: int, name: str) -> Any:
-  """A linen module as it is, an NNX module wrapped (:class:`NnxUnit`); anything else refused."""
+  """A linen module (or a unit of another model) as it is, an NNX module wrapped (:class:`NnxUnit`);
+  anything else refused."""
   if isinstance(module, nnx.Module):
     return NnxUnit(module, name)
-  if isinstance(module, nn.Module):
+  if isinstance(module, (nn.Module, NnxUnit)):
     return module
   raise ConfigError(f"unit {index} ({name!r}) is a {type(module).__name__}, not a Flax module; give "
                     "flax.linen or flax.nnx modules (a function such as relu goes inside a module)")
@@ -81,6 +82,17 @@ def _as_unit(module: Any, index: int, name: str) -> Any:
 def _first_line(e: Exception) -> str:
   lines = str(e).strip().splitlines()
   return f"{type(e).__name__}: {lines[0][:160] if lines else ''}"
+
+
+def _check_params(name: str, variables: Any) -> None:
+  """A unit's variables hold parameters and nothing else (no batch statistics)."""
+  mutable = sorted(set(variables) - {"params"})
+  if mutable:
+    raise ConfigError(f"unit {name!r} keeps mutable state ({', '.join(mutable)}); only parameters are "
+                      "supported (no batch statistics): use LayerNorm/GroupNorm instead of BatchNorm")
+  if not jax.tree.leaves(variables.get("params", {})):
+    raise ConfigError(f"unit {name!r} has no parameters; every unit needs some: join it to a neighbour "
+                      "(from_module with a cut elsewhere, or one module applying both)")
 
 
 def _check_units(units: Sequence[Any], names: Sequence[str], spec: InputSpec) -> None:
@@ -95,20 +107,13 @@ def _check_units(units: Sequence[Any], names: Sequence[str], spec: InputSpec) ->
     shape = tuple(x.shape[1:])
     try:
       variables = jax.eval_shape(unit.init, jax.random.key(0), x)
-      params = variables.get("params", {})
-      y = jax.eval_shape(lambda p, x_, unit=unit: unit.apply({"params": p}, x_), params, x)
+      _check_params(name, variables)
+      y = jax.eval_shape(lambda p, x_, unit=unit: unit.apply({"params": p}, x_), variables["params"], x)
     except ConfigError:
       raise
     except Exception as e:  # pylint: disable=broad-except  # a module fails in many ways on a wrong input
       raise ConfigError(f"unit {name!r} cannot take the {where} (one example: {shape}): {_first_line(e)}; "
                         "check the order of the units and input_shape") from None
-    mutable = sorted(set(variables) - {"params"})
-    if mutable:
-      raise ConfigError(f"unit {name!r} keeps mutable state ({', '.join(mutable)}); only parameters are "
-                        "supported (no batch statistics): use LayerNorm/GroupNorm instead of BatchNorm")
-    if not jax.tree.leaves(params):
-      raise ConfigError(f"unit {name!r} has no parameters; every unit needs some: join it to a neighbour "
-                        "(from_module with a cut elsewhere, or one module applying both)")
     if not isinstance(y, jax.ShapeDtypeStruct):
       raise ConfigError(f"unit {name!r} returns {type(y).__name__}, not one array; a unit's output is the "
                         "next unit's input")
@@ -127,7 +132,8 @@ def from_modules(modules: Sequence[Any], *, input_shape: Sequence[int], input_dt
 
   Args:
     modules: ``flax.linen`` modules (initialised from the run's seed) or ``flax.nnx`` modules (their own
-      parameters are the initial ones), each taking the previous one's output, the first the input.
+      parameters are the initial ones), each taking the previous one's output, the first the input (the
+      units of another such model too, e.g. to give it another loss).
     input_shape: one example's input shape, without the batch axis (e.g. ``(28, 28, 1)``).
     input_dtype: the input's dtype (``"int32"`` for tokens).
     names: one name per unit (for plans and traces; default: the class name and the index).
