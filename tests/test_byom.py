@@ -15,6 +15,7 @@ import pytest
 from flax import nnx
 
 from examples import residual_mlp
+from experiments import common
 from hetpipe_jax import (
   ConfigError,
   MinibatchStreams,
@@ -198,6 +199,9 @@ def test_a_brought_model_is_profiled_planned_and_simulated_without_data():
   assert all(p.fwd_flops > 0 and p.bwd_flops > p.fwd_flops for p in profiles)
   plan = plan_cluster(get_cluster("hetero4"), profiles, "ED")
   assert plan.layout.num_vws > 0 and all(c[-1] == model.num_units for c in plan.layout.cuts)
+  # what the plan, tune and throughput commands profile for --model=package.module:factory: its input spec
+  named, per_example, unit = common.model_profiles("examples.residual_mlp:model", 32)
+  assert (len(named), per_example, unit) == (6, 1, "images") and named[1].name == "block0"
   result = run_hetpipe(model, None, RunConfig.of(policy="ED", waves=6, executor="sim"))
   assert_trace_ok(result.events)
   assert result.events[0]["dataset"] == "none (input 8x8x1, 10 classes)"

@@ -52,8 +52,12 @@ class NnxUnit:
     self._graphdef = graphdef
     self._paths = {_key(path): path for path in flat}
     self._params = {_key(path): jnp.asarray(value) for path, value in flat.items()}
+    try:  # equal graphs (the same layers, the same functions) profile once
+      graph = hash(graphdef)
+    except TypeError:  # an unhashable attribute: this unit's own profile
+      graph = id(self)
     self._label = (f"NnxUnit({type(module).__name__}, "
-                   f"{sorted((k, v.shape, str(v.dtype)) for k, v in self._params.items())}, {hash(graphdef)})")
+                   f"{sorted((k, v.shape, str(v.dtype)) for k, v in self._params.items())}, {graph})")
 
   def __repr__(self) -> str:  # the profiler keys its cache and its reuse of equal units on this
     return self._label
