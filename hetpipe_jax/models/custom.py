@@ -163,6 +163,42 @@ def from_modules(modules: Sequence[Any], *, input_shape: Sequence[int], input_dt
   return LayeredModel(name, units, unit_names, loss, spec)
 
 
+def check_data(model: LayeredModel, param_shapes: Any, x: Any, labels: Any, num_classes: int,
+               data_name: str) -> None:
+  """A brought model (one with an input spec or its own loss) against a dataset, before a run: the input's
+  shape and dtype, an output per class for cross-entropy, and a float scalar loss on the labels.
+
+  Args:
+    model: the model (a built-in one, without input spec and with cross-entropy, passes unchecked).
+    param_shapes: its parameters' shapes on ``x``.
+    x / labels: one minibatch of the data (or their shapes).
+    num_classes / data_name: the dataset's class count and name (for the errors).
+
+  Raises:
+    ConfigError: naming what does not fit and what to change.
+  """
+  spec = model.input_spec
+  if spec is None and model.loss is cross_entropy:
+    return  # a built-in model: its tests check it
+  got = (tuple(x.shape[1:]), jnp.dtype(x.dtype).name)
+  if spec is not None and got != (spec.shape, spec.dtype):
+    raise ConfigError(f"model {model.name!r} takes {spec.shape} {spec.dtype} examples but {data_name} has "
+                      f"{got[0]} {got[1]}; build the model with input_shape={got[0]}, input_dtype={got[1]!r}")
+  out = jax.eval_shape(model.apply, param_shapes, x)
+  labels = jax.ShapeDtypeStruct(labels.shape, labels.dtype)
+  if model.loss is cross_entropy and out.shape[-1] < num_classes:
+    raise ConfigError(f"model {model.name!r} outputs {out.shape[-1]} scores per example but {data_name} has "
+                      f"{num_classes} classes; give its last unit {num_classes} outputs")
+  try:
+    loss = jax.eval_shape(model.loss, out, labels)
+  except Exception as e:  # pylint: disable=broad-except  # a user's loss fails in many ways
+    raise ConfigError(f"the loss of model {model.name!r} fails on outputs {out.shape} and {data_name}'s labels "
+                      f"{labels.shape} ({_first_line(e)}); fix the loss or the last unit") from None
+  if getattr(loss, "shape", None) != () or not jnp.issubdtype(loss.dtype, jnp.floating):
+    raise ConfigError(f"the loss of model {model.name!r} returns {getattr(loss, 'shape', loss)} "
+                      f"{getattr(loss, 'dtype', '')}; it must return the mean loss, a float scalar (e.g. .mean())")
+
+
 def _layer_name(layer: Any, index: int) -> str:
   explicit = getattr(layer, "name", None) if isinstance(layer, nn.Module) else None
   return explicit or f"{getattr(layer, '__name__', type(layer).__name__).lower()}{index}"

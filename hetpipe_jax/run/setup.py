@@ -27,7 +27,8 @@ from hetpipe_jax.cost.profile import UnitProfile, full_size_profiles, profile_un
 from hetpipe_jax.data import Dataset, MinibatchStreams, check_batch_size
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.models import FULL_SIZE, FullSize, get_model
-from hetpipe_jax.models.base import LayeredModel, cross_entropy
+from hetpipe_jax.models.base import LayeredModel
+from hetpipe_jax.models.custom import check_data
 from hetpipe_jax.plan.allocation import plan_cluster
 from hetpipe_jax.plan.costmodel import CostModel
 from hetpipe_jax.plan.layout import Layout
@@ -126,35 +127,6 @@ def _param_shapes(model: LayeredModel, sample_x, data_name: str):
                       f"({str(e).splitlines()[0][:120]}); {hint}") from None
 
 
-def _check_data(model: LayeredModel, dataset: Dataset, param_shapes, sample_x) -> None:
-  """A brought model (one with an input spec or its own loss) against the data: the input's shape and
-  dtype, and a scalar loss on the labels (with cross-entropy: an output per class).
-
-  Raises:
-    ConfigError: naming what does not fit.
-  """
-  spec = model.input_spec
-  if spec is None and model.loss is cross_entropy:
-    return  # a built-in model: its tests check it
-  got = (tuple(dataset.x_train.shape[1:]), str(dataset.x_train.dtype))
-  if spec is not None and got != (spec.shape, spec.dtype):
-    raise ConfigError(f"model {model.name!r} takes {spec.shape} {spec.dtype} examples but {dataset.name} has "
-                      f"{got[0]} {got[1]}; build the model with input_shape={got[0]}, input_dtype={got[1]!r}")
-  out = jax.eval_shape(model.apply, param_shapes, sample_x)
-  labels = jnp.asarray(dataset.y_train[:sample_x.shape[0]])
-  if model.loss is cross_entropy and out.shape[-1] < dataset.num_classes:
-    raise ConfigError(f"model {model.name!r} outputs {out.shape[-1]} scores per example but {dataset.name} has "
-                      f"{dataset.num_classes} classes; give its last unit {dataset.num_classes} outputs")
-  try:
-    loss = jax.eval_shape(model.loss, out, labels)
-  except Exception as e:  # pylint: disable=broad-except  # a user's loss fails in many ways
-    raise ConfigError(f"the loss of model {model.name!r} fails on outputs {out.shape} and {dataset.name}'s labels "
-                      f"{labels.shape} ({str(e).splitlines()[0][:120]}); fix the loss or the last unit") from None
-  if getattr(loss, "shape", None) != () or not jnp.issubdtype(loss.dtype, jnp.floating):
-    raise ConfigError(f"the loss of model {model.name!r} returns {getattr(loss, 'shape', loss)} "
-                      f"{getattr(loss, 'dtype', '')}; it must return the mean loss, a float scalar (e.g. .mean())")
-
-
 def _planned(spec: LayoutSpec, cluster: Cluster, profiles, costs: CostContext) -> Layout:
   """The layout a policy gives: a grouping with cuts as given, else the allocation and the partitioner."""
   if spec.cuts is not None:
@@ -207,7 +179,7 @@ def prepare(model: LayeredModel, dataset: Dataset | FullSize, config: RunConfig)
   tx = config.optim.local()
   param_shapes = _param_shapes(model, sample_x, data_name)
   if isinstance(dataset, Dataset):
-    _check_data(model, dataset, param_shapes, sample_x)
+    check_data(model, param_shapes, sample_x, dataset.y_train[:config.batch_size], dataset.num_classes, data_name)
   profiles = profile_units(model, sample_x)
   costs = CostContext(config.wsp.weight_mode, optimizer_slots_of(tx, param_shapes), config.precision)
   time_model = config.layout.time_model
