@@ -88,8 +88,7 @@ def get_model(name: str, num_classes: int = 10) -> LayeredModel:
   if ":" in name:
     return load_factory(name)
   if name not in MODELS:
-    raise ConfigError(f"unknown model {name!r}; known models: {', '.join(sorted(MODELS))}, or a "
-                      "function of yours that builds one, package.module:factory")
+    raise ConfigError(f"unknown model {name!r}; known models: {', '.join(sorted(MODELS))}")
   return MODELS[name](num_classes)
 
 
