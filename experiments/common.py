@@ -301,8 +301,8 @@ def run_train_job(flags: Sequence[str], out_dir: str, timeout_s: float) -> dict[
 
 def model_profiles(name: str, batch_size: int, seq_len: int | None = None) -> tuple[list, int, str]:
   """Profiles of any model the experiments name: a full-size one (``vgg19``, ``resnet152``, the GPTs) on its
-  input, the small GPT (``gpt``) on the tokens dataset's sequences, or a small image model on 28x28 grey
-  images.
+  input, the small GPT (``gpt``) on the tokens dataset's sequences, a small image model on 28x28 grey
+  images, or a user's ``package.module:factory`` model on its own input spec.
 
   Returns:
     (the profiles, what one example counts as in throughput: its tokens for a GPT, else 1, and that unit's
@@ -320,6 +320,11 @@ def model_profiles(name: str, batch_size: int, seq_len: int | None = None) -> tu
     shape = full_size_input(name, batch_size, seq_len)
     tokens = shape.shape[1] if len(shape.shape) == 2 else 0
     return full_size_profiles(name, batch_size, seq_len=seq_len), tokens or 1, "tokens" if tokens else "images"
+  if ":" in name:  # a user's model, on the input it declares
+    model = get_model(name)
+    x = model.sample_input(batch_size)
+    tokens = x.shape[1] if len(x.shape) == 2 and jnp.issubdtype(x.dtype, jnp.integer) else 0
+    return profile_units(model, x), tokens or 1, "tokens" if tokens else "images"
   if name.startswith("gpt"):  # the small GPTs, on the tokens dataset's sequences
     from hetpipe_jax.data import tokens as token_data  # pylint: disable=g-import-not-at-top
     data = token_data(num_train=1, num_test=1)

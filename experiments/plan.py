@@ -23,7 +23,8 @@ from experiments import common
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model", "vgg19", "vgg19, resnet152 (224x224x3 inputs), gpt2-xl, gpt-6.7b, gpt-13b "
-                    "(--seq_len tokens), or mlp, cnn, vgg, resnet (28x28x1), gpt (16 tokens of 32).")
+                    "(--seq_len tokens), or mlp, cnn, vgg, resnet (28x28x1), gpt (16 tokens of 32), or "
+                    "package.module:factory (your model, on its input_shape).")
 flags.DEFINE_string("cluster", "paper_testbed", "Cluster preset or a .toml file.")
 flags.DEFINE_string("policy", "ED", "NP, ED, HD, or a grouping of GPU indices: '0,1;2,3'.")
 flags.DEFINE_string("placement", "default", "PS shard placement: default, local or striped.")

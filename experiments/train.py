@@ -25,7 +25,9 @@ from experiments import common
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model", "cnn", "Model: mlp, cnn, vgg, resnet, gpt (on --dataset=tokens or text); with "
-                    "--executor=sim also the full-size vgg19, resnet152, gpt2-xl, gpt-6.7b, gpt-13b.")
+                    "--executor=sim also the full-size vgg19, resnet152, gpt2-xl, gpt-6.7b, gpt-13b; or "
+                    "package.module:factory, a function of yours that builds the model (hetpipe_jax.from_modules), "
+                    "importable in every process (e.g. examples.residual_mlp:model).")
 flags.DEFINE_string("dataset", "auto", "Dataset: auto (Fashion-MNIST, else digits), fashion_mnist, "
                     "digits, synthetic, tokens (a synthetic language for --model=gpt), text (English text "
                     "byte by byte for --model=gpt: Debian's fortunes, apt-get install -y fortunes).")

@@ -13,13 +13,13 @@ from hetpipe_jax.core.check import check_trace
 from hetpipe_jax.core.trace import read_trace, staleness_stats
 from hetpipe_jax.data import Dataset, MinibatchStreams, load_dataset, synthetic
 from hetpipe_jax.errors import ConfigError, ProtocolError
-from hetpipe_jax.models import LayeredModel, get_model
+from hetpipe_jax.models import LayeredModel, from_module, from_modules, get_model
 from hetpipe_jax.plan.layout import Layout, VWLayout
 from hetpipe_jax.runtime.ps import ParameterServer
 
 __all__ = [
     "Cluster", "ConfigError", "Dataset", "Gpu", "GpuType", "LayeredModel", "Layout", "MinibatchStreams",
     "ParameterServer", "ProtocolError", "RunConfig", "RunResult", "VWLayout", "check_trace",
-    "ensure_cpu_devices", "get_cluster", "get_model", "load_dataset", "plan_hetpipe", "plan_table",
-    "read_trace", "run_hetpipe", "staleness_stats", "synthetic", "wsp",
+    "ensure_cpu_devices", "from_module", "from_modules", "get_cluster", "get_model", "load_dataset",
+    "plan_hetpipe", "plan_table", "read_trace", "run_hetpipe", "staleness_stats", "synthetic", "wsp",
 ]

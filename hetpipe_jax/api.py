@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
+
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.models import FullSize
 from hetpipe_jax.models.base import LayeredModel
@@ -36,10 +38,22 @@ def _setup(model: LayeredModel, dataset, config: RunConfig) -> Setup:
   config.validate()
   executor = get_executor(config.executor)
   executor.validate(config)
+  if dataset is None:
+    dataset = _input_only(model)
   if isinstance(dataset, FullSize) and executor.numerics:
     raise ConfigError(f"executor={config.executor!r} trains on data, but the run has only an input shape "
                       f"{dataset.input_shape}; give a dataset, or simulate (executor='sim')")
   return prepare(model, dataset, config)
+
+
+def _input_only(model: LayeredModel) -> FullSize:
+  """A model's own input description (no data), from its input spec."""
+  if model.input_spec is None:
+    raise ConfigError(f"no dataset for model {model.name!r}, which has no input spec; give a dataset, or a model "
+                      "built with input_shape (from_modules / from_module)")
+  out = jax.eval_shape(model.apply, jax.eval_shape(model.init, jax.random.key(0), model.sample_input(1)),
+                       model.sample_input(1))
+  return FullSize(model.input_spec.shape, out.shape[-1], model.input_spec.dtype)
 
 
 def run_hetpipe(model: LayeredModel, dataset, config: RunConfig) -> RunResult:
@@ -47,7 +61,8 @@ def run_hetpipe(model: LayeredModel, dataset, config: RunConfig) -> RunResult:
 
   ``dataset`` may be a :class:`~hetpipe_jax.models.FullSize` input description instead (the ``sim``
   executor runs no numerics, so it needs no data: e.g. VGG-19 at its 224x224 ImageNet input, or a GPT
-  at a sequence length, :func:`~hetpipe_jax.models.full_size_spec`).
+  at a sequence length, :func:`~hetpipe_jax.models.full_size_spec`), or None for a model that carries its
+  input's shape (:func:`~hetpipe_jax.models.from_modules`).
 
   Raises:
     ConfigError: for a configuration that cannot run, before anything runs.

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hetpipe_jax.data import Dataset
-from hetpipe_jax.models.base import LayeredModel, cross_entropy
+from hetpipe_jax.models.base import LayeredModel
 
 
 def make_evaluator(model: LayeredModel, dataset: Dataset, device: Any,
@@ -24,13 +24,13 @@ def make_evaluator(model: LayeredModel, dataset: Dataset, device: Any,
     chunk: examples per jitted prediction.
 
   Returns:
-    ``params -> {"test_accuracy": a fraction in [0, 1], "test_loss": the mean cross-entropy per label}`` (a
-    language model: per token; its perplexity is ``exp`` of it).
+    ``params -> {"test_accuracy": a fraction in [0, 1], "test_loss": the model's mean loss per label}`` (its
+    default, cross-entropy; a language model: per token, its perplexity ``exp`` of it).
   """
 
   def predict(params, x, y):
     logits = model.apply(params, x)
-    return jnp.argmax(logits, axis=-1), cross_entropy(logits, y) * y.size
+    return jnp.argmax(logits, axis=-1), model.loss(logits, y) * y.size
 
   predict = jax.jit(predict)
   parts = [(jax.device_put(dataset.x_test[i:i + chunk], device), jax.device_put(dataset.y_test[i:i + chunk], device))

@@ -36,7 +36,7 @@ from absl import logging
 from hetpipe_jax.data import Dataset, WorkerStreams
 from hetpipe_jax.errors import ConfigError, RunStopped
 from hetpipe_jax.evaluate import make_evaluator
-from hetpipe_jax.models.base import LayeredModel, cross_entropy
+from hetpipe_jax.models.base import LayeredModel
 
 Rows = list[dict[str, Any]]
 
@@ -184,7 +184,7 @@ def train_weighted_sync(model: LayeredModel, dataset: Dataset, tx: optax.Gradien
   device = device or jax.devices()[0]
   params = jax.device_put(model.init(jax.random.key(seed), jnp.asarray(dataset.x_train[:max(sizes)])), device)
   opt_state = tx.init(params)
-  loss_fn = lambda p, x, y: cross_entropy(model.apply(p, x), y)
+  loss_fn = lambda p, x, y: model.loss(model.apply(p, x), y)
 
   grad = jax.jit(jax.value_and_grad(loss_fn))  # compiled once per distinct batch size
 
@@ -298,7 +298,7 @@ def train_local_sgd(model: LayeredModel, dataset: Dataset, inner_tx: optax.Gradi
   params = jax.device_put(model.init(jax.random.key(seed), jnp.asarray(dataset.x_train[:max(sizes)])), device)
   inner_states = {i: inner_tx.init(params) for i in active}
   outer_state = outer_tx.init(params)
-  loss_fn = lambda p, x, y: cross_entropy(model.apply(p, x), y)
+  loss_fn = lambda p, x, y: model.loss(model.apply(p, x), y)
 
   @jax.jit
   def inner(params, opt_state, x, y):  # compiled once per distinct batch size

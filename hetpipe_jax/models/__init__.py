@@ -1,7 +1,8 @@
 """Model zoo: every model is a `LayeredModel` that can be cut at any unit boundary."""
 
-from hetpipe_jax.models.base import LayeredModel, cross_entropy, num_params
+from hetpipe_jax.models.base import InputSpec, LayeredModel, cross_entropy, num_params
 from hetpipe_jax.models.cnn import small_cnn
+from hetpipe_jax.models.custom import from_module, from_modules
 from hetpipe_jax.models.gpt import gpt, gpt_num_params
 from hetpipe_jax.models.inception import inception_v3
 from hetpipe_jax.models.mlp import mlp
@@ -18,7 +19,7 @@ from hetpipe_jax.models.zoo import (
 )
 
 __all__ = [
-    "FULL_SIZE", "MODELS", "FullSize", "LayeredModel", "cross_entropy", "full_size_input",
-    "full_size_model", "full_size_spec", "get_model", "gpt", "gpt_num_params", "inception_v3", "mlp", "num_params",
-    "resnet", "small_cnn", "vgg",
+    "FULL_SIZE", "MODELS", "FullSize", "InputSpec", "LayeredModel", "cross_entropy", "from_module", "from_modules",
+    "full_size_input", "full_size_model", "full_size_spec", "get_model", "gpt", "gpt_num_params", "inception_v3",
+    "mlp", "num_params", "resnet", "small_cnn", "vgg",
 ]

@@ -1,21 +1,50 @@
 """Models as ordered sequences of units that can be cut at any boundary into contiguous stages.
 
-A unit is a Flax module applied as ``y = unit.apply({"params": p}, x)``; a model is a tuple of units and
-the parameters are a tuple with one entry per unit. A stage ``[first, last)`` applies units first..last-1.
-No unit keeps mutable state (no batch statistics), so every stage is a pure function of its parameters.
+A unit is a Flax module applied as ``y = unit.apply({"params": p}, x)`` (a Flax NNX module is adapted to
+that, :mod:`hetpipe_jax.models.nnx_unit`); a model is a tuple of units and the parameters are a tuple with
+one entry per unit. A stage ``[first, last)`` applies units first..last-1. No unit keeps mutable state (no
+batch statistics), so every stage is a pure function of its parameters. The model carries its loss (the
+last stage applies it to the last unit's output and the labels) and, optionally, the shape of one example
+(so it can be profiled, planned and simulated without a dataset). Models a user brings are built by
+:mod:`hetpipe_jax.models.custom`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import optax
 
+from hetpipe_jax.errors import ConfigError
+
 Params = tuple[Any, ...]  # one Flax parameter dict per unit
+Unit = Any  # a Flax linen module, or anything with its init(rng, x) -> {"params": p} and apply({"params": p}, x)
+Loss = Callable[[jax.Array, jax.Array], jax.Array]  # (last unit's outputs, labels) -> the mean loss, a scalar
+
+
+def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+  """Mean softmax cross-entropy with integer labels (per example, or per token of a sequence model).
+
+  Args:
+    logits: ``(batch, classes)``, or ``(batch, seq, classes)`` (a GPT's next-token logits).
+    labels: ``(batch,)`` integer classes, or ``(batch, seq)`` (the next tokens).
+
+  Returns:
+    The mean loss over every label, a scalar.
+  """
+  return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+
+class InputSpec(NamedTuple):
+  """One example's input: its shape (no batch axis) and dtype."""
+
+  shape: tuple[int, ...]
+  dtype: str = "float32"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,16 +55,28 @@ class LayeredModel:
     name: model name.
     units: the units in order.
     unit_names: a readable name per unit (used in plans and traces).
+    loss: ``(outputs of the last unit, labels) -> the mean loss over the minibatch's labels`` (a scalar),
+      which the last stage differentiates and the evaluation reports as ``test_loss``.
+    input_spec: one example's input (None: taken from the dataset it trains on).
   """
 
   name: str
-  units: tuple[nn.Module, ...]
+  units: tuple[Unit, ...]
   unit_names: tuple[str, ...]
+  loss: Loss = dataclasses.field(default=cross_entropy, repr=False)
+  input_spec: InputSpec | None = None
 
   @property
   def num_units(self) -> int:
     """The number of units (cut positions are 0 .. num_units)."""
     return len(self.units)
+
+  def sample_input(self, batch_size: int) -> jax.ShapeDtypeStruct:
+    """The shape and dtype of a minibatch of ``batch_size`` examples (needs :attr:`input_spec`)."""
+    if self.input_spec is None:
+      raise ConfigError(f"model {self.name!r} has no input_spec; give one (from_modules(..., input_shape=...)) "
+                        "or take the input's shape from a dataset")
+    return jax.ShapeDtypeStruct((batch_size, *self.input_spec.shape), jnp.dtype(self.input_spec.dtype))
 
   def init(self, rng: jax.Array, sample_x: jax.Array) -> Params:
     """Initialises every unit in turn on the output shape of the one before (one jitted program).
@@ -73,19 +114,6 @@ class LayeredModel:
     for unit, p in zip(self.units[first:last], params):
       y = unit.apply({"params": p}, y)
     return y
-
-
-def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
-  """Mean softmax cross-entropy with integer labels (per example, or per token of a sequence model).
-
-  Args:
-    logits: ``(batch, classes)``, or ``(batch, seq, classes)`` (a GPT's next-token logits).
-    labels: ``(batch,)`` integer classes, or ``(batch, seq)`` (the next tokens).
-
-  Returns:
-    The mean loss over every label, a scalar.
-  """
-  return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
 
 
 def num_params(params) -> int:

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.models.base import LayeredModel
 from hetpipe_jax.models.cnn import small_cnn
+from hetpipe_jax.models.custom import load_factory
 from hetpipe_jax.models.gpt import gpt
 from hetpipe_jax.models.inception import inception_v3
 from hetpipe_jax.models.mlp import mlp
@@ -74,15 +75,18 @@ def get_model(name: str, num_classes: int = 10) -> LayeredModel:
   Args:
     name: the small "mlp", "cnn", "vgg", "resnet", "gpt", "gpt6", or the full-size "vgg19", "resnet152",
       "vgg16", "resnet50", "resnet101", "inception_v3", "gpt2-xl", "gpt-6.7b", "gpt-13b" (for those,
-      :func:`full_size_model` also picks the class count).
-    num_classes: outputs of the last unit.
+      :func:`full_size_model` also picks the class count); or a user's ``package.module:factory``, a function
+      that builds the model with no arguments (:func:`~hetpipe_jax.models.custom.load_factory`).
+    num_classes: outputs of the last unit (of a built-in model).
 
   Returns:
     The model.
 
   Raises:
-    ConfigError: for an unknown name.
+    ConfigError: for an unknown name, or a factory that cannot build the model.
   """
+  if ":" in name:
+    return load_factory(name)
   if name not in MODELS:
     raise ConfigError(f"unknown model {name!r}; known models: {', '.join(sorted(MODELS))}")
   return MODELS[name](num_classes)

@@ -28,6 +28,7 @@ from hetpipe_jax.data import Dataset, MinibatchStreams, check_batch_size
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.models import FULL_SIZE, FullSize, get_model
 from hetpipe_jax.models.base import LayeredModel
+from hetpipe_jax.models.custom import check_data
 from hetpipe_jax.plan.allocation import plan_cluster
 from hetpipe_jax.plan.costmodel import CostModel
 from hetpipe_jax.plan.layout import Layout
@@ -177,6 +178,8 @@ def prepare(model: LayeredModel, dataset: Dataset | FullSize, config: RunConfig)
   cluster = get_cluster(config.cluster) if isinstance(config.cluster, str) else config.cluster
   tx = config.optim.local()
   param_shapes = _param_shapes(model, sample_x, data_name)
+  if isinstance(dataset, Dataset):
+    check_data(model, param_shapes, sample_x, dataset.y_train[:config.batch_size], dataset.num_classes, data_name)
   profiles = profile_units(model, sample_x)
   costs = CostContext(config.wsp.weight_mode, optimizer_slots_of(tx, param_shapes), config.precision)
   time_model = config.layout.time_model

@@ -29,7 +29,7 @@ import optax
 
 from hetpipe_jax.core import wsp
 from hetpipe_jax.errors import ProtocolError
-from hetpipe_jax.models.base import LayeredModel, cross_entropy
+from hetpipe_jax.models.base import LayeredModel
 
 Device = Any  # a jax.Device (a name pyright cannot use as a type)
 
@@ -93,7 +93,7 @@ class Stage:
 
   def _apply(self, params, x, labels):
     y = self.model.apply(params, x, self.first, self.last)
-    return cross_entropy(y, labels) if self.is_last else y
+    return self.model.loss(y, labels) if self.is_last else y
 
   def _vjp(self, params, x, labels):
     if self.is_first:  # no gradient for the input data
