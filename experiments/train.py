@@ -32,8 +32,9 @@ flags.DEFINE_string("dataset", "auto", "Dataset: auto (Fashion-MNIST, else digit
                     "digits, synthetic, tokens (a synthetic language for --model=gpt), text (English text "
                     "byte by byte for --model=gpt: Debian's fortunes, apt-get install -y fortunes).")
 flags.DEFINE_integer("seq_len", None, "Full-size GPT models (sim): tokens per sequence (default: the context).")
-flags.DEFINE_string("precision", "fp32", "fp32, or with --executor=sim fp16 or bf16: mixed precision in the "
-                    "cost and memory model (the planner, the clock, the transfers).")
+flags.DEFINE_string("precision", "fp32", "fp32, bf16 or fp16: mixed precision (16-bit compute, activations and "
+                    "pushes, fp32 master weights and optimizer state; fp16 with dynamic loss scaling) in the "
+                    "training (virtual, wall; multiprocess: bf16) and in the cost and memory model.")
 flags.DEFINE_string("cluster", "hetero4", "Cluster preset (hetero4, hetero4x4, uniform8, paper_testbed, "
                     "paper_half, paper_mini, v100_t4) or a .toml file.")
 flags.DEFINE_string("policy", None, "Allocation policy NP, ED or HD (or a grouping '0,1;2,3'): the planner "
@@ -462,7 +463,8 @@ def summarize(model, config, result, violations, stats, plan) -> dict:
       "trace_violations": [str(v) for v in violations[:20]], "staleness": stats,
       "checkpoints": result.checkpoints, "overlap_transfers": config.sim.overlap_transfers,
       "staged_ps": config.sim.staged_ps, "time_model": config.layout.time_model, "fast_sim": result.fast_sim,
-      "precision": config.precision,
+      "precision": config.precision, "final_test_loss": result.metrics[-1].get("test_loss"),
+      "skipped_steps": sum(ev.get("skipped", 0) for ev in result.events if ev["ev"] == "push"),
   }
   if plan is not None:
     summary["plan"] = {"path": FLAGS.plan, "entry": FLAGS.plan_entry,

@@ -457,6 +457,17 @@ def test_push_to_some_shards_only():
   expect(t, {"push": [(line(t, ev="push", vw=1, wave=1), "to 1 shards of 2")]})
 
 
+def test_push_skipped_updates_only_in_fp16_and_at_most_stages_times_nm():
+  t = pipeline_trace()
+  t[find(t, ev="push", vw=0, wave=0)]["skipped"] = 1
+  expect(t, {"push": [(line(t, ev="push", vw=0, wave=0), "only an fp16 run skips (this is fp32)")]})
+  t[0]["precision"] = "fp16"
+  assert check_trace(t) == []
+  most = t[0]["stages"][0] * t[0]["nm"][0]
+  t[find(t, ev="push", vw=0, wave=0)]["skipped"] = most + 1
+  expect(t, {"push": [(line(t, ev="push", vw=0, wave=0), f"1 to stages x Nm = {most} per wave")]})
+
+
 # --- stash ---------------------------------------------------------------------------------------------
 
 def test_stash_backward_uses_its_forwards_version():

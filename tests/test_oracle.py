@@ -64,28 +64,39 @@ PS_RULES = {
     "nesterov": ({"ps_optimizer": "nesterov:lr=0.7,momentum=0.9"}, lambda: _outer_nesterov(0.7, 0.9)),
 }
 
-_PROGRAMS = {}  # (first, last) -> jitted (forward, vjp) of the stage function
+_PROGRAMS = {}  # (first, last, dtype) -> jitted (forward, vjp) of the stage function
+DTYPES = {"fp32": None, "bf16": jnp.bfloat16}  # what the replay computes in (fp32 weights either way)
 
 
-def _programs(first, last):
-  """The jitted forward and backward of units first..last-1 of MODEL (the loss on the last stage)."""
-  if (first, last) not in _PROGRAMS:
+def _cast(tree, dtype):
+  return tree if dtype is None else jax.tree.map(lambda a: a.astype(dtype), tree)
+
+
+def _programs(first, last, dtype=None):
+  """The jitted forward and backward of units first..last-1 of MODEL (the loss on the last stage, in fp32).
+  With a 16-bit ``dtype`` (mixed precision, docs/PROTOCOL.md section 3.10): the weights and the input cast
+  to it, the output in it."""
+  if (first, last, dtype) not in _PROGRAMS:
     is_last = last == MODEL.num_units
 
     def f(w, x, labels):
-      y = MODEL.apply(w, x, first, last)
-      return cross_entropy(y, labels) if is_last else y
+      y = MODEL.apply(_cast(w, dtype), _cast(x, dtype), first, last)
+      if is_last:
+        return cross_entropy(_cast(y, None if dtype is None else jnp.float32), labels)
+      return _cast(y, dtype)
 
     def bwd(w, x, labels, g):
       _, vjp = jax.vjp(lambda w_, x_: f(w_, x_, labels), w, x)
       return vjp(g)  # (gradient of the weights, cotangent of the input)
 
-    _PROGRAMS[(first, last)] = jax.jit(f), jax.jit(bwd)
-  return _PROGRAMS[(first, last)]
+    _PROGRAMS[(first, last, dtype)] = jax.jit(f), jax.jit(bwd)
+  return _PROGRAMS[(first, last, dtype)]
 
 
 def _add(a, b):
   return jax.tree.map(jnp.add, a, b)
+
+
 
 
 class _StageState:
@@ -108,7 +119,7 @@ class _StageState:
 
 
 def replay(events, init_params, optimizer, learning_rate=LR, dataset=DATA, batch_size=BATCH, seed=SEED,
-           ps_tx=None):
+           ps_tx=None, precision="fp32"):
   """Recomputes a run's training from its trace.
 
   Args:
@@ -119,13 +130,17 @@ def replay(events, init_params, optimizer, learning_rate=LR, dataset=DATA, batch
     dataset, batch_size, seed: the run's data stream.
     ps_tx: the run's PS rule, an optax transformation of every pushed wave's summed update (None: the
       identity, the default).
+    precision: "fp32", or "bf16": mixed precision as docs/PROTOCOL.md section 3.10 defines it (16-bit
+      compute, fp32 weights and optimizer state, a push rounded once to 16 bits and added in fp32).
 
   Returns:
     A dict: ``global`` (final global weights, one entry per unit), ``local`` ((vw, stage) -> (first, last,
     weights)), ``losses`` ((vw, wave) -> mean training loss of the wave), and counters that show the run
     exercised what the oracle checks: ``open_pulls`` (stage rebases that added open accumulators back),
-    ``moved`` (backwards whose stage weights changed since their forward), ``pushes``.
+    ``moved`` (backwards whose stage weights changed since their forward), ``pushes``; and ``path``, per unit
+    the entrywise sum of |update| over every local update and every applied push (for the bf16 tolerance).
   """
+  dtype = DTYPES[precision]
   meta = events[0]
   n, nms, ks, cuts, mode = meta["num_vws"], meta["nm"], meta["stages"], meta["cuts"], meta["weight_mode"]
   assert mode in ("stash", "latest"), mode
@@ -145,6 +160,8 @@ def replay(events, init_params, optimizer, learning_rate=LR, dataset=DATA, batch
       stages[(i, j)] = _StageState(first, last, glob_w[first:last], tx, n)
   inputs, fwd_versions, cotangents, losses = {}, {}, {}, {}
   counters = {"open_pulls": 0, "moved": 0, "pushes": 0}
+  path = [jax.tree.map(jnp.zeros_like, w) for w in init_params]
+  add_path = lambda u, update: jax.tree.map(lambda a, b: a + jnp.abs(b), path[u], update)
 
   for ev in events[1:]:
     kind = ev["ev"]
@@ -152,7 +169,7 @@ def replay(events, init_params, optimizer, learning_rate=LR, dataset=DATA, batch
       i, j, p = ev["vw"], ev["stage"], ev["mb"]
       s = stages[(i, j)]
       is_last = j == ks[i] - 1
-      fwd, bwd = _programs(s.first, s.last)
+      fwd, bwd = _programs(s.first, s.last, dtype)
       labels = jnp.asarray(streams(i, p)[1]) if is_last else None
       version = (ev["own"], tuple(ev["glob"]))
       if kind == "fwd":
@@ -183,6 +200,8 @@ def replay(events, init_params, optimizer, learning_rate=LR, dataset=DATA, batch
         cotangents[(i, j - 1, p)] = gx
       updates, s.opt = update(grads, s.opt, s.w)
       s.w = optax.apply_updates(s.w, updates)
+      for k, u in enumerate(range(s.first, s.last)):
+        path[u] = add_path(u, updates[k])
       wave = (p - 1) // nms[i]
       if wave in s.acc:
         s.acc[wave] = [_add(s.acc[wave][0], updates), s.acc[wave][1] + 1]
@@ -201,7 +220,10 @@ def replay(events, init_params, optimizer, learning_rate=LR, dataset=DATA, batch
         for u, a in zip(range(s.first, s.last), acc):
           pushed[u] = a
       assert all(a is not None for a in pushed), f"wave {c} of VW {i} does not cover every unit"
+      if dtype is not None:  # sent in 16 bits, added in fp32
+        pushed = [_cast(_cast(a, dtype), jnp.float32) for a in pushed]
       step, ps_state = ps_update(tuple(pushed), ps_state, glob_w)
+      path = [add_path(u, step[u]) for u in range(len(path))]
       glob_w = _add(glob_w, step)
       clock = tuple(x + (k == i) for k, x in enumerate(clock))
       history[clock] = glob_w
@@ -227,6 +249,7 @@ def replay(events, init_params, optimizer, learning_rate=LR, dataset=DATA, batch
       "global": glob_w,
       "local": {key: (s.first, s.last, s.w) for key, s in stages.items()},
       "losses": {key: float(np.mean(v)) for key, v in wave_losses.items()},
+      "path": path,
       **counters,
   }
 
@@ -342,3 +365,74 @@ def test_oracle_catches_a_rebase_that_drops_open_accumulators(monkeypatch):
   oracle = replay(faulty.events, faulty.init_params, "sgd")
   assert oracle["open_pulls"] > 0
   assert max_abs_diff(faulty, oracle) > 1e-3
+
+
+# bf16's unit roundoff: a bf16 number has 8 significant bits, so rounding to it errs by at most 2^-8 relative.
+BF16_U = 2.0 ** -8
+ROUNDINGS = 2 * MODEL.num_units + 2  # bf16 roundings on the way to one update (see bf16_excess)
+
+
+def bf16_excess(result, oracle) -> float:
+  """How far the engine's bf16 numbers exceed the tolerance derived for them against the bf16 replay (<= 0:
+  within it), as the largest ratio |engine - replay| / bound - 1 over every number.
+
+  The bound, derived, not tuned: both round the same quantities to bf16 at the same points; they can differ
+  only where XLA orders an fp32 sum differently (a difference of fp32 size) and that moves a bf16 rounding
+  across its boundary: then the rounded value differs by one bf16 ulp, at most 2u = 2^-7 of it. On its way
+  to one update a value passes at most R = 2 x units + 2 roundings (per unit the weights' cast and the
+  output's forward, the input gradient's back; the input's cast; the push's), each of which may flip, so an
+  update errs by at most R x 2u of its size, entry by entry (to first order: SGD and momentum updates are
+  linear in the gradient, and the weights a later gradient sees differ only by what earlier updates erred,
+  second order over these few steps). A final weight sums its updates: it may differ by R x 2u x its path,
+  the sum of |update| over every update and push of it (``oracle["path"]``). One thing is not linear: a
+  flip can move a ReLU's input across 0, which switches a whole row of a weight's gradient on or off, so
+  an entry is bounded by the largest path in its weight array, not its own (measured: 0.1% of the entries
+  of this MLP exceed their own path's bound, up to 3.9x; none the array's). A loss is one forward pass:
+  R x 2u of it. (A weight that rounds to an fp32 neighbour differently adds 1e-6 of slack.)"""
+  rel = ROUNDINGS * 2 * BF16_U
+  worst = -1.0
+  bounds = {"global weights": oracle["path"]}
+  for vw in result.vws:
+    for j, stage in enumerate(vw.stages):
+      bounds[f"VW {vw.index} stage {j} local weights"] = oracle["path"][stage.first:stage.last]
+  paths = {what: iter(jax.tree.leaves(tuple(tree))) for what, tree in bounds.items()}
+  for what, a, b in _pairs(result, oracle):
+    bound = rel * (float(jnp.max(next(paths[what]))) if what in paths else abs(float(b))) + 1e-6
+    worst = max(worst, float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)) / bound)) - 1)
+  return worst
+
+
+BF16_CASES = {"stash-sgd-d0": "identity", "latest-momentum-d0": "nesterov"}
+
+
+def _bf16_case(name):
+  config, rule = CASES[name], BF16_CASES[name]
+  fields, ps_tx = PS_RULES[rule]
+  result = _run(**config, **fields, precision="bf16")
+  assert result.events[0]["precision"] == "bf16"
+  return result, replay(result.events, result.init_params, config.get("optimizer", "sgd"),
+                        config.get("learning_rate", LR), ps_tx=ps_tx(), precision="bf16")
+
+
+@pytest.mark.parametrize("name", list(BF16_CASES))
+def test_oracle_recomputes_a_bf16_run_within_a_derived_tolerance(name):
+  """The engine's bf16 run against the oracle's bf16 replay of its trace, within the bound of
+  :func:`bf16_excess`, entry by entry."""
+  result, oracle = _bf16_case(name)
+  assert oracle["pushes"] == CASES[name]["waves"] * CASES[name]["num_vws"] and oracle["moved"] > 0
+  assert bf16_excess(result, oracle) <= 0
+
+
+def test_the_bf16_tolerance_catches_a_rebase_that_drops_open_accumulators(monkeypatch):
+  """The bf16 bound is tight enough to matter: the planted lossy rebase (it loses whole updates) exceeds it."""
+  rebase = Stage.rebase
+
+  def lossy_rebase(self, global_params):
+    added = rebase(self, global_params)
+    self.state = self.state._replace(params=jax.device_put(tuple(global_params), self.device, may_alias=False))
+    return added
+
+  monkeypatch.setattr(Stage, "rebase", lossy_rebase)
+  result, oracle = _bf16_case("stash-sgd-d0")  # the trace checker sees nothing wrong (_run asserts it)
+  assert oracle["open_pulls"] > 0
+  assert bf16_excess(result, oracle) > 0  # beyond the bound (measured: 1.39x it)

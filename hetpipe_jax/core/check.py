@@ -16,7 +16,8 @@ rebase      a task's weights hold exactly the updates its stage has applied (non
 global      the weights of p include every VW's waves 0 .. w-D-2 (0 .. w-D-1 for a wave's last
             minibatch) and nothing not yet pushed; they come from a real pull, never going back
 gate        a gated injection passes c_local - c_global <= D after a pull; c_local - c_global <= D+1
-push        each wave pushed once, in clock order, after it completed, to every shard
+push        each wave pushed once, in clock order, after it completed, to every shard; skipped
+            updates (fp16 loss-scale overflows) only in an fp16 run, 1 .. stages x Nm per wave
 stash       in stash mode a backward uses its forward's weight version
 member      a VW that left runs nothing until it joins; it joins at the global clock of the live
             VWs and pulls first (the rules above then hold over the live VWs; a VW that left
@@ -62,6 +63,7 @@ class _Checker:
     self.window = meta.get("window") or self.nm  # most in flight: a window below Nm where one is set
     self.k, self.stash = meta["stages"], meta["weight_mode"] == "stash"
     self.shards = meta.get("shards")
+    self.precision = meta.get("precision", "fp32")
     self.violations: list[Violation] = []
     self.line = 1
     self.clock = wsp.init(self.n)
@@ -231,6 +233,10 @@ class _Checker:
                 f"wave ends at minibatch {(c + 1) * self.nm[i]}")
     if self.shards is not None and ev.get("shards") != self.shards:
       self.fail("push", f"VW {i} pushed wave {c} to {ev.get('shards')} shards of {self.shards}")
+    skipped, most = ev.get("skipped"), self.k[i] * self.nm[i]
+    if skipped is not None and not (self.precision == "fp16" and isinstance(skipped, int) and 1 <= skipped <= most):
+      self.fail("push", f"VW {i} wave {c} says {skipped!r} updates were skipped; only an fp16 run skips "
+                f"(this is {self.precision}), 1 to stages x Nm = {most} per wave")
     if self._gone(i, f"push of wave {c}"):
       return
     self.clock = wsp.push(self.clock, i)

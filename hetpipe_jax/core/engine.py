@@ -242,9 +242,10 @@ class Engine:
       wave = wsp.wave_of(mb, vw.nm)
       vw.versions = versions_lib.close_wave(vw.versions, wave, vw.nm, vw.index)
       updates, losses = vw.numerics.take_wave(wave)
+      skipped = vw.numerics.take_skipped(wave)
       gen = self._generation[vw.index]
-      landed = lambda t_done: self._push(vw, wave, updates, losses, t_done) if self._generation[vw.index] == gen \
-          else None
+      landed = lambda t_done: self._push(vw, wave, updates, losses, t_done, skipped) \
+          if self._generation[vw.index] == gen else None
       if self._staged:
         self._staged.push_staged((vw.index, gen, wave), t, landed)
       else:
@@ -260,11 +261,14 @@ class Engine:
       cached = self._glob_lists[id(glob)] = (glob, list(glob))
     return cached[1]
 
-  def _push(self, vw: VirtualWorker, wave: int, updates: dict[int, Any], losses: list, t: float) -> None:
+  def _push(self, vw: VirtualWorker, wave: int, updates: dict[int, Any], losses: list, t: float,
+            skipped: int = 0) -> None:
     global_before = wsp.c_global(self.server.clock)
     clock = self.server.push(vw.index, wave, updates)
     dropped = self.server.dropped.get((vw.index, wave))
     extra = {} if dropped is None else {"dropped": "nonfinite", "units": dropped}  # clock ticked, not applied
+    if skipped:  # fp16 loss-scale overflows: minibatch updates a stage skipped (docs/PROTOCOL.md)
+      extra["skipped"] = skipped
     self.trace.emit(ev="push", vw=vw.index, wave=wave, t=t, shards=self.server.num_shards,
                     gap=wsp.clock_gap(clock, vw.index), **extra)
     if self._on_wave is not None:

@@ -38,6 +38,11 @@ class Numerics(Protocol):
     """Closes ``wave``: its summed updates by unit (what a push sends) and its minibatches' losses."""
     ...
 
+  def take_skipped(self, wave: int) -> int:
+    """After :meth:`take_wave`: how many of the wave's (stage, minibatch) updates were skipped by an fp16
+    loss-scale overflow (0 without fp16)."""
+    ...
+
   def rebase(self, params: Sequence[Any] | None, open_updates: Sequence[int]) -> list[int]:
     """Pull: every stage <- the global weights of its units + its local updates not pushed yet.
 
@@ -78,6 +83,10 @@ class NoNumerics:
   def take_wave(self, wave: int) -> tuple[dict[int, Any], list[Any]]:
     del wave
     return {}, [None] * self._nm
+
+  def take_skipped(self, wave: int) -> int:
+    del wave
+    return 0
 
   def rebase(self, params: Sequence[Any] | None, open_updates: Sequence[int]) -> list[int]:
     del params

@@ -60,6 +60,8 @@ class Context:
     streams: every virtual worker's minibatches (the same in every process).
     cost / time_scale: a task's emulated seconds, and real seconds per emulated second (0: no padding).
     trace: this process's trace part; ``t_start``: its clock's zero (when it left the start barrier).
+    push_dtype: the dtype a wave's update travels in to the shards (mixed precision: 16 bits; None: the
+      weights' own).
   """
 
   node: Node
@@ -79,6 +81,7 @@ class Context:
   time_scale: float
   trace: Trace
   t_start: float = 0.0
+  push_dtype: Any = None
   stopped: list[str] = dataclasses.field(default_factory=list)  # why threads ended early
   inputs: list[threading.Thread] = dataclasses.field(default_factory=list)  # the input streams' threads
   gone: set[int] = dataclasses.field(default_factory=set)  # processes found gone (see :meth:`watch`)
@@ -182,6 +185,10 @@ class Context:
 
   def leaf_specs(self, units: Sequence[int]) -> list[Spec]:
     return [spec for u in units for spec in self.unit_specs[u]]
+
+  def push_specs(self, units: Sequence[int]) -> list[Spec]:
+    """The (shape, dtype) of each leaf of a pushed update of ``units``."""
+    return [(shape, self.push_dtype or dtype) for shape, dtype in self.leaf_specs(units)]
 
   def check_job(self) -> None:
     """Raises RunStopped when the job cannot go on (another process said why), PeerGone when it stops."""

@@ -32,6 +32,7 @@ from hetpipe_jax.runtime.clock import GATHERS_KEY, ClockService
 from hetpipe_jax.runtime.decentral import LEFT_KEY, Context
 from hetpipe_jax.runtime.distributed import DEAD_AFTER_S, POLL_S, Node, PeerGone
 from hetpipe_jax.runtime.mailbox import TIMEOUT_S, Mailbox, collect, deliver, unflatten_units
+from hetpipe_jax.runtime.mixed import compute_dtype
 from hetpipe_jax.runtime.node_job import Job, build_stage, nodes_of
 from hetpipe_jax.runtime.remote import process_of
 from hetpipe_jax.runtime.shards import ShardFollower
@@ -86,7 +87,7 @@ class DecentralJob:
     self.trace = Trace(options.part_path, line_buffered=True)  # what a run that died leaves is merged too
     self.ctx = Context(node, Mailbox(), job.layout, owners, shard_owners, backups(node.num_processes), 0,
                        options.waves, job.d, options.schedule, job.weight_mode, specs, job.streams, options.cost,
-                       options.time_scale, self.trace)
+                       options.time_scale, self.trace, push_dtype=compute_dtype(job.precision))
     self.threads: list[tuple[threading.Thread, int | None]] = []  # (thread, its virtual worker, if a stage)
     self._left_behind: list[threading.Thread] = []
 

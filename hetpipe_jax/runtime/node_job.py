@@ -25,6 +25,7 @@ from hetpipe_jax.runtime import protocol
 from hetpipe_jax.runtime.channels import Channel
 from hetpipe_jax.runtime.distributed import Node
 from hetpipe_jax.runtime.mailbox import TIMEOUT_S, Mailbox
+from hetpipe_jax.runtime.mixed import cast_floats
 from hetpipe_jax.runtime.ps import nonfinite_units
 from hetpipe_jax.runtime.remote import RemoteNumerics, process_of
 from hetpipe_jax.runtime.shards import ShardedServer, ShardWorker
@@ -42,6 +43,7 @@ class Job(NamedTuple):
     tx / weight_mode: the stages' local optimizer and weight versions.
     d / ps_tx / check_finite: the PS shards' clock bound and apply rule; whether a pushed update is checked
       for NaN or Inf before it is applied (``on_nonfinite="skip"``).
+    precision: what the stages train in ("fp32", or "bf16": mixed precision, :mod:`hetpipe_jax.runtime.mixed`).
   """
 
   model: LayeredModel
@@ -55,6 +57,7 @@ class Job(NamedTuple):
   d: int
   ps_tx: optax.GradientTransformation | None
   check_finite: bool
+  precision: str = "fp32"
 
 
 def nodes_of(cluster: Cluster) -> list[int]:
@@ -86,10 +89,13 @@ def build_stage(job: Job, i: int, j: int, x0, y0) -> tuple[Stage, dict[str, tupl
   units, gpu = vw.stage_units(j), vw.gpus[j]
   device = jax.local_devices()[[g.index for g in job.cluster.node_gpus(gpu.node)].index(gpu.index)]
   stage = Stage(job.model, units.start, units.stop, job.init_params[units.start:units.stop], device, job.tx,
-                vw.nm, job.weight_mode)
+                vw.nm, job.weight_mode, job.precision)
   x = job.model.apply(job.init_params[:units.start], jnp.asarray(x0), 0, units.start)  # the stage's input
+  if stage.dtype is not None and units.start > 0:  # a 16-bit activation from the previous stage
+    x = cast_floats(x, stage.dtype)
   out = stage.warm_up(x, jax.device_put(y0, device) if stage.is_last else None)
-  nonfinite_units(jax.tree.map(jnp.zeros_like, stage.params))  # compiles the check of a closed wave's update
+  pushed = stage.dtype or jnp.float32  # compiles the check of a closed wave's update, as pushed
+  nonfinite_units(jax.tree.map(lambda p: jnp.zeros_like(p, dtype=pushed), stage.params))
   return stage, {"a": (x.shape, x.dtype), "g": (out.shape, out.dtype)}  # (shapes are fixed)
 
 

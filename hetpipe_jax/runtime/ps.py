@@ -41,6 +41,12 @@ def _all_finite(tree: Any) -> jax.Array:
   return ~jnp.isnan(jnp.sum(jnp.stack(sums))) if sums else jnp.bool_(True)
 
 
+def _as_weights(updates: Any, params: Any) -> Any:
+  """A pushed update in its weights' dtype (a 16-bit push of mixed precision, added in fp32; in fp32 a
+  no-op: no cast enters the program)."""
+  return jax.tree.map(lambda u, p: u.astype(p.dtype), updates, params)
+
+
 _finite_shards = jax.jit(lambda shards: jnp.stack([_all_finite(shard) for shard in shards]))
 
 
@@ -70,6 +76,8 @@ class ParameterServer:
       host).
     on_nonfinite: a push with NaN or Inf: "stop" (raise :class:`~hetpipe_jax.errors.NonFiniteUpdate`) or
       "skip" (drop that wave's update; see :meth:`push`).
+    update_dtype: the dtype pushes arrive in (None: the weights'; mixed precision pushes 16-bit updates,
+      which the apply adds to the fp32 weights), to compile the apply for them in :meth:`warm_up`.
 
   Example::
 
@@ -80,10 +88,10 @@ class ParameterServer:
 
   def __init__(self, params: Sequence[Any], num_vws: int, d: int,
                tx: optax.GradientTransformation | None = None, device: Device | None = None,
-               on_nonfinite: str = "stop"):
+               on_nonfinite: str = "stop", update_dtype: Any = None):
     if on_nonfinite not in ON_NONFINITE:
       raise ConfigError(f"on_nonfinite={on_nonfinite!r}; choose one of {', '.join(ON_NONFINITE)}")
-    self.d, self.on_nonfinite = d, on_nonfinite
+    self.d, self.on_nonfinite, self._update_dtype = d, on_nonfinite, update_dtype
     self.dropped: dict[tuple[int, int], list[int]] = {}
     self.device = device or jax.local_devices(backend="cpu")[0]
     self.num_shards = len(params)
@@ -99,6 +107,7 @@ class ParameterServer:
     """(weights, optax state, whether each shard's update is finite): the new state if every shard's
     update is finite, else the old one unchanged (in one program: the check costs one more read)."""
     finite = jnp.stack([_all_finite(shard) for shard in updates])
+    updates = _as_weights(updates, params)
     new_updates, new_opt_state = self._tx.update(updates, opt_state, params)
     keep = lambda new, old: jnp.where(jnp.all(finite), new, old)
     return (jax.tree.map(keep, optax.apply_updates(params, new_updates), params),
@@ -106,6 +115,7 @@ class ParameterServer:
 
   def _apply_checked_fn(self, params, opt_state, updates):
     """(weights, optax state) after an update whose producer found it finite: one pass, no check."""
+    updates = _as_weights(updates, params)
     new_updates, new_opt_state = self._tx.update(updates, opt_state, params)
     return optax.apply_updates(params, new_updates), new_opt_state
 
@@ -115,7 +125,8 @@ class ParameterServer:
     with self._cond:
       for apply in (self._apply, self._apply_checked):
         params, opt_state = jax.tree.map(jnp.copy, (self._state.params, self._state.opt_state))  # donated
-        jax.block_until_ready(apply(params, opt_state, jax.tree.map(jnp.zeros_like, params)))
+        zeros = jax.tree.map(lambda p: jnp.zeros_like(p, dtype=self._update_dtype), params)
+        jax.block_until_ready(apply(params, opt_state, zeros))
       jax.block_until_ready(self._copy(self._state.params))
 
   @property

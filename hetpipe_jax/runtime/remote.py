@@ -89,6 +89,11 @@ class RemoteNumerics:
     first = wave * self.nm + 1
     return dict.fromkeys(bad), [self._losses.pop(mb) for mb in range(first, first + self.nm)]
 
+  def take_skipped(self, wave: int) -> int:
+    """0: the multiprocess executor trains in fp32 or bf16, neither of which skips an update."""
+    del wave
+    return 0
+
   def _serve(self, n: int) -> None:
     """Has the owners send every stage its units' global weights as pull ``n``."""
     for j in range(self.k):

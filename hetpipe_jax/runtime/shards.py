@@ -264,7 +264,7 @@ class ShardFollower:
     ctx, me = self.ctx, self.ctx.node.process
     for vw in range(ctx.layout.num_vws):
       for j, units in self._stage_units(vw):
-        specs = [*ctx.leaf_specs(units), ((len(units),), np.int32)]
+        specs = [*ctx.push_specs(units), ((len(units),), np.int32)]
         stream(self._actor, f"u{vw}.{j}", range(ctx.waves), lambda wave, vw=vw, j=j, specs=specs: expect(
             ctx.node, ctx.mailbox, ctx.owners[(vw, j)], protocol.tag("update", vw=vw, stage=j, wave=wave), specs))
     width = protocol.order_width(ctx.layout.num_vws)

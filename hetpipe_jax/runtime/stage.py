@@ -11,6 +11,11 @@ its local optimizer state, and one update accumulator per open wave (docs/PROTOC
   accumulator of p's wave, all in one jitted call.
 * rebase on pull: weights <- global weights + every local update the PS has not seen yet.
 
+At ``precision`` fp16 or bf16 the stage trains in mixed precision (:mod:`hetpipe_jax.runtime.mixed`): fp32
+weights and optimizer state, 16-bit compute, activations, input gradients, stashed weight copies and pushed
+updates; fp16 scales the loss per stage and skips (and counts) a minibatch update whose gradient overflows.
+In fp32 no cast or scale enters any program.
+
 The stage's state is a pytree, :class:`StageState` (weights, local optimizer state, open wave
 accumulators), that a checkpointer can save. Every stage program is traced once per shape;
 ``Stage.traces`` counts the traces per stage so tests can prove it (``chex.assert_max_traces`` keys its
@@ -30,6 +35,7 @@ import optax
 from hetpipe_jax.core import wsp
 from hetpipe_jax.errors import ProtocolError
 from hetpipe_jax.models.base import LayeredModel
+from hetpipe_jax.runtime import mixed
 
 Device = Any  # a jax.Device (a name pyright cannot use as a type)
 
@@ -42,10 +48,12 @@ def put_arrays(tree: Any, device: Device) -> Any:
 
 
 class WaveAccumulator(NamedTuple):
-  """The summed local updates of one open wave (one entry per unit) and how many minibatches they are."""
+  """The summed local updates of one open wave (one entry per unit) and how many minibatches they are
+  (and, in fp16, how many of those updates were skipped by a loss-scale overflow: a device int32)."""
 
   update: Any
   count: int
+  skipped: Any = None
 
 
 class StageState(NamedTuple):
@@ -55,11 +63,13 @@ class StageState(NamedTuple):
     params: the stage's weights (a tuple, one entry per unit).
     opt_state: the local optimizer's state.
     waves: wave -> accumulator of the local updates not pushed yet.
+    scale: fp16's dynamic loss scale (:class:`hetpipe_jax.runtime.mixed.LossScale`); None otherwise.
   """
 
   params: Any
   opt_state: Any
   waves: dict[int, WaveAccumulator]
+  scale: Any = None
 
 
 class Stage:
@@ -73,15 +83,18 @@ class Stage:
     tx: the virtual worker's local optimizer (per-stage state).
     nm: the virtual worker's Nm (to find a minibatch's wave).
     weight_mode: "stash" or "latest".
+    precision: "fp32", or "bf16"/"fp16": mixed precision (see the module docstring).
   """
 
   def __init__(self, model: LayeredModel, first: int, last: int, params, device: Device,
-               tx: optax.GradientTransformation, nm: int, weight_mode: str = "stash"):
+               tx: optax.GradientTransformation, nm: int, weight_mode: str = "stash", precision: str = "fp32"):
     self.model, self.first, self.last, self.device = model, first, last, device
     self.is_first, self.is_last = first == 0, last == model.num_units
     self.nm, self.weight_mode, self.tx = nm, weight_mode, tx
-    params = jax.device_put(tuple(params), device)
-    self.state = StageState(params, jax.device_put(tx.init(params), device), {})
+    self.precision, self.dtype = precision, mixed.compute_dtype(precision)  # dtype None: fp32, no casts
+    self.scaled = precision in mixed.SCALED
+    self.skipped: dict[int, Any] = {}  # fp16: wave -> its skipped updates (device int32), until read
+    self.state = self._fresh_state(params)
     self._saved: dict[int, Any] = {}  # mb -> vjp closure (stash) or (x, labels) (latest)
     self.traces: collections.Counter = collections.Counter()
     self._fwd = jax.jit(self._fwd_impl)
@@ -89,11 +102,20 @@ class Stage:
     self._bwd_acc = jax.jit(self._bwd_acc_impl)
     self._add = jax.jit(self._add_impl)
 
+  def _fresh_state(self, params) -> StageState:
+    params = jax.device_put(tuple(params), self.device, may_alias=False)
+    scale = jax.device_put(mixed.init_scale(), self.device) if self.scaled else None
+    return StageState(params, jax.device_put(self.tx.init(params), self.device), {}, scale)
+
   # --- traced programs -------------------------------------------------------------------------------
 
   def _apply(self, params, x, labels):
-    y = self.model.apply(params, x, self.first, self.last)
-    return self.model.loss(y, labels) if self.is_last else y
+    if self.dtype is None:
+      y = self.model.apply(params, x, self.first, self.last)
+      return self.model.loss(y, labels) if self.is_last else y
+    y = self.model.apply(mixed.cast_floats(params, self.dtype), mixed.cast_floats(x, self.dtype), self.first,
+                         self.last)
+    return self.model.loss(y.astype(jnp.float32), labels) if self.is_last else mixed.cast_floats(y, self.dtype)
 
   def _vjp(self, params, x, labels):
     if self.is_first:  # no gradient for the input data
@@ -115,17 +137,33 @@ class Stage:
     updates, opt_state = self.tx.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, updates
 
-  def _bwd_first_impl(self, saved, g, params, opt_state):
-    self.traces["bwd_first"] += 1
-    grads, gx = self._grads(saved, g, params)
-    params, opt_state, updates = self._update(grads, params, opt_state)
-    return gx, params, opt_state, updates
+  def _step(self, saved, g, params, opt_state, scale):
+    """(input gradient, weights, optimizer state, update, loss scale, skipped) of one backward."""
+    if not self.scaled:
+      grads, gx = self._grads(saved, g, params)
+      return gx, *self._update(grads, params, opt_state), scale, None
+    # fp16: the backward at this stage's scale S (the incoming gradient carries its sender's S_in).
+    s = scale.scale
+    ct = s if self.is_last else (g[0].astype(jnp.float32) * (s / g[1])).astype(self.dtype)
+    vjp = saved if self.weight_mode == "stash" else self._vjp(params, *saved)[1]
+    out = vjp(ct)
+    grads, gx = (out[0], None) if self.is_first else out
+    finite = mixed.all_finite((grads, gx))
+    new_params, new_opt_state, updates = self._update(jax.tree.map(lambda x: x / s, grads), params, opt_state)
+    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
+    updates = jax.tree.map(lambda u: jnp.where(finite, u, jnp.zeros_like(u)), updates)
+    return (None if gx is None else (gx, s), keep(new_params, params), keep(new_opt_state, opt_state), updates,
+            mixed.next_scale(scale, finite), (~finite).astype(jnp.int32))
 
-  def _bwd_acc_impl(self, saved, g, params, opt_state, acc):
+  def _bwd_first_impl(self, saved, g, params, opt_state, scale):
+    self.traces["bwd_first"] += 1
+    return self._step(saved, g, params, opt_state, scale)
+
+  def _bwd_acc_impl(self, saved, g, params, opt_state, scale, acc, skipped):
     self.traces["bwd_acc"] += 1
-    grads, gx = self._grads(saved, g, params)
-    params, opt_state, updates = self._update(grads, params, opt_state)
-    return gx, params, opt_state, jax.tree.map(jnp.add, acc, updates)
+    gx, params, opt_state, updates, scale, skip = self._step(saved, g, params, opt_state, scale)
+    skipped = None if skip is None else skipped + skip
+    return gx, params, opt_state, jax.tree.map(jnp.add, acc, updates), scale, skipped
 
   def _add_impl(self, a, b):
     self.traces["add"] += 1
@@ -140,9 +178,8 @@ class Stage:
 
   def restart(self, global_params) -> None:
     """A replacement of a failed stage: the global weights, a fresh local optimizer, nothing open."""
-    params = jax.device_put(tuple(global_params), self.device, may_alias=False)
     self._saved = {}
-    self.state = StageState(params, jax.device_put(self.tx.init(params), self.device), {})
+    self.state = self._fresh_state(global_params)
 
   def checkpoint_state(self) -> dict[str, Any]:
     """The stage's state and what its forwards keep for their backwards (as arrays), for a checkpoint."""
@@ -174,15 +211,16 @@ class Stage:
     """
     saved = self._saved.pop(mb)
     wave = wsp.wave_of(mb, self.nm)
-    params, opt_state, waves = self.state
+    params, opt_state, waves, scale = self.state
     if wave in waves:
       acc = waves[wave]
-      gx, params, opt_state, update = self._bwd_acc(saved, g, params, opt_state, acc.update)
-      acc = WaveAccumulator(update, acc.count + 1)
+      gx, params, opt_state, update, scale, skipped = self._bwd_acc(saved, g, params, opt_state, scale,
+                                                                    acc.update, acc.skipped)
+      acc = WaveAccumulator(update, acc.count + 1, skipped)
     else:
-      gx, params, opt_state, update = self._bwd_first(saved, g, params, opt_state)
-      acc = WaveAccumulator(update, 1)
-    self.state = StageState(params, opt_state, {**waves, wave: acc})
+      gx, params, opt_state, update, scale, skipped = self._bwd_first(saved, g, params, opt_state, scale)
+      acc = WaveAccumulator(update, 1, skipped)
+    self.state = StageState(params, opt_state, {**waves, wave: acc}, scale)
     return gx
 
   def warm_up(self, x: jax.Array, labels: jax.Array | None) -> jax.Array:
@@ -194,15 +232,22 @@ class Stage:
     out, vjp = self._fwd(self.params, x, labels)
     saved = vjp if self.weight_mode == "stash" else (x, labels)
     self.saved_treedef = jax.tree.structure(saved)  # what a forward keeps for its backward, for a restore
-    g = None if self.is_last else jnp.ones_like(out)
-    params, opt_state, _ = self.state
-    _, _, _, update = self._bwd_first(saved, g, params, opt_state)
-    jax.block_until_ready(self._bwd_acc(saved, g, params, opt_state, update))
+    g = None if self.is_last else self.gradient_like(out)
+    params, opt_state, _, scale = self.state
+    _, _, _, update, _, skipped = self._bwd_first(saved, g, params, opt_state, scale)
+    jax.block_until_ready(self._bwd_acc(saved, g, params, opt_state, scale, update, skipped))
     jax.block_until_ready(self._add(params, update))
     return out
 
+  def gradient_like(self, out: jax.Array) -> Any:
+    """What this stage's backward receives for an output like ``out`` (ones): the gradient, and in fp16
+    with the scale it carries."""
+    return (jnp.ones_like(out), jnp.ones((), jnp.float32)) if self.scaled else jnp.ones_like(out)
+
   def take_wave(self, wave: int):
-    """Removes and returns the summed update of a finished wave (one entry per unit).
+    """Removes and returns the summed update of a finished wave (one entry per unit): what a push sends,
+    in 16 bits in mixed precision (the fp32 sum rounded once); fp16 keeps its skipped count in
+    :attr:`skipped` for :meth:`take_skipped`.
 
     Raises:
       ProtocolError: when the wave does not hold exactly Nm updates.
@@ -213,7 +258,14 @@ class Stage:
       raise ProtocolError(f"wave {wave} of stage [{self.first},{self.last}) holds {acc.count} updates, "
                           f"expected Nm={self.nm}")
     self.state = self.state._replace(waves=waves)
-    return acc.update
+    if acc.skipped is not None:
+      self.skipped[wave] = acc.skipped
+    return acc.update if self.dtype is None else mixed.cast_floats(acc.update, self.dtype)
+
+  def take_skipped(self, wave: int) -> int:
+    """How many of the pushed wave's minibatch updates fp16 skipped at this stage (0 in bf16 and fp32)."""
+    skipped = self.skipped.pop(wave, None)
+    return 0 if skipped is None else int(skipped)
 
   def rebase(self, global_params) -> int:
     """Pull: weights <- global weights + the local updates of waves not pushed yet.

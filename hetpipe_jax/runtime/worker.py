@@ -98,6 +98,10 @@ class PipelineNumerics:
     losses = [self._losses.pop(p, None) for p in range(wave * nm + 1, (wave + 1) * nm + 1)]
     return updates, losses
 
+  def take_skipped(self, wave: int) -> int:
+    """How many of the pushed wave's minibatch updates fp16 skipped, summed over the stages."""
+    return sum(stage.take_skipped(wave) for stage in self.stages)
+
   def rebase(self, params: Sequence[Any] | None, open_updates: Sequence[int]) -> list[int]:
     """Every stage <- global weights of its units + its open wave accumulators; returns what each added."""
     del open_updates  # the stages count what they really add back, so a lost update shows in the trace

@@ -60,8 +60,8 @@ class Executor:
       raise ConfigError(f"placement={config.layout.placement} is not modelled by the {self.name} executor; use "
                         f"placement={' or '.join(self.placements)}")
     if config.precision not in self.precisions:
-      raise ConfigError(f"precision={config.precision!r} is a model of the sim executor; the {self.name} "
-                        f"executor trains in fp32: use precision='fp32', or executor='sim'")
+      raise ConfigError(f"precision={config.precision!r} is not trained by the {self.name} executor; use "
+                        f"precision={' or '.join(repr(p) for p in self.precisions)}")
     if self.check is not None:
       self.check(config)
 

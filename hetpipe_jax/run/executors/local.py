@@ -10,6 +10,7 @@ from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.plan.costmodel import check_memory
 from hetpipe_jax.run.session import Built
 from hetpipe_jax.run.setup import Setup
+from hetpipe_jax.runtime.mixed import compute_dtype
 from hetpipe_jax.runtime.ps import ParameterServer
 from hetpipe_jax.runtime.stage import Device, Stage
 from hetpipe_jax.runtime.transport import DeviceComm
@@ -41,11 +42,11 @@ def build(setup: Setup) -> Built:
   device_of = {(i, j): devices[gpu.index] for i, vw in enumerate(layout.vws) for j, gpu in enumerate(vw.gpus)}
   comm = DeviceComm(device_of)
   numerics = [PipelineNumerics(i, [Stage(setup.model, units.start, units.stop, init_params[units.start:units.stop],
-                                         device_of[(i, j)], setup.tx, vw.nm, c.wsp.weight_mode)
+                                         device_of[(i, j)], setup.tx, vw.nm, c.wsp.weight_mode, c.precision)
                                    for j, _, units in vw.stages()], comm)
               for i, vw in enumerate(layout.vws)]
   server = ParameterServer(init_params, layout.num_vws, c.wsp.d, c.optim.ps_tx,
-                           on_nonfinite=c.optim.on_nonfinite)
+                           on_nonfinite=c.optim.on_nonfinite, update_dtype=compute_dtype(c.precision))
   x0, y0 = batches(0, 1)
   for worker in numerics:  # compile before the clock starts
     worker.warm_up(x0, y0)

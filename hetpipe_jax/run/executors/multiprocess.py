@@ -33,7 +33,7 @@ def job(setup: Setup, init_params) -> Job:
   c = setup.config
   shard_nodes = place_shards(setup.cluster, setup.profiles, setup.layout, c.layout.placement)
   return Job(setup.model, setup.streams(), init_params, setup.layout, setup.cluster, shard_nodes, setup.tx,
-             c.wsp.weight_mode, c.wsp.d, c.optim.ps_tx, c.optim.on_nonfinite == "skip")
+             c.wsp.weight_mode, c.wsp.d, c.optim.ps_tx, c.optim.on_nonfinite == "skip", c.precision)
 
 
 def decentralised(setup: Setup) -> bool:
@@ -102,4 +102,4 @@ def run(setup: Setup) -> RunResult:
 
 
 EXECUTOR = Executor("multiprocess", run, "runs on the wall clock", wall_options=True,
-                    placements=("default", "local"))
+                    placements=("default", "local"), precisions=("fp32", "bf16"))

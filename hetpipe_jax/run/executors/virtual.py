@@ -3,6 +3,7 @@ the same for the same seed (:func:`hetpipe_jax.runtime.executors.run_virtual`)."
 
 from __future__ import annotations
 
+from hetpipe_jax.precision import PRECISIONS
 from hetpipe_jax.run.executors.base import Executor
 from hetpipe_jax.run.executors.local import build
 from hetpipe_jax.run.result import RunResult
@@ -16,4 +17,4 @@ def run(setup: Setup) -> RunResult:
   return run_engine(setup, build(setup), lambda engine, resume, between: run_virtual(engine, cost, resume, between))
 
 
-EXECUTOR = Executor("virtual", run, "runs on a virtual clock")
+EXECUTOR = Executor("virtual", run, "runs on a virtual clock", precisions=PRECISIONS)

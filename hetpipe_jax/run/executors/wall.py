@@ -12,6 +12,7 @@ import sys
 
 from hetpipe_jax.core.schedule import BWD, FWD, Task
 from hetpipe_jax.errors import ConfigError
+from hetpipe_jax.precision import PRECISIONS
 from hetpipe_jax.run.executors.base import Executor
 from hetpipe_jax.run.executors.local import build
 from hetpipe_jax.run.result import RunResult
@@ -68,4 +69,4 @@ def run(setup: Setup) -> RunResult:
   return run_engine(setup, build(setup), runner(setup))
 
 
-EXECUTOR = Executor("wall", run, "runs on the wall clock", wall_options=True)
+EXECUTOR = Executor("wall", run, "runs on the wall clock", wall_options=True, precisions=PRECISIONS)
