@@ -111,9 +111,9 @@ class NoGateServer(ClockServer):
 class DoublePushEngine(Engine):
   """Writes every push twice, as a runtime that re-sent a wave would."""
 
-  def _push(self, vw, wave, updates, losses, t):
+  def _push(self, vw, wave, updates, losses, t, skipped=0):
     self.trace.emit(ev="push", vw=vw.index, wave=wave, t=t, shards=self.server.num_shards)
-    super()._push(vw, wave, updates, losses, t)
+    super()._push(vw, wave, updates, losses, t, skipped)
 
 
 def test_fault_gate_never_closes():
