@@ -178,6 +178,7 @@ def test_one_vw_nm1_is_plain_sgd_with_the_models_own_loss():
 
 
 @pytest.mark.parametrize("executor", ["virtual", "wall"])
+@pytest.mark.slow
 def test_a_brought_model_trains_under_wsp(executor):
   model = small()
   result = run_hetpipe(model, DATA, RunConfig.of(num_vws=2, stages=2, nm=2, d=1, waves=10, executor=executor))

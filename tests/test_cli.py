@@ -22,6 +22,7 @@ def run_module(module: str, *args: str, timeout: int = 600) -> subprocess.Comple
 
 # the wall executor's run (about 40 s) is slow-marked: .ci/run runs it; the README's command keeps < 10 min
 @pytest.mark.parametrize("executor", ["virtual", pytest.param("wall", marks=pytest.mark.slow)])
+@pytest.mark.slow
 def test_train_cli_writes_outputs_the_checker_accepts(tmp_path, executor):
   trace = tmp_path / "t.jsonl"
   proc = run_module("experiments.train", "--num_vws=3", "--stages=2", "--nm=3", "--d=1", "--waves=6",
@@ -71,6 +72,7 @@ def test_one_cuts_list_serves_every_virtual_worker_and_sets_the_stages(tmp_path)
     ("experiments.throughput", ["--optimizer=lion"], r"unknown optimizer 'lion'"),
     ("experiments.validate_sim", ["--waves=0"], r"waves=0; run at least 1 wave"),
 ])
+@pytest.mark.slow
 def test_every_script_reports_a_bad_configuration_in_one_line(module, args, message):
   proc = run_module(module, *args, timeout=300)
   assert proc.returncode == 1, proc.stderr[-3000:]

@@ -53,6 +53,7 @@ def test_data_parallel_with_one_gpu_is_plain_sgd():
   assert rows[-1]["time"] == pytest.approx(STEPS * 0.5) and "test_accuracy" in rows[-1]
 
 
+@pytest.mark.slow
 def test_short_runs_learn_and_repeat():
   data = load_dataset("digits")
   model = get_model("mlp")

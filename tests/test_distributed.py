@@ -55,6 +55,7 @@ def test_two_processes_exchange_arrays_both_ways():
 
 
 @pytest.mark.parametrize("mode", ["exit", "kill"])
+@pytest.mark.slow
 def test_a_lost_process_ends_the_job_in_bounded_time(mode):
   result, outputs = run_job("fail.py", 2, timeout_s=150, grace_s=30, FAIL_MODE=mode)
   assert not result.ok and result.failed == 1, (result.message, outputs)
@@ -75,6 +76,7 @@ def test_a_hung_process_is_named_and_the_job_ends_in_bounded_time():
 
 
 @pytest.mark.parametrize("mode", ["kill", pytest.param("hang", marks=pytest.mark.slow)])
+@pytest.mark.slow
 def test_a_recoverable_job_goes_on_without_a_lost_process(mode):
   """Process 2 is lost (killed, or stopped: alive but silent); process 0 declares it gone within ~5 s,
   process 1's wait for it gives up, both end cleanly; the launcher lists what the job went on without."""

@@ -50,6 +50,7 @@ def test_train_entry_point_lists_the_cli_contract_flags():
 
 
 @pytest.mark.parametrize("name", ["hetpipe-check", "hetpipe-timeline", "hetpipe-efficiency"])
+@pytest.mark.slow
 def test_trace_tools_report_usage_with_exit_2(name, tmp_path):
   proc = subprocess.run([installed(name)], capture_output=True, text=True, timeout=120)
   assert proc.returncode == 2, proc.stderr[-3000:]

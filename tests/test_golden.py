@@ -12,6 +12,7 @@ from experiments import golden
 
 
 @pytest.mark.parametrize("name", list(golden.RUNS["small"]))
+@pytest.mark.slow
 def test_small_run_matches_its_recording(name, tmp_path):
   trace_path, metrics_path = golden.golden_paths("small", name)
   events, metrics = golden.run(golden.RUNS["small"][name], str(tmp_path / name))

@@ -67,6 +67,7 @@ DATA = synthetic(num_train=512, num_test=64)
 
 @pytest.mark.parametrize("executor", ["virtual", "wall"])
 @pytest.mark.parametrize("n,k,nm,d", NUMERIC)
+@pytest.mark.slow
 def test_training_runs_hold_the_guarantees(n, k, nm, d, executor):
   result = run_hetpipe(MODEL, DATA, RunConfig.of(
       cluster="hetero4", num_vws=n, stages=k, nm=nm, d=d, waves=d + 5, batch_size=16, executor=executor,

@@ -58,6 +58,7 @@ def _stage_at_peak(precision, weight_mode, first=1, last=4, nm=3):
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.slow
 def test_a_stash_stage_holds_what_the_planner_charges_plus_a_stated_copy(precision):
   """The bytes a stage really holds at its peak (Nm = 3 in flight, an open wave) against cost.memory's charge.
 
@@ -74,6 +75,7 @@ def test_a_stash_stage_holds_what_the_planner_charges_plus_a_stated_copy(precisi
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.slow
 def test_a_latest_stage_holds_less_than_the_planner_charges(precision):
   """``latest`` mode keeps each forward's input, not its activations (the backward recomputes): the planner,
   which charges Nm x the kept activations, is an upper bound there."""
@@ -110,6 +112,7 @@ def test_fp16_overflow_skips_the_update_and_halves_the_scale():
   assert stage.take_skipped(1) == 2 and float(stage.state.scale.scale) == 2.0 ** 125
 
 
+@pytest.mark.slow
 def test_mixed_precision_trains_on_every_single_process_executor_and_the_trace_checks():
   base = dict(cluster="hetero4", batch_size=BATCH, seed=0, learning_rate=0.05, num_vws=2, stages=(2, 2),
               nm=(2, 2), d=1, waves=3, eval_every=3)
@@ -121,6 +124,7 @@ def test_mixed_precision_trains_on_every_single_process_executor_and_the_trace_c
     assert np.isfinite([r["train_loss"] for r in result.metrics]).all()
 
 
+@pytest.mark.slow
 def test_fp16_records_skipped_steps_in_the_trace():
   """At the initial scale 2^16 this MLP's gradients overflow fp16 in its first waves (Adam at lr 0.05): the
   pushes say how many updates were skipped, and the checker accepts them (an fp16 run, at most stages x Nm

@@ -14,6 +14,7 @@ from hetpipe_jax.models.inception import inception_v3
 
 @pytest.mark.parametrize("name", ["mlp", "cnn", "vgg", "resnet"])
 @pytest.mark.parametrize("shape", [(4, 28, 28, 1), (4, 8, 8, 1)])
+@pytest.mark.slow
 def test_every_cut_composes(name, shape):
   model = get_model(name)
   x = jax.random.normal(jax.random.key(1), shape)

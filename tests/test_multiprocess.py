@@ -50,6 +50,7 @@ def test_four_processes_train_with_pipelines_across_nodes(tmp_path):
   assert summary["final_test_accuracy"] > 0.5
 
 
+@pytest.mark.slow
 def test_one_vw_across_two_processes_is_plain_sgd(tmp_path):
   """Nm = 1, D = 0, one virtual worker whose 2 stages sit in 2 processes: the same losses as in one process."""
   flags = ("--num_vws=1", "--stages=2", "--nm=1", "--d=0", "--waves=12", "--batch_size=32", "--seed=3")

@@ -415,6 +415,7 @@ def _bf16_case(name):
 
 
 @pytest.mark.parametrize("name", list(BF16_CASES))
+@pytest.mark.slow
 def test_oracle_recomputes_a_bf16_run_within_a_derived_tolerance(name):
   """The engine's bf16 run against the oracle's bf16 replay of its trace, within the bound of
   :func:`bf16_excess`, entry by entry."""

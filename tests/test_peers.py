@@ -250,6 +250,7 @@ def test_batch_profiles_follow_the_line_through_two_profiles():
     profiles.at(0)
 
 
+@pytest.mark.slow
 def test_baseline_cli_prints_images_per_sec_last_and_efficiency_reads_the_timeline(tmp_path):
   out = subprocess.run([sys.executable, "-m", "experiments.baseline", "--system=hetero_dp", "--model=resnet152",
                         f"--out_dir={tmp_path}"], capture_output=True, text=True, timeout=300, check=True).stdout

@@ -134,6 +134,7 @@ def _run(args, cwd):
   return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, timeout=600, cwd=cwd)
 
 
+@pytest.mark.slow
 def test_scale_study_and_its_validation(tmp_path):
   """The scaling study on clusters of single-GPU nodes of the 8 types (8 and 16 GPUs, the 16 replicating
   the 8's tuned configuration), then every configuration of it checked against the full simulation."""

@@ -39,6 +39,7 @@ def convergence_file(path, cluster: str, missed: dict[str, int], staleness: bool
   return str(path)
 
 
+@pytest.mark.slow
 def test_table_goodput_marks_and_headline(tmp_path):
   """cnn on paper_mini with a matching convergence file (and one of another cluster, ignored): every row, the
   columns, the marks, the headline the fastest row that reaches; mlp without data: the one-line note."""

@@ -272,6 +272,7 @@ def peer_plan(tmp_path):
   return path, peer
 
 
+@pytest.mark.slow
 def test_train_plan_runs_a_peer_on_sim_and_refuses_it_elsewhere(peer_plan, tmp_path):
   path, peer = peer_plan
   proc = _run("experiments.train", f"--plan={path}", "--executor=sim", f"--out_dir={tmp_path / 'sim'}")

@@ -110,6 +110,7 @@ def test_a_raw_allreduce_row_is_the_ring_alone_on_the_network(tmp_path):
   assert vp.simulate(row, CATALOGUE) == pytest.approx(allreduce_seconds(cluster, cluster.gpus, 64e6), rel=1e-9)
 
 
+@pytest.mark.slow
 def test_the_cli_reports_every_row_and_ends_with_its_summary(tmp_path):
   table = _table(tmp_path / "t.csv", [ONE, EIGHT, RING, PS, PIPE])
   proc = subprocess.run([sys.executable, "-m", "experiments.validate_published", f"--table={table}",
