@@ -51,6 +51,7 @@ def test_bad_config(config, pattern):
     run_hetpipe(MLP, DATA, RunConfig.of(**{**base, **config}))
 
 
+@pytest.mark.slow
 def test_one_cut_list_serves_every_virtual_worker():
   result = run_hetpipe(MLP, DATA, RunConfig.of(cluster="hetero4", num_vws=2, stages=2, nm=2, d=1, waves=2,
                                             batch_size=16, cuts=[[0, 1, 4]]))
@@ -125,6 +126,7 @@ def test_a_padding_that_cannot_finish_is_refused_and_options_of_other_executors_
     (["--executor=multiprocess", "--process_id=1"], "--process_id and --num_processes join a job through its "
                                                      "coordinator: give --coordinator_address"),
 ])
+@pytest.mark.slow
 def test_cli_refuses_process_flags_it_would_not_use(args, message):
   proc = subprocess.run([sys.executable, "-m", "experiments.train", *args, "--waves=1"], capture_output=True,
                         text=True, timeout=300)

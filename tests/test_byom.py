@@ -153,6 +153,7 @@ def test_a_model_that_does_not_fit_the_data_is_refused_before_the_run():
 
 # --- training, profiling, planning, simulating -----------------------------------------------------------
 
+@pytest.mark.slow
 def test_one_vw_nm1_is_plain_sgd_with_the_models_own_loss():
   """Transparency on a brought model with its own loss (label smoothing): the pipeline's losses are those
   of a plain single-device loop on ``model.loss``."""

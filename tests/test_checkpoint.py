@@ -139,6 +139,7 @@ class _Stopped(Exception):
   """Raised right after a chosen checkpoint: the run stops there, as if killed once it was written."""
 
 
+@pytest.mark.slow
 def test_a_stopped_run_with_optimizer_state_resumes_bit_identical(tmp_path, monkeypatch):
   """Momentum on every stage and momentum on the parameter server: a resume must restore both optimizer
   states (SGD has none, so a resume that re-initialised them would pass the SGD tests)."""

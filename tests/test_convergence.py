@@ -31,6 +31,7 @@ def first_time(metrics, target):
   return next((r["time"] for r in metrics if r.get("test_accuracy", 0) >= target), None)
 
 
+@pytest.mark.slow
 def test_the_evaluator_reports_test_accuracy_and_the_mean_loss_per_label():
   import jax
 

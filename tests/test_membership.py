@@ -23,6 +23,7 @@ def events_of(result, kind, vw=None):
 
 
 @pytest.mark.parametrize("executor", ["virtual", "wall", "sim"])
+@pytest.mark.slow
 def test_a_failed_vw_leaves_and_the_others_finish(executor):
   result = run(failures=[(1, 6)], executor=executor)
   assert_trace_ok(result.events)
@@ -38,6 +39,7 @@ def test_a_failed_vw_leaves_and_the_others_finish(executor):
 
 
 @pytest.mark.parametrize("executor", ["virtual", "wall"])
+@pytest.mark.slow
 def test_a_replacement_joins_at_the_global_clock_and_pulls_first(executor):
   result = run(failures=[(1, 6), (0, 15)], rejoin=True, executor=executor, d=0)
   assert_trace_ok(result.events)
