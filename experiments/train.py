@@ -34,7 +34,7 @@ flags.DEFINE_string("dataset", "auto", "Dataset: auto (Fashion-MNIST, else digit
 flags.DEFINE_integer("seq_len", None, "Full-size GPT models (sim): tokens per sequence (default: the context).")
 flags.DEFINE_string("precision", "fp32", "fp32, bf16 or fp16: mixed precision (16-bit compute, activations and "
                     "pushes, fp32 master weights and optimizer state; fp16 with dynamic loss scaling) in the "
-                    "training (virtual, wall; multiprocess: bf16) and in the cost and memory model.")
+                    "training (virtual, wall, multiprocess) and in the cost and memory model.")
 flags.DEFINE_string("cluster", "hetero4", "Cluster preset (hetero4, hetero4x4, uniform8, paper_testbed, "
                     "paper_half, paper_mini, v100_t4) or a .toml file.")
 flags.DEFINE_string("policy", None, "Allocation policy NP, ED or HD (or a grouping '0,1;2,3'): the planner "

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Sequence
 
 from hetpipe_jax import check_trace, staleness_stats
@@ -10,6 +13,17 @@ from hetpipe_jax.core.server import ClockServer
 from hetpipe_jax.core.trace import Trace
 from hetpipe_jax.core.worker import VirtualWorker
 from hetpipe_jax.runtime.executors import run_virtual, run_wall
+from hetpipe_jax.runtime.launch import child_environment
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TWO_NODES = os.path.join(ROOT, "tests", "data", "two_nodes.toml")  # a cluster of 2 nodes: 2 processes
+
+
+def train_cli(out_dir, *flags: str, timeout: float = 300) -> subprocess.CompletedProcess:
+  """``python -m experiments.train --out_dir=out_dir *flags`` as a subprocess with a timeout (how the tests
+  start a multi-process run: the CLI launches one process per node, each setting its own device count)."""
+  return subprocess.run([sys.executable, "-m", "experiments.train", f"--out_dir={out_dir}", *flags],
+                        capture_output=True, text=True, timeout=timeout, env=child_environment(), cwd=ROOT)
 
 
 def assert_trace_ok(events) -> dict:

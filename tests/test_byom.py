@@ -2,9 +2,6 @@
 simulated like the built-in ones (examples/residual_mlp.py is the user's model)."""
 
 import json
-import os
-import subprocess
-import sys
 
 import flax.linen as nn
 import jax
@@ -31,11 +28,9 @@ from hetpipe_jax import (
 from hetpipe_jax.cost.profile import profile_units
 from hetpipe_jax.models import num_params
 from hetpipe_jax.plan.allocation import plan_cluster
-from hetpipe_jax.runtime.launch import child_environment
 
-from helpers import assert_trace_ok
+from helpers import TWO_NODES, assert_trace_ok, train_cli
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = synthetic(num_train=512, num_test=128)
 X = jnp.asarray(DATA.x_train[:4])
 
@@ -216,11 +211,8 @@ def test_a_brought_model_is_profiled_planned_and_simulated_without_data():
 def test_a_brought_model_trains_across_processes(tmp_path):
   """--model=package.module:factory: every process of a multi-process run builds the user's model (the
   factory builds the same NNX parameters in each: nnx.Rngs(0))."""
-  proc = subprocess.run(
-      [sys.executable, "-m", "experiments.train", "--executor=multiprocess", "--dataset=synthetic",
-       "--model=examples.residual_mlp:model", f"--cluster={os.path.join(ROOT, 'tests', 'data', 'two_nodes.toml')}",
-       "--num_vws=1", "--stages=2", "--nm=2", "--d=0", "--waves=6", f"--out_dir={tmp_path}"],
-      capture_output=True, text=True, timeout=300, env=child_environment(), cwd=ROOT)
+  proc = train_cli(tmp_path, "--executor=multiprocess", "--dataset=synthetic", "--model=examples.residual_mlp:model",
+                   f"--cluster={TWO_NODES}", "--num_vws=1", "--stages=2", "--nm=2", "--d=0", "--waves=6")
   assert proc.returncode == 0, proc.stderr[-3000:]
   events = read_trace(str(tmp_path / "trace.jsonl"))
   assert_trace_ok(events)

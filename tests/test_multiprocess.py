@@ -17,17 +17,13 @@ import pytest
 from hetpipe_jax import RunConfig, get_model, read_trace, run_hetpipe, synthetic
 from hetpipe_jax.runtime.launch import child_environment
 
-from helpers import assert_trace_ok
+from helpers import ROOT, TWO_NODES, assert_trace_ok, train_cli
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TWO_NODES = os.path.join(ROOT, "tests", "data", "two_nodes.toml")
 ENV = child_environment()  # each launched process sets its own device count
 
 
 def train(tmp_path, *flags: str, timeout: float = 300) -> subprocess.CompletedProcess:
-  return subprocess.run([sys.executable, "-m", "experiments.train", "--executor=multiprocess",
-                         "--dataset=synthetic", "--model=mlp", f"--out_dir={tmp_path}", *flags],
-                        capture_output=True, text=True, timeout=timeout, env=ENV, cwd=ROOT)
+  return train_cli(tmp_path, "--executor=multiprocess", "--dataset=synthetic", "--model=mlp", *flags, timeout=timeout)
 
 
 @pytest.mark.slow  # (15-18 s: the README's command keeps under 10 minutes; .ci/run runs it)

@@ -14,9 +14,8 @@ import pytest
 from hetpipe_jax import read_trace
 from hetpipe_jax.runtime.launch import child_environment
 
-from helpers import assert_trace_ok
+from helpers import ROOT, assert_trace_ok, train_cli
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = child_environment()
 FLAGS = ("--executor=multiprocess", "--dataset=synthetic", "--model=mlp", "--cluster=hetero4")
 
@@ -24,8 +23,7 @@ pytestmark = pytest.mark.slow  # 4 processes per run: ~20 s each on 2 cores
 
 
 def train(tmp_path, *flags: str, timeout: float = 300) -> subprocess.CompletedProcess:
-  return subprocess.run([sys.executable, "-m", "experiments.train", *FLAGS, f"--out_dir={tmp_path}", *flags],
-                        capture_output=True, text=True, timeout=timeout, env=ENV, cwd=ROOT)
+  return train_cli(tmp_path, *FLAGS, *flags, timeout=timeout)
 
 
 def pushes(events) -> collections.Counter:

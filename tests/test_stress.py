@@ -3,18 +3,12 @@ on real threads (wall) and real processes (multiprocess): no update lost or doub
 checker's accounting: every task's weights hold exactly the updates its stage applied, every wave is
 pushed once), no deadlock (a timeout)."""
 
-import os
-import subprocess
-import sys
 
 import pytest
 
 from hetpipe_jax import RunConfig, get_model, read_trace, run_hetpipe, synthetic
-from hetpipe_jax.runtime.launch import child_environment
 
-from helpers import assert_trace_ok
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import TWO_NODES, assert_trace_ok, train_cli
 
 
 @pytest.mark.slow
@@ -31,11 +25,8 @@ def test_eight_virtual_workers_on_threads_for_a_thousand_waves(d):
 
 @pytest.mark.slow
 def test_two_processes_for_a_thousand_waves_each(tmp_path):
-  proc = subprocess.run([sys.executable, "-m", "experiments.train", "--executor=multiprocess",
-                         f"--cluster={os.path.join(ROOT, 'tests', 'data', 'two_nodes.toml')}", "--model=mlp",
-                         "--dataset=synthetic", "--num_vws=2", "--stages=1", "--nm=2", "--d=0", "--waves=1000",
-                         "--eval_every=1000", f"--out_dir={tmp_path}"],
-                        capture_output=True, text=True, timeout=600, env=child_environment(), cwd=ROOT)
+  proc = train_cli(tmp_path, "--executor=multiprocess", f"--cluster={TWO_NODES}", "--model=mlp", "--dataset=synthetic",
+                   "--num_vws=2", "--stages=1", "--nm=2", "--d=0", "--waves=1000", "--eval_every=1000", timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   events = read_trace(str(tmp_path / "trace.jsonl"))
   assert_trace_ok(events)

@@ -37,6 +37,7 @@ from hetpipe_jax.data import Dataset, WorkerStreams
 from hetpipe_jax.errors import ConfigError, RunStopped
 from hetpipe_jax.evaluate import make_evaluator
 from hetpipe_jax.models.base import LayeredModel
+from hetpipe_jax.runtime.mixed import all_finite
 
 Rows = list[dict[str, Any]]
 
@@ -55,11 +56,7 @@ def _tree_weighted_mean(trees: Sequence[Any], weights: Sequence[int]) -> Any:
   return jax.tree.map(lambda *leaves: _weighted_mean(leaves, weights), *trees)
 
 
-@jax.jit
-def _all_finite(tree: Any) -> jax.Array:
-  """Whether every number of ``tree`` is finite: x - x sums to NaN exactly when some x is NaN or Inf."""
-  sums = [jnp.sum(x - x) for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
-  return ~jnp.isnan(jnp.sum(jnp.stack(sums))) if sums else jnp.bool_(True)
+_all_finite = jax.jit(all_finite)
 
 
 def _check_count(name: str, value: Any, low: int) -> int:

@@ -290,8 +290,9 @@ class RunConfig:
     eval_every: evaluate the global weights every this many global clock ticks (and at the end).
     drop_remainder: drop the examples of an epoch that do not fill a minibatch.
     trace_path: where to write the trace (JSON Lines); it is always kept in memory too.
-    precision: "fp32", or (sim executor only) "fp16"/"bf16": mixed precision in the cost and memory model
-      (:mod:`hetpipe_jax.precision`): the planner's stage times and memory, the clock, the transfers.
+    precision: "fp32", or "fp16"/"bf16": mixed precision, trained by every executor that computes
+      (:mod:`hetpipe_jax.runtime.mixed`) and charged by the cost and memory model (:mod:`hetpipe_jax.precision`):
+      the planner's stage times and memory, the clock, the transfers.
     layout / wsp / optim / faults / checkpoint / sim / wall: the parts.
   """
 

@@ -4,7 +4,8 @@ opens gates and orders what the copies of the PS shards do.
 
 Every process that holds a copy of PS shards (a primary or a backup) tells it, for each virtual worker in
 wave order, once it holds every part of the wave's update it applies (``have``, with the non-finite flag of
-every unit); stage 0 of each virtual worker asks for each gated pull (``request``)
+every unit and the fp16 skipped count of its stage, for the ``push`` line); stage 0 of each virtual worker
+asks for each gated pull (``request``)
 (:data:`~hetpipe_jax.runtime.protocol.CONTROL_OPS`). Once every live copy holds a wave, the clock ticks
 (:func:`hetpipe_jax.core.wsp.push`), writes the trace's ``push`` line and appends an ``apply`` to the one order
 that every copy follows (:data:`~hetpipe_jax.runtime.protocol.ORDER_OPS`), and, when the global clock
@@ -69,7 +70,8 @@ class ClockService:
     self._left: set[int] = set()  # virtual workers that left
     self._stopped = False  # the job cannot go on
     self._gone: set[int] = set()  # processes found gone
-    self._have: dict[tuple[int, int], tuple[set[int], np.ndarray]] = {}  # (vw, wave) -> (copies that hold it, flags)
+    # (vw, wave) -> the copies that hold it, every unit's non-finite flag, the fp16 skipped count of its stage
+    self._have: dict[tuple[int, int], tuple[set[int], np.ndarray, np.ndarray]] = {}
     self._pending: dict[int, tuple[int, float, bool]] = {}  # vw -> (pull n, asked at, found closed)
     self.thread = threading.Thread(target=self._main, name="clock", daemon=True)
 
@@ -121,9 +123,12 @@ class ClockService:
         continue  # what came from or for a virtual worker that left: dropped with it
       op, fields, tail = protocol.decode(protocol.CONTROL_OPS, np.asarray(value[0]))
       if op == "have":
-        copies, flags = self._have.setdefault((vw, fields["wave"]), (set(), np.zeros(self.ctx.num_units, np.int32)))
+        u = self.ctx.num_units
+        copies, flags, skipped = self._have.setdefault(
+            (vw, fields["wave"]), (set(), np.zeros(u, np.int32), np.zeros(u, np.int32)))
         copies.add(int(name.split(".")[1]))
-        flags |= np.array(tail[:self.ctx.num_units], np.int32)
+        flags |= np.array(tail[:u], np.int32)
+        np.maximum(skipped, np.array(tail[u:2 * u], np.int32), out=skipped)  # (0 where a copy holds no unit)
         if not self._tick(vw):
           return False
       else:
@@ -134,11 +139,12 @@ class ClockService:
   def _tick(self, vw: int) -> bool:
     """Counts every wave of ``vw`` that every live copy holds, in order; False when that stops the job."""
     while (vw, c := self._clock.c_local[vw]) in self._have:
-      copies, flags = self._have[(vw, c)]
+      copies, flags, skipped = self._have[(vw, c)]
       if not set(self._holders) - self._gone <= copies:
         return True
       del self._have[(vw, c)]
-      if not self._push(vw, c, [int(u) for u in np.flatnonzero(flags)]):
+      stage_skipped = sum(int(skipped[first]) for first in self.ctx.layout.cuts[vw][:-1])  # (one unit per stage)
+      if not self._push(vw, c, [int(u) for u in np.flatnonzero(flags)], stage_skipped):
         return False
     return True
 
@@ -191,8 +197,9 @@ class ClockService:
                 [jax.device_put(message, ctx.node.device)], stream="order", hold=self._hold)
     self._seq += 1
 
-  def _push(self, vw: int, wave: int, bad: Sequence[int]) -> bool:
-    """Counts the push; False when it stops the job (a non-finite update, ``on_nonfinite="stop"``)."""
+  def _push(self, vw: int, wave: int, bad: Sequence[int], skipped: int) -> bool:
+    """Counts the push (``skipped``: how many of its updates fp16 skipped); False when it stops the job (a
+    non-finite update, ``on_nonfinite="stop"``)."""
     ctx = self.ctx
     before = wsp.c_global(self._clock)
     self._clock = wsp.push(self._clock, vw, wave)
@@ -201,6 +208,8 @@ class ClockService:
       ctx.node.publish_fatal(str(error))  # process 0 stops the job with it
       return False
     extra = {"dropped": "nonfinite", "units": list(bad)} if bad else {}
+    if skipped:  # fp16 loss-scale overflows (docs/PROTOCOL.md section 3.10)
+      extra["skipped"] = skipped
     ctx.emit("t", ev="push", vw=vw, wave=wave, shards=ctx.num_units, gap=wsp.clock_gap(self._clock, vw), **extra)
     self._order("apply", vw=vw, wave=wave, drop=int(bool(bad)))
     now = wsp.c_global(self._clock)

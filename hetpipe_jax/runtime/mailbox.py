@@ -123,3 +123,13 @@ def unflatten_units(treedefs: Sequence[Any], leaves: Sequence[Any]) -> list[Any]
     out.append(jax.tree.unflatten(treedef, leaves[:treedef.num_leaves]))
     leaves = leaves[treedef.num_leaves:]
   return out
+
+
+def update_arrays(update: Sequence[Any], first: int, units: Sequence[int], bad: set[int], skipped: int,
+                  device: Any) -> list[Any]:
+  """An ``update`` message (docs/PROTOCOL.md section 7): the summed updates of ``units`` (``update`` holds a
+  stage's, from unit ``first``), flattened in unit order, then one int32 array: 1 for each of those units
+  in ``bad`` (not finite), then the stage's count of the wave's updates fp16 skipped."""
+  leaves = jax.tree.leaves(tuple(update[u - first] for u in units))
+  tail = np.array([*(int(u in bad) for u in units), skipped], np.int32)
+  return [*leaves, jax.device_put(tail, device)]

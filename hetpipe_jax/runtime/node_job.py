@@ -25,7 +25,7 @@ from hetpipe_jax.runtime import protocol
 from hetpipe_jax.runtime.channels import Channel
 from hetpipe_jax.runtime.distributed import Node
 from hetpipe_jax.runtime.mailbox import TIMEOUT_S, Mailbox
-from hetpipe_jax.runtime.mixed import cast_floats
+from hetpipe_jax.runtime.mixed import SCALED, cast_floats
 from hetpipe_jax.runtime.ps import nonfinite_units
 from hetpipe_jax.runtime.remote import RemoteNumerics, process_of
 from hetpipe_jax.runtime.shards import ShardedServer, ShardWorker
@@ -43,7 +43,7 @@ class Job(NamedTuple):
     tx / weight_mode: the stages' local optimizer and weight versions.
     d / ps_tx / check_finite: the PS shards' clock bound and apply rule; whether a pushed update is checked
       for NaN or Inf before it is applied (``on_nonfinite="skip"``).
-    precision: what the stages train in ("fp32", or "bf16": mixed precision, :mod:`hetpipe_jax.runtime.mixed`).
+    precision: what the stages train in ("fp32", or "bf16"/"fp16": mixed precision, :mod:`hetpipe_jax.runtime.mixed`).
   """
 
   model: LayeredModel
@@ -81,10 +81,10 @@ def check_node(node: Node | None, cluster: Cluster) -> Node:
   return node
 
 
-def build_stage(job: Job, i: int, j: int, x0, y0) -> tuple[Stage, dict[str, tuple[Any, Any]]]:
+def build_stage(job: Job, i: int, j: int, x0, y0) -> tuple[Stage, dict[str, list[tuple[Any, Any]]]]:
   """Stage j of virtual worker i on its GPU's local device of this process, compiled on inputs like the
-  run's (``x0``, ``y0``: a minibatch), and the (shape, dtype) of what it receives: ``"a"``, its input
-  activation, ``"g"``, the gradient of its output."""
+  run's (``x0``, ``y0``: a minibatch), and the (shape, dtype) of each array of what it receives: ``"a"``,
+  its input activation, ``"g"``, the gradient of its output (in fp16, then the scale it is at)."""
   vw = job.layout.vws[i]
   units, gpu = vw.stage_units(j), vw.gpus[j]
   device = jax.local_devices()[[g.index for g in job.cluster.node_gpus(gpu.node)].index(gpu.index)]
@@ -96,7 +96,8 @@ def build_stage(job: Job, i: int, j: int, x0, y0) -> tuple[Stage, dict[str, tupl
   out = stage.warm_up(x, jax.device_put(y0, device) if stage.is_last else None)
   pushed = stage.dtype or jnp.float32  # compiles the check of a closed wave's update, as pushed
   nonfinite_units(jax.tree.map(lambda p: jnp.zeros_like(p, dtype=pushed), stage.params))
-  return stage, {"a": (x.shape, x.dtype), "g": (out.shape, out.dtype)}  # (shapes are fixed)
+  specs = lambda arrays: [(a.shape, a.dtype) for a in arrays]  # (shapes are fixed)
+  return stage, {"a": specs([x]), "g": specs(stage.gradient_arrays(stage.gradient_like(out)))}
 
 
 class NodeJob:
@@ -159,7 +160,7 @@ class NodeJob:
     server = ShardedServer(node, job.layout.num_vws, job.d, self.shard_owners, self.channels, self.mailbox,
                            [jax.tree.structure(p) for p in job.init_params])
     self.numerics = [RemoteNumerics(node, i, vw.cuts, vw.nm, self.owners, self.shard_owners, self.channels,
-                                    self.mailbox, check_finite=job.check_finite)
+                                    self.mailbox, check_finite=job.check_finite, scaled=job.precision in SCALED)
                      for i, vw in enumerate(job.layout.vws)]
     return server, self.numerics
 

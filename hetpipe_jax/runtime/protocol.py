@@ -79,7 +79,7 @@ SHARD_OPS: dict[str, Op] = _table([
 MESSAGES: dict[str, Message] = _table([
     Message("activation", "a{vw}g{gen}.{stage}.{mb}", "stage - 1", "stage (of generation gen)"),
     Message("gradient", "g{vw}g{gen}.{stage}.{mb}", "stage + 1", "stage (of generation gen)"),
-    Message("update", "u{vw}.{stage}.{wave}", "stage", "the owners of its units' shards"),  # (+ finite flags)
+    Message("update", "u{vw}.{stage}.{wave}", "stage", "the owners of its units' shards"),  # (+ flags, skipped)
     Message("pull", "p{vw}.{stage}.{n}", "the owners of its units' shards", "stage"),
     Message("stage_state", "s{vw}.{stage}.{n}", "stage", "process 0 (a checkpoint)"),
     Message("stage_restore", "r{vw}.{stage}.{n}", "process 0", "stage (a resumed run)"),
@@ -102,7 +102,8 @@ MESSAGES: dict[str, Message] = _table([
 # (``control``). The clock puts every apply, serve, gather and loss into one order (``order``) that every
 # copy of the shards follows.
 CONTROL_OPS: dict[str, Op] = _table([
-    Op("have", ("wave",), "this process holds its parts of the wave's update (+ one non-finite flag per unit)"),
+    Op("have", ("wave",), "this process holds its parts of the wave's update (+ one non-finite flag per unit, "
+                          "then each unit's stage's fp16 skipped count)"),
     Op("request", ("n",), "stage 0 may inject its n-th gated minibatch once the gate opens: pull n"),
 ])
 

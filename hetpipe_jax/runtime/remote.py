@@ -39,12 +39,15 @@ class RemoteNumerics:
     mailbox: process 0's mailbox.
     check_finite: the stages report the units whose wave update is not finite (for
       ``on_nonfinite="skip"``: then closing a wave waits for their reports).
+    scaled: the stages train in fp16 (dynamic loss scaling): closing a wave waits for their reports of how
+      many of its updates they skipped.
   """
 
   def __init__(self, node: Node, vw: int, cuts: Sequence[int], nm: int, owners: dict[tuple[int, int], int],
                shard_owners: Sequence[int], channels: dict[int, Channel], mailbox: Mailbox,
-               check_finite: bool = False):
-    self.node, self.vw, self.cuts, self.nm, self._check = node, vw, list(cuts), nm, check_finite
+               check_finite: bool = False, scaled: bool = False):
+    self.node, self.vw, self.cuts, self.nm, self._check, self._scaled = node, vw, list(cuts), nm, check_finite, scaled
+    self._skipped: dict[int, int] = {}  # fp16: wave -> how many of its updates the stages skipped, until read
     self.k = len(cuts) - 1
     self._stages = [Channel(node, f"{vw}.{j}", owners[(vw, j)], f"VW {vw} stage {j}", protocol.STAGE_OPS)
                     for j in range(self.k)]
@@ -83,16 +86,21 @@ class RemoteNumerics:
   def take_wave(self, wave: int) -> tuple[dict[int, Any], list[Any]]:
     """Closes ``wave`` in every stage (their updates go to the shard owners, see :class:`ShardedServer`);
     returns the units whose update is not finite (only with ``check_finite``: it waits for the stages'
-    reports) and the wave's losses (every forward of the wave has been reported)."""
-    posted = [channel.post(op="take", wave=wave, check=self._check, report=self._check) for channel in self._stages]
-    bad = sorted(u for pending in posted for u in wait(pending)["nonfinite"]) if self._check else []
+    reports, as it does in fp16 for their skipped counts) and the wave's losses (every forward of the wave
+    has been reported)."""
+    report = self._check or self._scaled
+    posted = [channel.post(op="take", wave=wave, check=self._check, report=report) for channel in self._stages]
+    reports = [wait(pending) for pending in posted] if report else []
+    bad = sorted(u for r in reports for u in r["nonfinite"])
+    if self._scaled:
+      self._skipped[wave] = sum(r["skipped"] for r in reports)
     first = wave * self.nm + 1
     return dict.fromkeys(bad), [self._losses.pop(mb) for mb in range(first, first + self.nm)]
 
   def take_skipped(self, wave: int) -> int:
-    """0: the multiprocess executor trains in fp32 or bf16, neither of which skips an update."""
-    del wave
-    return 0
+    """How many of the pushed wave's minibatch updates fp16 skipped, summed over the stages (0 in bf16 and
+    fp32)."""
+    return self._skipped.pop(wave, 0)
 
   def _serve(self, n: int) -> None:
     """Has the owners send every stage its units' global weights as pull ``n``."""

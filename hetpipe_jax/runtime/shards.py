@@ -97,7 +97,8 @@ class ShardWorker:
                                protocol.tag("update", vw=vw, stage=j, wave=wave))
       local = [self.units.index(u) for u in units]
       updates.update(zip(local, unflatten_units([self._treedefs[i] for i in local], leaves)))
-      nonfinite += [i for i, bad in zip(local, np.asarray(flags)) if bad]  # (its stage checked them)
+      nonfinite += [i for i, bad in zip(local, np.asarray(flags)) if bad]  # (its stage checked them; the
+      # flags' last entry, its fp16 skipped count, reaches the engine in the stage's report)
     if cmd.get("drop"):
       self.ps.skip(vw, wave, cmd["drop"])
       return
@@ -228,11 +229,11 @@ class ShardFollower:
   and gathered in the one order the clock sends (:class:`~hetpipe_jax.runtime.clock.ClockService`).
 
   Every stage sends each copy of its units' shards its part of every wave's update (with their non-finite
-  flags); once all parts of a wave are here, this process tells the clock (``have``, with the flags). The
-  clock orders the apply once every live copy has, so a push whose sender dies on the way is applied
-  everywhere or nowhere. A serve sends each stage the units whose primary is this process, or whose
-  primary is gone (the order's ``lost``); the backup of a live primary keeps what it would have sent, and
-  sends it once the order says the primary is lost (the stage may still wait for it).
+  flags and fp16 skipped count); once all parts of a wave are here, this process tells the clock (``have``,
+  with the flags and counts). The clock orders the apply once every live copy has, so a push whose sender
+  dies on the way is applied everywhere or nowhere. A serve sends each stage the units whose primary is this
+  process, or whose primary is gone (the order's ``lost``); the backup of a live primary keeps what it would
+  have sent, and sends it once the order says the primary is lost (the stage may still wait for it).
 
   Args:
     ctx: this process's context.
@@ -264,7 +265,7 @@ class ShardFollower:
     ctx, me = self.ctx, self.ctx.node.process
     for vw in range(ctx.layout.num_vws):
       for j, units in self._stage_units(vw):
-        specs = [*ctx.push_specs(units), ((len(units),), np.int32)]
+        specs = [*ctx.push_specs(units), ((len(units) + 1,), np.int32)]  # (flags, then the skipped count)
         stream(self._actor, f"u{vw}.{j}", range(ctx.waves), lambda wave, vw=vw, j=j, specs=specs: expect(
             ctx.node, ctx.mailbox, ctx.owners[(vw, j)], protocol.tag("update", vw=vw, stage=j, wave=wave), specs))
     width = protocol.order_width(ctx.layout.num_vws)
@@ -285,7 +286,8 @@ class ShardFollower:
     return False
 
   def _part(self, vw: int, j: int, wave: int, leaves: list[Any]) -> None:
-    """Stage ``j``'s part of wave ``wave``: once every part is here, tells the clock (with the flags)."""
+    """Stage ``j``'s part of wave ``wave``: once every part is here, tells the clock (with every unit's
+    non-finite flag and the fp16 skipped count of its stage)."""
     if vw in self._left:
       return
     parts = self._parts.setdefault((vw, wave), {})
@@ -294,10 +296,12 @@ class ShardFollower:
     if len(parts) < len(stages):
       return
     ctx = self.ctx
-    flags = np.zeros(ctx.num_units, np.int32)
+    flags, skipped = np.zeros(ctx.num_units, np.int32), np.zeros(ctx.num_units, np.int32)
     for j, units in stages:
-      flags[units] = np.asarray(parts[j][-1])
-    message = protocol.encode(protocol.CONTROL_OPS, "have", control_width(ctx.num_units), flags.tolist(), wave=wave)
+      tail = np.asarray(parts[j][-1])
+      flags[units], skipped[units] = tail[:-1], tail[-1]
+    message = protocol.encode(protocol.CONTROL_OPS, "have", control_width(ctx.num_units),
+                              [*flags.tolist(), *skipped.tolist()], wave=wave)
     deliver(ctx.node, ctx.mailbox, ctx.clock, protocol.tag("have", vw=vw, process=ctx.node.process, wave=wave),
             [jax.device_put(message, ctx.node.device)], stream=f"h{vw}", hold=ctx.waves)
 

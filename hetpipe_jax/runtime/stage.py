@@ -25,6 +25,7 @@ count on where a function is defined, so it would add up the traces of every sta
 from __future__ import annotations
 
 import collections
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -243,6 +244,15 @@ class Stage:
     """What this stage's backward receives for an output like ``out`` (ones): the gradient, and in fp16
     with the scale it carries."""
     return (jnp.ones_like(out), jnp.ones((), jnp.float32)) if self.scaled else jnp.ones_like(out)
+
+  def gradient_arrays(self, gx: Any) -> list[Any]:
+    """The arrays of a gradient :meth:`backward` returned, as a message between processes carries them:
+    the gradient, then in fp16 the scale it is at (:meth:`gradient_from` reads them)."""
+    return list(gx) if self.scaled else [gx]
+
+  def gradient_from(self, arrays: Sequence[Any]) -> Any:
+    """The gradient :meth:`backward` takes, from the arrays of its message (:meth:`gradient_arrays`)."""
+    return tuple(arrays) if self.scaled else arrays[0]
 
   def take_wave(self, wave: int):
     """Removes and returns the summed update of a finished wave (one entry per unit): what a push sends,

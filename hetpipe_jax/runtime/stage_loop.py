@@ -46,7 +46,7 @@ from hetpipe_jax.errors import ProtocolError
 from hetpipe_jax.runtime import protocol
 from hetpipe_jax.runtime.decentral import Actor, Context, Spec, run_thread, stream
 from hetpipe_jax.runtime.distributed import PeerGone
-from hetpipe_jax.runtime.mailbox import deliver, expect, unflatten_units
+from hetpipe_jax.runtime.mailbox import deliver, expect, unflatten_units, update_arrays
 from hetpipe_jax.runtime.ps import nonfinite_units
 from hetpipe_jax.runtime.stage import Stage
 
@@ -54,8 +54,9 @@ HOLD_PS = 3  # offers held per update and pull stream: the protocol lets at most
 
 
 def control_width(num_units: int) -> int:
-  """Entries of a control message: operation, field, one flag per unit."""
-  return 2 + num_units
+  """Entries of a control message: operation, field, one non-finite flag per unit, then (``have``) the fp16
+  skipped count of each unit's stage."""
+  return 2 + 2 * num_units
 
 
 class StageLoop:
@@ -65,11 +66,12 @@ class StageLoop:
     ctx: this process's context.
     vw, j: which stage.
     stage: its numerics, on its local device.
-    inputs: the (shape, dtype) of what it receives: ``"a"``, the previous stage's activation (none for
-      stage 0), ``"g"``, the next stage's gradient (none for the last stage).
+    inputs: the (shape, dtype) of each array of what it receives: ``"a"``, the previous stage's activation
+      (none for stage 0), ``"g"``, the next stage's gradient (none for the last stage; in fp16 with the
+      scale it is at).
   """
 
-  def __init__(self, ctx: Context, vw: int, j: int, stage: Stage, inputs: dict[str, Spec]):
+  def __init__(self, ctx: Context, vw: int, j: int, stage: Stage, inputs: dict[str, list[Spec]]):
     self.ctx, self.vw, self.j, self.stage, self._inputs = ctx, vw, j, stage, inputs
     shape = ctx.layout.vws[vw]
     self.k, self.nm, self.window = shape.k, shape.nm, shape.window
@@ -94,11 +96,11 @@ class StageLoop:
     if j > 0:
       prev = ctx.owners[(vw, j - 1)]
       stream(self._actor, f"a{vw}.{j}", mbs, lambda mb: expect(
-          ctx.node, ctx.mailbox, prev, protocol.tag("activation", vw=vw, gen=0, stage=j, mb=mb), [self._inputs["a"]]))
+          ctx.node, ctx.mailbox, prev, protocol.tag("activation", vw=vw, gen=0, stage=j, mb=mb), self._inputs["a"]))
     if j < self.k - 1:
       nxt = ctx.owners[(vw, j + 1)]
       stream(self._actor, f"g{vw}.{j}", mbs, lambda mb: expect(
-          ctx.node, ctx.mailbox, nxt, protocol.tag("gradient", vw=vw, gen=0, stage=j, mb=mb), [self._inputs["g"]]))
+          ctx.node, ctx.mailbox, nxt, protocol.tag("gradient", vw=vw, gen=0, stage=j, mb=mb), self._inputs["g"]))
     if self.pulls:
       stream(self._actor, f"p{vw}.{j}", range(self.pulls), self._expect_pull)
 
@@ -254,24 +256,23 @@ class StageLoop:
     t0 = ctx.now()
     self._state = schedule_lib.start(self._state, task)
     self._book, version = versions_lib.backward(self._book, j, mb, self.nm, ctx.weight_mode)
-    g = None if stage.is_last else jax.device_put(self._held.pop(("g", mb))[0], stage.device)
+    g = None if stage.is_last else jax.device_put(stage.gradient_from(self._held.pop(("g", mb))), stage.device)
     gx = stage.backward(mb, g)
     jax.block_until_ready((gx, stage.params))
     self._event(task, t0, ctx.now() - t0, version)
     if j > 0:
-      self._send(j - 1, "g", mb, [gx])  # first: closing the wave is off the previous stage's path
+      self._send(j - 1, "g", mb, stage.gradient_arrays(gx))  # first: closing the wave is off its path
     if wsp.is_wave_end(mb, self.nm):
       self._close_wave(wsp.wave_of(mb, self.nm))
 
   def _close_wave(self, wave: int) -> None:
-    """This stage's part of the wave is final: sends every copy of its units' shards their summed update and
-    each unit's non-finite flag."""
+    """This stage's part of the wave is final: sends every copy of its units' shards their summed update,
+    each unit's non-finite flag and how many of the wave's updates fp16 skipped here."""
     ctx, stage = self.ctx, self.stage
     self._book = versions_lib.close_stage_wave(self._book, self.j, wave, self.nm, self.vw)
     update = stage.take_wave(wave)
-    bad = {stage.first + u for u in nonfinite_units(update)}
+    bad, skipped = {stage.first + u for u in nonfinite_units(update)}, stage.take_skipped(wave)
     for holder, units in ctx.holders(stage.first, stage.last).items():
-      leaves = jax.tree.leaves(tuple(update[u - stage.first] for u in units))
-      flags = jax.device_put(np.array([int(u in bad) for u in units], np.int32), ctx.node.device)
       deliver(ctx.node, ctx.mailbox, holder, protocol.tag("update", vw=self.vw, stage=self.j, wave=wave),
-              [*leaves, flags], stream=f"u{self.vw}.{self.j}", hold=HOLD_PS)
+              update_arrays(update, stage.first, units, bad, skipped, ctx.node.device),
+              stream=f"u{self.vw}.{self.j}", hold=HOLD_PS)

@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
-import numpy as np
 
 from hetpipe_jax.core.schedule import FWD
 from hetpipe_jax.data import MinibatchStreams
@@ -20,7 +19,15 @@ from hetpipe_jax.errors import ProtocolError
 from hetpipe_jax.runtime import protocol
 from hetpipe_jax.runtime.channels import command_loop
 from hetpipe_jax.runtime.distributed import Node, PeerGone
-from hetpipe_jax.runtime.mailbox import Mailbox, collect, deliver, receive_tree, send_tree, unflatten_units
+from hetpipe_jax.runtime.mailbox import (
+  Mailbox,
+  collect,
+  deliver,
+  receive_tree,
+  send_tree,
+  unflatten_units,
+  update_arrays,
+)
 from hetpipe_jax.runtime.ps import nonfinite_units
 from hetpipe_jax.runtime.stage import Stage
 
@@ -42,8 +49,9 @@ class StageWorker:
     shard_owners: the process of every unit's PS shard.
     streams: the minibatch source (every process draws the same minibatches from the same seed).
     mailbox: tensors between this process's stages.
-    inputs: the (shape, dtype) of what this stage receives: ``"a"``, the activation from the previous stage
-      (none for stage 0), ``"g"``, the gradient of its output from the next (none for the last stage).
+    inputs: the (shape, dtype) of each array of what this stage receives: ``"a"``, the activation from the
+      previous stage (none for stage 0), ``"g"``, the gradient of its output from the next (none for the
+      last stage; in fp16 with the scale it is at).
       Activations and gradients between processes go without a notice (:meth:`Node.send_direct`): the
       receiver knows their shapes, and the Nm window bounds how many are in flight, so the sender holds
       its last Nm + 1 offers per stream.
@@ -51,7 +59,7 @@ class StageWorker:
 
   def __init__(self, node: Node, vw: int, stage: int, stage_obj: Stage, nm: int,
                owners: dict[tuple[int, int], int], shard_owners: Sequence[int], streams: MinibatchStreams,
-               mailbox: Mailbox, inputs: dict[str, tuple[Any, Any]]):
+               mailbox: Mailbox, inputs: dict[str, list[tuple[Any, Any]]]):
     self.node, self.vw, self.j, self.stage, self.nm = node, vw, stage, stage_obj, nm
     self._owners, self._shards, self._streams, self._mailbox = owners, shard_owners, streams, mailbox
     self._inputs = inputs
@@ -79,17 +87,17 @@ class StageWorker:
   def _tag(self, kind: str, stage: int, mb: int) -> str:
     return protocol.tag(INPUTS[kind], vw=self.vw, gen=self._gen, stage=stage, mb=mb)
 
-  def _send(self, stage: int, kind: str, mb: int, x: Any) -> None:
+  def _send(self, stage: int, kind: str, mb: int, arrays: list[Any]) -> None:
     """Sends activation (kind "a") or gradient ("g") of ``mb`` to ``stage`` of this virtual worker."""
-    deliver(self.node, self._mailbox, self._owners[(self.vw, stage)], self._tag(kind, stage, mb), [x],
+    deliver(self.node, self._mailbox, self._owners[(self.vw, stage)], self._tag(kind, stage, mb), arrays,
             stream=f"{kind}{self.vw}.{stage}", hold=self.nm + 1)
 
   def _receive(self, stage: int, kind: str, mb: int) -> Any:
     if (kind, mb) in self._held:  # taken for a checkpoint
       return jax.device_put(self._held.pop((kind, mb)), self.stage.device)
-    (x,) = collect(self.node, self._mailbox, self._owners[(self.vw, stage)], self._tag(kind, self.j, mb),
-                   specs=[self._inputs[kind]])
-    return jax.device_put(x, self.stage.device)
+    arrays = collect(self.node, self._mailbox, self._owners[(self.vw, stage)], self._tag(kind, self.j, mb),
+                     specs=self._inputs[kind])
+    return jax.device_put(arrays[0] if kind == "a" else self.stage.gradient_from(arrays), self.stage.device)
 
   def _task(self, task, mb: int) -> dict:
     """Runs a task; its report says how long it took on this process's clock (``busy``, seconds), or
@@ -116,7 +124,7 @@ class StageWorker:
     out = stage.forward(mb, x, labels)
     if stage.is_last:
       return {"loss": float(out)}  # the controller keeps each wave's losses
-    self._send(self.j + 1, "a", mb, out)
+    self._send(self.j + 1, "a", mb, [out])
     jax.block_until_ready(out)
     return {}
 
@@ -124,22 +132,21 @@ class StageWorker:
     g = None if self.stage.is_last else self._receive(self.j + 1, "g", mb)
     gx = self.stage.backward(mb, g)
     if self.j > 0:
-      self._send(self.j - 1, "g", mb, gx)
+      self._send(self.j - 1, "g", mb, self.stage.gradient_arrays(gx))
     jax.block_until_ready(self.stage.params)
     return {}
 
   def _take(self, wave: int, check: bool) -> dict:
     """Closes ``wave``: sends each unit's summed update to the process that owns its shard, with which of
-    those units' updates are not finite (checked here, so that the owner applies in one pass); with
-    ``check``, reports them."""
-    update = self.stage.take_wave(wave)
-    bad = {self.stage.first + u for u in nonfinite_units(update)}
+    those units' updates are not finite (checked here, so that the owner applies in one pass); reports them
+    (with ``check``) and how many of the wave's updates fp16 skipped here."""
+    stage = self.stage
+    update = stage.take_wave(wave)
+    bad, skipped = {stage.first + u for u in nonfinite_units(update)}, stage.take_skipped(wave)
     for owner, units in self._by_owner().items():
-      leaves = jax.tree.leaves(tuple(update[u - self.stage.first] for u in units))
-      flags = jax.device_put(np.array([u in bad for u in units], np.int32), self.stage.device)
       deliver(self.node, self._mailbox, owner, protocol.tag("update", vw=self.vw, stage=self.j, wave=wave),
-              [*leaves, flags])
-    return {"nonfinite": sorted(bad) if check else []}
+              update_arrays(update, stage.first, units, bad, skipped, stage.device))
+    return {"nonfinite": sorted(bad) if check else [], "skipped": skipped}
 
   def _pull(self, n: int) -> tuple[Any, ...]:
     """Pull ``n``: the global weights of this stage's units, from their owners."""

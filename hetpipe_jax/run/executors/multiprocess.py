@@ -15,6 +15,7 @@ from hetpipe_jax.errors import ConfigError, ProtocolError, RunStopped
 from hetpipe_jax.evaluate import make_evaluator
 from hetpipe_jax.plan.costmodel import check_memory
 from hetpipe_jax.plan.placement import place_shards
+from hetpipe_jax.precision import PRECISIONS
 from hetpipe_jax.run.executors.base import Executor
 from hetpipe_jax.run.executors.wall import runner
 from hetpipe_jax.run.result import RunResult
@@ -102,4 +103,4 @@ def run(setup: Setup) -> RunResult:
 
 
 EXECUTOR = Executor("multiprocess", run, "runs on the wall clock", wall_options=True,
-                    placements=("default", "local"), precisions=("fp32", "bf16"))
+                    placements=("default", "local"), precisions=PRECISIONS)
