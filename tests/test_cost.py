@@ -39,7 +39,7 @@ def test_registered_slots_equal_the_measured_state_size(name):
 
 
 def test_memory_formula_on_scalars_and_arrays():
-  assert param_copies(1, CostContext("stash", 0)) == 2 and param_copies(4, CostContext("stash", 2)) == 7
+  assert param_copies(1, CostContext("stash", 0)) == 3 and param_copies(4, CostContext("stash", 2)) == 8
   assert param_copies(4, CostContext(weight_mode="latest", optimizer_slots=1.5)) == 3.5
   params, kept = np.array([1_000, 5_000, 0]), np.array([10, 0, 70])
   for nm, mode, slots in ((1, "stash", 0), (3, "stash", 2), (3, "latest", 1)):

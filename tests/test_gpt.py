@@ -105,12 +105,12 @@ def test_sequence_length_is_checked():
 def test_mixed_precision_memory_is_16_bytes_per_parameter_with_adam():
   n = 1000  # parameters, 4 bytes each in the fp32 profile
   for precision in ("fp32", "fp16", "bf16"):
-    assert memory_bytes(4 * n, 0, 1, CostContext("latest", 2, precision)) == 16 * n  # 2+2+4+8 or 4+4+8
-  assert memory_bytes(4 * n, 0, 3, CostContext("stash", 2, "bf16")) == 16 * n + 2 * 2 * n  # 2 stashed 16-bit versions
-  assert memory_bytes(4 * n, 0, 3, CostContext("stash", 2, "fp32")) == 16 * n + 2 * 4 * n
+    assert memory_bytes(4 * n, 0, 1, CostContext("latest", 2, precision)) == 16 * n  # fp32: 4 + 4 + 8
+  assert memory_bytes(4 * n, 0, 3, CostContext("stash", 2, "bf16")) == 16 * n + 3 * 2 * n  # Nm = 3 16-bit versions
+  assert memory_bytes(4 * n, 0, 3, CostContext("stash", 2, "fp32")) == 16 * n + 3 * 4 * n
   assert memory_bytes(0, 100, 3, CostContext("stash", 2, "bf16")) == 150
   assert memory_bytes(0, 100, 3, CostContext("stash", 2)) == 300
-  assert param_copies(2, CostContext("stash", 1)) == 4 and param_copies(2, CostContext("stash", 1, "fp16")) == 3.5
+  assert param_copies(2, CostContext("stash", 1)) == 5 and param_copies(2, CostContext("stash", 1, "fp16")) == 4
   with pytest.raises(ConfigError, match=r"unknown precision 'fp8'; use one of fp32, fp16, bf16"):
     memory_bytes(1, 1, 1, CostContext(weight_mode="stash", optimizer_slots=0, precision="fp8"))
 

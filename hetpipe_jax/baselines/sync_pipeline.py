@@ -72,10 +72,12 @@ def proportional(total: int, weights: list[float]) -> list[int]:
 
 def pipeline_plans(cluster: Cluster, profiles: BatchProfiles, batch_size: int, policy: str,
                    costs: CostContext = DEFAULT_COSTS):
-  """The planner's virtual workers for ``policy`` (see the module docstring)."""
+  """The planner's virtual workers for ``policy`` (see the module docstring), charged the memory of a
+  pipeline that flushes before it updates: every microbatch of a round uses the same weights, so no weight
+  version is stashed (``weight_mode="latest"``'s charge; the microbatches' activations are)."""
   from hetpipe_jax.plan.allocation import parse_policy, plan_cluster  # pylint: disable=g-import-not-at-top
   return plan_cluster(cluster, list(profiles.at(batch_size)), parse_policy(policy), "default", "max_fit", None,
-                      costs).vws
+                      costs._replace(weight_mode="latest")).vws
 
 
 def sync_pipeline_job(cluster: Cluster, profiles: BatchProfiles, batch_size: int, knobs: PeerKnobs,

@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 class CostContext(NamedTuple):
   """Attributes:
-    weight_mode: "stash" (Nm - 1 stashed weight versions per stage) or "latest" (none).
+    weight_mode: "stash" (Nm stashed weight versions per stage: one per minibatch in flight) or "latest" (none).
     optimizer_slots: parameter-sized fp32 arrays of optimizer state per parameter
       (:func:`hetpipe_jax.cost.memory.optimizer_slots_of`).
     precision: "fp32", or "fp16"/"bf16" (mixed precision, :mod:`hetpipe_jax.precision`).

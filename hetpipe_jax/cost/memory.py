@@ -4,19 +4,22 @@ A stage of a virtual worker holding units with ``P`` parameter bytes and ``A`` b
 for the backward pass (both counted in fp32, as profiled), at Nm minibatches in flight, needs::
 
   memory = P x copies + Nm x A x s
-  copies = 1 (weights) + 1 (gradient) + optimizer slots + (Nm - 1 stashed weight versions in stash mode)  fp32
-  copies = s (weights) + s (gradient) + 1 (fp32 master weights) + optimizer slots + s x (Nm - 1 stashed)  fp16/bf16
+  copies = 1 (weights) + 1 (wave accumulator) + optimizer slots + s x Nm (stashed weight versions, stash mode)
 
-with ``s`` = :func:`hetpipe_jax.precision.byte_scale` (1 in fp32, 1/2 in 16 bits). Mixed precision
-(Micikevicius et al., ICLR 2018) keeps 16-bit weights, gradients, stashed versions and activations, and
-fp32 master weights and optimizer state: with Adam (2 slots) that is 2 + 2 + 4 + 8 = 16 bytes per
-parameter, as fp32 training's 4 + 4 + 8; the difference is the stash (2 bytes per version, not 4) and the
-activations (half). (PipeDream-style weight stashing keeps up to Nm - 1 extra versions of the stage's
-weights; ``latest`` keeps none.) The formula is linear in (P, A), so it applies to a stage's totals and,
-unit by unit, to the prefix sums of the partitioner's DP alike (:func:`memory_bytes` takes scalars or
-numpy arrays). Optimizer slots are parameter-sized (fp32) copies of optimizer state:
-:func:`hetpipe_jax.optim.optimizer_slots` by name, or measured from an optax transformation by
-:func:`optimizer_slots_of`. O(units) per stage.
+with ``s`` = :func:`hetpipe_jax.precision.byte_scale` (1 in fp32, 1/2 in 16 bits): what a stage of the
+runtime holds between tasks (:class:`hetpipe_jax.runtime.stage.Stage`, measured in
+``tests/test_mixed_precision.py``). The weights and the optimizer slots are fp32 in every precision (in
+mixed precision, Micikevicius et al., ICLR 2018, the weights are the fp32 master copy); so is the wave
+accumulator, the sum of a wave's local updates that a pull adds back to the fp32 weights (HetPipe's local
+updates; in fp32 training it takes the gradient's place in the usual count). Every minibatch in flight keeps
+the weight version its forward used (PipeDream-style weight stashing: the residuals of its ``jax.vjp``
+closure, in the compute precision), each a buffer of its own; ``latest`` keeps none. With Adam (2 slots)
+and ``latest`` that is 4 + 4 + 8 = 16 bytes per parameter in every precision; stashing adds 4 (fp32) or 2
+(fp16/bf16) bytes per version, and 16 bits halve the activations. The formula is linear in (P, A), so it
+applies to a stage's totals and, unit by unit, to the prefix sums of the partitioner's DP alike
+(:func:`memory_bytes` takes scalars or numpy arrays). Optimizer slots are parameter-sized (fp32) copies of
+optimizer state: :func:`hetpipe_jax.optim.optimizer_slots` by name, or measured from an optax transformation
+by :func:`optimizer_slots_of`. O(units) per stage.
 """
 
 from __future__ import annotations
@@ -63,27 +66,26 @@ def optimizer_slots_of(tx: optax.GradientTransformation, params: Any) -> float:
 
 
 def param_copies(nm: int, costs: CostContext = DEFAULT_COSTS) -> float:
-  """fp32-parameter-sized copies a stage holds: weights + gradient (+ fp32 master weights in mixed
-  precision) + optimizer slots + stashed versions.
+  """fp32-parameter-sized copies a stage holds: weights + wave accumulator + optimizer slots (all fp32) +
+  the stashed weight versions (one per minibatch in flight, in the compute precision).
 
   Args:
     nm: most minibatches in flight (>= 1).
-    costs: the weight mode (``"stash"``: Nm - 1 stashed weight versions; ``"latest"``: none), the
+    costs: the weight mode (``"stash"``: Nm stashed weight versions; ``"latest"``: none), the
       parameter-sized fp32 arrays of optimizer state, and the precision ("fp32", or "fp16"/"bf16": mixed
       precision, see the module docstring).
 
   Returns:
-    fp32: ``2 + optimizer_slots + stashed``; fp16/bf16: ``2 x 1/2 + 1 + optimizer_slots + stashed x 1/2``,
-    where stashed = ``nm - 1`` in stash mode, else 0.
+    ``2 + optimizer_slots + s x stashed``, where stashed = ``nm`` in stash mode, else 0, and s =
+    :func:`hetpipe_jax.precision.byte_scale` (1 in fp32, 1/2 in fp16/bf16).
 
   Raises:
     ConfigError: for an unknown precision.
   """
-  stashed = nm - 1 if costs.weight_mode == "stash" else 0
+  stashed = nm if costs.weight_mode == "stash" else 0
   if not is_mixed(costs.precision):
-    return 2 + costs.optimizer_slots + stashed
-  s = byte_scale(costs.precision)
-  return 2 * s + 1 + costs.optimizer_slots + stashed * s
+    return 2 + costs.optimizer_slots + stashed  # (integers stay integers)
+  return 2 + costs.optimizer_slots + stashed * byte_scale(costs.precision)
 
 
 def memory_bytes(param_bytes, kept_bytes, nm: int, costs: CostContext = DEFAULT_COSTS):
