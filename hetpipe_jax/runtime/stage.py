@@ -129,9 +129,10 @@ class Stage:
       return self._vjp(params, x, labels)
     return self._apply(params, x, labels), None
 
-  def _grads(self, saved, g, params):
+  def _grads(self, saved, ct, params):
+    """(weight gradient, input gradient or None) of the backward at cotangent ``ct`` of the output."""
     vjp = saved if self.weight_mode == "stash" else self._vjp(params, *saved)[1]
-    out = vjp(jnp.ones((), jnp.float32) if self.is_last else g)
+    out = vjp(ct)
     return (out[0], None) if self.is_first else out
 
   def _update(self, grads, params, opt_state):
@@ -141,14 +142,12 @@ class Stage:
   def _step(self, saved, g, params, opt_state, scale):
     """(input gradient, weights, optimizer state, update, loss scale, skipped) of one backward."""
     if not self.scaled:
-      grads, gx = self._grads(saved, g, params)
+      grads, gx = self._grads(saved, jnp.ones((), jnp.float32) if self.is_last else g, params)
       return gx, *self._update(grads, params, opt_state), scale, None
     # fp16: the backward at this stage's scale S (the incoming gradient carries its sender's S_in).
     s = scale.scale
     ct = s if self.is_last else (g[0].astype(jnp.float32) * (s / g[1])).astype(self.dtype)
-    vjp = saved if self.weight_mode == "stash" else self._vjp(params, *saved)[1]
-    out = vjp(ct)
-    grads, gx = (out[0], None) if self.is_first else out
+    grads, gx = self._grads(saved, ct, params)
     finite = mixed.all_finite((grads, gx))
     new_params, new_opt_state, updates = self._update(jax.tree.map(lambda x: x / s, grads), params, opt_state)
     keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
