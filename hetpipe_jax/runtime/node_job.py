@@ -25,7 +25,7 @@ from hetpipe_jax.runtime import protocol
 from hetpipe_jax.runtime.channels import Channel
 from hetpipe_jax.runtime.distributed import Node
 from hetpipe_jax.runtime.mailbox import TIMEOUT_S, Mailbox
-from hetpipe_jax.runtime.mixed import SCALED, cast_floats
+from hetpipe_jax.runtime.mixed import SCALED, cast_floats, compute_dtype
 from hetpipe_jax.runtime.ps import nonfinite_units
 from hetpipe_jax.runtime.remote import RemoteNumerics, process_of
 from hetpipe_jax.runtime.shards import ShardedServer, ShardWorker
@@ -125,7 +125,8 @@ class NodeJob:
     mine = [u for u, p in enumerate(self.shard_owners) if p == me]
     if mine:  # this process holds these units' PS shards, in host memory
       self.threads.append(ShardWorker(self.node, mine, [job.init_params[u] for u in mine], job.layout.num_vws,
-                                      job.d, job.ps_tx, self.owners, job.layout.cuts, self.mailbox).thread)
+                                      job.d, job.ps_tx, self.owners, job.layout.cuts, self.mailbox,
+                                      compute_dtype(job.precision)).thread)
     x0, y0 = job.streams(0, 1)
     for (i, j), process in self.owners.items():
       if process == me:

@@ -54,15 +54,17 @@ class ShardWorker:
     node: this process's node.
     units: the units whose shards live here.
     params: their initial global weights.
-    num_vws, d, tx: as for :class:`~hetpipe_jax.runtime.ps.ParameterServer`.
+    num_vws, d, tx, update_dtype: as for :class:`~hetpipe_jax.runtime.ps.ParameterServer`.
     owners: (virtual worker, stage) -> process; ``cuts``: each virtual worker's unit boundaries.
     mailbox: tensors between this process's threads.
   """
 
   def __init__(self, node: Node, units: Sequence[int], params: Sequence[Any], num_vws: int, d: int,
-               tx, owners: dict[tuple[int, int], int], cuts: Sequence[Sequence[int]], mailbox: Mailbox):
+               tx, owners: dict[tuple[int, int], int], cuts: Sequence[Sequence[int]], mailbox: Mailbox,
+               update_dtype: Any = None):
     self.node, self.units, self._owners, self._cuts, self._mailbox = node, list(units), owners, cuts, mailbox
-    self.ps = ParameterServer(params, num_vws, d, tx)  # the same apply rule as in one process
+    # the same apply rule as in one process, compiled for the pushes' dtype (16 bits in mixed precision)
+    self.ps = ParameterServer(params, num_vws, d, tx, update_dtype=update_dtype)
     self.ps.warm_up()
     self._treedefs = [jax.tree.structure(p) for p in params]
     me = node.process
@@ -244,7 +246,8 @@ class ShardFollower:
   def __init__(self, ctx: Context, params: Sequence[Any], tx):
     me = ctx.node.process
     self.ctx, self.units = ctx, ctx.held_units(me)
-    self.ps = ParameterServer([params[u] for u in self.units], ctx.layout.num_vws, ctx.d, tx)  # one rule everywhere
+    self.ps = ParameterServer([params[u] for u in self.units], ctx.layout.num_vws, ctx.d, tx,  # one rule everywhere
+                              update_dtype=ctx.push_dtype)  # (compiled at warm-up for the pushes' dtype)
     self.ps.warm_up()
     self._treedefs = [jax.tree.structure(params[u]) for u in self.units]
     self._actor = Actor(ctx, self._step)
