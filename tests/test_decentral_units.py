@@ -100,15 +100,25 @@ def pushes(clock: ClockService) -> list[dict]:
   return [ev for ev in clock.ctx.trace.events if ev["ev"] == "push"]
 
 
-def applies(clock: ClockService) -> list[dict]:
-  """The ``apply`` entries of the order the clock sent process 2."""
+def request(vw: int, n: int) -> tuple[str, int, list]:
+  """Stage 0 of ``vw`` asks for pull ``n``, as the clock's input stream offers it."""
+  return (f"r{vw}", n, [protocol.encode(protocol.CONTROL_OPS, "request", control_width(2), n=n)])
+
+
+def orders(clock: ClockService, *ops: str) -> list[tuple]:
+  """The entries of the order the clock sent process 2 whose operation is one of ``ops``: (op, fields, the
+  snapshot of a serve: every VW's clock, then which had left)."""
   out = []
   for dst, tag, arrays in sent(clock.ctx):
     if dst == 2 and tag.startswith("o"):
-      op, fields, _ = protocol.decode(protocol.ORDER_OPS, arrays[0])
-      if op == "apply":
-        out.append(fields)
+      op, fields, tail = protocol.decode(protocol.ORDER_OPS, arrays[0])
+      if op in ops:
+        out.append((op, fields, tail[:4]) if op == "serve" else (op, fields))
   return out
+
+
+def applies(clock: ClockService) -> list[dict]:
+  return [fields for _, fields in orders(clock, "apply")]
 
 
 def test_the_clock_counts_a_push_only_once_every_live_copy_holds_it():
@@ -148,6 +158,20 @@ def test_the_push_skipped_count_is_the_stages_not_the_sum_over_copies():
   assert [(ev["vw"], ev.get("skipped")) for ev in pushes(clock)] == [(0, 3)]
   assert clock._work([have(0, p, 1) for p in (0, 1, 2)])  # a clean wave: no skipped field
   assert [ev.get("skipped") for ev in pushes(clock)] == [3, None]
+
+
+def test_the_clock_grants_a_pull_after_the_own_wave_and_once_the_gate_opens():
+  """Pull n of a VW is served once its own wave n is counted and its gate is open (D = 0): VW 0 asks before its
+  wave 0 is counted (no wait: it is not at the gate), VW 1 asks after its wave 0, ahead of VW 0 by one wave
+  (the gate is closed: a ``wait`` line). VW 0's wave 0 then opens both, served in order with the snapshot."""
+  clock = clock_service()
+  assert clock._work([request(0, 0)] + [have(1, p, 0) for p in (0, 1, 2)] + [request(1, 0)])
+  assert counted(clock) == [0, 1] and orders(clock, "serve") == []
+  assert clock._work([have(0, p, 0) for p in (0, 1, 2)])
+  assert orders(clock, "apply", "serve") == [
+      ("apply", {"vw": 1, "wave": 0, "drop": 0}), ("apply", {"vw": 0, "wave": 0, "drop": 0}),
+      ("serve", {"vw": 0, "n": 0}, [1, 1, 0, 0]), ("serve", {"vw": 1, "n": 0}, [1, 1, 0, 0])]
+  assert [ev["vw"] for ev in clock.ctx.trace.events if ev["ev"] == "wait"] == [1]
 
 
 # --- a copy of the shards -----------------------------------------------------------------------------------
