@@ -231,3 +231,17 @@ def test_a_copy_tells_the_clock_each_units_stage_count():
   assert (dst, tag) == (0, protocol.tag("have", vw=0, process=1, wave=0))
   op, fields, tail = protocol.decode(protocol.CONTROL_OPS, message)
   assert (op, fields, tail) == ("have", {"wave": 0}, [0, 0, 2, 2])
+
+
+def test_a_dropped_wave_counts_without_changing_the_weights_and_a_gather_says_so():
+  """``apply`` with ``drop`` (a unit of the wave was not finite somewhere) only counts the wave; a gather sends
+  process 0 every copy held here (unit order) and how many waves of each VW this process applied."""
+  shards = follower()
+  push_part(shards, 0, [{"w": jnp.ones(3)}, {"w": jnp.ones(2)}])
+  order(shards, "apply", vw=0, wave=0, drop=1)
+  push_part(shards, 1, [{"w": jnp.ones(3)}, {"w": jnp.ones(2)}])
+  order(shards, "apply", vw=0, wave=1, drop=0)
+  order(shards, "gather", n=0)
+  [(dst, tag, arrays)] = [m for m in sent(shards.ctx) if m[1].startswith("w")]
+  assert (dst, tag) == (0, protocol.tag("weights", process=1, n=0))
+  assert [a.tolist() for a in arrays] == [[1.0, 2.0, 3.0], [11.0, 11.0], [2]]
