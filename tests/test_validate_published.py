@@ -71,7 +71,9 @@ def test_the_link_fit_recovers_a_link_from_its_two_gpu_times_and_holds_out_the_r
   eight = {**made[0], "id": "eight", "gpus": 8, "message_bytes": 4e7, "figure": 14 * 20e-6 + 1.75 * 4e7 / 6e9}
   rows = vp.read_table(_table(tmp_path / "t.csv", [*made, eight]))
   cal = vp.fit_efficiency(rows, [])
-  link = cal.links_for(rows[0])["pcie3"]
+  links = cal.links_for(rows[0])
+  assert links is not None
+  link = links["pcie3"]
   assert link.bytes_per_s == pytest.approx(6e9, rel=1e-9) and link.latency_s == pytest.approx(20e-6, rel=1e-9)
   entries = {e.id: e for e in vp.evaluate(rows, cal)}
   assert all(entries[f"two-{n}"].fitted for n in (4e5, 4e6, 4e7)) and not entries["eight"].fitted
