@@ -41,9 +41,10 @@ flags.DEFINE_integer("per_node", ScaleConfig.per_node, "GPUs per node (all of on
 flags.DEFINE_integer("base", ScaleConfig.base, "Largest size tuned directly; larger ones replicate its configuration.")
 flags.DEFINE_list("placements", list(ScaleConfig.placements), "PS placements the tuner searches (the study also "
                   "simulates the tuned configuration with striped and with default placement, for comparison).")
-flags.DEFINE_list("ps_transfers", ["whole"], "PS transfer models the tuner searches: whole (a virtual worker's "
-                  "push and pull as one), staged (each stage's part on its own), or both (slower to simulate at "
-                  "scale: BUILD_NOTES.md, \"The scaling study\").")
+flags.DEFINE_list("ps_transfers", [k for k, v in common.PS_TRANSFERS.items() if v in ScaleConfig.staged],
+                  "PS transfer models the tuner searches: whole (a virtual worker's push and pull as one), staged "
+                  "(each stage's part on its own), or both (slower to simulate at scale: BUILD_NOTES.md, \"The "
+                  "scaling study\").")
 flags.DEFINE_integer("batch_size", ScaleConfig.batch_size, "Images per minibatch of a CNN.")
 flags.DEFINE_integer("gpt_batch_size", ScaleConfig.gpt_batch_size, "Sequences per minibatch of a GPT.")
 flags.DEFINE_integer("gpt_seq_len", ScaleConfig.gpt_seq_len, "Tokens per sequence of a GPT.")
