@@ -1,6 +1,6 @@
-"""hetpipe_jax.studies.published and experiments.validate_published: the published table parses, the fit makes its own rows exact per setup and
-nothing else, a raw all-reduce row is the simulator's ring, a scaling-efficiency row is N GPUs over N x one,
-and the CLI ends with its one summary line."""
+"""hetpipe_jax.studies.published and experiments.validate_published: the published table parses, the fit makes
+its own rows exact per setup and nothing else, a raw all-reduce row is the simulator's ring, a scaling-efficiency
+row is N GPUs over N x one, and the CLI ends with its one summary line."""
 
 import csv
 import json
