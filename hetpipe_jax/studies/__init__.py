@@ -1,6 +1,5 @@
 """The studies as library code: each a function of a typed configuration (a frozen dataclass) returning typed
-records (NamedTuples), which ``experiments/<name>.py`` turns flags into and writes out.
+records (NamedTuples), which a thin script in ``experiments/`` makes from its flags and writes out.
 
-Each study is its own module (``scale``, ``validate_fast``, ``validate_sim``, ``validate_multiprocess``,
-``published``, ...); this package imports none of them, so importing one imports only what it needs.
+Each study is its own module of this package; this file imports none of them.
 """
