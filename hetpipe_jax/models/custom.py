@@ -69,12 +69,12 @@ def _unit_names(modules: Sequence[Any], names: Sequence[str] | None) -> tuple[st
 
 
 def _as_unit(module: Any, index: int, name: str) -> Any:
-  """A linen module (or a unit of another model) as it is, an NNX module wrapped (:class:`NnxUnit`);
-  anything else refused."""
-  if isinstance(module, nnx.Module):
-    return NnxUnit(module, name)
+  """A linen module (or a unit of another model) as it is, an NNX module or a function of rngs that builds one
+  wrapped (:class:`NnxUnit`); anything else refused."""
   if isinstance(module, (nn.Module, NnxUnit)):
     return module
+  if isinstance(module, nnx.Module) or callable(module):
+    return NnxUnit(module, name)
   raise ConfigError(f"unit {index} ({name!r}) is a {type(module).__name__}, not a Flax module; give "
                     "flax.linen or flax.nnx modules (a function such as relu goes inside a module)")
 
