@@ -16,7 +16,7 @@ from flax import nnx
 from matplotlib.figure import Figure
 
 from experiments import run_flags
-from hetpipe_jax import ConfigError, RunConfig, from_modules, get_model, run_hetpipe, synthetic
+from hetpipe_jax import ConfigError, RunConfig, from_module, from_modules, get_model, run_hetpipe, synthetic
 from hetpipe_jax.data import Dataset
 from hetpipe_jax.evaluate import language_score
 from hetpipe_jax.models import full_size_spec
@@ -140,6 +140,18 @@ def test_a_seed_reaches_every_unit_that_is_not_given_built():
   np.testing.assert_array_equal(p0[2]["kernel"], p1[2]["kernel"])  # NNX given built: its own
   seeded_from = nnx.Linear(16, 8, rngs=nnx.Rngs(jax.random.split(jax.random.key(1), 3)[1]))
   np.testing.assert_array_equal(p1[1]["kernel"], seeded_from.kernel[...])  # exactly its unit's key
+
+
+def test_one_nnx_sequential_built_from_rngs_is_cut_into_seeded_units():
+  model = from_module(lambda rngs: nnx.Sequential(nnx.Linear(6, 8, rngs=rngs), nnx.relu, nnx.Linear(8, 4, rngs=rngs)),
+                      ["linear2"], input_shape=(6,))
+  assert model.unit_names == ("linear0", "linear2")
+  x = jnp.ones((2, 6))
+  p0, p0_again, p1 = (model.init(jax.random.key(seed), x) for seed in (0, 0, 1))
+  jax.tree.map(np.testing.assert_array_equal, p0, p0_again)
+  assert not np.allclose(p0[0]["layers/0/kernel"], p1[0]["layers/0/kernel"])
+  assert not np.allclose(p0[1]["kernel"], p1[1]["kernel"])
+  assert model.apply(p1, x).shape == (2, 4)
 
 
 def test_a_seed_that_cannot_reach_a_built_nnx_unit_is_refused():

@@ -55,7 +55,7 @@ def _split(module: nnx.Module, name: str) -> tuple[Any, dict[tuple[Any, ...], An
   return graphdef, flat
 
 
-def _build(build: Build, rngs: nnx.Rngs, name: str) -> nnx.Module:
+def build_module(build: Build, rngs: nnx.Rngs, name: str) -> nnx.Module:
   """The module ``build(rngs=rngs)`` returns.
 
   Raises:
@@ -89,7 +89,7 @@ class NnxUnit:
   def __init__(self, module: nnx.Module | Build, name: str):
     self._make = None if isinstance(module, nnx.Module) else module
     if self._make is not None:
-      module = _build(self._make, nnx.Rngs(0), name)
+      module = build_module(self._make, nnx.Rngs(0), name)
     assert isinstance(module, nnx.Module)
     graphdef, flat = _split(module, name)
     self._name = name
@@ -117,7 +117,7 @@ class NnxUnit:
     del x
     if self._make is None:
       return {"params": dict(self._params)}
-    flat = _split(_build(self._make, nnx.Rngs(rng), self._name), self._name)[1]
+    flat = _split(build_module(self._make, nnx.Rngs(rng), self._name), self._name)[1]
     return {"params": {_key(path): value for path, value in flat.items()}}
 
   def apply(self, variables: dict[str, Any], x: jax.Array) -> Any:

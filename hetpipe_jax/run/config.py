@@ -13,6 +13,9 @@ The parts: :class:`LayoutSpec` (the run's shape), :class:`WSPSpec` (the protocol
 :class:`CheckpointSpec`, and the options of one executor: :class:`~hetpipe_jax.sim.options.SimOptions`
 (``sim``), :class:`WallOptions` (``wall``, ``multiprocess``). What an executor accepts is checked by its
 registry entry (:mod:`hetpipe_jax.run.executors`), once for every option.
+
+Every field is declared once, with its default and the training CLI's help for it (:func:`setting`, the field's
+metadata): :func:`settings` lists them, and ``experiments/run_flags.py`` makes one flag of each.
 """
 
 from __future__ import annotations
