@@ -33,7 +33,7 @@ def _key(path: tuple[Any, ...]) -> str:
   return "/".join(map(str, path))
 
 
-Build = Callable[..., nnx.Module]  # rngs=nnx.Rngs(...) -> an NNX module
+Build = Callable[..., Any]  # rngs=nnx.Rngs(...) -> an NNX module (checked by build_module)
 
 
 def _split(module: nnx.Module, name: str) -> tuple[Any, dict[tuple[Any, ...], Any]]:
