@@ -176,7 +176,7 @@ def test_the_seed_flag_changes_an_nnx_units_initial_weights():
 
 def test_a_language_runs_summary_and_lines_say_tokens_and_perplexity(tmp_path):
   proc = train_cli(tmp_path, "--model=gpt", "--dataset=tokens", "--optimizer=adam", "--learning_rate=0.003",
-                   "--waves=2", "--num_vws=2", "--eval_every=2")
+                   "--waves=2", "--num_vws=2", "--eval_every=2", timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   summary = json.loads((tmp_path / "summary.json").read_text())
   assert "images_per_second" not in summary and "final_test_accuracy" not in summary
