@@ -316,3 +316,21 @@ def batch_profiles(name: str, batch_size: int, seq_len: int | None = None):
   low, per_example, unit = model_profiles(name, batch_size, seq_len)
   high = model_profiles(name, 2 * batch_size, seq_len)[0]
   return BatchProfiles(tuple(low), tuple(high), batch_size, 2 * batch_size), per_example, unit
+
+
+def check_writable(path: str) -> str:
+  """Returns ``path`` if its directory is writable or can be created, creating nothing (a run that is then
+  refused leaves no folder; the file's writer creates it, e.g. :func:`ensure_parent`).
+
+  Raises:
+    ConfigError: when that directory cannot be created or written (the one line of :func:`ensure_parent`).
+  """
+  folder = os.path.dirname(os.path.abspath(path))
+  existing = folder
+  while not os.path.exists(existing):
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing) or not os.access(existing, os.W_OK):
+    reason = "Permission denied" if os.path.isdir(existing) else "Not a directory"
+    raise config_error(f"cannot write {path}: {folder} is not a writable directory ({reason}); choose "
+                       "another --out_dir (or output path)")
+  return path
