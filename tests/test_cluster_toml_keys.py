@@ -30,7 +30,8 @@ def test_good_file_uses_its_links(tmp_path):
 
 
 @pytest.mark.parametrize("old, new, pattern", [
-    ('inter_node = "eth10"', 'inter_nodes = "eth10"', r"unknown key 'links.inter_nodes' \(did you mean 'inter_node'\?\)"),
+    ('inter_node = "eth10"', 'inter_nodes = "eth10"', r"unknown key 'links.inter_nodes' \(did you "
+     r"mean 'inter_node'\?\)"),
     ('name = "lab"', 'nmae = "lab"', r"unknown key 'nmae' \(did you mean 'name'\?\)"),
     ("[links]", "[link]", r"unknown key 'link' \(did you mean 'links'\?\)"),
     ("memory_gib = 8", "memory_gb = 8", r"unknown key \"gpu_types.'MyGPU'.memory_gb\" \(did you mean 'memory_gib'\?\)"),
