@@ -37,5 +37,6 @@ def get_cluster(name: str) -> Cluster:
     return mixed_cluster(int(mixed[1]), int(mixed[2] or 4))
   if name not in PRESETS:
     raise ConfigError(f"unknown cluster {name!r}{nearest(name, PRESETS)}; known clusters: "
-                      f"{', '.join(sorted(PRESETS))}, mixed<N> or mixed<N>x<G> (N GPUs of 8 types, G per node), or a path to a .toml file")
+                      f"{', '.join(sorted(PRESETS))}, mixed<N> or mixed<N>x<G> (N GPUs of 8 types, G per node), "
+                      "or a path to a .toml file")
   return PRESETS[name]()
