@@ -142,7 +142,9 @@ def launch_nodes() -> None:
   """``--executor=multiprocess`` without a coordinator: runs this command as one process per node of
   ``--cluster`` on this host (loopback) and waits for them; one failure or a hang ends all of them."""
   from hetpipe_jax import get_cluster
+  from hetpipe_jax.run.preflight import refuse_before_launch
   from hetpipe_jax.runtime.launch import child_environment, free_port, launch
+  refuse_before_launch(make_config(run_shape(True), FLAGS.trace_out or "trace.jsonl", None))
   nodes = sorted({g.node for g in get_cluster(FLAGS.cluster).gpus})
   coordinator = f"127.0.0.1:{free_port()}"
   cmd = [sys.executable, "-m", "experiments.train", *sys.argv[1:], f"--coordinator_address={coordinator}",
