@@ -32,6 +32,7 @@ from hetpipe_jax.cluster import Cluster, get_cluster
 from hetpipe_jax.core.breakdown import CATEGORIES, pushed_images, shares, time_breakdown
 from hetpipe_jax.core.trace import trace_cli
 from hetpipe_jax.errors import ConfigError
+from hetpipe_jax.workdir import import_from_working_directory
 
 COLOURS = {"compute": "#4C72B0", "link": "#8172B2", "bubble": "#CCB974", "window": "#64B5CD", "gate": "#C44E52",
            "pull": "#DD8452", "push": "#937860", "done": "#BBBBBB", "left": "#333333",
@@ -260,6 +261,7 @@ def _report(events: list[dict[str, Any]], argv: list[str], options: dict[str, st
 
 def cli() -> None:
   """The ``hetpipe-efficiency`` console entry point."""
+  import_from_working_directory()
   sys.exit(main(sys.argv))
 
 
