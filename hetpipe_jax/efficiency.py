@@ -1,6 +1,6 @@
-"""``python -m hetpipe_jax.efficiency TRACE [TIME_SCALE] [--cluster=FILE] [--model=package.module:factory]`` (or a
-peer's ``TIMELINE.json``): where every
-GPU-second of a run went, and how close it came to the ideal heterogeneous aggregate.
+"""``python -m hetpipe_jax.efficiency TRACE [TIME_SCALE] [--cluster=FILE] [--model=package.module:factory]``
+(or a peer's ``TIMELINE.json``): where every GPU-second of a run went, and how close it came to the ideal
+heterogeneous aggregate.
 
 Prints, per GPU, the share of the run spent computing, receiving inputs over links, in pipeline bubbles,
 blocked by the Nm window, blocked at the WSP gate, pulling, waiting for its own push, done early or
@@ -61,9 +61,10 @@ def trace_costs(meta: dict[str, Any], cluster: Cluster | None = None, model: str
 
   name = meta.get("time_model") or meta["model"]
   if model is not None and not meta.get("time_model"):  # (a time_model times the tasks: the factory's is moot)
-    if get_model(model).name != name:
-      raise ConfigError(f"the trace's model is {name!r}, and {model} builds {get_model(model).name!r}: give the "
-                        "factory the run was given")
+    built = get_model(model).name
+    if built != name:
+      raise ConfigError(f"the trace's model is {name!r}, and {model} builds {built!r}: give the factory the run "
+                        "was given")
     name = model
   full = [key for key in FULL_SIZE if name in (key, get_model(key).name)]  # traces name the model class
   if full:
