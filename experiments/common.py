@@ -73,6 +73,8 @@ def console(main: Main) -> Callable[[], None]:
   """
 
   def run() -> None:
+    from hetpipe_jax.workdir import import_from_working_directory  # (imported on use, as hetpipe_jax is here)
+    import_from_working_directory()  # as python -m does: --model=mymodel:factory finds ./mymodel.py
     if main.__module__ != "__main__":  # an installed script: show the script's flags and docstring
       for flag in flags.FLAGS.get_key_flags_for_module(main.__module__):
         flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)

@@ -41,6 +41,7 @@ from hetpipe_jax.errors import RunStopped
 from hetpipe_jax.evaluate import LanguageScore, language_score
 from hetpipe_jax.models import FULL_SIZE, full_size_model, full_size_spec
 from hetpipe_jax.optim import optimizer_slots
+from hetpipe_jax.run.preflight import refuse_before_launch
 from hetpipe_jax.run.result import RunResult, ran_config
 from hetpipe_jax.runtime.distributed import current_node, join
 from hetpipe_jax.runtime.launch import check_port_free, child_environment, free_port, launch
@@ -71,10 +72,13 @@ flags.DEFINE_string("trace_out", None, "Trace path (default: OUT_DIR/trace.jsonl
 flags.DEFINE_string("metrics_out", None, "Metrics path (default: OUT_DIR/metrics.jsonl).")
 
 
-def launch_nodes(cluster: str, job_timeout: float) -> None:
+def launch_nodes(config: RunConfig, job_timeout: float) -> None:
   """``--executor=multiprocess`` without a coordinator: runs this command as one process per node of
-  ``cluster`` on this host (loopback) and waits for them; one failure or a hang ends all of them."""
-  nodes = sorted({g.node for g in get_cluster(cluster).gpus})
+  ``config``'s cluster on this host (loopback) and waits for them; one failure or a hang ends all of them.
+  What every launched process would refuse is refused here first, before anything starts."""
+  refuse_before_launch(config)
+  cluster = get_cluster(config.cluster) if isinstance(config.cluster, str) else config.cluster
+  nodes = sorted({g.node for g in cluster.gpus})
   coordinator = f"127.0.0.1:{free_port()}"
   cmd = [sys.executable, "-m", "experiments.train", *sys.argv[1:], f"--coordinator_address={coordinator}",
          f"--num_processes={len(nodes)}"]
@@ -493,14 +497,14 @@ def main(argv):
     return run_peer_plan(peer_plan(FLAGS, entry), FLAGS.precision, FLAGS.out_dir)
   plan = apply_plan(FLAGS, entry) if entry is not None else None
   multiprocess = FLAGS.executor == "multiprocess"
-  if multiprocess and FLAGS.coordinator_address is None:
-    return launch_nodes(FLAGS.cluster, FLAGS.job_timeout)
-  if multiprocess:
-    join_job(FLAGS.cluster, FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
   paths = Paths(FLAGS.out_dir, FLAGS.trace_out or os.path.join(FLAGS.out_dir, "trace.jsonl"),
                 FLAGS.metrics_out or os.path.join(FLAGS.out_dir, "metrics.jsonl"))
   config = run_flags.run_config(FLAGS, **run_flags.layout(FLAGS), trace_path=paths.trace,
                                 time_model=plan.time_model if plan else None)
+  if multiprocess and FLAGS.coordinator_address is None:
+    return launch_nodes(config, FLAGS.job_timeout)
+  if multiprocess:
+    join_job(FLAGS.cluster, FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
   if not multiprocess:
     common.ensure_devices(run_flags.devices(config))
   for path in (paths.trace, paths.metrics):

@@ -3,10 +3,12 @@
 import sys
 
 from hetpipe_jax.core.check import main
+from hetpipe_jax.workdir import import_from_working_directory
 
 
 def cli() -> None:
   """The ``hetpipe-check`` console entry point."""
+  import_from_working_directory()
   sys.exit(main(sys.argv))
 
 

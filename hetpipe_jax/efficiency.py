@@ -1,5 +1,6 @@
-"""``python -m hetpipe_jax.efficiency TRACE [TIME_SCALE]`` (or a peer's ``TIMELINE.json``): where every
-GPU-second of a run went, and how close it came to the ideal heterogeneous aggregate.
+"""``python -m hetpipe_jax.efficiency TRACE [TIME_SCALE] [--cluster=FILE] [--model=package.module:factory]``
+(or a peer's ``TIMELINE.json``): where every GPU-second of a run went, and how close it came to the ideal
+heterogeneous aggregate.
 
 Prints, per GPU, the share of the run spent computing, receiving inputs over links, in pipeline bubbles,
 blocked by the Nm window, blocked at the WSP gate, pulling, waiting for its own push, done early or
@@ -12,7 +13,9 @@ The cost model (for the compute part of each task and for the ideal) is rebuilt 
 line: cluster, model (or ``time_model``), batch size, layout. ``virtual`` and ``sim`` traces are on the
 emulated cluster's clock; a ``wall`` or ``multiprocess`` trace is in wall seconds, so efficiency needs
 the run's ``--time_scale`` (TIME_SCALE: wall seconds per emulated second); without it, tasks count as
-compute and no efficiency is given.
+compute and no efficiency is given. A run on a cluster from a TOML file, or of a user's model, names them in
+its meta line by their names only: give the file (``--cluster=lab.toml``) and the factory
+(``--model=mymodel:model``) the run was given, else its tasks count as compute (no link time, no efficiency).
 
 A peer's timeline (``experiments.baseline``, :mod:`hetpipe_jax.baselines.timeline`) has its own
 categories: compute, link, bubble, allreduce, sync, unused.
@@ -29,18 +32,21 @@ from hetpipe_jax.cluster import Cluster, get_cluster
 from hetpipe_jax.core.breakdown import CATEGORIES, pushed_images, shares, time_breakdown
 from hetpipe_jax.core.trace import trace_cli
 from hetpipe_jax.errors import ConfigError
+from hetpipe_jax.workdir import import_from_working_directory
 
 COLOURS = {"compute": "#4C72B0", "link": "#8172B2", "bubble": "#CCB974", "window": "#64B5CD", "gate": "#C44E52",
            "pull": "#DD8452", "push": "#937860", "done": "#BBBBBB", "left": "#333333",
            "allreduce": "#55A868", "sync": "#DA8BC3", "unused": "#EEEEEE"}  # (the last three: a peer's timeline)
 
 
-def trace_costs(meta: dict[str, Any], cluster: Cluster | None = None):
+def trace_costs(meta: dict[str, Any], cluster: Cluster | None = None, model: str | None = None):
   """(cluster, profiles, layout) of a trace's run, rebuilt from its meta line.
 
   Args:
     meta: the trace's meta line.
     cluster: the run's cluster; None: the preset the meta line names.
+    model: the run's ``package.module:factory`` (a user's model, which the meta line names by its name
+      only); None: the model the meta line names.
 
   Raises:
     ConfigError: when the cluster or the model cannot be rebuilt (naming which).
@@ -54,6 +60,12 @@ def trace_costs(meta: dict[str, Any], cluster: Cluster | None = None):
   from hetpipe_jax import get_model, load_dataset
 
   name = meta.get("time_model") or meta["model"]
+  if model is not None and not meta.get("time_model"):  # (a time_model times the tasks: the factory's is moot)
+    built = get_model(model).name
+    if built != name:
+      raise ConfigError(f"the trace's model is {name!r}, and {model} builds {built!r}: give the factory the run "
+                        "was given")
+    name = model
   full = [key for key in FULL_SIZE if name in (key, get_model(key).name)]  # traces name the model class
   if full:
     profiles = full_size_profiles(full[0], batch)
@@ -73,7 +85,7 @@ def trace_costs(meta: dict[str, Any], cluster: Cluster | None = None):
 
 
 def efficiency_report(events: list[dict[str, Any]], time_scale: float | None = None,
-                      cluster: Cluster | str | None = None) -> dict[str, Any]:
+                      cluster: Cluster | str | None = None, model: str | None = None) -> dict[str, Any]:
   """The breakdown and the efficiencies of a trace (see the module docstring).
 
   Args:
@@ -82,6 +94,8 @@ def efficiency_report(events: list[dict[str, Any]], time_scale: float | None = N
       on the emulated clock for ``virtual`` and ``sim``, unknown otherwise).
     cluster: the run's cluster, when the trace's meta line names one that is not a preset (a
       :class:`~hetpipe_jax.cluster.Cluster`, or a TOML file's path); None: the preset it names.
+    model: the run's ``package.module:factory``, for a user's model (its meta line names it by its name
+      only); None: the model the meta line names.
 
   Returns:
     ``seconds`` (the run's length), ``devices`` and ``shares`` (per GPU: its seconds and share of the run
@@ -100,9 +114,11 @@ def efficiency_report(events: list[dict[str, Any]], time_scale: float | None = N
   scale = time_scale if time_scale else (1.0 if meta.get("executor") in ("virtual", "sim") else None)
   note, cost = None, None
   try:
-    run_cluster, profiles, layout = trace_costs(meta, cluster)
+    run_cluster, profiles, layout = trace_costs(meta, cluster, model)
     cost = CostModel(run_cluster, profiles, layout)
   except (ConfigError, KeyError) as e:
+    if model is not None and isinstance(e, ConfigError):
+      raise  # the factory given cannot be the run's
     note = f"no cost model for this trace ({e}): tasks count as compute, no efficiency"
   if cost is not None and scale is None:
     note = (f"a {meta.get('executor')} trace is in wall seconds: give its --time_scale to get efficiency; "
@@ -152,11 +168,27 @@ def plot_breakdown(report: dict[str, Any], path: str, title: str = "") -> None:
   fig.savefig(path, dpi=110)
 
 
+USAGE = ("python -m hetpipe_jax.efficiency TRACE.jsonl [TIME_SCALE] [--cluster=FILE.toml] "
+         "[--model=package.module:factory] | TIMELINE.json")
+OPTIONS = ("cluster", "model")
+
+
 def main(argv: list[str]) -> int:
+  """The command line (module docstring): exit 0 with the report, 2 with one line for bad input."""
   from hetpipe_jax.baselines.timeline import is_timeline  # pylint: disable=g-import-not-at-top
-  if len(argv) == 2 and is_timeline(argv[1]):
+  options: dict[str, str] = {}
+  for arg in argv[1:]:
+    if arg.startswith("--"):
+      key, _, value = arg[2:].partition("=")
+      options[key] = value
+  if bad := [f"--{o}={v}" for o, v in options.items() if o not in OPTIONS or not v]:
+    print(f"error: {bad[0]} is not an option (give --cluster=FILE.toml or --model=package.module:factory); "
+          f"usage: {USAGE}", file=sys.stderr)
+    return 2
+  argv = [a for a in argv if not a.startswith("--")]
+  if len(argv) == 2 and not options and is_timeline(argv[1]):
     return _timeline(argv[1])
-  return trace_cli(argv, "python -m hetpipe_jax.efficiency TRACE.jsonl [TIME_SCALE] | TIMELINE.json", 2, _report)
+  return trace_cli(argv, USAGE, 2, lambda events, args: _report(events, args, options))
 
 
 def _timeline(path: str) -> int:
@@ -183,7 +215,11 @@ def _timeline(path: str) -> int:
   return 0
 
 
-def _report(events: list[dict[str, Any]], argv: list[str]) -> int:
+def _report(events: list[dict[str, Any]], argv: list[str], options: dict[str, str]) -> int:
+  if len(events) < 2:
+    print(f"error: {argv[1]} holds no event after its meta line: nothing ran to break down; give the trace of a "
+          "run", file=sys.stderr)
+    return 2
   time_scale = None
   if len(argv) == 3:
     try:
@@ -194,7 +230,10 @@ def _report(events: list[dict[str, Any]], argv: list[str]) -> int:
       print(f"error: TIME_SCALE={argv[2]!r}; give the run's --time_scale, a number > 0", file=sys.stderr)
       return 2
   try:
-    report = efficiency_report(events, time_scale)
+    report = efficiency_report(events, time_scale, options.get("cluster"), options.get("model"))
+  except ConfigError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
   except (KeyError, TypeError, IndexError) as e:
     print(f"error: {argv[1]} is not a complete hetpipe trace ({type(e).__name__}: {e}); give a trace that "
           "experiments.train wrote", file=sys.stderr)
@@ -223,6 +262,7 @@ def _report(events: list[dict[str, Any]], argv: list[str]) -> int:
 
 def cli() -> None:
   """The ``hetpipe-efficiency`` console entry point."""
+  import_from_working_directory()
   sys.exit(main(sys.argv))
 
 

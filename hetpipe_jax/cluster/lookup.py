@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 
-from hetpipe_jax.cluster.toml import load_cluster_toml
+from hetpipe_jax.cluster.toml import load_cluster_toml, nearest
 from hetpipe_jax.cluster.topology import PRESETS, Cluster, mixed_cluster
 from hetpipe_jax.errors import ConfigError
 
@@ -36,6 +36,7 @@ def get_cluster(name: str) -> Cluster:
   if mixed:
     return mixed_cluster(int(mixed[1]), int(mixed[2] or 4))
   if name not in PRESETS:
-    raise ConfigError(f"unknown cluster {name!r}; known clusters: {', '.join(sorted(PRESETS))}, "
-                      "mixed<N> or mixed<N>x<G> (N GPUs of 8 types, G per node), or a path to a .toml file")
+    raise ConfigError(f"unknown cluster {name!r}{nearest(name, PRESETS)}; known clusters: "
+                      f"{', '.join(sorted(PRESETS))}, mixed<N> or mixed<N>x<G> (N GPUs of 8 types, G per node), "
+                      "or a path to a .toml file")
   return PRESETS[name]()

@@ -41,7 +41,7 @@ from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 from hetpipe_jax.core import wsp
-from hetpipe_jax.core.trace import staleness_stats, trace_cli
+from hetpipe_jax.core.trace import field_error, staleness_stats, trace_cli
 
 EPS = 1e-9
 
@@ -87,6 +87,8 @@ class _Checker:
     handler = getattr(self, "_on_" + str(ev.get("ev")), None)
     if handler is None:
       return  # extra event kinds are allowed
+    if (error := field_error(ev)) is not None:
+      return self.fail("format", error)
     try:
       if not 0 <= ev["vw"] < self.n:
         return self.fail("format", f"virtual worker {ev['vw']} out of range 0..{self.n - 1}")
@@ -335,6 +337,8 @@ def check_trace(events: Iterable[dict[str, Any]]) -> list[Violation]:
   missing = [f for f in REQUIRED_META if f not in events[0]]
   if missing:
     return [Violation(1, "format", f"meta lacks {missing}")]
+  if (error := field_error(events[0])) is not None:
+    return [Violation(1, "format", f"meta: {error}")]
   window, nm = events[0].get("window"), events[0]["nm"]
   if window is not None and (len(window) != len(nm) or not all(1 <= w <= n for w, n in zip(window, nm))):
     return [Violation(1, "format", f"meta window {window} must give 1 <= window <= Nm for each Nm of {nm}")]

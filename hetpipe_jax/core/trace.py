@@ -104,11 +104,42 @@ def write_trace(path: str, events: Iterable[dict[str, Any]]) -> None:
       f.write(json.dumps(event, separators=(",", ":")) + "\n")
 
 
+# The type of each field of the format (docs/PROTOCOL.md section 8) a reader relies on: whole numbers,
+# times, lists of whole numbers; what a reader does not know is not checked.
+INT_FIELDS = ("vw", "stage", "mb", "own", "wave", "clock", "shards", "owner", "waves", "process", "num_vws", "d")
+TIME_FIELDS = ("t", "t0", "t1")
+INT_LIST_FIELDS = ("glob", "units", "nm", "stages")
+
+
+def _is_int(value) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
+def field_error(event: dict[str, Any]) -> str | None:
+  """What is wrong with the type of a field of ``event`` (the first such field), or None when every field
+  the format names has its type: ``vw``, ``mb``, ... whole numbers, ``t``, ``t0``, ``t1`` numbers, ``glob``,
+  ``units``, ``nm``, ``stages`` lists of whole numbers (and the meta's ``stages`` may be one)."""
+  if not isinstance(event.get("ev", ""), str):
+    return f"ev = {event['ev']!r} must be an event name (a string)"
+  for field in INT_FIELDS:
+    if field in event and not _is_int(event[field]):
+      return f"{field} = {event[field]!r} must be a whole number"
+  for field in TIME_FIELDS:
+    if field in event and (not isinstance(event[field], (int, float)) or isinstance(event[field], bool)):
+      return f"{field} = {event[field]!r} must be a number (seconds)"
+  for field in INT_LIST_FIELDS:
+    value = event.get(field, [])
+    if not (isinstance(value, list) and all(map(_is_int, value))) and not (field == "stages" and _is_int(value)):
+      return f"{field} = {value!r} must be a list of whole numbers"
+  return None
+
+
 def read_trace(path: str) -> list[dict[str, Any]]:
   """The events of a JSON Lines trace file.
 
   Raises:
-    ConfigError: when the file cannot be read or a line is not a JSON object.
+    ConfigError: when the file cannot be read, a line is not a JSON object, or a field of the format has
+      the wrong type (:func:`field_error`), naming the line.
   """
   try:
     with open(path, encoding="utf-8") as f:
@@ -125,6 +156,8 @@ def read_trace(path: str) -> list[dict[str, Any]]:
                           "line") from None
       if not isinstance(event, dict):
         raise ConfigError(f"line {n} of {path} is {type(event).__name__}, not a JSON object")
+      if (error := field_error(event)) is not None:
+        raise ConfigError(f"line {n} of {path}: {event.get('ev')} event: {error}")
       events.append(event)
   return events
 

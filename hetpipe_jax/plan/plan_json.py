@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -18,9 +19,14 @@ if TYPE_CHECKING:
 
 
 def plan_to_json(cluster: Cluster, profiles: Sequence[UnitProfile], plan: ClusterPlan, model: str,
-                 batch_size: int, precision: str = "fp32") -> dict[str, Any]:
+                 batch_size: int, precision: str = "fp32", simulated: dict[str, Any] | None = None
+                 ) -> dict[str, Any]:
   """A plan with its inputs: per virtual worker its devices, stages, times, memory; per layer its costs;
-  the GPU types and links.
+  the GPU types and links, and which of them the plan uses.
+
+  ``images_per_s`` is the simulator's figure when ``simulated`` is given, else the planner's bound
+  (``bound_images_per_s``: every virtual worker at its own pipeline's rate, no WSP waiting, no shared link;
+  see :mod:`hetpipe_jax.sim.planned`).
 
   Args:
     cluster: the cluster the plan is for.
@@ -29,6 +35,8 @@ def plan_to_json(cluster: Cluster, profiles: Sequence[UnitProfile], plan: Cluste
     model: the model's name.
     batch_size: examples per minibatch (for images per second).
     precision: "fp32", "fp16" or "bf16", as planned.
+    simulated: what the simulator measured of the plan (:meth:`hetpipe_jax.sim.planned.SimulatedPlan.to_json`),
+      or None.
 
   Returns:
     A JSON-serialisable dict.
@@ -49,10 +57,12 @@ def plan_to_json(cluster: Cluster, profiles: Sequence[UnitProfile], plan: Cluste
                                                                 cluster.num_nodes) * byte_scale(precision)),
     })
   gpu_types = {t: next(g.type for g in cluster.gpus if g.type.name == t) for t in types}
+  bound = plan.throughput * batch_size
   return {
       "model": model, "batch_size": batch_size, "policy": plan.policy, "placement": plan.placement,
       "precision": precision, "cluster": cluster.name, "vws": vws,
-      "images_per_s": plan.throughput * batch_size,
+      "images_per_s": simulated["images_per_s"] if simulated else bound, "bound_images_per_s": bound,
+      "simulated": simulated, "gpus_used": gpus_used(plan), "links_used": links_used(plan, vws),
       "shard_nodes": list(plan.shard_nodes),
       "layers": [{"name": u.name, "time_s": {t: sum(unit_seconds(u, gpu_types[t], precision)) for t in types},
                   "fwd_flops": u.fwd_flops, "bwd_flops": u.bwd_flops, "param_bytes": u.param_bytes,
@@ -63,16 +73,49 @@ def plan_to_json(cluster: Cluster, profiles: Sequence[UnitProfile], plan: Cluste
   }
 
 
+def gpus_used(plan: ClusterPlan) -> list[dict[str, Any]]:
+  """The GPUs of the plan's virtual workers, per node: ``[{"node": n, "gpus": {type: count}}]``."""
+  counts: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
+  for g in sorted((g for p in plan.vws for g in p.gpus), key=lambda g: g.index):
+    counts[g.node][g.type.name] += 1
+  return [{"node": n, "gpus": dict(c)} for n, c in sorted(counts.items())]
+
+
+def links_used(plan: ClusterPlan, vws: list[dict[str, Any]]) -> dict[str, list[str]]:
+  """What crosses each link of the cluster in the plan (``intra_node``, ``inter_node``): activations and
+  gradients between stages, PS traffic (pushes and pulls); an empty list: the plan does not use it."""
+  hops = [(a.node == b.node) for p in plan.vws for a, b in zip(p.gpus, p.gpus[1:])]
+  return {"intra_node": ["activations"] if any(hops) else [],
+          "inter_node": (["activations"] if not all(hops) else [])
+                        + (["PS traffic"] if any(vw["ps_cross_node_bytes_per_wave"] for vw in vws) else [])}
+
+
+def _hardware_lines(doc: dict[str, Any]) -> list[str]:
+  """The GPUs and links a plan document names (:func:`plan_to_json`), as text."""
+  gpus = "; ".join(f"node {n['node']}: " + ", ".join(f"{c} x {t}" for t, c in n["gpus"].items())
+                   for n in doc["gpus_used"])
+  link = lambda key: (f"{doc['links'][key]['name']} ({doc['links'][key]['bytes_per_s'] / 1e9:.3g} GB/s, "
+                      f"{doc['links'][key]['latency_s'] * 1e6:.3g} us): "
+                      + (", ".join(doc["links_used"][key]) or "unused"))
+  return [f"GPUs used: {gpus}", f"links: intra-node {link('intra_node')}; inter-node {link('inter_node')}"]
+
+
 def plan_table(doc: dict[str, Any]) -> str:
-  """A plan document (:func:`plan_to_json`) as text: the totals, then per virtual worker its Nm,
-  bottleneck, modelled images/s and PS traffic, and a table of its stages (GPU, layers, time per
-  minibatch, memory used and the GPU's limit)."""
+  """A plan document (:func:`plan_to_json`) as text: the totals (the simulator's images/s when the plan was
+  simulated, and the planner's bound), the GPUs and links it uses, then per virtual worker its Nm,
+  bottleneck, images/s and PS traffic, and a table of its stages (GPU, layers, time per minibatch, memory
+  used and the GPU's limit)."""
+  sim = doc.get("simulated")
+  bound = (f"planner's bound {doc['bound_images_per_s']:.1f} (each virtual worker at its own pipeline's rate, no "
+           "WSP waiting, no shared link)")
+  total = (f"simulated {sim['images_per_s']:.1f} images/s in total (sim executor, {sim['waves']} waves, "
+           f"D={sim['d']}); {bound}" if sim else f"not simulated: {bound}")
   lines = [f"{doc['model']} (batch {doc['batch_size']}, {doc['precision']}) on {doc['cluster']}: policy "
-           f"{doc['policy']}, placement {doc['placement']}, modelled {doc['images_per_s']:.1f} images/s in total "
-           "(no WSP waiting)"]
+           f"{doc['policy']}, placement {doc['placement']}, {total}", *_hardware_lines(doc)]
   for i, vw in enumerate(doc["vws"]):
+    simulated = f" (simulated {sim['vw_images_per_s'][i]:.1f})" if sim else ""
     lines.append(f"virtual worker {i}: Nm={vw['nm']}  bottleneck {vw['bottleneck_s'] * 1e3:.1f} ms  "
-                 f"{vw['images_per_s']:.1f} images/s  PS traffic across nodes "
+                 f"{vw['images_per_s']:.1f} images/s alone{simulated}  PS traffic across nodes "
                  f"{vw['ps_cross_node_bytes_per_wave'] / 2**20:.1f} MiB per push")
     lines.append(f"  {'stage':>5} {'device':24} {'layers':>9} {'time ms':>8} {'memory GiB used / limit':>24}")
     for j, s in enumerate(vw["stages"]):

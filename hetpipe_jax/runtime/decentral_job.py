@@ -61,8 +61,9 @@ class Options:
 @dataclasses.dataclass
 class Outcome:
   """What process 0 has at the end: every process's trace part, the gathered global weights (in gather
-  order; the last is the final weights), the seconds from the start barrier until every part was in, and
-  the processes that were gone before they could send theirs."""
+  order; the last is the final weights), the seconds from the start barrier until training ended (the
+  clock had ordered every push; gathering the weights and the parts after it is not training), and the
+  processes that were gone before they could send theirs."""
 
   parts: list[list[dict[str, Any]]]
   gathers: list[tuple[Any, ...]]
@@ -142,12 +143,14 @@ class DecentralJob:
     node, ctx = self.node, self.ctx
     if not self._join():
       self._stop()
+    seconds = ctx.now()  # process 0: the clock has ordered every push (training is over)
     if node.process == 0:
       gathers = self._gathers()
     ctx.over.set()
     self.trace.close()
     if node.process != 0:
-      text = "".join(json.dumps(ev, separators=(",", ":")) + "\n" for ev in self.trace.events)
+      # (never an empty array: a process with no stage has no event, and a pull of 0 bytes never completes)
+      text = "".join(json.dumps(ev, separators=(",", ":")) + "\n" for ev in self.trace.events) or "\n"
       deliver(node, ctx.mailbox, 0, protocol.tag("trace_part", process=node.process),
               [jax.device_put(np.frombuffer(text.encode(), np.uint8), node.device)])
       self._close()
@@ -156,10 +159,9 @@ class DecentralJob:
     for p in range(1, node.num_processes):  # each sends its part once its threads are done
       try:
         (data,) = collect(node, ctx.mailbox, p, protocol.tag("trace_part", process=p))
-        parts.append([json.loads(line) for line in np.asarray(data).tobytes().decode().splitlines()])
+        parts.append([json.loads(line) for line in np.asarray(data).tobytes().decode().splitlines() if line])
       except PeerGone:
         missing.append(p)
-    seconds = ctx.now()
     outcome = Outcome(parts, gathers, seconds, missing)
     self._close()
     return outcome

@@ -29,6 +29,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 from hetpipe_jax.errors import ConfigError
 
@@ -167,8 +168,6 @@ def launch(commands: Sequence[Sequence[str]], envs: Sequence[dict[str, str]], ti
   """
   names = list(names or [f"process {i}" for i in range(len(commands))])
   procs: list[subprocess.Popen] = []
-  failed: int | None = None
-  hung: list[int] = []
   t0 = time.monotonic()
   main_thread = threading.current_thread() is threading.main_thread()
   previous = signal.signal(signal.SIGTERM, _raise_on_sigterm) if main_thread else None  # clean up on SIGTERM
@@ -178,28 +177,7 @@ def launch(commands: Sequence[Sequence[str]], envs: Sequence[dict[str, str]], ti
       out, err = output(i) if output else (None, None)
       env = {**env, LAUNCHER_ENV: str(os.getpid()), INDEX_ENV: str(i), REASONS_ENV: reasons}
       procs.append(subprocess.Popen(list(cmd), env=env, stdout=out, stderr=err, start_new_session=True))
-    deadline = t0 + timeout_s
-    stalled_since = None  # when only hung-looking processes were left running
-    ended0 = None  # survivable: when process 0 ended
-    lost_first: set[int] = set()  # survivable: processes that ended with an error while process 0 ran
-    while any(p.poll() is None for p in procs):
-      now = time.monotonic()
-      if ended0 is None:
-        lost_first.update(i for i, p in enumerate(procs) if i > 0 and p.poll() not in (None, 0))
-      if survivable and procs[0].poll() is not None:
-        ended0 = ended0 or now
-        if now >= min(deadline, ended0 + settle_s):
-          break
-        time.sleep(0.05)
-        continue
-      if failed is None and not survivable:
-        failed = _first_failure(procs)
-        if failed is not None:
-          deadline = min(deadline, now + grace_s)
-      stalled_since = (stalled_since or now) if _hung(procs) else None
-      if now >= deadline or (stalled_since is not None and now - stalled_since >= settle_s):
-        break
-      time.sleep(0.05)
+    failed, lost_first = _watch(procs, t0 + timeout_s, grace_s, settle_s, survivable)
     hung = [i for i, p in enumerate(procs) if p.poll() is None]
     if survivable:
       failed = None if procs[0].poll() == 0 else 0
@@ -207,7 +185,7 @@ def launch(commands: Sequence[Sequence[str]], envs: Sequence[dict[str, str]], ti
       failed = _first_failure(procs)
     if hung and _hung(procs):  # the others were ended because these stopped answering
       failed = hung[0]
-    reason = _reason(reasons, failed) if failed is not None else None
+    ending = _Ending(failed, hung, _reason(reasons, failed) if failed is not None else None, lost_first)
   finally:
     if main_thread:
       signal.signal(signal.SIGTERM, previous)
@@ -216,10 +194,59 @@ def launch(commands: Sequence[Sequence[str]], envs: Sequence[dict[str, str]], ti
         os.killpg(p.pid, signal.SIGKILL)
         p.wait()
     shutil.rmtree(reasons, ignore_errors=True)
-  codes = [p.returncode for p in procs]
-  seconds = time.monotonic() - t0
+  limits = (timeout_s, grace_s)
+  return _result(names, [p.returncode for p in procs], ending, limits, survivable, time.monotonic() - t0)
+
+
+def _watch(procs: Sequence[subprocess.Popen], deadline: float, grace_s: float, settle_s: float,
+           survivable: bool) -> tuple[int | None, set[int]]:
+  """Waits until every process has ended, or the job must end (see :func:`launch`).
+
+  Returns:
+    (the first process that failed, not survivable: None; survivable: the processes other than 0 that
+    ended with an error while process 0 ran).
+  """
+  failed: int | None = None
+  stalled_since = None  # when only hung-looking processes were left running
+  ended0 = None  # survivable: when process 0 ended
+  lost_first: set[int] = set()
+  while any(p.poll() is None for p in procs):
+    now = time.monotonic()
+    if ended0 is None:
+      lost_first.update(i for i, p in enumerate(procs) if i > 0 and p.poll() not in (None, 0))
+    if survivable and procs[0].poll() is not None:
+      ended0 = ended0 or now
+      if now >= min(deadline, ended0 + settle_s):
+        break
+      time.sleep(0.05)
+      continue
+    if failed is None and not survivable:
+      failed = _first_failure(procs)
+      if failed is not None:
+        deadline = min(deadline, now + grace_s)
+    stalled_since = (stalled_since or now) if _hung(procs) else None
+    if now >= deadline or (stalled_since is not None and now - stalled_since >= settle_s):
+      break
+    time.sleep(0.05)
+  return failed, lost_first
+
+
+class _Ending(NamedTuple):
+  """How the processes ended, as :func:`launch` found: the one to blame, those still running when it
+  stopped waiting (then killed), the reason the one to blame gave, and (survivable) those lost first."""
+
+  failed: int | None
+  hung: list[int]
+  reason: str | None
+  lost_first: set[int]
+
+
+def _result(names: list[str], codes: list[int | None], ending: _Ending, limits: tuple[float, float],
+            survivable: bool, seconds: float) -> JobResult:
+  """The job's :class:`JobResult`, its one-line message naming what went wrong and where."""
+  (timeout_s, grace_s), (failed, hung, reason, lost_first) = limits, ending
   lost = [f"{names[i]} (process {i}) " + ("hung (killed)" if i in hung else _how(codes[i]))
-          for i in range(1, len(procs)) if survivable and (i in hung or i in lost_first)]
+          for i in range(1, len(codes)) if survivable and (i in hung or i in lost_first)]
   if failed is not None and failed in hung:
     message = (f"{names[failed]} (process {failed}) hung: it stopped answering and the others were ended "
                "(SIGABRT from the coordination service); killed it")
