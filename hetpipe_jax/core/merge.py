@@ -83,6 +83,75 @@ def _time(ev: dict[str, Any]) -> float:
   return max(ev.get(f, 0.0) for f in ("t", "t0", "t1"))
 
 
+class _Merger:
+  """The state of one merge (:func:`merge`): each part's next event, what it waits for, and the output."""
+
+  def __init__(self, meta: dict[str, Any], parts: Sequence[Sequence[dict[str, Any]]]):
+    self.nm, self.stages, self.parts = meta["nm"], meta["stages"], parts
+    self.leaving = {ev["vw"] for part in parts for ev in part if ev["ev"] == "leave"}
+    self.emitted: set[Key] = set()
+    self.waiting: dict[Key, list[int]] = collections.defaultdict(list)  # a key -> parts whose next event needs it
+    self.blocked: set[int] = set()  # parts whose next event waits
+    self.ready: list[tuple[float, int]] = []
+    self.at = [0] * len(parts)
+    self.out, self.left, self.dropped = [meta], set(), 0
+    for p in range(len(parts)):
+      self.consider(p)
+
+  def consider(self, p: int) -> None:
+    """Queues part ``p``'s next event as ready, or as waiting for the first key it needs that is missing."""
+    if self.at[p] < len(self.parts[p]):
+      ev = self.parts[p][self.at[p]]
+      missing = next((key for key in requires(ev, self.nm, self.stages) if key not in self.emitted), None)
+      if missing is None:
+        heapq.heappush(self.ready, (_time(ev), p))
+      else:
+        self.waiting[missing].append(p)
+        self.blocked.add(p)
+
+  def emit(self, key: Key | None) -> None:
+    """Records ``key`` as placed and reconsiders the parts that waited for it."""
+    if key is not None:
+      self.emitted.add(key)
+      for q in self.waiting.pop(key, ()):
+        self.consider(q)
+
+  def place_next(self) -> None:
+    """Places the ready event of the earliest time (or drops it: recorded after its virtual worker left)."""
+    _, p = heapq.heappop(self.ready)
+    self.blocked.discard(p)
+    ev = self.parts[p][self.at[p]]
+    self.at[p] += 1
+    if ev.get("vw") in self.left and ev["ev"] != "applied":  # (what the copies applied of it counts still)
+      self.dropped += 1  # recorded after its virtual worker left
+    else:
+      self.out.append(ev)
+      self.left.update([ev["vw"]] if ev["ev"] == "leave" else [])
+    self.emit(provides(ev))
+    self.consider(p)
+
+  def release_stuck(self) -> bool:
+    """With nothing ready: skips the next event of every part stuck on a virtual worker that left (a push is
+    placed with ``"history": "lost"``, anything else left out). False when no part is stuck so."""
+    parts, at = self.parts, self.at
+    stuck = [p for p in sorted(self.blocked) if parts[p][at[p]]["vw"] in self.leaving
+             and parts[p][at[p]]["ev"] != "applied"]
+    for p in stuck:
+      self.blocked.discard(p)
+      for q in self.waiting.values():
+        if p in q:
+          q.remove(p)
+      ev = parts[p][at[p]]
+      at[p] += 1
+      if ev["ev"] == "push":  # it happened (the clock counted it, the owners applied it); what it follows
+        self.out.append({**ev, "history": "lost"})  # died with a process: the trace says so
+        self.emit(("push", ev["vw"], ev["wave"]))
+      else:
+        self.dropped += 1
+      self.consider(p)
+    return bool(stuck)
+
+
 def merge(meta: dict[str, Any], parts: Sequence[Sequence[dict[str, Any]]]
           ) -> tuple[list[dict[str, Any]], int, int]:
   """The events of ``parts`` (each in its process's order) in one causal order, after ``meta``.
@@ -97,64 +166,11 @@ def merge(meta: dict[str, Any], parts: Sequence[Sequence[dict[str, Any]]]
     The merged trace (``meta`` first), how many events could not be placed (what they follow is in no part:
     a run that died; 0 for a complete run), and how many events of virtual workers that left were left out.
   """
-  nm, stages = meta["nm"], meta["stages"]
-  leaving = {ev["vw"] for part in parts for ev in part if ev["ev"] == "leave"}
-  emitted: set[Key] = set()
-  waiting: dict[Key, list[int]] = collections.defaultdict(list)  # a key -> parts whose next event needs it
-  blocked: set[int] = set()  # parts whose next event waits
-  ready: list[tuple[float, int]] = []
-  at = [0] * len(parts)
-
-  def consider(p: int) -> None:
-    if at[p] < len(parts[p]):
-      ev = parts[p][at[p]]
-      missing = next((key for key in requires(ev, nm, stages) if key not in emitted), None)
-      if missing is None:
-        heapq.heappush(ready, (_time(ev), p))
-      else:
-        waiting[missing].append(p)
-        blocked.add(p)
-
-  for p in range(len(parts)):
-    consider(p)
-  out, left, dropped = [meta], set(), 0
-  while True:
-    if not ready:  # stuck: an event of a virtual worker that left may wait for what died with a process
-      stuck = [p for p in sorted(blocked) if parts[p][at[p]]["vw"] in leaving and parts[p][at[p]]["ev"] != "applied"]
-      if not stuck:
-        break
-      for p in stuck:
-        blocked.discard(p)
-        for q in waiting.values():
-          if p in q:
-            q.remove(p)
-        ev = parts[p][at[p]]
-        at[p] += 1
-        if ev["ev"] == "push":  # it happened (the clock counted it, the owners applied it); what it follows
-          out.append({**ev, "history": "lost"})  # died with a process: the trace says so
-          emitted.add(("push", ev["vw"], ev["wave"]))
-          for q in waiting.pop(("push", ev["vw"], ev["wave"]), ()):
-            consider(q)
-        else:
-          dropped += 1
-        consider(p)
-      continue
-    _, p = heapq.heappop(ready)
-    blocked.discard(p)
-    ev = parts[p][at[p]]
-    at[p] += 1
-    if ev.get("vw") in left and ev["ev"] != "applied":  # (what the copies applied of it counts still)
-      dropped += 1  # recorded after its virtual worker left
-    else:
-      out.append(ev)
-      left.update([ev["vw"]] if ev["ev"] == "leave" else [])
-    key = provides(ev)
-    if key is not None:
-      emitted.add(key)
-      for q in waiting.pop(key, ()):
-        consider(q)
-    consider(p)
-  return out, sum(len(part) - i for part, i in zip(parts, at)), dropped
+  m = _Merger(meta, parts)
+  while m.ready or m.release_stuck():  # stuck: an event of a VW that left may wait for what died with a process
+    if m.ready:
+      m.place_next()
+  return m.out, sum(len(part) - i for part, i in zip(parts, m.at)), m.dropped
 
 
 def _read(path: str) -> list[dict[str, Any]]:
