@@ -30,7 +30,7 @@ flags.DEFINE_integer("batch_size", 32, "Minibatch size.")
 def step_seconds(precision: str, model, x, y) -> float:
   """Median seconds of one forward + backward of the whole model as one stage at ``precision``."""
   params = model.init(jax.random.key(0), x)
-  stage = Stage(model, 0, model.num_units, params, jax.devices()[0], optax.sgd(0.05), 1, "stash", precision)
+  stage = Stage(model, range(model.num_units), params, jax.devices()[0], optax.sgd(0.05), 1, precision=precision)
   stage.warm_up(x, y)
   times = []
   for mb in range(1, FLAGS.steps + 1):
