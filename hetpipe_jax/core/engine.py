@@ -103,6 +103,10 @@ class Engine:
       :class:`~hetpipe_jax.core.comm.StagedComm`) moves each stage's part on its own (see above).
     failures: fault injection: virtual worker -> the waves at whose first minibatch it fails.
     rejoin: a failed virtual worker is replaced at once (else it stays out).
+
+  Attributes:
+    state: everything that changes between events (:class:`EngineState`): what a checkpoint saves, and
+      :meth:`restore` puts back.
   """
 
   def __init__(self, vws: Sequence[VirtualWorker], server: Server, trace: Trace,
