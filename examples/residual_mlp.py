@@ -6,6 +6,8 @@ repository's root). Run this file to train it on two virtual workers and check t
   python -m examples.residual_mlp
 """
 
+import functools
+
 import flax.linen as nn
 from flax import nnx
 
@@ -30,9 +32,9 @@ class Residual(nnx.Module):  # NNX: pre-LayerNorm MLP block with a skip connecti
 
 
 def model(width: int = 32, blocks: int = 4, classes: int = 10) -> hp.LayeredModel:
-  """Stem, ``blocks`` residual blocks and a linear head: ``blocks + 2`` units the planner can cut."""
-  rngs = nnx.Rngs(0)
-  units = [Stem(width), *(Residual(width, rngs) for _ in range(blocks)), nn.Dense(classes)]
+  """Stem, ``blocks`` residual blocks and a linear head: ``blocks + 2`` units the planner can cut (each NNX block
+  given as a function of rngs, so that the run's seed initialises it)."""
+  units = [Stem(width), *(functools.partial(Residual, width) for _ in range(blocks)), nn.Dense(classes)]
   names = ["stem", *(f"block{i}" for i in range(blocks)), "head"]
   return hp.from_modules(units, names=names, input_shape=(8, 8, 1), name="residual_mlp")
 

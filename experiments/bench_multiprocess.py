@@ -30,6 +30,7 @@ The last line is machine-readable::
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
@@ -38,9 +39,15 @@ import sys
 import tempfile
 import time
 
+import jax
+import jax.numpy as jnp
 from absl import flags
 
 from experiments import common
+from hetpipe_jax import RunConfig, get_model, run_hetpipe, synthetic
+from hetpipe_jax.runtime.distributed import join
+from hetpipe_jax.runtime.launch import child_environment, free_port, launch
+from hetpipe_jax.runtime.ps import ParameterServer, nonfinite_units
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("reps", 5, "Messages per size and direction (after one untimed warm-up message).")
@@ -56,8 +63,30 @@ flags.DEFINE_integer("ps_mbytes", 400, "Weights pushed to the parameter server, 
 WORKER_ENV = "HETPIPE_BENCH_MULTIPROCESS_OUT"  # set in the two processes: where each writes its timings (+ .<process>)
 
 
+@dataclasses.dataclass(frozen=True)
+class BenchConfig:
+  """The benchmark's settings (its flags): messages per size, sizes in MB, job timeout, waves, processes and D
+  of the per-task runs, and the MB pushed to the parameter server."""
+
+  reps: int
+  mbytes: tuple[int, ...]
+  timeout: float
+  waves: int
+  processes: tuple[int, ...]
+  d: int
+  ps_mbytes: int
+
+
+def config_from_flags() -> BenchConfig:
+  """The benchmark's settings from its flags."""
+  if not FLAGS.processes or not FLAGS.mbytes:
+    raise common.config_error(f"--processes={','.join(FLAGS.processes)} --mbytes={','.join(FLAGS.mbytes)}: give "
+                              "at least one value each, e.g. --processes=2 --mbytes=1,10,100")
+  return BenchConfig(FLAGS.reps, tuple(common.parse_ints("mbytes", FLAGS.mbytes)), FLAGS.timeout, FLAGS.waves,
+                     tuple(common.parse_ints("processes", FLAGS.processes)), FLAGS.d, FLAGS.ps_mbytes)
+
+
 def _timed_recv(node, src: int, tag: str) -> float:
-  import jax
   t = time.perf_counter()
   arrays = node.recv(src, tag, timeout_s=120)
   jax.block_until_ready(arrays)
@@ -66,11 +95,7 @@ def _timed_recv(node, src: int, tag: str) -> float:
 
 def worker() -> int:
   """One process of the job: process 0 pushes then serves pulls, process 1 receives then pulls."""
-  from hetpipe_jax.runtime.distributed import join
   node = join(os.environ["COORD"], 2, int(os.environ["PID"]), local_devices=2)
-  import jax
-  import jax.numpy as jnp
-
   sizes = [int(m) for m in os.environ["SIZES"].split(",")]
   reps = int(os.environ["REPS"])
   timings: dict[str, list[float]] = {}
@@ -105,17 +130,16 @@ def worker() -> int:
   return 0
 
 
-def transport() -> tuple[float, float]:
+def transport(config: BenchConfig) -> tuple[float, float]:
   """Part 1; returns (GB/s at the largest size, both directions; its ratio to a local copy)."""
-  from hetpipe_jax.runtime.launch import child_environment, free_port, launch
-  sizes = common.parse_ints("mbytes", FLAGS.mbytes)
+  sizes = config.mbytes
   env = child_environment()
   with tempfile.TemporaryDirectory() as tmp:
     out = os.path.join(tmp, "timings.json")
     job_env = {**env, "COORD": f"127.0.0.1:{free_port()}", "SIZES": ",".join(map(str, sizes)),
-               "REPS": str(FLAGS.reps), WORKER_ENV: out}
+               "REPS": str(config.reps), WORKER_ENV: out}
     cmd = [sys.executable, "-m", "experiments.bench_multiprocess", "--worker"]
-    result = launch([cmd, cmd], [{**job_env, "PID": "0"}, {**job_env, "PID": "1"}], FLAGS.timeout, grace_s=30)
+    result = launch([cmd, cmd], [{**job_env, "PID": "0"}, {**job_env, "PID": "1"}], config.timeout, grace_s=30)
     if not result.ok:
       raise SystemExit(f"error: the transport job failed: {result.message}")
     timings = {}
@@ -140,9 +164,8 @@ def _layout(processes: int) -> tuple[int, int]:
   return (1, processes) if processes <= 4 else (processes // 4, 4)
 
 
-def task_overhead(out_dir: str, processes: int) -> float:
+def task_overhead(config: BenchConfig, out_dir: str, processes: int) -> float:
   """Part 2 on ``processes`` nodes; returns multiprocess / wall seconds per task."""
-  from hetpipe_jax import RunConfig, get_model, run_hetpipe, synthetic
   vws, stages = _layout(processes)
   if vws * stages != processes:
     raise SystemExit(f"error: --processes={processes}: give 2, 3, 4 or a multiple of 4")
@@ -150,32 +173,28 @@ def task_overhead(out_dir: str, processes: int) -> float:
   with open(cluster, "w", encoding="utf-8") as f:  # one GPU per node, the classes A-D in turn
     f.write(f'name = "nodes{processes}"\n[links]\nintra_node = "pcie3"\ninter_node = "ib_fdr56"\n')
     f.write("".join(f'[[nodes]]\ngpus = ["{"ABCD"[i % 4]}"]\n' for i in range(processes)))
-  flags_ = [f"--num_vws={vws}", f"--stages={stages}", "--nm=2", f"--d={FLAGS.d}", f"--waves={FLAGS.waves}",
+  flags_ = [f"--num_vws={vws}", f"--stages={stages}", "--nm=2", f"--d={config.d}", f"--waves={config.waves}",
             "--batch_size=32"]
   summary = common.run_train_job(["--executor=multiprocess", f"--cluster={cluster}", "--model=mlp",
-                                  "--dataset=synthetic", f"--eval_every={FLAGS.waves}", *flags_],
-                                 os.path.join(out_dir, str(processes)), FLAGS.timeout)
-  tasks = FLAGS.waves * 2 * processes * 2  # waves x Nm minibatches x stages of every VW x (forward, backward)
+                                  "--dataset=synthetic", f"--eval_every={config.waves}", *flags_],
+                                 os.path.join(out_dir, str(processes)), config.timeout)
+  tasks = config.waves * 2 * processes * 2  # waves x Nm minibatches x stages of every VW x (forward, backward)
   wall = run_hetpipe(get_model("mlp"), synthetic(), RunConfig.of(
-      cluster=cluster, num_vws=vws, stages=stages, nm=2, d=FLAGS.d, waves=FLAGS.waves, batch_size=32, executor="wall",
-      cuts=summary["cuts"], eval_every=FLAGS.waves))
+      cluster=cluster, num_vws=vws, stages=stages, nm=2, d=config.d, waves=config.waves, batch_size=32, executor="wall",
+      cuts=summary["cuts"], eval_every=config.waves))
   common.require_wsp(wall.events, "wall run")
   per_task = {"multiprocess": summary["seconds"] / tasks, "wall": wall.seconds / tasks}
   print(f"2. per-task overhead: {vws} virtual worker(s) x {stages} stages on {processes} nodes, Nm=2, "
-        f"D={FLAGS.d}, MLP, {tasks} tasks, no padding (trace checked)")
+        f"D={config.d}, MLP, {tasks} tasks, no padding (trace checked)")
   for name, seconds in per_task.items():
     print(f"   {name:13} {seconds * 1e3:7.3f} ms per task")
   print(f"   multiprocess - wall: {(per_task['multiprocess'] - per_task['wall']) * 1e3:.3f} ms per task")
   return per_task["multiprocess"] / per_task["wall"]
 
 
-def ps_apply() -> float:
+def ps_apply(config: BenchConfig) -> float:
   """Part 3; returns the apply's GB/s over the donated add's."""
-  import jax
-  import jax.numpy as jnp
-
-  from hetpipe_jax.runtime.ps import ParameterServer, nonfinite_units
-  n = FLAGS.ps_mbytes * (1 << 20) // 4 // 4  # float32 elements per unit
+  n = config.ps_mbytes * (1 << 20) // 4 // 4  # float32 elements per unit
   params = [{"w": jnp.full((n,), 1.0, jnp.float32)} for _ in range(4)]
   ps = ParameterServer(params, num_vws=1, d=0)
   ps.warm_up()
@@ -183,7 +202,7 @@ def ps_apply() -> float:
 
   def timed(step) -> float:
     times = []
-    for r in range(FLAGS.reps + 1):
+    for r in range(config.reps + 1):
       update = jax.block_until_ready([{"w": jnp.full((n,), 1e-3 * r, jnp.float32)} for _ in range(4)])
       t = time.perf_counter()
       jax.block_until_ready(step(r, update))
@@ -213,7 +232,7 @@ def ps_apply() -> float:
       return state[name]
     return run
   rates = {name: timed(step(name)) for name in programs}
-  print(f"3. PS apply: a push of {FLAGS.ps_mbytes} MB of weights (4 units, optax.identity) on the host CPU, "
+  print(f"3. PS apply: a push of {config.ps_mbytes} MB of weights (4 units, optax.identity) on the host CPU, "
         f"{moved / 1e9:.2f} GB read and written per push; median of --reps pushes")
   for name, rate in (("apply, checked by its producer (multiprocess)", apply),
                      ("apply, checked by the server (one process)", checked_by_server),
@@ -225,12 +244,13 @@ def ps_apply() -> float:
 
 def main(argv):
   del argv
+  config = config_from_flags()
   common.ensure_devices(2)
-  gbytes, ratio_local = transport()
-  counts = common.parse_ints("processes", FLAGS.processes)
+  gbytes, ratio_local = transport(config)
+  counts = list(config.processes)
   with tempfile.TemporaryDirectory() as out_dir:
-    overheads = {p: task_overhead(out_dir, p) for p in counts}
-  apply_ratio = ps_apply()
+    overheads = {p: task_overhead(config, out_dir, p) for p in counts}
+  apply_ratio = ps_apply(config)
   print(f"CPU emulation on this machine; transport at the largest size is {ratio_local:.3f} of a local copy")
   extra = f" overhead_ratios={','.join(f'{p}:{r:.3f}' for p, r in overheads.items())}" if len(counts) > 1 else ""
   print(f"transport_gbytes_per_s={gbytes:.3f} overhead_ratio={overheads[counts[0]]:.3f} "

@@ -19,9 +19,15 @@ from __future__ import annotations
 import statistics
 import time
 
+import jax
+import jax.numpy as jnp
+import optax
 from absl import flags
 
 from experiments import common
+from hetpipe_jax import MinibatchStreams, RunConfig, get_model, load_dataset, run_hetpipe, synthetic
+from hetpipe_jax.models import cross_entropy
+from hetpipe_jax.models.base import DenseUnit, LayeredModel
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("steps", 300, "Minibatches per timed throughput run.")
@@ -32,10 +38,6 @@ flags.DEFINE_string("dataset", "auto", "Dataset for the throughput ratio.")
 
 def plain_sgd(model, tx):
   """A plain single-device jitted SGD step: the baseline."""
-  import jax
-  import optax
-
-  from hetpipe_jax.models import cross_entropy
 
   @jax.jit
   def step(params, opt_state, x, y):
@@ -48,7 +50,6 @@ def plain_sgd(model, tx):
 
 def plain_sgd_seconds(step, tx, batches, params, steps: int, warm_up: int = 20) -> float:
   """Seconds for ``steps`` plain SGD steps on the same batches, after ``warm_up`` untimed ones."""
-  import jax
   opt_state = tx.init(params)
   for p in range(1, warm_up + 1):
     jax.block_until_ready(step(params, opt_state, *batches(0, p)))
@@ -61,7 +62,6 @@ def plain_sgd_seconds(step, tx, batches, params, steps: int, warm_up: int = 20) 
 
 def plain_stage_loop_seconds(vws, batches, total_mbs: int) -> float:
   """The stage programs of one virtual worker called back to back (fwd 0..k-1, bwd k-1..0 per minibatch)."""
-  import jax
   stages = vws[0].stages
   t = time.perf_counter()
   for mb in range(1, total_mbs + 1):
@@ -76,36 +76,32 @@ def plain_stage_loop_seconds(vws, batches, total_mbs: int) -> float:
   return time.perf_counter() - t
 
 
-def throughput_ratio() -> float:
-  """1. hetpipe_jax with one stage over a plain jitted SGD loop (median over rounds); prints each round."""
-  import jax
-  import jax.numpy as jnp
-  import optax
-
-  from hetpipe_jax import MinibatchStreams, RunConfig, get_model, load_dataset, run_hetpipe
-  dataset = load_dataset(FLAGS.dataset)
+def throughput_ratio(dataset_name: str, steps: int, rounds: int) -> float:
+  """1. hetpipe_jax with one stage over a plain jitted SGD loop, ``steps`` steps each, the median over
+  ``rounds`` rounds; prints each round."""
+  dataset = load_dataset(dataset_name)
   model = get_model("cnn", dataset.num_classes)
   batches = MinibatchStreams(dataset, 32, num_vws=1, seed=0)
   params = model.init(jax.random.key(0), jnp.asarray(dataset.x_train[:32]))
-  config = RunConfig.of(cluster="uniform8", num_vws=1, stages=1, nm=1, d=0, waves=FLAGS.steps, batch_size=32,
-                        tx=optax.sgd(0.05), executor="wall", eval_every=FLAGS.steps)  # evaluate once, at the end
+  config = RunConfig.of(cluster="uniform8", num_vws=1, stages=1, nm=1, d=0, waves=steps, batch_size=32,
+                        tx=optax.sgd(0.05), executor="wall", eval_every=steps)  # evaluate once, at the end
   ratios, stage_ratios = [], []
-  print(f"throughput: small CNN on {dataset.name}, batch 32, {FLAGS.steps} steps, CPU emulation")
+  print(f"throughput: small CNN on {dataset.name}, batch 32, {steps} steps, CPU emulation")
   tx = optax.sgd(0.05)
   step = plain_sgd(model, tx)
-  for r in range(FLAGS.rounds):  # alternate which side runs first
+  for r in range(rounds):  # alternate which side runs first
     if r % 2:
       result = run_hetpipe(model, dataset, config)
-    plain = plain_sgd_seconds(step, tx, batches, params, FLAGS.steps)
+    plain = plain_sgd_seconds(step, tx, batches, params, steps)
     if not r % 2:
       result = run_hetpipe(model, dataset, config)
     common.require_wsp(result.events, f"throughput round {r}")
-    programs = plain_stage_loop_seconds(result.vws, batches, FLAGS.steps)
+    programs = plain_stage_loop_seconds(result.vws, batches, steps)
     ratios.append(plain / result.seconds)
     stage_ratios.append(programs / result.seconds)
-    print(f"  round {r}: plain jitted SGD {FLAGS.steps / plain:6.1f} steps/s   hetpipe_jax "
-          f"{FLAGS.steps / result.seconds:6.1f} steps/s   its stage programs back to back "
-          f"{FLAGS.steps / programs:6.1f} steps/s")
+    print(f"  round {r}: plain jitted SGD {steps / plain:6.1f} steps/s   hetpipe_jax "
+          f"{steps / result.seconds:6.1f} steps/s   its stage programs back to back "
+          f"{steps / programs:6.1f} steps/s")
   ratio = statistics.median(ratios)
   print(f"throughput ratio hetpipe_jax / plain jitted SGD (median of {len(ratios)}): {ratio:.3f} "
         "(goal >= 0.90)")
@@ -114,17 +110,14 @@ def throughput_ratio() -> float:
   return ratio
 
 
-def task_overhead_us() -> dict[str, float]:
-  """2. Host overhead per stage task of a 4-stage tiny MLP, per executor (wall, virtual); prints each."""
-  import optax
-
-  from hetpipe_jax import MinibatchStreams, RunConfig, run_hetpipe, synthetic
-  from hetpipe_jax.models.base import DenseUnit, LayeredModel
+def task_overhead_us(waves: int) -> dict[str, float]:
+  """2. Host overhead per stage task of a 4-stage tiny MLP over ``waves`` waves, per executor (wall, virtual);
+  prints each."""
   tiny = LayeredModel("tiny", tuple(DenseUnit(16) for _ in range(3)) + (DenseUnit(10, relu=False),),
                       ("d0", "d1", "d2", "logits"))
   data = synthetic(num_train=512, num_test=64)
   tiny_batches = MinibatchStreams(data, 8, num_vws=1, seed=0)
-  nm, waves = 4, FLAGS.tiny_waves
+  nm = 4
   tasks = 2 * 4 * nm * waves
   print(f"host overhead: 4-stage tiny MLP (16 wide, batch 8), 1 virtual worker, Nm={nm}, {waves} waves "
         f"= {tasks} stage tasks, CPU emulation")
@@ -147,8 +140,8 @@ def task_overhead_us() -> dict[str, float]:
 def main(argv):
   del argv
   common.ensure_devices(4)
-  ratio = throughput_ratio()
-  overhead = task_overhead_us()
+  ratio = throughput_ratio(FLAGS.dataset, FLAGS.steps, FLAGS.rounds)
+  overhead = task_overhead_us(FLAGS.tiny_waves)
   print(f"overhead_ratio={ratio:.3f} task_overhead_us={overhead['wall']:.1f}")
 
 

@@ -19,19 +19,18 @@ import tempfile
 import time
 
 from experiments import common
+from hetpipe_jax import get_cluster
+from hetpipe_jax.cluster import make_cluster
+from hetpipe_jax.cluster.catalogue import CATALOGUE
+from hetpipe_jax.cost.context import CostContext
+from hetpipe_jax.cost.profile import profile_units
+from hetpipe_jax.models import full_size_input, full_size_model
+from hetpipe_jax.optim import optimizer_slots
+from hetpipe_jax.plan.partition import partition, plan_virtual_worker
 
 
 def main(argv):
   del argv
-  from hetpipe_jax import get_cluster
-  from hetpipe_jax.cluster import make_cluster
-  from hetpipe_jax.cluster.catalogue import CATALOGUE
-  from hetpipe_jax.cost.context import CostContext
-  from hetpipe_jax.cost.profile import profile_units
-  from hetpipe_jax.models import full_size_input, full_size_model
-  from hetpipe_jax.optim import optimizer_slots
-  from hetpipe_jax.plan.partition import partition, plan_virtual_worker
-
   profiles = {}
   with tempfile.TemporaryDirectory() as cache:
     for name in ("vgg19", "resnet152"):

@@ -16,8 +16,9 @@ import time
 import jax
 import jax.numpy as jnp
 import optax
-from absl import app, flags
+from absl import flags
 
+from experiments import common
 from hetpipe_jax import get_model, load_dataset
 from hetpipe_jax.runtime.stage import Stage
 
@@ -27,13 +28,14 @@ flags.DEFINE_integer("rounds", 3, "Alternating rounds of (fp32, bf16).")
 flags.DEFINE_integer("batch_size", 32, "Minibatch size.")
 
 
-def step_seconds(precision: str, model, x, y) -> float:
-  """Median seconds of one forward + backward of the whole model as one stage at ``precision``."""
+def step_seconds(precision: str, model, x, y, steps: int) -> float:
+  """Median seconds of one forward + backward of the whole model as one stage at ``precision``, over
+  ``steps`` steps."""
   params = model.init(jax.random.key(0), x)
   stage = Stage(model, range(model.num_units), params, jax.devices()[0], optax.sgd(0.05), 1, precision=precision)
   stage.warm_up(x, y)
   times = []
-  for mb in range(1, FLAGS.steps + 1):
+  for mb in range(1, steps + 1):
     t = time.perf_counter()
     stage.forward(mb, x, y)
     stage.backward(mb, None)
@@ -51,11 +53,13 @@ def main(argv) -> None:
   seconds: dict[str, list[float]] = {"fp32": [], "bf16": []}
   for r in range(FLAGS.rounds):
     for precision in (("fp32", "bf16") if r % 2 == 0 else ("bf16", "fp32")):
-      seconds[precision].append(step_seconds(precision, model, x, y))
+      seconds[precision].append(step_seconds(precision, model, x, y, FLAGS.steps))
   fp32, bf16 = statistics.median(seconds["fp32"]), statistics.median(seconds["bf16"])
   print(f"CPU emulation: step fp32 {fp32 * 1e3:.2f} ms, bf16 {bf16 * 1e3:.2f} ms")
   print(f"bf16_over_fp32={bf16 / fp32:.3f}")
 
 
+cli = common.console(main)
+
 if __name__ == "__main__":
-  app.run(main)
+  cli()

@@ -26,47 +26,47 @@ import statistics
 import tempfile
 import time
 
+import jax
+import jax.numpy as jnp
 from absl import flags
 
 from experiments import common
+from hetpipe_jax import RunConfig, get_model, load_dataset, run_hetpipe
+from hetpipe_jax.models import FULL_SIZE, full_size_input, full_size_model
+from hetpipe_jax.runtime.checkpoint import Checkpointer
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("waves", 60, "Waves of the default-run and failure measurements.")
 flags.DEFINE_integer("every", 10, "Global clock ticks between checkpoints in the default run.")
 
 
-def default_run(tmp: str) -> tuple[float, float]:
-  """Part 1; returns (seconds per checkpoint, MB per checkpoint)."""
-  from hetpipe_jax import RunConfig, get_model, load_dataset, run_hetpipe
+def default_run(tmp: str, waves: int, every: int) -> tuple[float, float]:
+  """Part 1 (``waves`` waves, a checkpoint every ``every`` ticks); returns (seconds per checkpoint, MB per
+  checkpoint)."""
   data = load_dataset("auto")
   model = get_model("cnn", data.num_classes)
-  base = dict(waves=FLAGS.waves, trace_path=os.path.join(tmp, "trace.jsonl"))
+  base = dict(waves=waves, trace_path=os.path.join(tmp, "trace.jsonl"))
   run_hetpipe(model, data, RunConfig.of(**base))  # warm the caches (compilation, profiles)
   t = time.perf_counter()
   plain = run_hetpipe(model, data, RunConfig.of(**base))
   plain_s = time.perf_counter() - t
   t = time.perf_counter()
   saved = run_hetpipe(model, data, RunConfig.of(**base, checkpoint_dir=os.path.join(tmp, "ck"),
-                                             checkpoint_every=FLAGS.every))
+                                             checkpoint_every=every))
   saved_s = time.perf_counter() - t
   common.require_wsp(saved.events, "checkpointed run")
   assert saved.checkpoints is not None
   seconds, mbytes = statistics.median(saved.checkpoints["seconds"]), saved.checkpoints["bytes"][-1] / 1e6
   same = plain.metrics == saved.metrics and plain.events == saved.events
-  print(f"1. default run ({model.name} on {data.name}, {FLAGS.waves} waves, virtual executor): "
+  print(f"1. default run ({model.name} on {data.name}, {waves} waves, virtual executor): "
         f"{plain_s:.2f} s without checkpoints, {saved_s:.2f} s with {saved.checkpoints['saved']} (every "
-        f"{FLAGS.every} ticks): {seconds:.3f} s and {mbytes:.2f} MB per checkpoint; ratio "
+        f"{every} ticks): {seconds:.3f} s and {mbytes:.2f} MB per checkpoint; ratio "
         f"{saved_s / plain_s:.3f}; results identical: {same}")
   return seconds, mbytes
 
 
 def vgg19_checkpoint(tmp: str) -> tuple[float, float]:
   """Part 2; returns (seconds, GB) of one checkpoint."""
-  import jax
-  import jax.numpy as jnp
-
-  from hetpipe_jax.models import full_size_input, full_size_model
-  from hetpipe_jax.runtime.checkpoint import Checkpointer
   model = full_size_model("vgg19")
   shapes = jax.eval_shape(model.init, jax.random.key(0), full_size_input("vgg19", 1))
   params = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
@@ -84,22 +84,21 @@ def vgg19_checkpoint(tmp: str) -> tuple[float, float]:
   return times[-1], gbytes
 
 
-def failure_cost() -> tuple[float, float]:
-  """Part 3; returns (images/s with a lost virtual worker, with a replacement) over images/s without."""
-  from hetpipe_jax import RunConfig, run_hetpipe
-  from hetpipe_jax.models import FULL_SIZE, full_size_model
+def failure_cost(waves: int) -> tuple[float, float]:
+  """Part 3 (``waves`` waves); returns (images/s with a lost virtual worker, with a replacement) over images/s
+  without."""
   model = full_size_model("vgg19")
   rates = {}
-  fault = [(1, FLAGS.waves // 3)]
+  fault = [(1, waves // 3)]
   for name, failures, rejoin in (("no failure", [], False), ("VW 1 lost", fault, False),
                                  ("VW 1 replaced", fault, True)):
-    config = RunConfig.of(cluster="paper_testbed", policy="HD", waves=FLAGS.waves, executor="sim",
+    config = RunConfig.of(cluster="paper_testbed", policy="HD", waves=waves, executor="sim",
                           failures=failures, rejoin=rejoin)
     result = run_hetpipe(model, FULL_SIZE["vgg19"], config)
     common.require_wsp(result.events, f"sim run ({name})")
     rates[name] = result.images_per_second
-  print(f"3. VGG-19 on the simulated paper testbed (HD, {FLAGS.waves} waves, failure at wave "
-        f"{FLAGS.waves // 3}): " + ", ".join(f"{k} {v:.1f} images/s" for k, v in rates.items()))
+  print(f"3. VGG-19 on the simulated paper testbed (HD, {waves} waves, failure at wave "
+        f"{waves // 3}): " + ", ".join(f"{k} {v:.1f} images/s" for k, v in rates.items()))
   return rates["VW 1 lost"] / rates["no failure"], rates["VW 1 replaced"] / rates["no failure"]
 
 
@@ -107,9 +106,9 @@ def main(argv):
   del argv
   common.ensure_devices(8)
   with tempfile.TemporaryDirectory() as tmp:
-    seconds, mbytes = default_run(tmp)
+    seconds, mbytes = default_run(tmp, FLAGS.waves, FLAGS.every)
     vgg_seconds, vgg_gbytes = vgg19_checkpoint(tmp)
-  lost, rejoined = failure_cost()
+  lost, rejoined = failure_cost(FLAGS.waves)
   print("CPU emulation on this machine (checkpoints to local disk); simulated cluster time for part 3")
   print(f"checkpoint_seconds_default={seconds:.4f} checkpoint_mb_default={mbytes:.3f} "
         f"checkpoint_seconds_vgg19={vgg_seconds:.3f} checkpoint_gb_vgg19={vgg_gbytes:.3f} "

@@ -14,6 +14,13 @@ import time
 from absl import flags
 
 from experiments import common
+from hetpipe_jax import check_trace, get_cluster
+from hetpipe_jax.core.trace import Trace
+from hetpipe_jax.cost.context import CostContext
+from hetpipe_jax.cost.profile import full_size_profiles
+from hetpipe_jax.optim import optimizer_slots
+from hetpipe_jax.plan.allocation import plan_cluster
+from hetpipe_jax.sim import SimJob, simulate
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("waves", 1000, "Waves per virtual worker.")
@@ -21,15 +28,6 @@ flags.DEFINE_integer("waves", 1000, "Waves per virtual worker.")
 
 def main(argv):
   del argv
-
-  from hetpipe_jax import check_trace, get_cluster
-  from hetpipe_jax.core.trace import Trace
-  from hetpipe_jax.cost.context import CostContext
-  from hetpipe_jax.cost.profile import full_size_profiles
-  from hetpipe_jax.optim import optimizer_slots
-  from hetpipe_jax.plan.allocation import plan_cluster
-  from hetpipe_jax.sim import SimJob, simulate
-
   cluster = get_cluster("paper_testbed")
   profiles = full_size_profiles("vgg19", 32)
   plan = plan_cluster(cluster, profiles, "ED", nm_policy=4,

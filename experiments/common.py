@@ -8,8 +8,8 @@ A script defines its absl flags and a ``main(argv)``, then ends with::
     cli()
 
 ``console`` turns a :class:`hetpipe_jax.ConfigError` into one line ``error: ...`` and exit status 1, so a
-bad flag never ends in a traceback. The helpers below import hetpipe_jax (and so JAX) only when called:
-``--help`` stays fast, and a script can still choose the CPU device count before JAX starts.
+bad flag never ends in a traceback. Importing JAX starts no backend, so a script can still choose the CPU
+device count (:func:`ensure_devices`) before JAX computes.
 """
 
 from __future__ import annotations
@@ -22,7 +22,10 @@ import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from absl import app, flags, logging
+from absl import app, flags
+
+# Every script's trace check and progress lines (absl INFO on stderr; stdout keeps the results):
+from hetpipe_jax.studies.checked import TraceCheckError, progress, require_wsp  # noqa: F401
 
 Main = Callable[[list[str]], int | None]
 
@@ -34,10 +37,6 @@ MIN_CPU_DEVICES = 8
 
 # Seeds go to numpy's default_rng (which takes no negative seed) and to jax.random.key (a C long).
 MAX_SEED = 2**63 - 1
-
-
-class TraceCheckError(RuntimeError):
-  """A run's trace breaks a WSP guarantee: a bug in the runtime, never bad input."""
 
 
 def entry(main: Main) -> Main:
@@ -237,23 +236,6 @@ def write_dict_csv(path: str, rows: Sequence[Mapping[str, Any]]) -> str:
   return write_csv(path, header, ([row[k] for k in header] for row in rows))
 
 
-def require_wsp(events: Sequence[dict[str, Any]], what: str) -> None:
-  """Runs the trace checker on a run's events.
-
-  Args:
-    events: the run's trace.
-    what: names the run in the error, e.g. "HetPipe D=4".
-
-  Raises:
-    TraceCheckError: with the number of violations and the first three, when a WSP guarantee fails.
-  """
-  from hetpipe_jax import check_trace
-  violations = check_trace(events)
-  if violations:
-    raise TraceCheckError(f"{what}: the trace breaks WSP, {len(violations)} violations; first: "
-                          + "; ".join(str(v) for v in violations[:3]))
-
-
 def pyplot():
   """matplotlib.pyplot on the Agg backend (files only, no display)."""
   import matplotlib
@@ -269,14 +251,6 @@ def save_figure(fig, path: str) -> str:
   fig.savefig(path, dpi=110)
   plt.close(fig)
   return path
-
-
-def progress(message: str, *args: Any) -> None:
-  """Logs a progress line (absl INFO on stderr; stdout keeps the results), attributed to the caller."""
-  logging.info(message, *args)
-
-
-logging.ABSLLogger.register_frame_to_skip(__file__, "progress")
 
 
 def run_train_job(flags: Sequence[str], out_dir: str, timeout_s: float) -> dict[str, Any]:
@@ -342,3 +316,21 @@ def batch_profiles(name: str, batch_size: int, seq_len: int | None = None):
   low, per_example, unit = model_profiles(name, batch_size, seq_len)
   high = model_profiles(name, 2 * batch_size, seq_len)[0]
   return BatchProfiles(tuple(low), tuple(high), batch_size, 2 * batch_size), per_example, unit
+
+
+def check_writable(path: str) -> str:
+  """Returns ``path`` if its directory is writable or can be created, creating nothing (a run that is then
+  refused leaves no folder; the file's writer creates it, e.g. :func:`ensure_parent`).
+
+  Raises:
+    ConfigError: when that directory cannot be created or written (the one line of :func:`ensure_parent`).
+  """
+  folder = os.path.dirname(os.path.abspath(path))
+  existing = folder
+  while not os.path.exists(existing):
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing) or not os.access(existing, os.W_OK):
+    reason = "Permission denied" if os.path.isdir(existing) else "Not a directory"
+    raise config_error(f"cannot write {path}: {folder} is not a writable directory ({reason}); choose "
+                       "another --out_dir (or output path)")
+  return path

@@ -19,6 +19,7 @@ Writes a CSV and a JSON (one row per trial) and prints their paths; the last lin
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import os
 import random
@@ -30,6 +31,9 @@ import time
 from absl import flags
 
 from experiments import common
+from hetpipe_jax import check_trace, read_trace
+from hetpipe_jax.cluster.lookup import get_cluster
+from hetpipe_jax.runtime.launch import child_environment
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("cluster", "hetero4", "Cluster preset or TOML file (one process per node).")
@@ -43,19 +47,27 @@ flags.DEFINE_float("timeout", 300, "Seconds before a job is killed for good (the
 flags.DEFINE_string("out_dir", "outputs/kill_multiprocess", "Directory for every output.")
 
 
-def trial(out_dir: str, victim: int, lines: int) -> dict:
-  """One job with process ``victim`` SIGKILLed once its part holds ``lines`` events; returns its row."""
-  from hetpipe_jax import check_trace, read_trace
-  from hetpipe_jax.runtime.launch import child_environment
+@dataclasses.dataclass(frozen=True)
+class Job:
+  """The training job of every trial (the flags of the same names)."""
 
-  cmd = [sys.executable, "-m", "experiments.train", "--executor=multiprocess", f"--cluster={FLAGS.cluster}",
-         "--dataset=synthetic", "--model=mlp", f"--policy={FLAGS.policy}", f"--d={FLAGS.d}",
-         f"--waves={FLAGS.waves}", f"--out_dir={out_dir}"]
+  cluster: str
+  policy: str
+  d: int
+  waves: int
+  timeout: float
+
+
+def trial(job_setting: Job, out_dir: str, victim: int, lines: int) -> dict:
+  """One job with process ``victim`` SIGKILLed once its part holds ``lines`` events; returns its row."""
+  cmd = [sys.executable, "-m", "experiments.train", "--executor=multiprocess", f"--cluster={job_setting.cluster}",
+         "--dataset=synthetic", "--model=mlp", f"--policy={job_setting.policy}", f"--d={job_setting.d}",
+         f"--waves={job_setting.waves}", f"--out_dir={out_dir}"]
   part = os.path.join(out_dir, f"trace.jsonl.part{victim}")
   job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_environment())
   written = 0
   try:
-    deadline = time.monotonic() + FLAGS.timeout
+    deadline = time.monotonic() + job_setting.timeout
     while time.monotonic() < deadline and job.poll() is None:
       if os.path.exists(part):
         with open(part, encoding="utf-8") as f:
@@ -68,7 +80,7 @@ def trial(out_dir: str, victim: int, lines: int) -> dict:
     killed = bool(pids) and job.poll() is None
     if killed:
       os.kill(int(pids[0]), signal.SIGKILL)
-    _, err = job.communicate(timeout=FLAGS.timeout)
+    _, err = job.communicate(timeout=job_setting.timeout)
   except subprocess.TimeoutExpired:
     err = "the job did not end in time"
   finally:
@@ -90,7 +102,7 @@ def trial(out_dir: str, victim: int, lines: int) -> dict:
              pushes={str(vw): n for vw, n in sorted(pushes.items())},
              applied_once=bool(applied) and len(waves) == len(set(waves))
              and all(e["waves"] == pushes[e["vw"]] for e in applied))
-  live_done = all(n == FLAGS.waves for vw, n in pushes.items() if vw not in left)
+  live_done = all(n == job_setting.waves for vw, n in pushes.items() if vw not in left)
   row["passed"] = killed and not violations and bool(left) and live_done and row["applied_once"]
   return row
 
@@ -99,7 +111,7 @@ def main(argv):
   del argv
   rng = random.Random(FLAGS.seed)
   os.makedirs(FLAGS.out_dir, exist_ok=True)
-  from hetpipe_jax.cluster.lookup import get_cluster
+  setting = Job(FLAGS.cluster, FLAGS.policy, FLAGS.d, FLAGS.waves, FLAGS.timeout)
   processes = get_cluster(FLAGS.cluster).num_nodes
   if processes < 2:
     raise SystemExit(f"error: --cluster={FLAGS.cluster} has {processes} node; a kill needs at least 2 (one "
@@ -107,7 +119,7 @@ def main(argv):
   rows = []
   for t in range(FLAGS.trials):
     victim, lines = rng.randrange(1, processes), rng.randrange(10, FLAGS.max_lines + 1)
-    row = trial(os.path.join(FLAGS.out_dir, f"trial{t}"), victim, lines)
+    row = trial(setting, os.path.join(FLAGS.out_dir, f"trial{t}"), victim, lines)
     rows.append({"trial": t, **row})
     print(f"trial {t}: process {victim} killed at {row['lines']} lines: exit {row['exit']}, checker "
           f"{row['checker'] or '-'}, left {row['left']}, pushes {row['pushes']}, every copy applied each pushed "

@@ -42,8 +42,10 @@ def execute_tutorial(run_dir: str, timeout_s: float) -> tuple[Any, float]:
   Raises:
     nbclient.exceptions.CellExecutionError: naming the cell and its error, when a cell fails.
   """
-  import jupytext  # pylint: disable=g-import-not-at-top  (test extras: only this tool needs them)
-  from nbclient import NotebookClient
+  # Imported here, not at the top: jupytext, nbclient and nbformat are test extras (pyproject.toml), not the
+  # package's dependencies; a plain install runs ``--help`` and imports this module without them.
+  import jupytext  # pylint: disable=g-import-not-at-top
+  from nbclient import NotebookClient  # pylint: disable=g-import-not-at-top
 
   notebook = jupytext.read(SOURCE)
   path = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
@@ -56,7 +58,7 @@ def execute_tutorial(run_dir: str, timeout_s: float) -> tuple[Any, float]:
 
 def main(argv):
   del argv
-  import nbformat  # pylint: disable=g-import-not-at-top
+  import nbformat  # pylint: disable=g-import-not-at-top  (a test extra, as in execute_tutorial)
 
   notebook, seconds = execute_tutorial(FLAGS.run_dir or ROOT, FLAGS.budget_s)
   print(f"tutorial: executed in {seconds:.1f} s (budget {FLAGS.budget_s:.0f} s)")

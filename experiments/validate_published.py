@@ -34,10 +34,24 @@ Writes validate_published.json, .csv and .png (simulated against published) in -
 
 from __future__ import annotations
 
+import os
+
 from absl import flags
 
 from experiments import common
-from experiments.published import FIT_SCOPES, TABLE, evaluate, fit_efficiency, read_table, summary
+from hetpipe_jax.studies.published import (
+  FIT_SCOPES,
+  Entry,
+  Summary,
+  entry_json,
+  evaluate,
+  fit_efficiency,
+  read_table,
+  summary,
+  summary_json,
+)
+
+TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "published.csv")
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("table", TABLE, "The published measurements (CSV, one row per measurement).")
@@ -48,19 +62,24 @@ flags.DEFINE_list("fit_models", ["resnet50", "vgg16", "inception_v3"], "The mode
                   "fit uses (one per family); every other row is held out.")
 flags.DEFINE_string("out_dir", "outputs/validate_published", "Where the JSON, CSV and chart go.")
 
-def plot(entries: list[dict], path: str) -> None:
+COLUMNS = ("id", "category", "setup", "gpu", "gpus", "nodes", "system", "model", "batch_per_gpu", "figure", "unit",
+           "simulated", "error", "published_scaling", "simulated_scaling", "fitted", "memory_model_holds", "reason")
+
+
+def plot(entries: list[Entry], path: str) -> None:
   """Simulated against published, one marker per category, fitted rows hollow."""
   plt = common.pyplot()
   fig, ax = plt.subplots(figsize=(6.4, 6))
-  ran = [e for e in entries if e["error"] is not None and e["unit"] == "images_per_sec"]
-  for k, category in enumerate(dict.fromkeys(e["category"] for e in ran)):
+  ran = [(e.row.category, e.fitted, e.row.figure, e.simulated) for e in entries
+         if e.simulated is not None and e.row.unit == "images_per_sec"]
+  for k, category in enumerate(dict.fromkeys(c for c, *_ in ran)):
     for fitted in (False, True):
-      es = [e for e in ran if e["category"] == category and e["fitted"] == fitted]
-      if es:
-        ax.scatter([e["figure"] for e in es], [e["simulated"] for e in es], s=22, edgecolors=f"C{k}",
+      points = [(figure, simulated) for c, f, figure, simulated in ran if c == category and f == fitted]
+      if points:
+        ax.scatter([p[0] for p in points], [p[1] for p in points], s=22, edgecolors=f"C{k}",
                    facecolors="none" if fitted else f"C{k}", label=f"{category}{' (fitted)' if fitted else ''}")
   if ran:
-    lo, hi = min(e["figure"] for e in ran) * 0.8, max(e["figure"] for e in ran) * 1.25
+    lo, hi = min(p[2] for p in ran) * 0.8, max(p[2] for p in ran) * 1.25
     ax.plot([lo, hi], [lo, hi], color="grey", lw=0.8)
     for k in (0.9, 1.1):
       ax.plot([lo, hi], [k * lo, k * hi], color="grey", lw=0.5, ls=":")
@@ -75,6 +94,23 @@ def plot(entries: list[dict], path: str) -> None:
   plt.close(fig)
 
 
+def print_table(entries: list[Entry], stats: Summary) -> None:
+  print(f"{'id':44} {'published':>10} {'simulated':>10} {'error':>7} {'scaling pub/sim':>16}")
+  for e in entries:
+    if e.simulated is None or e.error is None:
+      print(f"{e.id[:44]:44} {e.row.figure:10.4g} {'-':>10} {'-':>7}  {str(e.reason)[:60]}")
+      continue
+    scaling = (f"{e.published_scaling:.2f}/{e.simulated_scaling:.2f}" if e.scaling_error is not None else "")
+    mark = " (fitted)" if e.fitted else ""
+    print(f"{e.id[:44]:44} {e.row.figure:10.4g} {e.simulated:10.4g} {100 * e.error:+6.1f}% {scaling:>16}{mark}")
+  for name, s in (("held out", stats.held_out), ("fitted", stats.fitted)):
+    if s.cases:
+      print(f"{name}: {s.cases} rows, median error {100 * (s.median_error or 0.0):.1f}%, worst "
+            f"{100 * (s.worst_error or 0.0):.1f}%" + (f"; scaling efficiency median {s.median_scaling_error:.3f}, "
+                                                    f"worst {s.worst_scaling_error:.3f}"
+                                                    if s.median_scaling_error is not None else ""))
+
+
 def main(argv):
   del argv
   rows = read_table(FLAGS.table)
@@ -82,32 +118,18 @@ def main(argv):
   entries = evaluate(rows, calibration)
   stats = summary(entries)
   paths = {k: common.output_path(FLAGS.out_dir, f"validate_published.{k}") for k in ("json", "csv", "png")}
+  docs = [entry_json(e) for e in entries]
   common.write_json(paths["json"], {"table": FLAGS.table, "fit": FLAGS.fit, "fit_models": FLAGS.fit_models,
-                                    "fit_points": calibration.records, "summary": stats, "rows": entries})
-  columns = ["id", "category", "setup", "gpu", "gpus", "nodes", "system", "model", "batch_per_gpu", "figure", "unit",
-             "simulated", "error", "published_scaling", "simulated_scaling", "fitted", "memory_model_holds", "reason"]
-  common.write_csv(paths["csv"], columns, ([e.get(c) for c in columns] for e in entries))
+                                    "fit_points": [r._asdict() for r in calibration.records],
+                                    "summary": summary_json(stats), "rows": docs})
+  common.write_csv(paths["csv"], COLUMNS, ([d.get(c) for c in COLUMNS] for d in docs))
   plot(entries, paths["png"])
-  print(f"{'id':44} {'published':>10} {'simulated':>10} {'error':>7} {'scaling pub/sim':>16}")
-  for e in entries:
-    if e["error"] is None:
-      print(f"{e['id'][:44]:44} {e['figure']:10.4g} {'-':>10} {'-':>7}  {str(e['reason'])[:60]}")
-      continue
-    scaling = (f"{e['published_scaling']:.2f}/{e['simulated_scaling']:.2f}" if "scaling_error" in e else "")
-    mark = " (fitted)" if e["fitted"] else ""
-    print(f"{e['id'][:44]:44} {e['figure']:10.4g} {e['simulated']:10.4g} {100 * e['error']:+6.1f}% "
-          f"{scaling:>16}{mark}")
-  for name, s in (("held out", stats["held_out"]), ("fitted", stats["fitted"])):
-    if s["cases"]:
-      print(f"{name}: {s['cases']} rows, median error {100 * s['median_error']:.1f}%, worst "
-            f"{100 * s['worst_error']:.1f}%" + (f"; scaling efficiency median {s['median_scaling_error']:.3f}, "
-                                              f"worst {s['worst_scaling_error']:.3f}"
-                                              if s["median_scaling_error"] is not None else ""))
+  print_table(entries, stats)
   for kind, path in paths.items():
     print(f"{kind:5} {path}")
-  held = stats["held_out"]
-  print(f"median_error={held['median_error'] if held['cases'] else float('nan'):.4f} "
-        f"worst_error={held['worst_error'] if held['cases'] else float('nan'):.4f} cases={held['cases']}")
+  held = stats.held_out
+  print(f"median_error={held.median_error if held.cases else float('nan'):.4f} "
+        f"worst_error={held.worst_error if held.cases else float('nan'):.4f} cases={held.cases}")
 
 
 cli = common.console(main)

@@ -35,6 +35,7 @@ from hetpipe_jax.errors import ConfigError
 
 FASHION_DIR = "/usr/share/datasets/fashion-mnist"
 DATASETS = ("auto", "fashion_mnist", "digits", "synthetic", "tokens", "text")
+BYTE_DATASETS = ("text",)  # the datasets whose tokens are bytes
 
 
 @dataclasses.dataclass(frozen=True)

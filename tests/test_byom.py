@@ -68,7 +68,7 @@ def test_nnx_units_start_from_their_own_parameters_and_compute_as_themselves():
   assert set(params[2]) == {"kernel", "bias"}  # a plain dict of arrays: what the PS and optimizers see
   np.testing.assert_array_equal(params[2]["kernel"], head.kernel[...])
   np.testing.assert_array_equal(params[1]["layers/0/kernel"], hidden.layers[0].kernel[...])
-  np.testing.assert_array_equal(model.init(jax.random.key(7), X)[2]["kernel"], head.kernel[...])  # not the seed
+  np.testing.assert_array_equal(model.init(jax.random.key(7), X)[2]["kernel"], head.kernel[...])  # built: its own
   h = model.apply(params[:1], X, 0, 1)
   np.testing.assert_allclose(model.apply(params[1:], h, 1), head(hidden(h)), rtol=1e-6)
   # a gradient step through the pure function reaches the NNX parameters
@@ -102,7 +102,7 @@ def test_one_sequential_is_cut_at_named_layers(kind):
 BAD = [
     (lambda: from_modules([], input_shape=(4,)), "non-empty list of Flax modules"),
     (lambda: from_modules([nn.Dense(4), jnp.tanh], input_shape=(4,)),
-     "unit 1 ('pjitfunction1') is a PjitFunction, not a Flax module"),
+     "unit 'pjitfunction1' is a PjitFunction, not a Flax module nor a function of rngs"),
     (lambda: from_modules([nn.Dense(4)], input_shape=(0, 4)), "input_shape=(0, 4)"),
     (lambda: from_modules([nn.Dense(4)], input_shape=(4,), input_dtype="float99"), "input_dtype='float99'"),
     (lambda: from_modules([nn.Dense(4)], input_shape=(4,), names=["a", "b"]), "name each of the 1 units"),

@@ -1,6 +1,6 @@
-"""experiments.validate_published: the published table parses, the fit makes its own rows exact per setup and
-nothing else, a raw all-reduce row is the simulator's ring, a scaling-efficiency row is N GPUs over N x one,
-and the CLI ends with its one summary line."""
+"""hetpipe_jax.studies.published and experiments.validate_published: the published table parses, the fit makes
+its own rows exact per setup and nothing else, a raw all-reduce row is the simulator's ring, a scaling-efficiency
+row is N GPUs over N x one, and the CLI ends with its one summary line."""
 
 import csv
 import json
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from experiments import published as vp
+from hetpipe_jax.studies import published as vp
 
 COLUMNS = ["id", "category", "source", "setup", "gpu", "gpus", "nodes", "intra_link", "inter_link", "system", "model",
            "batch_per_gpu", "microbatches", "partitions", "precision", "figure", "unit", "one_gpu_figure",
@@ -43,8 +43,8 @@ def test_the_fit_reproduces_each_setups_single_gpu_figure_and_holds_out_the_rest
   unfitted = {**EIGHT, "id": "v100-r50-8c", "setup": "c", "one_gpu_figure": ""}
   rows = vp.read_table(_table(tmp_path / "t.csv", [ONE, EIGHT, other, unfitted]))
   cal = vp.fit_efficiency(rows, ["resnet50"])
-  points = [r for r in cal.records if "ratio" in r]
-  assert [p["id"] for p in points] == ["v100-r50-1", "v100-r50-1b"]  # (the 8-GPU row's one-GPU run: the same)
+  points = [r for r in cal.records if isinstance(r, vp.FitPoint)]
+  assert [p.id for p in points] == ["v100-r50-1", "v100-r50-1b"]  # (the 8-GPU row's one-GPU run: the same)
   for row, figure in ((rows[0], 400.0), (rows[2], 300.0)):  # each setup's own figure, exact
     assert vp.simulate(row, cal.types_for(row)) == pytest.approx(figure, rel=1e-6)
   assert cal.is_fit_point(rows[0]) and not cal.is_fit_point(rows[3])
@@ -56,7 +56,7 @@ def test_the_fit_reproduces_each_setups_single_gpu_figure_and_holds_out_the_rest
   typed = vp.fit_efficiency(rows, ["resnet50"], "type")
   assert vp.simulate(rows[0], typed.types_for(rows[0])) == pytest.approx(mean, rel=1e-9)
   none = vp.fit_efficiency(rows, ["resnet50"], "none")
-  assert none.records == [] and none.types_for(rows[0])["V100 SXM2"].family_efficiency == ()
+  assert none.records == () and none.types_for(rows[0])["V100 SXM2"].family_efficiency == ()
   untouched = vp.fit_efficiency(rows, ["vgg16"])  # no vgg16 row: nothing fitted
   assert untouched.types_for(rows[0])["V100 SXM2"].family_efficiency == ()
   from hetpipe_jax import ConfigError
@@ -71,11 +71,13 @@ def test_the_link_fit_recovers_a_link_from_its_two_gpu_times_and_holds_out_the_r
   eight = {**made[0], "id": "eight", "gpus": 8, "message_bytes": 4e7, "figure": 14 * 20e-6 + 1.75 * 4e7 / 6e9}
   rows = vp.read_table(_table(tmp_path / "t.csv", [*made, eight]))
   cal = vp.fit_efficiency(rows, [])
-  link = cal.links_for(rows[0])["pcie3"]
+  links = cal.links_for(rows[0])
+  assert links is not None
+  link = links["pcie3"]
   assert link.bytes_per_s == pytest.approx(6e9, rel=1e-9) and link.latency_s == pytest.approx(20e-6, rel=1e-9)
-  entries = {e["id"]: e for e in vp.evaluate(rows, cal)}
-  assert all(entries[f"two-{n}"]["fitted"] for n in (4e5, 4e6, 4e7)) and not entries["eight"]["fitted"]
-  assert entries["eight"]["error"] == pytest.approx(0.0, abs=1e-9)  # the ring's own model: exact
+  entries = {e.id: e for e in vp.evaluate(rows, cal)}
+  assert all(entries[f"two-{n}"].fitted for n in (4e5, 4e6, 4e7)) and not entries["eight"].fitted
+  assert entries["eight"].error == pytest.approx(0.0, abs=1e-9)  # the ring's own model: exact
   assert vp.fit_efficiency(rows, [], "none").links_for(rows[0]) is None  # the catalogue's
 
 
@@ -86,7 +88,7 @@ def test_a_row_runs_at_its_published_batch_where_the_memory_model_would_refuse_i
   rows = vp.read_table(_table(tmp_path / "t.csv", [big]))
   cal = vp.fit_efficiency(rows, [])
   (entry,) = vp.evaluate(rows, cal)
-  assert entry["simulated"] > 0 and entry["memory_model_holds"] is False
+  assert entry.simulated is not None and entry.simulated > 0 and entry.memory_model_holds is False
 
 
 def test_a_scaling_efficiency_row_is_n_gpus_over_n_times_one(tmp_path):
@@ -98,8 +100,8 @@ def test_a_scaling_efficiency_row_is_n_gpus_over_n_times_one(tmp_path):
   (entry,) = vp.evaluate(rows, cal)
   types = cal.types_for(rows[0])
   expected = vp.simulate(rows[0], types) / (16 * vp.simulate(rows[0], types, gpus=1))
-  assert entry["simulated"] == pytest.approx(expected, rel=1e-12) and 0 < expected <= 1 + 1e-9
-  assert entry["scaling_error"] == pytest.approx(expected - 0.9) and entry["error"] == pytest.approx(expected / 0.9 - 1)
+  assert entry.simulated == pytest.approx(expected, rel=1e-12) and 0 < expected <= 1 + 1e-9
+  assert entry.scaling_error == pytest.approx(expected - 0.9) and entry.error == pytest.approx(expected / 0.9 - 1)
 
 
 def test_a_raw_allreduce_row_is_the_ring_alone_on_the_network(tmp_path):

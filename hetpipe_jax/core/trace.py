@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import sys
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -29,6 +30,12 @@ from hetpipe_jax.core import wsp
 from hetpipe_jax.errors import ConfigError
 
 
+def _create(path: str, buffering: int = -1):
+  """``path`` opened for writing, its folder created first (a run's output folder appears when it writes)."""
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  return open(path, "w", encoding="utf-8", buffering=buffering)  # noqa: SIM115 (the caller closes it)
+
+
 class Trace:
   """Collects events in order (under one lock) and optionally writes them as JSON Lines."""
 
@@ -36,7 +43,7 @@ class Trace:
     self.events: list[dict[str, Any]] = []
     self._keep = keep
     # (line_buffered: every event reaches the file at once, for a part of a run that may die)
-    self._file = open(path, "w", encoding="utf-8", buffering=1 if line_buffered else -1) if path else None  # noqa: SIM115
+    self._file = _create(path, buffering=1 if line_buffered else -1) if path else None
     self._lock = threading.Lock()
 
   def emit(self, **event) -> None:
@@ -92,7 +99,7 @@ class Trace:
 
 def write_trace(path: str, events: Iterable[dict[str, Any]]) -> None:
   """Writes ``events`` as a JSON Lines trace (as :class:`Trace` does)."""
-  with open(path, "w", encoding="utf-8") as f:
+  with _create(path) as f:
     for event in events:
       f.write(json.dumps(event, separators=(",", ":")) + "\n")
 

@@ -10,17 +10,19 @@ shape, so it is profiled, planned and simulated without data, and trained like t
   from flax import nnx
   from hetpipe_jax import from_modules
 
-  model = from_modules([nn.Dense(64), nnx.Linear(64, 10, rngs=nnx.Rngs(0))], input_shape=(64,),
+  model = from_modules([nn.Dense(64), lambda rngs: nnx.Linear(64, 10, rngs=rngs)], input_shape=(64,),
                        names=["hidden", "logits"])
 
 Every unit is checked on the input shape when the model is built (a unit that cannot take the output of
 the one before, keeps mutable state such as batch statistics, or has no parameters is one
-:class:`~hetpipe_jax.errors.ConfigError`). A linen unit is initialised from the run's seed; an NNX unit
-starts from the parameters it holds (:mod:`hetpipe_jax.models.nnx_unit`).
+:class:`~hetpipe_jax.errors.ConfigError`). A linen unit is initialised from the run's seed, and so is an NNX unit
+given as a function of ``rngs`` (``lambda rngs: nnx.Linear(64, 10, rngs=rngs)``); an NNX module given built
+keeps the parameters it holds, and a run with a seed other than 0 refuses it (:mod:`hetpipe_jax.models.nnx_unit`).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import re
 from collections.abc import Sequence
@@ -34,7 +36,7 @@ from flax import nnx
 
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.models.base import InputSpec, LayeredModel, Loss, cross_entropy
-from hetpipe_jax.models.nnx_unit import NnxUnit
+from hetpipe_jax.models.nnx_unit import NnxUnit, build_module
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")  # unit and model names appear in plans, traces and file names
 
@@ -69,12 +71,12 @@ def _unit_names(modules: Sequence[Any], names: Sequence[str] | None) -> tuple[st
 
 
 def _as_unit(module: Any, index: int, name: str) -> Any:
-  """A linen module (or a unit of another model) as it is, an NNX module wrapped (:class:`NnxUnit`);
-  anything else refused."""
-  if isinstance(module, nnx.Module):
-    return NnxUnit(module, name)
+  """A linen module (or a unit of another model) as it is, an NNX module or a function of rngs that builds one
+  wrapped (:class:`NnxUnit`); anything else refused."""
   if isinstance(module, (nn.Module, NnxUnit)):
     return module
+  if isinstance(module, nnx.Module) or callable(module):
+    return NnxUnit(module, name)
   raise ConfigError(f"unit {index} ({name!r}) is a {type(module).__name__}, not a Flax module; give "
                     "flax.linen or flax.nnx modules (a function such as relu goes inside a module)")
 
@@ -127,13 +129,14 @@ def from_modules(modules: Sequence[Any], *, input_shape: Sequence[int], input_dt
 
   Example::
 
-    model = from_modules([nn.Dense(64), nnx.Linear(64, 10, rngs=nnx.Rngs(0))], input_shape=(64,))
+    model = from_modules([nn.Dense(64), lambda rngs: nnx.Linear(64, 10, rngs=rngs)], input_shape=(64,))
     run_hetpipe(model, synthetic(), RunConfig.of(num_vws=2, stages=2, waves=4))
 
   Args:
-    modules: ``flax.linen`` modules (initialised from the run's seed) or ``flax.nnx`` modules (their own
-      parameters are the initial ones), each taking the previous one's output, the first the input (the
-      units of another such model too, e.g. to give it another loss).
+    modules: ``flax.linen`` modules (initialised from the run's seed), functions of ``rngs`` that build a
+      ``flax.nnx`` module (likewise), or ``flax.nnx`` modules (their own parameters are the initial ones,
+      whatever the seed), each taking the previous one's output, the first the input (the units of another
+      such model too, e.g. to give it another loss).
     input_shape: one example's input shape, without the batch axis (e.g. ``(28, 28, 1)``).
     input_dtype: the input's dtype (``"int32"`` for tokens).
     names: one name per unit (for plans and traces; default: the class name and the index).
@@ -224,6 +227,16 @@ def _starts(layer_names: Sequence[str], cut_points: Sequence[str | int]) -> list
   return out
 
 
+def _group(layers: Sequence[Any], kind: Any) -> Any:
+  """Layers as one unit: a module alone as it is, else a ``kind`` Sequential of them."""
+  return layers[0] if len(layers) == 1 and isinstance(layers[0], (nn.Module, nnx.Module)) else kind(*layers)
+
+
+def _built_group(build: Any, first: int, last: int, *, rngs: nnx.Rngs) -> Any:
+  """Layers ``first .. last-1`` of the ``nnx.Sequential`` that ``build(rngs=rngs)`` returns, as one unit."""
+  return _group(build(rngs=rngs).layers[first:last], nnx.Sequential)
+
+
 def from_module(module: Any, cut_points: Sequence[str | int] | None = None, *, input_shape: Sequence[int],
                 input_dtype: str = "float32", loss: Loss = cross_entropy, name: str = "custom",
                 names: Sequence[str] | None = None) -> LayeredModel:
@@ -235,7 +248,8 @@ def from_module(module: Any, cut_points: Sequence[str | int] | None = None, *, i
     model = from_module(net, cut_points=["linear2"], input_shape=(64,))  # units: linear0+relu1, linear2
 
   Args:
-    module: a ``flax.linen.Sequential`` or a ``flax.nnx.Sequential``.
+    module: a ``flax.linen.Sequential`` or a ``flax.nnx.Sequential``, or a function of ``rngs`` that builds the
+      latter (each unit is then initialised from the run's seed, :func:`from_modules`).
     cut_points: the layers where a new unit starts, by name or index (layer names: a linen module's own
       ``name``, else the class or function name in lower case and the index, e.g. ``linear2``, ``relu1``);
       None: every layer is a unit. Each unit needs parameters, so a function such as ``relu`` rides with
@@ -250,15 +264,19 @@ def from_module(module: Any, cut_points: Sequence[str | int] | None = None, *, i
     ConfigError: for a module that is not a ``Sequential``, a cut point that is not one of its layers or
       out of order, or anything :func:`from_modules` refuses.
   """
+  build = None
+  if callable(module) and not isinstance(module, (nn.Module, nnx.Module)):
+    build, module = module, build_module(module, nnx.Rngs(0), name)
   if not isinstance(module, (nn.Sequential, nnx.Sequential)):
     raise ConfigError(f"module is a {type(module).__name__}; from_module cuts a flax.linen.Sequential or a "
                       "flax.nnx.Sequential (or give the units as a list: from_modules)")
   layers = list(module.layers)
   layer_names = [_layer_name(layer, i) for i, layer in enumerate(layers)]
   starts = _starts(layer_names, range(1, len(layers)) if cut_points is None else cut_points)
-  groups = [layers[a:b] for a, b in zip(starts, starts[1:] + [len(layers)])]
+  bounds = list(zip(starts, starts[1:] + [len(layers)]))
   kind = nnx.Sequential if isinstance(module, nnx.Sequential) else (lambda *ls: nn.Sequential(list(ls)))
-  units = [g[0] if len(g) == 1 and isinstance(g[0], (nn.Module, nnx.Module)) else kind(*g) for g in groups]
+  units = ([_group(layers[a:b], kind) for a, b in bounds] if build is None
+           else [functools.partial(_built_group, build, a, b) for a, b in bounds])
   names = [layer_names[a] for a in starts] if names is None else names
   return from_modules(units, input_shape=input_shape, input_dtype=input_dtype, names=names, loss=loss, name=name)
 

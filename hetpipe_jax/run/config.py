@@ -13,6 +13,9 @@ The parts: :class:`LayoutSpec` (the run's shape), :class:`WSPSpec` (the protocol
 :class:`CheckpointSpec`, and the options of one executor: :class:`~hetpipe_jax.sim.options.SimOptions`
 (``sim``), :class:`WallOptions` (``wall``, ``multiprocess``). What an executor accepts is checked by its
 registry entry (:mod:`hetpipe_jax.run.executors`), once for every option.
+
+Every field is declared once, with its default and the training CLI's help for it (:func:`setting`, the field's
+metadata): :func:`settings` lists them, and ``experiments/run_flags.py`` makes one flag of each.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import dataclasses
 import functools
 import math
 from collections.abc import Collection, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import optax
 
@@ -35,6 +38,23 @@ from hetpipe_jax.plan.placement import PLACEMENTS
 from hetpipe_jax.precision import check_precision
 from hetpipe_jax.runtime.ps import ON_NONFINITE
 from hetpipe_jax.sim.options import SimOptions
+
+
+def setting(default: Any, doc: str = "", flat: str | None = None) -> Any:
+  """A field of :class:`RunConfig` or of one of its parts, declared once for the library and the CLI.
+
+  Args:
+    default: the field's default (also its flag's).
+    doc: the training CLI's help for its flag (``experiments/run_flags.py`` defines one flag for every field
+      that has one); a field without it (a Python object, a path the CLI sets itself) is no flag.
+    flat: its name in :meth:`RunConfig.of` and on the command line when not the field's own (``optimizer``
+      for :attr:`OptimizerSpec.name`).
+
+  Returns:
+    The dataclass field, with ``doc`` and ``flat`` in its metadata (``help``, ``flat``).
+  """
+  metadata = {"help": doc} if doc else {}
+  return dataclasses.field(default=default, metadata={**metadata, **({"flat": flat} if flat else {})})
 
 
 def _known(name: str, value: Any, known: Collection[str]) -> None:
@@ -64,13 +84,22 @@ class LayoutSpec:
       plan on the same GPUs, while the numerics train the run's model.
   """
 
-  num_vws: int = 3
-  stages: int | Sequence[int] = 2
-  nm: int | Sequence[int] | str = 2
-  window: int | Sequence[int] | None = None
-  cuts: Sequence[Sequence[int]] | None = None
-  policy: str | Sequence[Sequence[int]] | None = None
-  placement: str = "default"
+  num_vws: int = setting(3, "Number of virtual workers N.")
+  stages: int | Sequence[int] = setting(2, "Devices (stages) per virtual worker: one value, or one per VW.")
+  nm: int | Sequence[int] | str = setting(
+      2, "Minibatches per wave, and most in flight, per virtual worker (Nm >= 1): one, or one per VW; with "
+      "--policy also max_fit or best (default then: max_fit).")
+  window: int | Sequence[int] | None = setting(
+      None, "Most minibatches in flight per virtual worker when fewer than Nm (1 <= window <= Nm; memory grows "
+      "with it, the wave stays Nm): one, or one per VW (default: Nm).")
+  cuts: Sequence[Sequence[int]] | None = setting(
+      None, "Unit boundaries of each virtual worker's stages: one list for every VW, e.g. '0,2,5', or one per VW "
+      "separated by ';', e.g. '0,2,5;0,3,5'; without --stages they also set the stages (default: the "
+      "partitioner's fastest cuts for each VW's GPUs, taken in cluster order).")
+  policy: str | Sequence[Sequence[int]] | None = setting(
+      None, "Allocation policy NP, ED or HD (or a grouping '0,1;2,3'): the planner then decides virtual workers, "
+      "device order, cuts and Nm (--nm=max_fit|best|N).")
+  placement: str = setting("default", "PS shard placement: default, local or striped (sim only).")
   time_model: str | None = None
 
   def validate(self) -> None:
@@ -98,9 +127,10 @@ class WSPSpec:
     schedule: a device's task order (:data:`hetpipe_jax.core.schedule.SCHEDULES`).
   """
 
-  d: int = 1
-  weight_mode: str = "stash"
-  schedule: str = "1f1b"
+  d: int = setting(1, "Clock distance bound D >= 0.")
+  weight_mode: str = setting("stash", "stash (backward uses its forward's weights) or latest.")
+  schedule: str = setting("1f1b", "Device task order: 1f1b (backward first), fifo, or gpipe (a wave's forwards, then "
+                          "its backwards, flush between waves).")
 
   def validate(self) -> None:
     if self.d < 0:
@@ -143,12 +173,17 @@ class OptimizerSpec:
       says ``"dropped": "nonfinite"``).
   """
 
-  name: str = "sgd"
-  learning_rate: float = 0.05
+  name: str = setting("sgd", "Local optimizer: sgd, momentum, adam.", flat="optimizer")
+  learning_rate: float = setting(0.05, "Local optimizer learning rate.")
   tx: optax.GradientTransformation | None = None
   ps_tx: optax.GradientTransformation | None = None
-  on_nonfinite: str = "stop"
-  ps_optimizer: str = "add"
+  on_nonfinite: str = setting(
+      "stop", "A pushed update with NaN or Inf: stop the run (one line: VW, wave, stage, unit, last good global "
+      "clock) or skip (drop that wave's update, note it in the trace, go on).")
+  ps_optimizer: str = setting(
+      "add", "The parameter server's outer optimizer on each pushed wave's summed update delta: add (default: W += "
+      "delta), sgd:lr=X, momentum:lr=X,momentum=M, or nesterov:lr=0.7,momentum=0.9 (DiLoCo's outer Nesterov step "
+      "on -delta; no effect on the sim executor, which has no numerics).")
 
   def __post_init__(self):
     if self.ps_tx is None or isinstance(self.ps_tx, _FromSpec):  # not given: built from ps_optimizer
@@ -195,8 +230,11 @@ class Faults:
       enters at the current global clock.
   """
 
-  failures: Sequence[tuple[int, int]] = ()
-  rejoin: bool = False
+  failures: Sequence[tuple[int, int]] = setting(
+      (), "Fault injection, VW@WAVE (repeatable): that virtual worker fails when it reaches that wave; the others "
+      "go on under WSP without it.")
+  rejoin: bool = setting(False, "A failed virtual worker is replaced at once: it pulls the global weights and enters "
+                         "at the current global clock.")
 
   def validate(self, waves: int) -> None:
     for vw, wave in self.failures:
@@ -227,10 +265,13 @@ class CheckpointSpec:
       uninterrupted one would (bit for bit on the ``virtual`` executor).
   """
 
-  directory: str | None = None
-  every: int = 10
-  keep: int = 3
-  resume: bool = False
+  directory: str | None = setting(
+      None, "Save checkpoints here (orbax), every --checkpoint_every global clock ticks; with --resume, continue "
+      "the newest complete one (the executors with numerics).", flat="checkpoint_dir")
+  every: int = setting(10, "Global clock ticks between checkpoints.", flat="checkpoint_every")
+  keep: int = setting(3, "How many of the newest checkpoints to keep.", flat="keep_checkpoints")
+  resume: bool = setting(False, "Continue the newest complete checkpoint in --checkpoint_dir, appending to the same "
+                         "trace (what the interrupted run wrote after it is rolled back).")
 
   @property
   def enabled(self) -> bool:
@@ -251,7 +292,7 @@ class WallOptions:
     time_scale: pad each task to its emulated duration x this (0: no padding).
   """
 
-  time_scale: float = 0.0
+  time_scale: float = setting(0.0, "wall executor: pad every task to its emulated duration x this (0: no padding).")
 
   def set_fields(self) -> list[str]:
     return ["time_scale"] if self.time_scale != 0.0 else []
@@ -261,19 +302,18 @@ class WallOptions:
       raise ConfigError(f"time_scale={self.time_scale}; use 0 (no padding) or a positive factor")
 
 
+PARTS = {"layout": LayoutSpec, "wsp": WSPSpec, "optim": OptimizerSpec, "faults": Faults, "checkpoint": CheckpointSpec,
+         "sim": SimOptions, "wall": WallOptions}  # RunConfig's parts by their field names
+
+
+def flat_name(field: dataclasses.Field) -> str:
+  """A field's name in :meth:`RunConfig.of` and on the command line."""
+  return field.metadata.get("flat", field.name)
+
+
 # The flat names of RunConfig.of (the CLI's flags) -> (part, field).
-FLAT: dict[str, tuple[str, str]] = {
-    **{f.name: ("layout", f.name) for f in dataclasses.fields(LayoutSpec)},
-    **{f.name: ("wsp", f.name) for f in dataclasses.fields(WSPSpec)},
-    "optimizer": ("optim", "name"), "learning_rate": ("optim", "learning_rate"),
-    "tx": ("optim", "tx"), "ps_tx": ("optim", "ps_tx"), "on_nonfinite": ("optim", "on_nonfinite"),
-    "ps_optimizer": ("optim", "ps_optimizer"),
-    "failures": ("faults", "failures"), "rejoin": ("faults", "rejoin"),
-    "checkpoint_dir": ("checkpoint", "directory"), "checkpoint_every": ("checkpoint", "every"),
-    "keep_checkpoints": ("checkpoint", "keep"), "resume": ("checkpoint", "resume"),
-    "overlap_transfers": ("sim", "overlap_transfers"), "staged_ps": ("sim", "staged_ps"),
-    "fast_sim": ("sim", "fast"), "time_scale": ("wall", "time_scale"),
-}
+FLAT: dict[str, tuple[str, str]] = {flat_name(f): (part, f.name) for part, spec in PARTS.items()
+                                    for f in dataclasses.fields(spec)}
 FLAT_NAME = {target: name for name, target in FLAT.items()}  # (part, field) -> the flat name users see
 
 
@@ -296,15 +336,19 @@ class RunConfig:
     layout / wsp / optim / faults / checkpoint / sim / wall: the parts.
   """
 
-  cluster: str | Cluster = "hetero4"
-  executor: str = "virtual"
-  waves: int = 50
-  batch_size: int = 32
-  seed: int = 0
-  eval_every: int = 10
-  drop_remainder: bool = False
+  cluster: str | Cluster = setting("hetero4", "Cluster preset (hetero4, hetero4x4, uniform8, paper_testbed, "
+                                   "paper_half, paper_mini, v100_t4) or a .toml file.")
+  executor: str = setting("virtual", "virtual (emulated cluster clock, deterministic), wall, sim (cost model with "
+                          "shared links, no numerics), or multiprocess (one process per node).")
+  waves: int = setting(50, "Waves each virtual worker runs.")
+  batch_size: int = setting(32, "Examples per minibatch.")
+  seed: int = setting(0, "Initialisation and shuffling seed, in [0, 2**63 - 1].")
+  eval_every: int = setting(10, "Evaluate test accuracy every this many global clock ticks.")
+  drop_remainder: bool = setting(False, "Drop the examples of an epoch that do not fill a minibatch.")
   trace_path: str | None = None
-  precision: str = "fp32"
+  precision: str = setting("fp32", "fp32, bf16 or fp16: mixed precision (16-bit compute, activations and pushes, "
+                           "fp32 master weights and optimizer state; fp16 with dynamic loss scaling) in the training "
+                           "(virtual, wall, multiprocess) and in the cost and memory model.")
   layout: LayoutSpec = LayoutSpec()
   wsp: WSPSpec = WSPSpec()
   optim: OptimizerSpec = OptimizerSpec()
@@ -361,3 +405,19 @@ class RunConfig:
     if self.sim.fast and self.faults.failures:
       raise ConfigError("fast_sim extrapolates settled waves, and an injected failure unsettles them: drop "
                         "fast_sim or the failures")
+
+
+class Setting(NamedTuple):
+  """A setting of a run the training CLI takes as a flag: its flat name, its default and its help."""
+
+  name: str
+  default: Any
+  help: str
+
+
+def settings() -> list[Setting]:
+  """Every field of :class:`RunConfig` and of its parts that has a help text (:func:`setting`), by flat name,
+  the run-wide fields first, then each part's in order."""
+  fields = [f for f in dataclasses.fields(RunConfig) if f.name not in PARTS]
+  fields += [f for spec in PARTS.values() for f in dataclasses.fields(spec)]
+  return [Setting(flat_name(f), f.default, f.metadata["help"]) for f in fields if "help" in f.metadata]

@@ -29,6 +29,7 @@ from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.models import FULL_SIZE, FullSize, get_model
 from hetpipe_jax.models.base import LayeredModel
 from hetpipe_jax.models.custom import check_data
+from hetpipe_jax.models.nnx_unit import NnxUnit
 from hetpipe_jax.plan.allocation import plan_cluster
 from hetpipe_jax.plan.costmodel import CostModel
 from hetpipe_jax.plan.layout import Layout
@@ -167,13 +168,24 @@ def run_fields(config: RunConfig, cluster: Cluster, model_name: str, data_name: 
               **({"ps_optimizer": config.optim.ps_spec} if config.optim.ps_spec != "add" else {}))
 
 
+def check_seed_reaches(model: LayeredModel, seed: int) -> None:
+  """Raises ConfigError when ``seed`` (other than 0) cannot reach a unit: an NNX module given built keeps the
+  parameters it holds (:mod:`hetpipe_jax.models.nnx_unit`)."""
+  fixed = [name for name, unit in zip(model.unit_names, model.units) if isinstance(unit, NnxUnit) and not unit.seeded]
+  if fixed and seed != 0:
+    raise ConfigError(f"seed={seed} cannot reach unit(s) {', '.join(fixed)} of model {model.name!r}: an NNX module "
+                      "given built keeps the parameters it holds; give it as a function of rngs (e.g. lambda rngs: "
+                      "nnx.Linear(64, 10, rngs=rngs)) to initialise it from the seed, or run with seed 0")
+
+
 def prepare(model: LayeredModel, dataset: Dataset | FullSize, config: RunConfig) -> Setup:
   """Profiles ``model``, lays out the run and builds its meta line (``config`` validated already).
 
   Raises:
-    ConfigError: for a model that cannot take the data, a layout that cannot run, or a failure of a
-      virtual worker the layout does not have.
+    ConfigError: for a model that cannot take the data, a seed that cannot reach its units, a layout that
+      cannot run, or a failure of a virtual worker the layout does not have.
   """
+  check_seed_reaches(model, config.seed)
   sample_x, data_name = _inputs(dataset, config)
   cluster = get_cluster(config.cluster) if isinstance(config.cluster, str) else config.cluster
   tx = config.optim.local()

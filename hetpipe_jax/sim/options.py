@@ -24,9 +24,17 @@ class SimOptions:
       ``images`` are the whole run's).
   """
 
-  overlap_transfers: bool = False
-  staged_ps: bool = False
-  fast: bool = False
+  # metadata: the training CLI's help, and the flat name (hetpipe_jax.run.config.setting)
+  overlap_transfers: bool = dataclasses.field(default=False, metadata={"help": (
+      "sim executor: a stage's input travels while its device computes other tasks, instead of being received in "
+      "series inside the task.")})
+  staged_ps: bool = dataclasses.field(default=False, metadata={"help": (
+      "sim executor: each stage's part of a push leaves when that stage's last backward of the wave ends, and each "
+      "stage's part of a pull lands on its own (the gated forwards wait at a stage for its part only), instead of "
+      "a virtual worker's push and pull moving as one.")})
+  fast: bool = dataclasses.field(default=False, metadata={"flat": "fast_sim", "help": (
+      "sim executor: simulate until every virtual worker's wave period settles, then extrapolate the rest of "
+      "--waves (hetpipe_jax.sim.steady; checked by experiments.validate_fast).")})
 
   def set_fields(self) -> list[str]:
     """The options that differ from their defaults, by name."""

@@ -1,0 +1,38 @@
+"""The WSP check every study runs on every trace it makes: a breach is a bug in the runtime, never bad input."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from absl import logging
+
+from hetpipe_jax.core.check import check_trace
+
+
+class TraceCheckError(RuntimeError):
+  """A run's trace breaks a WSP guarantee: a bug in the runtime, never bad input."""
+
+
+def require_wsp(events: Sequence[dict[str, Any]], what: str) -> None:
+  """Runs the trace checker on a run's events.
+
+  Args:
+    events: the run's trace.
+    what: names the run in the error, e.g. "HetPipe D=4".
+
+  Raises:
+    TraceCheckError: with the number of violations and the first three, when a WSP guarantee fails.
+  """
+  violations = check_trace(events)
+  if violations:
+    raise TraceCheckError(f"{what}: the trace breaks WSP, {len(violations)} violations; first: "
+                          + "; ".join(str(v) for v in violations[:3]))
+
+
+def progress(message: str, *args: Any) -> None:
+  """Logs a study's progress line (absl INFO on stderr; stdout keeps the results), attributed to the caller."""
+  logging.info(message, *args)
+
+
+logging.ABSLLogger.register_frame_to_skip(__file__, "progress")
