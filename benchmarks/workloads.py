@@ -18,7 +18,8 @@ Package APIs used (newest first where they moved):
 * ``hetpipe_jax.models.base``: ``LayeredModel``, ``DenseUnit``;
 * ``hetpipe_jax.core.engine`` | ``hetpipe_jax.engine``: ``Engine(vws, server, trace)``, ``.vws``, ``.done``,
   ``.trace``;
-* ``hetpipe_jax.core.worker`` | ``hetpipe_jax.pipeline``: ``VirtualWorker.create(...)`` | ``VirtualWorker(...)``,
+* ``hetpipe_jax.core.worker`` | ``hetpipe_jax.pipeline``: ``VirtualWorker.create(...)`` (with a ``Shape`` where
+  there is one) | ``VirtualWorker(...)``,
   ``.stages`` (each with ``forward``, ``backward``, ``device``, ``is_last``, ``params``);
 * ``hetpipe_jax.core.server.ClockServer`` | ``ParameterServer(None, ...)``: the clock-only server;
 * ``hetpipe_jax.runtime.executors`` | ``hetpipe_jax.executors``: ``run_virtual``, ``run_wall`` (the wall
@@ -147,6 +148,12 @@ def engine_virtual(waves: int) -> Workload:
   stages, nms, slowdown, d = (2, 3, 4), (2, 3, 4), (1.0, 1.5, 2.0), 1
   n = len(stages)
   create = getattr(worker_cls, "create", worker_cls)
+  try:  # a VirtualWorker.create that takes a shape (k, nm, window) rather than k and nm
+    shape = _attr("Shape", "hetpipe_jax.core.worker")
+    create = lambda i, k, nm, total, n, schedule, weight_mode, make=create: make(
+        i, shape(k, nm), total, n, schedule=schedule, weight_mode=weight_mode)
+  except Unavailable:
+    pass
   cost = lambda task: slowdown[task.vw] * (1.0 if task.kind == "fwd" else 2.0)
 
   def setup():

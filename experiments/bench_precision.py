@@ -32,7 +32,7 @@ def step_seconds(precision: str, model, x, y, steps: int) -> float:
   """Median seconds of one forward + backward of the whole model as one stage at ``precision``, over
   ``steps`` steps."""
   params = model.init(jax.random.key(0), x)
-  stage = Stage(model, 0, model.num_units, params, jax.devices()[0], optax.sgd(0.05), 1, "stash", precision)
+  stage = Stage(model, range(model.num_units), params, jax.devices()[0], optax.sgd(0.05), 1, precision=precision)
   stage.warm_up(x, y)
   times = []
   for mb in range(1, steps + 1):

@@ -11,7 +11,7 @@ from hetpipe_jax import check_trace, staleness_stats
 from hetpipe_jax.core.engine import Engine
 from hetpipe_jax.core.server import ClockServer
 from hetpipe_jax.core.trace import Trace
-from hetpipe_jax.core.worker import VirtualWorker
+from hetpipe_jax.core.worker import Shape, virtual_workers
 from hetpipe_jax.runtime.executors import run_virtual, run_wall
 from hetpipe_jax.runtime.launch import child_environment
 
@@ -47,8 +47,7 @@ def schedule_only(stages: Sequence[int], nms: Sequence[int], d: int, waves: int,
   ``weight_mode`` is what the workers do; the trace's meta line always says "stash".
   """
   n = len(stages)
-  vws = [VirtualWorker.create(i, stages[i], nms[i], waves * nms[i], n, schedule, weight_mode)
-         for i in range(n)]
+  vws = virtual_workers([Shape(k, nm) for k, nm in zip(stages, nms)], waves, schedule, weight_mode)
   trace = Trace()
   trace.emit(**meta(n, nms, d, stages, executor=executor))
   engine = engine_class(vws, ps_class(n, d), trace)

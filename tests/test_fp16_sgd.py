@@ -48,7 +48,7 @@ def fp16_step(weight_mode: str) -> tuple[list[np.ndarray], list[int]]:
   each stage's skipped count."""
   params = initial_params()
   device = jax.devices()[0]
-  stages = [Stage(MODEL, a, b, params[a:b], device, optax.sgd(LR), 1, weight_mode, "fp16")
+  stages = [Stage(MODEL, range(a, b), params[a:b], device, optax.sgd(LR), 1, weight_mode=weight_mode, precision="fp16")
             for a, b in zip(CUTS, CUTS[1:])]
   x, labels = jnp.asarray(DATA.x_train[:BATCH]), jnp.asarray(DATA.y_train[:BATCH])
   for s in stages:

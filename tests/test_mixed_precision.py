@@ -45,7 +45,8 @@ def _stage_at_peak(precision, weight_mode, first=1, last=4, nm=3):
   params = MODEL.init(jax.random.key(0), DATA.x_train[:BATCH])
   device = jax.devices()[0]
   tx = optax.adam(1e-3)
-  stage = Stage(MODEL, first, last, params[first:last], device, tx, nm, weight_mode, precision)
+  stage = Stage(MODEL, range(first, last), params[first:last], device, tx, nm, weight_mode=weight_mode,
+                precision=precision)
   x = MODEL.apply(params[:first], jnp.asarray(DATA.x_train[:BATCH]), 0, first)
   x = x if stage.dtype is None else mixed.cast_floats(x, stage.dtype)
   labels = jnp.asarray(DATA.y_train[:BATCH])

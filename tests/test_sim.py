@@ -275,7 +275,7 @@ def _assert_forwards_hold_their_pull(events):
 def test_staged_ps_is_refused_with_numerics():
   from hetpipe_jax.core.engine import Engine
   from hetpipe_jax.core.server import ClockServer
-  from hetpipe_jax.core.worker import NoNumerics, VirtualWorker
+  from hetpipe_jax.core.worker import NoNumerics, Shape, VirtualWorker
   from hetpipe_jax.errors import ProtocolError
 
   class Computing(NoNumerics):
@@ -286,6 +286,6 @@ def test_staged_ps_is_refused_with_numerics():
   class Staged:
     staged = True
 
-  vw = VirtualWorker.create(0, 1, 1, 4, 1, numerics=Computing(1))
+  vw = VirtualWorker.create(0, Shape(1, 1), 4, 1, numerics=Computing(1))
   with pytest.raises(ProtocolError, match="staged push and pull transfers are a timing model"):
     Engine([vw], ClockServer(1, 0, num_shards=1), Trace(), comm=Staged())  # type: ignore[arg-type]

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from hetpipe_jax.core.trace import end_time
 
@@ -129,6 +129,61 @@ def _carve(a: float, b: float, states: Sequence[tuple[float, float, str]], rest:
     into[state] = into.get(state, 0.0) + hi - lo
 
 
+class _Index(NamedTuple):
+  """What the breakdown looks up in a trace (:func:`_index`)."""
+
+  finished: dict[tuple[str, int, int, int], float]  # (kind, vw, stage, mb) -> t1
+  injected: dict[tuple[int, int], float]  # (vw, mb) -> t
+  tasks: dict[tuple[int, int], list[dict[str, Any]]]  # (vw, stage) -> its task events
+  entered: dict[int, list[float]]  # vw -> injection times (sorted: file order is causal order)
+  left: dict[int, list[float]]  # vw -> completion times
+
+  def window_full(self, i: int, t: float, window: int) -> bool:
+    """Whether VW i's minibatches in flight at ``t`` fill its window."""
+    in_flight = bisect.bisect_right(self.entered.get(i, []), t) - bisect.bisect_right(self.left.get(i, []), t)
+    return in_flight >= window
+
+
+def _index(events: Sequence[dict[str, Any]]) -> _Index:
+  """The tasks, injections and completions of a trace, indexed."""
+  index = _Index({}, {}, {}, {}, {})
+  for e in events[1:]:
+    if e["ev"] in ("fwd", "bwd"):
+      index.finished[(e["ev"], e["vw"], e["stage"], e["mb"])] = e["t1"]
+      index.tasks.setdefault((e["vw"], e["stage"]), []).append(e)
+    elif e["ev"] == "inject":
+      index.injected[(e["vw"], e["mb"])] = e["t"]
+      index.entered.setdefault(e["vw"], []).append(e["t"])
+    elif e["ev"] == "complete":
+      index.left.setdefault(e["vw"], []).append(e["t"])
+  return index
+
+
+def _device_seconds(index: _Index, i: int, j: int, k: int, held: Sequence[tuple[float, float, str]],
+                    window: int, compute: ComputeFn | None) -> tuple[dict[str, float], float]:
+  """Stage j (of k) of VW i: its seconds per category until its last task ended (the idle time covered
+  by the ``held`` states goes to theirs), and when that was."""
+  secs: dict[str, float] = dict.fromkeys(CATEGORIES, 0.0)
+  finished = index.finished
+  free = 0.0  # when the device last became idle
+  for e in sorted(index.tasks.get((i, j), []), key=lambda e: e["t0"]):
+    kind, mb = e["ev"], e["mb"]
+    if kind == "fwd":
+      ready = index.injected.get((i, mb)) if j == 0 else finished.get(("fwd", i, j - 1, mb))
+    else:
+      ready = finished.get(("fwd", i, j, mb)) if j == k - 1 else finished.get(("bwd", i, j + 1, mb))
+    ready = free if ready is None else min(max(ready, free), e["t0"])
+    waiting = "window" if j == 0 and (kind == "fwd" or index.window_full(i, free, window)) else "bubble"
+    _carve(free, ready, held, waiting, secs)
+    _carve(ready, e["t0"], held, "link", secs)  # input ready, the task not started yet: dispatch
+    task = e["t1"] - e["t0"]
+    c = task if compute is None else min(task, compute(i, j, kind))
+    secs["compute"] += c
+    secs["link"] += task - c
+    free = e["t1"]
+  return secs, free
+
+
 def time_breakdown(events: Sequence[dict[str, Any]], compute: ComputeFn | None = None) -> dict[str, Any]:
   """Seconds per category (see the module docstring) of every GPU of a run.
 
@@ -146,48 +201,14 @@ def time_breakdown(events: Sequence[dict[str, Any]], compute: ComputeFn | None =
   windows = meta.get("window") or meta["nm"]
   states = {i: sorted(_vw_states(events, i, nm, w), key=lambda s: order[s[2]])
             for i, (nm, w) in enumerate(zip(meta["nm"], windows))}
-  finished: dict[tuple[str, int, int, int], float] = {}  # (kind, vw, stage, mb) -> t1
-  injected: dict[tuple[int, int], float] = {}
-  tasks: dict[tuple[int, int], list[dict[str, Any]]] = {}
-  entered: dict[int, list[float]] = {}  # vw -> injection times (sorted: file order is causal order)
-  left: dict[int, list[float]] = {}  # vw -> completion times
-  for e in events[1:]:
-    if e["ev"] in ("fwd", "bwd"):
-      finished[(e["ev"], e["vw"], e["stage"], e["mb"])] = e["t1"]
-      tasks.setdefault((e["vw"], e["stage"]), []).append(e)
-    elif e["ev"] == "inject":
-      injected[(e["vw"], e["mb"])] = e["t"]
-      entered.setdefault(e["vw"], []).append(e["t"])
-    elif e["ev"] == "complete":
-      left.setdefault(e["vw"], []).append(e["t"])
-
-  def window_full(i: int, t: float) -> bool:  # the window's count of VW i's minibatches in flight at t
-    in_flight = bisect.bisect_right(entered.get(i, []), t) - bisect.bisect_right(left.get(i, []), t)
-    return in_flight >= windows[i]
-  staged = _staged_pulls(events, finished)
+  index = _index(events)
+  staged = _staged_pulls(events, index.finished)
+  gpus = meta.get("gpus")
   devices = []
   for i, k in enumerate(meta["stages"]):
     for j in range(k):
-      secs: dict[str, float] = dict.fromkeys(CATEGORIES, 0.0)
-      held = states[i] + staged.get((i, j), [])
-      free = 0.0  # when the device last became idle
-      for e in sorted(tasks.get((i, j), []), key=lambda e: e["t0"]):
-        kind, mb = e["ev"], e["mb"]
-        if kind == "fwd":
-          ready = injected.get((i, mb)) if j == 0 else finished.get(("fwd", i, j - 1, mb))
-        else:
-          ready = finished.get(("fwd", i, j, mb)) if j == k - 1 else finished.get(("bwd", i, j + 1, mb))
-        ready = free if ready is None else min(max(ready, free), e["t0"])
-        waiting = "window" if j == 0 and (kind == "fwd" or window_full(i, free)) else "bubble"
-        _carve(free, ready, held, waiting, secs)
-        _carve(ready, e["t0"], held, "link", secs)  # input ready, the task not started yet: dispatch
-        task = e["t1"] - e["t0"]
-        c = task if compute is None else min(task, compute(i, j, kind))
-        secs["compute"] += c
-        secs["link"] += task - c
-        free = e["t1"]
+      secs, free = _device_seconds(index, i, j, k, states[i] + staged.get((i, j), []), windows[i], compute)
       _carve(free, end, [s for s in states[i] if s[2] == "left"], "done", secs)
-      gpus = meta.get("gpus")
       devices.append({"vw": i, "stage": j, "gpu": gpus[i][j] if gpus else f"vw{i}.{j}", "seconds": secs})
   return {"seconds": end, "devices": devices}
 

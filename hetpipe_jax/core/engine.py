@@ -40,7 +40,7 @@ Not thread-safe by itself: the ``wall`` executor calls it under one lock.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 from hetpipe_jax.core import schedule as schedule_lib
 from hetpipe_jax.core import versions as versions_lib
@@ -50,11 +50,44 @@ from hetpipe_jax.core.schedule import FWD, Task
 from hetpipe_jax.core.server import Server, Snapshot
 from hetpipe_jax.core.trace import Trace
 from hetpipe_jax.core.versions import Version
-from hetpipe_jax.core.worker import VirtualWorker
+from hetpipe_jax.core.worker import Progress, VirtualWorker
 from hetpipe_jax.errors import ProtocolError, TaskFailed
 
 BatchFn = Callable[[int, int], tuple[Any, Any]]  # (vw, mb) -> (x, labels)
 WaveFn = Callable[[int, int, float, list], None]  # (vw, wave, t, losses of the wave) -> None
+Device = tuple[int, int]  # (virtual worker, stage)
+
+
+class EngineState(NamedTuple):
+  """Everything the engine and its virtual workers hold between events: plain Python values (the numerics
+  and the server keep their own). The engine holds one and a checkpoint saves it whole, so a field added
+  here is saved and restored with no other edit. Its containers change in place as the run goes.
+
+  Attributes:
+    workers: per virtual worker, its :class:`~hetpipe_jax.core.worker.Progress` (its ``progress``).
+    running: device -> (start, version) of the task it runs.
+    candidates: devices that may have become able to start a task.
+    pulling: vw -> gated minibatch whose pull is on its way.
+    pulled: vw -> gated minibatch whose pull has arrived.
+    waiting_since: vw -> when its gate was found closed.
+    stage_wait: vw -> (gated minibatch, stages not rebased yet) while a staged pull lands.
+    failures: vw -> the waves of the faults not injected yet.
+    zombies: devices still running a task of a failed virtual worker.
+    generation: per vw, how many times it failed: pushes and pulls of an older generation are void.
+    awaiting_join: failed virtual workers whose replacement joins once the global clock allows.
+  """
+
+  workers: tuple[Progress, ...]
+  running: dict[Device, tuple[float, Version]]
+  candidates: set[Device]
+  pulling: dict[int, int]
+  pulled: dict[int, int]
+  waiting_since: dict[int, float]
+  stage_wait: dict[int, tuple[int, set[int]]]
+  failures: dict[int, set[int]]
+  zombies: set[Device]
+  generation: list[int]
+  awaiting_join: set[int]
 
 
 class Engine:
@@ -70,6 +103,10 @@ class Engine:
       :class:`~hetpipe_jax.core.comm.StagedComm`) moves each stage's part on its own (see above).
     failures: fault injection: virtual worker -> the waves at whose first minibatch it fails.
     rejoin: a failed virtual worker is replaced at once (else it stays out).
+
+  Attributes:
+    state: everything that changes between events (:class:`EngineState`): what a checkpoint saves, and
+      :meth:`restore` puts back.
   """
 
   def __init__(self, vws: Sequence[VirtualWorker], server: Server, trace: Trace,
@@ -78,53 +115,35 @@ class Engine:
     self.vws, self.server, self.trace = list(vws), server, trace
     self._batches, self._on_wave = batches, on_wave
     self.comm = comm or InstantComm()
-    self._failures = {i: set(waves) for i, waves in (failures or {}).items()}  # faults not injected yet
     self._rejoin = rejoin
-    self._zombies: set[tuple[int, int]] = set()  # devices still running a task of a failed virtual worker
-    self._generation = [0] * len(self.vws)  # bumped when a virtual worker fails: late pushes/pulls are void
-    self._awaiting_join: set[int] = set()  # failed, a replacement joins once the global clock allows
-    self._running: dict[tuple[int, int], tuple[float, Version]] = {}  # device -> (start, version)
     self._glob_lists: dict[int, tuple[tuple[int, ...], list[int]]] = {}  # id(glob) -> (glob, as a list)
-    self._candidates: set[tuple[int, int]] = set()  # devices that may have become able to start a task
-    self._pulling: dict[int, int] = {}  # vw -> gated minibatch whose pull is on its way
-    self._pulled: dict[int, int] = {}  # vw -> gated minibatch whose pull has arrived
-    self._waiting_since: dict[int, float] = {}  # vw -> when its gate was found closed
     self._staged: StagedComm | None = cast(StagedComm, self.comm) if self.comm.staged else None
     if self._staged and any(vw.stages for vw in self.vws):
       raise ProtocolError("staged push and pull transfers are a timing model without numerics (the sim "
                           "executor); this run computes")
-    self._stage_wait: dict[int, tuple[int, set[int]]] = {}  # vw -> (gated minibatch, stages not rebased yet)
+    self.state = EngineState(
+        workers=tuple(vw.progress for vw in self.vws), running={}, candidates=set(), pulling={}, pulled={},
+        waiting_since={}, stage_wait={}, failures={i: set(waves) for i, waves in (failures or {}).items()},
+        zombies=set(), generation=[0] * len(self.vws), awaiting_join=set())
 
   def generation(self, vw: int) -> int:
     """How many times virtual worker ``vw`` has failed (work of an older generation is void)."""
-    return self._generation[vw]
+    return self.state.generation[vw]
 
   @property
   def done(self) -> bool:
     return all(vw.done for vw in self.vws)
 
-  def host_state(self) -> dict[str, Any]:
-    """Everything the engine and its virtual workers hold between events (plain Python values; the
-    numerics and the server keep their own), for a checkpoint."""
-    return {"pipelines": [vw.pipeline for vw in self.vws], "versions": [vw.versions for vw in self.vws],
-            "running": dict(self._running), "candidates": set(self._candidates), "pulling": dict(self._pulling),
-            "pulled": dict(self._pulled), "waiting_since": dict(self._waiting_since),
-            "live": [vw.live for vw in self.vws], "failures": {i: set(w) for i, w in self._failures.items()},
-            "zombies": set(self._zombies), "generation": list(self._generation),
-            "awaiting_join": set(self._awaiting_join)}  # (staged pulls are sim-only: no checkpoints)
-
-  def restore_host_state(self, state: dict[str, Any]) -> None:
-    """Puts back what :meth:`host_state` returned."""
-    for vw, pipeline, versions in zip(self.vws, state["pipelines"], state["versions"]):
-      vw.pipeline, vw.versions = pipeline, versions
-    self._running, self._candidates = dict(state["running"]), set(state["candidates"])
-    self._pulling, self._pulled = dict(state["pulling"]), dict(state["pulled"])
-    self._waiting_since = dict(state["waiting_since"])
-    for vw, live in zip(self.vws, state["live"]):
-      vw.live = live
-    self._failures = {i: set(w) for i, w in state["failures"].items()}
-    self._zombies, self._generation = set(state["zombies"]), list(state["generation"])
-    self._awaiting_join = set(state["awaiting_join"])
+  def restore(self, state: EngineState) -> None:
+    """Continues from ``state`` (a checkpoint's copy of :attr:`state`): the engine and its virtual workers
+    hold it from now on."""
+    if len(state.workers) != len(self.vws):
+      raise ProtocolError(f"an engine state of {len(state.workers)} virtual workers restored into an engine "
+                          f"of {len(self.vws)}")
+    self.state = state
+    for vw, progress in zip(self.vws, state.workers):
+      vw.progress = progress
+    self._glob_lists.clear()
 
   def devices(self) -> list[tuple[int, int]]:
     """Every (virtual worker, stage) device."""
@@ -141,23 +160,24 @@ class Engine:
     A device with nothing to start leaves the candidates: only an event that adds it back (a task of its
     virtual worker finishing next to it, an injection, a wake, a rejoin) can give it something."""
     tasks, idle = [], []
-    vws, running, pick = self.vws, self._running, schedule_lib.pick
-    for device in sorted(self._candidates):
-      vw = vws[device[0]]
+    state, pick = self.state, schedule_lib.pick
+    workers, running, staged = state.workers, state.running, state.stage_wait
+    for device in sorted(state.candidates):
+      progress = workers[device[0]]
       task = None
-      if device not in running and vw.live:  # else busy (maybe with a failed VW's task), or gone
-        task = pick(vw.pipeline, device[1], self._stage_rule(*device, allow) if self._stage_wait else allow)
+      if device not in running and progress.live:  # else busy (maybe with a failed VW's task), or gone
+        task = pick(progress.pipeline, device[1], self._stage_rule(*device, allow) if staged else allow)
       if task is None:
         idle.append(device)
       else:
         tasks.append(task)
-    self._candidates.difference_update(idle)
+    state.candidates.difference_update(idle)
     return tasks
 
   def _stage_rule(self, i: int, j: int, allow: Callable[[Task], bool] | None) -> Callable[[Task], bool] | None:
     """``allow``, and (staged pulls) no forward of the gated minibatch or a later one at a stage whose part
     of the pull has not landed."""
-    wait = self._stage_wait.get(i)
+    wait = self.state.stage_wait.get(i)
     if wait is None or j not in wait[1]:
       return allow
     gated = wait[0]
@@ -168,26 +188,27 @@ class Engine:
     shorter run, complete in itself, whose last wave may be unfinished and so not pushed). Finishing the
     begun wave instead could stall: a wave's last minibatch is gated, and the virtual workers it would
     wait for have stopped too."""
-    for vw in self.vws:
-      vw.total_mbs = min(vw.total_mbs, vw.pipeline.next_mb - 1)  # injected so far
+    for progress in self.state.workers:
+      progress.total_mbs = min(progress.total_mbs, progress.pipeline.next_mb - 1)  # injected so far
 
   def wake(self, vw: int, stage: int) -> None:
     """Something an ``allow`` of :meth:`startable` depends on changed for this device (e.g. an input
     landed): consider it again."""
-    self._candidates.add((vw, stage))
+    self.state.candidates.add((vw, stage))
 
   def start(self, task: Task, t: float) -> Any:
     """Starts ``task`` at ``t``; returns what to wait on for its numerics (None without numerics)."""
     i, j, kind, mb = task
-    vw = self.vws[i]
-    vw.pipeline = schedule_lib.start(vw.pipeline, task)
+    vw, state = self.vws[i], self.state
+    progress = vw.progress
+    progress.pipeline = schedule_lib.start(progress.pipeline, task)
     device = (i, j)
-    self._candidates.discard(device)
+    state.candidates.discard(device)
     if kind == FWD:
-      vw.versions, version = versions_lib.forward(vw.versions, j, mb)
+      progress.versions, version = versions_lib.forward(progress.versions, j, mb)
     else:  # the update is applied as the backward starts
-      vw.versions, version = versions_lib.backward(vw.versions, j, mb, vw.nm, vw.weight_mode)
-    self._running[device] = (t, version)
+      progress.versions, version = versions_lib.backward(progress.versions, j, mb, vw.nm, vw.weight_mode)
+    state.running[device] = (t, version)
     try:
       return vw.numerics.run(task)
     except ProtocolError:
@@ -207,7 +228,7 @@ class Engine:
       TaskFailed: when it was the last live virtual worker and none will replace it.
     """
     vw = self.vws[task.vw]
-    if (task.vw, task.stage) not in self._zombies:
+    if (task.vw, task.stage) not in self.state.zombies:
       if (error.final or not self._rejoin) and not any(other.live for other in self.vws if other is not vw):
         raise TaskFailed(f"{error}; no virtual worker is left to go on", error.final)
       self._fail(vw, t, str(error), final=error.final)
@@ -217,35 +238,35 @@ class Engine:
     """``task`` ended at ``t``: trace it, ready its successor, complete, push, inject."""
     i, j, kind, mb = task  # its device, and the neighbours its successor or a freed window may use
     device = (i, j)
-    vw = self.vws[i]
-    candidates = self._candidates
-    if self._zombies and device in self._zombies:  # a failed virtual worker's last task: its device is free
-      self._zombies.discard(device)
-      del self._running[device]
+    vw, state = self.vws[i], self.state
+    progress, candidates, zombies = vw.progress, state.candidates, state.zombies
+    if zombies and device in zombies:  # a failed virtual worker's last task: its device is free
+      zombies.discard(device)
+      del state.running[device]
       candidates.add(device)
       return
-    t0, (own, glob) = self._running.pop(device)
+    t0, (own, glob) = state.running.pop(device)
     self.trace.emit(ev=kind, vw=i, stage=j, mb=mb, t0=t0, t1=t, own=own, glob=self._glob_list(glob))
-    pipeline, completed = schedule_lib.finish(vw.pipeline, task, vw.schedule)
-    vw.pipeline = pipeline
+    pipeline, completed = schedule_lib.finish(progress.pipeline, task, vw.schedule)
+    progress.pipeline = pipeline
     candidates.add(device)
     if j > 0:
       candidates.add((i, j - 1))
     if j + 1 < len(pipeline.busy):
       candidates.add((i, j + 1))
     if self._staged and kind != FWD and wsp.is_wave_end(mb, vw.nm):  # this stage's part is final
-      self._staged.push_stage((i, self._generation[i], wsp.wave_of(mb, vw.nm)), i, j, t)
+      self._staged.push_stage((i, state.generation[i], wsp.wave_of(mb, vw.nm)), i, j, t)
     if not completed:
       return
     self.trace.emit(ev="complete", vw=i, mb=mb, t=t)
     if wsp.is_wave_end(mb, vw.nm):
       wave = wsp.wave_of(mb, vw.nm)
-      vw.versions = versions_lib.close_wave(vw.versions, wave, vw.nm, vw.index)
+      progress.versions = versions_lib.close_wave(progress.versions, wave, vw.nm, vw.index)
       updates, losses = vw.numerics.take_wave(wave)
       skipped = vw.numerics.take_skipped(wave)
-      gen = self._generation[vw.index]
+      gen = state.generation[vw.index]
       landed = lambda t_done: self._push(vw, wave, updates, losses, t_done, skipped) \
-          if self._generation[vw.index] == gen else None
+          if self.state.generation[vw.index] == gen else None
       if self._staged:
         self._staged.push_staged((vw.index, gen, wave), t, landed)
       else:
@@ -277,9 +298,9 @@ class Engine:
     # if the global clock moved, and those that join now. Every other one stopped at its window or a pull
     # on its way, which only its own completion or pull arrival moves on: trying them too would change
     # nothing (and cost O(N) each, O(N^2) per wave of all).
-    movable = {vw.index, *self._awaiting_join}
+    movable = {vw.index, *self.state.awaiting_join}
     if wsp.c_global(clock) != global_before:
-      movable.update(self._waiting_since)
+      movable.update(self.state.waiting_since)
     self._join_waiting(t)
     self._inject_all(t, movable)
 
@@ -290,60 +311,62 @@ class Engine:
 
   def _inject(self, vw: VirtualWorker, t: float) -> None:
     """Injects while the window allows; a gated minibatch first passes the gate and pulls."""
-    i = vw.index
-    while vw.live and schedule_lib.can_inject(vw.pipeline, vw.nm, vw.total_mbs, vw.schedule, vw.window):
-      mb = vw.pipeline.next_mb
-      if (mb - 1) % vw.nm == 0 and wsp.wave_of(mb, vw.nm) in self._failures.get(i, ()):
-        self._failures[i].discard(wsp.wave_of(mb, vw.nm))  # each injected fault fires once
+    i, progress, state = vw.index, vw.progress, self.state
+    while progress.live and schedule_lib.can_inject(progress.pipeline, vw.nm, progress.total_mbs, vw.schedule,
+                                                    vw.window):
+      mb = progress.pipeline.next_mb
+      if (mb - 1) % vw.nm == 0 and wsp.wave_of(mb, vw.nm) in state.failures.get(i, ()):
+        state.failures[i].discard(wsp.wave_of(mb, vw.nm))  # each injected fault fires once
         if not vw.numerics.crash():  # else: a real crash, found as such (its next task fails)
           return self._fail(vw, t, f"fault injected at wave {wsp.wave_of(mb, vw.nm)}")
-      if wsp.is_gated(mb, vw.nm) and self._pulled.get(i) != mb:
-        if self._pulling.get(i) == mb or self.server.clock.c_local[i] < wsp.wave_of(mb, vw.nm):
+      if wsp.is_gated(mb, vw.nm) and state.pulled.get(i) != mb:
+        if state.pulling.get(i) == mb or self.server.clock.c_local[i] < wsp.wave_of(mb, vw.nm):
           return  # the pull is on its way, or this VW's own last push has not landed yet
         snapshot = self.server.try_pull(i)
         if snapshot is None:
-          self._waiting_since.setdefault(i, t)
+          state.waiting_since.setdefault(i, t)
           return
-        if i in self._waiting_since:
-          self.trace.emit(ev="wait", vw=i, t0=self._waiting_since.pop(i), t1=t)
-        self._pulling[i] = mb
-        gen = self._generation[i]
+        if i in state.waiting_since:
+          self.trace.emit(ev="wait", vw=i, t0=state.waiting_since.pop(i), t1=t)
+        state.pulling[i] = mb
+        gen = state.generation[i]
         if self._staged:
-          self._stage_wait[i] = (mb, set(range(vw.k)))
+          state.stage_wait[i] = (mb, set(range(vw.k)))
           self._staged.pull_staged(i, t, lambda stage, t_done, mb=mb, snapshot=snapshot, gen=gen: self._stage_arrived(
-              vw, mb, snapshot, stage, t_done) if self._generation[i] == gen else None)
+              vw, mb, snapshot, stage, t_done) if self.state.generation[i] == gen else None)
           return
         self.comm.pull(i, t, lambda t_done, mb=mb, snapshot=snapshot, gen=gen: self._pull_arrived(
-            vw, mb, snapshot, t_done) if self._generation[i] == gen else None)
+            vw, mb, snapshot, t_done) if self.state.generation[i] == gen else None)
         continue  # an instant pull has injected mb already
       x, labels = self._batches(i, mb) if self._batches is not None else (None, None)
-      vw.pipeline, _ = schedule_lib.inject(vw.pipeline, vw.schedule)
+      progress.pipeline, _ = schedule_lib.inject(progress.pipeline, vw.schedule)
       vw.numerics.inject(mb, x, labels)
-      self._candidates.add((i, 0))
+      state.candidates.add((i, 0))
       self.trace.emit(ev="inject", vw=i, mb=mb, t=t)
 
   def _pull_arrived(self, vw: VirtualWorker, mb: int, snapshot: Snapshot, t: float) -> None:
-    del self._pulling[vw.index]
-    self._pulled[vw.index] = mb
-    added = vw.numerics.rebase(snapshot.params, versions_lib.open_updates(vw.versions))
-    vw.versions = versions_lib.rebase(vw.versions, snapshot.waves, vw.index, vw.nm, added)
+    state, progress = self.state, vw.progress
+    del state.pulling[vw.index]
+    state.pulled[vw.index] = mb
+    added = vw.numerics.rebase(snapshot.params, versions_lib.open_updates(progress.versions))
+    progress.versions = versions_lib.rebase(progress.versions, snapshot.waves, vw.index, vw.nm, added)
     self.trace.emit(ev="pull", vw=vw.index, t=t, glob=list(snapshot.waves))
     self._inject(vw, t)
 
   def _stage_arrived(self, vw: VirtualWorker, mb: int, snapshot: Snapshot, stage: int, t: float) -> None:
     """Staged pull: ``stage``'s part of the snapshot landed; it rebases; stage 0's lets ``mb`` in."""
-    i = vw.index
-    added = versions_lib.open_updates(vw.versions)[stage]
-    vw.versions = versions_lib.rebase_stage(vw.versions, stage, snapshot.waves, i, vw.nm, added)
+    i, state, progress = vw.index, self.state, vw.progress
+    added = versions_lib.open_updates(progress.versions)[stage]
+    progress.versions = versions_lib.rebase_stage(progress.versions, stage, snapshot.waves, i, vw.nm, added)
     self.trace.emit(ev="pull", vw=i, t=t, glob=list(snapshot.waves), stage=stage)
-    waiting = self._stage_wait[i][1]
+    waiting = state.stage_wait[i][1]
     waiting.discard(stage)
     if not waiting:
-      del self._stage_wait[i]
-    self._candidates.add((i, stage))
+      del state.stage_wait[i]
+    state.candidates.add((i, stage))
     if stage == 0:
-      del self._pulling[i]
-      self._pulled[i] = mb
+      del state.pulling[i]
+      state.pulled[i] = mb
       self._inject(vw, t)
 
   # --- membership ------------------------------------------------------------------------------------
@@ -353,26 +376,28 @@ class Engine:
     i = vw.index
     dropped = sum(versions_lib.open_updates(vw.versions))
     in_flight = vw.pipeline.next_mb - 1 - vw.pipeline.completed
-    self._zombies.update(dev for dev in self._running if dev[0] == i)
-    self._generation[i] += 1
+    state = self.state
+    state.zombies.update(dev for dev in state.running if dev[0] == i)
+    state.generation[i] += 1
     vw.numerics.drop()
     clock = self.server.leave(i)
-    vw.live = False
-    for book in (self._pulling, self._pulled, self._waiting_since, self._stage_wait):
+    vw.progress.live = False
+    for book in (state.pulling, state.pulled, state.waiting_since, state.stage_wait):
       book.pop(i, None)
     self.trace.emit(ev="leave", vw=i, t=t, pushed=clock.c_local[i], dropped_updates=dropped,
                     dropped_minibatches=in_flight, reason=reason)
     if self._rejoin and not final:
-      self._awaiting_join.add(i)
+      self.state.awaiting_join.add(i)
       self._join_waiting(t)
     self._inject_all(t)  # the global clock may have moved: gates may open
 
   def _join_waiting(self, t: float) -> None:
     """Replacements join once the live virtual workers' global clock reached the failed ones' clocks."""
-    for i in sorted(self._awaiting_join):
+    awaiting = self.state.awaiting_join
+    for i in sorted(awaiting):
       clock = self.server.clock
       if wsp.c_global(clock) >= clock.c_local[i]:
-        self._awaiting_join.discard(i)
+        awaiting.discard(i)
         self._join(self.vws[i], t)
 
   def _join(self, vw: VirtualWorker, t: float) -> None:
@@ -382,12 +407,13 @@ class Engine:
     snapshot = self.server.try_pull(i)
     if snapshot is None:  # c_local = c_global: the gate is open
       raise ProtocolError(f"VW {i} joined at clock {c} but the gate stayed closed")
-    vw.pipeline = schedule_lib.init(vw.k, i)._replace(next_mb=c * vw.nm + 1, completed=c * vw.nm)
-    vw.versions = versions_lib.rebase(versions_lib.init(vw.k, len(self.vws)), snapshot.waves, i, vw.nm,
-                                      [0] * vw.k)
+    progress = vw.progress
+    progress.pipeline = schedule_lib.init(vw.k, i)._replace(next_mb=c * vw.nm + 1, completed=c * vw.nm)
+    progress.versions = versions_lib.rebase(versions_lib.init(vw.k, len(self.vws)), snapshot.waves, i, vw.nm,
+                                            [0] * vw.k)
     vw.numerics.rejoin(snapshot.params)
-    vw.live = True
-    self._candidates.update((i, j) for j in range(vw.k))
+    progress.live = True
+    self.state.candidates.update((i, j) for j in range(vw.k))
     self.trace.emit(ev="join", vw=i, t=t, clock=c)
     self.trace.emit(ev="pull", vw=i, t=t, glob=list(snapshot.waves))
 

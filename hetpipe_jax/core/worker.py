@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from hetpipe_jax.core import schedule as schedule_lib
 from hetpipe_jax.core import versions as versions_lib
@@ -102,62 +102,33 @@ class NoNumerics:
     return False
 
 
-@dataclasses.dataclass(eq=False)
-class VirtualWorker:
-  """One virtual worker's state; :meth:`create` builds it fresh.
+@dataclasses.dataclass(slots=True)
+class Progress:
+  """What changes as a virtual worker runs: the engine's state holds it (a checkpoint saves it whole).
 
   Attributes:
-    index: the virtual worker's index i.
-    nm: minibatches per wave, and most minibatches in flight (>= 1) unless ``window`` is smaller.
-    total_mbs: minibatches to run.
-    schedule: a key of :data:`hetpipe_jax.core.schedule.SCHEDULES`.
-    weight_mode: "stash" (a backward uses its forward's weights) or "latest".
     pipeline: the schedule state (a NamedTuple).
     versions: the weight versions of its stages (a NamedTuple).
-    numerics: what runs its tasks.
+    total_mbs: minibatches to run (fewer once the run stops injecting).
     live: False once it failed (and no replacement joined).
-    window: most minibatches in flight when fewer than Nm (None: Nm).
   """
 
-  index: int
-  nm: int
-  total_mbs: int
-  schedule: str
-  weight_mode: str
   pipeline: schedule_lib.PipelineState
   versions: versions_lib.VersionBook
-  numerics: Numerics
+  total_mbs: int
   live: bool = True
+
+
+class Shape(NamedTuple):
+  """A virtual worker's shape where no layout gives one (a :class:`VWShape`): its stages, Nm and window."""
+
+  k: int
+  nm: int
   window: int | None = None
-
-  @classmethod
-  def create(cls, index: int, k: int, nm: int, total_mbs: int, num_vws: int, schedule: str = "1f1b",
-             weight_mode: str = "stash", numerics: Numerics | None = None,
-             window: int | None = None) -> VirtualWorker:
-    """A virtual worker of ``k`` stages before its first minibatch."""
-    return cls(index, nm, total_mbs, schedule, weight_mode, schedule_lib.init(k, index),
-               versions_lib.init(k, num_vws), numerics or NoNumerics(nm), window=window)
-
-  @property
-  def k(self) -> int:
-    return len(self.pipeline.busy)
-
-  @property
-  def completed(self) -> int:
-    return self.pipeline.completed
-
-  @property
-  def done(self) -> bool:
-    return not self.live or self.pipeline.completed == self.total_mbs
-
-  @property
-  def stages(self) -> Sequence[Any]:
-    """The numerics' stage objects (empty without numerics)."""
-    return self.numerics.stages
 
 
 class VWShape(Protocol):
-  """What a virtual worker's shape gives (:class:`hetpipe_jax.plan.layout.VWLayout` does)."""
+  """What a virtual worker's shape gives (:class:`hetpipe_jax.plan.layout.VWLayout` and :class:`Shape` do)."""
 
   @property
   def k(self) -> int: ...
@@ -169,10 +140,75 @@ class VWShape(Protocol):
   def window(self) -> int | None: ...
 
 
+@dataclasses.dataclass(eq=False)
+class VirtualWorker:
+  """One virtual worker: what it is, what runs its tasks, and its :class:`Progress`; :meth:`create`
+  builds it fresh.
+
+  Attributes:
+    index: the virtual worker's index i.
+    nm: minibatches per wave, and most minibatches in flight (>= 1) unless ``window`` is smaller.
+    schedule: a key of :data:`hetpipe_jax.core.schedule.SCHEDULES`.
+    weight_mode: "stash" (a backward uses its forward's weights) or "latest".
+    numerics: what runs its tasks.
+    progress: its schedule state, weight versions, minibatches to run and liveness (the engine's).
+    window: most minibatches in flight when fewer than Nm (None: Nm).
+  """
+
+  index: int
+  nm: int
+  schedule: str
+  weight_mode: str
+  numerics: Numerics
+  progress: Progress
+  window: int | None = None
+
+  @classmethod
+  def create(cls, index: int, shape: VWShape, total_mbs: int, num_vws: int, *, schedule: str = "1f1b",
+             weight_mode: str = "stash", numerics: Numerics | None = None) -> VirtualWorker:
+    """Virtual worker ``index`` of ``num_vws``, of ``shape.k`` stages, before its first minibatch."""
+    progress = Progress(schedule_lib.init(shape.k, index), versions_lib.init(shape.k, num_vws), total_mbs)
+    return cls(index, shape.nm, schedule, weight_mode, numerics or NoNumerics(shape.nm), progress, shape.window)
+
+  @property
+  def pipeline(self) -> schedule_lib.PipelineState:
+    return self.progress.pipeline
+
+  @property
+  def versions(self) -> versions_lib.VersionBook:
+    return self.progress.versions
+
+  @property
+  def total_mbs(self) -> int:
+    return self.progress.total_mbs
+
+  @property
+  def live(self) -> bool:
+    return self.progress.live
+
+  @property
+  def k(self) -> int:
+    return len(self.progress.pipeline.busy)
+
+  @property
+  def completed(self) -> int:
+    return self.progress.pipeline.completed
+
+  @property
+  def done(self) -> bool:
+    progress = self.progress
+    return not progress.live or progress.pipeline.completed == progress.total_mbs
+
+  @property
+  def stages(self) -> Sequence[Any]:
+    """The numerics' stage objects (empty without numerics)."""
+    return self.numerics.stages
+
+
 def virtual_workers(shapes: Sequence[VWShape], waves: int, schedule: str = "1f1b", weight_mode: str = "stash",
                     numerics: Sequence[Numerics] | None = None) -> list[VirtualWorker]:
   """One virtual worker per shape (its stages, Nm and window), each to run ``waves`` waves, with
   ``numerics`` (one per virtual worker; None: schedule only). Every executor builds its virtual workers
   here."""
-  return [VirtualWorker.create(i, vw.k, vw.nm, waves * vw.nm, len(shapes), schedule, weight_mode,
-                               None if numerics is None else numerics[i], vw.window) for i, vw in enumerate(shapes)]
+  return [VirtualWorker.create(i, vw, waves * vw.nm, len(shapes), schedule=schedule, weight_mode=weight_mode,
+                               numerics=None if numerics is None else numerics[i]) for i, vw in enumerate(shapes)]

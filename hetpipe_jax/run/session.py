@@ -90,7 +90,7 @@ class _Checkpoints:
     """Restores the engine, server, numerics and metrics; returns the executor's clock to resume from."""
     if self.state is None:
       return None
-    engine.restore_host_state(self.state["engine"])
+    engine.restore(self.state["engine"])
     built.server.restore_checkpoint_state(self.state["server"])
     for worker, worker_state in zip(built.numerics, self.state["numerics"]):
       worker.restore_checkpoint_state(worker_state)
@@ -105,7 +105,7 @@ class _Checkpoints:
     def save(clock: VirtualClock) -> None:
       trace.flush()
       self.checkpointer.save(wsp.c_global(server.clock), {
-          "engine": engine.host_state(), "server": server.checkpoint_state(),
+          "engine": engine.state, "server": server.checkpoint_state(),
           "numerics": [worker.checkpoint_state() for worker in built.numerics],
           "metrics": metrics.checkpoint_state(evaluate), "trace_events": len(trace.events),
           "clock": {"t": clock.t, "heap": list(clock.heap), "seq": clock.seq}}, {"virtual_time": clock.t})

@@ -1,19 +1,38 @@
 """Command channels of a ``multiprocess`` run (:mod:`hetpipe_jax.runtime.multiprocess`): process 0 posts a
 channel's commands (:class:`Channel`, built and checked by :mod:`hetpipe_jax.runtime.protocol`) in the
 coordination service's key-value store; the thread that owns the channel executes them in the order posted
-(:func:`command_loop`) and reports those that ask; :func:`wait` reads a report."""
+(:func:`command_loop`) and reports those that ask; :func:`wait` reads a report. :class:`Wiring` says where
+everything of the job runs, as every thread of a process sees it."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from typing import NamedTuple
 
 from hetpipe_jax.errors import ProtocolError, RunStopped, TaskFailed
 from hetpipe_jax.runtime import protocol
 from hetpipe_jax.runtime.distributed import POLL_S, Node, PeerGone
-from hetpipe_jax.runtime.mailbox import IDLE_S, TIMEOUT_S, JobStopped
+from hetpipe_jax.runtime.mailbox import IDLE_S, TIMEOUT_S, JobStopped, Mailbox
+
+
+class Wiring(NamedTuple):
+  """How this process's threads reach the job: its node, where every stage and PS shard runs, and the
+  mailbox of tensors between its threads.
+
+  Attributes:
+    node: this process's node.
+    owners: (virtual worker, stage) -> the process that runs it, for every stage of the job.
+    shard_owners: the process of every unit's PS shard.
+    mailbox: tensors between this process's threads.
+  """
+
+  node: Node
+  owners: dict[tuple[int, int], int]
+  shard_owners: Sequence[int]
+  mailbox: Mailbox
 
 
 def command_loop(node: Node, channel: str, handle, what: str) -> None:

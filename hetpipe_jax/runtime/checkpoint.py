@@ -6,7 +6,7 @@ that moment finished, none started yet): a consistent cut of the whole run. It h
 * the arrays: the parameter server's weights, optax state and clocks, every stage's weights, local
   optimizer state and open wave accumulators, what each forward keeps for its backward (in flight), the
   activations and gradients between stages, the losses not pushed yet;
-* the host state: the engine's pipeline and weight-version bookkeeping, the executor's clock and its
+* the host state: the engine's :class:`~hetpipe_jax.core.engine.EngineState`, whole, the executor's clock and its
   queue of running tasks, the metrics rows so far (evaluated), the number of trace events written;
 * the run's identity (model, data, cluster, layout, protocol, optimizer, seed...), as JSON, so that a
   resume with flags that change any of them is refused with one line naming the difference.
@@ -34,7 +34,7 @@ import numpy as np
 
 from hetpipe_jax.errors import ConfigError
 
-FORMAT = 1  # bump when what a checkpoint holds changes: older ones are then refused
+FORMAT = 2  # bump when what a checkpoint holds changes: older ones are then refused
 
 
 @dataclasses.dataclass(frozen=True)

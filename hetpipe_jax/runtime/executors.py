@@ -107,80 +107,108 @@ def run_wall(engine: Engine, cost: CostFn | None = None, time_scale: float = 1.0
     between: once a checkpoint is due, no task starts until every running one has finished; then it is
       saved (a consistent cut with nothing in flight on any device) and dispatching goes on.
   """
-  lock = threading.Lock()
-  keys = engine.devices()
-  handed: dict[tuple[int, int], queue.SimpleQueue] = {key: queue.SimpleQueue() for key in keys}  # None: look up
-  running: dict[tuple[int, int], tuple[Task, float, Any] | None] = dict.fromkeys(keys)  # (task, t0, out)
-  errors: list[BaseException] = []
-  t_start = time.perf_counter() - (resume.t if resume is not None else 0.0)
-  now = lambda: time.perf_counter() - t_start
-  draining = [False]  # a checkpoint is due: start nothing until every device is idle
+  return _WallRun(engine, cost, time_scale, wait, between).run(resume)
 
-  def wake_all() -> None:  # under the lock: every thread looks whether the run is over
-    for box in handed.values():
+
+class _WallRun:
+  """One run of :func:`run_wall`: the lock every engine call is made under, one queue and one thread per
+  device, and whether a due checkpoint is draining the devices."""
+
+  def __init__(self, engine: Engine, cost: CostFn | None, time_scale: float, wait: Callable[[Any], Any],
+               between: Checkpointing | None):
+    self.engine, self.cost, self.time_scale, self.wait, self.between = engine, cost, time_scale, wait, between
+    self.lock = threading.Lock()
+    self.keys = engine.devices()
+    self.handed: dict[tuple[int, int], queue.SimpleQueue] = {key: queue.SimpleQueue() for key in self.keys}
+    # device -> (task, t0, what engine.start returned) while it runs a task; None: look up (handed)
+    self.running: dict[tuple[int, int], tuple[Task, float, Any] | None] = dict.fromkeys(self.keys)
+    self.errors: list[BaseException] = []
+    self.draining = False  # a checkpoint is due: start nothing until every device is idle
+    self.t_start = time.perf_counter()
+
+  def now(self) -> float:
+    return time.perf_counter() - self.t_start
+
+  def run(self, resume: VirtualClock | None) -> float:
+    """Runs the engine to the end (from ``resume``'s time); returns the wall-clock seconds taken."""
+    engine = self.engine
+    self.t_start = time.perf_counter() - (resume.t if resume is not None else 0.0)
+    with self.lock:
+      if resume is None:
+        engine.begin(self.now())
+      self._dispatch()
+    threads = [threading.Thread(target=self._device_loop, args=(key,), name=f"vw{key[0]}-stage{key[1]}",
+                                daemon=True) for key in self.keys]
+    for th in threads:
+      th.start()
+    for th in threads:
+      th.join()
+    if self.errors:
+      raise self.errors[0]
+    if not engine.done:
+      raise ProtocolError("wall executor stopped before every minibatch completed (a schedule bug)")
+    return self.now()
+
+  def _wake_all(self) -> None:
+    """Under the lock: every device thread looks whether the run is over."""
+    for box in self.handed.values():
       box.put(None)
 
-  def dispatch() -> None:  # under the lock
-    if between is not None and (draining[0] or between.due()):
-      draining[0] = True
+  def _dispatch(self) -> None:
+    """Under the lock: starts every task that can start and hands each to its device's thread (once a
+    checkpoint is due, none until every device is idle: the last one to finish saves it)."""
+    engine, between, running = self.engine, self.between, self.running
+    if between is not None and (self.draining or between.due()):
+      self.draining = True
       if any(r is not None for r in running.values()):
         return  # the last device to finish saves the checkpoint
-      between.save(VirtualClock(now()))
-      draining[0] = False
+      between.save(VirtualClock(self.now()))
+      self.draining = False
     for task in engine.startable():
-      t0 = now()
+      t0 = self.now()
       key = (task.vw, task.stage)
       running[key] = started = (task, t0, engine.start(task, t0))
-      handed[key].put(started)
+      self.handed[key].put(started)
     if engine.done:
-      wake_all()
+      self._wake_all()
 
-  def device_loop(key: tuple[int, int]) -> None:
+  def _device_loop(self, key: tuple[int, int]) -> None:
+    """One device's thread: waits for each task handed to it, then finishes it and dispatches."""
     try:
-      box = handed[key]
+      box = self.handed[key]
       while True:
         started = box.get()
         if started is None:
-          with lock:
-            if errors or engine.done:
+          with self.lock:
+            if self.errors or self.engine.done:
               return
           continue
-        task, t0, out = started
-        failed = None
-        try:
-          wait(out)
-        except TaskFailed as e:  # where it ran: its virtual worker fails, the others go on
-          failed = e
-        if cost is not None and failed is None:
-          remaining = t0 + cost(task) * time_scale - now()
-          if remaining > 0:
-            time.sleep(remaining)
-        with lock:
-          if errors:
-            return
-          running[key] = None
-          if failed is None:
-            engine.finish(task, now())
-          else:
-            engine.task_failed(task, now(), failed)
-          dispatch()
+        if not self._finish(key, *started):
+          return
     except BaseException as e:  # pylint: disable=broad-except
-      with lock:
-        errors.append(e)
-        wake_all()
+      with self.lock:
+        self.errors.append(e)
+        self._wake_all()
 
-  with lock:
-    if resume is None:
-      engine.begin(now())
-    dispatch()
-  threads = [threading.Thread(target=device_loop, args=(key,), name=f"vw{key[0]}-stage{key[1]}",
-                              daemon=True) for key in keys]
-  for th in threads:
-    th.start()
-  for th in threads:
-    th.join()
-  if errors:
-    raise errors[0]
-  if not engine.done:
-    raise ProtocolError("wall executor stopped before every minibatch completed (a schedule bug)")
-  return now()
+  def _finish(self, key: tuple[int, int], task: Task, t0: float, out: Any) -> bool:
+    """Waits for ``task``'s numerics (and its emulated duration), then, under the lock, finishes it (or
+    fails its virtual worker) and dispatches; False when another thread failed (the run is over)."""
+    failed = None
+    try:
+      self.wait(out)
+    except TaskFailed as e:  # where it ran: its virtual worker fails, the others go on
+      failed = e
+    if self.cost is not None and failed is None:
+      remaining = t0 + self.cost(task) * self.time_scale - self.now()
+      if remaining > 0:
+        time.sleep(remaining)
+    with self.lock:
+      if self.errors:
+        return False
+      self.running[key] = None
+      if failed is None:
+        self.engine.finish(task, self.now())
+      else:
+        self.engine.task_failed(task, self.now(), failed)
+      self._dispatch()
+    return True

@@ -22,7 +22,7 @@ from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.models.base import LayeredModel
 from hetpipe_jax.plan.layout import Layout
 from hetpipe_jax.runtime import protocol
-from hetpipe_jax.runtime.channels import Channel
+from hetpipe_jax.runtime.channels import Channel, Wiring
 from hetpipe_jax.runtime.distributed import Node
 from hetpipe_jax.runtime.mailbox import TIMEOUT_S, Mailbox
 from hetpipe_jax.runtime.mixed import SCALED, cast_floats, compute_dtype
@@ -88,8 +88,8 @@ def build_stage(job: Job, i: int, j: int, x0, y0) -> tuple[Stage, dict[str, list
   vw = job.layout.vws[i]
   units, gpu = vw.stage_units(j), vw.gpus[j]
   device = jax.local_devices()[[g.index for g in job.cluster.node_gpus(gpu.node)].index(gpu.index)]
-  stage = Stage(job.model, units.start, units.stop, job.init_params[units.start:units.stop], device, job.tx,
-                vw.nm, job.weight_mode, job.precision)
+  stage = Stage(job.model, units, job.init_params[units.start:units.stop], device, job.tx, vw.nm,
+                weight_mode=job.weight_mode, precision=job.precision)
   x = job.model.apply(job.init_params[:units.start], jnp.asarray(x0), 0, units.start)  # the stage's input
   if stage.dtype is not None and units.start > 0:  # a 16-bit activation from the previous stage
     x = cast_floats(x, stage.dtype)
@@ -109,6 +109,7 @@ class NodeJob:
     self.owners = process_of(job.layout, self.nodes)
     self.shard_owners = [self.nodes.index(n) for n in job.shard_nodes]
     self.mailbox = Mailbox()
+    self.wiring = Wiring(node, self.owners, self.shard_owners, self.mailbox)
     self.threads: list[Any] = []
     self.channels: dict[int, Channel] = {}
     self.numerics: list[RemoteNumerics] = []
@@ -116,17 +117,15 @@ class NodeJob:
   def _stage_worker(self, i: int, j: int, x0, y0) -> StageWorker:
     """Stage j of virtual worker i on its GPU's local device, compiled on inputs like the run's."""
     stage, inputs = build_stage(self.job, i, j, x0, y0)
-    return StageWorker(self.node, i, j, stage, self.job.layout.vws[i].nm, self.owners, self.shard_owners,
-                       self.job.streams, self.mailbox, inputs)
+    return StageWorker(self.wiring, i, j, stage, self.job.layout.vws[i].nm, self.job.streams, inputs)
 
   def start(self) -> None:
     """Builds and starts this process's stage and shard threads; returns once every process has."""
     job, me = self.job, self.node.process
     mine = [u for u, p in enumerate(self.shard_owners) if p == me]
     if mine:  # this process holds these units' PS shards, in host memory
-      self.threads.append(ShardWorker(self.node, mine, [job.init_params[u] for u in mine], job.layout.num_vws,
-                                      job.d, job.ps_tx, self.owners, job.layout.cuts, self.mailbox,
-                                      compute_dtype(job.precision)).thread)
+      self.threads.append(ShardWorker(self.wiring, mine, [job.init_params[u] for u in mine], job.layout.cuts,
+                                      job.layout.num_vws, job.d, job.ps_tx, compute_dtype(job.precision)).thread)
     x0, y0 = job.streams(0, 1)
     for (i, j), process in self.owners.items():
       if process == me:
@@ -160,8 +159,8 @@ class NodeJob:
                      for p in sorted(set(self.shard_owners))}
     server = ShardedServer(node, job.layout.num_vws, job.d, self.shard_owners, self.channels, self.mailbox,
                            [jax.tree.structure(p) for p in job.init_params])
-    self.numerics = [RemoteNumerics(node, i, vw.cuts, vw.nm, self.owners, self.shard_owners, self.channels,
-                                    self.mailbox, check_finite=job.check_finite, scaled=job.precision in SCALED)
+    self.numerics = [RemoteNumerics(self.wiring, i, vw.cuts, vw.nm, self.channels, check_finite=job.check_finite,
+                                    scaled=job.precision in SCALED)
                      for i, vw in enumerate(job.layout.vws)]
     return server, self.numerics
 

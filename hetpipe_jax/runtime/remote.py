@@ -14,9 +14,8 @@ import numpy as np
 from hetpipe_jax.core.schedule import FWD, Task, successor
 from hetpipe_jax.plan.layout import Layout
 from hetpipe_jax.runtime import protocol
-from hetpipe_jax.runtime.channels import Channel, Pending, wait
-from hetpipe_jax.runtime.distributed import Node
-from hetpipe_jax.runtime.mailbox import Mailbox, receive_tree, send_tree
+from hetpipe_jax.runtime.channels import Channel, Pending, Wiring, wait
+from hetpipe_jax.runtime.mailbox import receive_tree, send_tree
 
 
 def process_of(layout: Layout, nodes: Sequence[int]) -> dict[tuple[int, int], int]:
@@ -29,23 +28,20 @@ class RemoteNumerics:
   """The engine's numerics adapter for one virtual worker whose stages run in node processes.
 
   Args:
-    node: process 0's node.
+    wiring: process 0's node and mailbox, where every stage and shard runs.
     vw: the virtual worker.
     cuts: its unit boundaries.
     nm: its Nm.
-    owners: (virtual worker, stage) -> the process that runs it.
-    shard_owners: the process of every unit's shard.
     channels: process -> its PS command channel (shared with :class:`ShardedServer`).
-    mailbox: process 0's mailbox.
     check_finite: the stages report the units whose wave update is not finite (for
       ``on_nonfinite="skip"``: then closing a wave waits for their reports).
     scaled: the stages train in fp16 (dynamic loss scaling): closing a wave waits for their reports of how
       many of its updates they skipped.
   """
 
-  def __init__(self, node: Node, vw: int, cuts: Sequence[int], nm: int, owners: dict[tuple[int, int], int],
-               shard_owners: Sequence[int], channels: dict[int, Channel], mailbox: Mailbox,
+  def __init__(self, wiring: Wiring, vw: int, cuts: Sequence[int], nm: int, channels: dict[int, Channel], *,
                check_finite: bool = False, scaled: bool = False):
+    node, owners, shard_owners, mailbox = wiring
     self.node, self.vw, self.cuts, self.nm, self._check, self._scaled = node, vw, list(cuts), nm, check_finite, scaled
     self._skipped: dict[int, int] = {}  # fp16: wave -> how many of its updates the stages skipped, until read
     self.k = len(cuts) - 1

@@ -18,7 +18,7 @@ from hetpipe_jax.core import wsp
 from hetpipe_jax.core.server import Snapshot
 from hetpipe_jax.errors import NonFiniteUpdate
 from hetpipe_jax.runtime import protocol
-from hetpipe_jax.runtime.channels import Channel, command_loop, wait
+from hetpipe_jax.runtime.channels import Channel, Wiring, command_loop, wait
 from hetpipe_jax.runtime.decentral import Actor, Context, run_thread, stream
 from hetpipe_jax.runtime.distributed import Node, PeerGone
 from hetpipe_jax.runtime.mailbox import (
@@ -51,17 +51,16 @@ class ShardWorker:
   order the controller posts (channel ``ps<process>``).
 
   Args:
-    node: this process's node.
+    wiring: this process's node and mailbox, where every stage runs.
     units: the units whose shards live here.
     params: their initial global weights.
+    cuts: each virtual worker's unit boundaries.
     num_vws, d, tx, update_dtype: as for :class:`~hetpipe_jax.runtime.ps.ParameterServer`.
-    owners: (virtual worker, stage) -> process; ``cuts``: each virtual worker's unit boundaries.
-    mailbox: tensors between this process's threads.
   """
 
-  def __init__(self, node: Node, units: Sequence[int], params: Sequence[Any], num_vws: int, d: int,
-               tx, owners: dict[tuple[int, int], int], cuts: Sequence[Sequence[int]], mailbox: Mailbox,
-               update_dtype: Any = None):
+  def __init__(self, wiring: Wiring, units: Sequence[int], params: Sequence[Any], cuts: Sequence[Sequence[int]],
+               num_vws: int, d: int, tx, update_dtype: Any = None):
+    node, owners, mailbox = wiring.node, wiring.owners, wiring.mailbox
     self.node, self.units, self._owners, self._cuts, self._mailbox = node, list(units), owners, cuts, mailbox
     # the same apply rule as in one process, compiled for the pushes' dtype (16 bits in mixed precision)
     self.ps = ParameterServer(params, num_vws, d, tx, update_dtype=update_dtype)

@@ -78,7 +78,7 @@ class Stage:
 
   Args:
     model: the layered model.
-    first, last: the unit range.
+    units: the unit range ``range(first, last)``.
     params: this stage's unit parameters (a tuple, one per unit), anywhere; copied to ``device``.
     device: the JAX device that runs the stage.
     tx: the virtual worker's local optimizer (per-stage state).
@@ -87,8 +87,9 @@ class Stage:
     precision: "fp32", or "bf16"/"fp16": mixed precision (see the module docstring).
   """
 
-  def __init__(self, model: LayeredModel, first: int, last: int, params, device: Device,
-               tx: optax.GradientTransformation, nm: int, weight_mode: str = "stash", precision: str = "fp32"):
+  def __init__(self, model: LayeredModel, units: range, params, device: Device, tx: optax.GradientTransformation,
+               nm: int, *, weight_mode: str = "stash", precision: str = "fp32"):
+    first, last = units.start, units.stop
     self.model, self.first, self.last, self.device = model, first, last, device
     self.is_first, self.is_last = first == 0, last == model.num_units
     self.nm, self.weight_mode, self.tx = nm, weight_mode, tx

@@ -8,7 +8,6 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -17,10 +16,9 @@ from hetpipe_jax.core.schedule import FWD
 from hetpipe_jax.data import MinibatchStreams
 from hetpipe_jax.errors import ProtocolError
 from hetpipe_jax.runtime import protocol
-from hetpipe_jax.runtime.channels import command_loop
-from hetpipe_jax.runtime.distributed import Node, PeerGone
+from hetpipe_jax.runtime.channels import Wiring, command_loop
+from hetpipe_jax.runtime.distributed import PeerGone
 from hetpipe_jax.runtime.mailbox import (
-  Mailbox,
   collect,
   deliver,
   receive_tree,
@@ -41,14 +39,11 @@ class StageWorker:
   worker's generation (bumped when it fails), so a replacement never takes a tensor of the failed one.
 
   Args:
-    node: this process's node.
+    wiring: this process's node and mailbox, where every stage and shard runs.
     vw, stage: which stage.
     stage_obj: the stage (on a local device).
     nm: the virtual worker's Nm.
-    owners: (virtual worker, stage) -> process, for every stage of the job.
-    shard_owners: the process of every unit's PS shard.
     streams: the minibatch source (every process draws the same minibatches from the same seed).
-    mailbox: tensors between this process's stages.
     inputs: the (shape, dtype) of each array of what this stage receives: ``"a"``, the activation from the
       previous stage (none for stage 0), ``"g"``, the gradient of its output from the next (none for the
       last stage; in fp16 with the scale it is at).
@@ -57,9 +52,9 @@ class StageWorker:
       its last Nm + 1 offers per stream.
   """
 
-  def __init__(self, node: Node, vw: int, stage: int, stage_obj: Stage, nm: int,
-               owners: dict[tuple[int, int], int], shard_owners: Sequence[int], streams: MinibatchStreams,
-               mailbox: Mailbox, inputs: dict[str, list[tuple[Any, Any]]]):
+  def __init__(self, wiring: Wiring, vw: int, stage: int, stage_obj: Stage, nm: int, streams: MinibatchStreams,
+               inputs: dict[str, list[tuple[Any, Any]]]):
+    node, owners, shard_owners, mailbox = wiring
     self.node, self.vw, self.j, self.stage, self.nm = node, vw, stage, stage_obj, nm
     self._owners, self._shards, self._streams, self._mailbox = owners, shard_owners, streams, mailbox
     self._inputs = inputs
