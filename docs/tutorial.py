@@ -123,8 +123,9 @@ print(hp.plan_table(plan))
 # flight adds its kept activations. `placement="local"` puts each unit's PS shard on the node that runs
 # it in every VW, so a push never crosses the network (0.0 MiB per push).
 #
-# The modelled rate leaves out WSP waiting, link contention and the PS traffic; the simulator puts them
-# in.
+# Each VW's modelled rate, and their sum (the planner's *bound*), leave out WSP waiting, link contention
+# and the PS traffic; the simulator puts them in, and the plan's headline figure is the simulator's
+# (`plan_hetpipe` simulates the layout in fast mode; `simulate=False` gives the bound alone).
 
 # %% [markdown]
 # ## 3. Simulate the plan and read the time breakdown
@@ -179,11 +180,11 @@ for policy in ("NP", "ED", "HD"):
   doc = hp.plan_hetpipe(vgg19, imagenet, config.replace(policy=policy))
   run = hp.run_hetpipe(vgg19, imagenet, config.replace(policy=policy))
   vws = ", ".join(f"{len(vw['devices'])} GPUs Nm={vw['nm']} {vw['images_per_s']:.0f}" for vw in doc["vws"])
-  print(f"{policy}: planned {doc['images_per_s']:6.1f} images/s, simulated {run.images_per_second:6.1f}   "
-        f"(per VW planned: {vws})")
+  print(f"{policy}: planner's bound {doc['bound_images_per_s']:6.1f} images/s, simulated "
+        f"{run.images_per_second:6.1f}   (per VW alone: {vws})")
 
 # %% [markdown]
-# NP plans well on paper, since each node's pipeline is fast inside the node, but it simulates far
+# NP's bound is high, since each node's pipeline is fast inside the node, but it simulates far
 # below: its three virtual workers run at very different speeds, and WSP ties them together.
 #
 # **What D buys, and what it does not.** WSP lets a fast VW run at most D + 1 waves ahead of the

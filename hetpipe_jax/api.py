@@ -29,6 +29,7 @@ from hetpipe_jax.run.config import RunConfig
 from hetpipe_jax.run.executors import get_executor
 from hetpipe_jax.run.result import RunResult
 from hetpipe_jax.run.setup import Setup, prepare
+from hetpipe_jax.sim.planned import simulate_plan
 
 __all__ = ["RunConfig", "RunResult", "plan_hetpipe", "plan_table", "run_hetpipe"]
 
@@ -70,16 +71,18 @@ def run_hetpipe(model: LayeredModel, dataset, config: RunConfig) -> RunResult:
   return get_executor(config.executor).run(_setup(model, dataset, config))
 
 
-def plan_hetpipe(model: LayeredModel, dataset, config: RunConfig) -> dict[str, Any]:
+def plan_hetpipe(model: LayeredModel, dataset, config: RunConfig, *, simulate: bool = True) -> dict[str, Any]:
   """The plan of the run ``run_hetpipe(model, dataset, config)`` would run, without running it.
 
   The same layout the run gets (the planner's with ``config.layout.policy``, else the given stages and
   cuts), evaluated by the cost model: per virtual worker its GPUs in pipeline order, Nm, each stage's
   units, modelled time per minibatch and memory against its GPU's, the bottleneck and modelled images/s,
   and the PS traffic a push sends across nodes; the node of every PS shard; per unit its costs on every GPU
-  type. With ``time_model`` the plan is of the clock's model (the one the layout was planned for). The
-  document is JSON-serialisable, the same that ``python -m experiments.plan`` writes;
-  :func:`plan_table` prints it.
+  type. Its ``images_per_s`` is what the ``sim`` executor measures of the layout (in fast mode, at the
+  config's D; ``bound_images_per_s`` is the planner's own sum of the virtual workers' rates, a bound), unless
+  ``simulate`` is False (then ``images_per_s`` is the bound, labelled so). With ``time_model`` the plan is
+  of the clock's model (the one the layout was planned for). The document is JSON-serialisable, the same
+  that ``python -m experiments.plan`` writes; :func:`plan_table` prints it.
 
   ``dataset`` may be a :class:`~hetpipe_jax.models.FullSize` input description with the ``sim`` executor,
   as for :func:`run_hetpipe`.
@@ -92,5 +95,8 @@ def plan_hetpipe(model: LayeredModel, dataset, config: RunConfig) -> dict[str, A
   spec = config.layout
   policy = "manual" if spec.policy is None else spec.policy if isinstance(spec.policy, str) else "custom"
   plan = layout_plan(setup.cluster, setup.clock_profiles, setup.clock_layout, policy, spec.placement, setup.costs)
+  simulated = simulate_plan(setup.cluster, setup.clock_profiles, plan, config.batch_size, d=config.wsp.d,
+                            weight_mode=config.wsp.weight_mode, schedule=config.wsp.schedule,
+                            precision=config.precision).to_json() if simulate else None
   return plan_to_json(setup.cluster, setup.clock_profiles, plan, spec.time_model or model.name, config.batch_size,
-                      config.precision)
+                      config.precision, simulated)

@@ -35,6 +35,12 @@ def test_the_plan_is_what_the_run_runs():
                           for vw in doc["vws"]]
   assert doc["policy"] == "HD" and doc["model"] == model.name and doc["images_per_s"] > 0
   assert "virtual worker 1: Nm=" in plan_table(doc)
+  # Its headline is the simulator's figure for this layout (fast mode, the config's D), beside the planner's bound.
+  assert doc["images_per_s"] == doc["simulated"]["images_per_s"] and doc["simulated"]["d"] == 1
+  assert doc["images_per_s"] <= doc["bound_images_per_s"] * (1 + 1e-9)
+  assert plan_table(doc).splitlines()[0].count("simulated") >= 1
+  bound_only = plan_hetpipe(model, data, config, simulate=False)
+  assert bound_only["simulated"] is None and bound_only["images_per_s"] == doc["bound_images_per_s"]
 
 
 def test_a_manual_layout_and_a_time_model_are_planned_too():
