@@ -125,8 +125,8 @@ def simulate(row: Row, types: dict, gpus: int | None = None, links: dict | None 
     ConfigError: when the system cannot run the row.
   """
   from hetpipe_jax.baselines.knobs import PeerKnobs
-  from hetpipe_jax.baselines.systems import simulate_peer
   from hetpipe_jax.cost.batch import BatchProfiles
+  from hetpipe_jax.systems import get_system
   if gpus is not None:
     row = row._replace(gpus=gpus, nodes=1)
   if row.system == "nccl_allreduce":
@@ -144,7 +144,7 @@ def simulate(row: Row, types: dict, gpus: int | None = None, links: dict | None 
     knobs = knobs._replace(global_batch=row.batch_per_gpu, microbatches=row.microbatches)
     batch = row.batch_per_gpu // row.microbatches
   profiles = BatchProfiles.full_size(row.model, batch)
-  run = simulate_peer(row.system, row_cluster(row, held, links), profiles, batch, knobs, _costs(row), row.model)
+  run = get_system(row.system).simulate(row_cluster(row, held, links), profiles, batch, knobs, _costs(row), row.model)
   return run.images_per_sec
 
 

@@ -49,8 +49,9 @@ from collections.abc import Sequence
 
 from absl import flags
 
-from experiments import common
-from experiments.peer_runs import MISSES, NOT_TRAINED, REACHES, goodput
+from experiments import common, peer_flags
+from hetpipe_jax.studies.throughput_goodput import MISSES, NOT_TRAINED, REACHES, goodput
+from hetpipe_jax.systems import WSP, HetPipe, simulate_systems, systems
 
 FLAGS = flags.FLAGS
 SUB_STUDIES = ("nm", "closed_form", "whimpy")
@@ -79,15 +80,13 @@ flags.DEFINE_integer("max_stages", 0, "Most stages per virtual worker the tuner 
 flags.DEFINE_enum("tuned_objective", "time_to_accuracy", ["time_to_accuracy", "throughput"],
                   "What the 'HetPipe tuned' row optimises: predicted time to accuracy (the staleness model of the "
                   "matching --convergence file; images/s when there is none), or images/s.")
-flags.DEFINE_integer("microbatches", 0, "sync_pipeline: microbatches per iteration over all pipelines (0: auto).")
-flags.DEFINE_integer("local_steps", 8, "local_sgd: H (of the fastest worker with --h_by_speed).")
-flags.DEFINE_bool("h_by_speed", True, "local_sgd: each worker's H in proportion to its speed.")
-flags.DEFINE_enum("local_workers", "auto", ["auto", "gpu", "vw"], "local_sgd: workers are GPUs or pipelines "
-                  "(auto: GPUs where one holds the model, else pipelines).")
+flags.DEFINE_list("systems", ["horovod", "hetero_dp", "sync_pipeline", "local_sgd"], "Peer systems of the table "
+                  "(hetpipe_jax.systems, and those --systems_module registers).")
+peer_flags.override_defaults(h_by_speed=True)  # the study's one default of its own (experiments.peer_flags)
 flags.DEFINE_list("convergence", None, "convergence.json files (experiments.convergence) giving each row's goodput "
                   "mark; default: outputs/convergence/convergence.json if it exists; empty: none.")
 
-PEERS = ("horovod", "hetero_dp", "sync_pipeline", "local_sgd")
+HETPIPE = HetPipe.name
 POLICIES = ("NP", "ED", "HD")
 TUNED, TUNED_IPS, TUNED_OUTER = "HetPipe tuned", "HetPipe tuned for images/s", "HetPipe tuned + outer"
 DEFAULT_CONVERGENCE = os.path.join("outputs", "convergence", "convergence.json")
@@ -113,7 +112,7 @@ class Study:
 
   def best_peer(self) -> dict | None:
     """The peer entry with the most images/s (None: no peer ran)."""
-    peers = [e for e in self.table if e["system"] != "hetpipe" and e["images_per_sec"]]
+    peers = [e for e in self.table if is_peer(e) and e["images_per_sec"]]
     return max(peers, key=lambda e: e["images_per_sec"], default=None)
 
   def ideal(self, gpus=None, cluster=None) -> float:
@@ -160,35 +159,24 @@ def simulated_images_per_sec(s: Study, plans, d: int = 0, placement: str = "defa
 # The table.
 
 
+def is_peer(entry: dict) -> bool:
+  """Whether a table entry is a peer's: a registered system that is not a WSP one (HetPipe)."""
+  system = systems().get(entry["system"])
+  return system is not None and system.kind != WSP
+
+
 def peer_entries(s: Study) -> None:
-  """The peers, simulated with default knobs but --microbatches, --local_steps, --h_by_speed, --local_workers."""
-  from experiments.peer_runs import peer_specs
-  from hetpipe_jax.baselines.knobs import PeerKnobs
-  # (the convergence study's defaults: the same configurations)
-  knobs = PeerKnobs(microbatches=FLAGS.microbatches or s.cluster.num_gpus, local_steps=FLAGS.local_steps,
-                    h_by_speed=FLAGS.h_by_speed, local_workers=FLAGS.local_workers)
-  for spec in peer_specs(s.cluster, s.batch_profiles, s.batch, s.costs, knobs, PEERS, model=s.model_name):
+  """The systems of --systems, simulated with the knobs of the flags (experiments.peer_flags; --microbatches=0:
+  the cluster's GPUs, as the convergence study sets them: the same configurations)."""
+  knobs = peer_flags.knobs_from_flags(FLAGS, microbatches=FLAGS.microbatches or s.cluster.num_gpus)
+  for spec in simulate_systems(FLAGS.systems, s.cluster, s.batch_profiles, s.batch, s.costs, knobs,
+                               model=s.model_name, progress=lambda line: common.progress("%s", line)):
+    name = spec.system.name
     if spec.run is None:
-      s.entry(spec.system, spec.system, "", None, None, spec.reason)
+      s.entry(name, name, "", None, None, spec.reason)
       continue
-    gpus = len({g.index for w in spec.run.job.workers for g in w.gpus})
-    s.entry(spec.system, spec.system, peer_config(spec.run.timeline["meta"]), gpus, spec.run.images_per_sec,
-            signature=[spec.batch_sizes, spec.local_steps])
-
-
-def peer_config(meta: dict) -> str:
-  """What a peer ran, from its timeline's meta."""
-  def span(values) -> str:
-    return f"{min(values)}" if min(values) == max(values) else f"{min(values)}..{max(values)}"
-  system = meta["system"]
-  if system == "hetero_dp":
-    return f"global batch {meta['global_batch']}, per GPU {span(meta['shares'])}, accumulation " \
-           f"{span(meta['accumulation'])}"
-  if system == "sync_pipeline":
-    return f"{meta['policy']} pipelines, microbatches {meta['microbatches']} of {meta['batch_size']}"
-  if system == "local_sgd":
-    return f"{meta['local_workers']} workers, H {span(meta['local_steps'])}, batch {meta['batch_size']}"
-  return f"batch {meta['batch_size']} per GPU, fusion {meta['fusion_mb']:g} MiB"
+    s.entry(name, name, spec.system.config(spec.run), spec.run.gpus, spec.run.images_per_sec,
+            signature=spec.system.signature(spec.run))
 
 
 def hetpipe_entries(s: Study, ds: list[int]) -> None:
@@ -200,11 +188,11 @@ def hetpipe_entries(s: Study, ds: list[int]) -> None:
       plan = plan_cluster(s.cluster, s.profiles, policy, "default", "max_fit", None, s.costs)
     except ConfigError as e:
       for d in ds:
-        s.entry(f"HetPipe {policy} D={d}", "hetpipe", "", None, None, str(e))
+        s.entry(f"HetPipe {policy} D={d}", HETPIPE, "", None, None, str(e))
       continue
     config = f"{len(plan.vws)} virtual workers, Nm {[p.nm for p in plan.vws]}, default placement"
     for d in ds:
-      s.entry(f"HetPipe {policy} D={d}", "hetpipe", config, s.cluster.num_gpus,
+      s.entry(f"HetPipe {policy} D={d}", HETPIPE, config, s.cluster.num_gpus,
               simulated_images_per_sec(s, plan.vws, d, "default"), signature=[[p.nm for p in plan.vws], d])
 
 
@@ -228,7 +216,7 @@ def tuned_entries(s: Study, ds: list[int]) -> None:
     out = tuned_search(s, ds, fit)
   except ConfigError as e:
     for row in (TUNED, TUNED_IPS, TUNED_OUTER):
-      s.entry(row, "hetpipe", "", None, None, str(e))
+      s.entry(row, HETPIPE, "", None, None, str(e))
     return
   fastest = max(out.results, key=lambda r: r.images_per_sec)
   best, why = out.best, ("by predicted time to accuracy (staleness model of the convergence study)" if fit else
@@ -247,11 +235,11 @@ def tuned_entries(s: Study, ds: list[int]) -> None:
   s.notes.append(f"{TUNED} (+ outer): {why}: {best.candidate.label}")
   s.notes.append(f"{TUNED_IPS}: {fastest.candidate.label}")
   sign = lambda c: [[p.nm for p in c.plans], c.d]
-  s.entry(TUNED, "hetpipe", best.candidate.label, gpus, best.images_per_sec, objective=objective,
+  s.entry(TUNED, HETPIPE, best.candidate.label, gpus, best.images_per_sec, objective=objective,
           signature=sign(best.candidate))
-  s.entry(TUNED_IPS, "hetpipe", fastest.candidate.label, gpus, fastest.images_per_sec, objective="throughput",
+  s.entry(TUNED_IPS, HETPIPE, fastest.candidate.label, gpus, fastest.images_per_sec, objective="throughput",
           signature=sign(fastest.candidate))
-  s.entry(TUNED_OUTER, "hetpipe", f"as {TUNED}, + outer optimizer at the PS (same timing)", gpus,
+  s.entry(TUNED_OUTER, HETPIPE, f"as {TUNED}, + outer optimizer at the PS (same timing)", gpus,
           best.images_per_sec, objective=objective, signature=sign(best.candidate))
 
 
@@ -441,7 +429,7 @@ def table_chart(studies: list[Study], path: str) -> str:
   fig, axes = plt.subplots(1, len(studies), figsize=(7 * len(studies), 5), squeeze=False)
   for ax, s in zip(axes[0], studies):
     values = [e["throughput"] or 0.0 for e in s.table]
-    colours = ["#999999" if e["system"] != "hetpipe" else "#4C72B0" for e in s.table]
+    colours = ["#999999" if is_peer(e) else "#4C72B0" for e in s.table]
     bars = ax.bar(range(len(values)), values, color=colours)
     top = max(values + [s.ideal() * s.per_example])
     for i, (bar, e) in enumerate(zip(bars, s.table)):

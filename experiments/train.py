@@ -238,9 +238,9 @@ def run_peer_plan(path: str, entry: dict) -> None:
       system cannot run.
   """
   from hetpipe_jax import ConfigError, get_cluster
-  from hetpipe_jax.baselines.systems import simulate_peer
   from hetpipe_jax.cost.context import CostContext
   from hetpipe_jax.optim import optimizer_slots
+  from hetpipe_jax.systems import get_system
   from hetpipe_jax.tune.peers import peer_knobs, system_of, tuner_profiles
   system = system_of(entry)
   if FLAGS.executor != "sim":
@@ -266,7 +266,7 @@ def run_peer_plan(path: str, entry: dict) -> None:
   costs = CostContext(values["weight_mode"], optimizer_slots(values["optimizer"]), precision=FLAGS.precision)
   common.progress("simulating the plan's %s: %s on %s, batch %d, %s", system, values["model"], cluster.name,
                   values["batch_size"], knobs)
-  run = simulate_peer(system, cluster, profiles, values["batch_size"], knobs, costs, values["model"])
+  run = get_system(system).simulate(cluster, profiles, values["batch_size"], knobs, costs, values["model"])
   timeline_out = common.write_json(common.output_path(FLAGS.out_dir, f"{system}.timeline.json"), run.timeline,
                                    indent=None)
   predicted = entry.get("images_per_sec")

@@ -48,10 +48,10 @@ def test_the_evaluator_reports_test_accuracy_and_the_mean_loss_per_label():
 
 def test_data_parallel_with_one_gpu_is_plain_sgd():
   ref_losses, ref_params = plain_sgd(optax.sgd(0.1))
-  rows = train_data_parallel(get_model("mlp"), TDATA, optax.sgd(0.1), 1, STEPS, 32, 0.5, seed=3,
-                             eval_every=STEPS)
-  np.testing.assert_allclose([r["train_loss"] for r in rows], ref_losses, rtol=1e-5)
-  assert rows[-1]["time"] == pytest.approx(STEPS * 0.5) and "test_accuracy" in rows[-1]
+  rows = train_data_parallel(model=get_model("mlp"), dataset=TDATA, tx=optax.sgd(0.1), num_workers=1, batch_size=32,
+                             steps=STEPS, step_seconds=0.5, seed=3, eval_every=STEPS).rows
+  np.testing.assert_allclose([r.train_loss for r in rows], ref_losses, rtol=1e-5)
+  assert rows[-1].time == pytest.approx(STEPS * 0.5) and rows[-1].test_accuracy is not None
 
 
 @pytest.mark.slow
@@ -68,8 +68,9 @@ def test_short_runs_learn_and_repeat():
                                                      waves=60))
   assert_trace_ok(ssp.events)
   assert ssp.metrics[-1]["test_accuracy"] > 0.7
-  dp = train_data_parallel(model, data, optax.sgd(0.1), 4, 60, 32, 1.0, eval_every=60)
-  assert dp[-1]["test_accuracy"] > 0.7
+  dp = train_data_parallel(model=model, dataset=data, tx=optax.sgd(0.1), num_workers=4, batch_size=32, steps=60,
+                           step_seconds=1.0, eval_every=60).rows
+  assert dp[-1].test_accuracy > 0.7
 
 
 def test_doubling_every_gpu_halves_the_time_to_target():

@@ -138,7 +138,7 @@ def test_paper_testbed_study(tmp_path):
 
 
 def test_goodput_marks_only_the_configuration_that_was_trained():
-  from experiments.peer_runs import goodput
+  from hetpipe_jax.studies.throughput_goodput import goodput
   runs = [{"row": "HetPipe ED D=0", "system": "hetpipe", "nm": [4, 4], "d": 0, "seed": s, "time_to_target_s": t}
           for s, t in ((0, 10.0), (1, 14.0))]
   runs += [{"row": "hetero_dp", "system": "hetero_dp", "batch_sizes": [40, 24], "local_steps": [1, 1], "seed": 0,
@@ -151,7 +151,7 @@ def test_goodput_marks_only_the_configuration_that_was_trained():
 
 
 def test_learning_rate_rule_scales_linearly_or_with_the_square_root():
-  from experiments.peer_runs import rule_lr
+  from hetpipe_jax.systems import rule_lr
   assert rule_lr(128) == pytest.approx(0.08)  # 0.02 per 32 examples, x 4
   assert rule_lr(128, 0.002, "sqrt") == pytest.approx(0.004)  # x sqrt(4)
   assert rule_lr(8, 0.002, "sqrt") == pytest.approx(0.001)
