@@ -15,6 +15,7 @@ from test_transparency import STEPS, plain_sgd
 from hetpipe_jax import RunConfig, get_model, load_dataset, run_hetpipe, synthetic
 from hetpipe_jax.baselines.data_parallel import train_data_parallel
 from hetpipe_jax.cluster import GpuType, Link, make_cluster
+from hetpipe_jax.studies.convergence_target import Target
 
 from helpers import assert_trace_ok
 
@@ -146,20 +147,23 @@ def test_convergence_cli(tmp_path):
 
 
 def test_time_to_target_is_when_the_smoothed_curve_stays_above_it():
-  from experiments import convergence
-  curve = [[t, t, acc, 0.0] for t, acc in enumerate([0.5, 0.9, 0.5, 0.8, 0.9, 0.9, 0.85])]
-  assert convergence.smoothed(curve, 2)[:3] == pytest.approx([0.5, 0.7, 0.7])
-  assert convergence.reached_at(curve, 0.85, 2) == 4  # 0.85, 0.9, 0.875 from there; 0.65 before
-  assert convergence.time_to(curve, 0.85, 2) == 4
-  assert convergence.reached_at(curve, 0.85, 1) == 4  # raw: 0.9, 0.9, 0.85 from t=4 on
-  assert convergence.reached_at(curve, 0.95, 3) is None
+  curve = [[t, t, acc, 0.0, 1.0 - acc] for t, acc in enumerate([0.5, 0.9, 0.5, 0.8, 0.9, 0.9, 0.85])]
+  assert Target("accuracy", 2).smoothed(curve)[:3] == pytest.approx([0.5, 0.7, 0.7])
+  assert Target("accuracy", 2).reached_at(curve, 0.85) == 4  # 0.85, 0.9, 0.875 from there; 0.65 before
+  assert Target("accuracy", 2).time_to(curve, 0.85) == 4
+  assert Target("accuracy", 2).images_to(curve, 0.85, 32) == 4 * 32
+  assert Target("accuracy", 1).reached_at(curve, 0.85) == 4  # raw: 0.9, 0.9, 0.85 from t=4 on
+  assert Target("accuracy", 3).reached_at(curve, 0.95) is None
+  # a loss target (the test loss 1 - accuracy here): at or below it, from the same evaluation
+  assert Target("loss", 2).reached_at(curve, 0.15) == 4 and Target("loss", 2).better(0.2) == -0.2
 
 
 def test_the_automatic_target_is_095_of_the_best_final_smoothed_accuracy():
-  from experiments import convergence
-  runs = [{"name": n, "curve": [[0, 0, a, 0.0], [1, 1, b, 0.0]]} for n, a, b in
+  runs = [{"name": n, "curve": [[0, 0, a, 0.0, 1.0], [1, 1, b, 0.0, 1.0 - b]]} for n, a, b in
           (("x", 0.6, 0.8), ("x", 0.7, 0.9), ("y", 0.9, 0.9))]  # final smoothed: x 0.7, 0.8 (mean 0.75); y 0.9
-  assert convergence.target_of(runs, 2) == pytest.approx(0.95 * 0.9)
+  assert Target("accuracy", 2).of_runs(runs) == pytest.approx(0.95 * 0.9)
+  # a loss: the best (lowest) final smoothed loss over 0.95 (x: 0.6 and 0.55, mean 0.575; y: 0.55)
+  assert Target("loss", 2).of_runs(runs) == pytest.approx(0.55 / 0.95)
 
 
 def test_a_language_models_runs_report_perplexity_against_time(capsys):

@@ -164,11 +164,8 @@ def test_the_toy_through_the_convergence_study(tmp_path):
   assert all(len(p) == 5 for p in runs[0]["curve"]) and runs[0]["curve"] != runs[1]["curve"]
 
 
-def test_the_tuner_refuses_a_negative_top_and_a_cluster_where_nothing_fits(tmp_path):
-  proc = subprocess.run([sys.executable, "-m", "experiments.tune", "--top=-5", f"--out_dir={tmp_path}"],
-                        capture_output=True, text=True, timeout=120, env=ENV)
-  assert proc.returncode != 0 and proc.stderr.strip().splitlines()[-1] == \
-      "error: --top=-5; give how many configurations to print, >= 1"
+def test_the_tuner_refuses_a_one_node_cluster_where_nothing_fits_in_one_line(tmp_path):
+  """(It ended in "ValueError: max() arg is an empty sequence": a one-node cluster has no HD pairs.)"""
   toml = tmp_path / "tiny.toml"
   toml.write_text('name = "tiny"\n[links]\nintra_node = "pcie3"\ninter_node = "ib_fdr56"\n[[nodes]]\n'
                   'gpus = ["RTX 2060"]\n')

@@ -3,6 +3,11 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.systems import System, systems
 
 REACHES, MISSES, NOT_TRAINED = "reaches", "misses", "not trained"  # goodput marks (:func:`goodput`)
@@ -35,3 +40,23 @@ def goodput(docs: list[dict], row: str, signature: list | None = None) -> tuple[
       missed = len(missed) if isinstance(missed, list) else int(missed)
       return (MISSES if missed else REACHES), entry.get("mean_time_to_target_s")
   return NOT_TRAINED, None
+
+
+def convergence_docs(paths: Sequence[str]) -> list[dict[str, Any]]:
+  """The convergence.json files of ``paths``, each with its ``path``.
+
+  Raises:
+    ConfigError: for a file that is missing or not a convergence.json.
+  """
+  docs = []
+  for path in paths:
+    try:
+      with open(path, encoding="utf-8") as f:
+        doc = json.load(f)
+    except (OSError, ValueError) as e:
+      raise ConfigError(f"--convergence={path}: {e}; give convergence.json files of experiments.convergence") from e
+    if not isinstance(doc, dict) or "summary" not in doc or "time_axis" not in doc:
+      raise ConfigError(f"--convergence={path} is not a convergence.json (no summary or time_axis); give files "
+                        "experiments.convergence wrote")
+    docs.append({**doc, "path": path})
+  return docs

@@ -28,6 +28,7 @@ from hetpipe_jax.models.base import LayeredModel
 from hetpipe_jax.plan.allocation import POLICIES, ClusterPlan, plan_cluster
 from hetpipe_jax.plan.costmodel import ideal_images_per_sec
 from hetpipe_jax.plan.layout import Layout
+from hetpipe_jax.run.config import RunConfig
 from hetpipe_jax.sim import SimJob, simulate
 from hetpipe_jax.systems.base import DEFAULT_KNOBS, WSP, Curve, CurvePoint, System, SystemRun, TrainSetting
 
@@ -69,7 +70,7 @@ class HetPipe(System):
     trace = Trace()
     seconds, vws, _ = simulate(SimJob(cluster, units, Layout(tuple(p.layout for p in plan.vws)), 0, WAVES,
                                     weight_mode=costs.weight_mode, precision=costs.precision), trace)
-    _require_wsp(trace.events, f"hetpipe {policy}, simulated")
+    require_wsp(trace.events, f"hetpipe {policy}, simulated")
     return HetPipeJob(cluster, plan, policy), sum(vw.completed for vw in vws) * batch_size / seconds, trace
 
   def simulate(self, cluster: Cluster, profiles: BatchProfiles, batch_size: int, knobs: PeerKnobs = DEFAULT_KNOBS,
@@ -102,7 +103,7 @@ class HetPipe(System):
     result = run_hetpipe(model, dataset, _config(job, setting).replace(
         waves=max(1, int(setting.epochs * len(dataset.x_train) // per_wave)),
         eval_every=max(1, round(setting.eval_examples / per_wave))))
-    _require_wsp(result.events, f"hetpipe, seed {setting.seed}")
+    require_wsp(result.events, f"hetpipe, seed {setting.seed}")
     return hetpipe_curve(result.metrics, nms, result.images_per_second / run.images_per_sec)
 
   def update_examples(self, run: SystemRun) -> int:
@@ -125,7 +126,7 @@ class HetPipe(System):
     return [list(entry.get("nm") or []), entry.get("d")]
 
 
-def _require_wsp(events: Sequence[dict[str, Any]], what: str) -> None:
+def require_wsp(events: Sequence[dict[str, Any]], what: str) -> None:
   """Raises ProtocolError naming the first violations when ``events`` break a WSP guarantee."""
   violations = check_trace(events)
   if violations:
@@ -133,9 +134,8 @@ def _require_wsp(events: Sequence[dict[str, Any]], what: str) -> None:
                         + "; ".join(str(v) for v in violations[:3]))
 
 
-def _config(job: HetPipeJob, setting: TrainSetting):
+def _config(job: HetPipeJob, setting: TrainSetting) -> RunConfig:
   """The run's config: the plan's layout on the virtual executor."""
-  from hetpipe_jax.run.config import RunConfig  # pylint: disable=g-import-not-at-top
   vws = job.plan.vws
   return RunConfig.of(cluster=job.cluster, batch_size=setting.batch_size, optimizer=setting.optimizer,
                       learning_rate=setting.lr, seed=setting.seed, executor="virtual", d=0,
