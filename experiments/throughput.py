@@ -4,9 +4,10 @@ Defaults reproduce the paper's setting: the 16-GPU ``paper_testbed``, VGG-19 and
 batch 32 (a GPT model: --gpt_batch_size), momentum SGD (for memory), weight stashing. For each model, one
 table (``table`` in throughput.json, throughput.csv, throughput_table.png) with the rows
 
-* the peers (:mod:`hetpipe_jax.baselines`, :func:`experiments.peer_runs.peer_specs`), simulated on the same
+* the peers of --systems (:mod:`hetpipe_jax.systems`, and those --systems_module registers), simulated on the same
   network, cost model and memory model: ``horovod``, ``hetero_dp``, ``sync_pipeline``, ``local_sgd``
-  (default knobs but --microbatches, --local_steps, --h_by_speed, as ``experiments.convergence`` sets them);
+  (their knobs: experiments.peer_flags, --h_by_speed on and --microbatches=0 the cluster's GPUs, as
+  ``experiments.convergence`` sets them);
 * ``HetPipe NP D=d``, ``HetPipe ED D=d``, ``HetPipe HD D=d`` for every d of --ds: the planner's partitions
   and Nm (max_fit), default placement, on the ``sim`` executor;
 * ``HetPipe tuned``: the tuner's best (``experiments.tune``'s search) by --tuned_objective: predicted time to
