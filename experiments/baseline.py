@@ -12,7 +12,8 @@ heterogeneous aggregate, the time breakdown per GPU, writes the timeline (which
   python -m experiments.baseline --system=local_sgd --local_steps=16 --h_by_speed --model=resnet152
   python -m experiments.baseline --system=horovod --model=gpt2-xl --cluster=mixed64 --batch_size=8
 
-Systems: horovod, hetero_dp, sync_pipeline, local_sgd (``--system=list`` prints what each does).
+Systems: every one of the registry (:mod:`hetpipe_jax.systems`: ``--system=list`` prints what each does), and
+those a ``--systems_module=package.module`` registers.
 """
 
 from __future__ import annotations
@@ -21,11 +22,17 @@ import os
 
 from absl import flags
 
-from experiments import common
+from experiments import common, peer_flags
+from hetpipe_jax import efficiency, get_cluster
+from hetpipe_jax.cost.context import CostContext
+from hetpipe_jax.optim import optimizer_slots
+from hetpipe_jax.precision import check_precision
+from hetpipe_jax.systems import get_system, systems
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("system", "hetero_dp", "Peer system: horovod, hetero_dp, sync_pipeline, local_sgd (list: each "
-                    "one's summary).")
+flags.DEFINE_string("system", "hetero_dp", "System (hetpipe_jax.systems): horovod, hetero_dp, sync_pipeline, "
+                    "local_sgd, gpipe, ps_sync, ps_replicated, tf_replicated, tf_replicated_copy, hetpipe, or one a "
+                    "--systems_module registers (list: each one's summary).")
 flags.DEFINE_string("model", "vgg19", "vgg19, resnet152 (224x224x3), gpt2-xl, gpt-6.7b, gpt-13b (--seq_len tokens), "
                     "or mlp, cnn, vgg, resnet (28x28x1), gpt.")
 flags.DEFINE_string("cluster", "paper_testbed", "Cluster preset, mixed<N>[x<G>] or a .toml file.")
@@ -34,42 +41,17 @@ flags.DEFINE_integer("batch_size", 32, "Examples per minibatch (per GPU for horo
 flags.DEFINE_integer("seq_len", None, "GPT models: tokens per sequence (default: the model's context).")
 flags.DEFINE_string("optimizer", "momentum", "Local optimizer, for its memory: sgd, momentum, adam.")
 flags.DEFINE_string("precision", "fp32", "fp32, fp16 or bf16 (mixed precision).")
-flags.DEFINE_float("fusion_mb", 64.0, "Fusion buffer in MiB (Horovod's default 64; 0: every tensor alone).")
-flags.DEFINE_float("cycle_ms", 1.0, "How often ready tensors are collected, ms (Horovod's default 1).")
-flags.DEFINE_integer("global_batch", 0, "hetero_dp: examples per step over all GPUs (0: batch_size x GPUs).")
-flags.DEFINE_integer("microbatches", 0, "sync_pipeline: microbatches per iteration over all pipelines, split by "
-                     "speed (0: 4 x the most stages of a pipeline, per pipeline).")
-flags.DEFINE_string("policy", "best", "sync_pipeline, local_sgd with vw workers: NP, ED, HD, a grouping '0,1;2,3', "
-                    "or best (the fastest of NP, ED, HD).")
-flags.DEFINE_integer("local_steps", 8, "local_sgd: H, local steps between synchronisations.")
-flags.DEFINE_bool("h_by_speed", False, "local_sgd: each worker's H in proportion to its speed.")
-flags.DEFINE_enum("local_workers", "auto", ["auto", "gpu", "vw"], "local_sgd: workers are GPUs or pipelines "
-                  "(auto: GPUs where one holds the model, else pipelines).")
-flags.DEFINE_float("outer_lr", 0.7, "local_sgd: outer Nesterov learning rate (no effect on time).")
-flags.DEFINE_float("outer_momentum", 0.9, "local_sgd: outer Nesterov momentum (no effect on time).")
-flags.DEFINE_integer("rounds", 2, "Rounds simulated (every round is the same).")
 flags.DEFINE_string("out_dir", "outputs/baseline", "Where the timeline, breakdown JSON and chart go.")
-
-
-def knobs():
-  from hetpipe_jax.baselines.knobs import PeerKnobs
-  return PeerKnobs(FLAGS.fusion_mb, FLAGS.cycle_ms, FLAGS.global_batch, FLAGS.microbatches, FLAGS.policy,
-                   FLAGS.local_steps, FLAGS.h_by_speed, FLAGS.local_workers, FLAGS.outer_lr, FLAGS.outer_momentum,
-                   FLAGS.rounds)
 
 
 def main(argv):
   del argv
-  from hetpipe_jax import efficiency, get_cluster
-  from hetpipe_jax.baselines.systems import SYSTEMS, simulate_peer
-  from hetpipe_jax.cost.context import CostContext
-  from hetpipe_jax.optim import optimizer_slots
-  from hetpipe_jax.precision import check_precision
-
+  knobs = peer_flags.knobs_from_flags(FLAGS)
   if FLAGS.system == "list":
-    for name, system in SYSTEMS.items():
-      print(f"{name:14} {system.summary}")
+    for name, system in systems().items():
+      print(f"{name:18} {system.summary}")
     return
+  system = get_system(FLAGS.system)
   if FLAGS.batch_size < 1:
     raise common.config_error(f"--batch_size={FLAGS.batch_size}; give a batch size >= 1")
   check_precision(FLAGS.precision)
@@ -77,15 +59,20 @@ def main(argv):
   profiles, per_example, unit = common.batch_profiles(FLAGS.model, FLAGS.batch_size, FLAGS.seq_len)
   costs = CostContext(weight_mode="stash", optimizer_slots=optimizer_slots(FLAGS.optimizer), precision=FLAGS.precision)
   common.progress("simulating %s: %s on %s, batch %d", FLAGS.system, FLAGS.model, cluster.name, FLAGS.batch_size)
-  run = simulate_peer(FLAGS.system, cluster, profiles, FLAGS.batch_size, knobs(), costs, FLAGS.model)
-  name = f"{FLAGS.system}_{FLAGS.model}_{cluster.name}.timeline.json"
-  timeline_path = common.write_json(common.output_path(FLAGS.out_dir, name), run.timeline, indent=None)
-  print(f"timeline {os.path.abspath(timeline_path)}")
-  efficiency.main(["hetpipe_jax.efficiency", timeline_path])  # the breakdown per GPU, its JSON and chart
-  meta = run.timeline["meta"]
+  run = system.simulate(cluster, profiles, FLAGS.batch_size, knobs, costs, FLAGS.model)
+  if run.timeline is not None:
+    name = f"{FLAGS.system}_{FLAGS.model}_{cluster.name}.timeline.json"
+    timeline_path = common.write_json(common.output_path(FLAGS.out_dir, name), run.timeline, indent=None)
+    print(f"timeline {os.path.abspath(timeline_path)}")
+    efficiency.main(["hetpipe_jax.efficiency", timeline_path])  # the breakdown per GPU, its JSON and chart
+  else:
+    name = f"{FLAGS.system}_{FLAGS.model}_{cluster.name}.trace.jsonl"
+    trace_path = common.write_jsonl(common.output_path(FLAGS.out_dir, name), run.events)
+    print(f"trace {os.path.abspath(trace_path)}")
+  meta = run.meta
   setting = {k: v for k, v in meta.items() if k in ("gpus", "shares", "accumulation", "microbatches", "nm",
                                                     "local_steps", "global_batch", "policy", "fusion_mb")}
-  print(f"{FLAGS.system}: {setting}")
+  print(f"{FLAGS.system}: {setting or system.config(run)}")
   print(f"one round (step) {run.round_seconds * 1e3:.2f} ms for {run.examples_per_round} examples; ideal aggregate "
         f"{run.ideal_images_per_sec * per_example:.1f} {unit}/s")
   print("simulated cluster (cost model: roofline with the calibrated catalogue, links of the preset); not measured")

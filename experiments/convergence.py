@@ -65,8 +65,20 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from absl import flags
 
-from experiments import common
-from experiments.peer_runs import BASE_LR_PER_32, LR_SCALINGS, rule_lr
+from experiments import common, peer_flags
+from hetpipe_jax.studies.convergence_target import Target, points
+from hetpipe_jax.systems import (
+  BASE_LR_PER_32,
+  LR_SCALINGS,
+  WSP,
+  HetPipe,
+  SystemSpec,
+  TrainSetting,
+  rule_lr,
+  simulate_systems,
+  systems,
+)
+from hetpipe_jax.systems.hetpipe import hetpipe_curve
 
 if TYPE_CHECKING:
   from hetpipe_jax import Cluster, Dataset, LayeredModel, RunConfig, RunResult
@@ -95,15 +107,10 @@ flags.DEFINE_integer("pilot_seed", 100, "Seed of the pilot runs (learning rates,
 flags.DEFINE_string("outer", "nesterov:lr=0.7,momentum=0.9", "Outer optimizer at the PS of the extra tuned row "
                     "(--ps_optimizer syntax, lr on DiLoCo's scale: the server takes lr / N per push of N virtual "
                     "workers); empty: no such row.")
-flags.DEFINE_list("systems", ["horovod", "hetero_dp", "sync_pipeline", "local_sgd"], "Peer systems.")
-flags.DEFINE_integer("microbatches", 0, "sync_pipeline: microbatches per iteration over all pipelines (0: the "
-                     "cluster's GPUs, the global batch of the data-parallel peers).")
-flags.DEFINE_integer("local_steps", 8, "local_sgd: H (of the fastest worker with --h_by_speed).")
-flags.DEFINE_bool("h_by_speed", True, "local_sgd: each worker's H in proportion to its speed.")
-flags.DEFINE_enum("local_workers", "auto", ["auto", "gpu", "vw"], "local_sgd: workers are GPUs or pipelines "
-                  "(auto: GPUs where one holds the model, else pipelines).")
-flags.DEFINE_float("outer_lr", 0.7, "local_sgd: outer Nesterov learning rate (DiLoCo's 0.7).")
-flags.DEFINE_float("outer_momentum", 0.9, "local_sgd: outer Nesterov momentum (DiLoCo's 0.9).")
+flags.DEFINE_list("systems", ["horovod", "hetero_dp", "sync_pipeline", "local_sgd"], "Peer systems "
+                  "(hetpipe_jax.systems, and those --systems_module registers); their knobs: experiments.peer_flags "
+                  "(--microbatches=0: the cluster's GPUs, the global batch of the data-parallel peers).")
+peer_flags.override_defaults(h_by_speed=True)  # the study's one default of its own (experiments.peer_flags)
 flags.DEFINE_enum("optimizer", "sgd", ["sgd", "momentum", "adam"], "Every run's optimizer: HetPipe's local "
                   "one, the SSP workers', the peers' (local SGD's inner one). adam for a GPT, with --lr_scaling=sqrt.")
 flags.DEFINE_float("base_lr", BASE_LR_PER_32, "The learning-rate rule's base: the rate of an update of 32 examples.")
@@ -134,70 +141,19 @@ flags.DEFINE_string("whimpy", "", "GPU type the peers may not use (the paper's 1
 flags.DEFINE_string("out_dir", "outputs/convergence", "Where the JSON, CSV and plots go.")
 
 FULL = {"epochs": 10.0, "lr_epochs": 1.0, "seeds": [0, 1, 2]}  # --full
-TARGET_SHARE = 0.95  # --target_accuracy=0: this share of the best configuration's final smoothed accuracy
 LR_EXTENSIONS = 3  # learning-rate pilots: how many steps the grid may extend past an edge that is best
-LOSS_COLUMN = 4  # a curve point's test loss (--target_metric=loss)
-HETPIPE, HETPIPE_OUTER = "hetpipe", "hetpipe_outer"  # HetPipe's learning-rate systems (without, with --outer)
+HETPIPE, HETPIPE_OUTER = HetPipe.name, "hetpipe_outer"  # HetPipe's learning-rate systems (without, with --outer)
 
 
-def _loss() -> bool:
-  """Whether the target is a test loss (--target_metric=loss) rather than a test accuracy."""
-  return FLAGS.is_parsed() and FLAGS.target_metric == "loss"
+def target_rule() -> Target:
+  """What the target is on and how it is smoothed (--target_metric, --smooth)."""
+  return Target(FLAGS.target_metric, FLAGS.smooth)
 
 
-def smoothed(curve: list[list[float]], k: int) -> list[float]:
-  """The curve's test accuracy (or, --target_metric=loss, its test loss) as a trailing mean over ``k``
-  evaluations (fewer at the start)."""
-  column = LOSS_COLUMN if _loss() else 2
-  acc = [p[column] for p in curve]
-  return [sum(acc[max(0, i - k + 1):i + 1]) / (i + 1 - max(0, i - k + 1)) for i in range(len(acc))]
-
-
-def reached_at(curve: list[list[float]], target: float, k: int) -> int | None:
-  """The first evaluation from which the smoothed accuracy stays at or above ``target`` to the end (a loss: at
-  or below)."""
-  sign = -1.0 if _loss() else 1.0
-  s = [sign * x for x in smoothed(curve, k)]
-  if not s or s[-1] < sign * target:
-    return None
-  below = [i for i, x in enumerate(s) if x < sign * target]
-  return below[-1] + 1 if below else 0
-
-
-def time_to(curve: list[list[float]], target: float, k: int | None = None) -> float | None:
-  """Emulated seconds until ``curve`` reaches ``target`` (:func:`reached_at`; ``k``: --smooth)."""
-  i = reached_at(curve, target, FLAGS.smooth if k is None else k)
-  return None if i is None else curve[i][0]
-
-
-def images_to(curve: list[list[float]], target: float, batch_size: int, k: int | None = None) -> float | None:
-  i = reached_at(curve, target, FLAGS.smooth if k is None else k)
-  return None if i is None else curve[i][1] * batch_size
-
-
-def final_accuracy(curve: list[list[float]], k: int | None = None) -> float:
-  """The smoothed accuracy (or loss) at the end of ``curve`` (``k``: --smooth)."""
-  return smoothed(curve, FLAGS.smooth if k is None else k)[-1]
-
-
-def better(value: float) -> float:
-  """``value`` as a score where higher is better (a loss negated)."""
-  return -value if _loss() else value
-
-
-def auto_target(best: float) -> float:
-  """The automatic target from the best final smoothed value: 0.95 of an accuracy, a loss / 0.95."""
-  return best / TARGET_SHARE if _loss() else TARGET_SHARE * best
-
-
-def hetpipe_curve(metrics: list[dict], nms: list[int], scale: float = 1.0) -> list[list[float]]:
-  """[time x scale, minibatches so far (all workers), test accuracy, train loss, test loss] at every evaluation."""
-  curve, done = [], 0
-  for row in metrics:
-    done += nms[row["vw"]]
-    if "test_accuracy" in row:
-      curve.append([row["time"] * scale, done, row["test_accuracy"], row["train_loss"], row["test_loss"]])
-  return curve
+def is_peer(system: str) -> bool:
+  """Whether ``system`` (a run's) is a peer: a registered system that is not a WSP one (HetPipe; SSP is none)."""
+  known = systems().get(system)
+  return known is not None and known.kind != WSP
 
 
 class RunSpec(NamedTuple):
@@ -229,7 +185,7 @@ class Study:
   sim_data: Any
   ds: list[int]
   total: int  # minibatches every run sees
-  peers: list[Any]  # experiments.peer_runs.PeerSpec, one per --systems
+  peers: list[SystemSpec]  # one per --systems
   knobs: Any  # the peers' PeerKnobs
   ideal: float  # the ideal heterogeneous aggregate of the cluster on the time model
   per_example: int  # what one example counts as in throughput: a GPT time model's tokens per sequence, else 1
@@ -351,9 +307,7 @@ def make_study(ds: list[int]) -> Study:
   common.ensure_devices(cluster.num_gpus)
   import jax
 
-  from experiments.peer_runs import peer_specs
   from hetpipe_jax import RunConfig, get_model, load_dataset
-  from hetpipe_jax.baselines.knobs import PeerKnobs
   from hetpipe_jax.cost.batch import BatchProfiles
   from hetpipe_jax.cost.context import CostContext
   from hetpipe_jax.cost.profile import profile_units
@@ -382,14 +336,12 @@ def make_study(ds: list[int]) -> Study:
                       executor="virtual")
   sim_model, sim_data = ((full_size_model(time_model), FULL_SIZE[time_model]) if time_model else (model, dataset))
   slots = optimizer_slots(FLAGS.optimizer)
-  knobs = PeerKnobs(microbatches=FLAGS.microbatches or cluster.num_gpus, local_steps=FLAGS.local_steps,
-                    h_by_speed=FLAGS.h_by_speed, local_workers=FLAGS.local_workers, outer_lr=FLAGS.outer_lr,
-                    outer_momentum=FLAGS.outer_momentum).validate()
-  peers = peer_specs(cluster, profiles, b, CostContext(optimizer_slots=slots), knobs, FLAGS.systems, FLAGS.whimpy,
-                     time_model or model.name)
+  knobs = peer_flags.knobs_from_flags(FLAGS, microbatches=FLAGS.microbatches or cluster.num_gpus)
+  peers = simulate_systems(FLAGS.systems, cluster, profiles, b, CostContext(optimizer_slots=slots), knobs,
+                           FLAGS.whimpy, time_model or model.name, lambda line: common.progress("%s", line))
   policies, not_run = plannable([parse_policy(p) for p in FLAGS.policies], cluster, clock_profiles, slots,
                                 model.num_units)
-  not_run.update({p.system: str(p.reason) for p in peers if p.run is None})
+  not_run.update({p.system.name: str(p.reason) for p in peers if p.run is None})
   return Study(cluster, model, dataset, clock_profiles, time_axis, base, policies,
                common.parse_nm(FLAGS.nm), slots, sim_model, sim_data, ds,
                int(FLAGS.epochs * len(dataset.x_train) / b), peers, knobs,
@@ -431,7 +383,7 @@ def choose_learning_rates(study: Study, memo: Memo) -> None:
   grid = [float(x) for x in FLAGS.lr_grid]
   hetpipe = study.policy_specs()[0]
   rule = lambda examples: rule_lr(examples, FLAGS.base_lr, FLAGS.lr_scaling)
-  systems: list[tuple[str, float, Any]] = [(p.system, rule(p.update_examples), p) for p in study.peers
+  systems: list[tuple[str, float, Any]] = [(p.system.name, rule(p.update_examples), p) for p in study.peers
                                            if p.run is not None]
   systems.append((HETPIPE, rule(FLAGS.batch_size), hetpipe))
   if FLAGS.outer:
@@ -461,14 +413,14 @@ def choose_learning_rates(study: Study, memo: Memo) -> None:
 def lr_pilot(study: Study, memo: Memo, system: str, what: Any, base: float, factor: float) -> float:
   """One learning-rate pilot of ``system`` at ``base`` x ``factor``: its score (the final smoothed accuracy;
   -inf when it diverged), recorded in ``memo.pilots``."""
-  lr = base * factor
+  lr, rule = base * factor, target_rule()
   curve = pilot_curve(study, memo, what, lr)
   memo.pilots.append({"system": system, "lr": lr, "factor": factor, "seed": FLAGS.pilot_seed,
-                      "epochs": FLAGS.lr_epochs, "final_smoothed": final_accuracy(curve) if curve else None,
+                      "epochs": FLAGS.lr_epochs, "final_smoothed": rule.final(curve) if curve else None,
                       "diverged": not curve})
   common.progress("learning rate of %s: %.4g (x%g) ends at %s", system, lr, factor,
-                  f"{final_accuracy(curve):.4f}" if curve else "divergence")
-  return better(final_accuracy(curve)) if curve else -math.inf
+                  f"{rule.final(curve):.4f}" if curve else "divergence")
+  return rule.better(rule.final(curve)) if curve else -math.inf
 
 
 def outer_spec(num_vws: int) -> str:
@@ -494,13 +446,11 @@ def plan_nms(study: Study, spec: RunSpec) -> list[int]:
 def pilot_curve(study: Study, memo: Memo, what: Any, lr: float) -> list[list[float]] | None:
   """A learning-rate pilot: ``what`` (a peer or a HetPipe configuration) trained on --pilot_seed for
   --lr_epochs epochs at ``lr``; None when it diverged."""
-  from experiments.peer_runs import train_peer
   from hetpipe_jax.errors import RunStopped
   try:
     if isinstance(what, RunSpec):
       return train(study, memo, what, FLAGS.pilot_seed, lr, FLAGS.lr_epochs)["curve"]
-    return train_peer(study.model, study.dataset, what, FLAGS.pilot_seed, lr, FLAGS.optimizer, FLAGS.lr_epochs,
-                      FLAGS.eval_examples, study.knobs)
+    return train_system(study, what, FLAGS.pilot_seed, lr, FLAGS.lr_epochs)
   except RunStopped as e:
     common.progress("pilot at learning rate %.4g stopped: %s", lr, e)
     return None
@@ -512,7 +462,7 @@ def run_study(study: Study, seeds: list[int], memo: Memo) -> tuple[list[dict], T
   runs: list[dict] = []
   tuned: Tuned | None = None
   for seed in seeds:
-    runs += [peer_run(study, p, seed, memo.lrs[p.system]) for p in study.peers if p.run is not None]
+    runs += [peer_run(study, p, seed, memo.lrs[p.system.name]) for p in study.peers if p.run is not None]
     for spec in study.policy_specs():
       runs.append(train(study, memo, spec, seed, memo.lrs[HETPIPE]))
     if FLAGS.tuned:
@@ -524,17 +474,20 @@ def run_study(study: Study, seeds: list[int], memo: Memo) -> tuple[list[dict], T
   return runs, tuned
 
 
-def peer_run(study: Study, spec: Any, seed: int, lr: float) -> dict:
+def train_system(study: Study, spec: SystemSpec, seed: int, lr: float, epochs: float) -> list:
+  """``spec``'s system trained with its own numerics for ``epochs`` epochs: its curve."""
+  setting = TrainSetting(seed, lr, FLAGS.optimizer, epochs, FLAGS.eval_examples, FLAGS.batch_size)
+  return spec.system.train(study.model, study.dataset, spec.simulated, setting, study.knobs)
+
+
+def peer_run(study: Study, spec: SystemSpec, seed: int, lr: float) -> dict:
   """One peer's run with its numerics: the entry of the runs it makes."""
-  from experiments.peer_runs import train_peer
   common.progress("seed %d, %s: %d workers, batches %s, H %s, learning rate %.4g", seed, spec.name,
                   len(spec.batch_sizes), spec.batch_sizes, spec.local_steps, lr)
-  curve = train_peer(study.model, study.dataset, spec, seed, lr, FLAGS.optimizer, FLAGS.epochs, FLAGS.eval_examples,
-                     study.knobs)
-  run = spec.run
-  return {"name": spec.name, "row": spec.system, "system": spec.system, "seed": seed, "d": 0, "nm": [1],
-          "lr": lr, "gpus": len({g.index for w in run.job.workers for g in w.gpus}),
-          "global_batch": spec.update_examples if spec.system != "local_sgd" else sum(spec.batch_sizes),
+  curve = train_system(study, spec, seed, lr, FLAGS.epochs)
+  run, name = spec.simulated, spec.system.name
+  return {"name": spec.name, "row": name, "system": name, "seed": seed, "d": 0, "nm": [1],
+          "lr": lr, "gpus": run.gpus, "global_batch": sum(spec.batch_sizes),
           "batch_sizes": spec.batch_sizes, "local_steps": spec.local_steps, "round_seconds": run.round_seconds,
           "images_per_sec": run.images_per_sec, "efficiency": run.efficiency, "curve": curve}
 
@@ -577,7 +530,7 @@ def train(study: Study, memo: Memo, spec: RunSpec, seed: int, lr: float, epochs:
     memo.images[name] = sim_rate(study, spec, waves)
     memo.scales[name] = result.images_per_second / memo.images[name]
   nms = result.events[0]["nm"]
-  return {"name": name, "row": spec.row, "system": "hetpipe", "seed": seed, "d": fields["d"], "nm": nms, "lr": lr,
+  return {"name": name, "row": spec.row, "system": HETPIPE, "seed": seed, "d": fields["d"], "nm": nms, "lr": lr,
           "gpus": sum(result.events[0]["stages"]), "time_scale": memo.scales[name],
           "images_per_sec": memo.images[name], "efficiency": memo.images[name] / study.ideal,
           "ps_optimizer": fields.get("ps_optimizer", "add"),
@@ -611,7 +564,8 @@ def provisional_target(runs: list[dict]) -> float:
   """--target_accuracy, or the automatic target from the runs so far (the first seed's)."""
   if FLAGS.target_accuracy:
     return FLAGS.target_accuracy
-  return auto_target(max((final_accuracy(r["curve"]) for r in runs), key=better))
+  rule = target_rule()
+  return rule.auto(max((rule.final(r["curve"]) for r in runs), key=rule.better))
 
 
 def tune_config(study: Study, memo: Memo, runs: list[dict]) -> Tuned:
@@ -625,10 +579,10 @@ def tune_config(study: Study, memo: Memo, runs: list[dict]) -> Tuned:
   from hetpipe_jax.tune import RunSetting, SearchSpace, TuneOptions, tune
   target, fit = provisional_target(runs), None
   if FLAGS.tuned_objective != "throughput":
-    points = [(r["mean_staleness"], images_to(r["curve"], target, FLAGS.batch_size)) for r in runs
-              if r["system"] == "hetpipe"]
+    done = [(r["mean_staleness"], target_rule().images_to(r["curve"], target, FLAGS.batch_size)) for r in runs
+            if r["system"] == HETPIPE]
     try:
-      fit = fit_staleness_model([(s, i) for s, i in points if i], target)
+      fit = fit_staleness_model([(s, i) for s, i in done if i], target)
     except ConfigError as e:
       common.progress("ranking by images/s: %s", e)
   space = SearchSpace(ds=tuple(study.ds), max_stages=study.model.num_units)  # the trained model is cut over them
@@ -666,6 +620,7 @@ def measured_best(study: Study, memo: Memo, results: Sequence, fit, target: floa
   """Trains :func:`pilot_choices` of the tuner's results on --pilot_seed: the one that reached ``target``
   first (on the emulated clock; none: the one whose smoothed accuracy ended best), and the pilot runs' entries."""
   chosen, front = pilot_choices(results, fit, FLAGS.pilots)
+  rule = target_rule()
   common.progress("measured choice: %d pilot runs on seed %d, of %d configurations on the front", len(chosen),
                   FLAGS.pilot_seed, len(front))
   timed, pilots, runs = [], [], []
@@ -673,13 +628,14 @@ def measured_best(study: Study, memo: Memo, results: Sequence, fit, target: floa
     run = train(study, memo, candidate_spec(f"pilot {i + 1}: {r.candidate.label}", "", r.candidate),
                 FLAGS.pilot_seed, memo.lrs[HETPIPE])
     runs.append(run["curve"])
-    when = time_to(run["curve"], target)
+    when = rule.time_to(run["curve"], target)
     pilots.append({"label": r.candidate.label, "images_per_sec": r.images_per_sec,
                    "mean_staleness_sim": r.staleness, "mean_staleness": run["mean_staleness"],
                    "predicted_time_to_target_s": None if fit is None else fit.seconds(r.images_per_sec,
                                                                                       r.staleness),
-                   "time_to_target_s": when, "images_to_target": images_to(run["curve"], target, FLAGS.batch_size),
-                   "final_test_accuracy": run["curve"][-1][2], "seed": FLAGS.pilot_seed})
+                   "time_to_target_s": when,
+                   "images_to_target": rule.images_to(run["curve"], target, FLAGS.batch_size),
+                   "final_test_accuracy": points(run["curve"])[-1].test_accuracy, "seed": FLAGS.pilot_seed})
     common.progress("pilot %d/%d: %s: time to target %s", i + 1, len(chosen), r.candidate.label,
                     "not reached" if when is None else f"{when:.4g} s")
     if when is not None:
@@ -687,7 +643,7 @@ def measured_best(study: Study, memo: Memo, results: Sequence, fit, target: floa
   if not timed:  # none reached the target: the one that came closest
     common.progress("no pilot run reached the provisional target %.4g: the tuned configuration is the pilot whose "
                     "smoothed accuracy ended best", target)
-    return chosen[max(range(len(chosen)), key=lambda i: (better(final_accuracy(runs[i])), -i))], pilots
+    return chosen[max(range(len(chosen)), key=lambda i: (rule.better(rule.final(runs[i])), -i))], pilots
   return min(timed)[3], pilots
 
 
@@ -707,23 +663,19 @@ def ssp_run(study: Study, memo: Memo, seed: int) -> dict:
   return {**run, "system": "ssp"}
 
 
-def target_of(runs: list[dict], k: int | None = None) -> float:
-  """The automatic target: 0.95 of the best configuration's final smoothed accuracy (mean over seeds; ``k``:
-  --smooth)."""
-  names = dict.fromkeys(r["name"] for r in runs)
-  means = [sum(final_accuracy(r["curve"], k) for r in runs if r["name"] == n) / sum(r["name"] == n for r in runs)
-           for n in names]
-  return auto_target(max(means, key=better))
+def target_of(runs: list[dict]) -> float:
+  """The automatic target of ``runs`` (:meth:`~hetpipe_jax.studies.convergence_target.Target.of_runs`)."""
+  return target_rule().of_runs(runs)
 
 
 def with_target(run: dict, target: float) -> dict:
   """``run`` with its time and images to ``target``, its final test accuracy (raw and smoothed) and its final
   test loss and perplexity."""
-  return {**run, "time_to_target_s": time_to(run["curve"], target),
-          "images_to_target": images_to(run["curve"], target, FLAGS.batch_size),
-          "final_test_accuracy": run["curve"][-1][2], "final_smoothed_accuracy": final_accuracy(run["curve"]),
-          "final_test_loss": run["curve"][-1][LOSS_COLUMN],
-          "final_test_perplexity": perplexity(run["curve"][-1][LOSS_COLUMN])}
+  rule, last = target_rule(), points(run["curve"])[-1]
+  return {**run, "time_to_target_s": rule.time_to(run["curve"], target),
+          "images_to_target": rule.images_to(run["curve"], target, FLAGS.batch_size),
+          "final_test_accuracy": last.test_accuracy, "final_smoothed_accuracy": rule.final(run["curve"]),
+          "final_test_loss": last.test_loss, "final_test_perplexity": perplexity(last.test_loss)}
 
 
 def perplexity(loss: float) -> float:
@@ -733,7 +685,7 @@ def perplexity(loss: float) -> float:
 
 def with_perplexity(run: dict) -> dict:
   """A language model's ``run`` with its ``perplexity_curve``: [time s, test perplexity] at every evaluation."""
-  return {**run, "perplexity_curve": [[p[0], perplexity(p[LOSS_COLUMN])] for p in run["curve"]]}
+  return {**run, "perplexity_curve": [[p.time, perplexity(p.test_loss)] for p in points(run["curve"])]}
 
 
 def study_doc(study: Study, seeds: list[int], runs: list[dict], tuned: Tuned | None, target: float,
@@ -743,8 +695,7 @@ def study_doc(study: Study, seeds: list[int], runs: list[dict], tuned: Tuned | N
   names = list(dict.fromkeys(run["name"] for run in runs))
   summary = {name: summarise([r for r in runs if r["name"] == name]) for name in names}
   tuned_doc = {} if tuned is None else {**tuned.doc, **({"pilots": tuned.pilots} if tuned.pilots else {})}
-  rule = (f"the best final smoothed test loss / {TARGET_SHARE}" if _loss() else
-          f"{TARGET_SHARE} x the best final smoothed accuracy")
+  rule = target_rule().rule()
   return {"target_accuracy": target, "target_metric": FLAGS.target_metric,
           "target_rule": "given" if FLAGS.target_accuracy else rule, "smooth": FLAGS.smooth,
           "time_axis": study.time_axis, "time_model": FLAGS.time_model, "model": study.model.name,
@@ -768,7 +719,7 @@ def unigram_baseline(study: Study) -> dict:
 
 def lr_rule() -> str:
   scaled = "linearly" if FLAGS.lr_scaling == "linear" else "with the square root"
-  metric = "test loss" if _loss() else "accuracy"
+  metric = "test loss" if target_rule().loss else "accuracy"
   return (f"{FLAGS.base_lr:g} per 32-example update, scaled {scaled} with the examples of one update, times each "
           f"of {','.join(FLAGS.lr_grid)}; the best final smoothed {metric} after {FLAGS.lr_epochs} epochs on seed "
           f"{FLAGS.pilot_seed}, the grid extended past an edge that is best up to {LR_EXTENSIONS} times")
@@ -777,7 +728,7 @@ def lr_rule() -> str:
 def table(summary: dict[str, dict]) -> list[dict]:
   """One row per configuration: images/s, efficiency and their ratio to the best peer, time to target (mean,
   min, max over seeds) and the best peer's mean time over it."""
-  peers = [s for s in summary.values() if s["system"] not in ("hetpipe", "ssp")]
+  peers = [s for s in summary.values() if is_peer(s["system"])]
   best_ips = max((s["images_per_sec"] for s in peers), default=None)
   times = [s["mean_time_to_target_s"] for s in peers if s["mean_time_to_target_s"] is not None]
   best_time = min(times, default=None)
@@ -976,9 +927,9 @@ def plot(runs: list[dict], epoch: float, target: float, path: str, title: str,
   for name in dict.fromkeys(run["name"] for run in runs):
     curves = [r["curve"] for r in runs if r["name"] == name]
     n = min(len(c) for c in curves)
-    acc = np.array([[p[LOSS_COLUMN if _loss() else 2] for p in c[:n]] for c in curves])
-    ppl = np.exp(np.array([[p[LOSS_COLUMN] for p in c[:n]] for c in curves]))
-    style = "--" if runs[[r["name"] for r in runs].index(name)]["system"] not in ("hetpipe", "ssp") else "-"
+    acc = np.array([target_rule().values(c[:n]) for c in curves])
+    ppl = np.exp(np.array([[p.test_loss for p in points(c[:n])] for c in curves]))
+    style = "--" if is_peer(runs[[r["name"] for r in runs].index(name)]["system"]) else "-"
     times = [p[0] for p in curves[0][:n]]
     panels = [(ax_t, times, acc), (ax_e, [p[1] / epoch for p in curves[0][:n]], acc)]
     panels += [(axes[2], times, ppl)] if language else []
@@ -995,7 +946,7 @@ def plot(runs: list[dict], epoch: float, target: float, path: str, title: str,
     ax.axhline(target, color="grey", lw=0.8)
     ax.grid(alpha=0.3)
   ax_e.legend(fontsize=6, loc="lower right")
-  what = "test loss" if _loss() else "test accuracy"
+  what = target_rule().what
   ax_t.set(xlabel="emulated time (s)", ylabel=f"{what} (mean; band: seeds' range)", xscale="log")
   ax_e.set(xlabel="epochs", ylabel=f"{what} (mean; band: seeds' range)")
   fig.suptitle(title, fontsize=9)

@@ -35,7 +35,6 @@ from hetpipe_jax import (
   run_hetpipe,
   staleness_stats,
 )
-from hetpipe_jax.baselines.systems import simulate_peer
 from hetpipe_jax.cost.context import CostContext
 from hetpipe_jax.errors import RunStopped
 from hetpipe_jax.evaluate import LanguageScore, language_score
@@ -46,6 +45,7 @@ from hetpipe_jax.run.result import RunResult, ran_config
 from hetpipe_jax.runtime.distributed import current_node, join
 from hetpipe_jax.runtime.launch import check_port_free, child_environment, free_port, launch
 from hetpipe_jax.sim.options import ELSEWHERE
+from hetpipe_jax.systems import get_system
 from hetpipe_jax.tune.peers import HETPIPE, peer_knobs, system_of, tuner_profiles
 from hetpipe_jax.viz.timeline import chrome_trace, plot_gantt
 from hetpipe_jax.viz.training import plot_training
@@ -224,7 +224,7 @@ def run_peer_plan(peer: PeerPlan, precision: str, out_dir: str) -> None:
   costs = CostContext(values["weight_mode"], optimizer_slots(values["optimizer"]), precision=precision)
   common.progress("simulating the plan's %s: %s on %s, batch %d, %s", system, values["model"], cluster.name,
                   values["batch_size"], peer.knobs)
-  run = simulate_peer(system, cluster, profiles, values["batch_size"], peer.knobs, costs, values["model"])
+  run = get_system(system).simulate(cluster, profiles, values["batch_size"], peer.knobs, costs, values["model"])
   timeline_out = common.write_json(common.output_path(out_dir, f"{system}.timeline.json"), run.timeline,
                                    indent=None)
   summary = {"system": system, "model": values["model"], "cluster": values["cluster"], "executor": "sim",

@@ -35,7 +35,7 @@ import os
 
 from absl import flags
 
-from experiments import common
+from experiments import common, system_flags
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model", "vgg19", "Model: vgg19 or resnet152 (full size, simulated), or a small one (mlp, cnn, "
@@ -85,6 +85,7 @@ def main(argv):
   del argv
   from hetpipe_jax import get_cluster
   from hetpipe_jax.tune import tune
+  system_flags.import_from_flags(FLAGS)
   space = search_space()
   staleness_model, peer_accuracy, note = objective_models()
   if note:
@@ -101,7 +102,7 @@ def main(argv):
 def search_space():
   """The flags' search space (a bad value refused in one line)."""
   from hetpipe_jax import ConfigError
-  from hetpipe_jax.baselines.systems import get_system
+  from hetpipe_jax.systems import get_system
   from hetpipe_jax.tune import SearchSpace
   ds = common.parse_ints("ds", FLAGS.ds)
   if not ds or any(d < 0 for d in ds):
@@ -110,6 +111,8 @@ def search_space():
   staged = common.parse_ps_transfers(FLAGS.ps_transfers)
   if FLAGS.nm_max < 1:
     raise common.config_error(f"--nm_max={FLAGS.nm_max}; try at least Nm = 1")
+  if FLAGS.top < 1:
+    raise common.config_error(f"--top={FLAGS.top}; give how many configurations to print, >= 1")
   peers = tuple(dict.fromkeys(p for p in FLAGS.peers if p))
   for name in peers:
     try:
@@ -192,24 +195,42 @@ def write_outputs(doc: dict) -> list[tuple[str, str]]:
   return outputs + [("chart", png_out)]
 
 
+COLUMNS = (
+    "images/s: examples per second of the configuration on the sim executor (the simulated cluster)",
+    "eff.: images/s over the ideal aggregate (the sum of every GPU's standalone rate on the model)",
+    "planned: the planner's modelled images/s of the same plan (batch x sum Nm x the slowest wave rate), before "
+    "simulation",
+    "stale: the mean staleness of the simulated trace (hetpipe_jax.staleness.mean_staleness)",
+    "TTA s: predicted seconds to the target accuracy (staleness model's images / images/s; -: ranked by images/s)",
+    "configuration: grouping, Nm rule and Nm per virtual worker (window: most in flight), D, PS placement, "
+    "transfer models",
+)
+
+
 def _seconds(value: float | None) -> str:
   return "-" if value is None else ("never" if value == float("inf") else f"{value:.4g}")
 
 
 def report(cluster, out, staleness_model) -> None:
   """Prints the best configurations, the best of every grouping and of every peer, and the search's cost."""
-  from hetpipe_jax.tune import PeerResult, policy_rows
+  from hetpipe_jax.tune import PeerResult, distinct_rows, policy_rows
   best, results, accuracy = out.best, out.results, out.peer_accuracy
   print(f"{FLAGS.model} on {cluster.name} ({cluster.num_gpus} GPUs), batch {FLAGS.batch_size}: "
         f"ideal aggregate {best.ideal_images_per_sec:.1f} images/s")
   if staleness_model is not None:
     print(f"ranked by predicted time to {staleness_model.target_accuracy:.0%}: {staleness_model.images0:.4g} x "
           f"(1 + {staleness_model.beta:.4g} x mean staleness) images (fitted in {FLAGS.staleness_model})")
+  rows = distinct_rows(results, FLAGS.top)
+  print(f"the best {len(rows)} distinct configurations (configurations that differ only in D and ran the same, "
+        "their gate never closed, share a row):")
   print(f"{'images/s':>9} {'eff.':>5} {'planned':>8} {'stale':>5} {'TTA s':>8}  configuration")
-  for r in results[:FLAGS.top]:
+  for row in rows:
+    r = row.first
     tta = None if staleness_model is None else staleness_model.seconds(r.images_per_sec, r.staleness)
     print(f"{r.images_per_sec:9.1f} {r.efficiency:5.2f} {r.candidate.modelled_images_per_sec(FLAGS.batch_size):8.1f}"
-          f" {r.staleness:5.2f} {_seconds(tta):>8}  {r.candidate.label}")
+          f" {r.staleness:5.2f} {_seconds(tta):>8}  {row.label}")
+  for line in COLUMNS:
+    print(f"  {line}")
   print("best of every grouping:")
   for name, r in sorted(policy_rows(results).items(), key=lambda kv: -kv[1].images_per_sec):
     print(f"{r.images_per_sec:9.1f} {r.efficiency:5.2f}  {name}: {r.candidate.label}")
@@ -219,6 +240,8 @@ def report(cluster, out, staleness_model) -> None:
     for p in out.best_peers().values():
       tta = None if accuracy is None else accuracy.seconds(p)
       print(f"{p.images_per_sec:9.1f} {p.efficiency:5.2f} {_seconds(tta):>8}  {p.label}")
+    print("  TTA s here: the peer's predicted images to target (its kind's fit, hetpipe_jax.tune.statistical) over "
+          "its images/s; never: its kind's runs all missed the target")
     for system in dict.fromkeys(s.system for s in out.peers_skipped):
       mine = [s for s in out.peers_skipped if s.system == system]
       print(f"  {system}: {len(mine)} settings cannot run here (e.g. {mine[0].reason})")

@@ -58,9 +58,9 @@ def test_toml_cluster_names_new_types_and_links(tmp_path):
 
 
 @pytest.mark.parametrize("text,pattern", [
-    ('[[nodes]]\ngpus = ["RTX 2080"]\n', r"nodes\[0\] has unknown GPU type 'RTX 2080'; known: .*RTX 2080 Ti"),
+    ('[[nodes]]\ngpus = ["RTX 2080"]\n', r"nodes\[0\] has unknown GPU type 'RTX 2080' \(did you mean '[^']+'\?\); known: .*RTX 2080 Ti"),
     ('[links]\nintra_node = "nvlink9"\n[[nodes]]\ngpus = ["K80"]\n',
-     r"links.intra_node = 'nvlink9' is not a known link; use one of .*nvlink1.*ib_hdr200"),
+     r"links.intra_node = 'nvlink9' is not a known link \(did you mean 'nvlink2'\?\); use one of .*nvlink1.*ib_hdr200"),
 ])
 def test_unknown_names_give_one_line_config_error(tmp_path, text, pattern):
   path = tmp_path / "bad.toml"

@@ -15,6 +15,7 @@ from test_transparency import STEPS, plain_sgd
 from hetpipe_jax import RunConfig, get_model, load_dataset, run_hetpipe, synthetic
 from hetpipe_jax.baselines.data_parallel import train_data_parallel
 from hetpipe_jax.cluster import GpuType, Link, make_cluster
+from hetpipe_jax.studies.convergence_target import Target
 
 from helpers import assert_trace_ok
 
@@ -48,10 +49,10 @@ def test_the_evaluator_reports_test_accuracy_and_the_mean_loss_per_label():
 
 def test_data_parallel_with_one_gpu_is_plain_sgd():
   ref_losses, ref_params = plain_sgd(optax.sgd(0.1))
-  rows = train_data_parallel(get_model("mlp"), TDATA, optax.sgd(0.1), 1, STEPS, 32, 0.5, seed=3,
-                             eval_every=STEPS)
-  np.testing.assert_allclose([r["train_loss"] for r in rows], ref_losses, rtol=1e-5)
-  assert rows[-1]["time"] == pytest.approx(STEPS * 0.5) and "test_accuracy" in rows[-1]
+  rows = train_data_parallel(model=get_model("mlp"), dataset=TDATA, tx=optax.sgd(0.1), num_workers=1, batch_size=32,
+                             steps=STEPS, step_seconds=0.5, seed=3, eval_every=STEPS).rows
+  np.testing.assert_allclose([r.train_loss for r in rows], ref_losses, rtol=1e-5)
+  assert rows[-1].time == pytest.approx(STEPS * 0.5) and rows[-1].test_accuracy is not None
 
 
 @pytest.mark.slow
@@ -68,8 +69,9 @@ def test_short_runs_learn_and_repeat():
                                                      waves=60))
   assert_trace_ok(ssp.events)
   assert ssp.metrics[-1]["test_accuracy"] > 0.7
-  dp = train_data_parallel(model, data, optax.sgd(0.1), 4, 60, 32, 1.0, eval_every=60)
-  assert dp[-1]["test_accuracy"] > 0.7
+  dp = train_data_parallel(model=model, dataset=data, tx=optax.sgd(0.1), num_workers=4, batch_size=32, steps=60,
+                           step_seconds=1.0, eval_every=60).rows
+  assert dp[-1].test_accuracy > 0.7
 
 
 def test_doubling_every_gpu_halves_the_time_to_target():
@@ -145,20 +147,23 @@ def test_convergence_cli(tmp_path):
 
 
 def test_time_to_target_is_when_the_smoothed_curve_stays_above_it():
-  from experiments import convergence
-  curve = [[t, t, acc, 0.0] for t, acc in enumerate([0.5, 0.9, 0.5, 0.8, 0.9, 0.9, 0.85])]
-  assert convergence.smoothed(curve, 2)[:3] == pytest.approx([0.5, 0.7, 0.7])
-  assert convergence.reached_at(curve, 0.85, 2) == 4  # 0.85, 0.9, 0.875 from there; 0.65 before
-  assert convergence.time_to(curve, 0.85, 2) == 4
-  assert convergence.reached_at(curve, 0.85, 1) == 4  # raw: 0.9, 0.9, 0.85 from t=4 on
-  assert convergence.reached_at(curve, 0.95, 3) is None
+  curve = [[t, t, acc, 0.0, 1.0 - acc] for t, acc in enumerate([0.5, 0.9, 0.5, 0.8, 0.9, 0.9, 0.85])]
+  assert Target("accuracy", 2).smoothed(curve)[:3] == pytest.approx([0.5, 0.7, 0.7])
+  assert Target("accuracy", 2).reached_at(curve, 0.85) == 4  # 0.85, 0.9, 0.875 from there; 0.65 before
+  assert Target("accuracy", 2).time_to(curve, 0.85) == 4
+  assert Target("accuracy", 2).images_to(curve, 0.85, 32) == 4 * 32
+  assert Target("accuracy", 1).reached_at(curve, 0.85) == 4  # raw: 0.9, 0.9, 0.85 from t=4 on
+  assert Target("accuracy", 3).reached_at(curve, 0.95) is None
+  # a loss target (the test loss 1 - accuracy here): at or below it, from the same evaluation
+  assert Target("loss", 2).reached_at(curve, 0.15) == 4 and Target("loss", 2).better(0.2) == -0.2
 
 
 def test_the_automatic_target_is_095_of_the_best_final_smoothed_accuracy():
-  from experiments import convergence
-  runs = [{"name": n, "curve": [[0, 0, a, 0.0], [1, 1, b, 0.0]]} for n, a, b in
+  runs = [{"name": n, "curve": [[0, 0, a, 0.0, 1.0], [1, 1, b, 0.0, 1.0 - b]]} for n, a, b in
           (("x", 0.6, 0.8), ("x", 0.7, 0.9), ("y", 0.9, 0.9))]  # final smoothed: x 0.7, 0.8 (mean 0.75); y 0.9
-  assert convergence.target_of(runs, 2) == pytest.approx(0.95 * 0.9)
+  assert Target("accuracy", 2).of_runs(runs) == pytest.approx(0.95 * 0.9)
+  # a loss: the best (lowest) final smoothed loss over 0.95 (x: 0.6 and 0.55, mean 0.575; y: 0.55)
+  assert Target("loss", 2).of_runs(runs) == pytest.approx(0.55 / 0.95)
 
 
 def test_a_language_models_runs_report_perplexity_against_time(capsys):

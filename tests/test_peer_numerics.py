@@ -18,7 +18,7 @@ import pytest
 
 from hetpipe_jax import MinibatchStreams, get_model, synthetic
 from hetpipe_jax.baselines.data_parallel import train_data_parallel
-from hetpipe_jax.baselines.numerics import outer_optimizer, train_local_sgd, train_weighted_sync
+from hetpipe_jax.baselines.numerics import outer_optimizer, train_sgd
 from hetpipe_jax.data import WorkerStreams
 from hetpipe_jax.errors import ConfigError, RunStopped
 from hetpipe_jax.models.base import cross_entropy
@@ -26,6 +26,18 @@ from hetpipe_jax.models.base import cross_entropy
 DATA = synthetic(num_train=512, num_test=128)
 MODEL = get_model("mlp")
 LOSS = jax.jit(jax.value_and_grad(lambda p, x, y: cross_entropy(MODEL.apply(p, x), y)))
+
+
+def sync_sgd(tx, batch_sizes, steps, step_seconds, **kw):
+  """Synchronous SGD: :func:`train_sgd` without local steps."""
+  return train_sgd(model=MODEL, dataset=DATA, tx=tx, batch_sizes=batch_sizes, rounds=steps, round_seconds=step_seconds,
+                   **kw)
+
+
+def local_sgd(tx, batch_sizes, local_steps, rounds, round_seconds, outer_lr=1.0, outer_momentum=0.0, **kw):
+  """Local SGD with the outer Nesterov step."""
+  return train_sgd(model=MODEL, dataset=DATA, tx=tx, batch_sizes=batch_sizes, local_steps=local_steps, rounds=rounds,
+                   round_seconds=round_seconds, outer=outer_optimizer(outer_lr, outer_momentum), **kw)
 
 
 def init(batch: int, seed: int = 0):
@@ -64,8 +76,7 @@ def test_unequal_streams_see_every_example_once_per_epoch():
 def test_weighted_sync_step_is_one_big_batch_step(sizes):
   tx = optax.sgd(0.1, momentum=0.5)
   steps = 3
-  rows, params = train_weighted_sync(MODEL, DATA, tx, sizes, steps, 0.5, seed=4, eval_every=steps,
-                                     return_params=True)
+  rows, params = sync_sgd(tx, sizes, steps, 0.5, seed=4, eval_every=steps)
   big = WorkerStreams(DATA, [sum(sizes)], seed=4)  # the same examples: the workers' batches concatenated
   ref = init(max(sizes), seed=4)
   state = tx.init(ref)
@@ -79,14 +90,14 @@ def test_weighted_sync_step_is_one_big_batch_step(sizes):
     ref = optax.apply_updates(ref, updates)
     losses.append(float(loss))
   assert_trees_close(params, ref)
-  np.testing.assert_allclose([r["train_loss"] for r in rows], losses, rtol=1e-5)
-  assert [r["examples"] for r in rows] == [s * sum(sizes) for s in range(1, steps + 1)]
-  assert [r["time"] for r in rows] == [0.5, 1.0, 1.5] and "test_accuracy" in rows[-1]
+  np.testing.assert_allclose([r.train_loss for r in rows], losses, rtol=1e-5)
+  assert [r.examples for r in rows] == [s * sum(sizes) for s in range(1, steps + 1)]
+  assert [r.time for r in rows] == [0.5, 1.0, 1.5] and rows[-1].test_accuracy is not None
 
 
 def test_a_worker_of_batch_zero_sits_out():
-  a_rows, a = train_weighted_sync(MODEL, DATA, optax.sgd(0.1), [3, 5], 4, 1.0, seed=2, return_params=True)
-  b_rows, b = train_weighted_sync(MODEL, DATA, optax.sgd(0.1), [3, 0, 5, 0], 4, 1.0, seed=2, return_params=True)
+  a_rows, a = sync_sgd(optax.sgd(0.1), [3, 5], 4, 1.0, seed=2)
+  b_rows, b = sync_sgd(optax.sgd(0.1), [3, 0, 5, 0], 4, 1.0, seed=2)
   assert a_rows == b_rows
   assert all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
@@ -125,30 +136,30 @@ def old_train_data_parallel(tx, num_workers, steps, batch_size, step_seconds, se
 def test_equal_batches_are_todays_data_parallelism_bit_for_bit():
   tx = optax.adam(3e-3)
   old = old_train_data_parallel(tx, 5, 14, 16, 0.25, 1, 5)  # 5 x 16: steps straddle epochs
-  new = train_data_parallel(MODEL, DATA, tx, 5, 14, 16, 0.25, seed=1, eval_every=5)
-  weighted = train_weighted_sync(MODEL, DATA, tx, [16] * 5, 14, 0.25, seed=1, eval_every=5)
+  new = train_data_parallel(model=MODEL, dataset=DATA, tx=tx, num_workers=5, batch_size=16, steps=14,
+                            step_seconds=0.25, seed=1, eval_every=5).rows
+  weighted = sync_sgd(tx, [16] * 5, 14, 0.25, seed=1, eval_every=5).rows
   assert new == weighted
   for a, b in zip(old, new, strict=True):
-    assert list(a.items()) == [(k, v) for k, v in b.items() if k != "examples"]  # same keys, order, bits
-    assert b["examples"] == b["step"] * 80
+    assert a == {k: v for k, v in b.as_dict().items() if k != "examples"}  # same keys, same bits
+    assert b.examples == b.step * 80
 
 
 @pytest.mark.parametrize("sizes", [[3, 5], [16, 16]])
 def test_local_sgd_with_one_local_step_and_the_plain_outer_step_is_synchronous_sgd(sizes):
   # plain SGD inside: with momentum or Adam, each worker's own inner state would differ from the one state
   rounds = 6
-  sync_rows, sync = train_weighted_sync(MODEL, DATA, optax.sgd(0.2), sizes, rounds, 1.0, seed=5, eval_every=3,
-                                        return_params=True)
-  local_rows, local = train_local_sgd(MODEL, DATA, optax.sgd(0.2), sizes, [1] * len(sizes), rounds, 1.0,
-                                      outer_lr=1.0, outer_momentum=0.0, seed=5, eval_every=3, return_params=True)
+  sync_rows, sync = sync_sgd(optax.sgd(0.2), sizes, rounds, 1.0, seed=5, eval_every=3)
+  local_rows, local = local_sgd(optax.sgd(0.2), sizes, [1] * len(sizes), rounds, 1.0, seed=5, eval_every=3)
   assert_trees_close(local, sync, atol=1e-6)
-  np.testing.assert_allclose([r["train_loss"] for r in local_rows], [r["train_loss"] for r in sync_rows], rtol=1e-5)
+  np.testing.assert_allclose([r.train_loss for r in local_rows], [r.train_loss for r in sync_rows], rtol=1e-5)
   for a, b in zip(local_rows, sync_rows, strict=True):
     measured = ("train_loss", "test_accuracy", "test_loss")
-    assert {k: v for k, v in a.items() if k not in measured} == {k: v for k, v in b.items() if k not in measured}
-    assert ("test_accuracy" in a) == ("test_accuracy" in b)
-    if "test_loss" in a:
-      assert a["test_loss"] == pytest.approx(b["test_loss"], rel=1e-5)
+    assert {k: v for k, v in a._asdict().items() if k not in measured} == \
+        {k: v for k, v in b._asdict().items() if k not in measured}
+    assert (a.test_accuracy is None) == (b.test_accuracy is None)
+    if a.test_loss is not None:
+      assert a.test_loss == pytest.approx(b.test_loss, rel=1e-5)
 
 
 def test_outer_nesterov_is_the_hand_computed_recurrence():
@@ -173,8 +184,7 @@ def test_local_sgd_rounds_are_the_hand_computed_outer_steps():
   rounds), weight changes averaged by examples (4 and 6), outer Nesterov lr 0.7 momentum 0.9, in numpy."""
   sizes, hs, rounds, lr, m = [4, 2], [1, 3], 3, 0.7, 0.9
   inner = optax.sgd(0.05, momentum=0.5)
-  rows, params = train_local_sgd(MODEL, DATA, inner, sizes, hs, rounds, 2.0, outer_lr=lr, outer_momentum=m, seed=6,
-                                 return_params=True)
+  rows, params = local_sgd(inner, sizes, hs, rounds, 2.0, outer_lr=lr, outer_momentum=m, seed=6)
   streams = WorkerStreams(DATA, sizes, 6, hs)
   w = [np.asarray(a, np.float64) for a in jax.tree.leaves(init(4, seed=6))]
   treedef = jax.tree.structure(init(4, seed=6))
@@ -193,15 +203,14 @@ def test_local_sgd_rounds_are_the_hand_computed_outer_steps():
     trace = [m * t + d for t, d in zip(trace, mean)]
     w = [a + lr * (d + m * t) for a, d, t in zip(w, mean, trace)]
   assert_trees_close(params, jax.tree.unflatten(treedef, w), atol=1e-6)  # float32 against a float64 reference
-  plain = train_local_sgd(MODEL, DATA, inner, sizes, hs, rounds, 2.0, seed=6, return_params=True)[1]
+  plain = local_sgd(inner, sizes, hs, rounds, 2.0, seed=6).params
   assert not np.allclose(np.asarray(jax.tree.leaves(plain)[0]), np.asarray(jax.tree.leaves(params)[0]))
-  assert [r["examples"] for r in rows] == [10, 20, 30] and [r["time"] for r in rows] == [2.0, 4.0, 6.0]
-  assert all("test_accuracy" in r and math.isfinite(r["train_loss"]) for r in rows)  # eval_every=1
+  assert [r.examples for r in rows] == [10, 20, 30] and [r.time for r in rows] == [2.0, 4.0, 6.0]
+  assert all(r.test_accuracy is not None and math.isfinite(r.train_loss) for r in rows)  # eval_every=1
 
 
-SYNC = lambda **kw: train_weighted_sync(MODEL, DATA, optax.sgd(0.1), **{
-    "batch_sizes": [4, 4], "steps": 2, "step_seconds": 1.0, **kw})
-LOCAL = lambda **kw: train_local_sgd(MODEL, DATA, optax.sgd(0.1), **{
+SYNC = lambda **kw: sync_sgd(optax.sgd(0.1), **{"batch_sizes": [4, 4], "steps": 2, "step_seconds": 1.0, **kw})
+LOCAL = lambda **kw: local_sgd(optax.sgd(0.1), **{
     "batch_sizes": [4, 4], "local_steps": [2, 2], "rounds": 2, "round_seconds": 1.0, **kw})
 
 
@@ -211,10 +220,10 @@ LOCAL = lambda **kw: train_local_sgd(MODEL, DATA, optax.sgd(0.1), **{
     (SYNC, {"batch_sizes": [4, 2.5]}, "batch_sizes[1]=2.5"),
     (SYNC, {"batch_sizes": [0, 0]}, "all 0"),
     (SYNC, {"batch_sizes": [4, 513]}, "above the 512 training examples"),
-    (SYNC, {"steps": -1}, "steps=-1"),
+    (SYNC, {"steps": -1}, "rounds=-1"),
     (SYNC, {"eval_every": 0}, "eval_every=0"),
-    (SYNC, {"step_seconds": float("nan")}, "step_seconds=nan"),
-    (SYNC, {"step_seconds": -1.0}, "step_seconds=-1.0"),
+    (SYNC, {"step_seconds": float("nan")}, "round_seconds=nan"),
+    (SYNC, {"step_seconds": -1.0}, "round_seconds=-1.0"),
     (LOCAL, {"local_steps": [2]}, "local_steps has 1 entries but batch_sizes 2"),
     (LOCAL, {"local_steps": [2, 0]}, "local_steps[1]=0"),
     (LOCAL, {"local_steps": []}, "local_steps is empty"),
@@ -234,13 +243,18 @@ def test_bad_inputs_are_refused_in_one_line(run, kw, words):
 
 def test_data_parallel_refuses_bad_workers_and_batches():
   with pytest.raises(ConfigError, match="num_workers=0"):
-    train_data_parallel(MODEL, DATA, optax.sgd(0.1), 0, 2, 32, 1.0)
+    train_data_parallel(model=MODEL, dataset=DATA, tx=optax.sgd(0.1), num_workers=0, batch_size=32, steps=2,
+                        step_seconds=1.0)
   with pytest.raises(ConfigError, match="does not divide"):
-    train_data_parallel(MODEL, DATA, optax.sgd(0.1), 2, 2, 30, 1.0)
+    train_data_parallel(model=MODEL, dataset=DATA, tx=optax.sgd(0.1), num_workers=2, batch_size=30, steps=2,
+                        step_seconds=1.0)
+  with pytest.raises(ConfigError, match="an outer optimizer for synchronous SGD"):
+    train_sgd(model=MODEL, dataset=DATA, tx=optax.sgd(0.1), batch_sizes=[4], rounds=1, round_seconds=1.0,
+              outer=outer_optimizer())
 
 
 def test_a_divergence_stops_the_run_naming_the_step():
   with pytest.raises(RunStopped, match=r"step \d+ is (nan|inf|-inf) \(not finite\)|weights after step \d+"):
-    train_weighted_sync(MODEL, DATA, optax.sgd(1e30), [8, 8], 6, 1.0, eval_every=3)
+    sync_sgd(optax.sgd(1e30), [8, 8], 6, 1.0, eval_every=3)
   with pytest.raises(RunStopped, match="round"):
-    train_local_sgd(MODEL, DATA, optax.sgd(1e30), [8, 8], [2, 2], 3, 1.0)
+    local_sgd(optax.sgd(1e30), [8, 8], [2, 2], 3, 1.0)

@@ -16,12 +16,18 @@ from hetpipe_jax.baselines.horovod import allreduce_seconds, horovod_iteration_s
 from hetpipe_jax.baselines.knobs import PeerKnobs
 from hetpipe_jax.baselines.sync import SyncJob, Worker, simulate_sync
 from hetpipe_jax.baselines.sync_pipeline import proportional
-from hetpipe_jax.baselines.systems import SYSTEMS, simulate_peer
 from hetpipe_jax.baselines.timeline import CATEGORIES, timeline_report
 from hetpipe_jax.cluster import GpuType, Link, make_cluster
 from hetpipe_jax.cost.batch import BatchProfiles, fixed
 from hetpipe_jax.cost.profile import UnitProfile
 from hetpipe_jax.sim.network import Simulator
+from hetpipe_jax.systems import WSP, get_system, systems
+
+SYSTEMS = [name for name, system in systems().items() if system.kind != WSP]  # the peers
+
+
+def simulate_peer(name, *args):
+  return get_system(name).simulate(*args)
 
 FAST = GpuType("fast", 1 << 36, 10e12, 10e12, 1e18, 1.0)
 SLOW = GpuType("slow", 1 << 36, 5e12, 5e12, 1e18, 1.0)

@@ -1,6 +1,7 @@
 """The auto-tuner (issue 11): groupings, Nm choices, the WSP-aware modelled rate, the search, tuned plans run
 by ``experiments.train --plan``, and the staleness-aware estimate of time to accuracy."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -21,6 +22,7 @@ from hetpipe_jax.tune import (
   TuneOptions,
   TuneResult,
   candidate_json,
+  distinct_rows,
   groupings,
   modelled_images_per_sec,
   nm_choices,
@@ -113,6 +115,17 @@ def test_tuner_finds_the_fastest_checked_configuration(mlp_profiles):
   alone = tune(cluster, mlp_profiles, 32, space, TuneOptions(waves=6, screen=6, refine=3, workers=1))
   assert [(r.candidate, r.images_per_sec) for r in alone.results] == [
       (r.candidate, r.images_per_sec) for r in results]
+  # the printed table: distinct rows; configurations that differ only in D and ran the same (a gate that never
+  # closed) share one: a copy of the best at another D merges into its row, one with other numbers does not
+  best = results[0]
+  same = dataclasses.replace(best, candidate=dataclasses.replace(best.candidate, d=best.candidate.d + 7))
+  other = dataclasses.replace(same, images_per_sec=best.images_per_sec / 2)
+  rows = distinct_rows([best, *results[1:4], other, same, *results[4:]], 5)
+  assert len(rows) == 5 and rows[0].results == (best, same)
+  assert rows[0].label == best.candidate.label.replace(f"D={best.candidate.d},", f"D={best.candidate.d}/"
+                                                       f"{best.candidate.d + 7},")
+  assert [row.results for row in rows[1:]] == [(r,) for r in results[1:4]] + [(other,)]
+  assert len({(row.first.images_per_sec, row.first.staleness, row.label) for row in rows}) == 5
 
 
 def test_front_screening_adds_every_groupings_smaller_waves(mlp_profiles):
@@ -239,6 +252,8 @@ def test_tune_cli_and_train_plan(tmp_path):
     (["--objective=time_to_accuracy", "--staleness_model=/nonexistent/convergence.json"],
      "error: --staleness_model=/nonexistent/convergence.json: cannot read it"),
     (["--peers=hetero_dp,gossip"], "error: --peers=hetero_dp,gossip: unknown system 'gossip'"),
+    (["--top=-5"], "error: --top=-5; give how many configurations to print, >= 1"),
+    (["--top=0"], "error: --top=0; give how many configurations to print, >= 1"),
 ])
 def test_tune_bad_input_is_one_line(args, start, tmp_path):
   proc = _run(["experiments.tune", *args, f"--out_dir={tmp_path}"], tmp_path, timeout=120)

@@ -13,11 +13,11 @@ from test_peers import NET, PCIE, PROFILES, TWO_NODES, UNITS
 
 from hetpipe_jax import ConfigError, get_cluster
 from hetpipe_jax.baselines.knobs import PeerKnobs
-from hetpipe_jax.baselines.systems import SYSTEMS
 from hetpipe_jax.cluster import GpuType, make_cluster
 from hetpipe_jax.cost.batch import BatchProfiles, fixed
 from hetpipe_jax.cost.profile import UnitProfile
 from hetpipe_jax.staleness import StalenessModel
+from hetpipe_jax.systems import WSP, systems
 from hetpipe_jax.tune import (
   CriticalBatch,
   PeerAccuracyModel,
@@ -41,7 +41,7 @@ from hetpipe_jax.tune.statistical import leave_one_out
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # tests/test_peers.py's hand-worked model: two units of 1 + 2 Tflop at batch 32, 100 MB and 300 MB of weights
-ALL = tuple(SYSTEMS)
+ALL = tuple(name for name, system in systems().items() if system.kind != WSP)  # the peers
 SMALL = SearchSpace(ds=(0,), nm_max=2, peers=ALL)
 QUICK = TuneOptions(waves=4, screen=2, refine=1, workers=1)
 

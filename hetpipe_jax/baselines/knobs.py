@@ -1,7 +1,8 @@
 """The knobs of the peers (:mod:`hetpipe_jax.baselines`): one record, each system reads its own.
 
-``experiments.baseline`` sets them from flags, the tuner searches them (batch split, microbatches per
-pipeline, H, outer learning rate).
+``experiments.peer_flags`` declares them as flags once, from this record's defaults (``experiments.baseline``
+and the studies read them); the tuner searches them (each system's grid: batch split, microbatches per
+pipeline, H, ...).
 """
 
 from __future__ import annotations

@@ -1,17 +1,19 @@
-"""The numerics of the synchronous and local-SGD peers of HetPipe, for the convergence study.
+"""The numerics of the synchronous and local-SGD peers of HetPipe, for the convergence study: one trainer,
+:func:`train_sgd`.
 
-* :func:`train_weighted_sync`: synchronous SGD where worker i computes the gradient of its own minibatch of
-  ``batch_sizes[i]`` examples and the gradients are combined weighted by each worker's share b_i / sum(b):
-  the gradient of one batch of sum(b) examples, one optimizer update per step. It is the numerics of
-  heterogeneity-aware data parallelism (``hetero_dp``: a GPU's share of the global batch, computed at once or
-  by gradient accumulation, which is numerically the same), of synchronous heterogeneous pipelines
+* **Synchronous SGD** (``local_steps`` None): worker i computes the gradient of its own minibatch of
+  ``batch_sizes[i]`` examples and the gradients are combined weighted by each worker's share b_i / sum(b): the
+  gradient of one batch of sum(b) examples, one optimizer update per step. It is the numerics of
+  heterogeneity-aware data parallelism (``hetero_dp``: a GPU's share of the global batch, computed at once or by
+  gradient accumulation, which is numerically the same), of synchronous heterogeneous pipelines
   (``sync_pipeline``: a pipeline's microbatches x batch) and, with equal sizes, of Horovod
-  (:func:`hetpipe_jax.baselines.data_parallel.train_data_parallel` calls it).
-* :func:`train_local_sgd`: local SGD with an outer optimizer (DiLoCo, arXiv 2311.08105; a number of local
-  steps per worker as in asynchronous local SGD, arXiv 2401.09135). Every round each worker starts from the
-  global weights, takes its H_i steps of the inner optimizer (whose state it keeps across rounds), and the
-  weight changes, averaged weighted by the examples each worker processed, are the negated outer gradient
-  of an SGD (Nesterov) momentum step.
+  (:func:`hetpipe_jax.baselines.data_parallel.train_data_parallel`).
+* **Local SGD** with an outer optimizer (``local_steps`` given; DiLoCo, arXiv 2311.08105; a number of local steps
+  per worker as in asynchronous local SGD, arXiv 2401.09135). Every round each worker starts from the global
+  weights, takes its H_i steps of the inner optimizer (whose state it keeps across rounds), and the weight
+  changes, averaged weighted by the examples each worker processed, are the negated outer gradient of an SGD
+  (Nesterov) momentum step (:func:`outer_optimizer`). With H_i = 1, plain SGD inside and the plain outer step
+  (lr 1, momentum 0) a round is one synchronous step (equal up to rounding; the tests hold it).
 
 Each worker reads its own stream (:class:`hetpipe_jax.data.WorkerStreams`): every example is seen once per
 epoch across the workers. The clock is the modelled seconds of one step or round, given by the caller (the
@@ -24,8 +26,8 @@ checked at every evaluation with one transfer.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Any, Literal, overload
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -39,7 +41,39 @@ from hetpipe_jax.evaluate import make_evaluator
 from hetpipe_jax.models.base import LayeredModel
 from hetpipe_jax.runtime.mixed import all_finite
 
-Rows = list[dict[str, Any]]
+
+class MetricsRow(NamedTuple):
+  """A step (synchronous) or round (local SGD) of a run, as HetPipe's metrics rows.
+
+  Attributes:
+    vw: 0 (one copy of the weights).
+    wave: the step or round, from 0.
+    step: the step or round, from 1.
+    time: ``step`` x its modelled seconds.
+    train_loss: the step's batch-weighted mean loss (a round's: over every example its inner steps saw).
+    examples: examples seen so far, every worker together.
+    test_accuracy / test_loss: at an evaluation (every ``eval_every`` and the last), else None.
+  """
+
+  vw: int
+  wave: int
+  step: int
+  time: float
+  train_loss: float
+  examples: int
+  test_accuracy: float | None = None
+  test_loss: float | None = None
+
+  def as_dict(self) -> dict[str, Any]:
+    """The row as a metrics line (without the test fields between evaluations)."""
+    return {k: v for k, v in self._asdict().items() if v is not None}
+
+
+class TrainResult(NamedTuple):
+  """A run of :func:`train_sgd`: its ``rows`` (one per step or round) and final (global) weights ``params``."""
+
+  rows: list[MetricsRow]
+  params: Any
 
 
 def _weighted_mean(values: Sequence[Any], weights: Sequence[int]) -> Any:
@@ -76,12 +110,13 @@ def _check_seconds(name: str, value: Any) -> float:
 class _Tracker:
   """The metrics rows of a run, the test evaluations, and the check that its losses and weights are finite."""
 
-  def __init__(self, model: LayeredModel, dataset: Dataset, device: Any, what: str, unit: str, total: int,
-               eval_every: int, seconds: float, hint: str):
-    self.evaluate = make_evaluator(model, dataset, device)
-    self.what, self.unit, self.total, self.eval_every, self.seconds, self.hint = (what, unit, total, eval_every,
-                                                                                  seconds, hint)
-    self.rows: Rows = []
+  def __init__(self, evaluate: Callable[[Any], dict[str, float]], what: str, unit: str, total: int,
+               eval_every: int, seconds: float):
+    self.evaluate, self.what, self.unit, self.total, self.eval_every, self.seconds = (evaluate, what, unit, total,
+                                                                                      eval_every, seconds)
+    self.hint = "lower the learning rate" if unit == "step" else ("lower the inner or outer learning rate, or the "
+                                                                 "local steps")
+    self.tests: dict[int, dict[str, float]] = {}  # step -> its evaluation
     self.examples: list[int] = []
     self.losses: list[Any] = []  # on the device until checked
     self.fetched: list[float] = []
@@ -91,12 +126,11 @@ class _Tracker:
     ``examples`` seen so far."""
     self.losses.append(loss)
     self.examples.append(examples)
-    self.rows.append({"vw": 0, "wave": s - 1, "step": s, "time": s * self.seconds})
     if s % self.eval_every == 0 or s == self.total:
       self.check(params)
-      self.rows[-1].update(self.evaluate(params))  # test_accuracy, test_loss
+      self.tests[s] = self.evaluate(params)  # test_accuracy, test_loss
       logging.info("%s: %s %d/%d  t=%.4gs  test accuracy %.4f", self.what, self.unit, s, self.total,
-                   self.rows[-1]["time"], self.rows[-1]["test_accuracy"])
+                   s * self.seconds, self.tests[s]["test_accuracy"])
 
   def check(self, params: Any) -> None:
     """Fetches the losses since the last check, and whether ``params`` are finite, in one transfer.
@@ -115,75 +149,21 @@ class _Tracker:
       raise RunStopped(f"{self.what}: the weights after {self.unit} {len(self.fetched)} are not finite (NaN or Inf): "
                        f"the run diverged; {self.hint}")
 
-  def result(self) -> Rows:
-    """The rows, each with its ``train_loss`` and ``examples`` (after the keys of HetPipe's rows)."""
-    for row, loss, examples in zip(self.rows, self.fetched, self.examples):
-      row["train_loss"] = loss
-      row["examples"] = examples
-    return self.rows
+  def rows(self) -> list[MetricsRow]:
+    """One row per step or round."""
+    return [MetricsRow(0, s - 1, s, s * self.seconds, loss, examples, **self.tests.get(s, {}))
+            for s, (loss, examples) in enumerate(zip(self.fetched, self.examples), start=1)]
 
 
-@overload
-def train_weighted_sync(model: LayeredModel, dataset: Dataset, tx: optax.GradientTransformation,
-                        batch_sizes: Sequence[int], steps: int, step_seconds: float, seed: int = 0,
-                        eval_every: int = 10, device: Any = None, *, return_params: Literal[False] = False,
-                        what: str | None = None) -> Rows: ...
+Round = Callable[[Any, int], tuple[Any, Any]]  # (params, round from 1) -> (params, the round's mean loss)
 
 
-@overload
-def train_weighted_sync(model: LayeredModel, dataset: Dataset, tx: optax.GradientTransformation,
-                        batch_sizes: Sequence[int], steps: int, step_seconds: float, seed: int = 0,
-                        eval_every: int = 10, device: Any = None, *, return_params: Literal[True],
-                        what: str | None = None) -> tuple[Rows, Any]: ...
-
-
-def train_weighted_sync(model: LayeredModel, dataset: Dataset, tx: optax.GradientTransformation,
-                        batch_sizes: Sequence[int], steps: int, step_seconds: float, seed: int = 0,
-                        eval_every: int = 10, device: Any = None, *, return_params: bool = False,
-                        what: str | None = None) -> Rows | tuple[Rows, Any]:
-  """Trains ``model`` by synchronous SGD whose workers' gradients are weighted by their share of the batch.
-
-  Every step worker i computes the mean gradient of its own minibatch of ``batch_sizes[i]`` examples; the
-  gradients are combined weighted by b_i / sum(b) (the gradient of one batch of sum(b) examples; with equal
-  sizes their plain mean, as Horovod's all-reduce) and ``tx`` updates the one copy of the weights.
-
-  Args:
-    model: the model.
-    dataset: training and test data.
-    tx: the optimizer, applied to the combined gradient.
-    batch_sizes: examples of each worker's minibatch (0: that worker sits out; not all 0; none above the
-      training set).
-    steps: synchronous steps (0: no training, no rows).
-    step_seconds: modelled seconds of one step (the clock of the metrics).
-    seed: initialisation and shuffling seed (the streams: :class:`~hetpipe_jax.data.WorkerStreams`).
-    eval_every: evaluate the test accuracy every this many steps (and at the end).
-    device: where it runs, a ``jax.Device`` (default: the first JAX device).
-    return_params: also return the final weights.
-    what: the run's name in the log and errors (default: the batch sizes).
-
-  Returns:
-    Metrics rows like the HetPipe runs': ``{"vw": 0, "wave": step-1, "step", "time": step x step_seconds,
-    "examples" (seen so far, all workers), "train_loss" (the batch-weighted mean)}`` per step, with
-    ``test_accuracy`` every ``eval_every`` steps and at the end; with ``return_params``, ``(rows, params)``.
-
-  Raises:
-    ConfigError: for bad sizes, counts or seconds (:class:`~hetpipe_jax.data.WorkerStreams` says which).
-    RunStopped: when a step's loss or the weights are not finite (the run diverged).
-  """
-  streams = WorkerStreams(dataset, batch_sizes, seed)
-  steps = _check_count("steps", steps, 0)
-  eval_every = _check_count("eval_every", eval_every, 1)
-  step_seconds = _check_seconds("step_seconds", step_seconds)
-  total = streams.examples_per_round
-  sizes = streams.batch_sizes
-  active = [i for i, b in enumerate(sizes) if b > 0]
-  weights = [sizes[i] for i in active]
-  device = device or jax.devices()[0]
-  params = jax.device_put(model.init(jax.random.key(seed), jnp.asarray(dataset.x_train[:max(sizes)])), device)
-  opt_state = tx.init(params)
-  loss_fn = lambda p, x, y: model.loss(model.apply(p, x), y)
-
+def _sync_round(loss_fn: Callable, tx: optax.GradientTransformation, streams: WorkerStreams, active: list[int],
+                params: Any, device: Any) -> Round:
+  """A synchronous step: every active worker's gradient, their batch-weighted mean, one update of ``tx``."""
+  weights = [streams.batch_sizes[i] for i in active]
   grad = jax.jit(jax.value_and_grad(loss_fn))  # compiled once per distinct batch size
+  state = {"opt": tx.init(params)}
 
   @jax.jit
   def update(params, opt_state, results):
@@ -193,14 +173,104 @@ def train_weighted_sync(model: LayeredModel, dataset: Dataset, tx: optax.Gradien
     updates, opt_state = tx.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss
 
-  what = what or f"synchronous SGD (batches {sizes})"
-  track = _Tracker(model, dataset, device, what, "step", steps, eval_every, step_seconds,
-                   "lower the learning rate")
-  for s in range(1, steps + 1):
+  def step(params: Any, s: int) -> tuple[Any, Any]:
     results = [grad(params, *(jax.device_put(np.asarray(a), device) for a in streams(i, s))) for i in active]
-    params, opt_state, loss = update(params, opt_state, results)
-    track.record(s, params, loss, s * total)
-  return (track.result(), params) if return_params else track.result()
+    params, state["opt"], loss = update(params, state["opt"], results)
+    return params, loss
+  return step
+
+
+def _local_round(loss_fn: Callable, inner_tx: optax.GradientTransformation, outer_tx: optax.GradientTransformation,
+                 streams: WorkerStreams, active: list[int], params: Any, device: Any) -> Round:
+  """A round of local SGD: every active worker's H_i inner steps from the global weights, the example-weighted
+  mean of their weight changes, one outer step."""
+  sizes, hs = streams.batch_sizes, streams.local_steps
+  weights = [hs[i] * sizes[i] for i in active]  # examples per round
+  inner_states = {i: inner_tx.init(params) for i in active}
+  state = {"outer": outer_tx.init(params)}
+
+  @jax.jit
+  def inner(params, opt_state, x, y):  # compiled once per distinct batch size
+    loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+    updates, opt_state = inner_tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+  @jax.jit
+  def outer(params, outer_state, local, losses):
+    # the all-reduce of the weight changes, weighted by the examples each worker processed in the round
+    mean_delta = _tree_weighted_mean([jax.tree.map(jnp.subtract, w, params) for w in local], weights)
+    # the round's loss: the mean over every example its inner steps processed
+    loss = sum(sizes[i] * sum(per_worker) for i, per_worker in zip(active, losses)) / sum(weights)
+    updates, outer_state = outer_tx.update(mean_delta, outer_state, params)
+    return optax.apply_updates(params, updates), outer_state, loss
+
+  def step(params: Any, r: int) -> tuple[Any, Any]:
+    local, losses = [], []
+    for i in active:
+      w, worker_losses = params, []
+      for k in range(1, hs[i] + 1):
+        x, y = (jax.device_put(np.asarray(a), device) for a in streams(i, r, k))
+        w, inner_states[i], loss = inner(w, inner_states[i], x, y)
+        worker_losses.append(loss)
+      local.append(w)
+      losses.append(worker_losses)
+    params, state["outer"], loss = outer(params, state["outer"], local, losses)
+    return params, loss
+  return step
+
+
+def train_sgd(*, model: LayeredModel, dataset: Dataset, tx: optax.GradientTransformation, batch_sizes: Sequence[int],
+              rounds: int, round_seconds: float, local_steps: Sequence[int] | None = None,
+              outer: optax.GradientTransformation | None = None, seed: int = 0, eval_every: int = 1,
+              device: Any = None, what: str | None = None) -> TrainResult:
+  """Trains ``model`` by synchronous SGD (``local_steps`` None) or local SGD (the module docstring).
+
+  Args:
+    model: the model.
+    dataset: training and test data.
+    tx: the optimizer: of the combined gradient (synchronous), or each worker's own (local SGD: a fresh state per
+      worker, kept across rounds).
+    batch_sizes: examples of each worker's minibatch (0: that worker sits out; not all 0; none above the
+      training set).
+    rounds: synchronous steps, or local SGD's synchronisations (0: no training, no rows).
+    round_seconds: modelled seconds of one step or round (the clock of the metrics).
+    local_steps: H_i, each worker's steps per round (>= 1); None: synchronous SGD.
+    outer: local SGD's outer step (:func:`outer_optimizer`; None: lr 1, no momentum, the weighted mean).
+    seed: initialisation and shuffling seed (the streams: :class:`~hetpipe_jax.data.WorkerStreams`).
+    eval_every: evaluate the test accuracy every this many steps or rounds (and at the end).
+    device: where it runs, a ``jax.Device`` (default: the first JAX device).
+    what: the run's name in the log and errors (default: the batch sizes and local steps).
+
+  Returns:
+    The rows (one per step or round) and the final weights.
+
+  Raises:
+    ConfigError: for bad sizes, local steps, counts or seconds (:class:`~hetpipe_jax.data.WorkerStreams` says
+      which), or ``outer`` given to synchronous SGD.
+    RunStopped: when a step's loss or the weights are not finite (the run diverged).
+  """
+  streams = WorkerStreams(dataset, batch_sizes, seed, local_steps)
+  rounds = _check_count("rounds", rounds, 0)
+  eval_every = _check_count("eval_every", eval_every, 1)
+  round_seconds = _check_seconds("round_seconds", round_seconds)
+  if local_steps is None and outer is not None:
+    raise ConfigError("an outer optimizer for synchronous SGD; give local_steps (local SGD) or no outer optimizer")
+  sizes = streams.batch_sizes
+  active = [i for i, b in enumerate(sizes) if b > 0]
+  device = device or jax.devices()[0]
+  params = jax.device_put(model.init(jax.random.key(seed), jnp.asarray(dataset.x_train[:max(sizes)])), device)
+  loss_fn = lambda p, x, y: model.loss(model.apply(p, x), y)
+  if local_steps is None:
+    step = _sync_round(loss_fn, tx, streams, active, params, device)
+    what, unit = what or f"synchronous SGD (batches {sizes})", "step"
+  else:
+    step = _local_round(loss_fn, tx, outer or outer_optimizer(), streams, active, params, device)
+    what, unit = what or f"local SGD (batches {sizes}, local steps {streams.local_steps})", "round"
+  track = _Tracker(make_evaluator(model, dataset, device), what, unit, rounds, eval_every, round_seconds)
+  for r in range(1, rounds + 1):
+    params, loss = step(params, r)
+    track.record(r, params, loss, r * streams.examples_per_round)
+  return TrainResult(track.rows(), params)
 
 
 def _check_outer(outer_lr: Any, outer_momentum: Any) -> None:
@@ -226,107 +296,4 @@ def outer_optimizer(outer_lr: float = 1.0, outer_momentum: float = 0.0,
   _check_outer(outer_lr, outer_momentum)
   return optax.chain(optax.trace(decay=float(outer_momentum), nesterov=nesterov), optax.scale(float(outer_lr)))
 
-
-@overload
-def train_local_sgd(model: LayeredModel, dataset: Dataset, inner_tx: optax.GradientTransformation,
-                    batch_sizes: Sequence[int], local_steps: Sequence[int], rounds: int, round_seconds: float,
-                    outer_lr: float = 1.0, outer_momentum: float = 0.0, nesterov: bool = True, seed: int = 0,
-                    eval_every: int = 1, device: Any = None, *, return_params: Literal[False] = False,
-                    what: str | None = None) -> Rows: ...
-
-
-@overload
-def train_local_sgd(model: LayeredModel, dataset: Dataset, inner_tx: optax.GradientTransformation,
-                    batch_sizes: Sequence[int], local_steps: Sequence[int], rounds: int, round_seconds: float,
-                    outer_lr: float = 1.0, outer_momentum: float = 0.0, nesterov: bool = True, seed: int = 0,
-                    eval_every: int = 1, device: Any = None, *, return_params: Literal[True],
-                    what: str | None = None) -> tuple[Rows, Any]: ...
-
-
-def train_local_sgd(model: LayeredModel, dataset: Dataset, inner_tx: optax.GradientTransformation,
-                    batch_sizes: Sequence[int], local_steps: Sequence[int], rounds: int, round_seconds: float,
-                    outer_lr: float = 1.0, outer_momentum: float = 0.0, nesterov: bool = True, seed: int = 0,
-                    eval_every: int = 1, device: Any = None, *, return_params: bool = False,
-                    what: str | None = None) -> Rows | tuple[Rows, Any]:
-  """Trains ``model`` by local SGD with an outer optimizer (DiLoCo).
-
-  Every round each worker i starts from the global weights w and takes ``local_steps[i]`` (H_i) steps of
-  ``inner_tx`` on its own minibatches of ``batch_sizes[i]`` examples (its inner optimizer state is its own,
-  kept across rounds); its weight change is d_i = w_i - w. The changes are averaged weighted by the examples
-  each worker processed in the round (H_i x b_i; equal: their plain mean, as DiLoCo) and the outer step
-  (:func:`outer_optimizer`) moves w along the mean change d: with ``outer_lr`` 1 and momentum 0, w becomes
-  the workers' weighted mean, and with H_i = 1 the round is one synchronous SGD step at the global batch.
-
-  Args:
-    model: the model.
-    dataset: training and test data.
-    inner_tx: each worker's optimizer (a fresh state per worker).
-    batch_sizes: examples of each worker's minibatch (0: that worker sits out; not all 0).
-    local_steps: H_i, each worker's steps per round (>= 1).
-    rounds: synchronisations (0: no training, no rows).
-    round_seconds: modelled seconds of one round (the clock of the metrics).
-    outer_lr: the outer learning rate (> 0).
-    outer_momentum: the outer momentum, in [0, 1).
-    nesterov: Nesterov momentum (else heavy ball).
-    seed: initialisation and shuffling seed (the streams: :class:`~hetpipe_jax.data.WorkerStreams`).
-    eval_every: evaluate the test accuracy every this many rounds (and at the end).
-    device: where it runs, a ``jax.Device`` (default: the first JAX device).
-    return_params: also return the final global weights.
-    what: the run's name in the log and errors (default: the batch sizes and local steps).
-
-  Returns:
-    Metrics rows: ``{"vw": 0, "wave": round-1, "step": round, "time": round x round_seconds, "examples" (seen
-    so far, all workers), "train_loss" (the round's inner losses, weighted by examples)}`` per round, with
-    ``test_accuracy`` every ``eval_every`` rounds and at the end; with ``return_params``, ``(rows, params)``.
-
-  Raises:
-    ConfigError: for bad sizes, local steps, counts, seconds or outer settings.
-    RunStopped: when a round's loss or the global weights are not finite (the run diverged).
-  """
-  streams = WorkerStreams(dataset, batch_sizes, seed, local_steps)
-  rounds = _check_count("rounds", rounds, 0)
-  eval_every = _check_count("eval_every", eval_every, 1)
-  round_seconds = _check_seconds("round_seconds", round_seconds)
-  outer_tx = outer_optimizer(outer_lr, outer_momentum, nesterov)
-  sizes, hs = streams.batch_sizes, streams.local_steps
-  active = [i for i, b in enumerate(sizes) if b > 0]
-  weights = [hs[i] * sizes[i] for i in active]  # examples per round
-  device = device or jax.devices()[0]
-  params = jax.device_put(model.init(jax.random.key(seed), jnp.asarray(dataset.x_train[:max(sizes)])), device)
-  inner_states = {i: inner_tx.init(params) for i in active}
-  outer_state = outer_tx.init(params)
-  loss_fn = lambda p, x, y: model.loss(model.apply(p, x), y)
-
-  @jax.jit
-  def inner(params, opt_state, x, y):  # compiled once per distinct batch size
-    loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
-    updates, opt_state = inner_tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss
-
-  @jax.jit
-  def outer(params, outer_state, local, losses):
-    # the all-reduce of the weight changes, weighted by the examples each worker processed in the round
-    deltas = [jax.tree.map(jnp.subtract, w, params) for w in local]
-    mean_delta = _tree_weighted_mean(deltas, weights)
-    # the round's loss: the mean over every example its inner steps processed
-    loss = sum(sizes[i] * sum(per_worker) for i, per_worker in zip(active, losses)) / sum(weights)
-    updates, outer_state = outer_tx.update(mean_delta, outer_state, params)
-    return optax.apply_updates(params, updates), outer_state, loss
-
-  what = what or f"local SGD (batches {sizes}, local steps {hs})"
-  track = _Tracker(model, dataset, device, what, "round", rounds, eval_every, round_seconds,
-                   "lower the inner or outer learning rate, or the local steps")
-  for r in range(1, rounds + 1):
-    local, losses = [], []
-    for i in active:
-      w, worker_losses = params, []
-      for k in range(1, hs[i] + 1):
-        x, y = (jax.device_put(np.asarray(a), device) for a in streams(i, r, k))
-        w, inner_states[i], loss = inner(w, inner_states[i], x, y)
-        worker_losses.append(loss)
-      local.append(w)
-      losses.append(worker_losses)
-    params, outer_state, loss = outer(params, outer_state, local, losses)
-    track.record(r, params, loss, r * streams.examples_per_round)
-  return (track.result(), params) if return_params else track.result()
 

@@ -27,7 +27,6 @@ from typing import Any, NamedTuple
 
 from hetpipe_jax.baselines.collective import allreduce
 from hetpipe_jax.baselines.knobs import PeerKnobs
-from hetpipe_jax.baselines.systems import simulate_peer
 from hetpipe_jax.cluster import CATALOGUE, LINKS, Cluster, GpuType, make_cluster
 from hetpipe_jax.cluster.catalogue import Link, model_family
 from hetpipe_jax.cost.batch import BatchProfiles
@@ -36,6 +35,7 @@ from hetpipe_jax.cost.memory import stage_memory_bytes
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.sim.network import Simulator
 from hetpipe_jax.studies.checked import progress
+from hetpipe_jax.systems import get_system
 
 TRAINING = ("horovod", "tf_replicated", "tf_replicated_copy", "ps_sync", "ps_replicated", "gpipe")  # rows may name
 MODELLED = (*TRAINING, "nccl_allreduce")  # the systems a row can name and the simulator runs
@@ -159,7 +159,7 @@ def simulate(row: Row, types: Types, gpus: int | None = None, links: Links | Non
     knobs = knobs._replace(global_batch=row.batch_per_gpu, microbatches=row.microbatches)
     batch = row.batch_per_gpu // row.microbatches
   profiles = BatchProfiles.full_size(row.model, batch)
-  run = simulate_peer(row.system, row_cluster(row, held, links), profiles, batch, knobs, _costs(row), row.model)
+  run = get_system(row.system).simulate(row_cluster(row, held, links), profiles, batch, knobs, _costs(row), row.model)
   return run.images_per_sec
 
 

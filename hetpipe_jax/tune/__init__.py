@@ -55,8 +55,10 @@ from hetpipe_jax.tune.planner import Planner, nm_choices, replicate
 from hetpipe_jax.tune.pool import SimContext, Simulations, simulate_candidate
 from hetpipe_jax.tune.result import (
   Result,
+  Row,
   TuneResult,
   candidate_json,
+  distinct_rows,
   pareto_front,
   peer_result_json,
   policy_rows,
@@ -74,9 +76,10 @@ from hetpipe_jax.tune.statistical import (
 
 __all__ = [
     "HETPIPE", "Candidate", "CriticalBatch", "LocalStepsFit", "PeerAccuracyModel", "PeerResult", "PeerSkip",
-    "Planner", "Result", "RunSetting", "SearchSpace", "SimContext", "Simulations", "StalenessModel", "TuneOptions",
-    "TuneResult", "candidate_json", "fit_critical_batch", "fit_local_steps", "fit_peer_accuracy",
-    "fit_staleness_model", "groupings", "mean_staleness", "modelled_images_per_sec", "nm_choices", "pareto_front",
-    "peer_grid", "peer_json", "peer_knobs", "peer_result_json", "policy_rows", "replicate", "result_json",
-    "search_peers", "simulate_candidate", "spread", "system_of", "tune", "tuner_profiles",
+    "Planner", "Result", "Row", "RunSetting", "SearchSpace", "SimContext", "Simulations", "StalenessModel",
+    "TuneOptions", "TuneResult", "candidate_json", "distinct_rows", "fit_critical_batch", "fit_local_steps",
+    "fit_peer_accuracy", "fit_staleness_model", "groupings", "mean_staleness", "modelled_images_per_sec",
+    "nm_choices", "pareto_front", "peer_grid", "peer_json", "peer_knobs", "peer_result_json", "policy_rows",
+    "replicate", "result_json", "search_peers", "simulate_candidate", "spread", "system_of", "tune",
+    "tuner_profiles",
 ]

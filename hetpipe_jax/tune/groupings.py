@@ -53,7 +53,7 @@ def _hd_pair_splits(cluster: Cluster, hd: list[list[Gpu]]) -> list[Grouping]:
   """HD's node pairs as one virtual worker, or split finer than HD does (those unlike HD itself)."""
   out: list[Grouping] = []
   pairs, odd = hd_pairs(cluster)
-  for parts in range(1, max(min(len(a), len(b)) for a, b in pairs) + 1):
+  for parts in range(1, max((min(len(a), len(b)) for a, b in pairs), default=0) + 1):  # (one node: no pair)
     if all(len(a) % parts == 0 and len(b) % parts == 0 for a, b in pairs):
       groups = [g for a, b in pairs for g in split_pair(a, b, parts)] + odd
       if sorted(map(_names, groups)) != sorted(map(_names, hd)):

@@ -47,7 +47,7 @@ class SearchSpace:
       about a million).
     max_stages: groupings with a larger virtual worker are skipped (e.g. a small model trained on the
       tuned configuration's clock has only so many units to cut).
-    peers: the peer systems (:data:`hetpipe_jax.baselines.systems.SYSTEMS`) searched beside HetPipe, each over
+    peers: the peer systems (registered: :func:`hetpipe_jax.systems.get_system`) searched beside HetPipe, each over
       its grid of knobs (:mod:`hetpipe_jax.tune.peers`); empty: HetPipe alone.
     peer_policies: the groupings of the peers' pipelines searched (sync_pipeline, local_sgd's pipeline workers).
   """

@@ -1,9 +1,10 @@
-"""The peers in the tuner's search: a small grid of every peer system's knobs (:func:`peer_grid`), each
-setting simulated with :func:`hetpipe_jax.baselines.systems.simulate_peer` (:func:`search_peers`), and what a
-simulated setting is to the tuner (:class:`PeerResult`) and to ``tune.json`` (:func:`peer_json`, read back
+"""The peers in the tuner's search: a small grid of every peer system's knobs (each system's
+:meth:`~hetpipe_jax.systems.base.System.grid`), each setting simulated by its system (:func:`search_peers`), and
+what a simulated setting is to the tuner (:class:`PeerResult`) and to ``tune.json`` (:func:`peer_json`, read back
 by :func:`peer_knobs`).
 
-The grid, per system (``G``: the cluster's GPUs, ``b``: the batch size):
+The grid, per system (``G``: the cluster's GPUs, ``b``: the batch size), as the systems define it
+(:mod:`hetpipe_jax.systems`):
 
 - ``horovod``: a 64 MiB fusion buffer (Horovod's default), and 0 (every tensor alone) as a check;
 - ``hetero_dp``: the global batch at 1/2, 1 and 2 x ``b x G``;
@@ -11,7 +12,8 @@ The grid, per system (``G``: the cluster's GPUs, ``b``: the batch size):
   microbatches per iteration (over every pipeline, split by speed);
 - ``local_sgd``: H in 2, 4, 8, 16 x H sized to speed or not x GPU workers, or pipeline workers of each
   policy. The outer learning rate and momentum change no time: they keep their defaults (DiLoCo's 0.7 and
-  0.9) and are recorded.
+  0.9) and are recorded;
+- any other system: its defaults.
 
 A setting the system cannot run (a :class:`~hetpipe_jax.errors.ConfigError`: no GPU holds the model, a
 microbatch count below the pipelines, ...) is skipped with its reason (:class:`PeerSkip`).
@@ -20,7 +22,6 @@ microbatch count below the pipelines, ...) is skipped with its reason (:class:`P
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -31,12 +32,9 @@ from hetpipe_jax.cost.batch import BatchProfiles
 from hetpipe_jax.cost.context import DEFAULT_COSTS, CostContext
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.plan.allocation import POLICIES
+from hetpipe_jax.systems import get_system
 
 HETPIPE = "hetpipe"  # the ``system`` of a HetPipe (WSP) configuration in tune.json
-FUSION_MB = (64.0, 0.0)
-GLOBAL_BATCH_FACTORS = (0.5, 1.0, 2.0)
-MICROBATCH_FACTORS = (1, 2, 4)
-LOCAL_STEPS = (2, 4, 8, 16)
 KNOB_KEYS = tuple(PeerKnobs._fields)  # tune.json keeps every knob under its experiments.baseline flag's name
 
 
@@ -45,7 +43,7 @@ class PeerResult:
   """A simulated setting of a peer.
 
   Attributes:
-    system: the peer (a key of :data:`hetpipe_jax.baselines.systems.SYSTEMS`).
+    system: the peer's name in the registry (:func:`hetpipe_jax.systems.get_system`).
     knobs: its knobs.
     images_per_sec: examples per second on the simulated cluster.
     ideal_images_per_sec: the ideal heterogeneous aggregate at the batch size.
@@ -79,15 +77,8 @@ class PeerResult:
 
   @property
   def label(self) -> str:
-    k = self.knobs
-    if self.system == "horovod":
-      return f"horovod, fusion {k.fusion_mb:g} MiB"
-    if self.system == "hetero_dp":
-      return f"hetero_dp, global batch {self.examples_per_update}"
-    if self.system == "sync_pipeline":
-      return f"sync_pipeline {k.policy}, {k.microbatches} microbatches (global batch {self.examples_per_update})"
-    workers = "GPU workers" if k.local_workers == "gpu" else f"{k.policy} pipeline workers"
-    return f"{self.system} H={k.local_steps}{' by speed' if k.h_by_speed else ''}, {workers}"
+    """The setting's name, as its system writes it."""
+    return get_system(self.system).label(self.knobs, self.examples_per_update)
 
 
 class PeerSkip(NamedTuple):
@@ -105,21 +96,7 @@ def peer_grid(system: str, cluster: Cluster, batch_size: int, policies: Sequence
   Raises:
     ConfigError: for an unknown system.
   """
-  from hetpipe_jax.baselines.systems import get_system  # pylint: disable=g-import-not-at-top
-  get_system(system)
-  gpus = cluster.num_gpus
-  base = PeerKnobs()
-  if system == "horovod":
-    return [base._replace(fusion_mb=f) for f in FUSION_MB]
-  if system == "hetero_dp":
-    return [base._replace(global_batch=max(1, round(f * batch_size * gpus))) for f in GLOBAL_BATCH_FACTORS]
-  if system == "sync_pipeline":
-    return [base._replace(policy=p, microbatches=m * gpus) for p, m in itertools.product(policies, MICROBATCH_FACTORS)]
-  if system == "local_sgd":
-    workers = [("gpu", base.policy)] + [("vw", p) for p in policies]
-    return [base._replace(local_steps=h, h_by_speed=s, local_workers=w, policy=p)
-            for (w, p), h, s in itertools.product(workers, LOCAL_STEPS, (False, True))]
-  return [base]  # a peer added since: its defaults
+  return get_system(system).grid(cluster, batch_size, policies)
 
 
 def simulate_setting(system: str, cluster: Cluster, profiles: BatchProfiles, batch_size: int, knobs: PeerKnobs,
@@ -129,13 +106,10 @@ def simulate_setting(system: str, cluster: Cluster, profiles: BatchProfiles, bat
   Raises:
     ConfigError: when the system cannot run it.
   """
-  from hetpipe_jax.baselines.systems import simulate_peer  # pylint: disable=g-import-not-at-top
-  run = simulate_peer(system, cluster, profiles, batch_size, knobs, costs)
-  workers = run.job.workers
-  steps = max(w.local_steps for w in workers)
-  per_update = max(w.batch for w in workers) if system == "local_sgd" else run.examples_per_round // steps
+  peer = get_system(system)
+  run = peer.simulate(cluster, profiles, batch_size, knobs, costs)
   return PeerResult(system, knobs, run.images_per_sec, run.ideal_images_per_sec, run.round_seconds,
-                    run.examples_per_round, per_update, len({g.index for w in workers for g in w.gpus}), steps)
+                    run.examples_per_round, peer.update_examples(run), run.gpus, max(run.local_steps))
 
 
 def search_peers(systems: Iterable[str], cluster: Cluster, profiles: BatchProfiles, batch_size: int,

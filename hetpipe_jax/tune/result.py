@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 from hetpipe_jax.staleness import StalenessModel
 from hetpipe_jax.tune.candidate import Candidate
@@ -79,6 +79,37 @@ def pareto_front(results: Iterable[Result]) -> list[Result]:
     if not front or r.images_per_sec > front[-1].images_per_sec:
       front.append(r)
   return front
+
+
+class Row(NamedTuple):
+  """Configurations the tuner's table shows as one row: ``results`` that differ only in D and ran the same
+  (the same images/s and mean staleness: a gate that never closed), the first standing for them all."""
+
+  results: tuple[Result, ...]
+
+  @property
+  def first(self) -> Result:
+    return self.results[0]
+
+  @property
+  def label(self) -> str:
+    """The first's label, with every D of the row (``D=0/4/32``)."""
+    ds = "/".join(str(r.candidate.d) for r in self.results)
+    return self.first.candidate.label.replace(f"D={self.first.candidate.d},", f"D={ds},", 1)
+
+
+def distinct_rows(results: Iterable[Result], count: int) -> list[Row]:
+  """The first ``count`` distinct rows of ``results`` (ranked): results that differ only in D and ran the same
+  merge into one :class:`Row` (in rank order, wherever they rank)."""
+  rows: dict[tuple, list[Result]] = {}
+  for r in results:
+    c = r.candidate
+    key = (c.grouping, c.nm_rule, tuple((p.nm, p.in_flight, tuple(p.cuts), tuple(g.index for g in p.gpus))
+                                        for p in c.plans), c.placement, c.sim, r.images_per_sec, r.staleness)
+    if key not in rows and len(rows) == count:
+      continue
+    rows.setdefault(key, []).append(r)
+  return [Row(tuple(rs)) for rs in rows.values()]
 
 
 def policy_rows(results: Iterable[Result]) -> dict[str, Result]:

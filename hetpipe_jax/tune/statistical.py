@@ -1,14 +1,16 @@
 """How many images a peer needs to reach the target accuracy: the peers' half of the tuner's time-to-accuracy
 objective (HetPipe's half is the staleness model, :class:`hetpipe_jax.staleness.StalenessModel`).
 
-- **Synchronous peers** (``horovod``, ``hetero_dp``, ``sync_pipeline``) are synchronous SGD at their global
-  batch B: no staleness, but past the critical batch size a larger batch needs more images (McCandlish et
-  al. 2018, "An empirical model of large-batch training", arXiv 1812.06162): ``E(B) = E_min x (1 + B /
-  B_noise)`` (:class:`CriticalBatch`), fitted by least squares of ``E = a + b x B`` over the convergence
-  study's runs of the three systems together (``E_min = a``, ``B_noise = a / b``). With runs at one B only
-  (the default study: every synchronous peer at 32 x GPUs), or when the images do not grow with B, E is
+A peer's kind is its system's :attr:`~hetpipe_jax.systems.base.System.kind` (:mod:`hetpipe_jax.systems`).
+
+- **Synchronous peers** (kind ``synchronous``: ``horovod``, ``hetero_dp``, ``sync_pipeline``, ...) are
+  synchronous SGD at their global batch B: no staleness, but past the critical batch size a larger batch needs
+  more images (McCandlish et al. 2018, "An empirical model of large-batch training", arXiv 1812.06162): ``E(B) =
+  E_min x (1 + B / B_noise)`` (:class:`CriticalBatch`), fitted by least squares of ``E = a + b x B`` over the
+  convergence study's runs of the three systems together (``E_min = a``, ``B_noise = a / b``). With runs at one
+  B only (the default study: every synchronous peer at 32 x GPUs), or when the images do not grow with B, E is
   the measured mean for every B.
-- **Local SGD** (``local_sgd``): the measured images to target at each H (the fastest worker's local
+- **Local SGD** (kind ``local``: ``local_sgd``): the measured images to target at each H (the fastest worker's local
   steps; its mean over seeds), linearly interpolated in H between measured H and the nearest measured
   value outside them (:class:`LocalStepsFit`); constant with runs at one H.
 
@@ -29,10 +31,9 @@ from typing import Any
 
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.staleness import StalenessModel
+from hetpipe_jax.systems import LOCAL, SYNCHRONOUS, get_system, systems
 from hetpipe_jax.tune.peers import PeerResult
 
-SYNC_SYSTEMS = ("horovod", "hetero_dp", "sync_pipeline")
-LOCAL_SYSTEMS = ("local_sgd",)
 LOO_MIN = 3  # runs needed for a leave-one-out validation (a held-out fit of at least two)
 Point = tuple[float | None, float]  # (B or H, None when the run does not record it; images to target)
 
@@ -166,7 +167,7 @@ class PeerAccuracyModel:
     Raises:
       ConfigError: for a kind without runs and no fallback.
     """
-    local = peer.system in LOCAL_SYSTEMS
+    local = get_system(peer.system).kind == LOCAL
     fit, missed = (self.local, self.local_missed) if local else (self.sync, self.sync_missed)
     if fit is not None:
       return fit.images(peer.knobs.local_steps if isinstance(fit, LocalStepsFit) else peer.examples_per_update)
@@ -202,9 +203,11 @@ class PeerAccuracyModel:
             "notes": self.lines()}
 
 
-def _points(runs: Sequence[Mapping[str, Any]], systems: Sequence[str], key: str) -> tuple[list[Point], int]:
-  """(the (x, images to target) points of the runs of ``systems`` that reached it, how many runs there are)."""
-  mine = [r for r in runs if r.get("system") in systems]
+def _points(runs: Sequence[Mapping[str, Any]], kind: str, key: str) -> tuple[list[Point], int]:
+  """(the (x, images to target) points of the runs of registered systems of ``kind`` that reached it, how many
+  runs there are)."""
+  names = {name for name, system in systems().items() if system.kind == kind}
+  mine = [r for r in runs if r.get("system") in names]
   points: list[Point] = []
   for r in mine:
     if r.get("images_to_target") is None:
@@ -225,9 +228,9 @@ def fit_peer_accuracy(runs: Sequence[Mapping[str, Any]], staleness: StalenessMod
   target = target_accuracy if target_accuracy is not None else (staleness.target_accuracy if staleness else None)
   notes: list[str] = []
   fits: dict[str, Any] = {}
-  for kind, systems, key, fit in (("synchronous peers", SYNC_SYSTEMS, "global_batch", fit_critical_batch),
-                                  ("local SGD", LOCAL_SYSTEMS, "local_steps", fit_local_steps)):
-    points, count = _points(runs, systems, key)
+  for kind, system_kind, key, fit in (("synchronous peers", SYNCHRONOUS, "global_batch", fit_critical_batch),
+                                      ("local SGD", LOCAL, "local_steps", fit_local_steps)):
+    points, count = _points(runs, system_kind, key)
     errors: list[float] = []
     model = None
     if points:

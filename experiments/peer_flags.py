@@ -1,0 +1,61 @@
+"""The systems' knobs as absl flags, declared once from :class:`hetpipe_jax.baselines.knobs.PeerKnobs` (one
+default each, the record's), with ``--systems_module`` (:mod:`experiments.system_flags`).
+
+``experiments.baseline``, ``experiments.throughput`` and ``experiments.convergence`` import this module; a study
+that wants another default says so in one place with :func:`override_defaults` (the studies: ``--h_by_speed``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from absl import flags
+
+from experiments import system_flags
+from hetpipe_jax.baselines.knobs import WORKER_KINDS, PeerKnobs
+
+_DEFAULTS = PeerKnobs()
+HELP = {
+    "fusion_mb": "Fusion buffer in MiB (Horovod's default 64; 0: every tensor alone).",
+    "cycle_ms": "How often ready tensors are collected, ms (Horovod's default 1).",
+    "global_batch": "hetero_dp: examples per step over all GPUs (0: batch_size x GPUs); gpipe: its mini-batch (0: "
+                    "batch_size x its microbatches).",
+    "microbatches": "sync_pipeline: microbatches per iteration over all pipelines, split by speed (0: automatic); "
+                    "gpipe: its microbatches per step.",
+    "policy": "sync_pipeline, local_sgd with vw workers, hetpipe: NP, ED, HD, a grouping '0,1;2,3', or best (the "
+              "fastest of NP, ED, HD).",
+    "local_steps": "local_sgd: H, local steps between synchronisations (of the fastest worker with --h_by_speed).",
+    "h_by_speed": "local_sgd: each worker's H in proportion to its speed.",
+    "local_workers": "local_sgd: workers are GPUs or pipelines (auto: GPUs where one holds the model, else "
+                     "pipelines).",
+    "outer_lr": "local_sgd: outer Nesterov learning rate (DiLoCo's 0.7; no effect on time).",
+    "outer_momentum": "local_sgd: outer Nesterov momentum (DiLoCo's 0.9; no effect on time).",
+    "rounds": "Rounds of a peer simulated (every round is the same).",
+}
+_DEFINE = {float: flags.DEFINE_float, int: flags.DEFINE_integer, bool: flags.DEFINE_bool, str: flags.DEFINE_string}
+
+for _name in PeerKnobs._fields:
+  _value = getattr(_DEFAULTS, _name)
+  if _name == "local_workers":
+    flags.DEFINE_enum(_name, _value, list(WORKER_KINDS), HELP[_name])
+  else:
+    _DEFINE[type(_value)](_name, _value, HELP[_name])
+
+
+def override_defaults(**defaults: Any) -> None:
+  """A study's own defaults for some knobs (``h_by_speed=True``): the one place it states them."""
+  for name, value in defaults.items():
+    if name not in PeerKnobs._fields:
+      raise KeyError(f"{name} is not a knob; knobs: {', '.join(PeerKnobs._fields)}")
+    flags.FLAGS.set_default(name, value)
+
+
+def knobs_from_flags(values: flags.FlagValues, **overrides: Any) -> PeerKnobs:
+  """The knobs the flags give (``overrides`` replace some), validated; the modules of ``--systems_module``
+  imported first.
+
+  Raises:
+    ConfigError: for a knob out of range, or a module that cannot be imported.
+  """
+  system_flags.import_from_flags(values)
+  return PeerKnobs(**{**{name: values[name].value for name in PeerKnobs._fields}, **overrides}).validate()
