@@ -109,7 +109,8 @@ def test_cluster_toml(tmp_path):
 
 
 @pytest.mark.parametrize("text,pattern", [
-    ('[[nodes]]\ngpus = ["GTX 9090"]\n', r"nodes\[0\] has unknown GPU type 'GTX 9090' \(did you mean 'RTX 3090'\?\); known: .*gpu_types"),
+    ('[[nodes]]\ngpus = ["GTX 9090"]\n', r"nodes\[0\] has unknown GPU type 'GTX 9090' \(did you mean 'RTX 3090'\?\); "
+     r"known: .*gpu_types"),
     ('name = "x"\n', r"no \[\[nodes\]\]"),
     ('[gpu_types.G]\nmemory_gib = -1\nfp32_tflops = 1\nbandwidth_gbytes_per_s = 1\n[[nodes]]\ngpus = ["G"]\n',
      r"gpu_types.'G'.memory_gib = -1; it must be a finite positive number \(GiB\)"),

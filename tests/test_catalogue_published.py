@@ -58,7 +58,8 @@ def test_toml_cluster_names_new_types_and_links(tmp_path):
 
 
 @pytest.mark.parametrize("text,pattern", [
-    ('[[nodes]]\ngpus = ["RTX 2080"]\n', r"nodes\[0\] has unknown GPU type 'RTX 2080' \(did you mean '[^']+'\?\); known: .*RTX 2080 Ti"),
+    ('[[nodes]]\ngpus = ["RTX 2080"]\n', r"nodes\[0\] has unknown GPU type 'RTX 2080' \(did you mean '[^']+'\?\); "
+     r"known: .*RTX 2080 Ti"),
     ('[links]\nintra_node = "nvlink9"\n[[nodes]]\ngpus = ["K80"]\n',
      r"links.intra_node = 'nvlink9' is not a known link \(did you mean 'nvlink2'\?\); use one of .*nvlink1.*ib_hdr200"),
 ])
