@@ -5,7 +5,9 @@ Without it, Nm = 8 would be in flight on GPUs that hold 1: the memory check refu
 from hetpipe_jax.cluster import GpuType, Link, make_cluster
 from hetpipe_jax.core.trace import Trace
 from hetpipe_jax.cost.profile import UnitProfile
+from hetpipe_jax.plan.allocation import layout_plan
 from hetpipe_jax.plan.costmodel import check_memory
+from hetpipe_jax.plan.plan_json import plan_to_json
 from hetpipe_jax.sim import simulate
 from hetpipe_jax.tune import Candidate, Planner, RunSetting, replicate
 from hetpipe_jax.tune.groupings import groupings
@@ -51,3 +53,10 @@ def test_a_replicated_configuration_keeps_every_window_and_fits_and_runs():
   simulate(candidate.job(LARGE, UNITS, waves=2), trace)
   assert_trace_ok(trace.events)
   assert trace.events[0]["nm"] == [WAVE] * 4 and trace.events[0]["window"] == [1] * 4
+
+
+def test_a_windowed_plans_json_names_its_window_and_what_is_in_flight():
+  doc = plan_to_json(SMALL, UNITS, layout_plan(SMALL, UNITS, tuned().layout), "toy", 32)
+  assert [(vw["nm"], vw["window"], vw["in_flight"]) for vw in doc["vws"]] == [(WAVE, 1, 1)] * 2
+  plain = plan_to_json(SMALL, UNITS, layout_plan(SMALL, UNITS, tuned().layout.with_windows(WAVE)), "toy", 32)
+  assert [(vw["nm"], vw["window"], vw["in_flight"]) for vw in plain["vws"]] == [(WAVE, None, WAVE)] * 2

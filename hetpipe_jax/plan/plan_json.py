@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 def plan_to_json(cluster: Cluster, profiles: Sequence[UnitProfile], plan: ClusterPlan, model: str,
                  batch_size: int, precision: str = "fp32", simulated: dict[str, Any] | None = None
                  ) -> dict[str, Any]:
-  """A plan with its inputs: per virtual worker its devices, stages, times, memory; per layer its costs;
+  """A plan with its inputs: per virtual worker its devices, Nm, window (None: Nm in flight) and the minibatches
+  in flight its stages' memory holds, its stages, times, memory; per layer its costs;
   the GPU types and links, and which of them the plan uses.
 
   ``images_per_s`` is the simulator's figure when ``simulated`` is given, else the planner's bound
@@ -46,7 +47,7 @@ def plan_to_json(cluster: Cluster, profiles: Sequence[UnitProfile], plan: Cluste
   vws = []
   for p in plan.vws:
     vws.append({
-        "devices": [gpu(g) for g in p.gpus], "nm": p.nm,
+        "devices": [gpu(g) for g in p.gpus], "nm": p.nm, "window": p.window, "in_flight": p.in_flight,
         "stages": [{"device": s.gpu.name, "first_layer": s.first, "last_layer": s.last - 1,
                     "time_s": s.seconds, "memory_bytes": s.memory_bytes,
                     "memory_limit_bytes": s.gpu.type.memory_bytes} for s in p.stages],
