@@ -150,11 +150,14 @@ def flags_to_config() -> ConvergenceConfig:
   ds = tuple(common.parse_ints("ds", FLAGS.ds))
   grid = parse_grid(FLAGS.lr_grid)
   return ConvergenceConfig(
-      get_cluster(FLAGS.cluster), FLAGS.model, FLAGS.dataset, FLAGS.time_model, tuple(FLAGS.policies), ds,
-      common.parse_nm(FLAGS.nm), FLAGS.tuned, FLAGS.tuned_objective, FLAGS.pilots, FLAGS.pilot_seed, FLAGS.outer,
-      tuple(FLAGS.systems), peer_flags.knobs_from_flags(FLAGS), FLAGS.optimizer, FLAGS.base_lr, FLAGS.lr_scaling,
-      grid, full_or_given("lr_epochs"), seeds, full_or_given("epochs"), FLAGS.batch_size, FLAGS.target_accuracy,
-      FLAGS.target_metric, FLAGS.smooth, FLAGS.eval_examples, FLAGS.ssp, FLAGS.ssp_d, FLAGS.whimpy)
+      get_cluster(FLAGS.cluster), model=FLAGS.model, dataset=FLAGS.dataset, time_model=FLAGS.time_model,
+      policies=tuple(FLAGS.policies), ds=ds, nm=common.parse_nm(FLAGS.nm), tuned=FLAGS.tuned,
+      tuned_objective=FLAGS.tuned_objective, pilots=FLAGS.pilots, pilot_seed=FLAGS.pilot_seed, outer=FLAGS.outer,
+      systems=tuple(FLAGS.systems), knobs=peer_flags.knobs_from_flags(FLAGS), optimizer=FLAGS.optimizer,
+      base_lr=FLAGS.base_lr, lr_scaling=FLAGS.lr_scaling, lr_grid=grid, lr_epochs=full_or_given("lr_epochs"),
+      seeds=seeds, epochs=full_or_given("epochs"), batch_size=FLAGS.batch_size,
+      target_accuracy=FLAGS.target_accuracy, target_metric=FLAGS.target_metric, smooth=FLAGS.smooth,
+      eval_examples=FLAGS.eval_examples, ssp=FLAGS.ssp, ssp_d=FLAGS.ssp_d, whimpy=FLAGS.whimpy)
 
 
 def main(argv):

@@ -6,7 +6,10 @@ reused at a larger D; the clock scaled to the sim executor), and a small study r
 import json
 
 import pytest
+from absl import flags
+from absl.testing import flagsaver
 
+from experiments import convergence as script
 from experiments.common import batch_profiles
 from hetpipe_jax import ConfigError, RunConfig, get_cluster, get_model, synthetic
 from hetpipe_jax.studies.convergence import ConvergenceConfig, run_convergence
@@ -44,6 +47,21 @@ def test_a_loss_target_may_exceed_one_and_notuned_takes_no_pilots():
   assert ConvergenceConfig(MINI, time_model="none").time_model_name is None
 
 
+def test_the_flags_defaults_are_the_configs_and_full_keeps_a_given_flag():
+  fv, parsed = flags.FLAGS, flags.FLAGS.is_parsed()
+  try:
+    with flagsaver.flagsaver():
+      fv(["convergence", "--cluster=paper_mini"])
+      assert script.flags_to_config() == ConvergenceConfig(MINI)  # one default each, the config's
+      fv.unparse_flags()
+      fv(["convergence", "--cluster=paper_mini", "--full", "--epochs=3"])
+      config = script.flags_to_config()
+      assert (config.epochs, config.lr_epochs, config.seeds) == (3.0, 1.0, (0, 1, 2))
+  finally:
+    if not parsed:
+      fv.unparse_flags()
+
+
 def test_a_setting_gives_the_virtual_run_its_layout_and_the_sim_run_its_transfers():
   tuned = HetPipeSetting([[0, 1], [2, 3]], [2, 3], 4, [[0, 2, 4], [0, 1, 4]], [2, 2], "local", "nesterov:lr=0.1",
                          True, False)
@@ -70,7 +88,8 @@ def test_a_run_whose_gate_never_closed_is_reused_at_a_larger_d():
   other = trainer.train(layout._replace(d=3), run._replace(lr=0.1), "another rate")
   assert len(said) == 1 and other.events[0]["d"] == 3  # another learning rate: a run of its own
   t = training_of(again, 2.0)
-  assert t.nm == [4] and t.gpus == 4  # ED on paper_mini: one pipeline of its 4 GPUs, Nm 4 and t.time_scale == 2.0 and t.mean_staleness >= 0
+  assert t.nm == [4] and t.gpus == 4  # ED on paper_mini: one pipeline of its 4 GPUs, Nm 4
+  assert t.time_scale == 2.0 and t.mean_staleness >= 0
   assert [p.time for p in t.curve] == pytest.approx([2.0 * r["time"] for r in again.metrics if "test_accuracy" in r])
 
 
