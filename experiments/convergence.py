@@ -191,7 +191,7 @@ def report(result: ConvergenceResult) -> None:
   """Prints the learning rates, the one table, the staleness, the fit, the tuned configuration's prediction
   and the time axis."""
   rates = ", ".join(f"{k} {v:.4g}" for k, v in result.learning_rates.items())
-  print(f"learning rates ({result.lr_rule()}): {rates}")
+  print(f"learning rates ({result.lr_rule}): {rates}")
   for system, reason in result.not_run.items():
     print(f"{system}: not run ({reason})")
   print_table(result)

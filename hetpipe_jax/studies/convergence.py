@@ -20,12 +20,11 @@ same examples, once per seed. The time axis is the cost of ``config.time_model``
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from hetpipe_jax.studies.convergence_config import ConvergenceConfig
 from hetpipe_jax.studies.convergence_runs import LR_EXTENSIONS, ConvergenceRun, LrPilot, Runner
-from hetpipe_jax.studies.convergence_study import HETPIPE, Study, make_study
+from hetpipe_jax.studies.convergence_study import HETPIPE, Progress, make_study
 from hetpipe_jax.studies.convergence_summary import (
   StalenessCheck,
   Summary,
@@ -39,8 +38,6 @@ from hetpipe_jax.studies.convergence_summary import (
 )
 from hetpipe_jax.studies.convergence_target import Target
 from hetpipe_jax.studies.convergence_tuned import TunedChoice, tune_config
-
-Progress = Callable[[str], None]
 
 
 class ConvergenceResult(NamedTuple):
@@ -87,6 +84,7 @@ class ConvergenceResult(NamedTuple):
     c = self.config
     return "given" if c.target_accuracy else Target(c.target_metric, c.smooth).rule()
 
+  @property
   def lr_rule(self) -> str:
     """The learning-rate rule in words."""
     c = self.config
@@ -105,7 +103,7 @@ class ConvergenceResult(NamedTuple):
             "whimpy": c.whimpy, "seeds": list(c.seeds), "ideal_images_per_sec": self.ideal_images_per_sec,
             "unit": self.unit, "per_example": self.per_example, "table": [r._asdict() for r in self.table],
             "summary": {k: s._asdict() for k, s in self.summary.items()}, "learning_rates": self.learning_rates,
-            "lr_rule": self.lr_rule(), "lr_pilots": [p._asdict() for p in self.lr_pilots], "not_run": self.not_run,
+            "lr_rule": self.lr_rule, "lr_pilots": [p._asdict() for p in self.lr_pilots], "not_run": self.not_run,
             "tuned": {} if self.tuned is None else self.tuned.to_json(),
             **({} if self.unigram is None else self.unigram._asdict()), **self.staleness.to_json(),
             "runs": [r.to_json() for r in self.runs]}
@@ -155,4 +153,4 @@ def run_convergence(config: ConvergenceConfig, progress: Progress | None = None)
                            unigram_baseline(study.dataset) if study.language else None)
 
 
-__all__ = ["ConvergenceConfig", "ConvergenceResult", "Study", "run_convergence"]
+__all__ = ["ConvergenceConfig", "ConvergenceResult", "run_convergence"]

@@ -130,7 +130,7 @@ class Study:
     return str(parsed._replace(lr=parsed.lr / num_vws)) if parsed.name != "add" else str(parsed)
 
 
-def clock_profiles(config: ConvergenceConfig, model: LayeredModel, dataset: Dataset) -> BatchProfiles:
+def time_profiles(config: ConvergenceConfig, model: LayeredModel, dataset: Dataset) -> BatchProfiles:
   """The time axis's cost model: the full-size time model's, or the trained model's own."""
   b, time_model = config.batch_size, config.time_model_name
   if time_model:
@@ -144,7 +144,7 @@ def make_study(config: ConvergenceConfig, progress: Progress) -> Study:
   cluster, b, time_model = config.cluster, config.batch_size, config.time_model_name
   dataset = load_dataset(config.dataset)
   model = get_model(config.model, dataset.num_classes)
-  profiles = clock_profiles(config, model, dataset)
+  profiles = time_profiles(config, model, dataset)
   units = list(profiles.at(b))
   per_example = full_size_input(time_model, 1).shape[1] if time_model and time_model.startswith("gpt") else 1
   time_axis = (f"cost model of {time_model} (batch {b}) on {cluster.name}" if time_model
