@@ -53,6 +53,10 @@ line per configuration::
       --base_lr=0.001 --target_metric=loss --time_model=none --systems= --notuned --outer= --seeds=0 \
       --lr_grid=1 --policies=NP --cluster=hetero4 --epochs=3 --eval_examples=8000
   python -m experiments.convergence --time_model=resnet152 --out_dir=outputs/convergence_resnet152
+
+The study is library code (:func:`hetpipe_jax.studies.convergence.run_convergence` of a
+:class:`~hetpipe_jax.studies.convergence_config.ConvergenceConfig`); this script turns its flags into the config,
+writes the files and prints the report.
 """
 
 from __future__ import annotations
@@ -127,11 +131,6 @@ CSV_HEADER = ["name", "system", "seed", "d", "time_s", "minibatches", "epochs", 
               "test_loss", "test_perplexity"]
 
 
-def full_or_given(name: str) -> Any:
-  """A flag's value: --full's where it is on and the flag is not given."""
-  return FULL[name] if FLAGS.full and not FLAGS[name].present else FLAGS[name].value
-
-
 def parse_grid(values: list[str]) -> tuple[float, ...]:
   """--lr_grid as numbers.
 
@@ -146,6 +145,9 @@ def parse_grid(values: list[str]) -> tuple[float, ...]:
 
 def flags_to_config() -> ConvergenceConfig:
   """The study's configuration from the flags (--full applied; a bad value refused in one line)."""
+  def full_or_given(name: str) -> Any:  # --full's value where it is on and the flag is not given
+    return FULL[name] if FLAGS.full and not FLAGS[name].present else FLAGS[name].value
+
   seeds = tuple(common.parse_ints("seeds", full_or_given("seeds")))
   ds = tuple(common.parse_ints("ds", FLAGS.ds))
   grid = parse_grid(FLAGS.lr_grid)
