@@ -2,9 +2,11 @@
 cost-model time axis scales with the GPUs' speed."""
 
 import json
+import math
 import os
 import subprocess
 import sys
+import types
 
 import numpy as np
 import optax
@@ -12,10 +14,16 @@ import pytest
 from test_transparency import DATA as TDATA
 from test_transparency import STEPS, plain_sgd
 
+from experiments.convergence import print_perplexity
 from hetpipe_jax import RunConfig, get_model, load_dataset, run_hetpipe, synthetic
 from hetpipe_jax.baselines.data_parallel import train_data_parallel
 from hetpipe_jax.cluster import GpuType, Link, make_cluster
+from hetpipe_jax.staleness import StalenessModel
+from hetpipe_jax.studies.convergence_runs import ConvergenceRun, Outcome, WspStats
+from hetpipe_jax.studies.convergence_summary import Unigram, summarise
 from hetpipe_jax.studies.convergence_target import Target
+from hetpipe_jax.studies.convergence_tuned import pilot_choices
+from hetpipe_jax.systems import CurvePoint
 
 from helpers import assert_trace_ok
 
@@ -86,8 +94,6 @@ def test_doubling_every_gpu_halves_the_time_to_target():
 
 
 def test_pilot_choices_take_the_estimates_best_and_faster_points_of_the_front():
-  from experiments.convergence import pilot_choices
-  from hetpipe_jax.staleness import StalenessModel
 
   def result(name, nm, ips, staleness):
     plan = type("Plan", (), {"nm": nm, "in_flight": nm})()
@@ -167,17 +173,17 @@ def test_the_automatic_target_is_095_of_the_best_final_smoothed_accuracy():
 
 
 def test_a_language_models_runs_report_perplexity_against_time(capsys):
-  import math
-
-  from experiments.convergence import print_perplexity, with_perplexity
-  run = {"name": "HetPipe NP D=0", "curve": [[1.5, 10, 0.2, 3.0, math.log(30.0)], [3.0, 20, 0.3, 2.5, math.log(12.0)]]}
-  run = {**with_perplexity(run), "final_test_loss": math.log(12.0)}
-  assert run["perplexity_curve"] == [[1.5, pytest.approx(30.0)], [3.0, pytest.approx(12.0)]]  # [time, exp(loss)]
-  doc = {"unigram_test_perplexity": 27.8, "unigram_test_loss": math.log(27.8), "runs": [run],
-         "summary": {run["name"]: {"mean_final_test_perplexity": 12.0}}}
-  print_perplexity(doc)
+  curve = [CurvePoint(1.5, 10, 0.2, 3.0, math.log(30.0)), CurvePoint(3.0, 20, 0.3, 2.5, math.log(12.0))]
+  outcome = Outcome(None, None, 0.3, 0.25, math.log(12.0), 12.0)
+  run = ConvergenceRun("HetPipe NP D=0", "HetPipe NP D=0", "hetpipe", 0, 0, [1], 0.1, 2, 10.0, 0.5, curve,
+                       wsp=WspStats(1.0, "add", {}, 0.0), outcome=outcome, language=True)
+  assert run.to_json()["perplexity_curve"] == [[1.5, pytest.approx(30.0)], [3.0, pytest.approx(12.0)]]  # exp(loss)
+  assert "perplexity_curve" not in run._replace(language=False).to_json()
+  result = types.SimpleNamespace(unigram=Unigram(math.log(27.8), 27.8), runs=[run],
+                                 summary={run.name: summarise([run])})
+  print_perplexity(result)  # type: ignore[arg-type]
   out = capsys.readouterr().out
   assert "the training set's unigram frequencies: 27.8, loss 3.3250" in out
   assert "HetPipe NP D=0: final 12 (mean over 1 seeds; loss 2.4849) at 3 s" in out
-  print_perplexity({"summary": {}, "runs": []})  # an image model: no perplexity
-  assert capsys.readouterr().out == ""
+  print_perplexity(types.SimpleNamespace(unigram=None, runs=[], summary={}))  # type: ignore[arg-type]
+  assert capsys.readouterr().out == ""  # an image model: no perplexity

@@ -4,22 +4,25 @@ parameter server under Wave Synchronous Parallel (WSP).
 Simulated with the planner (``knobs.policy``: NP, ED, HD, a grouping, or ``best``, the fastest of NP, ED and HD;
 Nm the planner's max_fit) on the ``sim`` executor at D = 0 for :data:`WAVES` waves, its trace checked by the WSP
 checker; trained with :func:`hetpipe_jax.run_hetpipe` on the ``virtual`` executor in the simulated layout, its
-clock scaled so that its images/s equal the ``sim`` executor's (as the convergence study does). The studies'
-HetPipe rows (every policy at every D, the tuned configurations) are configurations of this system that the
-studies build themselves (:mod:`experiments.convergence`, :mod:`experiments.throughput`); the tuner's HetPipe
+clock scaled so that its images/s equal the ``sim`` executor's. A study's HetPipe rows (every policy at every D,
+the tuned configurations, an SSP parameter server) are :class:`HetPipeSetting` s the study chooses; this module
+gives their ``sim`` executor's images/s (:func:`simulated_images_per_sec`) and trains them (:class:`Trainer`, the
+path :meth:`HetPipe.train` takes too; :func:`training_of` for the curve and the staleness). The tuner's HetPipe
 search is :func:`hetpipe_jax.tune.tune`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import dataclasses
+import gc
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from hetpipe_jax.api import run_hetpipe
 from hetpipe_jax.baselines.knobs import PeerKnobs
 from hetpipe_jax.cluster import Cluster
 from hetpipe_jax.core.check import check_trace
-from hetpipe_jax.core.trace import Trace
+from hetpipe_jax.core.trace import Trace, staleness_stats
 from hetpipe_jax.cost.batch import BatchProfiles
 from hetpipe_jax.cost.context import DEFAULT_COSTS, CostContext
 from hetpipe_jax.data import Dataset
@@ -29,7 +32,9 @@ from hetpipe_jax.plan.allocation import POLICIES, ClusterPlan, plan_cluster
 from hetpipe_jax.plan.costmodel import ideal_images_per_sec
 from hetpipe_jax.plan.layout import Layout
 from hetpipe_jax.run.config import RunConfig
+from hetpipe_jax.run.result import RunResult
 from hetpipe_jax.sim import SimJob, simulate
+from hetpipe_jax.staleness import mean_staleness
 from hetpipe_jax.systems.base import DEFAULT_KNOBS, WSP, Curve, CurvePoint, System, SystemRun, TrainSetting
 
 WAVES = 50  # waves simulated per virtual worker
@@ -100,10 +105,12 @@ class HetPipe(System):
     vws = job.plan.vws
     nms = [p.nm for p in vws]
     per_wave = sum(nms) * setting.batch_size
-    result = run_hetpipe(model, dataset, _config(job, setting).replace(
-        waves=max(1, int(setting.epochs * len(dataset.x_train) // per_wave)),
-        eval_every=max(1, round(setting.eval_examples / per_wave))))
-    require_wsp(result.events, f"hetpipe, seed {setting.seed}")
+    base = RunConfig.of(cluster=job.cluster, batch_size=setting.batch_size, optimizer=setting.optimizer,
+                        executor="virtual")
+    layout = HetPipeSetting([[g.index for g in p.gpus] for p in vws], nms, 0, [list(p.cuts) for p in vws])
+    waves = WaveRun(setting.seed, max(1, int(setting.epochs * len(dataset.x_train) // per_wave)), setting.lr,
+                    max(1, round(setting.eval_examples / per_wave)))
+    result = Trainer(model, dataset, base).train(layout, waves, f"hetpipe, seed {setting.seed}")
     return hetpipe_curve(result.metrics, nms, result.images_per_second / run.images_per_sec)
 
   def update_examples(self, run: SystemRun) -> int:
@@ -134,10 +141,110 @@ def require_wsp(events: Sequence[dict[str, Any]], what: str) -> None:
                         + "; ".join(str(v) for v in violations[:3]))
 
 
-def _config(job: HetPipeJob, setting: TrainSetting) -> RunConfig:
-  """The run's config: the plan's layout on the virtual executor."""
-  vws = job.plan.vws
-  return RunConfig.of(cluster=job.cluster, batch_size=setting.batch_size, optimizer=setting.optimizer,
-                      learning_rate=setting.lr, seed=setting.seed, executor="virtual", d=0,
-                      policy=[[g.index for g in p.gpus] for p in vws], cuts=[list(p.cuts) for p in vws],
-                      nm=[p.nm for p in vws])
+class HetPipeSetting(NamedTuple):
+  """A HetPipe configuration as a study runs it: :class:`~hetpipe_jax.RunConfig` fields by their flat names (None:
+  not given, the config's own), and the ``sim`` executor's transfer models, which only that executor has (for the
+  configuration's images/s).
+
+  Attributes:
+    policy: an allocation policy (NP, ED, HD) or a grouping of GPU indices, one list per virtual worker.
+    nm: Nm (a number, max_fit or best; or one per virtual worker).
+    d: the clock distance bound D.
+    cuts / window / placement: the layout's unit boundaries per virtual worker, most minibatches in flight,
+      placement.
+    ps_optimizer: the parameter server's (outer) optimizer (``--ps_optimizer`` syntax; None: it adds).
+    overlap_transfers / staged_ps: the ``sim`` executor's transfer models.
+  """
+
+  policy: Any
+  nm: Any
+  d: int = 0
+  cuts: list[list[int]] | None = None
+  window: list[int] | None = None
+  placement: str | None = None
+  ps_optimizer: str | None = None
+  overlap_transfers: bool | None = None
+  staged_ps: bool | None = None
+
+  def run_fields(self) -> dict[str, Any]:
+    """The fields the ``virtual`` executor's run takes (the given ones)."""
+    names = ("policy", "cuts", "nm", "window", "d", "placement", "ps_optimizer")
+    return {k: getattr(self, k) for k in names if getattr(self, k) is not None}
+
+  def sim_fields(self) -> dict[str, Any]:
+    """The fields the ``sim`` executor's run takes: the layout and its transfer models (an outer optimizer takes
+    no time)."""
+    fields = {k: v for k, v in self.run_fields().items() if k != "ps_optimizer"}
+    return {**fields, **{k: getattr(self, k) for k in ("overlap_transfers", "staged_ps") if getattr(self, k)
+                         is not None}}
+
+
+class WaveRun(NamedTuple):
+  """How long and with what a configuration trains: seed, waves, learning rate, evaluations every this many
+  waves."""
+
+  seed: int
+  waves: int
+  lr: float
+  eval_every: int
+
+
+def simulated_images_per_sec(model: LayeredModel, dataset: Any, base: RunConfig, setting: HetPipeSetting,
+                             waves: int) -> float:
+  """``setting``'s examples/s on the ``sim`` executor (its transfer models; at most :data:`WAVES` waves of
+  ``model`` on ``dataset``, a full-size model's input spec or a dataset), its trace checked by the WSP checker."""
+  sim = run_hetpipe(model, dataset, base.replace(**setting.sim_fields(), time_model=None, executor="sim",
+                                                 waves=min(waves, WAVES)))
+  require_wsp(sim.events, "simulated run")
+  return sim.images_per_second
+
+
+class HetPipeTraining(NamedTuple):
+  """A trained HetPipe configuration: its curve on the clock scaled to the ``sim`` executor (x ``time_scale``),
+  Nm per virtual worker, its GPUs, the staleness of its trace (:func:`~hetpipe_jax.core.trace.staleness_stats`)
+  and its mean staleness."""
+
+  curve: Curve
+  nm: list[int]
+  gpus: int
+  time_scale: float
+  staleness: dict[str, Any]
+  mean_staleness: float
+
+
+def training_of(result: RunResult, time_scale: float) -> HetPipeTraining:
+  """A run's curve (its clock x ``time_scale``) and staleness."""
+  meta = result.events[0]
+  return HetPipeTraining(hetpipe_curve(result.metrics, meta["nm"], time_scale), meta["nm"], sum(meta["stages"]),
+                         time_scale, staleness_stats(result.events), mean_staleness(result.events))
+
+
+class Trainer:
+  """Trains HetPipe configurations of ``model`` on ``dataset`` (``base``: every run's config before its own
+  fields), each on the ``virtual`` executor and its trace checked. A run whose gate never closed is kept: the
+  same configuration at a larger D is the same run, event for event, and reuses it."""
+
+  def __init__(self, model: LayeredModel, dataset: Dataset, base: RunConfig,
+               progress: Callable[[str], None] | None = None):
+    self.model, self.dataset, self.base, self.say = model, dataset, base, progress or (lambda line: None)
+    self._ungated: dict[tuple[str, WaveRun], list[RunResult]] = {}  # (the setting at D=0, the run) -> its runs
+
+  def train(self, setting: HetPipeSetting, run: WaveRun, what: str) -> RunResult:
+    """``setting``'s run (``what`` names it in progress lines and errors), or the same run at a smaller D whose
+    gate never closed."""
+    family = (repr(setting._replace(d=0)), run)
+    same = next((r for r in self._ungated.get(family, []) if r.events[0]["d"] < setting.d), None)
+    if same is not None:
+      self.say(f"{what}: the same run as at D={same.events[0]['d']} (its gate never closed)")
+      result = dataclasses.replace(same, events=[{**same.events[0], "d": setting.d}] + list(same.events[1:]))
+    else:
+      result = run_hetpipe(self.model, self.dataset, self.base.replace(
+          seed=run.seed, waves=run.waves, **setting.run_fields(), learning_rate=run.lr, eval_every=run.eval_every))
+    require_wsp(result.events, what)
+    if not any(e["ev"] == "wait" for e in result.events):
+      # kept without its virtual workers: their compiled programs would stay mapped (a 64-GPU study's runs
+      # exceed the kernel's 65,530 memory maps of a process), and only the trace, metrics and clock are reused
+      self._ungated.setdefault(family, []).append(dataclasses.replace(result, vws=[], init_params=None,
+                                                                      params=None))
+    gc.collect()  # the run's programs freed now, not when the collector next runs
+    return result

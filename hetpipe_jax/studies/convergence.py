@@ -1,0 +1,156 @@
+r"""The convergence study as library code: HetPipe (its policies at every D, the tuned configuration, the tuned one
+with an outer optimizer at the parameter server, the tuner's fastest) against its peers in time to accuracy
+(:func:`run_convergence`: a :class:`~hetpipe_jax.studies.convergence_config.ConvergenceConfig` in, a
+:class:`ConvergenceResult` out).
+
+Real training on the emulated cluster's clock: every run trains the same model from the same initialisation on the
+same examples, once per seed. The time axis is the cost of ``config.time_model`` on the cluster. The modules:
+
+* :mod:`~hetpipe_jax.studies.convergence_config`: the settings, checked;
+* :mod:`~hetpipe_jax.studies.convergence_study`: what every run shares (the model, the data, the peers simulated,
+  the HetPipe configurations of the policies);
+* :mod:`~hetpipe_jax.studies.convergence_runs`: the runs (a peer with its own numerics; HetPipe and SSP through
+  :mod:`hetpipe_jax.systems.hetpipe`) and the learning-rate pilots;
+* :mod:`~hetpipe_jax.studies.convergence_tuned`: the tuned configuration;
+* :mod:`~hetpipe_jax.studies.convergence_summary`: the target's outcomes, the summaries, the table and the
+  staleness-aware estimate's validation.
+
+``experiments.convergence`` turns its flags into the config, writes the files and prints the report.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from hetpipe_jax.studies.convergence_config import ConvergenceConfig
+from hetpipe_jax.studies.convergence_runs import LR_EXTENSIONS, ConvergenceRun, LrPilot, Runner
+from hetpipe_jax.studies.convergence_study import HETPIPE, Progress, make_study
+from hetpipe_jax.studies.convergence_summary import (
+  StalenessCheck,
+  Summary,
+  TableRow,
+  Unigram,
+  summarise,
+  table,
+  unigram_baseline,
+  validate_staleness_model,
+  with_target,
+)
+from hetpipe_jax.studies.convergence_target import Target
+from hetpipe_jax.studies.convergence_tuned import TunedChoice, tune_config
+
+
+class ConvergenceResult(NamedTuple):
+  """The study: its setting, the target, every run, the summaries and the table, the learning rates and their
+  pilots, the tuned choice, the staleness-aware estimate and a language model's unigram baseline.
+
+  Attributes:
+    config: the settings.
+    model / dataset / time_axis / ideal_images_per_sec / unit / per_example / epoch: the trained model's and the
+      dataset's names, the time axis in words, the cluster's ideal aggregate, what an example counts as, and the
+      minibatches per epoch.
+    target: the target (given, or automatic from the runs).
+    runs: every run, seed by seed, with its outcome.
+    summary: configuration -> its runs over seeds; table: one row per configuration.
+    learning_rates / lr_pilots: each learning-rate system's rate and the pilot runs that chose it.
+    not_run: row -> why it cannot run on the cluster.
+    tuned: the tuned choice (None: not tuned).
+    staleness: the staleness-aware estimate and its check.
+    unigram: a language model's unigram baseline (None: an image model).
+  """
+
+  config: ConvergenceConfig
+  model: str
+  dataset: str
+  time_axis: str
+  ideal_images_per_sec: float
+  unit: str
+  per_example: int
+  epoch: float
+  target: float
+  runs: list[ConvergenceRun]
+  summary: dict[str, Summary]
+  table: list[TableRow]
+  learning_rates: dict[str, float]
+  lr_pilots: list[LrPilot]
+  not_run: dict[str, str]
+  tuned: TunedChoice | None
+  staleness: StalenessCheck
+  unigram: Unigram | None
+
+  @property
+  def target_rule(self) -> str:
+    """``given``, or how the automatic target was set."""
+    c = self.config
+    return "given" if c.target_accuracy else Target(c.target_metric, c.smooth).rule()
+
+  @property
+  def lr_rule(self) -> str:
+    """The learning-rate rule in words."""
+    c = self.config
+    scaled = "linearly" if c.lr_scaling == "linear" else "with the square root"
+    metric = "test loss" if c.target_metric == "loss" else "accuracy"
+    return (f"{c.base_lr:g} per 32-example update, scaled {scaled} with the examples of one update, times each of "
+            f"{','.join(f'{x:g}' for x in c.lr_grid)}; the best final smoothed {metric} after {c.lr_epochs} epochs "
+            f"on seed {c.pilot_seed}, the grid extended past an edge that is best up to {LR_EXTENSIONS} times")
+
+  def to_json(self) -> dict[str, Any]:
+    """``convergence.json``."""
+    c = self.config
+    return {"target_accuracy": self.target, "target_metric": c.target_metric, "target_rule": self.target_rule,
+            "smooth": c.smooth, "time_axis": self.time_axis, "time_model": c.time_model, "model": self.model,
+            "optimizer": c.optimizer, "dataset": self.dataset, "cluster": c.cluster.name, "epochs": c.epochs,
+            "whimpy": c.whimpy, "seeds": list(c.seeds), "ideal_images_per_sec": self.ideal_images_per_sec,
+            "unit": self.unit, "per_example": self.per_example, "table": [r._asdict() for r in self.table],
+            "summary": {k: s._asdict() for k, s in self.summary.items()}, "learning_rates": self.learning_rates,
+            "lr_rule": self.lr_rule, "lr_pilots": [p._asdict() for p in self.lr_pilots], "not_run": self.not_run,
+            "tuned": {} if self.tuned is None else self.tuned.to_json(),
+            **({} if self.unigram is None else self.unigram._asdict()), **self.staleness.to_json(),
+            "runs": [r.to_json() for r in self.runs]}
+
+
+def run_study(runner: Runner) -> tuple[list[ConvergenceRun], TunedChoice | None]:
+  """Every run, seed by seed: the peers, HetPipe at every policy and D, the tuned configurations (chosen once the
+  first seed's runs are in) and SSP; the tuned choice (None: not tuned)."""
+  study, c = runner.study, runner.config
+  runs: list[ConvergenceRun] = []
+  tuned: TunedChoice | None = None
+  for seed in c.seeds:
+    runs += [runner.peer_run(p, seed) for p in study.peers if p.run is not None]
+    runs += [runner.train(spec, seed, runner.lrs[HETPIPE]) for spec in study.policy_specs()]
+    if c.tuned:
+      if tuned is None:
+        tuned = tune_config(runner, runs)
+      runs += [runner.train(spec, seed, runner.lrs[spec.lr_system]) for spec in tuned.specs]
+    if c.ssp:
+      runs.append(runner.ssp_run(seed))
+  return runs, tuned
+
+
+def run_convergence(config: ConvergenceConfig, progress: Progress | None = None) -> ConvergenceResult:
+  """Runs the study: the learning rates (pilot runs), every run, the target and every run's outcome, the
+  summaries, the table and the staleness-aware estimate.
+
+  Args:
+    config: the settings.
+    progress: takes a line per step (None: silent).
+
+  Raises:
+    ConfigError: for a setting the cluster, the model or the data cannot run; RunStopped: a run that diverged.
+  """
+  say = progress or (lambda line: None)
+  study = make_study(config, say)
+  runner = Runner(study, say)
+  runner.choose_learning_rates()
+  runs, tuned = run_study(runner)
+  rule = study.target
+  target = config.target_accuracy or rule.of_runs([{"name": r.name, "curve": r.curve} for r in runs])
+  runs = [with_target(r, rule, target, config.batch_size)._replace(language=study.language) for r in runs]
+  summary = {name: summarise([r for r in runs if r.name == name]) for name in dict.fromkeys(r.name for r in runs)}
+  return ConvergenceResult(config, study.model.name, study.dataset.name, study.time_axis, study.ideal, study.unit,
+                           study.per_example, study.epoch, target, runs, summary, table(summary), runner.lrs,
+                           runner.lr_pilots, study.not_run, tuned, validate_staleness_model(runs, target),
+                           unigram_baseline(study.dataset) if study.language else None)
+
+
+__all__ = ["ConvergenceConfig", "ConvergenceResult", "run_convergence"]

@@ -1,0 +1,137 @@
+"""What the convergence study runs (:class:`ConvergenceConfig`), each setting checked before anything runs: a bad
+one is refused in one line naming the flag of ``experiments.convergence`` that gives it."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from hetpipe_jax.baselines.knobs import PeerKnobs
+from hetpipe_jax.cluster import Cluster
+from hetpipe_jax.errors import ConfigError
+from hetpipe_jax.models import FULL_SIZE
+from hetpipe_jax.optim import OPTIMIZERS, make_ps_optimizer
+from hetpipe_jax.plan.allocation import parse_policy
+from hetpipe_jax.systems import BASE_LR_PER_32, LR_SCALINGS
+
+PEERS = ("horovod", "hetero_dp", "sync_pipeline", "local_sgd")
+TUNED_OBJECTIVES = ("time_to_accuracy", "throughput", "measured")
+TARGET_METRICS = ("accuracy", "loss")
+MAX_SEED = 2**63 - 1  # numpy's default_rng takes no negative seed; jax.random.key a C long
+
+
+def check_seed(seed: int, flag: str) -> int:
+  """``seed`` if numpy and JAX both take it.
+
+  Raises:
+    ConfigError: naming the flag, the value and the range.
+  """
+  if not 0 <= seed <= MAX_SEED:
+    raise ConfigError(f"--{flag}={seed}; a seed must be in [0, 2**63 - 1] (numpy's default_rng takes no negative "
+                      f"seed), e.g. --{flag}=0")
+  return seed
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvergenceConfig:
+  """The convergence study's settings (the defaults: ``experiments.convergence``'s flags; ``--full`` is theirs).
+
+  Attributes:
+    cluster: the emulated cluster.
+    model / dataset: what every run trains, on what (``hetpipe_jax.get_model`` and ``load_dataset`` names).
+    time_model: the full-size model whose cost on the cluster is the time axis (none or empty: the trained model's).
+    policies: HetPipe's allocation policies (NP, ED, HD or groupings ``0,1;2,3``); ds: the D of their runs.
+    nm: HetPipe's Nm (a number, max_fit or best).
+    tuned / tuned_objective / pilots / pilot_seed: the tuned configuration, what it optimises, how many
+      configurations are trained to choose it (``measured``), and the pilot runs' seed (learning rates too).
+    outer: the outer optimizer of the tuned configuration's extra row (``--ps_optimizer`` syntax; empty: none).
+    systems / knobs: the peers and their knobs (``microbatches`` 0: the cluster's GPUs).
+    optimizer / base_lr / lr_scaling / lr_grid / lr_epochs: every run's optimizer and the learning-rate rule.
+    seeds / epochs / batch_size: every run's seeds, length and minibatch size.
+    target_accuracy / target_metric / smooth / eval_examples: the target (0: automatic), what it is on, the
+      smoothing and how often runs are evaluated.
+    ssp / ssp_d: the SSP parameter-server row and its staleness bound.
+    whimpy: a GPU type the peers may not use (empty: none).
+  """
+
+  cluster: Cluster
+  model: str = "mlp"
+  dataset: str = "auto"
+  time_model: str = "vgg19"
+  policies: tuple[str, ...] = ("NP", "ED", "HD")
+  ds: tuple[int, ...] = (0,)
+  nm: int | str = "max_fit"
+  tuned: bool = True
+  tuned_objective: str = "measured"
+  pilots: int = 4
+  pilot_seed: int = 100
+  outer: str = "nesterov:lr=0.7,momentum=0.9"
+  systems: tuple[str, ...] = PEERS
+  knobs: PeerKnobs = PeerKnobs(h_by_speed=True)
+  optimizer: str = "sgd"
+  base_lr: float = BASE_LR_PER_32
+  lr_scaling: str = "linear"
+  lr_grid: tuple[float, ...] = (0.5, 1.0, 2.0)
+  lr_epochs: float = 0.5
+  seeds: tuple[int, ...] = (0, 1)
+  epochs: float = 2.0
+  batch_size: int = 32
+  target_accuracy: float = 0.0
+  target_metric: str = "accuracy"
+  smooth: int = 3
+  eval_examples: int = 6000
+  ssp: bool = False
+  ssp_d: int = 4
+  whimpy: str = ""
+
+  def __post_init__(self):
+    for seed in self.seeds:
+      check_seed(seed, "seeds")
+    if not self.seeds:
+      raise ConfigError("--seeds is empty; give one or more seeds, e.g. --seeds=0,1,2")
+    if not self.ds or any(d < 0 for d in self.ds):
+      raise ConfigError(f"--ds={','.join(map(str, self.ds))}; give one or more clock distance bounds D >= 0")
+    self._check_ranges()
+    if not self.lr_grid or any(not (math.isfinite(x) and x > 0) for x in self.lr_grid):
+      raise ConfigError(f"--lr_grid={','.join(f'{x:g}' for x in self.lr_grid)}; give one or more factors > 0, e.g. "
+                        "0.5,1,2")
+    if check_seed(self.pilot_seed, "pilot_seed") in self.seeds:
+      raise ConfigError(f"--pilot_seed={self.pilot_seed} is one of --seeds; use a seed outside them, so that no "
+                        "choice is fitted to the runs that judge it")
+    if self.tuned and self.tuned_objective == "measured" and self.pilots < 1:
+      raise ConfigError(f"--pilots={self.pilots}; --tuned_objective=measured needs at least 1 pilot run, e.g. "
+                        "--pilots=4")
+    self._check_choices()
+
+  def _check_ranges(self) -> None:
+    for name, value, ok, limit in (
+        ("epochs", self.epochs, self.epochs > 0, "> 0"), ("lr_epochs", self.lr_epochs, self.lr_epochs > 0, "> 0"),
+        ("smooth", self.smooth, self.smooth >= 1, ">= 1"),
+        ("eval_examples", self.eval_examples, self.eval_examples >= 1, ">= 1"),
+        ("target_accuracy", self.target_accuracy, self.target_accuracy >= 0 and (
+            self.target_metric == "loss" or self.target_accuracy <= 1),
+         "in [0, 1] for an accuracy, >= 0 for a loss (0: automatic)"),
+        ("batch_size", self.batch_size, self.batch_size >= 1, ">= 1")):
+      if not (ok and math.isfinite(value)):
+        raise ConfigError(f"--{name}={value}; give {limit}")
+
+  def _check_choices(self) -> None:
+    for name, value, choices in (("tuned_objective", self.tuned_objective, TUNED_OBJECTIVES),
+                                 ("target_metric", self.target_metric, TARGET_METRICS),
+                                 ("lr_scaling", self.lr_scaling, tuple(LR_SCALINGS)),
+                                 ("optimizer", self.optimizer, tuple(OPTIMIZERS))):
+      if value not in choices:
+        raise ConfigError(f"--{name}={value}; choose one of {', '.join(choices)}")
+    if not self.policies:
+      raise ConfigError("--policies is empty; give one or more HetPipe allocation policies, e.g. --policies=NP,ED")
+    for policy in self.policies:
+      parse_policy(policy)
+    if self.time_model_name is not None and self.time_model_name not in FULL_SIZE:
+      raise ConfigError(f"--time_model={self.time_model}; use one of {', '.join(FULL_SIZE)} or none")
+    if self.outer:
+      make_ps_optimizer(self.outer)
+
+  @property
+  def time_model_name(self) -> str | None:
+    """The full-size model of the time axis (None: the trained model's own cost)."""
+    return None if self.time_model.lower() in ("", "none") else self.time_model

@@ -1,0 +1,188 @@
+"""What every run of the convergence study shares (:class:`Study`, built once by :func:`make_study`): the cluster,
+the trained model and its data, the time axis's cost model, the peers simulated, and the HetPipe configurations
+of the policies (:class:`Spec`: a :class:`~hetpipe_jax.systems.hetpipe.HetPipeSetting` with its row)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+
+from hetpipe_jax.baselines.knobs import PeerKnobs
+from hetpipe_jax.cluster import Cluster
+from hetpipe_jax.cost.batch import BatchProfiles
+from hetpipe_jax.cost.context import CostContext
+from hetpipe_jax.cost.profile import UnitProfile, profile_units
+from hetpipe_jax.data import Dataset, load_dataset
+from hetpipe_jax.errors import ConfigError
+from hetpipe_jax.models import FULL_SIZE, full_size_input, full_size_model, get_model
+from hetpipe_jax.models.base import LayeredModel
+from hetpipe_jax.optim import optimizer_slots, parse_ps_optimizer
+from hetpipe_jax.plan.allocation import parse_policy, plan_cluster
+from hetpipe_jax.plan.costmodel import ideal_images_per_sec
+from hetpipe_jax.run.config import RunConfig
+from hetpipe_jax.studies.convergence_config import ConvergenceConfig
+from hetpipe_jax.studies.convergence_target import Target
+from hetpipe_jax.systems import HetPipe, SystemSpec, simulate_systems
+from hetpipe_jax.systems.hetpipe import HetPipeSetting
+
+HETPIPE, HETPIPE_OUTER = HetPipe.name, "hetpipe_outer"  # HetPipe's learning-rate systems (without, with the outer)
+Progress = Callable[[str], None]
+
+
+class Spec(NamedTuple):
+  """A HetPipe configuration of the study: its name, its setting, its row in the table (the key the throughput
+  study matches) and its learning-rate system (:data:`HETPIPE`, or :data:`HETPIPE_OUTER` with an outer
+  optimizer)."""
+
+  name: str
+  setting: HetPipeSetting
+  row: str = ""
+  lr_system: str = HETPIPE
+
+
+@dataclasses.dataclass(frozen=True)
+class Study:
+  """What every run of the study shares (:func:`make_study`).
+
+  Attributes:
+    config: the study's settings.
+    cluster / model / dataset: the cluster, the trained model, its data.
+    clock_profiles: the time axis's cost model (``config.time_model``'s, or the trained model's).
+    time_axis: the time axis in words.
+    base: every HetPipe run's config before its own fields.
+    policies: the policies the planner can lay out (parsed); not_run: row -> why it cannot run (a peer, a policy).
+    sim_model / sim_data: what the ``sim`` executor runs for a time scale.
+    peers: one per ``config.systems``; knobs: their knobs.
+    ideal: the ideal heterogeneous aggregate of the cluster on the time model.
+    per_example / unit: what one example counts as in throughput (a GPT time model's tokens), ``tokens`` or
+      ``images``.
+  """
+
+  config: ConvergenceConfig
+  model: LayeredModel
+  dataset: Dataset
+  clock_profiles: list[UnitProfile]
+  time_axis: str
+  base: RunConfig
+  policies: list[str | list[list[int]]]
+  sim_model: LayeredModel
+  sim_data: Any
+  peers: list[SystemSpec]
+  knobs: PeerKnobs
+  ideal: float
+  per_example: int
+  unit: str
+  not_run: dict[str, str]
+
+  @property
+  def cluster(self) -> Cluster:
+    return self.config.cluster
+
+  @property
+  def target(self) -> Target:
+    """What the target is on and how it is smoothed."""
+    return Target(self.config.target_metric, self.config.smooth)
+
+  @property
+  def language(self) -> bool:
+    """Whether the trained model is a language model (labels: the next tokens), whose perplexity is reported."""
+    return self.dataset.y_train.ndim == 2
+
+  @property
+  def epoch(self) -> float:
+    """Minibatches per epoch."""
+    return len(self.dataset.x_train) / self.config.batch_size
+
+  @property
+  def total(self) -> int:
+    """Minibatches every run sees."""
+    return int(self.config.epochs * len(self.dataset.x_train) / self.config.batch_size)
+
+  @property
+  def costs(self) -> CostContext:
+    return CostContext(optimizer_slots=optimizer_slots(self.config.optimizer))
+
+  def policy_specs(self) -> list[Spec]:
+    """HetPipe at every policy and every D of the config."""
+    specs = []
+    for policy in self.policies:
+      label = policy if isinstance(policy, str) else "/".join(",".join(map(str, g)) for g in policy)
+      for d in self.config.ds:
+        name = f"HetPipe {label} D={d}"
+        specs.append(Spec(name, HetPipeSetting(policy, self.config.nm, d), name))
+    return specs
+
+  def plan_nms(self, setting: HetPipeSetting) -> list[int]:
+    """Nm of every virtual worker of ``setting`` (planned for a policy)."""
+    if setting.cuts is not None:
+      return list(setting.nm)
+    return [p.nm for p in plan_cluster(self.cluster, self.clock_profiles, setting.policy, "default", self.config.nm,
+                                       None, self.costs).vws]
+
+  def outer_spec(self, num_vws: int) -> str:
+    """The outer optimizer for a configuration of ``num_vws`` virtual workers: its learning rate is DiLoCo's, one
+    step on the mean of the workers' changes per round; every push of WSP takes its own step, so the server's
+    rate per push is that over ``num_vws``."""
+    parsed = parse_ps_optimizer(self.config.outer)
+    return str(parsed._replace(lr=parsed.lr / num_vws)) if parsed.name != "add" else str(parsed)
+
+
+def time_profiles(config: ConvergenceConfig, model: LayeredModel, dataset: Dataset) -> BatchProfiles:
+  """The time axis's cost model: the full-size time model's, or the trained model's own."""
+  b, time_model = config.batch_size, config.time_model_name
+  if time_model:
+    return BatchProfiles.full_size(time_model, b)
+  sample = lambda n: jax.ShapeDtypeStruct((n,) + dataset.x_train.shape[1:], dataset.x_train.dtype)
+  return BatchProfiles(tuple(profile_units(model, sample(b))), tuple(profile_units(model, sample(2 * b))), b, 2 * b)
+
+
+def make_study(config: ConvergenceConfig, progress: Progress) -> Study:
+  """The trained model and data, the time axis, the peers (simulated) and every HetPipe run's base config."""
+  cluster, b, time_model = config.cluster, config.batch_size, config.time_model_name
+  dataset = load_dataset(config.dataset)
+  model = get_model(config.model, dataset.num_classes)
+  profiles = time_profiles(config, model, dataset)
+  units = list(profiles.at(b))
+  per_example = full_size_input(time_model, 1).shape[1] if time_model and time_model.startswith("gpt") else 1
+  time_axis = (f"cost model of {time_model} (batch {b}) on {cluster.name}" if time_model
+               else f"cost model of {model.name} on {cluster.name}")
+  base = RunConfig.of(cluster=cluster, batch_size=b, optimizer=config.optimizer, time_model=time_model,
+                      executor="virtual")
+  sim_model, sim_data = (full_size_model(time_model), FULL_SIZE[time_model]) if time_model else (model, dataset)
+  knobs = config.knobs._replace(microbatches=config.knobs.microbatches or cluster.num_gpus)
+  costs = CostContext(optimizer_slots=optimizer_slots(config.optimizer))
+  peers = simulate_systems(config.systems, cluster, profiles, b, costs, knobs, config.whimpy,
+                           time_model or model.name, progress)
+  policies, not_run = plannable(config, units, costs, model.num_units)
+  not_run.update({p.system.name: str(p.reason) for p in peers if p.run is None})
+  return Study(config, model, dataset, units, time_axis, base, policies, sim_model, sim_data, peers, knobs,
+               ideal_images_per_sec(cluster, units, b), per_example, "tokens" if per_example > 1 else "images",
+               not_run)
+
+
+def plannable(config: ConvergenceConfig, profiles: list[UnitProfile], costs: CostContext,
+              num_units: int) -> tuple[list, dict[str, str]]:
+  """The policies the planner can lay out on the cluster (memory) with virtual workers of at most ``num_units``
+  GPUs (the trained model is cut over them), and why each other one cannot run.
+
+  Raises:
+    ConfigError: when none can.
+  """
+  kept, reasons = [], {}
+  for policy in [parse_policy(p) for p in config.policies]:
+    try:
+      plan = plan_cluster(config.cluster, profiles, policy, "default", config.nm, None, costs)
+      widest = max(len(vw.stages) for vw in plan.vws)
+      if widest > num_units:
+        raise ConfigError(f"its virtual workers have {widest} GPUs, and the trained model has only {num_units} "
+                          "units to cut over them; train a deeper model (--model) or use other --policies")
+      kept.append(policy)
+    except ConfigError as e:
+      reasons[f"HetPipe {policy}"] = str(e)
+  if not kept:
+    raise ConfigError(f"no policy of --policies={','.join(config.policies)} fits cluster {config.cluster.name!r}: "
+                      f"{next(iter(reasons.values()))}")
+  return kept, reasons
