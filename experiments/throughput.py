@@ -51,7 +51,9 @@ from matplotlib.patches import Patch
 
 from experiments import common, peer_flags, system_flags
 from hetpipe_jax import get_cluster
-from hetpipe_jax.studies.throughput import (
+from hetpipe_jax.studies.throughput import run_throughput
+from hetpipe_jax.studies.throughput_goodput import MISSES, NOT_TRAINED, REACHES, convergence_docs
+from hetpipe_jax.studies.throughput_records import (
   PEERS,
   SUB_STUDIES,
   ModelTable,
@@ -59,9 +61,7 @@ from hetpipe_jax.studies.throughput import (
   ThroughputConfig,
   describe,
   is_peer,
-  run_throughput,
 )
-from hetpipe_jax.studies.throughput_goodput import MISSES, NOT_TRAINED, REACHES, convergence_docs
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("models", ["vgg19", "resnet152"], "Models to study: full-size ones (vgg19, resnet152, gpt2-xl, ...) "
