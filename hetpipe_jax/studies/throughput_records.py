@@ -215,13 +215,12 @@ def best_peer(table: Sequence[TableEntry]) -> TableEntry | None:
              default=None)
 
 
-
 def describe(e: TableEntry | None) -> str:
+  """A table entry in words: its row, throughput and ratio to the best peer (a headline's)."""
   if e is None:
     return "none (no row ran)"
   ratio = "" if e.ratio_to_best_peer is None else f", {e.ratio_to_best_peer:.2f}x the best peer"
   return f"{e.row}, {e.throughput:.1f} {e.unit}/s{ratio}"
-
 
 
 def time_model_of(doc: dict[str, Any]) -> str | None:
@@ -231,8 +230,8 @@ def time_model_of(doc: dict[str, Any]) -> str | None:
 
 
 def matches(doc: dict[str, Any], model: str, cluster_name: str) -> bool:
+  """Whether a convergence file's time model is ``model``'s and its cluster ``cluster_name``."""
   return time_model_of(doc) == model and doc.get("cluster") == cluster_name
-
 
 
 class ModelStudy:

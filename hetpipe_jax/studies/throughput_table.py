@@ -114,7 +114,6 @@ def finish_table(s: ModelStudy) -> None:
   s.table = finished
 
 
-
 def headline(s: ModelStudy) -> Headline:
   """The fastest row that reaches the target (without convergence data: the fastest row), and the fastest."""
   ran = [e for e in s.table if e.images_per_sec]
