@@ -22,10 +22,22 @@ import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+import jax
+import jax.numpy as jnp
+import matplotlib
 from absl import app, flags
+
+from hetpipe_jax.cluster import enable_compilation_cache, ensure_cpu_devices
+from hetpipe_jax.cost.batch import BatchProfiles
+from hetpipe_jax.cost.profile import full_size_profiles, profile_units
+from hetpipe_jax.data import tokens as token_data
+from hetpipe_jax.errors import ConfigError, RunStopped
+from hetpipe_jax.models import FULL_SIZE, full_size_input, get_model
+from hetpipe_jax.runtime.launch import child_environment
 
 # Every script's trace check and progress lines (absl INFO on stderr; stdout keeps the results):
 from hetpipe_jax.studies.checked import TraceCheckError, progress, require_wsp  # noqa: F401
+from hetpipe_jax.workdir import import_from_working_directory
 
 Main = Callable[[list[str]], int | None]
 
@@ -51,7 +63,6 @@ def entry(main: Main) -> Main:
   """
 
   def wrapped(argv: list[str]) -> int | None:
-    from hetpipe_jax.errors import ConfigError, RunStopped
     try:
       return main(argv)
     except (ConfigError, RunStopped) as e:
@@ -73,7 +84,6 @@ def console(main: Main) -> Callable[[], None]:
   """
 
   def run() -> None:
-    from hetpipe_jax.workdir import import_from_working_directory  # (imported on use, as hetpipe_jax is here)
     import_from_working_directory()  # as python -m does: --model=mymodel:factory finds ./mymodel.py
     if main.__module__ != "__main__":  # an installed script: show the script's flags and docstring
       for flag in flags.FLAGS.get_key_flags_for_module(main.__module__):
@@ -87,8 +97,7 @@ def console(main: Main) -> Callable[[], None]:
 
 
 def config_error(message: str) -> Exception:
-  """A :class:`hetpipe_jax.ConfigError` with ``message`` (imported on use)."""
-  from hetpipe_jax.errors import ConfigError
+  """A :class:`hetpipe_jax.ConfigError` with ``message``."""
   return ConfigError(message)
 
 
@@ -166,7 +175,6 @@ def ensure_devices(count: int) -> None:
   """Makes JAX expose at least ``max(MIN_CPU_DEVICES, count)`` CPU devices and keep what it compiles in the
   persistent compilation cache (:func:`hetpipe_jax.cluster.enable_compilation_cache`); call before JAX
   computes."""
-  from hetpipe_jax.cluster import enable_compilation_cache, ensure_cpu_devices
   ensure_cpu_devices(max(MIN_CPU_DEVICES, count))
   enable_compilation_cache()
 
@@ -239,19 +247,21 @@ def write_dict_csv(path: str, rows: Sequence[Mapping[str, Any]]) -> str:
 
 
 def pyplot():
-  """matplotlib.pyplot on the Agg backend (files only, no display)."""
-  import matplotlib
+  """matplotlib.pyplot on the Agg backend (files only, no display).
+
+  pyplot is imported here, on use, not at the top: its import costs every script's ``--help`` about 0.4 s,
+  and it picks its backend when imported, which must be Agg by then.
+  """
   matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   return plt
 
 
 def save_figure(fig, path: str) -> str:
   """Lays ``fig`` out, writes it to ``path`` (PNG, 110 dpi), closes it; returns ``path``."""
-  import matplotlib.pyplot as plt
   fig.tight_layout()
   fig.savefig(path, dpi=110)
-  plt.close(fig)
+  pyplot().close(fig)
   return path
 
 
@@ -262,7 +272,6 @@ def run_train_job(flags: Sequence[str], out_dir: str, timeout_s: float) -> dict[
   Raises:
     SystemExit: with one ``error:`` line when the job fails or runs past ``timeout_s``.
   """
-  from hetpipe_jax.runtime.launch import child_environment
   cmd = [sys.executable, "-m", "experiments.train", *flags, f"--out_dir={out_dir}"]
   what = " ".join(cmd[2:])
   try:
@@ -287,11 +296,6 @@ def model_profiles(name: str, batch_size: int, seq_len: int | None = None) -> tu
   Raises:
     ConfigError: for an unknown model or a bad ``seq_len``.
   """
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-
-  from hetpipe_jax.cost.profile import full_size_profiles, profile_units  # pylint: disable=g-import-not-at-top
-  from hetpipe_jax.models import FULL_SIZE, full_size_input, get_model  # pylint: disable=g-import-not-at-top
   if name in FULL_SIZE:
     shape = full_size_input(name, batch_size, seq_len)
     tokens = shape.shape[1] if len(shape.shape) == 2 else 0
@@ -302,7 +306,6 @@ def model_profiles(name: str, batch_size: int, seq_len: int | None = None) -> tu
     tokens = x.shape[1] if len(x.shape) == 2 and jnp.issubdtype(x.dtype, jnp.integer) else 0
     return profile_units(model, x), tokens or 1, "tokens" if tokens else "images"
   if name.startswith("gpt"):  # the small GPTs, on the tokens dataset's sequences
-    from hetpipe_jax.data import tokens as token_data  # pylint: disable=g-import-not-at-top
     data = token_data(num_train=1, num_test=1)
     seq = data.x_train.shape[1]
     return (profile_units(get_model(name, data.num_classes),
@@ -314,7 +317,6 @@ def model_profiles(name: str, batch_size: int, seq_len: int | None = None) -> tu
 def batch_profiles(name: str, batch_size: int, seq_len: int | None = None):
   """Any model :func:`model_profiles` names, as :class:`~hetpipe_jax.cost.batch.BatchProfiles` (at
   ``batch_size`` and twice it), with what one example counts as in throughput and that unit's name."""
-  from hetpipe_jax.cost.batch import BatchProfiles  # pylint: disable=g-import-not-at-top
   low, per_example, unit = model_profiles(name, batch_size, seq_len)
   high = model_profiles(name, 2 * batch_size, seq_len)[0]
   return BatchProfiles(tuple(low), tuple(high), batch_size, 2 * batch_size), per_example, unit

@@ -22,6 +22,13 @@ from __future__ import annotations
 from absl import flags
 
 from experiments import common
+from hetpipe_jax import get_cluster
+from hetpipe_jax.cost.context import CostContext
+from hetpipe_jax.optim import optimizer_slots
+from hetpipe_jax.plan.allocation import parse_policy, plan_cluster
+from hetpipe_jax.plan.plan_json import plan_table, plan_to_json
+from hetpipe_jax.precision import check_precision
+from hetpipe_jax.sim.planned import simulate_plan
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model", "vgg19", "vgg19, resnet152 (224x224x3 inputs), gpt2-xl, gpt-6.7b, gpt-13b "
@@ -47,14 +54,6 @@ flags.DEFINE_string("out", "outputs/plan/plan.json", "Where to write the plan JS
 
 def main(argv):
   del argv
-  from hetpipe_jax import get_cluster
-  from hetpipe_jax.cost.context import CostContext
-  from hetpipe_jax.optim import optimizer_slots
-  from hetpipe_jax.plan.allocation import parse_policy, plan_cluster
-  from hetpipe_jax.plan.plan_json import plan_table, plan_to_json
-  from hetpipe_jax.precision import check_precision
-  from hetpipe_jax.sim.planned import simulate_plan
-
   check_precision(FLAGS.precision)
   if FLAGS.d < 0:
     raise common.config_error(f"--d={FLAGS.d}; the WSP bound D is a whole number >= 0")

@@ -49,9 +49,11 @@ import os
 from absl import flags
 from matplotlib.patches import Patch
 
-from experiments import common, peer_flags, system_flags
+from experiments import common, peer_flags, run_flags, system_flags
 from hetpipe_jax import get_cluster
-from hetpipe_jax.studies.throughput import (
+from hetpipe_jax.studies.throughput import run_throughput
+from hetpipe_jax.studies.throughput_goodput import MISSES, NOT_TRAINED, REACHES, convergence_docs
+from hetpipe_jax.studies.throughput_records import (
   PEERS,
   SUB_STUDIES,
   ModelTable,
@@ -59,18 +61,19 @@ from hetpipe_jax.studies.throughput import (
   ThroughputConfig,
   describe,
   is_peer,
-  run_throughput,
 )
-from hetpipe_jax.studies.throughput_goodput import MISSES, NOT_TRAINED, REACHES, convergence_docs
 
 FLAGS = flags.FLAGS
+# The run settings the study takes (experiments.run_flags), at the study's defaults: the paper's setting, momentum
+# SGD for memory; --batch_size is the image models' (a GPT model's: --gpt_batch_size), --optimizer only for memory,
+# --overlap_transfers the HetPipe policy rows'.
+run_flags.define(["cluster", "batch_size", "seq_len", "waves", "optimizer", "overlap_transfers"],
+                 overrides={"cluster": "paper_testbed", "batch_size": 32, "seq_len": None, "waves": 100,
+                            "optimizer": "momentum", "overlap_transfers": False})
+flags.adopt_module_key_flags(run_flags)  # --help lists them
 flags.DEFINE_list("models", ["vgg19", "resnet152"], "Models to study: full-size ones (vgg19, resnet152, gpt2-xl, ...) "
                   "or small ones (mlp, cnn, vgg, resnet, gpt).")
-flags.DEFINE_string("cluster", "paper_testbed", "Cluster preset, mixed<N>[x<G>] or .toml file.")
-flags.DEFINE_integer("batch_size", 32, "Minibatch size of the image models.")
 flags.DEFINE_integer("gpt_batch_size", 8, "Minibatch size of a GPT model (sequences; 0: --batch_size).")
-flags.DEFINE_integer("seq_len", None, "GPT models: tokens per sequence (default: the model's context).")
-flags.DEFINE_integer("waves", 100, "Simulated waves per virtual worker.")
 flags.DEFINE_integer("nm_max", 8, "Largest Nm in the single-virtual-worker sweep.")
 flags.DEFINE_list("ds", ["0", "4", "32"], "Clock distance bounds D of the HetPipe rows and the tuner.")
 flags.DEFINE_list("tune_ds", None, "D values the tuner searches (default: --ds); fewer keep it quicker on large "
@@ -78,11 +81,7 @@ flags.DEFINE_list("tune_ds", None, "D values the tuner searches (default: --ds);
 flags.DEFINE_list("sub_studies", list(SUB_STUDIES), "Sub-studies outside the table: nm, closed_form, whimpy "
                   "(empty: none).")
 flags.DEFINE_string("whimpy", "RTX 2060", "GPU type left out of one side of the whimpy sub-study.")
-flags.DEFINE_string("optimizer", "momentum", "Local optimizer, for its memory: sgd, momentum, adam.")
 flags.DEFINE_string("out_dir", "outputs/throughput", "Where the JSON, CSV and charts go.")
-flags.DEFINE_bool("overlap_transfers", False, "Simulate the HetPipe policy rows' stage-to-stage transfers "
-                  "overlapped with computation (a GPU receives its next input while it computes) instead of "
-                  "charged in series.")
 flags.DEFINE_bool("tuned", True, "Add the tuned rows (experiments.tune's search).")
 flags.DEFINE_integer("max_stages", 0, "Most stages per virtual worker the tuner tries (0: no limit; a convergence "
                      "study of a small model limits them to its units, e.g. 4 for the MLP).")

@@ -31,11 +31,33 @@ for a synchronous peer with its global batch (the critical batch size), for loca
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 
 from absl import flags
 
 from experiments import common, system_flags
+from hetpipe_jax import ConfigError, get_cluster, load_dataset
+from hetpipe_jax.cost.context import CostContext
+from hetpipe_jax.cost.profile import full_size_profiles
+from hetpipe_jax.models import FULL_SIZE
+from hetpipe_jax.optim import optimizer_slots
+from hetpipe_jax.staleness import StalenessModel
+from hetpipe_jax.systems import get_system
+from hetpipe_jax.tune import (
+  HETPIPE,
+  PeerResult,
+  RunSetting,
+  SearchSpace,
+  TuneOptions,
+  distinct_rows,
+  fit_peer_accuracy,
+  peer_result_json,
+  policy_rows,
+  result_json,
+  tune,
+)
+from hetpipe_jax.tune.peers import small_profiles, tuner_profiles
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model", "vgg19", "Model: vgg19 or resnet152 (full size, simulated), or a small one (mlp, cnn, "
@@ -71,9 +93,6 @@ flags.DEFINE_string("out_dir", "outputs/tune", "Where tune.json, tune.csv and tu
 def model_profiles(name: str, dataset_name: str, batch_size: int, peers: bool = False):
   """Unit profiles of a full-size model on its input, or of a small model on a dataset's inputs; with
   ``peers``, at any batch size (a :class:`~hetpipe_jax.cost.batch.BatchProfiles`: the peers split batches)."""
-  from hetpipe_jax.cost.profile import full_size_profiles
-  from hetpipe_jax.models import FULL_SIZE
-  from hetpipe_jax.tune.peers import small_profiles, tuner_profiles
   if peers:
     return tuner_profiles(name, dataset_name, batch_size)
   if name in FULL_SIZE:
@@ -83,8 +102,6 @@ def model_profiles(name: str, dataset_name: str, batch_size: int, peers: bool = 
 
 def main(argv):
   del argv
-  from hetpipe_jax import get_cluster
-  from hetpipe_jax.tune import tune
   system_flags.import_from_flags(FLAGS)
   space = search_space()
   staleness_model, peer_accuracy, note = objective_models()
@@ -101,9 +118,6 @@ def main(argv):
 
 def search_space():
   """The flags' search space (a bad value refused in one line)."""
-  from hetpipe_jax import ConfigError
-  from hetpipe_jax.systems import get_system
-  from hetpipe_jax.tune import SearchSpace
   ds = common.parse_ints("ds", FLAGS.ds)
   if not ds or any(d < 0 for d in ds):
     raise common.config_error(f"--ds={','.join(FLAGS.ds)}; give one or more clock distance bounds D >= 0")
@@ -126,9 +140,6 @@ def search_space():
 def tune_options(staleness_model, peer_accuracy=None):
   """How the flags run the search: their waves and run setting, ranked by ``staleness_model`` (HetPipe) and
   ``peer_accuracy`` (the peers) if any."""
-  from hetpipe_jax.cost.context import CostContext
-  from hetpipe_jax.optim import optimizer_slots
-  from hetpipe_jax.tune import RunSetting, TuneOptions
   setting = RunSetting(CostContext(FLAGS.weight_mode, optimizer_slots(FLAGS.optimizer)))
   return TuneOptions(waves=FLAGS.waves, staleness_model=staleness_model, peer_accuracy=peer_accuracy,
                      setting=setting, progress=lambda line: common.progress("%s", line))
@@ -138,9 +149,6 @@ def tune_doc(out, staleness_model, note: str | None = None) -> dict:
   """``tune.json``: the setting, the search's counts, the best configuration of any system (``best``: which
   ``experiments.train --plan`` runs) and the best HetPipe one (``best_hetpipe``), the best of every grouping
   and of every peer, and every simulated one."""
-  from hetpipe_jax import load_dataset
-  from hetpipe_jax.models import FULL_SIZE
-  from hetpipe_jax.tune import HETPIPE, PeerResult, peer_result_json, policy_rows, result_json
   best, results, accuracy = out.best, out.results, out.peer_accuracy
   dataset = None if FLAGS.model in FULL_SIZE else load_dataset(FLAGS.dataset).name  # what it was profiled on
   setting = {"model": FLAGS.model, "dataset": dataset, "cluster": FLAGS.cluster, "batch_size": FLAGS.batch_size,
@@ -213,7 +221,6 @@ def _seconds(value: float | None) -> str:
 
 def report(cluster, out, staleness_model) -> None:
   """Prints the best configurations, the best of every grouping and of every peer, and the search's cost."""
-  from hetpipe_jax.tune import PeerResult, distinct_rows, policy_rows
   best, results, accuracy = out.best, out.results, out.peer_accuracy
   print(f"{FLAGS.model} on {cluster.name} ({cluster.num_gpus} GPUs), batch {FLAGS.batch_size}: "
         f"ideal aggregate {best.ideal_images_per_sec:.1f} images/s")
@@ -267,8 +274,6 @@ def objective_models():
   Raises:
     ConfigError: for an unreadable file, or (--objective given) a missing one or one without a fit.
   """
-  from hetpipe_jax import ConfigError
-  from hetpipe_jax.tune import fit_peer_accuracy
   if FLAGS.objective == "throughput":
     return None, None, None
   path = FLAGS.staleness_model
@@ -295,7 +300,6 @@ def read_convergence(path: str) -> dict:
   Raises:
     ConfigError: when it cannot be read.
   """
-  import json
   try:
     with open(path, encoding="utf-8") as f:
       doc = json.load(f)
@@ -314,7 +318,6 @@ def staleness_from(doc: dict, path: str):
   Raises:
     ConfigError: when it holds none.
   """
-  from hetpipe_jax.staleness import StalenessModel
   fit = doc.get("staleness_model")
   if not isinstance(fit, dict) or not {"images0", "beta"} <= set(fit):
     raise common.config_error(f"--staleness_model={path} holds no fitted staleness_model; give the "

@@ -9,6 +9,13 @@ import sys
 
 import pytest
 
+from experiments.common import batch_profiles
+from hetpipe_jax import ConfigError, get_cluster
+from hetpipe_jax.studies.throughput import run_throughput
+from hetpipe_jax.studies.throughput_goodput import goodput
+from hetpipe_jax.studies.throughput_records import TableEntry, ThroughputConfig
+from hetpipe_jax.systems import rule_lr
+
 ENV = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
 ROWS = ["horovod", "hetero_dp", "sync_pipeline", "local_sgd", "HetPipe NP D=0", "HetPipe ED D=0", "HetPipe HD D=0",
         "HetPipe tuned", "HetPipe tuned for images/s", "HetPipe tuned + outer"]
@@ -138,7 +145,6 @@ def test_paper_testbed_study(tmp_path):
 
 
 def test_goodput_marks_only_the_configuration_that_was_trained():
-  from hetpipe_jax.studies.throughput_goodput import goodput
   runs = [{"row": "HetPipe ED D=0", "system": "hetpipe", "nm": [4, 4], "d": 0, "seed": s, "time_to_target_s": t}
           for s, t in ((0, 10.0), (1, 14.0))]
   runs += [{"row": "hetero_dp", "system": "hetero_dp", "batch_sizes": [40, 24], "local_steps": [1, 1], "seed": 0,
@@ -151,7 +157,6 @@ def test_goodput_marks_only_the_configuration_that_was_trained():
 
 
 def test_learning_rate_rule_scales_linearly_or_with_the_square_root():
-  from hetpipe_jax.systems import rule_lr
   assert rule_lr(128) == pytest.approx(0.08)  # 0.02 per 32 examples, x 4
   assert rule_lr(128, 0.002, "sqrt") == pytest.approx(0.004)  # x sqrt(4)
   assert rule_lr(8, 0.002, "sqrt") == pytest.approx(0.001)
@@ -160,9 +165,6 @@ def test_learning_rate_rule_scales_linearly_or_with_the_square_root():
 def test_the_study_as_library_code_returns_typed_records():
   """run_throughput on a typed configuration (no flags): its table entries, sub-study rows and headline are
   records, and a bad configuration is refused in one line before anything runs."""
-  from experiments.common import batch_profiles
-  from hetpipe_jax import ConfigError, get_cluster
-  from hetpipe_jax.studies.throughput import TableEntry, ThroughputConfig, run_throughput
   cluster = get_cluster("paper_mini")
   for bad, words in (({"ds": ()}, "--ds=; give one or more"), ({"sub_studies": ("nm", "x")}, "--sub_studies=nm,x"),
                      ({"batch_size": 0}, "--batch_size=0")):

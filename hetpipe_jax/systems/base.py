@@ -34,6 +34,11 @@ KINDS = (SYNCHRONOUS, LOCAL, WSP)
 DEFAULT_KNOBS = PeerKnobs()
 
 
+def span(values: Sequence[int]) -> str:
+  """``3`` or ``2..5``: the range of ``values`` (a system's :meth:`System.config` of per-GPU knobs)."""
+  return f"{min(values)}" if min(values) == max(values) else f"{min(values)}..{max(values)}"
+
+
 class SystemRun(NamedTuple):
   """A simulated system on a cluster.
 

@@ -8,15 +8,10 @@ from collections.abc import Sequence
 from hetpipe_jax.baselines.hetero_dp import hetero_dp_job
 from hetpipe_jax.baselines.knobs import PeerKnobs
 from hetpipe_jax.cluster import Cluster
-from hetpipe_jax.systems.base import DEFAULT_KNOBS, SystemRun
+from hetpipe_jax.systems.base import DEFAULT_KNOBS, SystemRun, span
 from hetpipe_jax.systems.peer import Peer
 
 GLOBAL_BATCH_FACTORS = (0.5, 1.0, 2.0)  # the tuner's grid: the global batch over batch x GPUs
-
-
-def span(values: Sequence[int]) -> str:
-  """``3`` or ``2..5``: the range of ``values``."""
-  return f"{min(values)}" if min(values) == max(values) else f"{min(values)}..{max(values)}"
 
 
 class HeteroDP(Peer):

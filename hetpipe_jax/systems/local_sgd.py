@@ -9,8 +9,7 @@ from collections.abc import Sequence
 from hetpipe_jax.baselines.knobs import PeerKnobs
 from hetpipe_jax.baselines.local_sgd import local_sgd_job
 from hetpipe_jax.cluster import Cluster
-from hetpipe_jax.systems.base import DEFAULT_KNOBS, LOCAL, SystemRun
-from hetpipe_jax.systems.hetero_dp import span
+from hetpipe_jax.systems.base import DEFAULT_KNOBS, LOCAL, SystemRun, span
 from hetpipe_jax.systems.peer import Peer
 
 LOCAL_STEPS = (2, 4, 8, 16)  # the tuner's grid of H
