@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from absl import flags
 
-from experiments import common
+from experiments import common, run_flags
 from hetpipe_jax import get_cluster
 from hetpipe_jax.cost.context import CostContext
 from hetpipe_jax.optim import optimizer_slots
@@ -31,22 +31,15 @@ from hetpipe_jax.precision import check_precision
 from hetpipe_jax.sim.planned import simulate_plan
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("model", "vgg19", "vgg19, resnet152 (224x224x3 inputs), gpt2-xl, gpt-6.7b, gpt-13b "
-                    "(--seq_len tokens), or mlp, cnn, vgg, resnet (28x28x1), gpt (16 tokens of 32), or "
-                    "package.module:factory (your model, on its input_shape).")
-flags.DEFINE_string("cluster", "paper_testbed", "Cluster preset or a .toml file.")
-flags.DEFINE_string("policy", "ED", "NP, ED, HD, or a grouping of GPU indices: '0,1;2,3'.")
-flags.DEFINE_string("placement", "default", "PS shard placement: default, local or striped.")
-flags.DEFINE_integer("batch_size", 32, "Minibatch size (a GPT's: sequences per minibatch).")
-flags.DEFINE_integer("seq_len", None, "GPT models: tokens per sequence (default: the model's context).")
+# The run settings a plan takes (experiments.run_flags), at the planner's defaults: the paper's testbed and
+# VGG-19, ED, momentum (for its memory).
+run_flags.define(["model", "cluster", "policy", "placement", "batch_size", "seq_len", "optimizer", "weight_mode",
+                  "precision", "d"],
+                 overrides={"model": "vgg19", "cluster": "paper_testbed", "policy": "ED", "optimizer": "momentum"})
+flags.adopt_module_key_flags(run_flags)  # --help lists them
 flags.DEFINE_string("nm", "max_fit", "Nm: max_fit (largest that fits, <= nm_max), best (modelled "
                     "throughput), or a number.")
 flags.DEFINE_integer("nm_max", None, "Largest Nm to consider (default: GPUs per virtual worker).")
-flags.DEFINE_string("optimizer", "momentum", "Local optimizer, for its memory: sgd, momentum, adam.")
-flags.DEFINE_string("weight_mode", "stash", "stash (Nm-1 stashed weight copies) or latest.")
-flags.DEFINE_string("precision", "fp32", "fp32, fp16 or bf16 (mixed precision: 16-bit weights, gradients and "
-                    "activations, fp32 master weights and optimizer state) for time and memory.")
-flags.DEFINE_integer("d", 1, "The WSP bound D of the simulated run (as experiments.train's --d).")
 flags.DEFINE_bool("simulate", True, "Simulate the plan (sim executor, fast mode) for the images/s printed; "
                   "--nosimulate prints the planner's bound only.")
 flags.DEFINE_string("out", "outputs/plan/plan.json", "Where to write the plan JSON.")

@@ -33,10 +33,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from typing import Any
 
 from absl import flags
 
-from experiments import common, system_flags
+from experiments import common, run_flags, system_flags
 from hetpipe_jax import ConfigError, get_cluster, load_dataset
 from hetpipe_jax.cost.context import CostContext
 from hetpipe_jax.cost.profile import full_size_profiles
@@ -60,13 +61,11 @@ from hetpipe_jax.tune import (
 from hetpipe_jax.tune.peers import small_profiles, tuner_profiles
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("model", "vgg19", "Model: vgg19 or resnet152 (full size, simulated), or a small one (mlp, cnn, "
-                    "vgg, resnet) profiled on --dataset.")
-flags.DEFINE_string("dataset", "auto", "Dataset whose inputs a small model is profiled on.")
-flags.DEFINE_string("cluster", "paper_testbed", "Cluster preset or .toml file.")
-flags.DEFINE_integer("batch_size", 32, "Minibatch size.")
-flags.DEFINE_string("optimizer", "momentum", "Local optimizer (its state counts in memory): sgd, momentum, adam.")
-flags.DEFINE_string("weight_mode", "stash", "stash or latest (memory and the run).")
+# The run settings the search takes (experiments.run_flags), at the tuner's defaults: the paper's testbed and VGG-19,
+# momentum (for its memory); --waves: of the predicting runs (the screening runs take half).
+run_flags.define(["model", "dataset", "cluster", "batch_size", "optimizer", "weight_mode", "waves"],
+                 overrides={"model": "vgg19", "cluster": "paper_testbed", "optimizer": "momentum"})
+flags.adopt_module_key_flags(run_flags)  # --help lists them
 flags.DEFINE_enum("objective", "time_to_accuracy", ["throughput", "time_to_accuracy"], "What the best "
                   "configuration maximises: simulated images/s, or the inverse of the predicted time to accuracy "
                   "(without --staleness_model's file and without this flag: images/s, said in one line).")
@@ -76,7 +75,6 @@ flags.DEFINE_string("staleness_model", "outputs/convergence/convergence.json", "
                     "time to accuracy.")
 flags.DEFINE_list("peers", ["horovod", "hetero_dp", "sync_pipeline", "local_sgd"], "Peer systems searched beside "
                   "HetPipe, each over a grid of its knobs (empty: HetPipe alone).")
-flags.DEFINE_integer("waves", 50, "Waves per virtual worker of the predicting runs (screening runs half).")
 flags.DEFINE_list("ds", ["0", "4", "32"], "Clock distance bounds D searched.")
 flags.DEFINE_list("transfers", ["serial", "overlap"], "Transfer models searched: serial (the input received "
                   "inside the task), overlap (received while the device computes).")
@@ -100,23 +98,60 @@ def model_profiles(name: str, dataset_name: str, batch_size: int, peers: bool = 
   return small_profiles(name, dataset_name, batch_size)
 
 
+@dataclasses.dataclass(frozen=True)
+class TuneRequest:
+  """What the flags ask of the tuner (:func:`flags_to_request`): the run setting, the search space, the objective
+  and the outputs."""
+
+  model: str
+  dataset: str
+  cluster: str
+  batch_size: int
+  optimizer: str
+  weight_mode: str
+  waves: int
+  space: SearchSpace
+  objective: str  # throughput or time_to_accuracy
+  objective_given: bool  # --objective given on the command line (then a missing fit is an error)
+  staleness_model: str  # the convergence.json of time_to_accuracy
+  top: int
+  out_dir: str
+
+  @property
+  def setting(self) -> dict[str, Any]:
+    """The run setting as tune.json records it (``dataset``: what a small model was profiled on)."""
+    dataset = None if self.model in FULL_SIZE else load_dataset(self.dataset).name
+    return {"model": self.model, "dataset": dataset, "cluster": self.cluster, "batch_size": self.batch_size,
+            "optimizer": self.optimizer, "weight_mode": self.weight_mode, "schedule": "1f1b", "waves": self.waves}
+
+
 def main(argv):
   del argv
   system_flags.import_from_flags(FLAGS)
-  space = search_space()
-  staleness_model, peer_accuracy, note = objective_models()
+  request = flags_to_request()
+  staleness_model, peer_accuracy, note = objective_models(request)
   if note:
     print(note, flush=True)
-  cluster = get_cluster(FLAGS.cluster)
-  profiles = model_profiles(FLAGS.model, FLAGS.dataset, FLAGS.batch_size, peers=bool(space.peers))
-  out = tune(cluster, profiles, FLAGS.batch_size, space, tune_options(staleness_model, peer_accuracy))
-  doc = tune_doc(out, staleness_model, note)
-  outputs = write_outputs(doc)
-  report(cluster, out, staleness_model)
+  cluster = get_cluster(request.cluster)
+  profiles = model_profiles(request.model, request.dataset, request.batch_size, peers=bool(request.space.peers))
+  out = tune(cluster, profiles, request.batch_size, request.space, tune_options(request, staleness_model,
+                                                                                  peer_accuracy))
+  doc = tune_doc(request, out, staleness_model, note)
+  outputs = write_outputs(doc, request.out_dir)
+  report(request, cluster, out, staleness_model)
   common.print_outputs(outputs, width=6)
 
 
-def search_space():
+def flags_to_request() -> TuneRequest:
+  """The flags as a :class:`TuneRequest` (a bad value refused in one line)."""
+  if FLAGS.top < 1:
+    raise common.config_error(f"--top={FLAGS.top}; give how many configurations to print, >= 1")
+  return TuneRequest(FLAGS.model, FLAGS.dataset, FLAGS.cluster, FLAGS.batch_size, FLAGS.optimizer,
+                     FLAGS.weight_mode, FLAGS.waves, search_space(), FLAGS.objective, bool(FLAGS["objective"].present),
+                     FLAGS.staleness_model, FLAGS.top, FLAGS.out_dir)
+
+
+def search_space() -> SearchSpace:
   """The flags' search space (a bad value refused in one line)."""
   ds = common.parse_ints("ds", FLAGS.ds)
   if not ds or any(d < 0 for d in ds):
@@ -125,8 +160,6 @@ def search_space():
   staged = common.parse_ps_transfers(FLAGS.ps_transfers)
   if FLAGS.nm_max < 1:
     raise common.config_error(f"--nm_max={FLAGS.nm_max}; try at least Nm = 1")
-  if FLAGS.top < 1:
-    raise common.config_error(f"--top={FLAGS.top}; give how many configurations to print, >= 1")
   peers = tuple(dict.fromkeys(p for p in FLAGS.peers if p))
   for name in peers:
     try:
@@ -137,24 +170,21 @@ def search_space():
                      windows=FLAGS.windows, peers=peers)
 
 
-def tune_options(staleness_model, peer_accuracy=None):
-  """How the flags run the search: their waves and run setting, ranked by ``staleness_model`` (HetPipe) and
+def tune_options(request: TuneRequest, staleness_model, peer_accuracy=None) -> TuneOptions:
+  """How the search runs: the request's waves and run setting, ranked by ``staleness_model`` (HetPipe) and
   ``peer_accuracy`` (the peers) if any."""
-  setting = RunSetting(CostContext(FLAGS.weight_mode, optimizer_slots(FLAGS.optimizer)))
-  return TuneOptions(waves=FLAGS.waves, staleness_model=staleness_model, peer_accuracy=peer_accuracy,
+  setting = RunSetting(CostContext(request.weight_mode, optimizer_slots(request.optimizer)))
+  return TuneOptions(waves=request.waves, staleness_model=staleness_model, peer_accuracy=peer_accuracy,
                      setting=setting, progress=lambda line: common.progress("%s", line))
 
 
-def tune_doc(out, staleness_model, note: str | None = None) -> dict:
+def tune_doc(request: TuneRequest, out, staleness_model, note: str | None = None) -> dict:
   """``tune.json``: the setting, the search's counts, the best configuration of any system (``best``: which
   ``experiments.train --plan`` runs) and the best HetPipe one (``best_hetpipe``), the best of every grouping
   and of every peer, and every simulated one."""
-  best, results, accuracy = out.best, out.results, out.peer_accuracy
-  dataset = None if FLAGS.model in FULL_SIZE else load_dataset(FLAGS.dataset).name  # what it was profiled on
-  setting = {"model": FLAGS.model, "dataset": dataset, "cluster": FLAGS.cluster, "batch_size": FLAGS.batch_size,
-             "optimizer": FLAGS.optimizer, "weight_mode": FLAGS.weight_mode, "schedule": "1f1b",
-             "waves": FLAGS.waves}
-  best_hetpipe = {**setting, "system": HETPIPE, **result_json(best, FLAGS.batch_size, staleness_model)}
+  best, results, accuracy, batch = out.best, out.results, out.peer_accuracy, request.batch_size
+  setting = request.setting
+  best_hetpipe = {**setting, "system": HETPIPE, **result_json(best, batch, staleness_model)}
   overall = out.overall
   doc = {**setting, "objective": "throughput" if staleness_model is None else "time_to_accuracy",
          "ideal_images_per_sec": best.ideal_images_per_sec, "search_seconds": out.seconds, "planned": out.planned,
@@ -162,9 +192,8 @@ def tune_doc(out, staleness_model, note: str | None = None) -> dict:
          "best": ({**setting, **peer_result_json(overall, accuracy)} if isinstance(overall, PeerResult)
                   else best_hetpipe),
          "best_hetpipe": best_hetpipe,
-         "groupings": {name: result_json(r, FLAGS.batch_size, staleness_model)
-                       for name, r in policy_rows(results).items()},
-         "results": [result_json(r, FLAGS.batch_size, staleness_model) for r in results],
+         "groupings": {name: result_json(r, batch, staleness_model) for name, r in policy_rows(results).items()},
+         "results": [result_json(r, batch, staleness_model) for r in results],
          "peers_best": {name: peer_result_json(p, accuracy) for name, p in out.best_peers().items()},
          "peers": [peer_result_json(p, accuracy) for p in out.peers],
          "peers_skipped": [{"system": s.system, **s.knobs._asdict(), "reason": s.reason} for s in out.peers_skipped]}
@@ -177,12 +206,12 @@ def tune_doc(out, staleness_model, note: str | None = None) -> dict:
   return doc
 
 
-def write_outputs(doc: dict) -> list[tuple[str, str]]:
-  """``tune.json``, a CSV of every simulated configuration (and of the peers' settings) and the chart: (kind,
-  path) of each."""
-  json_out = common.write_json(common.output_path(FLAGS.out_dir, "tune.json"), doc)
+def write_outputs(doc: dict, out_dir: str) -> list[tuple[str, str]]:
+  """``tune.json``, a CSV of every simulated configuration (and of the peers' settings) and the chart in
+  ``out_dir``: (kind, path) of each."""
+  json_out = common.write_json(common.output_path(out_dir, "tune.json"), doc)
   rows = doc["results"]
-  csv_out = common.write_csv(common.output_path(FLAGS.out_dir, "tune.csv"),
+  csv_out = common.write_csv(common.output_path(out_dir, "tune.csv"),
                              ["grouping", "nm_rule", "nm", "d", "placement", "overlap_transfers", "staged_ps",
                               "images_per_sec",
                               "efficiency", "modelled_images_per_sec", "waves", "mean_staleness",
@@ -196,9 +225,9 @@ def write_outputs(doc: dict) -> list[tuple[str, str]]:
     keys = ["system", "fusion_mb", "global_batch", "microbatches", "policy", "local_steps", "h_by_speed",
             "local_workers", "images_per_sec", "efficiency", "examples_per_update", "round_seconds",
             "images_to_target", "time_to_accuracy_s"]
-    outputs.append(("peers", common.write_csv(common.output_path(FLAGS.out_dir, "tune_peers.csv"), keys,
+    outputs.append(("peers", common.write_csv(common.output_path(out_dir, "tune_peers.csv"), keys,
                                               ([p.get(k, "") for k in keys] for p in doc["peers"]))))
-  png_out = common.output_path(FLAGS.out_dir, "tune.png")
+  png_out = common.output_path(out_dir, "tune.png")
   chart(doc, png_out)
   return outputs + [("chart", png_out)]
 
@@ -219,22 +248,22 @@ def _seconds(value: float | None) -> str:
   return "-" if value is None else ("never" if value == float("inf") else f"{value:.4g}")
 
 
-def report(cluster, out, staleness_model) -> None:
+def report(request: TuneRequest, cluster, out, staleness_model) -> None:
   """Prints the best configurations, the best of every grouping and of every peer, and the search's cost."""
   best, results, accuracy = out.best, out.results, out.peer_accuracy
-  print(f"{FLAGS.model} on {cluster.name} ({cluster.num_gpus} GPUs), batch {FLAGS.batch_size}: "
+  print(f"{request.model} on {cluster.name} ({cluster.num_gpus} GPUs), batch {request.batch_size}: "
         f"ideal aggregate {best.ideal_images_per_sec:.1f} images/s")
   if staleness_model is not None:
     print(f"ranked by predicted time to {staleness_model.target_accuracy:.0%}: {staleness_model.images0:.4g} x "
-          f"(1 + {staleness_model.beta:.4g} x mean staleness) images (fitted in {FLAGS.staleness_model})")
-  rows = distinct_rows(results, FLAGS.top)
+          f"(1 + {staleness_model.beta:.4g} x mean staleness) images (fitted in {request.staleness_model})")
+  rows = distinct_rows(results, request.top)
   print(f"the best {len(rows)} distinct configurations (configurations that differ only in D and ran the same, "
         "their gate never closed, share a row):")
   print(f"{'images/s':>9} {'eff.':>5} {'planned':>8} {'stale':>5} {'TTA s':>8}  configuration")
   for row in rows:
     r = row.first
     tta = None if staleness_model is None else staleness_model.seconds(r.images_per_sec, r.staleness)
-    print(f"{r.images_per_sec:9.1f} {r.efficiency:5.2f} {r.candidate.modelled_images_per_sec(FLAGS.batch_size):8.1f}"
+    print(f"{r.images_per_sec:9.1f} {r.efficiency:5.2f} {r.candidate.modelled_images_per_sec(request.batch_size):8.1f}"
           f" {r.staleness:5.2f} {_seconds(tta):>8}  {row.label}")
   for line in COLUMNS:
     print(f"  {line}")
@@ -266,7 +295,7 @@ def report(cluster, out, staleness_model) -> None:
     print(f"best: hetpipe, {hetpipe}")
 
 
-def objective_models():
+def objective_models(request: TuneRequest):
   """(the staleness model, the peers' accuracy model, a line to print or None) of the objective the flags ask
   for: (None, None, None) for images/s; time to accuracy without --staleness_model's file (or with one that
   holds no fit) falls back to images/s with a line saying why, unless --objective asks for it explicitly.
@@ -274,18 +303,18 @@ def objective_models():
   Raises:
     ConfigError: for an unreadable file, or (--objective given) a missing one or one without a fit.
   """
-  if FLAGS.objective == "throughput":
+  if request.objective == "throughput":
     return None, None, None
-  path = FLAGS.staleness_model
+  path = request.staleness_model
   fallback = ("objective: time to accuracy needs the convergence study's {}; ranking by images/s (throughput) "
               "instead: make it with python -m experiments.convergence (or give --objective=throughput)")
-  if not os.path.exists(path) and not FLAGS["objective"].present:
+  if not os.path.exists(path) and not request.objective_given:
     return None, None, fallback.format(f"{path}, which is missing")
   doc = read_convergence(path)
   try:
     staleness_model = staleness_from(doc, path)
   except ConfigError:
-    if FLAGS["objective"].present:
+    if request.objective_given:
       raise
     return None, None, fallback.format(f"fitted staleness model, which {path} does not hold "
                                        f"({doc.get('staleness_note', 'no staleness_model')})")
