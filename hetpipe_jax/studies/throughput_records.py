@@ -13,17 +13,16 @@ from typing import Any, NamedTuple
 
 from hetpipe_jax.baselines.knobs import PeerKnobs
 from hetpipe_jax.cluster import Cluster
-from hetpipe_jax.core.trace import Trace
 from hetpipe_jax.cost.batch import BatchProfiles
 from hetpipe_jax.cost.context import CostContext
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.optim import optimizer_slots
 from hetpipe_jax.plan.costmodel import ideal_images_per_sec
 from hetpipe_jax.plan.layout import Layout
-from hetpipe_jax.sim import SimJob, SimOptions, simulate
+from hetpipe_jax.sim import SimJob, SimOptions
 from hetpipe_jax.studies.throughput_goodput import NOT_TRAINED
 from hetpipe_jax.systems import WSP, systems
-from hetpipe_jax.systems.hetpipe import require_wsp
+from hetpipe_jax.systems.hetpipe import simulated_rate
 
 SUB_STUDIES = ("nm", "closed_form", "whimpy")
 PEERS = ("horovod", "hetero_dp", "sync_pipeline", "local_sgd")
@@ -273,11 +272,9 @@ class ModelStudy:
 
   def simulated_images_per_sec(self, plans, d: int = 0, placement: str = "default",
                                cluster: Cluster | None = None) -> float:
-    """Examples/s of ``plans`` on the ``sim`` executor, its trace checked by the WSP checker."""
-    trace = Trace()
-    seconds, vws, _ = simulate(SimJob(cluster or self.cluster, self.profiles, Layout(tuple(p.layout for p in plans)),
-                                      d, self.config.waves, placement,
-                                      options=SimOptions(overlap_transfers=self.config.overlap_transfers)), trace)
-    require_wsp(trace.events, "simulated run")
-    return sum(vw.completed for vw in vws) * self.batch / seconds
+    """Examples/s of ``plans`` on the ``sim`` executor, its trace checked by the WSP checker
+    (:func:`hetpipe_jax.systems.hetpipe.simulated_rate`)."""
+    job = SimJob(cluster or self.cluster, self.profiles, Layout(tuple(p.layout for p in plans)), d, self.config.waves,
+                 placement, options=SimOptions(overlap_transfers=self.config.overlap_transfers))
+    return simulated_rate(job, self.batch, "simulated run")[0]
 

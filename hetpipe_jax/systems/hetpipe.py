@@ -30,7 +30,6 @@ from hetpipe_jax.errors import ConfigError, ProtocolError
 from hetpipe_jax.models.base import LayeredModel
 from hetpipe_jax.plan.allocation import POLICIES, ClusterPlan, plan_cluster
 from hetpipe_jax.plan.costmodel import ideal_images_per_sec
-from hetpipe_jax.plan.layout import Layout
 from hetpipe_jax.run.config import RunConfig
 from hetpipe_jax.run.result import RunResult
 from hetpipe_jax.sim import SimJob, simulate
@@ -60,6 +59,19 @@ def hetpipe_curve(metrics: Sequence[dict[str, Any]], nms: Sequence[int], scale: 
   return curve
 
 
+def simulated_rate(job: SimJob, batch_size: int, what: str) -> tuple[float, Trace]:
+  """(examples/s, the trace) of ``job`` on the simulator, the trace checked by the WSP checker (``what`` names the
+  run in the error): how every HetPipe configuration a study times by its plans is simulated.
+
+  Raises:
+    ProtocolError: when the trace breaks a WSP guarantee.
+  """
+  trace = Trace()
+  seconds, vws, _ = simulate(job, trace)
+  require_wsp(trace.events, what)
+  return sum(vw.completed for vw in vws) * batch_size / seconds, trace
+
+
 class HetPipe(System):
   name = "hetpipe"
   summary = ("virtual workers of the planner's pipelines (policy NP, ED, HD), data parallel through a parameter "
@@ -72,11 +84,9 @@ class HetPipe(System):
     """(the job, its examples/s, its trace) of one policy."""
     units = list(profiles.at(batch_size))
     plan = plan_cluster(cluster, units, policy, "default", "max_fit", None, costs)
-    trace = Trace()
-    seconds, vws, _ = simulate(SimJob(cluster, units, Layout(tuple(p.layout for p in plan.vws)), 0, WAVES,
-                                    weight_mode=costs.weight_mode, precision=costs.precision), trace)
-    require_wsp(trace.events, f"hetpipe {policy}, simulated")
-    return HetPipeJob(cluster, plan, policy), sum(vw.completed for vw in vws) * batch_size / seconds, trace
+    rate, trace = simulated_rate(SimJob(cluster, units, plan.layout, 0, WAVES, weight_mode=costs.weight_mode,
+                                        precision=costs.precision), batch_size, f"hetpipe {policy}, simulated")
+    return HetPipeJob(cluster, plan, policy), rate, trace
 
   def simulate(self, cluster: Cluster, profiles: BatchProfiles, batch_size: int, knobs: PeerKnobs = DEFAULT_KNOBS,
                costs: CostContext = DEFAULT_COSTS, model: str = "") -> SystemRun:
