@@ -33,6 +33,7 @@ from hetpipe_jax.cost.profile import full_size_profiles, profile_units
 from hetpipe_jax.data import tokens as token_data
 from hetpipe_jax.errors import ConfigError, RunStopped
 from hetpipe_jax.models import FULL_SIZE, full_size_input, get_model
+from hetpipe_jax.run.config import check_seed  # noqa: F401  (the scripts' seed check: the package's)
 from hetpipe_jax.runtime.launch import child_environment
 
 # Every script's trace check and progress lines (absl INFO on stderr; stdout keeps the results):
@@ -48,7 +49,6 @@ Main = Callable[[list[str]], int | None]
 MIN_CPU_DEVICES = 8
 
 # Seeds go to numpy's default_rng (which takes no negative seed) and to jax.random.key (a C long).
-MAX_SEED = 2**63 - 1
 
 
 def entry(main: Main) -> Main:
@@ -157,18 +157,6 @@ def parse_cuts(text: str, num_vws: int) -> list[list[int]]:
                        "give one list for every virtual worker (e.g. --cuts=0,2,5) or one per virtual worker "
                        "separated by ';'")
   return cuts
-
-
-def check_seed(seed: int, flag: str = "seed") -> int:
-  """Returns ``seed`` if numpy and JAX both take it.
-
-  Raises:
-    ConfigError: naming the value and the range [0, 2**63 - 1].
-  """
-  if not 0 <= seed <= MAX_SEED:
-    raise config_error(f"--{flag}={seed}; a seed must be in [0, 2**63 - 1] (numpy's default_rng takes no "
-                       f"negative seed), e.g. --{flag}=0")
-  return seed
 
 
 def ensure_devices(count: int) -> None:

@@ -39,6 +39,20 @@ from hetpipe_jax.precision import check_precision
 from hetpipe_jax.runtime.ps import ON_NONFINITE
 from hetpipe_jax.sim.options import SimOptions
 
+MAX_SEED = 2**63 - 1  # numpy's default_rng takes no negative seed; jax.random.key a C long
+
+
+def check_seed(seed: int, flag: str = "seed") -> int:
+  """``seed`` if numpy and JAX both take it.
+
+  Raises:
+    ConfigError: naming the flag, the value and the range [0, 2**63 - 1].
+  """
+  if not 0 <= seed <= MAX_SEED:
+    raise ConfigError(f"--{flag}={seed}; a seed must be in [0, 2**63 - 1] (numpy's default_rng takes no negative "
+                      f"seed), e.g. --{flag}=0")
+  return seed
+
 
 def setting(default: Any, doc: str = "", flat: str | None = None) -> Any:
   """A field of :class:`RunConfig` or of one of its parts, declared once for the library and the CLI.
@@ -393,7 +407,7 @@ class RunConfig:
       raise ConfigError(f"waves={self.waves}; run at least 1 wave")
     if self.eval_every < 1:
       raise ConfigError(f"eval_every={self.eval_every}; evaluate every 1 or more global clock ticks")
-    if not 0 <= self.seed < 2**63:
+    if not 0 <= self.seed <= MAX_SEED:
       raise ConfigError(f"seed={self.seed}; use a seed in [0, 2**63 - 1]")
     check_precision(self.precision)
     self.wsp.validate()

@@ -12,24 +12,12 @@ from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.models import FULL_SIZE
 from hetpipe_jax.optim import OPTIMIZERS, make_ps_optimizer
 from hetpipe_jax.plan.allocation import parse_policy
+from hetpipe_jax.run.config import check_seed
 from hetpipe_jax.systems import BASE_LR_PER_32, LR_SCALINGS
 
 PEERS = ("horovod", "hetero_dp", "sync_pipeline", "local_sgd")
 TUNED_OBJECTIVES = ("time_to_accuracy", "throughput", "measured")
 TARGET_METRICS = ("accuracy", "loss")
-MAX_SEED = 2**63 - 1  # numpy's default_rng takes no negative seed; jax.random.key a C long
-
-
-def check_seed(seed: int, flag: str) -> int:
-  """``seed`` if numpy and JAX both take it.
-
-  Raises:
-    ConfigError: naming the flag, the value and the range.
-  """
-  if not 0 <= seed <= MAX_SEED:
-    raise ConfigError(f"--{flag}={seed}; a seed must be in [0, 2**63 - 1] (numpy's default_rng takes no negative "
-                      f"seed), e.g. --{flag}=0")
-  return seed
 
 
 @dataclasses.dataclass(frozen=True)
