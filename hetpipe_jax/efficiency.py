@@ -28,10 +28,18 @@ import os
 import sys
 from typing import Any
 
+import jax.numpy as jnp
+
+from hetpipe_jax.baselines.timeline import is_timeline, timeline_report
 from hetpipe_jax.cluster import Cluster, get_cluster
 from hetpipe_jax.core.breakdown import CATEGORIES, pushed_images, shares, time_breakdown
 from hetpipe_jax.core.trace import trace_cli
+from hetpipe_jax.cost.profile import full_size_profiles, profile_units
+from hetpipe_jax.data import load_dataset
 from hetpipe_jax.errors import ConfigError
+from hetpipe_jax.models import FULL_SIZE, get_model
+from hetpipe_jax.plan.costmodel import CostModel, ideal_images_per_sec
+from hetpipe_jax.plan.layout import Layout, VWLayout
 from hetpipe_jax.workdir import import_from_working_directory
 
 COLOURS = {"compute": "#4C72B0", "link": "#8172B2", "bubble": "#CCB974", "window": "#64B5CD", "gate": "#C44E52",
@@ -51,14 +59,8 @@ def trace_costs(meta: dict[str, Any], cluster: Cluster | None = None, model: str
   Raises:
     ConfigError: when the cluster or the model cannot be rebuilt (naming which).
   """
-  from hetpipe_jax.cost.profile import full_size_profiles, profile_units
-  from hetpipe_jax.models import FULL_SIZE
-  from hetpipe_jax.plan.layout import Layout, VWLayout
-
   cluster = cluster or get_cluster(meta["cluster"])
   batch = meta["batch_size"]
-  from hetpipe_jax import get_model, load_dataset
-
   name = meta.get("time_model") or meta["model"]
   if model is not None and not meta.get("time_model"):  # (a time_model times the tasks: the factory's is moot)
     built = get_model(model).name
@@ -70,8 +72,6 @@ def trace_costs(meta: dict[str, Any], cluster: Cluster | None = None, model: str
   if full:
     profiles = full_size_profiles(full[0], batch)
   else:  # a small model trained on a dataset: profile it as the run did
-    import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-
     dataset = load_dataset(meta["dataset"])
     profiles = profile_units(get_model(name, dataset.num_classes), jnp.asarray(dataset.x_train[:batch]))
   by_name = {g.name: g for g in cluster.gpus}
@@ -103,8 +103,6 @@ def efficiency_report(events: list[dict[str, Any]], time_scale: float | None = N
     with a cost model also ``vws`` (per virtual worker: images/s, its GPUs' ideal, efficiency) and the
     cluster's ``images_per_sec``, ``ideal_images_per_sec`` and ``efficiency``.
   """
-  from hetpipe_jax.plan.costmodel import CostModel, ideal_images_per_sec
-
   meta = events[0]
   if isinstance(cluster, str):
     cluster = get_cluster(cluster)
@@ -175,7 +173,6 @@ OPTIONS = ("cluster", "model")
 
 def main(argv: list[str]) -> int:
   """The command line (module docstring): exit 0 with the report, 2 with one line for bad input."""
-  from hetpipe_jax.baselines.timeline import is_timeline  # pylint: disable=g-import-not-at-top
   options: dict[str, str] = {}
   for arg in argv[1:]:
     if arg.startswith("--"):
@@ -193,7 +190,6 @@ def main(argv: list[str]) -> int:
 
 def _timeline(path: str) -> int:
   """A peer's timeline (:mod:`hetpipe_jax.baselines.timeline`): its breakdown, efficiency, chart and JSON."""
-  from hetpipe_jax.baselines.timeline import timeline_report  # pylint: disable=g-import-not-at-top
   with open(path, encoding="utf-8") as f:
     doc = json.load(f)
   report = timeline_report(doc)

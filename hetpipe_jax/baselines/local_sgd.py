@@ -19,12 +19,13 @@ from __future__ import annotations
 
 from hetpipe_jax.baselines.knobs import PeerKnobs
 from hetpipe_jax.baselines.sync import SyncJob, Worker
-from hetpipe_jax.baselines.sync_pipeline import BEST, POLICIES, best_of
+from hetpipe_jax.baselines.sync_pipeline import BEST, POLICIES, best_of, pipeline_plans
 from hetpipe_jax.cluster import Cluster
 from hetpipe_jax.cost.batch import BatchProfiles
 from hetpipe_jax.cost.context import DEFAULT_COSTS, CostContext
 from hetpipe_jax.cost.roofline import model_compute_seconds
 from hetpipe_jax.errors import ConfigError
+from hetpipe_jax.plan.allocation import horovod_gpus
 
 
 class NoGpuHoldsModel(ConfigError):
@@ -48,7 +49,6 @@ def local_sgd_job(cluster: Cluster, profiles: BatchProfiles, batch_size: int, kn
     return best_of(POLICIES, lambda policy: local_sgd_job(cluster, profiles, batch_size,
                                                            knobs._replace(policy=policy), costs))
   if knobs.local_workers == "gpu":
-    from hetpipe_jax.plan.allocation import horovod_gpus  # pylint: disable=g-import-not-at-top
     gpus = horovod_gpus(cluster, profiles.at(batch_size), costs)
     if not gpus:
       raise NoGpuHoldsModel("local_sgd: no GPU holds the whole model; use --local_workers=vw (or auto) or "
@@ -56,7 +56,6 @@ def local_sgd_job(cluster: Cluster, profiles: BatchProfiles, batch_size: int, kn
     shapes = [((g,), (0, num_units), batch_size, 1, 1) for g in gpus]
     speeds = [1 / model_compute_seconds(profiles.at(batch_size), g.type, costs.precision) for g in gpus]
   else:
-    from hetpipe_jax.baselines.sync_pipeline import pipeline_plans  # pylint: disable=g-import-not-at-top
     plans = pipeline_plans(cluster, profiles, batch_size, knobs.policy, costs)
     shapes = [(tuple(p.gpus), tuple(p.cuts), p.in_flight * batch_size, p.in_flight, p.in_flight) for p in plans]
     speeds = [p.throughput / p.in_flight for p in plans]  # local steps per second

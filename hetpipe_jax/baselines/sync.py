@@ -46,6 +46,7 @@ from hetpipe_jax.cost.batch import BatchProfiles
 from hetpipe_jax.cost.context import CostContext
 from hetpipe_jax.cost.roofline import unit_seconds
 from hetpipe_jax.errors import ConfigError, ProtocolError
+from hetpipe_jax.plan.allocation import horovod_gpus
 from hetpipe_jax.precision import byte_scale
 from hetpipe_jax.sim.network import Simulator
 
@@ -161,7 +162,6 @@ def equal_batch_job(system: str, cluster: Cluster, profiles: BatchProfiles, batc
   Raises:
     ConfigError: when no GPU holds the model.
   """
-  from hetpipe_jax.plan.allocation import horovod_gpus  # pylint: disable=g-import-not-at-top
   gpus = horovod_gpus(cluster, profiles.at(batch_size), costs)
   num_units = len(profiles.low)
   return SyncJob(system, cluster, tuple(Worker((g,), (0, num_units), batch_size) for g in gpus), profiles,

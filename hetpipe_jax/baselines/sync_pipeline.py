@@ -22,11 +22,12 @@ from __future__ import annotations
 import dataclasses
 
 from hetpipe_jax.baselines.knobs import PeerKnobs
-from hetpipe_jax.baselines.sync import SyncJob, Worker
+from hetpipe_jax.baselines.sync import SyncJob, Worker, simulate_sync
 from hetpipe_jax.cluster import Cluster
 from hetpipe_jax.cost.batch import BatchProfiles
 from hetpipe_jax.cost.context import DEFAULT_COSTS, CostContext
 from hetpipe_jax.errors import ConfigError
+from hetpipe_jax.plan.allocation import parse_policy, plan_cluster
 
 BEST, POLICIES = "best", ("NP", "ED", "HD")  # knobs.policy="best": the fastest of these
 
@@ -37,7 +38,6 @@ def best_of(policies: tuple[str, ...], build) -> SyncJob:
   Raises:
     ConfigError: when none can run (the last one's reason).
   """
-  from hetpipe_jax.baselines.sync import simulate_sync  # pylint: disable=g-import-not-at-top
   best, error = None, None
   for policy in policies:
     try:
@@ -75,7 +75,6 @@ def pipeline_plans(cluster: Cluster, profiles: BatchProfiles, batch_size: int, p
   """The planner's virtual workers for ``policy`` (see the module docstring), charged the memory of a
   pipeline that flushes before it updates: every microbatch of a round uses the same weights, so no weight
   version is stashed (``weight_mode="latest"``'s charge; the microbatches' activations are)."""
-  from hetpipe_jax.plan.allocation import parse_policy, plan_cluster  # pylint: disable=g-import-not-at-top
   return plan_cluster(cluster, list(profiles.at(batch_size)), parse_policy(policy), "default", "max_fit", None,
                       costs._replace(weight_mode="latest")).vws
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -131,7 +132,6 @@ def timeline_report(doc: dict[str, Any]) -> dict[str, Any]:
 
 def is_timeline(path: str) -> bool:
   """Whether ``path`` holds a timeline (JSON whose ``format`` is :data:`FORMAT`) rather than a trace."""
-  import json  # pylint: disable=g-import-not-at-top
   if not path.endswith(".json"):
     return False
   try:

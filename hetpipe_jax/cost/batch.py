@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from hetpipe_jax.cost.profile import full_size_profiles
 from hetpipe_jax.cost.unit import UnitProfile
 from hetpipe_jax.errors import ConfigError
 
@@ -47,7 +48,6 @@ class BatchProfiles:
   @classmethod
   def full_size(cls, name: str, batch_size: int, seq_len: int | None = None) -> BatchProfiles:
     """A full-size model's (:data:`hetpipe_jax.models.FULL_SIZE`) at ``batch_size`` and twice it."""
-    from hetpipe_jax.cost.profile import full_size_profiles  # pylint: disable=g-import-not-at-top
     return cls(tuple(full_size_profiles(name, batch_size, seq_len=seq_len)),
                tuple(full_size_profiles(name, 2 * batch_size, seq_len=seq_len)), batch_size, 2 * batch_size)
 

@@ -19,6 +19,7 @@ virtual workers leave, or stops the job itself, saying why); once process 0 has 
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import os
 import shutil
@@ -115,7 +116,6 @@ def die_with_launcher() -> None:
   if not launcher:
     return
   try:
-    import ctypes
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
   except OSError:
     return  # not Linux: the launcher's own clean-up still kills its children on every normal exit

@@ -19,6 +19,8 @@ import string
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from hetpipe_jax.errors import ProtocolError
 
 COMMAND_KEY = "cmd/{channel}/{seq}"  # a command, posted by process 0
@@ -131,7 +133,6 @@ def encode(ops: Mapping[str, Op], op: str, width: int, tail: Sequence[int] = (),
   Raises:
     ProtocolError: for an operation the table lacks, fields other than its own, or more than ``width``.
   """
-  import numpy as np  # (only the decentralised runtime encodes)
 
   spec = ops.get(op)
   if spec is None:

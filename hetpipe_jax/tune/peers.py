@@ -26,11 +26,17 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
+import jax
+import jax.numpy as jnp
+
 from hetpipe_jax.baselines.knobs import PeerKnobs
 from hetpipe_jax.cluster import Cluster
 from hetpipe_jax.cost.batch import BatchProfiles
 from hetpipe_jax.cost.context import DEFAULT_COSTS, CostContext
+from hetpipe_jax.cost.profile import profile_units
+from hetpipe_jax.data import load_dataset
 from hetpipe_jax.errors import ConfigError
+from hetpipe_jax.models import FULL_SIZE, get_model
 from hetpipe_jax.plan.allocation import POLICIES
 from hetpipe_jax.systems import get_system
 
@@ -170,7 +176,6 @@ def system_of(doc: Mapping[str, Any]) -> str:
 def tuner_profiles(model: str, dataset: str, batch_size: int) -> BatchProfiles:
   """The model's unit profiles as the tuner (``experiments.tune``) reads them, at ``batch_size`` and twice it:
   a full-size model's on its input, a small model's on ``dataset``'s inputs."""
-  from hetpipe_jax.models import FULL_SIZE  # pylint: disable=g-import-not-at-top
   if model in FULL_SIZE:
     return BatchProfiles.full_size(model, batch_size)
   return BatchProfiles(tuple(small_profiles(model, dataset, batch_size)),
@@ -179,11 +184,7 @@ def tuner_profiles(model: str, dataset: str, batch_size: int) -> BatchProfiles:
 
 def small_profiles(model: str, dataset: str, batch_size: int) -> list:
   """A small model's unit profiles on ``dataset``'s inputs at ``batch_size``."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
-  from hetpipe_jax import get_model, load_dataset  # pylint: disable=g-import-not-at-top
-  from hetpipe_jax.cost.profile import profile_units  # pylint: disable=g-import-not-at-top
   data = load_dataset(dataset)
   return profile_units(get_model(model, data.num_classes),
                        jax.ShapeDtypeStruct((batch_size,) + data.x_train.shape[1:], jnp.float32))
