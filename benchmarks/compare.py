@@ -155,7 +155,8 @@ def save(path: str, root: str, results: dict, rounds: int) -> None:
   print(f"saved the working tree's timings to {path}")
 
 
-def main(argv: list[str] | None = None) -> int:
+def make_parser() -> argparse.ArgumentParser:
+  """The command line (module docstring)."""
   parser = argparse.ArgumentParser(prog="benchmarks/compare.sh", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("ref", nargs="?", help="git ref to compare against (default HEAD; none with --baseline)")
@@ -170,6 +171,21 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--timeout", type=float, default=900, help="seconds one suite run may take (default 900)")
   parser.add_argument("--fail", action="store_true", help="exit 1 when a ratio is above the threshold")
   parser.add_argument("--keep", action="store_true", help="keep the temporary directory (logs, JSON per run)")
+  return parser
+
+
+def read_baseline(path: str) -> tuple[dict, str]:
+  """(the timings, their label) of a saved baseline (:func:`save`), with a note on how far to trust them."""
+  with open(path, encoding="utf-8") as f:
+    base = json.load(f)
+  print(f"note: the baseline was recorded {base['created']} on {base['machine']['node']}, not side by side: "
+        "trust its ratios only on the same machine under the same load")
+  label = f"baseline {base['commit'][:7]}{'+' if base.get('dirty') else ''}"
+  return {**base["benchmarks"], "_skipped": {}, "_failed": {}}, label
+
+
+def main(argv: list[str] | None = None) -> int:
+  parser = make_parser()
   args = parser.parse_args(argv)
   if args.baseline and (args.ref or args.ref_tree):
     parser.error("give a ref or --baseline, not both")
@@ -202,12 +218,7 @@ def main(argv: list[str] | None = None) -> int:
       save(args.save, root, work, args.rounds)
     theirs = aggregate(runs["ref"]) if ref_tree else None
     if args.baseline:
-      with open(args.baseline, encoding="utf-8") as f:
-        base = json.load(f)
-      theirs = {**base["benchmarks"], "_skipped": {}, "_failed": {}}
-      ref_label = f"baseline {base['commit'][:7]}{'+' if base.get('dirty') else ''}"
-      print(f"note: the baseline was recorded {base['created']} on {base['machine']['node']}, not side by side: "
-            "trust its ratios only on the same machine under the same load")
+      theirs, ref_label = read_baseline(args.baseline)
     slower = report(ref_label, theirs, work, args.stat, args.threshold, work_label)
     failed = work["_failed"] or (theirs or {}).get("_failed")
     return 2 if failed else (1 if args.fail and slower else 0)

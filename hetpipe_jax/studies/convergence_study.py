@@ -27,6 +27,7 @@ from hetpipe_jax.studies.convergence_config import ConvergenceConfig
 from hetpipe_jax.studies.convergence_target import Target
 from hetpipe_jax.systems import HetPipe, SystemSpec, simulate_systems
 from hetpipe_jax.systems.hetpipe import HetPipeSetting
+from hetpipe_jax.systems.runs import without_type
 
 HETPIPE, HETPIPE_OUTER = HetPipe.name, "hetpipe_outer"  # HetPipe's learning-rate systems (without, with the outer)
 Progress = Callable[[str], None]
@@ -154,8 +155,8 @@ def make_study(config: ConvergenceConfig, progress: Progress) -> Study:
   sim_model, sim_data = (full_size_model(time_model), FULL_SIZE[time_model]) if time_model else (model, dataset)
   knobs = config.knobs._replace(microbatches=config.knobs.microbatches or cluster.num_gpus)
   costs = CostContext(optimizer_slots=optimizer_slots(config.optimizer))
-  peers = simulate_systems(config.systems, cluster, profiles, b, costs, knobs, config.whimpy,
-                           time_model or model.name, progress)
+  peers = simulate_systems(config.systems, without_type(cluster, config.whimpy) if config.whimpy else cluster,
+                           profiles, b, costs, knobs, time_model or model.name, progress)
   policies, not_run = plannable(config, units, costs, model.num_units)
   not_run.update({p.system.name: str(p.reason) for p in peers if p.run is None})
   return Study(config, model, dataset, units, time_axis, base, policies, sim_model, sim_data, peers, knobs,

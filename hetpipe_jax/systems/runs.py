@@ -74,9 +74,9 @@ def without_type(cluster: Cluster, exclude: str) -> Cluster:
 
 
 def simulate_systems(names: Sequence[str], cluster: Cluster, profiles: BatchProfiles, batch_size: int,
-                     costs: CostContext, knobs: PeerKnobs, exclude: str = "", model: str = "",
+                     costs: CostContext, knobs: PeerKnobs, model: str = "",
                      progress: Progress | None = None) -> list[SystemSpec]:
-  """Every system of ``names`` simulated on ``cluster`` (without the GPUs of type ``exclude``).
+  """Every system of ``names`` simulated on ``cluster`` (:func:`without_type` leaves a GPU type out).
 
   Returns:
     One spec per system, in order; a system the cluster cannot run (no GPU holds the model, ...) with its
@@ -86,7 +86,6 @@ def simulate_systems(names: Sequence[str], cluster: Cluster, profiles: BatchProf
     ConfigError: for an unknown system.
   """
   say = progress or (lambda _: None)
-  cluster = without_type(cluster, exclude) if exclude else cluster
   specs = []
   for system in map(get_system, names):
     try:
