@@ -78,8 +78,11 @@ from hetpipe_jax.studies.convergence_tuned import TunedChoice
 from hetpipe_jax.systems import BASE_LR_PER_32, LR_SCALINGS
 
 FLAGS = flags.FLAGS
+# The run settings the study takes (experiments.run_flags), at its defaults: the MLP (its gradient is cheap enough
+# for every configuration over seeds), the paper's testbed, plain SGD.
 run_flags.define(["model", "dataset", "cluster", "batch_size", "optimizer"],
                  overrides={"model": "mlp", "cluster": "paper_testbed", "optimizer": "sgd"})
+flags.adopt_module_key_flags(run_flags)  # --help lists them
 flags.DEFINE_list("policies", ["NP", "ED", "HD"], "HetPipe allocation policies (NP, ED, HD or groupings).")
 flags.DEFINE_list("ds", ["0"], "Clock distance bounds D of the HetPipe policy runs.")
 flags.DEFINE_string("nm", "max_fit", "HetPipe Nm: max_fit, best or a number.")
