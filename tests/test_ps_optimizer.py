@@ -2,7 +2,6 @@
 the sign of its step (Nesterov with lr 1 and momentum 0 is the plain add, bit for bit, end to end), pushes by
 hand (averaging, Delayed Nesterov), and runs with it that the WSP checker accepts."""
 
-import dataclasses
 
 import jax
 import jax.numpy as jnp
