@@ -59,3 +59,13 @@ def test_a_small_ablation_counts_examples_to_target_and_shares_the_base_run():
   assert single[0].examples_to_target == single[1].examples_to_target  # one virtual worker: avg is add
   assert all(p.examples_to_target is not None for p in result.points)
   assert result.to_json()["points"][0]["factor"] == "vws"
+
+
+@pytest.mark.slow
+def test_a_run_that_diverges_is_a_miss_not_the_end_of_the_ablation():
+  config = AblationConfig(get_cluster("hetero4"), dataset="digits", epochs=1.0, lrs=(1e6, 0.1), target_accuracy=0.5,
+                          eval_examples=200, base_vws=2, base_nm=2, vws=(2,), nms=(2,), ds=(0,), rules=("add",))
+  result = run_ablation(config)
+  diverged = [r for r in result.runs if r.lr == 1e6]
+  assert len(diverged) == 1 and diverged[0].diverged and diverged[0].examples_to_target is None
+  assert all(p.best_lr == 0.1 and p.examples_to_target is not None for p in result.points)

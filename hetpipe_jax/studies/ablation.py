@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 from hetpipe_jax.api import run_hetpipe
 from hetpipe_jax.cluster import Cluster
 from hetpipe_jax.data import Dataset, load_dataset
-from hetpipe_jax.errors import ConfigError
+from hetpipe_jax.errors import ConfigError, RunStopped
 from hetpipe_jax.models import get_model
 from hetpipe_jax.models.base import LayeredModel
 from hetpipe_jax.run.config import RunConfig, check_seed
@@ -107,7 +107,8 @@ class AblationConfig:
 
 class AblationRun(NamedTuple):
   """One run: its point (N, Nm, D), rule, learning rate and seed; examples to the target (None: missed), the
-  final smoothed accuracy, the mean staleness of its trace, and its curve."""
+  final smoothed accuracy, the mean staleness of its trace, and its curve; ``diverged``: a pushed update was not
+  finite and the run stopped there (a miss, its curve up to then)."""
 
   vws: int
   nm: int
@@ -119,6 +120,7 @@ class AblationRun(NamedTuple):
   final_smoothed_accuracy: float
   mean_staleness: float
   curve: Curve
+  diverged: bool = False
 
 
 class AblationPoint(NamedTuple):
@@ -176,8 +178,12 @@ class _Runner:
                           waves=max(1, math.ceil(total / per_wave)), batch_size=c.batch_size, optimizer=c.optimizer,
                           learning_rate=lr, seed=seed, ps_optimizer=rule,
                           eval_every=max(1, round(c.eval_examples / (per_wave * c.batch_size))))
-    result = run_hetpipe(self.model, self.dataset, config)
     what = f"N={vws} Nm={nm} D={d} {rule} lr={lr:g} seed {seed}"
+    try:
+      result = run_hetpipe(self.model, self.dataset, config)
+    except RunStopped as e:
+      self.say(f"{what}: diverged ({e})")
+      return AblationRun(vws, nm, d, rule, lr, seed, None, 0.0, 0.0, [], diverged=True)
     require_wsp(result.events, what)
     curve = hetpipe_curve(result.metrics, [nm] * vws)
     examples = self.target.images_to(curve, c.target_accuracy, c.batch_size) if curve else None
