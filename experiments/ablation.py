@@ -108,17 +108,22 @@ def report(result: AblationResult) -> None:
 
 
 def plot(result: AblationResult, path: str) -> None:
-  """Examples to target against each factor (log x), one line per rule; a missed point is left out."""
+  """Examples to target against each factor (log x), one line per rule; a point that missed the target is an x
+  on the line of the run's budget (it needs more examples than every run sees)."""
   plt = common.pyplot()
   fig, axes = plt.subplots(1, len(FACTORS), figsize=(5 * len(FACTORS), 4))
   labels = {"vws": "virtual workers N", "nm": "wave length Nm", "d": "clock distance bound D"}
   for ax, factor in zip(axes, FACTORS, strict=True):
     for rule in result.config.rules:
-      points = [p for p in result.points if p.factor == factor and p.rule == rule and p.examples_to_target]
-      ax.plot([p.value for p in points], [p.examples_to_target for p in points], "o-", label=rule)
+      points = [p for p in result.points if p.factor == factor and p.rule == rule]
+      reached = [p for p in points if p.examples_to_target is not None]
+      line, = ax.plot([p.value for p in reached], [p.examples_to_target for p in reached], "o-", label=rule)
+      missed = [p.value for p in points if p.examples_to_target is None]
+      ax.plot(missed, [result.budget] * len(missed), "x", color=line.get_color(), ms=9)
+    ax.axhline(result.budget, color="grey", lw=0.8, ls=":", label="every run's examples (x: missed)")
     ax.set(xlabel=labels[factor], ylabel="examples to target (best learning rate)", xscale="symlog")
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=7)
   c = result.config
   fig.suptitle(f"{c.model} on {result.dataset}, target {c.target_accuracy:g}; {c.cluster.name}", fontsize=9)
   common.save_figure(fig, path)

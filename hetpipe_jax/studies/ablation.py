@@ -140,17 +140,19 @@ class AblationPoint(NamedTuple):
 
 
 class AblationResult(NamedTuple):
-  """The ablation: its settings, every run and every point at its best learning rate."""
+  """The ablation: its settings, the dataset's name, every run, every point at its best learning rate, and the
+  examples every run sees (a point that misses the target needs more than that)."""
 
   config: AblationConfig
   dataset: str
   runs: list[AblationRun]
   points: list[AblationPoint]
+  budget: float = 0.0
 
   def to_json(self) -> dict[str, Any]:
     c = self.config
     setting = {k: v for k, v in dataclasses.asdict(c).items() if k != "cluster"}
-    return {**setting, "cluster": c.cluster.name, "dataset_name": self.dataset,
+    return {**setting, "cluster": c.cluster.name, "dataset_name": self.dataset, "budget": self.budget,
             "points": [p._asdict() for p in self.points],
             "runs": [{**r._asdict(), "curve": [list(p) for p in r.curve]} for r in self.runs]}
 
@@ -223,4 +225,5 @@ def run_ablation(config: AblationConfig, progress: Progress | None = None) -> Ab
     for rule in config.rules:
       runs = [runner.run(vws, nm, d, rule, lr, seed) for lr in config.lrs for seed in config.seeds]
       points.append(best_point(factor, value, runs))
-  return AblationResult(config, runner.dataset.name, list(runner.runs.values()), points)
+  budget = config.epochs * len(runner.dataset.x_train)
+  return AblationResult(config, runner.dataset.name, list(runner.runs.values()), points, budget)
