@@ -140,13 +140,15 @@ class _Stopped(Exception):
 
 
 @pytest.mark.slow
-def test_a_stopped_run_with_optimizer_state_resumes_bit_identical(tmp_path, monkeypatch):
-  """Momentum on every stage and momentum on the parameter server: a resume must restore both optimizer
-  states (SGD has none, so a resume that re-initialised them would pass the SGD tests)."""
+@pytest.mark.parametrize("ps_rule", [dict(ps_tx=optax.trace(decay=0.5)),
+                                     dict(ps_optimizer="delayed_nesterov:lr=0.8,momentum=0.9")])
+def test_a_stopped_run_with_optimizer_state_resumes_bit_identical(tmp_path, monkeypatch, ps_rule):
+  """Momentum on every stage and momentum on the parameter server (a rule of one's own; Delayed Nesterov, whose
+  state is its momentum, the round's buffer and its count): a resume must restore both optimizer states (SGD
+  has none, so a resume that re-initialised them would pass the SGD tests)."""
   model, data = get_model("mlp"), synthetic()
   config = lambda out, **kw: _config(out, executor="virtual", cluster="hetero4", stages=2, nm=(2, 1), waves=8,
-                                     tx=optax.sgd(0.02, momentum=0.9), ps_tx=optax.trace(decay=0.5),
-                                     checkpoint_every=2, **kw)
+                                     tx=optax.sgd(0.02, momentum=0.9), checkpoint_every=2, **ps_rule, **kw)
   (tmp_path / "whole").mkdir()
   (tmp_path / "stopped").mkdir()
   whole = run_hetpipe(model, data, config(tmp_path / "whole"))

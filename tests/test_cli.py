@@ -71,6 +71,8 @@ def test_one_cuts_list_serves_every_virtual_worker_and_sets_the_stages(tmp_path)
     ("experiments.plan", ["--optimizer=lion"], r"unknown optimizer 'lion'; choose one of sgd, momentum, adam"),
     ("experiments.throughput", ["--optimizer=lion"], r"unknown optimizer 'lion'"),
     ("experiments.validate_sim", ["--waves=0"], r"waves=0; run at least 1 wave"),
+    ("experiments.ablation", ["--base=4,4"], r"--base=4,4; give N,Nm,D, e.g. 4,4,0"),
+    ("experiments.ablation", ["--lrs=0.1,fast"], r"--lrs=0.1,fast; give numbers"),
 ])
 @pytest.mark.slow
 def test_every_script_reports_a_bad_configuration_in_one_line(module, args, message):

@@ -4,6 +4,7 @@ reused at a larger D; the clock scaled to the sim executor), and a small study r
 :func:`~hetpipe_jax.studies.convergence.run_convergence`."""
 
 import json
+import types
 
 import pytest
 from absl import flags
@@ -13,6 +14,7 @@ from experiments import convergence as script
 from experiments.common import batch_profiles
 from hetpipe_jax import ConfigError, RunConfig, get_cluster, get_model, synthetic
 from hetpipe_jax.studies.convergence import ConvergenceConfig, run_convergence
+from hetpipe_jax.studies.convergence_study import Study
 from hetpipe_jax.systems import TrainSetting
 from hetpipe_jax.systems.hetpipe import HetPipe, HetPipeSetting, Trainer, WaveRun, training_of
 
@@ -125,3 +127,14 @@ def test_a_small_study_runs_through_run_convergence():
   assert "outcome" not in doc["runs"][0] and "perplexity_curve" not in doc["runs"][0]  # an image model
   assert {"time_to_target_s", "final_smoothed_accuracy", "mean_staleness"} <= set(doc["runs"][1])
   assert ("staleness_model" in doc) != ("staleness_note" in doc)
+
+
+@pytest.mark.parametrize("outer, spec", [
+    ("nesterov:lr=0.8,momentum=0.9", "nesterov:lr=0.2,momentum=0.9"),  # DiLoCo's rate per round, over N per push
+    ("add", "add"),
+    ("avg:lr=0.8", "avg:lr=0.8"),  # the rules of a round divide by N themselves
+    ("delayed_nesterov:lr=0.8,momentum=0.9", "delayed_nesterov:lr=0.8,momentum=0.9"),
+])
+def test_the_outer_rows_rule_takes_its_rate_per_push_once(outer, spec):
+  study = types.SimpleNamespace(config=ConvergenceConfig(MINI, outer=outer))
+  assert Study.outer_spec(study, 4) == spec

@@ -47,17 +47,20 @@ def test_four_processes_train_with_pipelines_across_nodes(tmp_path):
 
 
 @pytest.mark.slow
-def test_one_vw_across_two_processes_is_plain_sgd(tmp_path):
-  """Nm = 1, D = 0, one virtual worker whose 2 stages sit in 2 processes: the same losses as in one process."""
+@pytest.mark.parametrize("ps_optimizer", ["add", "delayed_nesterov:lr=0.8,momentum=0.9"])
+def test_one_vw_across_two_processes_is_plain_sgd(tmp_path, ps_optimizer):
+  """Nm = 1, D = 0, one virtual worker whose 2 stages sit in 2 processes: the same losses as in one process, with
+  the plain add at the parameter server and with a rule whose state each shard owner keeps (Delayed Nesterov's
+  momentum, buffer and count, its round of N = 1 push resolved from the run)."""
   flags = ("--num_vws=1", "--stages=2", "--nm=1", "--d=0", "--waves=12", "--batch_size=32", "--seed=3")
-  proc = train(tmp_path, f"--cluster={TWO_NODES}", *flags)
+  proc = train(tmp_path, f"--cluster={TWO_NODES}", *flags, f"--ps_optimizer={ps_optimizer}")
   assert proc.returncode == 0, proc.stderr[-3000:]
   events = read_trace(str(tmp_path / "trace.jsonl"))
   assert_trace_ok(events)
   rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   single = run_hetpipe(get_model("mlp"), synthetic(), RunConfig.of(
       cluster="uniform8", num_vws=1, stages=2, nm=1, d=0, waves=12, batch_size=32, seed=3,
-      cuts=[events[0]["cuts"][0]]))
+      cuts=[events[0]["cuts"][0]], ps_optimizer=ps_optimizer))
   np.testing.assert_allclose([r["train_loss"] for r in rows], [r["train_loss"] for r in single.metrics],
                              rtol=1e-5)
   assert rows[-1]["train_loss"] < rows[0]["train_loss"]

@@ -58,10 +58,43 @@ def _outer_nesterov(lr, momentum):
   return optax.chain(optax.scale(-1.0), optax.sgd(lr, momentum=momentum, nesterov=True))
 
 
-# The PS rules every case runs with: name -> (RunConfig fields, the replay's rule built here from optax).
+def _round_nesterov(lr, beta, n):
+  """Async Local-SGD's Delayed Nesterov as the replay's PS rule, from the paper's Algorithm 2 (c = 0) on the outer
+  gradient g = -U: the pushes of a round summed; at the round's last push m <- beta m + sum / n and the step
+  -lr (beta m + g / n), else the step -lr g / n."""
+
+  def init(params):
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    return jnp.zeros([], jnp.int32), zeros, zeros
+
+  def update(updates, state, params=None):
+    k, m, total = state
+    g = jax.tree.map(jnp.negative, updates)
+    total = jax.tree.map(jnp.add, total, g)
+
+    def close(m, total):
+      m = jax.tree.map(lambda m, t: beta * m + t / n, m, total)
+      return jax.tree.map(lambda m, g: -lr * (beta * m + g / n), m, g), m, jax.tree.map(jnp.zeros_like, total)
+
+    def keep(m, total):
+      return jax.tree.map(lambda g: -lr * g / n, g), m, total
+
+    step, m, total = jax.lax.cond((k + 1) % n == 0, close, keep, m, total)
+    return step, (k + 1, m, total)
+
+  return optax.GradientTransformation(init, update)
+
+
+# The PS rules the cases run with: name -> (RunConfig fields, the replay's rule for N virtual workers built here
+# from optax and the papers, never from hetpipe_jax.optim).
 PS_RULES = {
-    "identity": ({}, optax.identity),
-    "nesterov": ({"ps_optimizer": "nesterov:lr=0.7,momentum=0.9"}, lambda: _outer_nesterov(0.7, 0.9)),
+    "identity": ({}, lambda n: optax.identity()),
+    "nesterov": ({"ps_optimizer": "nesterov:lr=0.7,momentum=0.9"}, lambda n: _outer_nesterov(0.7, 0.9)),
+}
+ROUND_RULES = {  # the rules of a round of N pushes, on the cases of asynchrony (D >= 1)
+    "avg": ({"ps_optimizer": "avg:lr=0.9"}, lambda n: optax.scale(0.9 / n)),
+    "delayed_nesterov": ({"ps_optimizer": "delayed_nesterov:lr=0.8,momentum=0.9"},
+                         lambda n: _round_nesterov(0.8, 0.9, n)),
 }
 
 _PROGRAMS = {}  # (first, last, dtype) -> jitted (forward, vjp) of the stage function
@@ -311,15 +344,15 @@ def _case(name, rule="identity"):
   session)."""
   if (name, rule) not in _RESULTS:
     config = CASES[name]
-    fields, ps_tx = PS_RULES[rule]
+    fields, ps_tx = {**PS_RULES, **ROUND_RULES}[rule]
     result = _run(**config, **fields)
     _RESULTS[(name, rule)] = result, replay(result.events, result.init_params, config.get("optimizer", "sgd"),
-                                            config.get("learning_rate", LR), ps_tx=ps_tx())
+                                            config.get("learning_rate", LR), ps_tx=ps_tx(config["num_vws"]))
   return _RESULTS[(name, rule)]
 
 
-@pytest.mark.parametrize("rule", list(PS_RULES))
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name, rule", [(name, rule) for name in CASES for rule in PS_RULES]
+                         + [("stash-adam-d1", rule) for rule in ROUND_RULES])
 def test_oracle_recomputes_the_engines_weights(name, rule):
   result, oracle = _case(name, rule)
   # The run exercised what the oracle checks: every wave pushed, pulls that add open accumulators back on
@@ -411,7 +444,7 @@ def _bf16_case(name):
   result = _run(**config, **fields, precision="bf16")
   assert result.events[0]["precision"] == "bf16"
   return result, replay(result.events, result.init_params, config.get("optimizer", "sgd"),
-                        config.get("learning_rate", LR), ps_tx=ps_tx(), precision="bf16")
+                        config.get("learning_rate", LR), ps_tx=ps_tx(config["num_vws"]), precision="bf16")
 
 
 @pytest.mark.parametrize("name", list(BF16_CASES))

@@ -1,8 +1,7 @@
 """The parameter server's outer optimizer (``ps_optimizer``, ``--ps_optimizer``): its specs and their errors,
-the sign of its step (Nesterov with lr 1 and momentum 0 is the plain add, bit for bit, end to end), two pushes
-by hand, and runs with it that the WSP checker accepts."""
+the sign of its step (Nesterov with lr 1 and momentum 0 is the plain add, bit for bit, end to end), pushes by
+hand (averaging, Delayed Nesterov), and runs with it that the WSP checker accepts."""
 
-import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -29,12 +28,14 @@ SMALL = dict(cluster="hetero4", num_vws=2, stages=(2, 1), nm=(2, 3), d=1, waves=
     ("nesterov", PSOptimizer("nesterov", 0.7, 0.9), "nesterov:lr=0.7,momentum=0.9"),
     ("nesterov:momentum=0.5, lr=2", PSOptimizer("nesterov", 2.0, 0.5), "nesterov:lr=2.0,momentum=0.5"),
     ("momentum:lr=0.1,momentum=0", PSOptimizer("momentum", 0.1, 0.0), "momentum:lr=0.1,momentum=0.0"),
+    ("avg", PSOptimizer("avg", 1.0), "avg:lr=1.0"),
+    ("delayed_nesterov:lr=0.5", PSOptimizer("delayed_nesterov", 0.5, 0.9), "delayed_nesterov:lr=0.5,momentum=0.9"),
 ])
 def test_specs_parse_to_their_canonical_form(spec, parsed, canonical):
   assert parse_ps_optimizer(spec) == parsed and str(parsed) == canonical
   assert parse_ps_optimizer(canonical) == parsed
   assert make_ps_optimizer(spec) is make_ps_optimizer(canonical)  # one object per spec: configs compare equal
-  assert parsed.slots == (parsed.name in ("momentum", "nesterov"))
+  assert parsed.slots == {"momentum": 1, "nesterov": 1, "delayed_nesterov": 2}.get(parsed.name, 0)
   assert (make_ps_optimizer(spec) is None) == (parsed.name == "add")
 
 
@@ -62,24 +63,28 @@ def test_a_bad_spec_is_one_line_naming_it(spec, message):
 
 
 def test_the_config_resolves_the_spec_into_the_servers_apply_rule():
-  assert RunConfig().optim.ps_tx is None and RunConfig().optim.ps_spec == "add"
+  assert RunConfig().optim.server_rule(3) is None and RunConfig().optim.ps_spec == "add"
   config = RunConfig.of(ps_optimizer="nesterov")
   config.validate()
   assert config.optim.ps_spec == "nesterov:lr=0.7,momentum=0.9"
-  assert config.optim.ps_tx == make_ps_optimizer("nesterov")  # what the executors pass
-  assert config == RunConfig.of(ps_optimizer="nesterov")  # one rule per spec
-  # A copy with another spec builds its own rule: the built one is not taken for a given ps_tx.
+  assert config.optim.server_rule(2) is make_ps_optimizer("nesterov")  # what the executors pass
+  assert config.optim.ps_tx is None  # no rule of one's own
+  assert config == RunConfig.of(ps_optimizer="nesterov")
   assert config.replace(ps_optimizer="add") == RunConfig()
-  assert config.replace(ps_optimizer="sgd:lr=2").optim.ps_tx == make_ps_optimizer("sgd:lr=2")
-  assert dataclasses.replace(config.optim, ps_optimizer="add").ps_tx is None
+  assert config.replace(ps_optimizer="sgd:lr=2").optim.server_rule(2) is make_ps_optimizer("sgd:lr=2")
+  # A rule of N virtual workers is built for the run's N.
+  avg = RunConfig.of(ps_optimizer="avg").optim
+  assert avg.server_rule(4) is make_ps_optimizer("avg", 4) and avg.server_rule(4) is not avg.server_rule(2)
   # A given ps_tx is kept with the default spec, and refused with another one.
   given = optax.trace(decay=0.5)
-  assert RunConfig.of(ps_tx=given).optim.ps_tx is given
+  assert RunConfig.of(ps_tx=given).optim.server_rule(2) is given
   with pytest.raises(ConfigError, match=r"^ps_tx and ps_optimizer='sgd:lr=2' both set the parameter server's apply "
                                         r"rule; drop one of them"):
     RunConfig.of(ps_tx=given, ps_optimizer="sgd:lr=2").validate()
   with pytest.raises(ConfigError, match=r"ps_optimizer='nesterov:lr=0'"):  # refused before anything runs
     run_hetpipe(MODEL, DATA, RunConfig.of(**SMALL, ps_optimizer="nesterov:lr=0"))
+  with pytest.raises(ConfigError, match=r"^num_vws=0; the parameter server's rule needs at least 1 virtual worker"):
+    make_ps_optimizer("avg", 0)
 
 
 # --- the step at the parameter server ---------------------------------------------------------------------
@@ -145,6 +150,36 @@ def test_nesterov_is_optax_sgd_with_nesterov_momentum_on_the_outer_gradient():
     np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
+def _scalar_pushes(tx, deltas):
+  """What ``tx`` adds to a scalar weight for each of ``deltas`` pushed in turn."""
+  state, out = tx.init(jnp.zeros([])), []
+  for delta in deltas:
+    step, state = tx.update(jnp.asarray(delta, jnp.float32), state)
+    out.append(float(step))
+  return out
+
+
+def test_averaging_scales_each_push_by_lr_over_n():
+  np.testing.assert_allclose(_scalar_pushes(make_ps_optimizer("avg", 4), [2.0, -8.0]), [0.5, -2.0])
+  np.testing.assert_allclose(_scalar_pushes(make_ps_optimizer("avg:lr=0.5", 2), [2.0, -8.0]), [0.5, -2.0])
+
+
+def test_delayed_nesterov_steps_its_momentum_once_per_round_of_n_pushes_as_computed_by_hand():
+  """N = 2, lr 1, momentum 0.5, pushes 2, 4, 6, 8: push 1 adds 2/2 = 1 (buffer 2); push 2 closes the round:
+  m = 0.5 x 0 + (2 + 4)/2 = 3, adds 4/2 + 0.5 x 3 = 3.5; push 3 adds 6/2 = 3 (buffer 6); push 4: m = 0.5 x 3 +
+  (6 + 8)/2 = 8.5, adds 8/2 + 0.5 x 8.5 = 8.25 (Liu et al. 2024, Algorithm 2, c = 0)."""
+  tx = make_ps_optimizer("delayed_nesterov:lr=1,momentum=0.5", 2)
+  np.testing.assert_allclose(_scalar_pushes(tx, [2.0, 4.0, 6.0, 8.0]), [1.0, 3.5, 3.0, 8.25])
+  tx = make_ps_optimizer("delayed_nesterov:lr=0.1,momentum=0.5", 2)
+  np.testing.assert_allclose(_scalar_pushes(tx, [2.0, 4.0, 6.0, 8.0]), [0.1, 0.35, 0.3, 0.825], rtol=1e-6)
+
+
+def test_delayed_nesterov_of_a_round_of_one_push_is_nesterov():
+  deltas = [0.3, -1.2, 2.5, 0.7, -0.4]
+  np.testing.assert_allclose(_scalar_pushes(make_ps_optimizer("delayed_nesterov:lr=0.7,momentum=0.9", 1), deltas),
+                             _scalar_pushes(make_ps_optimizer("nesterov:lr=0.7,momentum=0.9"), deltas), rtol=1e-6)
+
+
 # --- runs -------------------------------------------------------------------------------------------------
 
 _RUNS = {}
@@ -195,3 +230,14 @@ def test_the_sim_executor_accepts_the_flag_and_its_timing_does_not_change():
   plain, outer = _run(executor="sim"), _run(executor="sim", ps_optimizer="nesterov")
   assert outer.seconds == plain.seconds
   assert outer.events[1:] == plain.events[1:]
+
+
+@pytest.mark.parametrize("spec", ["avg:lr=0.9", "delayed_nesterov:lr=0.8,momentum=0.9"])
+def test_the_rules_of_a_round_run_under_the_checker_and_change_only_the_numbers(spec):
+  plain, outer = _run(), _run(ps_optimizer=spec)
+  assert outer.events[0]["ps_optimizer"] == str(parse_ps_optimizer(spec))
+  assert outer.events[1:] == plain.events[1:]
+  diff = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+             for a, b in zip(jax.tree.leaves(outer.params), jax.tree.leaves(plain.params), strict=True))
+  assert diff > 1e-4
+  assert all(np.isfinite(r["train_loss"]) for r in outer.metrics)

@@ -21,7 +21,6 @@ metadata): :func:`settings` lists them, and ``experiments/run_flags.py`` makes o
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from collections.abc import Collection, Sequence
 from typing import Any, NamedTuple
@@ -154,33 +153,18 @@ class WSPSpec:
     _known("schedule", self.schedule, SCHEDULES)
 
 
-class _FromSpec(optax.GradientTransformation):
-  """The parameter server's apply rule that :class:`OptimizerSpec` built from its ``ps_optimizer`` (not one
-  given as ``ps_tx``): a copy of the spec with another ``ps_optimizer`` builds its own again."""
-
-  __slots__ = ()
-
-  def __repr__(self) -> str:
-    return "<built from ps_optimizer>"
-
-
-@functools.cache
-def _ps_rule(spec: str) -> _FromSpec | None:
-  tx = make_ps_optimizer(spec)
-  return None if tx is None else _FromSpec(*tx)
-
-
 @dataclasses.dataclass(frozen=True)
 class OptimizerSpec:
   """Attributes:
     name / learning_rate: the local optimizer of every stage (sgd, momentum, adam), unless ``tx``.
     tx: the stages' local optimizer as an optax transformation (overrides ``name``).
-    ps_tx: the parameter server's apply rule (default: add each pushed wave as is); given, an optax
-      transformation of the pushed summed update; else what ``ps_optimizer`` builds (read it here: the
-      executors pass ``ps_tx`` to the server).
+    ps_tx: a parameter server's apply rule of your own, an optax transformation of the pushed summed update
+      (None: the one ``ps_optimizer`` names). The executors pass :meth:`server_rule` to the server.
     ps_optimizer: the parameter server's outer optimizer by spec (:func:`hetpipe_jax.optim.parse_ps_optimizer`):
       ``add`` (default: W <- W + the wave's summed update), ``sgd:lr=..``, ``momentum:lr=..,momentum=..``,
-      ``nesterov:lr=0.7,momentum=0.9`` (DiLoCo's outer step on the outer gradient -delta). Not with ``ps_tx``.
+      ``nesterov:lr=0.7,momentum=0.9`` (DiLoCo's outer step on the outer gradient -delta), ``avg:lr=..`` (each
+      push scaled by lr / N), ``delayed_nesterov:lr=..,momentum=..`` (one Nesterov step per N pushes, Async
+      Local-SGD's); N the run's virtual workers. Not with ``ps_tx``.
     on_nonfinite: a pushed wave update with NaN or Inf is refused before it touches the global weights:
       "stop" ends the run (:class:`~hetpipe_jax.errors.NonFiniteUpdate`, naming VW, wave, stage, unit and
       the last good global clock); "skip" drops that wave's update and goes on (the trace's push event
@@ -196,16 +180,9 @@ class OptimizerSpec:
       "clock) or skip (drop that wave's update, note it in the trace, go on).")
   ps_optimizer: str = setting(
       "add", "The parameter server's outer optimizer on each pushed wave's summed update delta: add (default: W += "
-      "delta), sgd:lr=X, momentum:lr=X,momentum=M, or nesterov:lr=0.7,momentum=0.9 (DiLoCo's outer Nesterov step "
-      "on -delta; no effect on the sim executor, which has no numerics).")
-
-  def __post_init__(self):
-    if self.ps_tx is None or isinstance(self.ps_tx, _FromSpec):  # not given: built from ps_optimizer
-      try:
-        rule = _ps_rule(self.ps_optimizer)
-      except (ConfigError, TypeError):  # a bad spec (or an unhashable one): validate() says what is wrong
-        rule = None
-      object.__setattr__(self, "ps_tx", rule)
+      "delta), sgd:lr=X, momentum:lr=X,momentum=M, nesterov:lr=0.7,momentum=0.9 (DiLoCo's outer Nesterov step "
+      "on -delta), avg:lr=X (W += X delta / N, N virtual workers), delayed_nesterov:lr=0.7,momentum=0.9 (one "
+      "Nesterov step per N pushes: Async Local-SGD); no effect on the sim executor, which has no numerics.")
 
   @property
   def ps_spec(self) -> str:
@@ -216,9 +193,14 @@ class OptimizerSpec:
     """
     return str(parse_ps_optimizer(self.ps_optimizer))
 
+  def server_rule(self, num_vws: int) -> optax.GradientTransformation | None:
+    """The parameter server's apply rule for ``num_vws`` virtual workers: ``ps_tx`` if given, else what
+    ``ps_optimizer`` names (None: add as is)."""
+    return self.ps_tx if self.ps_tx is not None else make_ps_optimizer(self.ps_optimizer, num_vws)
+
   def validate(self) -> None:
     _known("on_nonfinite", self.on_nonfinite, ON_NONFINITE)
-    if self.ps_spec != "add" and self.ps_tx is not None and not isinstance(self.ps_tx, _FromSpec):
+    if self.ps_spec != "add" and self.ps_tx is not None:
       raise ConfigError(f"ps_tx and ps_optimizer={self.ps_optimizer!r} both set the parameter server's apply rule; "
                         "drop one of them (ps_optimizer='add' keeps the given ps_tx)")
     if self.tx is not None:

@@ -66,7 +66,7 @@ def identity(setup: Setup, meta: dict[str, Any]) -> dict[str, Any]:
   return {**{k: v for k, v in meta.items() if k not in ("ev", "version")},
           "optimizer": opt.name, "learning_rate": opt.learning_rate, "waves": c.waves, "eval_every": c.eval_every,
           "drop_remainder": c.drop_remainder, "on_nonfinite": opt.on_nonfinite, "rejoin": c.faults.rejoin,
-          "custom_tx": opt.tx is not None or (opt.ps_tx is not None and opt.ps_spec == "add")}
+          "custom_tx": opt.tx is not None or opt.ps_tx is not None}
 
 
 class _Checkpoints:

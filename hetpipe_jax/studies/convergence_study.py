@@ -19,7 +19,7 @@ from hetpipe_jax.data import Dataset, load_dataset
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.models import FULL_SIZE, full_size_input, full_size_model, get_model
 from hetpipe_jax.models.base import LayeredModel
-from hetpipe_jax.optim import optimizer_slots, parse_ps_optimizer
+from hetpipe_jax.optim import BY_ROUND, optimizer_slots, parse_ps_optimizer
 from hetpipe_jax.plan.allocation import parse_policy, plan_cluster
 from hetpipe_jax.plan.costmodel import ideal_images_per_sec
 from hetpipe_jax.run.config import RunConfig
@@ -126,9 +126,12 @@ class Study:
   def outer_spec(self, num_vws: int) -> str:
     """The outer optimizer for a configuration of ``num_vws`` virtual workers: its learning rate is DiLoCo's, one
     step on the mean of the workers' changes per round; every push of WSP takes its own step, so the server's
-    rate per push is that over ``num_vws``."""
+    rate per push is that over ``num_vws`` (a rule of a round of N pushes, ``avg`` or ``delayed_nesterov``, divides
+    by N itself)."""
     parsed = parse_ps_optimizer(self.config.outer)
-    return str(parsed._replace(lr=parsed.lr / num_vws)) if parsed.name != "add" else str(parsed)
+    if parsed.name == "add" or parsed.name in BY_ROUND:
+      return str(parsed)
+    return str(parsed._replace(lr=parsed.lr / num_vws))
 
 
 def time_profiles(config: ConvergenceConfig, model: LayeredModel, dataset: Dataset) -> BatchProfiles:
