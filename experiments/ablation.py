@@ -40,18 +40,6 @@ flags.DEFINE_list("rules", list(RULES), "The parameter server's rules compared: 
 flags.DEFINE_string("out_dir", "outputs/ablation", "Where the JSON, CSV and plot go.")
 
 
-def parse_floats(flag: str, values: list[str]) -> tuple[float, ...]:
-  """A list flag of numbers.
-
-  Raises:
-    ConfigError: naming the flag and the value that is not a number.
-  """
-  try:
-    return tuple(float(v) for v in values)
-  except ValueError:
-    raise common.config_error(f"--{flag}={','.join(values)}; give numbers, e.g. 0.01,0.02,0.04") from None
-
-
 def flags_to_config() -> AblationConfig:
   """The ablation's configuration from the flags (a bad value refused in one line)."""
   base = common.parse_ints("base", FLAGS.base)
@@ -60,8 +48,9 @@ def flags_to_config() -> AblationConfig:
   return AblationConfig(
       get_cluster(FLAGS.cluster), model=FLAGS.model, dataset=FLAGS.dataset, batch_size=FLAGS.batch_size,
       optimizer=FLAGS.optimizer, epochs=FLAGS.epochs, seeds=tuple(common.parse_ints("seeds", FLAGS.seeds)),
-      lrs=parse_floats("lrs", FLAGS.lrs), target_accuracy=FLAGS.target_accuracy, smooth=FLAGS.smooth,
-      eval_examples=FLAGS.eval_examples, base_vws=base[0], base_nm=base[1], base_d=base[2],
+      lrs=common.parse_floats("lrs", FLAGS.lrs, "numbers, e.g. 0.01,0.02,0.04"),
+      target_accuracy=FLAGS.target_accuracy, smooth=FLAGS.smooth, eval_examples=FLAGS.eval_examples,
+      base_vws=base[0], base_nm=base[1], base_d=base[2],
       vws=tuple(common.parse_ints("vws", FLAGS.vws)), nms=tuple(common.parse_ints("nms", FLAGS.nms)),
       ds=tuple(common.parse_ints("ds", FLAGS.ds)), rules=tuple(FLAGS.rules))
 

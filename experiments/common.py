@@ -114,6 +114,18 @@ def parse_ints(flag: str, values: Sequence[str]) -> list[int]:
                        f"--{flag}=2,4") from None
 
 
+def parse_floats(flag: str, values: Sequence[str], give: str) -> tuple[float, ...]:
+  """The numbers of a list flag, e.g. ``--lrs=0.01,0.02`` -> (0.01, 0.02).
+
+  Raises:
+    ConfigError: ``--FLAG=VALUES; give GIVE`` when one of them is not a number.
+  """
+  try:
+    return tuple(float(v) for v in values)
+  except ValueError:
+    raise config_error(f"--{flag}={','.join(values)}; give {give}") from None
+
+
 TRANSFERS = {"serial": False, "overlap": True}  # stage-to-stage inputs received in series, or overlapped
 PS_TRANSFERS = {"whole": False, "staged": True}  # a virtual worker's push and pull as one, or per stage
 

@@ -68,7 +68,7 @@ import numpy as np
 from absl import flags
 
 from experiments import common, peer_flags, run_flags
-from hetpipe_jax import ConfigError, get_cluster
+from hetpipe_jax import get_cluster
 from hetpipe_jax.studies.convergence import ConvergenceConfig, ConvergenceResult, run_convergence
 from hetpipe_jax.studies.convergence_config import PEERS, TUNED_OBJECTIVES
 from hetpipe_jax.studies.convergence_runs import ConvergenceRun
@@ -134,18 +134,6 @@ CSV_HEADER = ["name", "system", "seed", "d", "time_s", "minibatches", "epochs", 
               "test_loss", "test_perplexity"]
 
 
-def parse_grid(values: list[str]) -> tuple[float, ...]:
-  """--lr_grid as numbers.
-
-  Raises:
-    ConfigError: for a value that is not a number.
-  """
-  try:
-    return tuple(float(x) for x in values)
-  except ValueError:
-    raise ConfigError(f"--lr_grid={','.join(values)}; give one or more factors > 0, e.g. 0.5,1,2") from None
-
-
 def flags_to_config() -> ConvergenceConfig:
   """The study's configuration from the flags (--full applied; a bad value refused in one line)."""
   def full_or_given(name: str) -> Any:  # --full's value where it is on and the flag is not given
@@ -153,7 +141,7 @@ def flags_to_config() -> ConvergenceConfig:
 
   seeds = tuple(common.parse_ints("seeds", full_or_given("seeds")))
   ds = tuple(common.parse_ints("ds", FLAGS.ds))
-  grid = parse_grid(FLAGS.lr_grid)
+  grid = common.parse_floats("lr_grid", FLAGS.lr_grid, "one or more factors > 0, e.g. 0.5,1,2")
   return ConvergenceConfig(
       get_cluster(FLAGS.cluster), model=FLAGS.model, dataset=FLAGS.dataset, time_model=FLAGS.time_model,
       policies=tuple(FLAGS.policies), ds=ds, nm=common.parse_nm(FLAGS.nm), tuned=FLAGS.tuned,
