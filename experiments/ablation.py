@@ -36,7 +36,9 @@ flags.DEFINE_list("base", [str(_DEFAULTS.base_vws), str(_DEFAULTS.base_nm), str(
 flags.DEFINE_list("vws", list(map(str, _DEFAULTS.vws)), "Virtual workers N of the N sweep (one GPU each).")
 flags.DEFINE_list("nms", list(map(str, _DEFAULTS.nms)), "Wave lengths Nm of the Nm sweep.")
 flags.DEFINE_list("ds", list(map(str, _DEFAULTS.ds)), "Clock distance bounds D of the D sweep.")
-flags.DEFINE_list("rules", list(RULES), "The parameter server's rules compared: add (summed), avg (x 1/N).")
+flags.DEFINE_string("rules", ";".join(RULES), "The rules compared, separated by ';': --ps_optimizer specs (add: "
+                    "summed; avg: x its share; delayed_nesterov; heloco; keys as in --ps_optimizer), or local_sgd"
+                    "[:lr=0.7,momentum=0.9] (synchronous local SGD at the point: N workers of H = Nm steps).")
 flags.DEFINE_string("out_dir", "outputs/ablation", "Where the JSON, CSV and plot go.")
 
 
@@ -52,7 +54,7 @@ def flags_to_config() -> AblationConfig:
       target_accuracy=FLAGS.target_accuracy, smooth=FLAGS.smooth, eval_examples=FLAGS.eval_examples,
       base_vws=base[0], base_nm=base[1], base_d=base[2],
       vws=tuple(common.parse_ints("vws", FLAGS.vws)), nms=tuple(common.parse_ints("nms", FLAGS.nms)),
-      ds=tuple(common.parse_ints("ds", FLAGS.ds)), rules=tuple(FLAGS.rules))
+      ds=tuple(common.parse_ints("ds", FLAGS.ds)), rules=tuple(r.strip() for r in FLAGS.rules.split(";") if r.strip()))
 
 
 def main(argv):

@@ -14,13 +14,14 @@ is built here from its spec too::
   make_ps_optimizer("nesterov:lr=0.7,momentum=0.9")    # DiLoCo's outer Nesterov step on -delta
   make_ps_optimizer("avg", num_vws=4)                  # W <- W + delta / 4: each push scaled by 1/N
   make_ps_optimizer("delayed_nesterov", num_vws=4)     # one Nesterov step per 4 pushes (Async Local-SGD)
+  make_ps_optimizer("heloco", num_vws=4)               # averaged, stale pushes turned toward the momentum
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -78,19 +79,29 @@ PS_OPTIMIZERS: dict[str, dict[str, float]] = {
     "sgd": {"lr": 1.0},                        # W <- W + lr x delta
     "momentum": {"lr": 0.7, "momentum": 0.9},  # heavy ball on -delta
     "nesterov": {"lr": 0.7, "momentum": 0.9},  # Nesterov momentum on -delta: DiLoCo's outer step
-    "avg": {"lr": 1.0},                        # W <- W + lr x delta / N: the pushes averaged
-    "delayed_nesterov": {"lr": 0.7, "momentum": 0.9},  # one Nesterov step per N pushes (Async Local-SGD)
+    "avg": {"lr": 1.0, "share": 1.0},          # W <- W + lr x delta x (its share of a round's examples)
+    "delayed_nesterov": {"lr": 0.7, "momentum": 0.9, "share": 1.0},  # one Nesterov step per N pushes (Async Local-SGD)
+    # averaged pushes, each block of a stale one turned toward the outer momentum's direction (HeLoCo)
+    "heloco": {"lr": 1.0, "momentum": 0.9, "share": 1.0, "keep": 0.5, "shrink": 1.0, "cap": 1.0, "turn": 0.5,
+               "kappa": 1.0},
 }
 PS_OPTIMIZER_EXAMPLE = "nesterov:lr=0.7,momentum=0.9"
-BY_ROUND = ("avg", "delayed_nesterov")  # the rules whose step depends on N
+BY_ROUND = ("avg", "delayed_nesterov", "heloco")  # the rules whose step depends on N (and on each push's share)
 
 
 class PSOptimizer(NamedTuple):
-  """A parsed ``--ps_optimizer`` spec: its name and its keys (``momentum`` is 0 where the name has none)."""
+  """A parsed ``--ps_optimizer`` spec: its name and its keys (``momentum`` is 0 where the name has none;
+  ``share`` 1: a push weighs its virtual worker's share of a round's examples, 0: 1 / N each)."""
 
   name: str
   lr: float = 1.0
   momentum: float = 0.0
+  share: float = 1.0
+  keep: float = 0.5  # HeLoCo's knobs (:func:`heloco`)
+  shrink: float = 1.0
+  cap: float = 1.0
+  turn: float = 0.5
+  kappa: float = 1.0
 
   def __str__(self) -> str:
     """The canonical spec (what the trace's meta line records): ``add``, ``sgd:lr=0.5``, ..."""
@@ -101,7 +112,7 @@ class PSOptimizer(NamedTuple):
   def slots(self) -> int:
     """Parameter-sized arrays of state the parameter server keeps for it (the momentum's trace; Delayed
     Nesterov's buffer of the round's pushes too)."""
-    return 2 if self.name == "delayed_nesterov" else int("momentum" in PS_OPTIMIZERS[self.name])
+    return 2 if self.name == "delayed_nesterov" else int("momentum" in PS_OPTIMIZERS[self.name])  # (HeLoCo: 1)
 
 
 def parse_ps_optimizer(spec: str) -> PSOptimizer:
@@ -139,6 +150,15 @@ def parse_ps_optimizer(spec: str) -> PSOptimizer:
   if "momentum" in keys and not 0 <= parsed.momentum < 1:
     raise ConfigError(f"ps_optimizer={spec!r}: momentum={parsed.momentum}; the outer momentum must be in [0, 1) "
                       "(DiLoCo uses 0.9)")
+  for key in ("keep", "shrink", "cap", "turn", "kappa"):
+    limits = (-1.0, 1.0) if key == "keep" else (0.0, math.inf)
+    value = getattr(parsed, key)
+    if key in keys and not (math.isfinite(value) and limits[0] <= value <= limits[1]):
+      raise ConfigError(f"ps_optimizer={spec!r}: {key}={value}; HeLoCo's {key} must be a finite number in "
+                        f"[{limits[0]:g}, {limits[1]:g}] (default {keys[key]:g})")
+  if "share" in keys and parsed.share not in (0.0, 1.0):
+    raise ConfigError(f"ps_optimizer={spec!r}: share={parsed.share}; give share=1 (each push weighs its virtual "
+                      "worker's share of a round's examples, the default) or share=0 (each push 1 / N)")
   return parsed
 
 
@@ -150,70 +170,184 @@ class DelayedNesterovState(NamedTuple):
   buffer: Any
 
 
-def delayed_nesterov(lr: float, momentum: float, every: int) -> optax.GradientTransformation:
+def _share_of(shares: tuple[float, ...] | None, every: int, vw: Any) -> Any:
+  """A push's weight: its virtual worker's entry of ``shares``, or 1 / ``every`` without shares."""
+  return 1.0 / every if shares is None else jnp.asarray(shares, jnp.float32)[vw]
+
+
+def weighted_average(lr: float, num_vws: int, shares: tuple[float, ...] | None = None
+                     ) -> optax.GradientTransformationExtraArgs:
+  """Averaged pushes, as Async Local-SGD scales them (Liu et al. 2024, "Asynchronous Local-SGD Training for Language
+  Modeling", arXiv 2401.09135, section 3): ``W <- W + lr x s_i x delta`` for a push of virtual worker i (the
+  extra argument ``vw``), ``s_i`` its share of a round's examples (``shares``; None: 1 / ``num_vws`` for every
+  push, ``optax.scale(lr / num_vws)`` exactly). With waves of equal examples the shares are 1 / N, and N pushes
+  move the weights as far as one synchronous round of averaged local SGD; with waves sized to speed a push counts
+  as many examples as it carries (FedAvg's weighting, McMahan et al. 2017)."""
+  if shares is None:
+    return optax.with_extra_args_support(optax.scale(lr / num_vws))
+
+  def update(updates, state, params=None, *, vw=0, **extra):
+    del params, extra
+    w = lr * _share_of(shares, num_vws, vw)
+    return jax.tree.map(lambda u: u * w.astype(u.dtype), updates), state
+
+  return optax.GradientTransformationExtraArgs(lambda params: optax.EmptyState(), update)
+
+
+def delayed_nesterov(lr: float, momentum: float, every: int, shares: tuple[float, ...] | None = None
+                     ) -> optax.GradientTransformationExtraArgs:
   """Delayed Nesterov, the outer step of Async Local-SGD (Liu et al. 2024, "Asynchronous Local-SGD Training for
   Language Modeling", arXiv 2401.09135, Algorithm 2 with c = 0), on pushed updates delta (outer gradient -delta).
 
-  Every push adds ``lr x delta / every`` at once; the pushes are also summed in a buffer, and every ``every``-th
-  push (one round of ``every`` virtual workers) the momentum takes one step on the buffer's mean and its
-  Nesterov term is added too::
+  A push of virtual worker i (the extra argument ``vw``) weighs s_i, its share of a round's examples (``shares``;
+  None: 1 / ``every`` each). It adds ``lr x s_i x delta`` at once; the weighted pushes are also summed in a buffer,
+  and every ``every``-th push (one round: ``every`` pushes) the momentum takes one step on the buffer (the round's
+  weighted mean) and its Nesterov term is added too::
 
-    b <- b + delta
-    push k % every != 0:  W <- W + lr x delta / every
-    push k % every == 0:  m <- momentum x m + b / every;  W <- W + lr x (delta / every + momentum x m);  b <- 0
+    b <- b + s_i delta
+    push k % every != 0:  W <- W + lr x s_i delta
+    push k % every == 0:  m <- momentum x m + b;  W <- W + lr x (s_i delta + momentum x m);  b <- 0
 
   So momentum moves once per round, never on each stale push, which is what breaks plain Nesterov under
-  asynchrony; with ``every`` = 1 it is Nesterov momentum (``nesterov`` here) exactly.
+  asynchrony; with ``every`` = 1 it is Nesterov momentum (``nesterov`` here) exactly. Without shares the buffer
+  sums the raw pushes and is divided by ``every`` at the step (the same sum in exact arithmetic).
   """
 
   def init(params):  # (two trees of zeros, not one twice: the server donates the state's buffers)
     return DelayedNesterovState(jnp.zeros([], jnp.int32), jax.tree.map(jnp.zeros_like, params),
                                 jax.tree.map(jnp.zeros_like, params))
 
-  def update(updates, state, params=None):
-    del params
+  def update(updates, state, params=None, *, vw=0, **extra):
+    del params, extra
     count = state.count + 1
     step = count % every == 0
-    buffer = jax.tree.map(jnp.add, state.buffer, updates)
-    m = jax.tree.map(lambda m, b: jnp.where(step, momentum * m + b / every, m), state.momentum, buffer)
-    out = jax.tree.map(lambda u, m: lr * (u / every + jnp.where(step, momentum * m, jnp.zeros_like(m))), updates, m)
+    if shares is None:  # (the raw sum, divided once: the rule as first built, bit for bit)
+      weighted, added, mean = (lambda u: u / every), (lambda u: u), (lambda b: b / every)
+    else:
+      w = _share_of(shares, every, vw)
+      weighted = added = lambda u: u * w.astype(u.dtype)
+      mean = lambda b: b
+    buffer = jax.tree.map(lambda b, u: b + added(u), state.buffer, updates)
+    m = jax.tree.map(lambda m, b: jnp.where(step, momentum * m + mean(b), m), state.momentum, buffer)
+    out = jax.tree.map(lambda u, m: lr * (weighted(u) + jnp.where(step, momentum * m, jnp.zeros_like(m))), updates, m)
     buffer = jax.tree.map(lambda b: jnp.where(step, jnp.zeros_like(b), b), buffer)
     return out, DelayedNesterovState(count, m, buffer)
 
-  return optax.GradientTransformation(init, update)
+  return optax.GradientTransformationExtraArgs(init, update)
+
+
+class HeLoCoState(NamedTuple):
+  """HeLoCo's state: the outer momentum (an exponential mean of the corrected, weighted pushes)."""
+
+  momentum: Any
+
+
+def _turn_block(u: Any, m: Any, spec: PSOptimizer) -> Any:
+  """One tensor block ``u`` of a push, corrected against the outer momentum's block ``m`` (:func:`heloco`)."""
+  eps = 1e-12
+  nu, nm = jnp.linalg.norm(u.ravel()), jnp.linalg.norm(m.ravel())
+  v = m / jnp.maximum(nm, eps)  # the momentum's direction
+  cos = jnp.vdot(u.ravel(), v.ravel()) / jnp.maximum(nu, eps)
+  conf = nu / (nu + spec.kappa * nm + eps)
+  beta = jnp.minimum(spec.shrink * -cos * conf, spec.cap)
+  shrunk = u - beta * cos * nu * v  # a fraction beta of its projection on -v removed
+  lam = jnp.minimum(spec.turn * (1 - cos) * conf, 1.0)
+  turned = (1 - lam) * u / jnp.maximum(nu, eps) + lam * v  # its direction moved toward v; its norm kept
+  turned = nu * turned / jnp.maximum(jnp.linalg.norm(turned.ravel()), eps)
+  corrected = jnp.where(cos < 0, shrunk, turned)
+  return jnp.where((nm <= eps) | (nu <= eps) | (cos >= spec.keep), u, corrected).astype(u.dtype)
+
+
+def heloco(spec: PSOptimizer, num_vws: int, shares: tuple[float, ...] | None = None
+           ) -> optax.GradientTransformationExtraArgs:
+  """HeLoCo's direction-aware correction of stale pushes (Asif et al. 2026, "HeLoCo: Efficient asynchronous
+  low-communication training under data and device heterogeneity", arXiv 2606.00271), on pushed updates delta.
+
+  The outer momentum m is the reference for the current direction. Per tensor block b (a leaf of the update), with
+  c the cosine between delta_b and m_b, conf = |delta_b| / (|delta_b| + kappa |m_b|), v = m_b / |m_b|:
+  c >= ``keep``: kept; c < 0 (against the momentum): ``delta_b - beta c |delta_b| v`` with beta = min(``shrink``
+  x -c x conf, ``cap``); 0 <= c < ``keep``: its direction turned toward v by lam = min(``turn`` x (1 - c) x conf,
+  1), its norm kept. A block passes unchanged while the momentum is zero (the first push). Then, with the push's
+  weight s_i (its virtual worker's share of a round's examples, ``shares``; None: 1 / N) and G = s_i x the
+  corrected push::
+
+    m <- momentum x m + (1 - momentum) x G;   W <- W + lr x (G + momentum x m)
+
+  The update is written from the method's published description; its defaults (keep 0.5, shrink 1, cap 1,
+  turn 0.5, kappa 1) are this project's choices, as the values the paper uses were not available to us.
+  """
+
+  def init(params):
+    return HeLoCoState(jax.tree.map(jnp.zeros_like, params))
+
+  def update(updates, state, params=None, *, vw=0, **extra):
+    del params, extra
+    w = _share_of(shares, num_vws, vw)
+    g = jax.tree.map(lambda u, m: _turn_block(u, m, spec) * jnp.asarray(w, u.dtype), updates, state.momentum)
+    m = jax.tree.map(lambda m, g: spec.momentum * m + (1 - spec.momentum) * g, state.momentum, g)
+    return jax.tree.map(lambda g, m: spec.lr * (g + spec.momentum * m), g, m), HeLoCoState(m)
+
+  return optax.GradientTransformationExtraArgs(init, update)
+
+
+def push_shares(wave_examples: Sequence[int]) -> tuple[float, ...] | None:
+  """Each virtual worker's share of a round's examples (one wave each), from the examples its wave carries; None
+  when all are equal (every share 1 / N).
+
+  Raises:
+    ConfigError: for a count < 1.
+  """
+  if any(n < 1 for n in wave_examples):
+    raise ConfigError(f"wave_examples={list(wave_examples)}; every virtual worker's wave carries >= 1 example")
+  total = sum(wave_examples)
+  return None if len(set(wave_examples)) <= 1 else tuple(n / total for n in wave_examples)
 
 
 @functools.cache
-def _ps_transformation(spec: PSOptimizer, num_vws: int) -> optax.GradientTransformation | None:
+def _ps_transformation(spec: PSOptimizer, num_vws: int, shares: tuple[float, ...] | None
+                       ) -> optax.GradientTransformation | None:
   if spec.name == "add":
     return None
+  shares = shares if spec.share else None
   if spec.name == "avg":
-    return optax.scale(spec.lr / num_vws)
+    return weighted_average(spec.lr, num_vws, shares)
   if spec.name == "delayed_nesterov":
-    return delayed_nesterov(spec.lr, spec.momentum, num_vws)
+    return delayed_nesterov(spec.lr, spec.momentum, num_vws, shares)
+  if spec.name == "heloco":
+    return heloco(spec, num_vws, shares)
   scale = optax.scale(spec.lr)
   if spec.name == "sgd":
     return scale
   return optax.chain(optax.trace(decay=spec.momentum, nesterov=spec.name == "nesterov"), scale)
 
 
-def make_ps_optimizer(spec: str | PSOptimizer, num_vws: int = 1) -> optax.GradientTransformation | None:
+def make_ps_optimizer(spec: str | PSOptimizer, num_vws: int = 1, wave_examples: Sequence[int] | None = None
+                      ) -> optax.GradientTransformation | None:
   """The parameter server's apply rule of a ``--ps_optimizer`` spec (:func:`parse_ps_optimizer`) for ``num_vws``
-  virtual workers; None for ``add`` (the server's default, ``optax.identity()``: bit-identical to the runs
-  before the flag).
+  virtual workers whose waves carry ``wave_examples`` examples each (None: the same for all); None for ``add``
+  (the server's default, ``optax.identity()``: bit-identical to the runs before the flag).
 
   The transformation takes the pushed wave's summed update delta (its outer gradient is -delta) and returns
   what the server adds to the weights: ``sgd`` lr x delta; ``momentum`` lr x m_t with m_t = delta + momentum x
   m_{t-1}; ``nesterov`` lr x (delta + momentum x m_t), i.e. ``optax.chain(optax.trace(momentum, nesterov=True),
   optax.scale(lr))`` (= ``optax.sgd(lr, momentum, nesterov=True)`` on -delta, DiLoCo's outer step); ``avg``
-  lr x delta / N, each push scaled by 1/N as Async Local-SGD does (Liu et al. 2024), so N pushes move the
-  weights as far as one synchronous round of averaged local SGD; ``delayed_nesterov`` :func:`delayed_nesterov`
-  with a round of N pushes. One spec and N give one object (cached), so configs with the same spec compare equal.
+  :func:`weighted_average`, ``delayed_nesterov`` :func:`delayed_nesterov` with a round of N pushes, ``heloco``
+  :func:`heloco` (a stale push's blocks corrected against the outer momentum): all three weigh a push by its
+  virtual worker's share of a round's examples (``share=1``, the default; 1 / N with waves of equal examples) or
+  by 1 / N (``share=0``), and take the pushing virtual worker as the extra argument ``vw``
+  (``optax.GradientTransformationExtraArgs``; the server passes it to every rule). One spec, N and
+  ``wave_examples`` give one object (cached), so configs with the same spec compare equal.
 
   Raises:
-    ConfigError: for a bad spec (see :func:`parse_ps_optimizer`) or ``num_vws`` < 1.
+    ConfigError: for a bad spec (see :func:`parse_ps_optimizer`), ``num_vws`` < 1, or ``wave_examples`` not one
+      count >= 1 per virtual worker.
   """
   if num_vws < 1:
     raise ConfigError(f"num_vws={num_vws}; the parameter server's rule needs at least 1 virtual worker")
+  if wave_examples is not None and len(wave_examples) != num_vws:
+    raise ConfigError(f"wave_examples={list(wave_examples)} for {num_vws} virtual workers; give one count per "
+                      "virtual worker")
   parsed = spec if isinstance(spec, PSOptimizer) else parse_ps_optimizer(spec)
-  return _ps_transformation(parsed, num_vws if parsed.name in BY_ROUND else 1)
+  by_round = parsed.name in BY_ROUND
+  shares = push_shares(wave_examples) if by_round and wave_examples is not None else None
+  return _ps_transformation(parsed, num_vws if by_round else 1, shares)

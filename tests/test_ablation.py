@@ -5,7 +5,8 @@ ablation runs with every trace checked."""
 import pytest
 
 from hetpipe_jax import ConfigError, get_cluster
-from hetpipe_jax.studies.ablation import AblationConfig, AblationRun, best_point, run_ablation
+from hetpipe_jax.optim import PSOptimizer
+from hetpipe_jax.studies.ablation import AblationConfig, AblationRun, best_point, is_local, outer_of, run_ablation
 
 TESTBED = get_cluster("paper_testbed")
 
@@ -21,7 +22,9 @@ def test_each_sweep_varies_one_factor_around_the_base():
     ({"lrs": (0.1, 0.0)}, r"^--lrs=0.1,0.0; give one or more learning rates > 0$"),
     ({"vws": (1, 32)}, r"^--vws=1,32: 32 virtual workers of one GPU each need 32 GPUs and cluster 'paper_testbed' "
                        r"has 16; give smaller counts or a larger --cluster$"),
-    ({"rules": ("add", "sum")}, r"^--rules=add,sum; give among add, avg$"),
+    ({"rules": ("add", "sum")}, r"^--rules: ps_optimizer='sum': unknown optimizer 'sum'; choose one of add, .*; give "
+                                r"ps_optimizer specs or local_sgd\[:lr=X,momentum=M\], separated by ';'$"),
+    ({"rules": ("local_sgd:lr=0",)}, r"^--rules: ps_optimizer='nesterov:lr=0': lr=0.0; the outer learning rate"),
     ({"target_accuracy": 1.5}, r"^--target_accuracy=1.5; give in \(0, 1\]$"),
     ({"ds": (-1,)}, r"^--ds=-1; give bounds D >= 0$"),
 ])
@@ -32,6 +35,13 @@ def test_bad_settings_are_one_line(change, message):
 
 def _run(lr, seed, examples, final=0.8):
   return AblationRun(4, 4, 0, "add", lr, seed, examples, final, 0.0, [])
+
+
+def test_a_rule_is_a_ps_optimizer_spec_or_local_sgd_with_its_outer_step():
+  assert outer_of("delayed_nesterov:lr=0.5") == PSOptimizer("delayed_nesterov", 0.5, 0.9)
+  assert outer_of("local_sgd") == PSOptimizer("nesterov", 0.7, 0.9)  # DiLoCo's outer step by default
+  assert outer_of("local_sgd:lr=1,momentum=0") == PSOptimizer("nesterov", 1.0, 0.0)
+  assert is_local("local_sgd:lr=1") and not is_local("avg")
 
 
 def test_a_point_is_its_best_rate_among_those_every_seed_reached_the_target_with():
@@ -51,11 +61,15 @@ def test_a_point_no_rate_reached_is_reported_at_its_best_final_accuracy():
 @pytest.mark.slow
 def test_a_small_ablation_counts_examples_to_target_and_shares_the_base_run():
   config = AblationConfig(get_cluster("hetero4"), dataset="digits", epochs=2.0, lrs=(0.1,), target_accuracy=0.5,
-                          eval_examples=200, base_vws=2, base_nm=2, vws=(1, 2), nms=(2,), ds=(0,), rules=("add", "avg"))
+                          eval_examples=200, base_vws=2, base_nm=2, vws=(1, 2), nms=(2,), ds=(0, 1),
+                          rules=("add", "avg", "local_sgd"))
   result = run_ablation(config)
-  # 2 rules x the points N=1 and the base (N=2, Nm=2, D=0: in every sweep, trained once per rule)
-  assert len(result.runs) == 4 and len(result.points) == 8
-  single = [p for p in result.points if p.vws == 1]
+  # 3 rules x the points N=1, the base (N=2, Nm=2, D=0: in every sweep, trained once per rule) and D=1, which
+  # local SGD does not have (its D=1 point is its base run)
+  assert len(result.runs) == 8 and len(result.points) == 15
+  local = [p for p in result.points if p.rule == "local_sgd"]
+  assert {p.d for p in local} == {0} and all(p.examples_to_target is not None for p in local)
+  single = [p for p in result.points if p.vws == 1 and p.rule != "local_sgd"]
   assert single[0].examples_to_target == single[1].examples_to_target  # one virtual worker: avg is add
   assert all(p.examples_to_target is not None for p in result.points)
   assert result.to_json()["points"][0]["factor"] == "vws"

@@ -141,10 +141,12 @@ class _Stopped(Exception):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("ps_rule", [dict(ps_tx=optax.trace(decay=0.5)),
-                                     dict(ps_optimizer="delayed_nesterov:lr=0.8,momentum=0.9")])
+                                     dict(ps_optimizer="delayed_nesterov:lr=0.8,momentum=0.9"),
+                                     dict(ps_optimizer="heloco:lr=1.5,momentum=0.8")])
 def test_a_stopped_run_with_optimizer_state_resumes_bit_identical(tmp_path, monkeypatch, ps_rule):
   """Momentum on every stage and momentum on the parameter server (a rule of one's own; Delayed Nesterov, whose
-  state is its momentum, the round's buffer and its count): a resume must restore both optimizer states (SGD
+  state is its momentum, the round's buffer and its count; HeLoCo's momentum; both weigh the unequal waves' pushes by
+  their shares): a resume must restore both optimizer states (SGD
   has none, so a resume that re-initialised them would pass the SGD tests)."""
   model, data = get_model("mlp"), synthetic()
   config = lambda out, **kw: _config(out, executor="virtual", cluster="hetero4", stages=2, nm=(2, 1), waves=8,

@@ -47,7 +47,7 @@ def test_four_processes_train_with_pipelines_across_nodes(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("ps_optimizer", ["add", "delayed_nesterov:lr=0.8,momentum=0.9"])
+@pytest.mark.parametrize("ps_optimizer", ["add", "delayed_nesterov:lr=0.8,momentum=0.9", "heloco:lr=1.5,momentum=0.8"])
 def test_one_vw_across_two_processes_is_plain_sgd(tmp_path, ps_optimizer):
   """Nm = 1, D = 0, one virtual worker whose 2 stages sit in 2 processes: the same losses as in one process, with
   the plain add at the parameter server and with a rule whose state each shard owner keeps (Delayed Nesterov's

@@ -58,43 +58,86 @@ def _outer_nesterov(lr, momentum):
   return optax.chain(optax.scale(-1.0), optax.sgd(lr, momentum=momentum, nesterov=True))
 
 
-def _round_nesterov(lr, beta, n):
+def _shares(nms):
+  """Each virtual worker's share of a round's examples (its wave's minibatches over all waves')."""
+  return jnp.asarray([n / sum(nms) for n in nms], jnp.float32)
+
+
+def _weighted(lr, nms):
+  """Averaged pushes weighted by examples (Async Local-SGD's averaging, FedAvg's weights): U' = lr s_i U."""
+  w = _shares(nms)
+  return optax.GradientTransformationExtraArgs(
+      lambda params: (), lambda updates, state, params=None, *, vw: (jax.tree.map(lambda u: lr * w[vw] * u, updates),
+                                                                      state))
+
+
+def _round_nesterov(lr, beta, nms):
   """Async Local-SGD's Delayed Nesterov as the replay's PS rule, from the paper's Algorithm 2 (c = 0) on the outer
-  gradient g = -U: the pushes of a round summed; at the round's last push m <- beta m + sum / n and the step
-  -lr (beta m + g / n), else the step -lr g / n."""
+  gradient g = -U, each push weighted by its share s_i: the weighted pushes of a round of N summed; at the round's
+  last push m <- beta m + sum and the step -lr (beta m + s_i g), else the step -lr s_i g."""
+  n, w = len(nms), _shares(nms)
 
   def init(params):
     zeros = jax.tree.map(jnp.zeros_like, params)
     return jnp.zeros([], jnp.int32), zeros, zeros
 
-  def update(updates, state, params=None):
+  def update(updates, state, params=None, *, vw):
     k, m, total = state
-    g = jax.tree.map(jnp.negative, updates)
+    g = jax.tree.map(lambda u: -w[vw] * u, updates)
     total = jax.tree.map(jnp.add, total, g)
 
     def close(m, total):
-      m = jax.tree.map(lambda m, t: beta * m + t / n, m, total)
-      return jax.tree.map(lambda m, g: -lr * (beta * m + g / n), m, g), m, jax.tree.map(jnp.zeros_like, total)
+      m = jax.tree.map(lambda m, t: beta * m + t, m, total)
+      return jax.tree.map(lambda m, g: -lr * (beta * m + g), m, g), m, jax.tree.map(jnp.zeros_like, total)
 
     def keep(m, total):
-      return jax.tree.map(lambda g: -lr * g / n, g), m, total
+      return jax.tree.map(lambda g: -lr * g, g), m, total
 
     step, m, total = jax.lax.cond((k + 1) % n == 0, close, keep, m, total)
     return step, (k + 1, m, total)
 
-  return optax.GradientTransformation(init, update)
+  return optax.GradientTransformationExtraArgs(init, update)
 
 
-# The PS rules the cases run with: name -> (RunConfig fields, the replay's rule for N virtual workers built here
-# from optax and the papers, never from hetpipe_jax.optim).
+def _heloco(lr, mu, nms, keep=0.5, k_s=1.0, cap=1.0, k_d=0.5, kappa=1.0):
+  """HeLoCo (arXiv 2606.00271) as the replay's PS rule, on the pseudo-gradient D = -U: per tensor block, with the
+  outer momentum m as reference, cosine c = D.m / |D||m|, conf = |D| / (|D| + kappa |m|): kept when c >= keep or
+  m = 0; c < 0: D - min(k_s (-c) conf, cap) c |D| m/|m|; else the unit direction mixed with m/|m| by
+  min(k_d (1 - c) conf, 1), rescaled to |D|. G = s_i D, m <- mu m + (1 - mu) G, step -lr (G + mu m)."""
+  w = _shares(nms)
+
+  def block(d, m):
+    nd, nm = jnp.sqrt(jnp.sum(d * d)), jnp.sqrt(jnp.sum(m * m))
+    safe = lambda x: jnp.where(x > 1e-12, x, 1.0)
+    v, c = m / safe(nm), jnp.sum(d * m) / safe(nd * nm)
+    conf = nd / (nd + kappa * nm + 1e-12)
+    shrunk = d - jnp.minimum(k_s * -c * conf, cap) * c * nd * v
+    lam = jnp.minimum(k_d * (1 - c) * conf, 1.0)
+    mixed = (1 - lam) * d / safe(nd) + lam * v
+    turned = nd * mixed / safe(jnp.sqrt(jnp.sum(mixed * mixed)))
+    return jnp.where((nm <= 1e-12) | (nd <= 1e-12) | (c >= keep), d, jnp.where(c < 0, shrunk, turned))
+
+  def update(updates, m, params=None, *, vw):
+    g = jax.tree.map(lambda u, m: w[vw] * block(-u, -m), updates, m)  # (m is kept on U's side: -m on D's)
+    g = jax.tree.map(jnp.negative, g)
+    m = jax.tree.map(lambda m, g: mu * m + (1 - mu) * g, m, g)
+    return jax.tree.map(lambda g, m: lr * (g + mu * m), g, m), m
+
+  return optax.GradientTransformationExtraArgs(lambda params: jax.tree.map(jnp.zeros_like, params), update)
+
+
+# The PS rules the cases run with: name -> (RunConfig fields, the replay's rule for the case's waves (Nm per
+# virtual worker) built here from optax and the papers, never from hetpipe_jax.optim).
 PS_RULES = {
-    "identity": ({}, lambda n: optax.identity()),
-    "nesterov": ({"ps_optimizer": "nesterov:lr=0.7,momentum=0.9"}, lambda n: _outer_nesterov(0.7, 0.9)),
+    "identity": ({}, lambda nms: optax.identity()),
+    "nesterov": ({"ps_optimizer": "nesterov:lr=0.7,momentum=0.9"}, lambda nms: _outer_nesterov(0.7, 0.9)),
 }
-ROUND_RULES = {  # the rules of a round of N pushes, on the cases of asynchrony (D >= 1)
-    "avg": ({"ps_optimizer": "avg:lr=0.9"}, lambda n: optax.scale(0.9 / n)),
+ROUND_RULES = {  # the rules of a round of N pushes, on the cases of asynchrony (D >= 1), with unequal waves
+    "avg": ({"ps_optimizer": "avg:lr=0.9"}, lambda nms: _weighted(0.9, nms)),
+    "avg_equal": ({"ps_optimizer": "avg:lr=0.9,share=0"}, lambda nms: optax.scale(0.9 / len(nms))),
     "delayed_nesterov": ({"ps_optimizer": "delayed_nesterov:lr=0.8,momentum=0.9"},
-                         lambda n: _round_nesterov(0.8, 0.9, n)),
+                         lambda nms: _round_nesterov(0.8, 0.9, nms)),
+    "heloco": ({"ps_optimizer": "heloco:lr=1.5,momentum=0.8"}, lambda nms: _heloco(1.5, 0.8, nms)),
 }
 
 _PROGRAMS = {}  # (first, last, dtype) -> jitted (forward, vjp) of the stage function
@@ -181,7 +224,7 @@ def replay(events, init_params, optimizer, learning_rate=LR, dataset=DATA, batch
   update = jax.jit(tx.update)
   streams = MinibatchStreams(dataset, batch_size, n, seed)
   glob_w = tuple(init_params)
-  ps_tx = ps_tx or optax.identity()
+  ps_tx = optax.with_extra_args_support(ps_tx or optax.identity())  # (a rule may weigh the pusher, ``vw``)
   ps_update, ps_state = jax.jit(ps_tx.update), ps_tx.init(glob_w)
   clock = (0,) * n
   history = {clock: glob_w}  # PS clock vector -> global weights holding exactly those waves
@@ -255,7 +298,7 @@ def replay(events, init_params, optimizer, learning_rate=LR, dataset=DATA, batch
       assert all(a is not None for a in pushed), f"wave {c} of VW {i} does not cover every unit"
       if dtype is not None:  # sent in 16 bits, added in fp32
         pushed = [_cast(_cast(a, dtype), jnp.float32) for a in pushed]
-      step, ps_state = ps_update(tuple(pushed), ps_state, glob_w)
+      step, ps_state = ps_update(tuple(pushed), ps_state, glob_w, vw=i)
       path = [add_path(u, step[u]) for u in range(len(path))]
       glob_w = _add(glob_w, step)
       clock = tuple(x + (k == i) for k, x in enumerate(clock))
@@ -339,6 +382,12 @@ CASES = {  # name -> RunConfig fields; every case pipelines (k > 1, Nm > 1) in s
 _RESULTS = {}
 
 
+def _nms(config):
+  """A case's Nm per virtual worker."""
+  nm = config["nm"]
+  return list(nm) if isinstance(nm, (tuple, list)) else [nm] * config["num_vws"]
+
+
 def _case(name, rule="identity"):
   """The run of case ``name`` with PS rule ``rule`` and the oracle's replay of it (each computed once per
   session)."""
@@ -347,7 +396,7 @@ def _case(name, rule="identity"):
     fields, ps_tx = {**PS_RULES, **ROUND_RULES}[rule]
     result = _run(**config, **fields)
     _RESULTS[(name, rule)] = result, replay(result.events, result.init_params, config.get("optimizer", "sgd"),
-                                            config.get("learning_rate", LR), ps_tx=ps_tx(config["num_vws"]))
+                                            config.get("learning_rate", LR), ps_tx=ps_tx(_nms(config)))
   return _RESULTS[(name, rule)]
 
 
@@ -444,7 +493,7 @@ def _bf16_case(name):
   result = _run(**config, **fields, precision="bf16")
   assert result.events[0]["precision"] == "bf16"
   return result, replay(result.events, result.init_params, config.get("optimizer", "sgd"),
-                        config.get("learning_rate", LR), ps_tx=ps_tx(config["num_vws"]), precision="bf16")
+                        config.get("learning_rate", LR), ps_tx=ps_tx(_nms(config)), precision="bf16")
 
 
 @pytest.mark.parametrize("name", list(BF16_CASES))

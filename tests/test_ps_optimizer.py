@@ -28,14 +28,18 @@ SMALL = dict(cluster="hetero4", num_vws=2, stages=(2, 1), nm=(2, 3), d=1, waves=
     ("nesterov", PSOptimizer("nesterov", 0.7, 0.9), "nesterov:lr=0.7,momentum=0.9"),
     ("nesterov:momentum=0.5, lr=2", PSOptimizer("nesterov", 2.0, 0.5), "nesterov:lr=2.0,momentum=0.5"),
     ("momentum:lr=0.1,momentum=0", PSOptimizer("momentum", 0.1, 0.0), "momentum:lr=0.1,momentum=0.0"),
-    ("avg", PSOptimizer("avg", 1.0), "avg:lr=1.0"),
-    ("delayed_nesterov:lr=0.5", PSOptimizer("delayed_nesterov", 0.5, 0.9), "delayed_nesterov:lr=0.5,momentum=0.9"),
+    ("avg", PSOptimizer("avg", 1.0), "avg:lr=1.0,share=1.0"),
+    ("avg:share=0", PSOptimizer("avg", 1.0, share=0.0), "avg:lr=1.0,share=0.0"),
+    ("delayed_nesterov:lr=0.5", PSOptimizer("delayed_nesterov", 0.5, 0.9),
+     "delayed_nesterov:lr=0.5,momentum=0.9,share=1.0"),
+    ("heloco:keep=0.25", PSOptimizer("heloco", 1.0, 0.9, keep=0.25),
+     "heloco:lr=1.0,momentum=0.9,share=1.0,keep=0.25,shrink=1.0,cap=1.0,turn=0.5,kappa=1.0"),
 ])
 def test_specs_parse_to_their_canonical_form(spec, parsed, canonical):
   assert parse_ps_optimizer(spec) == parsed and str(parsed) == canonical
   assert parse_ps_optimizer(canonical) == parsed
   assert make_ps_optimizer(spec) is make_ps_optimizer(canonical)  # one object per spec: configs compare equal
-  assert parsed.slots == {"momentum": 1, "nesterov": 1, "delayed_nesterov": 2}.get(parsed.name, 0)
+  assert parsed.slots == {"momentum": 1, "nesterov": 1, "delayed_nesterov": 2, "heloco": 1}.get(parsed.name, 0)
   assert (make_ps_optimizer(spec) is None) == (parsed.name == "add")
 
 
@@ -54,6 +58,10 @@ def test_specs_parse_to_their_canonical_form(spec, parsed, canonical):
     ("nesterov:momentum=1", r"momentum=1.0; the outer momentum must be in \[0, 1\)"),
     ("momentum:momentum=-0.1", r"momentum=-0.1; the outer momentum must be in \[0, 1\)"),
     ("nesterov:momentum=nan", r"momentum=nan; the outer momentum must be in \[0, 1\)"),
+    ("avg:share=0.5", r"share=0.5; give share=1 \(each push weighs its virtual worker's share of a round's examples"),
+    ("heloco:keep=2", r"keep=2.0; HeLoCo's keep must be a finite number in \[-1, 1\] \(default 0.5\)"),
+    ("heloco:cap=-1", r"cap=-1.0; HeLoCo's cap must be a finite number in \[0, inf\] \(default 1\)"),
+    ("heloco:kappa=nan", r"kappa=nan; HeLoCo's kappa must be a finite number"),
 ])
 def test_a_bad_spec_is_one_line_naming_it(spec, message):
   for check in (lambda: parse_ps_optimizer(spec), lambda: RunConfig.of(ps_optimizer=spec).validate()):
@@ -122,7 +130,8 @@ def test_two_pushes_move_the_weights_as_computed_by_hand(spec):
   """The push is the summed weight change delta, the outer gradient -delta. By hand, with lr 0.5 and momentum
   0.9: Nesterov m1 = d1, W1 = W0 + lr (d1 + 0.9 m1); m2 = d2 + 0.9 m1, W2 = W1 + lr (d2 + 0.9 m2); heavy ball
   W1 = W0 + lr m1, W2 = W1 + lr m2; sgd W1 = W0 + lr d1, W2 = W1 + lr d2."""
-  name, lr, mom = parse_ps_optimizer(spec)
+  parsed = parse_ps_optimizer(spec)
+  name, lr, mom = parsed.name, parsed.lr, parsed.momentum
   w0, d1, d2 = (np.concatenate([x.ravel() for x in _leaves(t)]).astype(np.float64) for t in (_params(), _D1, _D2))
   m1 = d1
   m2 = d2 + mom * m1 if name != "sgd" else d2
@@ -172,6 +181,53 @@ def test_delayed_nesterov_steps_its_momentum_once_per_round_of_n_pushes_as_compu
   np.testing.assert_allclose(_scalar_pushes(tx, [2.0, 4.0, 6.0, 8.0]), [1.0, 3.5, 3.0, 8.25])
   tx = make_ps_optimizer("delayed_nesterov:lr=0.1,momentum=0.5", 2)
   np.testing.assert_allclose(_scalar_pushes(tx, [2.0, 4.0, 6.0, 8.0]), [0.1, 0.35, 0.3, 0.825], rtol=1e-6)
+
+
+def _pushes_by(tx, pushes):
+  """What ``tx`` adds for each (virtual worker, delta) of ``pushes`` in turn (deltas: vectors)."""
+  state, out = tx.init(jnp.zeros(len(pushes[0][1]))), []
+  for vw, delta in pushes:
+    step, state = tx.update(jnp.asarray(delta, jnp.float32), state, vw=np.int32(vw))
+    out.append(np.asarray(step))
+  return out
+
+
+def test_averaging_weighs_each_push_by_its_virtual_workers_share_of_the_examples():
+  """Waves of 2 and 6 minibatches: shares 1/4 and 3/4 (not 1/2 each); share=0 and equal waves: 1/2."""
+  pushes = [(0, [4.0]), (1, [4.0]), (1, [-2.0])]
+  np.testing.assert_allclose(_pushes_by(make_ps_optimizer("avg", 2, [2, 6]), pushes), [[1.0], [3.0], [-1.5]])
+  np.testing.assert_allclose(_pushes_by(make_ps_optimizer("avg:lr=0.5", 2, [2, 6]), pushes), [[0.5], [1.5], [-0.75]])
+  for tx in (make_ps_optimizer("avg:share=0", 2, [2, 6]), make_ps_optimizer("avg", 2, [3, 3])):
+    np.testing.assert_allclose(_pushes_by(tx, pushes), [[2.0], [2.0], [-1.0]])
+  assert make_ps_optimizer("avg", 2, [3, 3]) is make_ps_optimizer("avg", 2)  # equal waves: the plain 1/N rule
+  with pytest.raises(ConfigError, match=r"^wave_examples=\[2\] for 2 virtual workers; give one count per"):
+    make_ps_optimizer("avg", 2, [2])
+
+
+def test_delayed_nesterov_weighs_a_round_of_pushes_by_their_shares_as_computed_by_hand():
+  """N = 2, waves of 1 and 3 minibatches (shares 1/4, 3/4), lr 1, momentum 0.5; VW 1 pushes 4, VW 0 pushes 8, VW 1
+  pushes 4, VW 1 pushes -4: push 1 adds 3/4 x 4 = 3 (buffer 3); push 2 closes the round: m = 3 + 8/4 = 5, adds
+  8/4 + 0.5 x 5 = 4.5; push 3 adds 3 (buffer 3); push 4: m = 0.5 x 5 + 3 - 3 = 2.5, adds -3 + 0.5 x 2.5 = -1.75."""
+  tx = make_ps_optimizer("delayed_nesterov:lr=1,momentum=0.5", 2, [1, 3])
+  got = _pushes_by(tx, [(1, [4.0]), (0, [8.0]), (1, [4.0]), (1, [-4.0])])
+  np.testing.assert_allclose(got, [[3.0], [4.5], [3.0], [-1.75]], rtol=1e-6)
+
+
+def test_heloco_keeps_turns_and_shrinks_a_push_against_the_outer_momentum_as_computed_by_hand():
+  """N = 1, lr 1, momentum 0.5, the defaults keep 0.5, shrink 1, cap 1, turn 0.5, kappa 1.
+  Push (2, 0): the momentum is 0, kept: m = 0.5 x (2, 0) = (1, 0), adds (2, 0) + 0.5 m = (2.5, 0).
+  Push (0, 2): cos 0 < keep, turned: conf = 2 / (2 + 1) = 2/3, lam = 0.5 x 1 x 2/3 = 1/3, direction (1/3, 2/3)
+  rescaled to norm 2: G = (2, 4) / sqrt(5) = (0.894427, 1.788854); m = (0.5, 0) + G / 2 = (0.947214, 0.894427);
+  adds G + m / 2 = (1.368034, 2.236068).
+  Push (-4, 0): |m| = 1.302776, cos = -0.947214 / 1.302776 = -0.727075, conf = 4 / 5.302776 = 0.754322,
+  beta = 0.727075 x 0.754322 = 0.548450, G = (-4, 0) - beta x cos x 4 x m / |m| = (-2.840274, 1.095104);
+  m = m / 2 + G / 2 = (-0.946530, 0.994766); adds G + m / 2 = (-3.313539, 1.592487)."""
+  tx = make_ps_optimizer("heloco:lr=1,momentum=0.5", 1)
+  got = _pushes_by(tx, [(0, [2.0, 0.0]), (0, [0.0, 2.0]), (0, [-4.0, 0.0])])
+  np.testing.assert_allclose(got, [[2.5, 0.0], [1.368034, 2.236068], [-3.313539, 1.592487]], rtol=2e-5, atol=2e-6)
+  # Never corrected (keep -1): an exponential-mean Nesterov step; with two virtual workers each push weighs 1/2.
+  got = _pushes_by(make_ps_optimizer("heloco:lr=1,momentum=0.5,keep=-1", 2), [(0, [2.0, 0.0]), (1, [0.0, 2.0])])
+  np.testing.assert_allclose(got, [[1.25, 0.0], [0.125, 1.25]], rtol=1e-6)  # m = (0.5, 0), then (0.25, 0.5)
 
 
 def test_delayed_nesterov_of_a_round_of_one_push_is_nesterov():

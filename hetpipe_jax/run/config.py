@@ -163,8 +163,10 @@ class OptimizerSpec:
     ps_optimizer: the parameter server's outer optimizer by spec (:func:`hetpipe_jax.optim.parse_ps_optimizer`):
       ``add`` (default: W <- W + the wave's summed update), ``sgd:lr=..``, ``momentum:lr=..,momentum=..``,
       ``nesterov:lr=0.7,momentum=0.9`` (DiLoCo's outer step on the outer gradient -delta), ``avg:lr=..`` (each
-      push scaled by lr / N), ``delayed_nesterov:lr=..,momentum=..`` (one Nesterov step per N pushes, Async
-      Local-SGD's); N the run's virtual workers. Not with ``ps_tx``.
+      push scaled by lr x its virtual worker's share of a round's examples: lr / N with waves of equal Nm),
+      ``delayed_nesterov:lr=..,momentum=..`` (one Nesterov step per N pushes, Async Local-SGD's; ``share=0``
+      on either: 1 / N whatever the waves), ``heloco:lr=..,momentum=..`` (averaged pushes corrected against the
+      outer momentum, :func:`hetpipe_jax.optim.heloco`); N the run's virtual workers. Not with ``ps_tx``.
     on_nonfinite: a pushed wave update with NaN or Inf is refused before it touches the global weights:
       "stop" ends the run (:class:`~hetpipe_jax.errors.NonFiniteUpdate`, naming VW, wave, stage, unit and
       the last good global clock); "skip" drops that wave's update and goes on (the trace's push event
@@ -181,8 +183,10 @@ class OptimizerSpec:
   ps_optimizer: str = setting(
       "add", "The parameter server's outer optimizer on each pushed wave's summed update delta: add (default: W += "
       "delta), sgd:lr=X, momentum:lr=X,momentum=M, nesterov:lr=0.7,momentum=0.9 (DiLoCo's outer Nesterov step "
-      "on -delta), avg:lr=X (W += X delta / N, N virtual workers), delayed_nesterov:lr=0.7,momentum=0.9 (one "
-      "Nesterov step per N pushes: Async Local-SGD); no effect on the sim executor, which has no numerics.")
+      "on -delta), avg:lr=X (W += X delta x its virtual worker's share of a round's examples: / N with equal "
+      "waves), delayed_nesterov:lr=0.7,momentum=0.9 (one Nesterov step per N pushes: Async Local-SGD; share=0 on "
+      "either: / N whatever the waves), heloco:lr=1,momentum=0.9 (averaged pushes, each tensor of a stale one turned "
+      "toward the outer momentum: HeLoCo); no effect on the sim executor, which has no numerics.")
 
   @property
   def ps_spec(self) -> str:
@@ -193,10 +197,14 @@ class OptimizerSpec:
     """
     return str(parse_ps_optimizer(self.ps_optimizer))
 
-  def server_rule(self, num_vws: int) -> optax.GradientTransformation | None:
-    """The parameter server's apply rule for ``num_vws`` virtual workers: ``ps_tx`` if given, else what
-    ``ps_optimizer`` names (None: add as is)."""
-    return self.ps_tx if self.ps_tx is not None else make_ps_optimizer(self.ps_optimizer, num_vws)
+  def server_rule(self, num_vws: int, wave_examples: Sequence[int] | None = None
+                  ) -> optax.GradientTransformation | None:
+    """The parameter server's apply rule for ``num_vws`` virtual workers whose waves carry ``wave_examples``
+    examples each (None: the same for all): ``ps_tx`` if given, else what ``ps_optimizer`` names (None: add as
+    is)."""
+    if self.ps_tx is not None:
+      return self.ps_tx
+    return make_ps_optimizer(self.ps_optimizer, num_vws, wave_examples)
 
   def validate(self) -> None:
     _known("on_nonfinite", self.on_nonfinite, ON_NONFINITE)

@@ -62,7 +62,9 @@ class ParameterServer:
     params: initial global parameters, one entry per unit (shard).
     num_vws: number of virtual workers.
     d: the clock distance bound D >= 0.
-    tx: optax transformation applied to every pushed wave update (default: add as is).
+    tx: optax transformation applied to every pushed wave update (default: add as is); it gets the pushing
+      virtual worker as the extra argument ``vw`` (``optax.GradientTransformationExtraArgs``; a plain
+      transformation ignores it).
     device: where the global weights live (default: this process's host CPU device: as in the paper, the
       shards live in host memory; on a GPU host a push is a device-to-host copy and the apply runs on the
       host).
@@ -87,7 +89,7 @@ class ParameterServer:
     self.dropped: dict[tuple[int, int], list[int]] = {}
     self.device = device or jax.local_devices(backend="cpu")[0]
     self.num_shards = len(params)
-    self._tx = tx or optax.identity()
+    self._tx = optax.with_extra_args_support(tx or optax.identity())  # every rule gets the pusher (``vw``)
     params = tuple(jax.device_put(tuple(params), self.device, may_alias=False))  # its own: pushes donate them
     self._state = ServerState(params, jax.device_put(self._tx.init(params), self.device), wsp.init(num_vws))
     self._cond = threading.Condition()
@@ -95,20 +97,20 @@ class ParameterServer:
     self._apply_checked = jax.jit(self._apply_checked_fn, donate_argnums=(0, 1))  # (its producer checked it)
     self._copy = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))  # one dispatch for every leaf
 
-  def _apply_fn(self, params, opt_state, updates):
+  def _apply_fn(self, params, opt_state, updates, vw):
     """(weights, optax state, whether each shard's update is finite): the new state if every shard's
     update is finite, else the old one unchanged (in one program: the check costs one more read)."""
     finite = jnp.stack([all_finite(shard) for shard in updates])
     updates = _as_weights(updates, params)
-    new_updates, new_opt_state = self._tx.update(updates, opt_state, params)
+    new_updates, new_opt_state = self._tx.update(updates, opt_state, params, vw=vw)
     keep = lambda new, old: jnp.where(jnp.all(finite), new, old)
     return (jax.tree.map(keep, optax.apply_updates(params, new_updates), params),
             jax.tree.map(keep, new_opt_state, opt_state), finite)
 
-  def _apply_checked_fn(self, params, opt_state, updates):
+  def _apply_checked_fn(self, params, opt_state, updates, vw):
     """(weights, optax state) after an update whose producer found it finite: one pass, no check."""
     updates = _as_weights(updates, params)
-    new_updates, new_opt_state = self._tx.update(updates, opt_state, params)
+    new_updates, new_opt_state = self._tx.update(updates, opt_state, params, vw=vw)
     return optax.apply_updates(params, new_updates), new_opt_state
 
   def warm_up(self) -> None:
@@ -118,7 +120,7 @@ class ParameterServer:
       for apply in (self._apply, self._apply_checked):
         params, opt_state = jax.tree.map(jnp.copy, (self._state.params, self._state.opt_state))  # donated
         zeros = jax.tree.map(lambda p: jnp.zeros_like(p, dtype=self._update_dtype), params)
-        jax.block_until_ready(apply(params, opt_state, zeros))
+        jax.block_until_ready(apply(params, opt_state, zeros, np.int32(0)))
       jax.block_until_ready(self._copy(self._state.params))
 
   @property
@@ -174,13 +176,13 @@ class ParameterServer:
     with self._cond:
       clock = wsp.push(self._state.clock, vw, wave)  # raises before anything is applied
       if nonfinite is None:
-        params, opt_state, finite = self._apply(self._state.params, self._state.opt_state, full)
+        params, opt_state, finite = self._apply(self._state.params, self._state.opt_state, full, np.int32(vw))
         self._state = self._state._replace(params=params, opt_state=opt_state)  # the old buffers were donated
         bad = [int(u) for u in np.flatnonzero(~np.asarray(finite))]  # then the weights were left as they were
       else:
         bad = sorted(int(u) for u in nonfinite)
         if not bad:
-          params, opt_state = self._apply_checked(self._state.params, self._state.opt_state, full)
+          params, opt_state = self._apply_checked(self._state.params, self._state.opt_state, full, np.int32(vw))
           self._state = self._state._replace(params=params, opt_state=opt_state)
       if bad and self.on_nonfinite == "stop":
         raise NonFiniteUpdate(vw, wave, bad, wsp.c_global(self._state.clock))

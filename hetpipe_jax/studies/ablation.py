@@ -2,12 +2,15 @@
 (:func:`run_ablation`: an :class:`AblationConfig` in, an :class:`AblationResult` out).
 
 The factors: the number of virtual workers N, the wave length Nm, the clock distance bound D, and the parameter
-server's rule for a pushed wave (``add``: summed, the paper's; ``avg``: each push x 1 / N, as asynchronous local
-SGD scales them). Every point is trained at every local learning rate of one log-spaced grid and reported at
-its best (the rate that reaches the target with the fewest examples), so the usable learning rate is a result,
-not a choice. Each virtual worker is one GPU (no pipeline: its local staleness is Nm's alone), the first N GPUs
-of the cluster, on the ``virtual`` executor, every trace checked; the same model, data, initialisation and
-examples for every run of a seed.
+server's rule for a pushed wave (any ``--ps_optimizer`` spec: ``add``, summed, the paper's; ``avg``, each push x
+1 / N, as asynchronous local SGD scales them; ``delayed_nesterov``; ``heloco``; ...). The rule ``local_sgd`` (or
+``local_sgd:lr=..,momentum=..``, its outer Nesterov step, DiLoCo's 0.7 and 0.9 by default) trains synchronous local
+SGD instead at the same point: N workers of H = Nm local steps each (D does not apply), the yardstick the
+asynchronous rules are measured against. Every point is trained at every local learning rate of one log-spaced
+grid and reported at its best (the rate that reaches the target with the fewest examples), so the usable learning
+rate is a result, not a choice. Each virtual worker is one GPU (no pipeline: its local staleness is Nm's alone),
+the first N GPUs of the cluster, on the ``virtual`` executor, every trace checked; the same model, data,
+initialisation and examples for every run of a seed.
 """
 
 from __future__ import annotations
@@ -18,19 +21,22 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from hetpipe_jax.api import run_hetpipe
+from hetpipe_jax.baselines.numerics import outer_optimizer, train_sgd
 from hetpipe_jax.cluster import Cluster
 from hetpipe_jax.data import Dataset, load_dataset
 from hetpipe_jax.errors import ConfigError, RunStopped
 from hetpipe_jax.models import get_model
 from hetpipe_jax.models.base import LayeredModel
+from hetpipe_jax.optim import PSOptimizer, make_optimizer, parse_ps_optimizer
 from hetpipe_jax.run.config import RunConfig, check_seed
 from hetpipe_jax.staleness import mean_staleness
 from hetpipe_jax.studies.convergence_target import Target
-from hetpipe_jax.systems.base import Curve
+from hetpipe_jax.systems.base import Curve, CurvePoint
 from hetpipe_jax.systems.hetpipe import hetpipe_curve, require_wsp
 
 FACTORS = ("vws", "nm", "d")  # the factors swept one at a time around the base
-RULES = ("add", "avg")
+RULES = ("add", "avg")  # the default rules
+LOCAL_SGD = "local_sgd"  # the rule that trains synchronous local SGD at the point instead
 Progress = Callable[[str], None]
 
 
@@ -79,7 +85,7 @@ class AblationConfig:
               ("vws", self.vws, bool(self.vws) and min(self.vws + (self.base_vws,)) >= 1, "counts >= 1"),
               ("nms", self.nms, bool(self.nms) and min(self.nms + (self.base_nm,)) >= 1, "Nm >= 1"),
               ("ds", self.ds, bool(self.ds) and min(self.ds + (self.base_d,)) >= 0, "bounds D >= 0"),
-              ("rules", self.rules, bool(self.rules) and set(self.rules) <= set(RULES), f"among {', '.join(RULES)}"),
+              ("rules", self.rules, bool(self.rules), "one or more rules"),
               ("smooth", self.smooth, self.smooth >= 1, ">= 1"),
               ("eval_examples", self.eval_examples, self.eval_examples >= 1, ">= 1"),
               ("batch_size", self.batch_size, self.batch_size >= 1, ">= 1")]
@@ -87,6 +93,12 @@ class AblationConfig:
       if not ok:
         shown = ",".join(map(str, value)) if isinstance(value, tuple) else value
         raise ConfigError(f"--{name}={shown}; give {limit}")
+    for rule in self.rules:
+      try:
+        outer_of(rule)
+      except ConfigError as e:
+        raise ConfigError(f"--rules: {e}; give ps_optimizer specs or {LOCAL_SGD}[:lr=X,momentum=M], separated by ';'"
+                          ) from None
     most = max(self.vws + (self.base_vws,))
     if most > self.cluster.num_gpus:
       raise ConfigError(f"--vws={','.join(map(str, self.vws))}: {most} virtual workers of one GPU each need "
@@ -168,12 +180,14 @@ class _Runner:
     self.runs: dict[tuple[int, int, int, str, float, int], AblationRun] = {}
 
   def run(self, vws: int, nm: int, d: int, rule: str, lr: float, seed: int) -> AblationRun:
-    key = (vws, nm, d, rule, lr, seed)
+    key = (vws, nm, 0 if is_local(rule) else d, rule, lr, seed)  # (D does not apply to local SGD: one run)
     if key not in self.runs:
       self.runs[key] = self._train(*key)
     return self.runs[key]
 
   def _train(self, vws: int, nm: int, d: int, rule: str, lr: float, seed: int) -> AblationRun:
+    if is_local(rule):
+      return self._train_local(vws, nm, d, rule, lr, seed)
     c, per_wave = self.config, vws * nm
     total = c.epochs * len(self.dataset.x_train) / c.batch_size
     config = RunConfig.of(cluster=c.cluster, executor="virtual", num_vws=vws, stages=1, nm=nm, d=d,
@@ -187,13 +201,52 @@ class _Runner:
       self.say(f"{what}: diverged ({e})")
       return AblationRun(vws, nm, d, rule, lr, seed, None, 0.0, 0.0, [], diverged=True)
     require_wsp(result.events, what)
-    curve = hetpipe_curve(result.metrics, [nm] * vws)
+    return self._scored((vws, nm, d, rule, lr, seed), hetpipe_curve(result.metrics, [nm] * vws),
+                        mean_staleness(result.events), what)
+
+  def _train_local(self, vws: int, nm: int, d: int, rule: str, lr: float, seed: int) -> AblationRun:
+    """Synchronous local SGD at the point: ``vws`` workers, H = ``nm``, its outer Nesterov step (``rule``'s)."""
+    c, outer = self.config, outer_of(rule)
+    per_round = vws * nm * c.batch_size
+    what = f"N={vws} H={nm} {rule} lr={lr:g} seed {seed}"
+    try:
+      result = train_sgd(model=self.model, dataset=self.dataset, tx=make_optimizer(c.optimizer, lr),
+                         batch_sizes=[c.batch_size] * vws, local_steps=[nm] * vws, round_seconds=1.0,
+                         rounds=max(1, math.ceil(c.epochs * len(self.dataset.x_train) / per_round)),
+                         outer=outer_optimizer(outer.lr, outer.momentum), seed=seed,
+                         eval_every=max(1, round(c.eval_examples / per_round)), what=what)
+    except RunStopped as e:
+      self.say(f"{what}: diverged ({e})")
+      return AblationRun(vws, nm, d, rule, lr, seed, None, 0.0, 0.0, [], diverged=True)
+    curve = [CurvePoint(r.time, r.examples / c.batch_size, r.test_accuracy, r.train_loss, r.test_loss)
+             for r in result.rows if r.test_accuracy is not None and r.test_loss is not None]
+    return self._scored((vws, nm, d, rule, lr, seed), curve, 0.0, what)
+
+  def _scored(self, key: tuple[int, int, int, str, float, int], curve: Curve, staleness: float,
+              what: str) -> AblationRun:
+    """The run of ``key`` with its ``curve``: examples to the target and its final smoothed accuracy."""
+    c = self.config
     examples = self.target.images_to(curve, c.target_accuracy, c.batch_size) if curve else None
-    run = AblationRun(vws, nm, d, rule, lr, seed, examples, self.target.final(curve) if curve else 0.0,
-                      mean_staleness(result.events), curve)
+    run = AblationRun(*key, examples, self.target.final(curve) if curve else 0.0, staleness, curve)
     self.say(f"{what}: " + ("missed" if examples is None else f"{examples:.0f} examples to target") +
              f", final {run.final_smoothed_accuracy:.4f}")
     return run
+
+
+def is_local(rule: str) -> bool:
+  """Whether ``rule`` trains synchronous local SGD (``local_sgd[:keys]``)."""
+  return rule.partition(":")[0].strip() == LOCAL_SGD
+
+
+def outer_of(rule: str) -> PSOptimizer:
+  """The parsed rule: a ``--ps_optimizer`` spec, or for ``local_sgd[:keys]`` its outer Nesterov step's spec.
+
+  Raises:
+    ConfigError: for a bad spec.
+  """
+  if is_local(rule):
+    return parse_ps_optimizer("nesterov" + rule[rule.index(LOCAL_SGD) + len(LOCAL_SGD):])
+  return parse_ps_optimizer(rule)
 
 
 def best_point(factor: str, value: int, runs: list[AblationRun]) -> AblationPoint:

@@ -45,7 +45,7 @@ def build(setup: Setup) -> Built:
                                          setup.tx, vw.nm, weight_mode=c.wsp.weight_mode, precision=c.precision)
                                    for j, _, units in vw.stages()], comm)
               for i, vw in enumerate(layout.vws)]
-  server = ParameterServer(init_params, layout.num_vws, c.wsp.d, c.optim.server_rule(layout.num_vws),
+  server = ParameterServer(init_params, layout.num_vws, c.wsp.d, c.optim.server_rule(layout.num_vws, layout.nms),
                            on_nonfinite=c.optim.on_nonfinite, update_dtype=compute_dtype(c.precision))
   x0, y0 = batches(0, 1)
   for worker in numerics:  # compile before the clock starts

@@ -34,8 +34,8 @@ def job(setup: Setup, init_params) -> Job:
   c = setup.config
   shard_nodes = place_shards(setup.cluster, setup.profiles, setup.layout, c.layout.placement)
   return Job(setup.model, setup.streams(), init_params, setup.layout, setup.cluster, shard_nodes, setup.tx,
-             c.wsp.weight_mode, c.wsp.d, c.optim.server_rule(setup.layout.num_vws), c.optim.on_nonfinite == "skip",
-             c.precision)
+             c.wsp.weight_mode, c.wsp.d, c.optim.server_rule(setup.layout.num_vws, setup.layout.nms),
+             c.optim.on_nonfinite == "skip", c.precision)
 
 
 def decentralised(setup: Setup) -> bool:
