@@ -2,6 +2,8 @@
 the longest wave at max_fit, beyond max_fit with a window; worked by hand, planned, run and refused."""
 
 import pytest
+from test_train_cli_defects import parsed
+from test_window import in_flight_max
 
 from experiments import run_flags
 from hetpipe_jax import ConfigError, RunConfig, get_model, load_dataset, plan_hetpipe, run_hetpipe
@@ -14,8 +16,6 @@ from hetpipe_jax.plan.waves import speed_sized, wave_seconds
 from hetpipe_jax.tune import nm_choices
 
 from helpers import assert_trace_ok
-from test_train_cli_defects import parsed
-from test_window import in_flight_max
 
 FAST = GpuType("fast", 1 << 34, 2e12, 2e12, 1e15, 1.0)  # twice SLOW's flop/s
 SLOW = GpuType("slow", 1 << 34, 1e12, 1e12, 1e15, 1.0)
