@@ -85,7 +85,8 @@ run_flags.define(["model", "dataset", "cluster", "batch_size", "optimizer"],
 flags.adopt_module_key_flags(run_flags)  # --help lists them
 flags.DEFINE_list("policies", ["NP", "ED", "HD"], "HetPipe allocation policies (NP, ED, HD or groupings).")
 flags.DEFINE_list("ds", ["0"], "Clock distance bounds D of the HetPipe policy runs.")
-flags.DEFINE_string("nm", "max_fit", "HetPipe Nm: max_fit, best or a number.")
+flags.DEFINE_string("nm", "max_fit", "HetPipe Nm: max_fit, best, speed (waves sized to each VW's speed) or a "
+                    "number.")
 flags.DEFINE_bool("tuned", True, "Add the tuned configuration (experiments.tune's search on the time model).")
 flags.DEFINE_enum("tuned_objective", "measured", list(TUNED_OBJECTIVES),
                   "What the tuned configuration optimises: predicted time to the target (the staleness model "

@@ -38,8 +38,10 @@ run_flags.define(["model", "cluster", "policy", "placement", "batch_size", "seq_
                  overrides={"model": "vgg19", "cluster": "paper_testbed", "policy": "ED", "optimizer": "momentum"})
 flags.adopt_module_key_flags(run_flags)  # --help lists them
 flags.DEFINE_string("nm", "max_fit", "Nm: max_fit (largest that fits, <= nm_max), best (modelled "
-                    "throughput), or a number.")
-flags.DEFINE_integer("nm_max", None, "Largest Nm to consider (default: GPUs per virtual worker).")
+                    "throughput), speed (waves sized to each virtual worker's speed, beyond max_fit with a window "
+                    "of it: hetpipe_jax.plan.waves), or a number.")
+flags.DEFINE_integer("nm_max", None, "Largest Nm to consider in flight (default: GPUs per virtual worker; a "
+                     "--nm=speed wave may be longer, with a window).")
 flags.DEFINE_bool("simulate", True, "Simulate the plan (sim executor, fast mode) for the images/s printed; "
                   "--nosimulate prints the planner's bound only.")
 flags.DEFINE_string("out", "outputs/plan/plan.json", "Where to write the plan JSON.")

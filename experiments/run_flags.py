@@ -31,6 +31,7 @@ from absl import flags
 from experiments import common
 from hetpipe_jax import RunConfig, get_cluster
 from hetpipe_jax.plan.allocation import parse_policy
+from hetpipe_jax.plan.partition import NM_POLICIES
 from hetpipe_jax.run.config import Setting, settings
 from hetpipe_jax.runtime.ps import ON_NONFINITE
 
@@ -181,11 +182,12 @@ def _planned_shape(flag_values: flags.FlagValues, policy) -> tuple[object, list[
     return (nms[0] if len(nms) == 1 else nms), common.parse_cuts(fv.cuts, len(policy))
   if len(fv.nm) > 1 and isinstance(policy, str):
     raise common.config_error(f"--nm={','.join(fv.nm)} gives one Nm per virtual worker, but with --policy the "
-                              "planner decides the virtual workers; give one value: a number, max_fit or best")
+                              "planner decides the virtual workers; give one value: a number or "
+                              f"{', '.join(NM_POLICIES)}")
   if len(fv.nm) > 1:
     return common.parse_ints("nm", fv.nm), None
   nm_rule = fv.nm[0] if fv["nm"].present else "max_fit"
-  return (nm_rule if nm_rule in ("max_fit", "best") else common.parse_ints("nm", fv.nm)[0]), None
+  return (nm_rule if nm_rule in NM_POLICIES else common.parse_ints("nm", fv.nm)[0]), None
 
 
 def _one_or_all(values: list[int] | None) -> int | list[int] | None:
@@ -203,8 +205,9 @@ def layout(flag_values: flags.FlagValues) -> dict[str, Any]:
   stages = common.parse_ints("stages", fv.stages)
   if policy is not None:
     nm, cuts = _planned_shape(fv, policy)
-  else:
-    nm, cuts = _one_or_all(common.parse_ints("nm", fv.nm)), None
+  else:  # a planner's Nm rule goes on to RunConfig, which refuses it without a policy
+    rule = fv.nm[0] if len(fv.nm) == 1 and fv.nm[0] in NM_POLICIES else None
+    nm, cuts = rule or _one_or_all(common.parse_ints("nm", fv.nm)), None
     if fv.cuts:
       cuts = common.parse_cuts(fv.cuts, fv.num_vws)
       if not fv["stages"].present:  # the cuts say how many stages

@@ -14,7 +14,9 @@ The Horovod-style baseline uses the GPUs that hold the whole model plus a miniba
 
 :func:`plan_cluster` allocates, partitions every virtual worker (:mod:`~hetpipe_jax.plan.partition`;
 under ED once, the plan then copied onto the other VWs by GPU type) and places the PS shards
-(:mod:`~hetpipe_jax.plan.placement`). Allocation is O(GPUs log GPUs); the partitions dominate.
+(:mod:`~hetpipe_jax.plan.placement`). Allocation is O(GPUs log GPUs); the partitions dominate. With Nm
+policy ``speed`` every virtual worker is partitioned at every Nm up to its ``max_fit`` and its Nm is sized to
+its speed against the others' (:mod:`~hetpipe_jax.plan.waves`).
 """
 
 from __future__ import annotations
@@ -28,9 +30,10 @@ from hetpipe_jax.cost.memory import stage_memory_bytes
 from hetpipe_jax.cost.unit import UnitProfile
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.plan.layout import Layout
-from hetpipe_jax.plan.partition import plan_virtual_worker
+from hetpipe_jax.plan.partition import fitting_plans, plan_virtual_worker
 from hetpipe_jax.plan.placement import place_shards
 from hetpipe_jax.plan.vw_plan import VWPlan, vw_plan
+from hetpipe_jax.plan.waves import speed_sized
 
 POLICIES = ("NP", "ED", "HD")
 
@@ -194,6 +197,19 @@ def _same_plan_on(cluster: Cluster, profiles: Sequence[UnitProfile], template: V
   return vw_plan(cluster, profiles, order, template.cuts, template.nm, costs)
 
 
+def _speed_sized_plans(cluster: Cluster, profiles: Sequence[UnitProfile], groups: Sequence[Sequence[Gpu]],
+                       policy: str | Sequence[Sequence[int]], nm_max: int | None, costs: CostContext) -> list[VWPlan]:
+  """Nm policy ``speed`` (:func:`hetpipe_jax.plan.waves.speed_sized`): every virtual worker partitioned at every
+  Nm up to its max_fit (ED: the first one's plans copied onto the others), then its waves sized to its speed."""
+  first = fitting_plans(cluster, profiles, groups[0], nm_max, costs)
+  if policy == "ED":
+    per_vw = [first] + [{n: _same_plan_on(cluster, profiles, p, g, costs) for n, p in first.items()}
+                        for g in groups[1:]]
+  else:
+    per_vw = [first] + [fitting_plans(cluster, profiles, g, nm_max, costs) for g in groups[1:]]
+  return speed_sized(per_vw)
+
+
 def plan_cluster(cluster: Cluster, profiles: Sequence[UnitProfile], policy: str | Sequence[Sequence[int]],
                  placement: str = "default", nm_policy: str | int | Sequence[int] = "max_fit",
                  nm_max: int | None = None,
@@ -205,7 +221,8 @@ def plan_cluster(cluster: Cluster, profiles: Sequence[UnitProfile], policy: str 
     profiles: per-unit profiles of the model at the training batch size.
     policy: "NP", "ED", "HD", or lists of GPU indices (:func:`allocate`).
     placement: "default", "local" or "striped" (:func:`hetpipe_jax.plan.placement.place_shards`).
-    nm_policy / nm_max: how Nm is chosen (:func:`hetpipe_jax.plan.partition.plan_virtual_worker`), or one
+    nm_policy / nm_max: how Nm is chosen (:func:`hetpipe_jax.plan.partition.plan_virtual_worker`; "speed":
+      waves sized to each virtual worker's speed, some with a window, :mod:`~hetpipe_jax.plan.waves`), or one
       Nm per virtual worker.
     costs: what the memory of a stage holds, and the precision of its times and memory
       (:class:`~hetpipe_jax.cost.context.CostContext`).
@@ -224,6 +241,8 @@ def plan_cluster(cluster: Cluster, profiles: Sequence[UnitProfile], policy: str 
       raise ConfigError(f"nm has {len(nms)} values {nms} for the {len(groups)} virtual workers of policy "
                         f"{policy!r}; give one value, or one per virtual worker")
     plans = [plan_virtual_worker(cluster, profiles, g, n, **kwargs) for g, n in zip(groups, nms)]
+  elif nm_policy == "speed":
+    plans = _speed_sized_plans(cluster, profiles, groups, policy, nm_max, costs)
   elif policy == "ED":
     first = plan_virtual_worker(cluster, profiles, groups[0], nm_policy, **kwargs)
     plans = [first] + [_same_plan_on(cluster, profiles, first, g, costs)

@@ -25,8 +25,10 @@ pruned. The order is then rebuilt forwards: the first signature, in order of fir
 prefix still reaches the optimum, and the fixed-order DP's cuts (first minimal index) -- the choice the
 depth-first enumeration of orders made. 16 GPUs of 8 signatures x 2 (16!/2^8 orders): 3^8 count vectors;
 16 distinct signatures: 2^16 (seconds, not minutes).
-Nm is picked by ``nm_policy``: ``max_fit`` (the largest Nm <= ``nm_max`` that fits) or ``best`` (the
-largest modelled throughput min(1/bottleneck, Nm/latency), ties to the smaller Nm), or a given number.
+Nm is picked by ``nm_policy``: ``max_fit`` (the largest Nm <= ``nm_max`` that fits), ``best`` (the
+largest modelled throughput min(1/bottleneck, Nm/latency), ties to the smaller Nm), ``speed`` (waves sized
+to each virtual worker's speed, relative to the others: :mod:`~hetpipe_jax.plan.waves`; a virtual worker
+alone gets its ``max_fit``), or a given number.
 """
 
 from __future__ import annotations
@@ -44,8 +46,9 @@ from hetpipe_jax.cost.transfer import receive_seconds_by_position, stage_neighbo
 from hetpipe_jax.cost.unit import UnitProfile
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.plan.vw_plan import VWPlan, vw_plan
+from hetpipe_jax.plan.waves import speed_sized
 
-NM_POLICIES = ("max_fit", "best")
+NM_POLICIES = ("max_fit", "best", "speed")
 
 
 class _Dp:
@@ -395,6 +398,35 @@ def partition(cluster: Cluster, profiles: Sequence[UnitProfile], gpus: Sequence[
   return vw_plan(cluster, profiles, order, cuts, nm, costs)
 
 
+def fitting_plans(cluster: Cluster, profiles: Sequence[UnitProfile], gpus: Sequence[Gpu], nm_max: int | None = None,
+                  costs: CostContext = DEFAULT_COSTS, ordered: bool = False,
+                  allow_empty: bool = False) -> dict[int, VWPlan]:
+  """Nm -> the fastest partition of the model over ``gpus`` at that Nm, for every Nm <= ``nm_max`` that fits.
+
+  Args:
+    cluster / profiles / gpus: as for :func:`partition`.
+    nm_max: the largest Nm tried; default: the number of GPUs (a full pipeline).
+    costs / ordered / allow_empty: as for :func:`partition`.
+
+  Returns:
+    The plans, Nm = 1 up to the largest that fits (memory only grows with Nm).
+
+  Raises:
+    ConfigError: when even Nm = 1 does not fit (naming what it needs), or for a bad ``nm_max``.
+  """
+  kwargs = {"costs": costs, "ordered": ordered, "allow_empty": allow_empty}
+  nm_max = nm_max or len(gpus)
+  if nm_max < 1:
+    raise ConfigError(f"nm_max={nm_max}; it must be >= 1")
+  plans = {1: partition(cluster, profiles, gpus, 1, **kwargs)}  # raises if nothing fits
+  for nm in range(2, nm_max + 1):
+    try:
+      plans[nm] = partition(cluster, profiles, gpus, nm, **kwargs)
+    except ConfigError:
+      break  # memory only grows with Nm
+  return plans
+
+
 def plan_virtual_worker(cluster: Cluster, profiles: Sequence[UnitProfile], gpus: Sequence[Gpu],
                         nm_policy: str | int = "max_fit", nm_max: int | None = None,
                         costs: CostContext = DEFAULT_COSTS, ordered: bool = False,
@@ -403,7 +435,8 @@ def plan_virtual_worker(cluster: Cluster, profiles: Sequence[UnitProfile], gpus:
 
   Args:
     cluster / profiles / gpus: as for :func:`partition`.
-    nm_policy: "max_fit", "best", or a number (that Nm).
+    nm_policy: "max_fit", "best", "speed" (alone: its max_fit; relative to other virtual workers with
+      :func:`hetpipe_jax.plan.allocation.plan_cluster`), or a number (that Nm).
     nm_max: the largest Nm tried; default: the number of GPUs (a full pipeline).
     costs / ordered / allow_empty: as for :func:`partition`.
 
@@ -417,17 +450,10 @@ def plan_virtual_worker(cluster: Cluster, profiles: Sequence[UnitProfile], gpus:
   if isinstance(nm_policy, int):
     return partition(cluster, profiles, gpus, nm_policy, **kwargs)
   if nm_policy not in NM_POLICIES:
-    raise ConfigError(f"unknown nm_policy {nm_policy!r}; use {' or '.join(NM_POLICIES)} or a number")
-  nm_max = nm_max or len(gpus)
-  if nm_max < 1:
-    raise ConfigError(f"nm_max={nm_max}; it must be >= 1")
-  plans = [partition(cluster, profiles, gpus, 1, **kwargs)]  # raises if nothing fits
-  for nm in range(2, nm_max + 1):
-    try:
-      plans.append(partition(cluster, profiles, gpus, nm, **kwargs))
-    except ConfigError:
-      break  # memory only grows with Nm
+    raise ConfigError(f"unknown nm_policy {nm_policy!r}; use {', '.join(NM_POLICIES)} or a number")
+  plans = fitting_plans(cluster, profiles, gpus, nm_max, **kwargs)
+  if nm_policy == "speed":
+    return speed_sized([plans])[0]
   if nm_policy == "max_fit":
-    return plans[-1]
-  return max(plans, key=lambda p: (p.throughput, -p.nm))
-
+    return plans[max(plans)]
+  return max(plans.values(), key=lambda p: (p.throughput, -p.nm))

@@ -115,7 +115,8 @@ def plan_table(doc: dict[str, Any]) -> str:
            f"{doc['policy']}, placement {doc['placement']}, {total}", *_hardware_lines(doc)]
   for i, vw in enumerate(doc["vws"]):
     simulated = f" (simulated {sim['vw_images_per_s'][i]:.1f})" if sim else ""
-    lines.append(f"virtual worker {i}: Nm={vw['nm']}  bottleneck {vw['bottleneck_s'] * 1e3:.1f} ms  "
+    window = f" (window {vw['window']})" if vw.get("window") else ""
+    lines.append(f"virtual worker {i}: Nm={vw['nm']}{window}  bottleneck {vw['bottleneck_s'] * 1e3:.1f} ms  "
                  f"{vw['images_per_s']:.1f} images/s alone{simulated}  PS traffic across nodes "
                  f"{vw['ps_cross_node_bytes_per_wave'] / 2**20:.1f} MiB per push")
     lines.append(f"  {'stage':>5} {'device':24} {'layers':>9} {'time ms':>8} {'memory GiB used / limit':>24}")

@@ -33,6 +33,7 @@ from hetpipe_jax.core.versions import WEIGHT_MODES
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.models import FULL_SIZE
 from hetpipe_jax.optim import OPTIMIZERS, make_optimizer, make_ps_optimizer, parse_ps_optimizer
+from hetpipe_jax.plan.partition import NM_POLICIES
 from hetpipe_jax.plan.placement import PLACEMENTS
 from hetpipe_jax.precision import check_precision
 from hetpipe_jax.runtime.ps import ON_NONFINITE
@@ -82,14 +83,16 @@ class LayoutSpec:
   Attributes:
     num_vws: number of virtual workers N.
     stages: devices (stages) per virtual worker, k.
-    nm: minibatches per wave (and most in flight) per virtual worker, Nm >= 1; with a policy also
-      "max_fit" or "best".
+    nm: minibatches per wave (and most in flight) per virtual worker, Nm >= 1; with a policy also a rule
+      of the planner's (:data:`hetpipe_jax.plan.partition.NM_POLICIES`): "max_fit", "best", or "speed" (waves
+      sized to each virtual worker's speed so that all last about as long, some with a window:
+      :mod:`hetpipe_jax.plan.waves`).
     window: most minibatches in flight per virtual worker when fewer than Nm, 1 <= window <= Nm (None:
       Nm); memory grows with it, the wave stays Nm (:mod:`hetpipe_jax.plan.layout`).
     cuts: per virtual worker, unit boundaries ``[0, ..., num_units]``; default: the partitioner's fastest
       cuts for the virtual worker's GPUs in cluster order.
     policy: NP, ED, HD or a grouping of GPU indices: the allocation decides the virtual workers and the
-      partitioner their GPU order, cuts and (with nm "max_fit"/"best") Nm; ``num_vws``, ``stages`` and
+      partitioner their GPU order, cuts and (with an nm rule) Nm; ``num_vws``, ``stages`` and
       ``cuts`` are then not used. A grouping with ``cuts`` is an explicit layout (a tuned plan): each
       group's GPUs in pipeline order, cut at ``cuts``, with ``nm``; nothing is searched.
     placement: PS shard placement: default, local or striped (:mod:`hetpipe_jax.plan.placement`).
@@ -101,7 +104,9 @@ class LayoutSpec:
   stages: int | Sequence[int] = setting(2, "Devices (stages) per virtual worker: one value, or one per VW.")
   nm: int | Sequence[int] | str = setting(
       2, "Minibatches per wave, and most in flight, per virtual worker (Nm >= 1): one, or one per VW; with "
-      "--policy also max_fit or best (default then: max_fit).")
+      "--policy also max_fit (the largest that fits), best (the fastest modelled) or speed (waves sized to each VW's "
+      "speed: each VW the most minibatches whose wave lasts at most the longest max_fit wave, beyond what fits "
+      "with a window; default with --policy: max_fit).")
   window: int | Sequence[int] | None = setting(
       None, "Most minibatches in flight per virtual worker when fewer than Nm (1 <= window <= Nm; memory grows "
       "with it, the wave stays Nm): one, or one per VW (default: Nm).")
@@ -111,12 +116,17 @@ class LayoutSpec:
       "partitioner's fastest cuts for each VW's GPUs, taken in cluster order).")
   policy: str | Sequence[Sequence[int]] | None = setting(
       None, "Allocation policy NP, ED or HD (or a grouping '0,1;2,3'): the planner then decides virtual workers, "
-      "device order, cuts and Nm (--nm=max_fit|best|N).")
+      "device order, cuts and Nm (--nm=max_fit|best|speed|N).")
   placement: str = setting("default", "PS shard placement: default, local or striped (sim only).")
   time_model: str | None = None
 
   def validate(self) -> None:
     _known("placement", self.placement, PLACEMENTS)
+    if isinstance(self.nm, str):
+      _known("nm rule", self.nm, NM_POLICIES)
+      if self.policy is None:
+        raise ConfigError(f"nm={self.nm!r} asks the planner for Nm, which needs a policy: give a policy (NP, ED, "
+                          "HD or a grouping of GPU indices), or Nm as a number (one, or one per virtual worker)")
     if self.time_model is not None and self.time_model not in FULL_SIZE:
       raise ConfigError(f"time_model={self.time_model!r}; use one of {', '.join(FULL_SIZE)} (or none)")
     if self.policy is None or self.cuts is None:

@@ -150,7 +150,8 @@ def layouts(spec: LayoutSpec, model: LayeredModel, cluster: Cluster, profiles, c
   """
   if spec.policy is not None:
     clock = _planned(spec, cluster, clock_profiles, costs)
-    layout = clock if spec.time_model is None else fastest_cuts(cluster, profiles, clock.gpus, clock.nms, costs)
+    layout = (clock if spec.time_model is None
+              else fastest_cuts(cluster, profiles, clock.gpus, clock.nms, costs).with_windows(clock.windows))
   else:
     layout = manual_layout(cluster, profiles, spec.num_vws, spec.stages, spec.nm, spec.cuts, costs, model.name)
     clock = layout if spec.time_model is None else fastest_cuts(cluster, clock_profiles, layout.gpus, layout.nms,

@@ -11,8 +11,9 @@ from collections.abc import Sequence
 from hetpipe_jax.cluster import Cluster, Gpu
 from hetpipe_jax.cost.profile import UnitProfile
 from hetpipe_jax.errors import ConfigError
-from hetpipe_jax.plan.partition import partition
+from hetpipe_jax.plan.partition import fitting_plans, partition
 from hetpipe_jax.plan.vw_plan import VWPlan, vw_plan
+from hetpipe_jax.plan.waves import sized_to, windowed
 from hetpipe_jax.tune.candidate import Candidate
 from hetpipe_jax.tune.groupings import groupings
 from hetpipe_jax.tune.options import RunSetting
@@ -45,13 +46,11 @@ class Planner:
       moved = {nm: self.move(p, gpus) for nm, p in template.items()}
       if all(m is not None for m in moved.values()):
         return {nm: m for nm, m in moved.items() if m is not None}
-    out = {}
-    for nm in range(1, self.nm_max + 1):
-      try:
-        out[nm] = partition(self.cluster, self.profiles, gpus, nm, **self.kwargs)
-        self.partitions += 1
-      except ConfigError:
-        break  # memory only grows with Nm
+    try:
+      out = fitting_plans(self.cluster, self.profiles, gpus, self.nm_max, **self.kwargs)
+    except ConfigError:
+      out = {}  # not even Nm = 1 fits
+    self.partitions += len(out)
     self._cache.setdefault(key, out)
     return out
 
@@ -75,9 +74,11 @@ class Planner:
 def nm_choices(per_vw: Sequence[dict[int, VWPlan]], k_max: Sequence[int],
                wave_max: int | None = None) -> list[NmChoice]:
   """Nm per virtual worker, three ways (:mod:`hetpipe_jax.tune`): the same for all, the planner's max_fit
-  (the largest Nm <= the virtual worker's stage count), sized to speed. With ``wave_max``, sized to speed
-  may give a virtual worker waves of up to ``wave_max`` minibatches beyond the Nm its memory holds, with a
-  window of the largest Nm that fits. Distinct choices only."""
+  (the largest Nm <= the virtual worker's stage count), sized to speed at every wave time w of the plans
+  (:func:`hetpipe_jax.plan.waves.sized_to`: each virtual worker the most minibatches whose wave lasts at
+  most w; the run's Nm policy ``speed`` is one such w, :mod:`hetpipe_jax.plan.waves`). With ``wave_max``,
+  sized to speed may give a virtual worker waves of up to ``wave_max`` minibatches beyond the Nm its memory
+  holds, with a window of the largest Nm that fits. Distinct choices only."""
   out: dict[tuple[int, ...], NmChoice] = {}
 
   def add(rule: str, nms: Sequence[int]) -> None:
@@ -89,13 +90,12 @@ def nm_choices(per_vw: Sequence[dict[int, VWPlan]], k_max: Sequence[int],
   for n in sorted(set.intersection(*(set(p) for p in per_vw))):
     add("uniform", [n] * len(per_vw))
   if wave_max is not None:  # waves beyond what fits in flight, with a window of the largest that fits
-    per_vw = [{**{n: plans[max(plans)].with_wave(n) for n in range(max(plans) + 1, wave_max + 1)}, **plans}
-              for plans in per_vw]
+    per_vw = [windowed(plans, wave_max) for plans in per_vw]
   wave_times = sorted({n / p.throughput for plans in per_vw for n, p in plans.items()})
   for w in wave_times:  # each virtual worker: the most minibatches whose wave lasts at most w
-    nms = [max((n for n, p in plans.items() if n / p.throughput <= w * (1 + 1e-9)), default=0) for plans in per_vw]
-    if all(nms):
-      add("speed-sized", nms)
+    sized = sized_to(per_vw, w)
+    if sized is not None:
+      add("speed-sized", [p.nm for p in sized])
   return list(out.values())
 
 
