@@ -43,7 +43,8 @@ from hetpipe_jax.studies.convergence_tuned import TunedChoice, tune_config
 
 
 def grid_words(grid: tuple[float, ...]) -> str:
-  """A grid of factors in words: ``0.1..10, 7 log-spaced factors`` where it is log-spaced, else its factors."""
+  """A grid of factors in words: ``each of 7 log-spaced factors 0.1..10`` where it is log-spaced (3 or more), else
+  ``each of 0.5,1``."""
   ordered = sorted(grid)
   ratios = [b / a for a, b in zip(ordered, ordered[1:])]
   if len(grid) > 2 and max(ratios) / min(ratios) < 1 + 1e-9:

@@ -88,6 +88,12 @@ def spec_outer_lr(spec: str) -> float | None:
   return parsed.lr if "lr" in PS_OPTIMIZERS[parsed.name] else None
 
 
+def outer_rate(default: float, factor: float) -> float:
+  """An outer rate of the grid: ``default`` x ``factor`` to 12 significant digits (0.7 x 1.5 is 1.05, not
+  1.0499999999999998: a rule's spec reads as it was meant)."""
+  return float(f"{default * factor:.12g}")
+
+
 def refinements(grid: Sequence[float], best: float, count: int) -> list[float]:
   """``count`` factors between ``best`` (of ``grid``) and its neighbours, log-spaced and nearest first, alternately
   below and above (at an end of the grid: the step of its one neighbour, mirrored), e.g. 2 of the default grid:

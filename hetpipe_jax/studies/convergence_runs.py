@@ -1,7 +1,8 @@
 """The convergence study's runs (:class:`Runner`): a peer trained with its own numerics on its simulated round's
 clock, a HetPipe configuration (a policy at a D, a tuned one, SSP) on the ``virtual`` executor with its clock
 scaled to the ``sim`` executor's images/s (:mod:`hetpipe_jax.systems.hetpipe`), and the learning-rate pilots that
-choose every system's rate (:meth:`Runner.choose_learning_rates`)."""
+choose every system's rates (:meth:`Runner.choose_learning_rates`, searched as
+:mod:`~hetpipe_jax.studies.convergence_lr` says)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any, NamedTuple
 
 from hetpipe_jax.errors import ConfigError, RunStopped
 from hetpipe_jax.plan.allocation import horovod_gpus
-from hetpipe_jax.studies.convergence_lr import LrChoice, LrPilot, search_rates, spec_outer_lr
+from hetpipe_jax.studies.convergence_lr import LrChoice, LrPilot, outer_rate, search_rates, spec_outer_lr
 from hetpipe_jax.studies.convergence_study import HETPIPE, HETPIPE_OUTER, Progress, Spec, Study
 from hetpipe_jax.systems import Curve, SystemSpec, TrainSetting, rule_lr
 from hetpipe_jax.systems.hetpipe import HetPipeSetting, Trainer, WaveRun, simulated_images_per_sec, training_of
@@ -186,8 +187,8 @@ class Runner:
 
   def lr_subjects(self) -> list[LrSubject]:
     """Every learning-rate system: each peer that runs, HetPipe (on its first policy's configuration) and, with
-    ``--outer`` and the tuned row, HetPipe with that outer rule; each with the outer rate it declares (a peer's :class:`System`, the
-    rule's ``lr``)."""
+    ``--outer`` and the tuned row, HetPipe with that outer rule; each with the outer rate it declares (a peer's
+    :class:`~hetpipe_jax.systems.System`, the rule's ``lr``)."""
     c, study = self.config, self.study
     rule = lambda examples: rule_lr(examples, c.base_lr, c.lr_scaling)
     subjects = [LrSubject(p.system.name, rule(p.update_examples), p.system.outer_lr(study.knobs), p)
@@ -209,7 +210,8 @@ class Runner:
                                    s.outer_lr is not None)
       edge = len(c.lr_grid) > 1 and not min(c.lr_grid) < factor < max(c.lr_grid)
       choice = LrChoice(s.system, s.rule_lr, factor, s.rule_lr * factor, None if s.outer_lr is None else
-                        s.outer_lr * outer, None if s.outer_lr is None else outer, len(self.lr_pilots) - before, edge)
+                        outer_rate(s.outer_lr, outer), None if s.outer_lr is None else outer,
+                        len(self.lr_pilots) - before, edge)
       self.choices[s.system] = choice
       if choice.pilots:
         self.say(f"learning rate of {s.system}: {choice.lr:.4g}" + (
@@ -220,7 +222,7 @@ class Runner:
     outer rate: its score (the final smoothed value, higher better; -inf when it diverged), recorded in
     ``lr_pilots``."""
     c, rule, lr = self.config, self.study.target, subject.rule_lr * factor
-    outer = None if subject.outer_lr is None else subject.outer_lr * outer_factor
+    outer = None if subject.outer_lr is None else outer_rate(subject.outer_lr, outer_factor)
     curve = self.pilot_curve(subject, lr, outer)
     final = rule.final(curve) if curve else None
     self.lr_pilots.append(LrPilot(subject.system, stage, lr, factor, outer, None if outer is None else outer_factor,
