@@ -21,13 +21,18 @@ seed of --seeds:
   local_sgd with its H and outer Nesterov step (--local_steps, --h_by_speed, --outer_lr, --outer_momentum);
 * with --ssp, an SSP parameter server without pipelining (one worker per GPU, Nm = 1, D = --ssp_d).
 
-Learning rates, the same rule for every system: the candidates are --base_lr (0.02) per 32-example update,
-scaled linearly (--lr_scaling=sqrt: with the square root, for Adam) with the examples behind one update (a
-synchronous peer's global batch; HetPipe's and local SGD's local step of one minibatch), times each factor
-of --lr_grid; each system (HetPipe once, on its first policy's configuration; HetPipe with the outer
-optimizer once more) trains every candidate on --pilot_seed (outside --seeds) for --lr_epochs epochs, and
-keeps the one whose smoothed test accuracy ends highest; while the best is the grid's largest (smallest)
-factor, the grid extends by one more step of the same ratio past it, up to 3 times.
+Learning rates, the same search for every system (:mod:`hetpipe_jax.studies.convergence_lr`): the rule's rate
+is --base_lr (0.02) per 32-example update, scaled linearly (--lr_scaling=sqrt: with the square root, for Adam)
+with the examples behind one update (a synchronous peer's global batch; HetPipe's and local SGD's local step of
+one minibatch). Each system (every peer; HetPipe once, on its first policy's configuration; HetPipe with the
+--outer rule once more) trains pilots on --pilot_seed (outside --seeds) for --lr_epochs epochs: first the
+rule's rate times each factor of --lr_grid (by default 7 factors log-spaced over two decades, 0.1 to 10) at
+the default outer rate, then as many pilots again for every system as --outer_lr_grid has factors other than 1:
+a system with an outer step (local SGD's outer Nesterov, --outer_lr; the --outer rule's lr) tries its outer
+rate times each of them at the best inner rate, one without tries as many inner rates between the best and
+its neighbours. Every system gets the same number of pilots of the same length; the pair whose smoothed test
+accuracy (a loss: test loss) ends best is kept, and the runs use it (local SGD's outer learning rate; the
+--outer row's ps_optimizer). A chosen inner rate at an end of the grid is reported as such.
 
 Time to target: the test accuracy is smoothed by a trailing mean over --smooth evaluations (every
 --eval_examples examples); a run reaches --target_accuracy at the first evaluation from which the smoothed
@@ -71,6 +76,7 @@ from experiments import common, peer_flags, run_flags
 from hetpipe_jax import get_cluster
 from hetpipe_jax.studies.convergence import ConvergenceConfig, ConvergenceResult, run_convergence
 from hetpipe_jax.studies.convergence_config import PEERS, TUNED_OBJECTIVES
+from hetpipe_jax.studies.convergence_lr import LR_GRID, OUTER_LR_GRID
 from hetpipe_jax.studies.convergence_runs import ConvergenceRun
 from hetpipe_jax.studies.convergence_summary import is_peer
 from hetpipe_jax.studies.convergence_target import Target
@@ -108,8 +114,13 @@ flags.DEFINE_float("base_lr", BASE_LR_PER_32, "The learning-rate rule's base: th
 flags.DEFINE_enum("lr_scaling", "linear", list(LR_SCALINGS), "How the rule scales --base_lr with the examples "
                   "of one update: linearly (SGD, Goyal et al. 2017) or with their square root (Adam, Malladi et "
                   "al. 2022).")
-flags.DEFINE_list("lr_grid", ["0.5", "1", "2"], "Learning-rate factors tried per system around the rule's rate "
-                  "(1 alone: no pilots).")
+flags.DEFINE_list("lr_grid", [repr(x) for x in LR_GRID], "Inner learning-rate factors tried per system on the "
+                  "rule's rate; the default: 7 factors log-spaced over two decades, 0.1 to 10 (10^(k/3), k = -3..3). "
+                  "One factor alone: no pilots, every rate the rule's times it and every outer step at its default.")
+flags.DEFINE_list("outer_lr_grid", [repr(x) for x in OUTER_LR_GRID], "Outer learning-rate factors tried at the best "
+                  "inner rate on each system's default outer rate (local SGD's --outer_lr, the --outer rule's lr), by "
+                  "every system with an outer step; each system without one tries as many inner rates between the "
+                  "best and its neighbours (the same number of pilots for all). 1 alone: no second stage.")
 flags.DEFINE_float("lr_epochs", 0.5, "Epochs of each learning-rate pilot run.")
 flags.DEFINE_list("seeds", ["0", "1"], "Initialisation and shuffling seeds: every run once per seed.")
 flags.DEFINE_float("epochs", 2.0, "Training examples seen by every run, in epochs.")
@@ -142,13 +153,15 @@ def flags_to_config() -> ConvergenceConfig:
 
   seeds = tuple(common.parse_ints("seeds", full_or_given("seeds")))
   ds = tuple(common.parse_ints("ds", FLAGS.ds))
-  grid = common.parse_floats("lr_grid", FLAGS.lr_grid, "one or more factors > 0, e.g. 0.5,1,2")
+  grid = common.parse_floats("lr_grid", FLAGS.lr_grid, "one or more factors > 0, e.g. 0.1,0.3,1,3,10")
+  outer_grid = common.parse_floats("outer_lr_grid", FLAGS.outer_lr_grid, "one or more factors > 0, e.g. 0.5,1,1.5")
   return ConvergenceConfig(
       get_cluster(FLAGS.cluster), model=FLAGS.model, dataset=FLAGS.dataset, time_model=FLAGS.time_model,
       policies=tuple(FLAGS.policies), ds=ds, nm=common.parse_nm(FLAGS.nm), tuned=FLAGS.tuned,
       tuned_objective=FLAGS.tuned_objective, pilots=FLAGS.pilots, pilot_seed=FLAGS.pilot_seed, outer=FLAGS.outer,
       systems=tuple(FLAGS.systems), knobs=peer_flags.knobs_from_flags(FLAGS), optimizer=FLAGS.optimizer,
-      base_lr=FLAGS.base_lr, lr_scaling=FLAGS.lr_scaling, lr_grid=grid, lr_epochs=full_or_given("lr_epochs"),
+      base_lr=FLAGS.base_lr, lr_scaling=FLAGS.lr_scaling, lr_grid=grid, outer_lr_grid=outer_grid,
+      lr_epochs=full_or_given("lr_epochs"),
       seeds=seeds, epochs=full_or_given("epochs"), batch_size=FLAGS.batch_size,
       target_accuracy=FLAGS.target_accuracy, target_metric=FLAGS.target_metric, smooth=FLAGS.smooth,
       eval_examples=FLAGS.eval_examples, ssp=FLAGS.ssp, ssp_d=FLAGS.ssp_d, whimpy=FLAGS.whimpy)
@@ -184,8 +197,7 @@ def write_outputs(result: ConvergenceResult, out_dir: str) -> dict[str, str]:
 def report(result: ConvergenceResult) -> None:
   """Prints the learning rates, the one table, the staleness, the fit, the tuned configuration's prediction
   and the time axis."""
-  rates = ", ".join(f"{k} {v:.4g}" for k, v in result.learning_rates.items())
-  print(f"learning rates ({result.lr_rule}): {rates}")
+  print_learning_rates(result)
   for system, reason in result.not_run.items():
     print(f"{system}: not run ({reason})")
   print_table(result)
@@ -195,6 +207,21 @@ def report(result: ConvergenceResult) -> None:
   print_tuned(result)
   print(f"time axis: {result.time_axis} (emulated seconds, not wall time); images/s: the sim executor's, or the "
         "peer's simulated round")
+
+
+def print_learning_rates(result: ConvergenceResult) -> None:
+  """Each system's chosen rates, and its pilots' final smoothed values."""
+  print(f"learning rates ({result.lr_rule}):")
+  for system, choice in result.lr_choices.items():
+    outer = "" if choice.outer_lr is None else f", outer {choice.outer_lr:.4g} (x{choice.outer_factor:g} its default)"
+    edge = "; at an end of --lr_grid: widen it" if choice.at_edge else ""
+    print(f"  {system}: {choice.lr:.4g} (x{choice.factor:.4g} the rule's {choice.rule_lr:.4g}){outer}, "
+          f"{choice.pilots} pilots{edge}")
+    pilots = [p for p in result.lr_pilots if p.system == system]
+    if pilots:
+      print("    pilots (inner[/outer] -> final): " + ", ".join(
+          f"{p.lr:.3g}{'' if p.outer_lr is None else f'/{p.outer_lr:.3g}'} -> "
+          f"{'diverged' if p.final_smoothed is None else f'{p.final_smoothed:.4f}'}" for p in pilots))
 
 
 def print_table(result: ConvergenceResult) -> None:

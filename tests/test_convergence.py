@@ -118,7 +118,8 @@ def test_convergence_cli(tmp_path):
   env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
   proc = subprocess.run([sys.executable, "-m", "experiments.convergence", "--model=mlp", "--dataset=digits",
                          "--cluster=paper_mini", "--policies=ED", "--ds=0,4", "--epochs=2", "--lr_epochs=0.3",
-                         "--systems=horovod,hetero_dp,local_sgd", "--lr_grid=0.5,1", "--eval_examples=200",
+                         "--systems=horovod,hetero_dp,local_sgd", "--lr_grid=0.5,1", "--outer_lr_grid=0.5,1,1.5",
+                         "--eval_examples=200",
                          "--time_model=none", "--seeds=0,1", "--ssp", "--tuned_objective=measured",
                          "--target_accuracy=0.3", "--pilots=2", "--pilot_seed=7", f"--out_dir={tmp_path}"],
                         capture_output=True, text=True, timeout=600, env=env)
@@ -133,6 +134,16 @@ def test_convergence_cli(tmp_path):
   assert doc["target_accuracy"] == 0.3 and doc["target_rule"] == "given"
   assert {p["system"] for p in doc["lr_pilots"]} == {"horovod", "hetero_dp", "local_sgd", "hetpipe", "hetpipe_outer"}
   assert {p["seed"] for p in doc["lr_pilots"]} == {7}
+  # the same search for every system: 2 inner factors, then 2 pilots more (the outer grid 0.5,1.5 or refinements)
+  choices = doc["lr_choices"]
+  assert {c["system"]: c["pilots"] for c in choices.values()} == dict.fromkeys(choices, 4)
+  assert all(len(p["curve"]) >= 1 or p["diverged"] for p in doc["lr_pilots"])
+  outer = {p["outer_lr"] for p in doc["lr_pilots"] if p["system"] == "local_sgd"}
+  assert outer == {0.35, 0.7, 1.05}  # DiLoCo's 0.7 (--outer_lr) x the outer grid
+  assert all(r["outer_lr"] == choices["local_sgd"]["outer_lr"] for r in doc["runs"] if r["system"] == "local_sgd")
+  chosen = choices["hetpipe_outer"]["outer_lr"]
+  rows = [r for r in doc["runs"] if r["row"] == "HetPipe tuned + outer"]
+  assert rows and all(r["ps_optimizer"] == f"nesterov:lr={chosen / len(r['nm'])!r},momentum=0.9" for r in rows)
   for run in doc["runs"]:
     assert {"name", "row", "system", "seed", "d", "nm", "gpus", "lr", "time_to_target_s", "final_test_accuracy",
             "curve", "images_per_sec", "efficiency"} <= set(run)

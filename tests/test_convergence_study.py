@@ -30,7 +30,7 @@ MINI = get_cluster("paper_mini")
     ({"epochs": 0.0}, "--epochs=0.0; give > 0"),
     ({"smooth": 0}, "--smooth=0; give >= 1"),
     ({"target_accuracy": 1.5}, r"--target_accuracy=1.5; give in \[0, 1\] for an accuracy"),
-    ({"lr_grid": (0.5, 0.0)}, "--lr_grid=0.5,0; give one or more factors > 0, e.g. 0.5,1,2"),
+    ({"lr_grid": (0.5, 0.0)}, "--lr_grid=0.5,0; give one or more distinct factors > 0, e.g. 0.1,0.3,1,3,10"),
     ({"pilot_seed": 1}, "--pilot_seed=1 is one of --seeds; use a seed outside them"),
     ({"pilots": 0}, "--pilots=0; --tuned_objective=measured needs at least 1 pilot run"),
     ({"time_model": "vgg99"}, "--time_model=vgg99; use one of vgg19, "),

@@ -11,6 +11,7 @@ same examples, once per seed. The time axis is the cost of ``config.time_model``
   the HetPipe configurations of the policies);
 * :mod:`~hetpipe_jax.studies.convergence_runs`: the runs (a peer with its own numerics; HetPipe and SSP through
   :mod:`hetpipe_jax.systems.hetpipe`) and the learning-rate pilots;
+* :mod:`~hetpipe_jax.studies.convergence_lr`: the learning-rate search, the same for every system;
 * :mod:`~hetpipe_jax.studies.convergence_tuned`: the tuned configuration;
 * :mod:`~hetpipe_jax.studies.convergence_summary`: the target's outcomes, the summaries, the table and the
   staleness-aware estimate's validation.
@@ -23,7 +24,8 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from hetpipe_jax.studies.convergence_config import ConvergenceConfig
-from hetpipe_jax.studies.convergence_runs import LR_EXTENSIONS, ConvergenceRun, LrPilot, Runner
+from hetpipe_jax.studies.convergence_lr import LrChoice, LrPilot
+from hetpipe_jax.studies.convergence_runs import ConvergenceRun, Runner
 from hetpipe_jax.studies.convergence_study import HETPIPE, Progress, make_study
 from hetpipe_jax.studies.convergence_summary import (
   StalenessCheck,
@@ -40,6 +42,16 @@ from hetpipe_jax.studies.convergence_target import Target
 from hetpipe_jax.studies.convergence_tuned import TunedChoice, tune_config
 
 
+def grid_words(grid: tuple[float, ...]) -> str:
+  """A grid of factors in words: ``each of 7 log-spaced factors 0.1..10`` where it is log-spaced (3 or more), else
+  ``each of 0.5,1``."""
+  ordered = sorted(grid)
+  ratios = [b / a for a, b in zip(ordered, ordered[1:])]
+  if len(grid) > 2 and max(ratios) / min(ratios) < 1 + 1e-9:
+    return f"each of {len(grid)} log-spaced factors {ordered[0]:g}..{ordered[-1]:g}"
+  return f"each of {','.join(f'{x:g}' for x in grid)}"
+
+
 class ConvergenceResult(NamedTuple):
   """The study: its setting, the target, every run, the summaries and the table, the learning rates and their
   pilots, the tuned choice, the staleness-aware estimate and a language model's unigram baseline.
@@ -52,7 +64,8 @@ class ConvergenceResult(NamedTuple):
     target: the target (given, or automatic from the runs).
     runs: every run, seed by seed, with its outcome.
     summary: configuration -> its runs over seeds; table: one row per configuration.
-    learning_rates / lr_pilots: each learning-rate system's rate and the pilot runs that chose it.
+    lr_choices / lr_pilots: each learning-rate system's rates (inner, and outer where it has an outer step) and
+      the pilot runs that chose them.
     not_run: row -> why it cannot run on the cluster.
     tuned: the tuned choice (None: not tuned).
     staleness: the staleness-aware estimate and its check.
@@ -71,7 +84,7 @@ class ConvergenceResult(NamedTuple):
   runs: list[ConvergenceRun]
   summary: dict[str, Summary]
   table: list[TableRow]
-  learning_rates: dict[str, float]
+  lr_choices: dict[str, LrChoice]
   lr_pilots: list[LrPilot]
   not_run: dict[str, str]
   tuned: TunedChoice | None
@@ -85,14 +98,26 @@ class ConvergenceResult(NamedTuple):
     return "given" if c.target_accuracy else Target(c.target_metric, c.smooth).rule()
 
   @property
+  def learning_rates(self) -> dict[str, float]:
+    """Each learning-rate system's inner rate."""
+    return {system: choice.lr for system, choice in self.lr_choices.items()}
+
+  @property
   def lr_rule(self) -> str:
-    """The learning-rate rule in words."""
+    """The learning-rate rule and its search in words."""
     c = self.config
     scaled = "linearly" if c.lr_scaling == "linear" else "with the square root"
     metric = "test loss" if c.target_metric == "loss" else "accuracy"
-    return (f"{c.base_lr:g} per 32-example update, scaled {scaled} with the examples of one update, times each of "
-            f"{','.join(f'{x:g}' for x in c.lr_grid)}; the best final smoothed {metric} after {c.lr_epochs} epochs "
-            f"on seed {c.pilot_seed}, the grid extended past an edge that is best up to {LR_EXTENSIONS} times")
+    rule = (f"{c.base_lr:g} per 32-example update, scaled {scaled} with the examples of one update, times "
+            f"{grid_words(c.lr_grid)}")
+    if len(c.lr_grid) == 1:
+      return f"{rule}; no pilots, every outer step at its default rate"
+    extra = sum(1 for o in c.outer_lr_grid if o != 1.0)
+    return (f"{rule} at the default outer rate, then {extra} more pilots per system: the outer rate times each of "
+            f"{','.join(f'{o:g}' for o in c.outer_lr_grid if o != 1.0)} at the best inner rate (a system with an "
+            f"outer step), or as many inner rates between the best and its neighbours (one without); "
+            f"{len(c.lr_grid) + extra} pilots of {c.lr_epochs} epochs on seed {c.pilot_seed} for every system, the "
+            f"best final smoothed {metric} kept")
 
   def to_json(self) -> dict[str, Any]:
     """``convergence.json``."""
@@ -103,7 +128,9 @@ class ConvergenceResult(NamedTuple):
             "whimpy": c.whimpy, "seeds": list(c.seeds), "ideal_images_per_sec": self.ideal_images_per_sec,
             "unit": self.unit, "per_example": self.per_example, "table": [r._asdict() for r in self.table],
             "summary": {k: s._asdict() for k, s in self.summary.items()}, "learning_rates": self.learning_rates,
-            "lr_rule": self.lr_rule, "lr_pilots": [p._asdict() for p in self.lr_pilots], "not_run": self.not_run,
+            "lr_rule": self.lr_rule, "lr_grid": list(c.lr_grid), "outer_lr_grid": list(c.outer_lr_grid),
+            "lr_choices": {k: v._asdict() for k, v in self.lr_choices.items()},
+            "lr_pilots": [p._asdict() for p in self.lr_pilots], "not_run": self.not_run,
             "tuned": {} if self.tuned is None else self.tuned.to_json(),
             **({} if self.unigram is None else self.unigram._asdict()), **self.staleness.to_json(),
             "runs": [r.to_json() for r in self.runs]}
@@ -148,7 +175,7 @@ def run_convergence(config: ConvergenceConfig, progress: Progress | None = None)
   runs = [with_target(r, rule, target, config.batch_size)._replace(language=study.language) for r in runs]
   summary = {name: summarise([r for r in runs if r.name == name]) for name in dict.fromkeys(r.name for r in runs)}
   return ConvergenceResult(config, study.model.name, study.dataset.name, study.time_axis, study.ideal, study.unit,
-                           study.per_example, study.epoch, target, runs, summary, table(summary), runner.lrs,
+                           study.per_example, study.epoch, target, runs, summary, table(summary), runner.choices,
                            runner.lr_pilots, study.not_run, tuned, validate_staleness_model(runs, target),
                            unigram_baseline(study.dataset) if study.language else None)
 

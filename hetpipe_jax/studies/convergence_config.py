@@ -13,6 +13,7 @@ from hetpipe_jax.models import FULL_SIZE
 from hetpipe_jax.optim import OPTIMIZERS, make_ps_optimizer
 from hetpipe_jax.plan.allocation import parse_policy
 from hetpipe_jax.run.config import check_seed
+from hetpipe_jax.studies.convergence_lr import LR_GRID, OUTER_LR_GRID, check_grid
 from hetpipe_jax.systems import BASE_LR_PER_32, LR_SCALINGS
 
 PEERS = ("horovod", "hetero_dp", "sync_pipeline", "local_sgd")
@@ -34,7 +35,9 @@ class ConvergenceConfig:
       configurations are trained to choose it (``measured``), and the pilot runs' seed (learning rates too).
     outer: the outer optimizer of the tuned configuration's extra row (``--ps_optimizer`` syntax; empty: none).
     systems / knobs: the peers and their knobs (``microbatches`` 0: the cluster's GPUs).
-    optimizer / base_lr / lr_scaling / lr_grid / lr_epochs: every run's optimizer and the learning-rate rule.
+    optimizer / base_lr / lr_scaling: every run's optimizer and the learning-rate rule.
+    lr_grid / outer_lr_grid / lr_epochs: the learning-rate search (:mod:`~hetpipe_jax.studies.convergence_lr`):
+      factors on each rule's inner rate (one: no pilots), on each outer step's default rate, the pilots' epochs.
     seeds / epochs / batch_size: every run's seeds, length and minibatch size.
     target_accuracy / target_metric / smooth / eval_examples: the target (0: automatic), what it is on, the
       smoothing and how often runs are evaluated.
@@ -59,7 +62,8 @@ class ConvergenceConfig:
   optimizer: str = "sgd"
   base_lr: float = BASE_LR_PER_32
   lr_scaling: str = "linear"
-  lr_grid: tuple[float, ...] = (0.5, 1.0, 2.0)
+  lr_grid: tuple[float, ...] = LR_GRID
+  outer_lr_grid: tuple[float, ...] = OUTER_LR_GRID
   lr_epochs: float = 0.5
   seeds: tuple[int, ...] = (0, 1)
   epochs: float = 2.0
@@ -80,9 +84,8 @@ class ConvergenceConfig:
     if not self.ds or any(d < 0 for d in self.ds):
       raise ConfigError(f"--ds={','.join(map(str, self.ds))}; give one or more clock distance bounds D >= 0")
     self._check_ranges()
-    if not self.lr_grid or any(not (math.isfinite(x) and x > 0) for x in self.lr_grid):
-      raise ConfigError(f"--lr_grid={','.join(f'{x:g}' for x in self.lr_grid)}; give one or more factors > 0, e.g. "
-                        "0.5,1,2")
+    check_grid("lr_grid", self.lr_grid, "0.1,0.3,1,3,10")
+    check_grid("outer_lr_grid", self.outer_lr_grid, "0.5,1,1.5")
     if check_seed(self.pilot_seed, "pilot_seed") in self.seeds:
       raise ConfigError(f"--pilot_seed={self.pilot_seed} is one of --seeds; use a seed outside them, so that no "
                         "choice is fitted to the runs that judge it")

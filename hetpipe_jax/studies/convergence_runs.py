@@ -1,20 +1,22 @@
 """The convergence study's runs (:class:`Runner`): a peer trained with its own numerics on its simulated round's
 clock, a HetPipe configuration (a policy at a D, a tuned one, SSP) on the ``virtual`` executor with its clock
 scaled to the ``sim`` executor's images/s (:mod:`hetpipe_jax.systems.hetpipe`), and the learning-rate pilots that
-choose every system's rate (:meth:`Runner.choose_learning_rates`)."""
+choose every system's rates (:meth:`Runner.choose_learning_rates`, searched as
+:mod:`~hetpipe_jax.studies.convergence_lr` says)."""
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, NamedTuple
 
 from hetpipe_jax.errors import ConfigError, RunStopped
 from hetpipe_jax.plan.allocation import horovod_gpus
+from hetpipe_jax.studies.convergence_lr import LrChoice, LrPilot, outer_rate, search_rates, spec_outer_lr
 from hetpipe_jax.studies.convergence_study import HETPIPE, HETPIPE_OUTER, Progress, Spec, Study
 from hetpipe_jax.systems import Curve, SystemSpec, TrainSetting, rule_lr
 from hetpipe_jax.systems.hetpipe import HetPipeSetting, Trainer, WaveRun, simulated_images_per_sec, training_of
 
-LR_EXTENSIONS = 3  # learning-rate pilots: how many steps the grid may extend past an edge that is best
 SSP = "ssp"
 
 
@@ -58,6 +60,7 @@ class ConvergenceRun(NamedTuple):
     curve: its evaluations.
     peer: a peer's workers (None for HetPipe and SSP); wsp: HetPipe's and SSP's time scale and staleness.
     outcome: against the target (None until it is known); language: a language model's run (a perplexity curve).
+    outer_lr: a peer's outer learning rate (None: it has no outer step; HetPipe's is in its ``ps_optimizer``).
   """
 
   name: str
@@ -75,6 +78,7 @@ class ConvergenceRun(NamedTuple):
   wsp: WspStats | None = None
   outcome: Outcome | None = None
   language: bool = False
+  outer_lr: float | None = None
 
   @property
   def perplexity_curve(self) -> list[list[float]]:
@@ -85,7 +89,8 @@ class ConvergenceRun(NamedTuple):
     head = {k: getattr(self, k) for k in ("name", "row", "system", "seed", "d", "nm", "lr", "gpus")}
     tail = {"images_per_sec": self.images_per_sec, "efficiency": self.efficiency}
     if self.peer is not None:
-      doc = {**head, **self.peer._asdict(), **tail, "curve": self.curve}
+      outer = {} if self.outer_lr is None else {"outer_lr": self.outer_lr}
+      doc = {**head, **outer, **self.peer._asdict(), **tail, "curve": self.curve}
     else:
       assert self.wsp is not None
       doc = {**head, "time_scale": self.wsp.time_scale, **tail, "ps_optimizer": self.wsp.ps_optimizer,
@@ -94,17 +99,15 @@ class ConvergenceRun(NamedTuple):
     return {**doc, "perplexity_curve": self.perplexity_curve} if self.language else doc
 
 
-class LrPilot(NamedTuple):
-  """A learning-rate pilot: the system, its rate (``factor`` x the rule's), seed and epochs, its final smoothed
-  value (None: it diverged)."""
+class LrSubject(NamedTuple):
+  """A learning-rate system of the study: its name, its rule's inner rate, its outer step's default rate (None: it
+  takes none), and what its pilots train (a peer; HetPipe's first policy configuration, its ``lr_system``
+  :data:`HETPIPE_OUTER` with the study's outer rule)."""
 
   system: str
-  lr: float
-  factor: float
-  seed: int
-  epochs: float
-  final_smoothed: float | None
-  diverged: bool
+  rule_lr: float
+  outer_lr: float | None
+  what: Spec | SystemSpec
 
 
 class Runner:
@@ -117,8 +120,13 @@ class Runner:
     self.trainer = Trainer(study.model, study.dataset, study.base, progress)
     self.images: dict[str, float] = {}  # configuration -> the sim executor's images/s
     self.scales: dict[str, float] = {}  # configuration -> its time scale to the sim executor
-    self.lrs: dict[str, float] = {}  # learning-rate system -> its rate
+    self.choices: dict[str, LrChoice] = {}  # learning-rate system -> its rates
     self.lr_pilots: list[LrPilot] = []
+
+  @property
+  def lrs(self) -> dict[str, float]:
+    """Learning-rate system -> its inner rate."""
+    return {system: choice.lr for system, choice in self.choices.items()}
 
   def train(self, spec: Spec, seed: int, lr: float, epochs: float | None = None) -> ConvergenceRun:
     """One HetPipe run of ``spec`` at ``lr`` for the config's epochs (or ``epochs``), its trace checked."""
@@ -141,22 +149,28 @@ class Runner:
                           wsp=WspStats(t.time_scale, spec.setting.ps_optimizer or "add", t.staleness,
                                        t.mean_staleness))
 
-  def train_system(self, spec: SystemSpec, seed: int, lr: float, epochs: float) -> Curve:
-    """``spec``'s system trained with its own numerics for ``epochs`` epochs: its curve."""
-    c = self.config
+  def train_system(self, spec: SystemSpec, seed: int, lr: float, epochs: float,
+                   outer_lr: float | None = None) -> Curve:
+    """``spec``'s system trained with its own numerics for ``epochs`` epochs (its outer step at ``outer_lr``; None:
+    the study's knob): its curve."""
+    c, knobs = self.config, self.study.knobs
     setting = TrainSetting(seed, lr, c.optimizer, epochs, c.eval_examples, c.batch_size)
-    return spec.system.train(self.study.model, self.study.dataset, spec.simulated, setting, self.study.knobs)
+    knobs = knobs if outer_lr is None else spec.system.with_outer_lr(knobs, outer_lr)
+    return spec.system.train(self.study.model, self.study.dataset, spec.simulated, setting, knobs)
 
   def peer_run(self, spec: SystemSpec, seed: int) -> ConvergenceRun:
-    """One peer's run with its numerics."""
-    lr = self.lrs[spec.system.name]
+    """One peer's run with its numerics, at its chosen rates."""
+    choice, outer = self.choices[spec.system.name], ""
+    if choice.outer_lr is not None:
+      outer = f", outer learning rate {choice.outer_lr:.4g}"
     self.say(f"seed {seed}, {spec.name}: {len(spec.batch_sizes)} workers, batches {spec.batch_sizes}, H "
-             f"{spec.local_steps}, learning rate {lr:.4g}")
-    curve = self.train_system(spec, seed, lr, self.config.epochs)
+             f"{spec.local_steps}, learning rate {choice.lr:.4g}{outer}")
+    curve = self.train_system(spec, seed, choice.lr, self.config.epochs, choice.outer_lr)
     run, name = spec.simulated, spec.system.name
-    return ConvergenceRun(spec.name, name, name, seed, 0, [1], lr, run.gpus, run.images_per_sec, run.efficiency,
-                          curve, peer=PeerShape(sum(spec.batch_sizes), spec.batch_sizes, spec.local_steps,
-                                                run.round_seconds))
+    return ConvergenceRun(spec.name, name, name, seed, 0, [1], choice.lr, run.gpus, run.images_per_sec,
+                          run.efficiency, curve, peer=PeerShape(sum(spec.batch_sizes), spec.batch_sizes,
+                                                                spec.local_steps, run.round_seconds),
+                          outer_lr=choice.outer_lr)
 
   def ssp_run(self, seed: int) -> ConvergenceRun:
     """An SSP parameter server without pipelining (a worker per GPU that holds the model, Nm = 1, D = ssp_d)."""
@@ -171,63 +185,68 @@ class Runner:
 
   # Learning rates.
 
-  def choose_learning_rates(self) -> None:
-    """Every system's learning rate into ``lrs`` (the pilot runs into ``lr_pilots``): the rule's rate times the
-    grid's factor whose pilot ends best, the grid extended past an edge that is best."""
+  def lr_subjects(self) -> list[LrSubject]:
+    """Every learning-rate system: each peer that runs, HetPipe (on its first policy's configuration) and, with
+    ``--outer`` and the tuned row, HetPipe with that outer rule; each with the outer rate it declares (a peer's
+    :class:`~hetpipe_jax.systems.System`, the rule's ``lr``)."""
     c, study = self.config, self.study
     rule = lambda examples: rule_lr(examples, c.base_lr, c.lr_scaling)
+    subjects = [LrSubject(p.system.name, rule(p.update_examples), p.system.outer_lr(study.knobs), p)
+                for p in study.peers if p.run is not None]
     hetpipe = study.policy_specs()[0]
-    candidates: list[tuple[str, float, Any]] = [(p.system.name, rule(p.update_examples), p) for p in study.peers
-                                                if p.run is not None]
-    candidates.append((HETPIPE, rule(c.batch_size), hetpipe))
-    if c.outer:
-      spec = study.outer_spec(len(study.plan_nms(hetpipe.setting)))
-      outer = Spec(f"{hetpipe.name} + {spec}", hetpipe.setting._replace(ps_optimizer=spec), hetpipe.row,
-                   HETPIPE_OUTER)
-      candidates.append((HETPIPE_OUTER, rule(c.batch_size), outer))
-    for system, base, what in candidates:
-      self.lrs[system] = base * self.best_factor(system, base, what)
-      if len(c.lr_grid) > 1:
-        self.say(f"learning rate of {system}: {self.lrs[system]:.4g}")
+    subjects.append(LrSubject(HETPIPE, rule(c.batch_size), None, hetpipe))
+    if c.outer and c.tuned:  # (the outer rule's row is the tuned configuration's)
+      subjects.append(LrSubject(HETPIPE_OUTER, rule(c.batch_size), spec_outer_lr(c.outer),
+                                hetpipe._replace(lr_system=HETPIPE_OUTER)))
+    return subjects
 
-  def best_factor(self, system: str, base: float, what: Any) -> float:
-    """The grid's factor whose pilot ends best, the grid extended up to :data:`LR_EXTENSIONS` times past an edge
-    that is best (one factor: that one, no pilot)."""
-    grid = self.config.lr_grid
-    if len(grid) == 1:
-      return grid[0]
-    scores: dict[float, float] = {}
-    factors = sorted(grid)
-    for _ in range(LR_EXTENSIONS + 1):  # the grid, then one step further while the best is at an edge
-      for factor in factors:
-        if factor not in scores:
-          scores[factor] = self.lr_pilot(system, what, base, factor)
-      best = max(scores, key=lambda f: (scores[f], -f))  # the highest final accuracy; a tie: the smaller rate
-      ends = sorted(scores)
-      if scores[best] == -math.inf or best not in (ends[0], ends[-1]):
-        break
-      factors = [best * (ends[-1] / ends[-2] if best == ends[-1] else ends[0] / ends[1])]
-    return best
-
-  def lr_pilot(self, system: str, what: Any, base: float, factor: float) -> float:
-    """One learning-rate pilot of ``system`` at ``base`` x ``factor``: its score (the final smoothed value, higher
-    better; -inf when it diverged), recorded in ``lr_pilots``."""
-    c, rule, lr = self.config, self.study.target, base * factor
-    curve = self.pilot_curve(what, lr)
-    self.lr_pilots.append(LrPilot(system, lr, factor, c.pilot_seed, c.lr_epochs,
-                                  rule.final(curve) if curve else None, not curve))
-    self.say(f"learning rate of {system}: {lr:.4g} (x{factor:g}) ends at "
-             f"{f'{rule.final(curve):.4f}' if curve else 'divergence'}")
-    return rule.better(rule.final(curve)) if curve else -math.inf
-
-  def pilot_curve(self, what: Spec | SystemSpec, lr: float) -> Curve | None:
-    """A learning-rate pilot: ``what`` trained on the pilot seed for the pilots' epochs at ``lr``; None when it
-    diverged."""
+  def choose_learning_rates(self) -> None:
+    """Every system's rates into ``choices`` (the pilot runs into ``lr_pilots``), searched the same way for each
+    (:func:`~hetpipe_jax.studies.convergence_lr.search_rates`)."""
     c = self.config
+    for s in self.lr_subjects():
+      before = len(self.lr_pilots)
+      factor, outer = search_rates(functools.partial(self.lr_pilot, s), c.lr_grid, c.outer_lr_grid,
+                                   s.outer_lr is not None)
+      edge = len(c.lr_grid) > 1 and not min(c.lr_grid) < factor < max(c.lr_grid)
+      choice = LrChoice(s.system, s.rule_lr, factor, s.rule_lr * factor, None if s.outer_lr is None else
+                        outer_rate(s.outer_lr, outer), None if s.outer_lr is None else outer,
+                        len(self.lr_pilots) - before, edge)
+      self.choices[s.system] = choice
+      if choice.pilots:
+        self.say(f"learning rate of {s.system}: {choice.lr:.4g}" + (
+            "" if choice.outer_lr is None else f", outer {choice.outer_lr:.4g}") + f" ({choice.pilots} pilots)")
+
+  def lr_pilot(self, subject: LrSubject, factor: float, outer_factor: float, stage: int) -> float:
+    """One learning-rate pilot of ``subject`` at ``factor`` x its rule's rate and ``outer_factor`` x its default
+    outer rate: its score (the final smoothed value, higher better; -inf when it diverged), recorded in
+    ``lr_pilots``."""
+    c, rule, lr = self.config, self.study.target, subject.rule_lr * factor
+    outer = None if subject.outer_lr is None else outer_rate(subject.outer_lr, outer_factor)
+    curve = self.pilot_curve(subject, lr, outer)
+    final = rule.final(curve) if curve else None
+    self.lr_pilots.append(LrPilot(subject.system, stage, lr, factor, outer, None if outer is None else outer_factor,
+                                  c.pilot_seed, c.lr_epochs, final, final is None, curve or []))
+    self.say(f"learning rate of {subject.system}: {lr:.4g} (x{factor:.4g})" +
+             ("" if outer is None else f", outer {outer:.4g} (x{outer_factor:g})") +
+             f" ends at {'divergence' if final is None else f'{final:.4f}'}")
+    return -math.inf if final is None else rule.better(final)
+
+  def pilot_curve(self, subject: LrSubject, lr: float, outer_lr: float | None) -> Curve | None:
+    """A learning-rate pilot: ``subject`` trained on the pilot seed for the pilots' epochs at ``lr`` (its outer
+    step at ``outer_lr``); None when it diverged."""
+    c, what = self.config, subject.what
     try:
       if isinstance(what, Spec):
-        return self.train(what, c.pilot_seed, lr, c.lr_epochs).curve
-      return self.train_system(what, c.pilot_seed, lr, c.lr_epochs)
+        spec = what if what.lr_system == HETPIPE else self.outer_row(what, outer_lr)
+        return self.train(spec, c.pilot_seed, lr, c.lr_epochs).curve
+      return self.train_system(what, c.pilot_seed, lr, c.lr_epochs, outer_lr)
     except RunStopped as e:
       self.say(f"pilot at learning rate {lr:.4g} stopped: {e}")
       return None
+
+  def outer_row(self, spec: Spec, outer_lr: float | None) -> Spec:
+    """``spec`` with the study's outer rule at its parameter server at ``outer_lr`` (on DiLoCo's scale,
+    :meth:`Study.outer_spec`; None: ``--outer``'s own)."""
+    rule = self.study.outer_spec(len(self.study.plan_nms(spec.setting)), outer_lr)
+    return Spec(f"{spec.name} + {rule}", spec.setting._replace(ps_optimizer=rule), spec.row, HETPIPE_OUTER)

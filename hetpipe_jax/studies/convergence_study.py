@@ -123,12 +123,13 @@ class Study:
     return [p.nm for p in plan_cluster(self.cluster, self.clock_profiles, setting.policy, "default", self.config.nm,
                                        None, self.costs).vws]
 
-  def outer_spec(self, num_vws: int) -> str:
-    """The outer optimizer for a configuration of ``num_vws`` virtual workers: its learning rate is DiLoCo's, one
-    step on the mean of the workers' changes per round; every push of WSP takes its own step, so the server's
-    rate per push is that over ``num_vws`` (a rule of a round of N pushes, ``avg`` or ``delayed_nesterov``, divides
-    by N itself)."""
+  def outer_spec(self, num_vws: int, lr: float | None = None) -> str:
+    """The outer optimizer for a configuration of ``num_vws`` virtual workers, at ``lr`` (None: the config's): its
+    learning rate is DiLoCo's, one step on the mean of the workers' changes per round; every push of WSP takes its
+    own step, so the server's rate per push is that over ``num_vws`` (a rule of a round of N pushes, ``avg`` or
+    ``delayed_nesterov``, divides by N itself)."""
     parsed = parse_ps_optimizer(self.config.outer)
+    parsed = parsed if lr is None else parsed._replace(lr=lr)  # (``add`` has no rate: its spec stays ``add``)
     if parsed.name == "add" or parsed.name in BY_ROUND:
       return str(parsed)
     return str(parsed._replace(lr=parsed.lr / num_vws))

@@ -68,13 +68,13 @@ class TunedChoice(NamedTuple):
     return {**doc, "pilots": [p._asdict() for p in self.pilots]} if self.pilots else doc
 
 
-def candidate_spec(name: str, row: str, candidate: Any, ps_optimizer: str | None = None) -> Spec:
+def candidate_spec(name: str, row: str, candidate: Any) -> Spec:
   """A tuner candidate as the study runs it: its settings as a run takes them
   (:func:`~hetpipe_jax.tune.candidate_json`), its transfer models for the ``sim`` executor's time scale."""
   s = candidate_json(candidate)
-  setting = HetPipeSetting(s["policy"], s["nm"], s["d"], s["cuts"], s["window"], s["placement"], ps_optimizer,
+  setting = HetPipeSetting(s["policy"], s["nm"], s["d"], s["cuts"], s["window"], s["placement"], None,
                            s["overlap_transfers"], s["staged_ps"])
-  return Spec(name, setting, row, HETPIPE if ps_optimizer is None else HETPIPE_OUTER)
+  return Spec(name, setting, row)
 
 
 def provisional_target(runner: Runner, runs: Sequence[ConvergenceRun]) -> float:
@@ -122,11 +122,13 @@ def tune_config(runner: Runner, runs: Sequence[ConvergenceRun]) -> TunedChoice:
 
 
 def tuned_specs(runner: Runner, tuned: Any, fastest: Any) -> list[Spec]:
-  """The tuned configuration, it with the outer optimizer (if any), and the fastest when it is another one."""
-  specs = [candidate_spec(f"{TUNED} ({tuned.grouping}, D={tuned.d})", TUNED, tuned)]
+  """The tuned configuration, it with the outer optimizer at its chosen outer rate (if any), and the fastest when
+  it is another one."""
+  name = f"{TUNED} ({tuned.grouping}, D={tuned.d})"
+  specs = [candidate_spec(name, TUNED, tuned)]
   if runner.config.outer:
-    outer = runner.study.outer_spec(len(tuned.plans))
-    specs.append(candidate_spec(f"{TUNED} ({tuned.grouping}, D={tuned.d}) + {outer}", TUNED_OUTER, tuned, outer))
+    specs.append(runner.outer_row(candidate_spec(name, TUNED_OUTER, tuned),
+                                  runner.choices[HETPIPE_OUTER].outer_lr))
   if fastest.label != tuned.label:
     specs.append(candidate_spec(f"{TUNED_IPS} ({fastest.grouping}, D={fastest.d})", TUNED_IPS, fastest))
   return specs

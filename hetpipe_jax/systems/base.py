@@ -7,9 +7,10 @@ searched by the tuner over a grid of its knobs (:meth:`System.grid`), and descri
 :meth:`System.label`, :meth:`System.config`). Its :attr:`System.kind` says how the tuner's statistical model
 predicts its images to target (:mod:`hetpipe_jax.tune.statistical`): a ``synchronous`` system by its global batch,
 a ``local`` one by its local steps H, a ``wsp`` one by the staleness of its trace. The examples behind one update
-(:meth:`System.update_examples`) are what the learning-rate rule scales with. Its memory charge is its
-:attr:`System.weight_mode`: the weight versions a GPU holds (``latest``: one, a synchronous system that flushes
-before it updates; ``stash``: one per minibatch in flight, HetPipe).
+(:meth:`System.update_examples`) are what the learning-rate rule scales with; a system with an outer step (local
+SGD's outer Nesterov) names the knob of its rate (:attr:`System.outer_lr_knob`), which the convergence study
+searches. Its memory charge is its :attr:`System.weight_mode`: the weight versions a GPU holds (``latest``: one, a
+synchronous system that flushes before it updates; ``stash``: one per minibatch in flight, HetPipe).
 
 A new system is one module with a subclass and one :func:`hetpipe_jax.systems.registry.register` call.
 """
@@ -132,12 +133,23 @@ class System(abc.ABC):
     summary: one line on what it is.
     kind: ``synchronous``, ``local`` or ``wsp`` (the module docstring).
     weight_mode: its memory charge: the weight versions a GPU holds (``latest`` or ``stash``).
+    outer_lr_knob: the knob of :class:`~hetpipe_jax.baselines.knobs.PeerKnobs` that sets the learning rate of its
+      outer step (None: it takes none).
   """
 
   name: ClassVar[str]
   summary: ClassVar[str]
   kind: ClassVar[str] = SYNCHRONOUS
   weight_mode: ClassVar[str] = "latest"
+  outer_lr_knob: ClassVar[str | None] = None
+
+  def outer_lr(self, knobs: PeerKnobs) -> float | None:
+    """The learning rate of its outer step under ``knobs`` (None: it takes no outer step)."""
+    return None if self.outer_lr_knob is None else float(getattr(knobs, self.outer_lr_knob))
+
+  def with_outer_lr(self, knobs: PeerKnobs, lr: float) -> PeerKnobs:
+    """``knobs`` with its outer step at ``lr`` (a system without one: ``knobs``)."""
+    return knobs if self.outer_lr_knob is None else knobs._replace(**{self.outer_lr_knob: lr})
 
   def memory_costs(self, costs: CostContext) -> CostContext:
     """``costs`` with this system's memory charge."""

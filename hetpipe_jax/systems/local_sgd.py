@@ -16,11 +16,13 @@ LOCAL_STEPS = (2, 4, 8, 16)  # the tuner's grid of H
 
 
 class LocalSGD(Peer):
-  """The outer learning rate and momentum change no time: the tuner keeps their defaults (DiLoCo's 0.7 and 0.9)."""
+  """The outer learning rate and momentum change no time: the tuner keeps their defaults (DiLoCo's 0.7 and 0.9); the
+  convergence study searches the outer rate (:attr:`outer_lr_knob`)."""
 
   name = "local_sgd"
   summary = "H local steps per worker, then an all-reduce of the weight change and an outer Nesterov step (DiLoCo)"
   kind = LOCAL
+  outer_lr_knob = "outer_lr"
   build = local_sgd_job
 
   def grid(self, cluster: Cluster, batch_size: int, policies: Sequence[str]) -> list[PeerKnobs]:
