@@ -12,9 +12,10 @@ seed of --seeds:
   (--tuned_objective=measured, the default: --pilots configurations of the tuner's front of images/s against
   staleness trained on --pilot_seed, the first to the target kept), or by its predicted time to accuracy
   with the staleness model fitted to the first seed's HetPipe runs (images/s when they give no fit); with
-  --outer, the tuned configuration again with that outer optimizer at the parameter server
-  (``--ps_optimizer``: WSP with long waves as an asynchronous DiLoCo). They train on the ``virtual``
-  executor, whose clock is scaled so that each configuration's images/s equal the ``sim`` executor's;
+  --outer, the tuned configuration again with the best of those outer rules at the parameter server
+  (``--ps_optimizer``: WSP with long waves as asynchronous local SGD), measured again under that rule. They
+  train on the ``virtual`` executor, whose clock is scaled so that each configuration's images/s equal the
+  ``sim`` executor's;
 * every peer of --systems (:mod:`hetpipe_jax.baselines`), simulated on the same network and cost model
   (its round's seconds are its clock) and trained with its own numerics: horovod, hetero_dp and
   sync_pipeline as synchronous SGD at their global batch with each worker's gradient weighted by its share,
@@ -103,9 +104,10 @@ flags.DEFINE_integer("pilots", 4, "--tuned_objective=measured: how many configur
                      "the tuned one.")
 flags.DEFINE_integer("pilot_seed", 100, "Seed of the pilot runs (learning rates, --tuned_objective=measured); keep "
                      "it out of --seeds, so that no choice is fitted to the runs that judge it.")
-flags.DEFINE_string("outer", "nesterov:lr=0.7,momentum=0.9", "Outer optimizer at the PS of the extra tuned row "
-                    "(--ps_optimizer syntax, lr on DiLoCo's scale: the server takes lr / N per push of N virtual "
-                    "workers); empty: no such row.")
+flags.DEFINE_string("outer", ConvergenceConfig.outer, "Outer rules at the PS the extra tuned row chooses from, "
+                    "separated by ';' (--ps_optimizer specs; nesterov's lr on DiLoCo's scale: the server takes lr / N "
+                    "per push of N virtual workers): each rule's rates are searched as every system's, the rule whose "
+                    "pilots end best is the row's, and its configuration is measured under it; empty: no such row.")
 flags.DEFINE_list("systems", list(PEERS), "Peer systems "
                   "(hetpipe_jax.systems, and those --systems_module registers); their knobs: experiments.peer_flags "
                   "(--microbatches=0: the cluster's GPUs, the global batch of the data-parallel peers).")

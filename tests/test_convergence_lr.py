@@ -20,12 +20,13 @@ from hetpipe_jax.studies.convergence_lr import (
   OUTER,
   OUTER_LR_GRID,
   REFINE,
+  LrPilot,
   refinements,
   search_rates,
   spec_outer_lr,
 )
 from hetpipe_jax.studies.convergence_runs import Runner
-from hetpipe_jax.studies.convergence_study import HETPIPE, HETPIPE_OUTER, Spec, Study
+from hetpipe_jax.studies.convergence_study import HETPIPE, Spec, Study, outer_system
 from hetpipe_jax.studies.convergence_target import Target
 from hetpipe_jax.studies.convergence_tuned import TUNED_OUTER, tuned_specs
 from hetpipe_jax.systems import CurvePoint, LocalSGD, SystemRun, SystemSpec
@@ -166,7 +167,7 @@ def small_runner(monkeypatch, local, plain):
                                        SystemSpec(plain, "plain (4 GPUs)", run, None)],
                                 target=Target("accuracy", 3), policy_specs=lambda: [hetpipe],
                                 plan_nms=lambda s: list(s.nm))
-  study.outer_spec = lambda n, lr=None: Study.outer_spec(study, n, lr)  # type: ignore[arg-type]
+  study.outer_spec = lambda n, rule, lr=None: Study.outer_spec(study, n, rule, lr)  # type: ignore[arg-type]
   runner = Runner(study, lambda line: None)  # type: ignore[arg-type]
   trained = []
 
@@ -180,27 +181,30 @@ def small_runner(monkeypatch, local, plain):
   return runner, trained
 
 
+NESTEROV = outer_system("nesterov:lr=0.7,momentum=0.9")  # HetPipe with the outer rule: its learning-rate system
+
+
 def test_every_system_is_searched_alike_and_its_chosen_outer_rate_reaches_its_run(monkeypatch):
   local, plain = Recording(RULE * 10 ** (2 / 3), 0.7 * 1.5), Plain(RULE * 10 ** 0.5)
   runner, trained = small_runner(monkeypatch, local, plain)
   runner.choose_learning_rates()
   pilots = runner.lr_pilots
-  assert collections.Counter(p.system for p in pilots) == {"local_sgd": 9, "plain": 9, HETPIPE: 9, HETPIPE_OUTER: 9}
+  assert collections.Counter(p.system for p in pilots) == {"local_sgd": 9, "plain": 9, HETPIPE: 9, NESTEROV: 9}
   assert {(p.seed, p.epochs) for p in pilots} == {(100, 0.5)} and all(len(p.curve) == 3 for p in pilots)
   for system in runner.choices:  # stage 1: the same inner grid for every system, at its default outer rate
     mine = [p for p in pilots if p.system == system]
     assert [p.factor for p in mine if p.stage == GRID] == list(LR_GRID)
-    has_outer = system in ("local_sgd", HETPIPE_OUTER)
+    has_outer = system in ("local_sgd", NESTEROV)
     assert [p.stage for p in mine].count(OUTER if has_outer else REFINE) == 2
   choices = runner.choices
   assert choices["local_sgd"].factor == pytest.approx(10 ** (2 / 3))
   assert choices["local_sgd"].outer_lr == 1.05 and choices["local_sgd"].outer_factor == 1.5
   assert choices["plain"].factor == pytest.approx(10 ** 0.5) and choices["plain"].outer_lr is None  # refined
   assert choices[HETPIPE].factor == pytest.approx(10 ** (1 / 3)) and choices[HETPIPE].outer_lr is None
-  assert choices[HETPIPE_OUTER].outer_lr == pytest.approx(0.35) and choices[HETPIPE_OUTER].outer_factor == 0.5
+  assert choices[NESTEROV].outer_lr == pytest.approx(0.35) and choices[NESTEROV].outer_factor == 0.5
   assert all(c.pilots == 9 and not c.at_edge for c in choices.values())
   # HetPipe's outer pilots ran the rule at each outer rate, per push over its 2 virtual workers
-  rules = [s.setting.ps_optimizer for s in trained if s.lr_system == HETPIPE_OUTER]
+  rules = [s.setting.ps_optimizer for s in trained if s.lr_system == NESTEROV]
   assert rules[-2:] == ["nesterov:lr=0.175,momentum=0.9", "nesterov:lr=0.525,momentum=0.9"]
   # the runs take the chosen rates: local SGD's outer knob, the plain peer's knobs untouched
   run = runner.peer_run(runner.study.peers[0], 0)
@@ -214,10 +218,25 @@ def test_every_system_is_searched_alike_and_its_chosen_outer_rate_reaches_its_ru
   tuned = types.SimpleNamespace(grouping="0,1/2,3/4,5", nm_rule="max_fit", plans=(plan, plan, plan), d=0,
                                 placement=None, label="tuned", sim=types.SimpleNamespace(overlap_transfers=None,
                                                                                          staged_ps=None))
-  outer_row = tuned_specs(runner, tuned, tuned)[1]
-  assert outer_row.row == TUNED_OUTER and outer_row.lr_system == HETPIPE_OUTER
+  assert runner.best_outer_rule() == "nesterov:lr=0.7,momentum=0.9"  # the only rule
+  outer_row = tuned_specs(runner, tuned, tuned, runner.best_outer_rule())[1]
+  assert outer_row.row == TUNED_OUTER and outer_row.lr_system == NESTEROV
   assert outer_row.setting.ps_optimizer == f"nesterov:lr={0.35 / 3!r},momentum=0.9"
   assert outer_row.name.endswith(f"+ nesterov:lr={0.35 / 3!r},momentum=0.9")
+
+
+def test_the_outer_row_takes_the_rule_whose_pilots_ended_best(monkeypatch):
+  runner, _ = small_runner(monkeypatch, Plain(), Plain())
+  runner.config = ConvergenceConfig(MINI, seeds=(0,), outer="avg;heloco;delayed_nesterov")
+  pilot = lambda system, final: LrPilot(system, GRID, 0.1, 1.0, 1.0, 1.0, 100, 0.5, final, final is None, [])
+  avg, heloco, nesterov = (outer_system(r) for r in ("avg", "heloco", "delayed_nesterov"))
+  runner.lr_pilots = [pilot(avg, 0.7), pilot(avg, 0.8), pilot(heloco, 0.85), pilot(heloco, None),
+                      pilot(nesterov, 0.85), pilot(HETPIPE, 0.9)]
+  assert runner.best_outer_rule() == "heloco"  # its best pilot, 0.85, ties delayed_nesterov's: the first given
+  runner.config = ConvergenceConfig(MINI, seeds=(0,), outer="")
+  assert runner.best_outer_rule() is None
+  with pytest.raises(ConfigError, match=r"^--outer=avg;avg:lr=2: a rule is named twice; give each rule once"):
+    ConvergenceConfig(MINI, outer="avg;avg:lr=2")
 
 
 def test_a_rate_at_an_end_of_the_grid_is_flagged(monkeypatch):

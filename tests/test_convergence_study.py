@@ -132,9 +132,10 @@ def test_a_small_study_runs_through_run_convergence():
 @pytest.mark.parametrize("outer, spec", [
     ("nesterov:lr=0.8,momentum=0.9", "nesterov:lr=0.2,momentum=0.9"),  # DiLoCo's rate per round, over N per push
     ("add", "add"),
-    ("avg:lr=0.8", "avg:lr=0.8"),  # the rules of a round divide by N themselves
-    ("delayed_nesterov:lr=0.8,momentum=0.9", "delayed_nesterov:lr=0.8,momentum=0.9"),
+    ("avg:lr=0.8", "avg:lr=0.8,share=1.0"),  # the rules of a round weigh the pushes themselves
+    ("delayed_nesterov:lr=0.8,momentum=0.9", "delayed_nesterov:lr=0.8,momentum=0.9,share=1.0"),
+    ("heloco:lr=0.8", "heloco:lr=0.8,momentum=0.9,share=1.0,keep=0.5,shrink=1.0,cap=1.0,turn=0.5,kappa=1.0"),
 ])
 def test_the_outer_rows_rule_takes_its_rate_per_push_once(outer, spec):
   study = types.SimpleNamespace(config=ConvergenceConfig(MINI, outer=outer))
-  assert Study.outer_spec(study, 4) == spec
+  assert Study.outer_spec(study, 4, outer) == spec

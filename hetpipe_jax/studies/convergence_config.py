@@ -10,7 +10,7 @@ from hetpipe_jax.baselines.knobs import PeerKnobs
 from hetpipe_jax.cluster import Cluster
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.models import FULL_SIZE
-from hetpipe_jax.optim import OPTIMIZERS, make_ps_optimizer
+from hetpipe_jax.optim import OPTIMIZERS, make_ps_optimizer, parse_ps_optimizer
 from hetpipe_jax.plan.allocation import parse_policy
 from hetpipe_jax.run.config import check_seed
 from hetpipe_jax.studies.convergence_lr import LR_GRID, OUTER_LR_GRID, check_grid
@@ -33,7 +33,9 @@ class ConvergenceConfig:
     nm: HetPipe's Nm (a number, max_fit or best).
     tuned / tuned_objective / pilots / pilot_seed: the tuned configuration, what it optimises, how many
       configurations are trained to choose it (``measured``), and the pilot runs' seed (learning rates too).
-    outer: the outer optimizer of the tuned configuration's extra row (``--ps_optimizer`` syntax; empty: none).
+    outer: the outer rules the tuned configuration's extra row chooses from (``--ps_optimizer`` specs separated by
+      ';'; empty: no such row): each gets its learning rates searched, and the one whose pilots end best is the
+      row's rule.
     systems / knobs: the peers and their knobs (``microbatches`` 0: the cluster's GPUs).
     optimizer / base_lr / lr_scaling: every run's optimizer and the learning-rate rule.
     lr_grid / outer_lr_grid / lr_epochs: the learning-rate search (:mod:`~hetpipe_jax.studies.convergence_lr`):
@@ -56,7 +58,7 @@ class ConvergenceConfig:
   tuned_objective: str = "measured"
   pilots: int = 4
   pilot_seed: int = 100
-  outer: str = "nesterov:lr=0.7,momentum=0.9"
+  outer: str = "delayed_nesterov;heloco"  # Async Local-SGD's outer step, and HeLoCo's correction of stale pushes
   systems: tuple[str, ...] = PEERS
   knobs: PeerKnobs = PeerKnobs(h_by_speed=True)
   optimizer: str = "sgd"
@@ -119,8 +121,16 @@ class ConvergenceConfig:
       parse_policy(policy)
     if self.time_model_name is not None and self.time_model_name not in FULL_SIZE:
       raise ConfigError(f"--time_model={self.time_model}; use one of {', '.join(FULL_SIZE)} or none")
-    if self.outer:
-      make_ps_optimizer(self.outer)
+    names = [parse_ps_optimizer(rule).name for rule in self.outer_rules]
+    for rule in self.outer_rules:
+      make_ps_optimizer(rule)
+    if len(set(names)) < len(names):
+      raise ConfigError(f"--outer={self.outer}: a rule is named twice; give each rule once (its keys set its rates)")
+
+  @property
+  def outer_rules(self) -> tuple[str, ...]:
+    """The outer rules of ``outer`` (several separated by ';'; none when empty)."""
+    return tuple(rule.strip() for rule in self.outer.split(";") if rule.strip())
 
   @property
   def time_model_name(self) -> str | None:

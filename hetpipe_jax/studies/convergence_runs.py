@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 from hetpipe_jax.errors import ConfigError, RunStopped
 from hetpipe_jax.plan.allocation import horovod_gpus
 from hetpipe_jax.studies.convergence_lr import LrChoice, LrPilot, outer_rate, search_rates, spec_outer_lr
-from hetpipe_jax.studies.convergence_study import HETPIPE, HETPIPE_OUTER, Progress, Spec, Study
+from hetpipe_jax.studies.convergence_study import HETPIPE, Progress, Spec, Study, outer_system
 from hetpipe_jax.systems import Curve, SystemSpec, TrainSetting, rule_lr
 from hetpipe_jax.systems.hetpipe import HetPipeSetting, Trainer, WaveRun, simulated_images_per_sec, training_of
 
@@ -101,13 +101,14 @@ class ConvergenceRun(NamedTuple):
 
 class LrSubject(NamedTuple):
   """A learning-rate system of the study: its name, its rule's inner rate, its outer step's default rate (None: it
-  takes none), and what its pilots train (a peer; HetPipe's first policy configuration, its ``lr_system``
-  :data:`HETPIPE_OUTER` with the study's outer rule)."""
+  takes none), what its pilots train (a peer; HetPipe's first policy configuration), and for HetPipe with an outer
+  rule that rule (a ``--ps_optimizer`` spec)."""
 
   system: str
   rule_lr: float
   outer_lr: float | None
   what: Spec | SystemSpec
+  outer_rule: str | None = None
 
 
 class Runner:
@@ -187,7 +188,7 @@ class Runner:
 
   def lr_subjects(self) -> list[LrSubject]:
     """Every learning-rate system: each peer that runs, HetPipe (on its first policy's configuration) and, with
-    ``--outer`` and the tuned row, HetPipe with that outer rule; each with the outer rate it declares (a peer's
+    ``--outer`` and the tuned row, HetPipe with each outer rule; each with the outer rate it declares (a peer's
     :class:`~hetpipe_jax.systems.System`, the rule's ``lr``)."""
     c, study = self.config, self.study
     rule = lambda examples: rule_lr(examples, c.base_lr, c.lr_scaling)
@@ -195,10 +196,19 @@ class Runner:
                 for p in study.peers if p.run is not None]
     hetpipe = study.policy_specs()[0]
     subjects.append(LrSubject(HETPIPE, rule(c.batch_size), None, hetpipe))
-    if c.outer and c.tuned:  # (the outer rule's row is the tuned configuration's)
-      subjects.append(LrSubject(HETPIPE_OUTER, rule(c.batch_size), spec_outer_lr(c.outer),
-                                hetpipe._replace(lr_system=HETPIPE_OUTER)))
+    if c.tuned:  # (the outer rule's row is the tuned configuration's)
+      subjects += [LrSubject(outer_system(r), rule(c.batch_size), spec_outer_lr(r),
+                             hetpipe._replace(lr_system=outer_system(r)), r) for r in c.outer_rules]
     return subjects
+
+  def best_outer_rule(self) -> str | None:
+    """The outer rule whose learning-rate pilots (each rule's, the same number on the same configuration) ended
+    best (None: no outer rule; a tie: the first of ``--outer``)."""
+    rules, rank = self.config.outer_rules, self.study.target.better
+    final = {r: max((rank(p.final_smoothed) for p in self.lr_pilots
+                     if p.system == outer_system(r) and p.final_smoothed is not None), default=-math.inf)
+             for r in rules}
+    return max(rules, key=lambda r: (final[r], -rules.index(r))) if rules else None
 
   def choose_learning_rates(self) -> None:
     """Every system's rates into ``choices`` (the pilot runs into ``lr_pilots``), searched the same way for each
@@ -238,15 +248,15 @@ class Runner:
     c, what = self.config, subject.what
     try:
       if isinstance(what, Spec):
-        spec = what if what.lr_system == HETPIPE else self.outer_row(what, outer_lr)
+        spec = what if subject.outer_rule is None else self.outer_row(what, subject.outer_rule, outer_lr)
         return self.train(spec, c.pilot_seed, lr, c.lr_epochs).curve
       return self.train_system(what, c.pilot_seed, lr, c.lr_epochs, outer_lr)
     except RunStopped as e:
       self.say(f"pilot at learning rate {lr:.4g} stopped: {e}")
       return None
 
-  def outer_row(self, spec: Spec, outer_lr: float | None) -> Spec:
-    """``spec`` with the study's outer rule at its parameter server at ``outer_lr`` (on DiLoCo's scale,
-    :meth:`Study.outer_spec`; None: ``--outer``'s own)."""
-    rule = self.study.outer_spec(len(self.study.plan_nms(spec.setting)), outer_lr)
-    return Spec(f"{spec.name} + {rule}", spec.setting._replace(ps_optimizer=rule), spec.row, HETPIPE_OUTER)
+  def outer_row(self, spec: Spec, rule: str, outer_lr: float | None) -> Spec:
+    """``spec`` with the outer ``rule`` at its parameter server at ``outer_lr`` (on DiLoCo's scale,
+    :meth:`Study.outer_spec`; None: the rule's own)."""
+    ps_rule = self.study.outer_spec(len(self.study.plan_nms(spec.setting)), rule, outer_lr)
+    return Spec(f"{spec.name} + {ps_rule}", spec.setting._replace(ps_optimizer=ps_rule), spec.row, outer_system(rule))

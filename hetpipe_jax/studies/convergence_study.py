@@ -33,10 +33,14 @@ HETPIPE, HETPIPE_OUTER = HetPipe.name, "hetpipe_outer"  # HetPipe's learning-rat
 Progress = Callable[[str], None]
 
 
+def outer_system(rule: str) -> str:
+  """The learning-rate system of HetPipe with the outer ``rule`` (a ``--ps_optimizer`` spec): ``hetpipe_outer:NAME``."""
+  return f"{HETPIPE_OUTER}:{parse_ps_optimizer(rule).name}"
+
+
 class Spec(NamedTuple):
   """A HetPipe configuration of the study: its name, its setting, its row in the table (the key the throughput
-  study matches) and its learning-rate system (:data:`HETPIPE`, or :data:`HETPIPE_OUTER` with an outer
-  optimizer)."""
+  study matches) and its learning-rate system (:data:`HETPIPE`, or :func:`outer_system` with an outer rule)."""
 
   name: str
   setting: HetPipeSetting
@@ -123,12 +127,12 @@ class Study:
     return [p.nm for p in plan_cluster(self.cluster, self.clock_profiles, setting.policy, "default", self.config.nm,
                                        None, self.costs).vws]
 
-  def outer_spec(self, num_vws: int, lr: float | None = None) -> str:
-    """The outer optimizer for a configuration of ``num_vws`` virtual workers, at ``lr`` (None: the config's): its
+  def outer_spec(self, num_vws: int, rule: str, lr: float | None = None) -> str:
+    """The outer ``rule`` for a configuration of ``num_vws`` virtual workers, at ``lr`` (None: the rule's own): its
     learning rate is DiLoCo's, one step on the mean of the workers' changes per round; every push of WSP takes its
-    own step, so the server's rate per push is that over ``num_vws`` (a rule of a round of N pushes, ``avg`` or
-    ``delayed_nesterov``, divides by N itself)."""
-    parsed = parse_ps_optimizer(self.config.outer)
+    own step, so the server's rate per push is that over ``num_vws`` (a rule of a round of N pushes, ``avg``,
+    ``delayed_nesterov`` or ``heloco``, weighs the pushes itself)."""
+    parsed = parse_ps_optimizer(rule)
     parsed = parsed if lr is None else parsed._replace(lr=lr)  # (``add`` has no rate: its spec stays ``add``)
     if parsed.name == "add" or parsed.name in BY_ROUND:
       return str(parsed)

@@ -1,7 +1,13 @@
 """The convergence study's tuned configuration (:func:`tune_config`): the tuner's best on the time model, by
 predicted time to accuracy (the staleness model fitted to the first seed's HetPipe runs), by images/s, or measured
-(pilot runs of the tuner's images/s-staleness front, the first to the target kept); with it the same
-configuration with the outer optimizer, and the tuner's fastest by images/s."""
+(pilot runs of the tuner's images/s-staleness front, the first to the target kept); with it the tuned
+configuration with the best outer rule, and the tuner's fastest by images/s.
+
+Rule, outer learning rate and wave sizing are searched together, in stages: every ``--outer`` rule gets the same
+learning-rate search (inner and outer rate, :mod:`~hetpipe_jax.studies.convergence_lr`), the rule whose pilots end
+best is kept, and the measured choice pilots the tuner's front (groupings, D, and Nm per virtual worker: the same
+for all, max_fit, or sized to speed, :func:`~hetpipe_jax.tune.nm_choices`) once under the plain rule and once under
+that rule at its rates, so the outer row's configuration is the one that learns fastest with it."""
 
 from __future__ import annotations
 
@@ -12,7 +18,7 @@ from typing import Any, NamedTuple
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.staleness import StalenessModel, fit_staleness_model
 from hetpipe_jax.studies.convergence_runs import ConvergenceRun, Runner
-from hetpipe_jax.studies.convergence_study import HETPIPE, HETPIPE_OUTER, Spec
+from hetpipe_jax.studies.convergence_study import HETPIPE, Spec, outer_system
 from hetpipe_jax.systems.hetpipe import HetPipeSetting
 from hetpipe_jax.tune import RunSetting, SearchSpace, TuneOptions, candidate_json, pareto_front, tune
 
@@ -33,6 +39,7 @@ class TunedPilot(NamedTuple):
   images_to_target: float | None
   final_test_accuracy: float
   seed: int
+  rule: str = "add"
 
 
 class Fastest(NamedTuple):
@@ -59,9 +66,12 @@ class TunedChoice(NamedTuple):
   fastest: Fastest
   pilots: list[TunedPilot]
   specs: list[Spec]
+  outer_rule: str | None = None
+  outer_label: str | None = None
 
   def to_json(self) -> dict[str, Any]:
-    doc = {k: getattr(self, k) for k in ("objective", "label", "images_per_sec", "mean_staleness")}
+    doc = {k: getattr(self, k) for k in ("objective", "label", "images_per_sec", "mean_staleness", "outer_rule",
+                                         "outer_label")}
     doc.update(fit=None if self.fit is None else dataclasses.asdict(self.fit),
                provisional_target=self.provisional_target,
                predicted_time_to_target_s=self.predicted_time_to_target_s, fastest=self.fastest._asdict())
@@ -108,51 +118,62 @@ def tune_config(runner: Runner, runs: Sequence[ConvergenceRun]) -> TunedChoice:
   options = TuneOptions(staleness_model=fit, front=0 if c.tuned_objective == "throughput" else 6,
                         setting=RunSetting(study.costs), progress=lambda line: runner.say(f"tuner: {line}"))
   out = tune(study.cluster, study.clock_profiles, c.batch_size, space, options)
-  best, pilots = out.best, []
-  objective = "time_to_accuracy" if fit else "throughput"
+  best, pilots, rule = out.best, [], runner.best_outer_rule()
+  best_outer, objective = best, "time_to_accuracy" if fit else "throughput"
   if c.tuned_objective == "measured":  # (an estimate without a staleness cost says nothing of the front)
-    best, pilots = measured_best(runner, out.results, fit if fit and fit.beta > 0 else None, target)
+    ranked_by = fit if fit and fit.beta > 0 else None
+    best, pilots = measured_best(runner, out.results, ranked_by, target)
+    if rule is not None:
+      best_outer, outer_pilots = measured_best(runner, out.results, ranked_by, target, rule)
+      pilots += outer_pilots
     objective = "measured"
-  runner.say(f"tuned ({objective}): {best.candidate.label}")
+  runner.say(f"tuned ({objective}): {best.candidate.label}" +
+             ("" if rule is None else f"; with the outer rule {rule}: {best_outer.candidate.label}"))
   fastest = max(out.results, key=lambda r: r.images_per_sec)
   return TunedChoice(objective, best.candidate.label, best.images_per_sec, best.staleness, fit, target,
                      None if fit is None else fit.seconds(best.images_per_sec, best.staleness),
                      Fastest(fastest.candidate.label, fastest.images_per_sec, fastest.staleness), pilots,
-                     tuned_specs(runner, best.candidate, fastest.candidate))
+                     tuned_specs(runner, best.candidate, fastest.candidate, rule, best_outer.candidate), rule,
+                     None if rule is None else best_outer.candidate.label)
 
 
-def tuned_specs(runner: Runner, tuned: Any, fastest: Any) -> list[Spec]:
-  """The tuned configuration, it with the outer optimizer at its chosen outer rate (if any), and the fastest when
-  it is another one."""
-  name = f"{TUNED} ({tuned.grouping}, D={tuned.d})"
-  specs = [candidate_spec(name, TUNED, tuned)]
-  if runner.config.outer:
-    specs.append(runner.outer_row(candidate_spec(name, TUNED_OUTER, tuned),
-                                  runner.choices[HETPIPE_OUTER].outer_lr))
+def tuned_specs(runner: Runner, tuned: Any, fastest: Any, rule: str | None = None,
+                tuned_outer: Any = None) -> list[Spec]:
+  """The tuned configuration; with an outer ``rule``, the configuration tuned for it (``tuned_outer``; None: the
+  tuned one) with the rule at its chosen outer rate; and the fastest when it is another one."""
+  specs = [candidate_spec(f"{TUNED} ({tuned.grouping}, D={tuned.d})", TUNED, tuned)]
+  if rule is not None:
+    chosen = tuned_outer or tuned
+    specs.append(runner.outer_row(candidate_spec(f"{TUNED} ({chosen.grouping}, D={chosen.d})", TUNED_OUTER, chosen),
+                                  rule, runner.choices[outer_system(rule)].outer_lr))
   if fastest.label != tuned.label:
     specs.append(candidate_spec(f"{TUNED_IPS} ({fastest.grouping}, D={fastest.d})", TUNED_IPS, fastest))
   return specs
 
 
-def measured_best(runner: Runner, results: Sequence, fit: StalenessModel | None,
-                  target: float) -> tuple[Any, list[TunedPilot]]:
-  """Trains :func:`pilot_choices` of the tuner's results on the pilot seed: the one that reached ``target`` first
-  (on the emulated clock; none: the one whose smoothed accuracy ended best), and the pilot runs."""
+def measured_best(runner: Runner, results: Sequence, fit: StalenessModel | None, target: float,
+                  outer: str | None = None) -> tuple[Any, list[TunedPilot]]:
+  """Trains :func:`pilot_choices` of the tuner's results on the pilot seed (with the ``outer`` rule at its chosen
+  rates; None: the plain rule): the one that reached ``target`` first (on the emulated clock; none: the one whose
+  smoothed accuracy ended best), and the pilot runs."""
   c, rule = runner.config, runner.study.target
   chosen, front = pilot_choices(results, fit, c.pilots)
-  runner.say(f"measured choice: {len(chosen)} pilot runs on seed {c.pilot_seed}, of {len(front)} configurations on "
-             "the front")
+  runner.say(f"measured choice{'' if outer is None else ' with ' + outer}: {len(chosen)} pilot runs on seed "
+             f"{c.pilot_seed}, of {len(front)} configurations on the front")
   timed, pilots, curves = [], [], []
+  system = HETPIPE if outer is None else outer_system(outer)
   for i, r in enumerate(chosen):
-    run = runner.train(candidate_spec(f"pilot {i + 1}: {r.candidate.label}", "", r.candidate), c.pilot_seed,
-                       runner.lrs[HETPIPE])
+    spec = candidate_spec(f"pilot {i + 1}: {r.candidate.label}", "", r.candidate)
+    if outer is not None:
+      spec = runner.outer_row(spec, outer, runner.choices[system].outer_lr)
+    run = runner.train(spec, c.pilot_seed, runner.lrs[system])
     assert run.wsp is not None
     curves.append(run.curve)
     when = rule.time_to(run.curve, target)
     pilots.append(TunedPilot(r.candidate.label, r.images_per_sec, r.staleness, run.wsp.mean_staleness,
                              None if fit is None else fit.seconds(r.images_per_sec, r.staleness), when,
                              rule.images_to(run.curve, target, c.batch_size), run.curve[-1].test_accuracy,
-                             c.pilot_seed))
+                             c.pilot_seed, spec.setting.ps_optimizer or "add"))
     runner.say(f"pilot {i + 1}/{len(chosen)}: {r.candidate.label}: time to target "
                f"{'not reached' if when is None else f'{when:.4g} s'}")
     if when is not None:
