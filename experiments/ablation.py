@@ -17,6 +17,8 @@ from absl import flags
 from experiments import common, run_flags
 from hetpipe_jax import get_cluster
 from hetpipe_jax.studies.ablation import FACTORS, RULES, AblationConfig, AblationResult, run_ablation
+from hetpipe_jax.studies.convergence_config import TARGET_METRICS
+from hetpipe_jax.studies.convergence_target import Target
 
 FLAGS = flags.FLAGS
 # The run settings the ablation takes (experiments.run_flags), at its defaults: the MLP on Fashion-MNIST with
@@ -28,7 +30,10 @@ _DEFAULTS = AblationConfig(get_cluster("paper_testbed"))
 flags.DEFINE_float("epochs", _DEFAULTS.epochs, "Examples every run sees, in epochs.")
 flags.DEFINE_list("seeds", list(map(str, _DEFAULTS.seeds)), "Every point once per seed.")
 flags.DEFINE_list("lrs", list(map(str, _DEFAULTS.lrs)), "The local learning rates every point is trained at.")
-flags.DEFINE_float("target_accuracy", _DEFAULTS.target_accuracy, "The test accuracy whose examples are counted.")
+flags.DEFINE_float("target_accuracy", _DEFAULTS.target_accuracy, "The test accuracy whose examples are counted "
+                   "(--target_metric=loss: the test loss).")
+flags.DEFINE_enum("target_metric", _DEFAULTS.target_metric, list(TARGET_METRICS), "What the target is on: the test "
+                  "accuracy, or the test loss (language models).")
 flags.DEFINE_integer("smooth", _DEFAULTS.smooth, "Evaluations in the trailing mean of the accuracy.")
 flags.DEFINE_integer("eval_examples", _DEFAULTS.eval_examples, "Evaluate about every this many examples.")
 flags.DEFINE_list("base", [str(_DEFAULTS.base_vws), str(_DEFAULTS.base_nm), str(_DEFAULTS.base_d)],
@@ -51,7 +56,8 @@ def flags_to_config() -> AblationConfig:
       get_cluster(FLAGS.cluster), model=FLAGS.model, dataset=FLAGS.dataset, batch_size=FLAGS.batch_size,
       optimizer=FLAGS.optimizer, epochs=FLAGS.epochs, seeds=tuple(common.parse_ints("seeds", FLAGS.seeds)),
       lrs=common.parse_floats("lrs", FLAGS.lrs, "numbers, e.g. 0.01,0.02,0.04"),
-      target_accuracy=FLAGS.target_accuracy, smooth=FLAGS.smooth, eval_examples=FLAGS.eval_examples,
+      target_accuracy=FLAGS.target_accuracy, target_metric=FLAGS.target_metric, smooth=FLAGS.smooth,
+      eval_examples=FLAGS.eval_examples,
       base_vws=base[0], base_nm=base[1], base_d=base[2],
       vws=tuple(common.parse_ints("vws", FLAGS.vws)), nms=tuple(common.parse_ints("nms", FLAGS.nms)),
       ds=tuple(common.parse_ints("ds", FLAGS.ds)), rules=tuple(r.strip() for r in FLAGS.rules.split(";") if r.strip()))
@@ -81,9 +87,9 @@ def write_outputs(result: AblationResult, out_dir: str) -> list[tuple[str, str]]
 def report(result: AblationResult) -> None:
   """The table: per factor and value, each rule's examples to target at its best learning rate."""
   c = result.config
-  print(f"examples to {c.target_accuracy:g} test accuracy ({result.dataset}, {c.model}, smoothed over {c.smooth} "
-        f"evaluations; {c.epochs:g} epochs; seeds {list(c.seeds)}; base N={c.base_vws} Nm={c.base_nm} D={c.base_d}; "
-        f"each point at its best learning rate of {', '.join(f'{x:g}' for x in c.lrs)})")
+  print(f"examples to {c.target_accuracy:g} {Target(c.target_metric).what} ({result.dataset}, {c.model}, smoothed "
+        f"over {c.smooth} evaluations; {c.epochs:g} epochs; seeds {list(c.seeds)}; base N={c.base_vws} "
+        f"Nm={c.base_nm} D={c.base_d}; each point at its best learning rate of {', '.join(f'{x:g}' for x in c.lrs)})")
   print(f"{'factor':>6} {'value':>5}  " + "  ".join(f"{rule + ': examples (lr)':>24}" for rule in c.rules))
   for factor in FACTORS:
     values = dict.fromkeys(p.value for p in result.points if p.factor == factor)
@@ -92,10 +98,10 @@ def report(result: AblationResult) -> None:
       for rule in c.rules:
         p = next(p for p in result.points if (p.factor, p.value, p.rule) == (factor, value, rule))
         got = (f"{p.examples_to_target:.0f}" if p.examples_to_target is not None else
-               f"missed ({p.final_smoothed_accuracy:.3f})")
+               f"missed ({p.final_smoothed:.3f})")
         cells.append(f"{got + f' ({p.best_lr:g})':>24}")
       print(f"{factor:>6} {value:>5}  " + "  ".join(cells))
-  print("missed: no learning rate of the grid reached the target on every seed (the best final smoothed accuracy)")
+  print("missed: no learning rate of the grid reached the target on every seed (the best final smoothed value)")
 
 
 def plot(result: AblationResult, path: str) -> None:

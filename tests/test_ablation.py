@@ -7,6 +7,7 @@ import pytest
 from hetpipe_jax import ConfigError, get_cluster
 from hetpipe_jax.optim import PSOptimizer
 from hetpipe_jax.studies.ablation import AblationConfig, AblationRun, best_point, is_local, outer_of, run_ablation
+from hetpipe_jax.studies.convergence_target import Target
 
 TESTBED = get_cluster("paper_testbed")
 
@@ -25,7 +26,9 @@ def test_each_sweep_varies_one_factor_around_the_base():
     ({"rules": ("add", "sum")}, r"^--rules: ps_optimizer='sum': unknown optimizer 'sum'; choose one of add, .*; give "
                                 r"ps_optimizer specs or local_sgd\[:lr=X,momentum=M\], separated by ';'$"),
     ({"rules": ("local_sgd:lr=0",)}, r"^--rules: ps_optimizer='nesterov:lr=0': lr=0.0; the outer learning rate"),
-    ({"target_accuracy": 1.5}, r"^--target_accuracy=1.5; give in \(0, 1\]$"),
+    ({"target_accuracy": 1.5}, r"^--target_accuracy=1.5; give in \(0, 1\] for an accuracy, > 0 for a loss$"),
+    ({"target_accuracy": -1.0, "target_metric": "loss"}, r"^--target_accuracy=-1.0; give in \(0, 1\] for an"),
+    ({"target_metric": "perplexity"}, r"^--target_metric=perplexity; give one of accuracy, loss$"),
     ({"ds": (-1,)}, r"^--ds=-1; give bounds D >= 0$"),
 ])
 def test_bad_settings_are_one_line(change, message):
@@ -52,9 +55,15 @@ def test_a_point_is_its_best_rate_among_those_every_seed_reached_the_target_with
   assert (point.best_lr, point.examples_to_target, point.missed) == (0.04, 900.0, 0)
 
 
+def test_a_loss_target_ranks_the_rates_that_missed_by_the_lowest_final_loss():
+  runs = [_run(0.01, 0, None, 2.1), _run(0.02, 0, None, 1.9), _run(0.04, 0, None, 2.4)]
+  assert best_point("d", 0, runs, Target("loss")).best_lr == 0.02
+  assert best_point("d", 0, runs).best_lr == 0.04  # (an accuracy: the highest)
+
+
 def test_a_point_no_rate_reached_is_reported_at_its_best_final_accuracy():
   point = best_point("d", 0, [_run(0.01, 0, None, 0.6), _run(0.02, 0, None, 0.7), _run(0.04, 0, None, 0.65)])
-  assert (point.best_lr, point.examples_to_target, point.missed, point.final_smoothed_accuracy) == \
+  assert (point.best_lr, point.examples_to_target, point.missed, point.final_smoothed) == \
       (0.02, None, 1, 0.7)
 
 

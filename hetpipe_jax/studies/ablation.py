@@ -30,6 +30,7 @@ from hetpipe_jax.models.base import LayeredModel
 from hetpipe_jax.optim import PSOptimizer, make_optimizer, parse_ps_optimizer
 from hetpipe_jax.run.config import RunConfig, check_seed
 from hetpipe_jax.staleness import mean_staleness
+from hetpipe_jax.studies.convergence_config import TARGET_METRICS
 from hetpipe_jax.studies.convergence_target import Target
 from hetpipe_jax.systems.base import Curve, CurvePoint
 from hetpipe_jax.systems.hetpipe import hetpipe_curve, require_wsp
@@ -49,8 +50,9 @@ class AblationConfig:
     model / dataset / batch_size / optimizer: what every run trains, on what, with which local optimizer.
     epochs: examples every run sees, in epochs; seeds: every point once per seed.
     lrs: the local learning rates every point is trained at.
-    target_accuracy / smooth / eval_examples: the target (test accuracy, smoothed over ``smooth`` evaluations),
-      evaluated about every ``eval_examples`` examples.
+    target_accuracy / target_metric / smooth / eval_examples: the target (a test accuracy, or with
+      ``target_metric="loss"`` a test loss, as the convergence study's, for a language model), smoothed over
+      ``smooth`` evaluations, evaluated about every ``eval_examples`` examples.
     base_vws / base_nm / base_d: the point every sweep goes through.
     vws / nms / ds: the values of each factor's sweep; rules: the parameter server's rules compared.
   """
@@ -64,6 +66,7 @@ class AblationConfig:
   seeds: tuple[int, ...] = (0,)
   lrs: tuple[float, ...] = (0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32)  # log-spaced over two decades
   target_accuracy: float = 0.8
+  target_metric: str = "accuracy"
   smooth: int = 3
   eval_examples: int = 4000
   base_vws: int = 4
@@ -81,7 +84,11 @@ class AblationConfig:
               ("lrs", self.lrs, bool(self.lrs) and all(math.isfinite(x) and x > 0 for x in self.lrs),
                "one or more learning rates > 0"),
               ("epochs", self.epochs, math.isfinite(self.epochs) and self.epochs > 0, "> 0"),
-              ("target_accuracy", self.target_accuracy, 0 < self.target_accuracy <= 1, "in (0, 1]"),
+              ("target_metric", self.target_metric, self.target_metric in TARGET_METRICS,
+               f"one of {', '.join(TARGET_METRICS)}"),
+              ("target_accuracy", self.target_accuracy, self.target_accuracy > 0 and (
+                  self.target_metric == "loss" or self.target_accuracy <= 1) and math.isfinite(self.target_accuracy),
+               "in (0, 1] for an accuracy, > 0 for a loss"),
               ("vws", self.vws, bool(self.vws) and min(self.vws + (self.base_vws,)) >= 1, "counts >= 1"),
               ("nms", self.nms, bool(self.nms) and min(self.nms + (self.base_nm,)) >= 1, "Nm >= 1"),
               ("ds", self.ds, bool(self.ds) and min(self.ds + (self.base_d,)) >= 0, "bounds D >= 0"),
@@ -119,8 +126,8 @@ class AblationConfig:
 
 class AblationRun(NamedTuple):
   """One run: its point (N, Nm, D), rule, learning rate and seed; examples to the target (None: missed), the
-  final smoothed accuracy, the mean staleness of its trace, and its curve; ``diverged``: a pushed update was not
-  finite and the run stopped there (a miss, its curve up to then)."""
+  final smoothed value (test accuracy, or test loss), the mean staleness of its trace, and its curve;
+  ``diverged``: a pushed update was not finite and the run stopped there (a miss, its curve up to then)."""
 
   vws: int
   nm: int
@@ -129,7 +136,7 @@ class AblationRun(NamedTuple):
   lr: float
   seed: int
   examples_to_target: float | None
-  final_smoothed_accuracy: float
+  final_smoothed: float
   mean_staleness: float
   curve: Curve
   diverged: bool = False
@@ -148,7 +155,7 @@ class AblationPoint(NamedTuple):
   best_lr: float | None
   examples_to_target: float | None
   missed: int
-  final_smoothed_accuracy: float
+  final_smoothed: float
 
 
 class AblationResult(NamedTuple):
@@ -176,7 +183,7 @@ class _Runner:
     self.config, self.say = config, say
     self.dataset: Dataset = load_dataset(config.dataset)
     self.model: LayeredModel = get_model(config.model, self.dataset.num_classes)
-    self.target = Target("accuracy", config.smooth)
+    self.target = Target(config.target_metric, config.smooth)
     self.runs: dict[tuple[int, int, int, str, float, int], AblationRun] = {}
 
   def run(self, vws: int, nm: int, d: int, rule: str, lr: float, seed: int) -> AblationRun:
@@ -229,7 +236,7 @@ class _Runner:
     examples = self.target.images_to(curve, c.target_accuracy, c.batch_size) if curve else None
     run = AblationRun(*key, examples, self.target.final(curve) if curve else 0.0, staleness, curve)
     self.say(f"{what}: " + ("missed" if examples is None else f"{examples:.0f} examples to target") +
-             f", final {run.final_smoothed_accuracy:.4f}")
+             f", final {run.final_smoothed:.4f}")
     return run
 
 
@@ -249,17 +256,22 @@ def outer_of(rule: str) -> PSOptimizer:
   return parse_ps_optimizer(rule)
 
 
-def best_point(factor: str, value: int, runs: list[AblationRun]) -> AblationPoint:
+ACCURACY = Target()  # the default target: a test accuracy
+
+
+def best_point(factor: str, value: int, runs: list[AblationRun], target: Target = ACCURACY) -> AblationPoint:
   """The point of ``runs`` (one point and rule, every rate and seed) at its best rate: the fewest mean examples
-  to target over seeds among the rates every seed reached it with (none: the best final accuracy's rate)."""
+  to target over seeds among the rates every seed reached it with (none: the rate whose final smoothed value is
+  best, by ``target``'s metric)."""
   first = runs[0]
   by_lr: dict[float, list[AblationRun]] = {}
   for r in runs:
     by_lr.setdefault(r.lr, []).append(r)
   reached = {lr: sum(r.examples_to_target for r in rs) / len(rs)  # type: ignore[misc]
              for lr, rs in by_lr.items() if all(r.examples_to_target is not None for r in rs)}
-  final = {lr: sum(r.final_smoothed_accuracy for r in rs) / len(rs) for lr, rs in by_lr.items()}
-  lr = min(reached, key=lambda x: (reached[x], x)) if reached else max(final, key=lambda x: (final[x], -x))
+  final = {lr: sum(r.final_smoothed for r in rs) / len(rs) for lr, rs in by_lr.items()}
+  lr = min(reached, key=lambda x: (reached[x], x)) if reached else max(final, key=lambda x: (target.better(final[x]),
+                                                                                               -x))
   missed = sum(r.examples_to_target is None for r in by_lr[lr])
   return AblationPoint(factor, value, first.vws, first.nm, first.d, first.rule, lr, reached.get(lr), missed,
                        final[lr])
@@ -277,6 +289,6 @@ def run_ablation(config: AblationConfig, progress: Progress | None = None) -> Ab
   for factor, value, vws, nm, d in config.points():
     for rule in config.rules:
       runs = [runner.run(vws, nm, d, rule, lr, seed) for lr in config.lrs for seed in config.seeds]
-      points.append(best_point(factor, value, runs))
+      points.append(best_point(factor, value, runs, runner.target))
   budget = config.epochs * len(runner.dataset.x_train)
   return AblationResult(config, runner.dataset.name, list(runner.runs.values()), points, budget)
