@@ -39,8 +39,8 @@ def closed_form_horovod(s: ModelStudy, study_name: str) -> None:
 
 
 def whimpy_rows(s: ModelStudy) -> bool:
-  """(c) whimpy GPUs: HetPipe on the others, HetPipe on all, at every Nm rule of ``config.nms`` (max_fit's rows
-  unnamed, another's named; skipped when the cluster has no such GPUs or nothing else, or the model does not
+  """(c) whimpy GPUs: HetPipe on the others, HetPipe on all, at every Nm rule of ``config.nms`` (a rule other than
+  max_fit named in the row; skipped when the cluster has no such GPUs or nothing else, or the model does not
   fit); whether it ran."""
   cluster, whimpy = s.cluster, s.config.whimpy
   kept = [[g.type for g in cluster.node_gpus(n)] for n in sorted({g.node for g in cluster.gpus})

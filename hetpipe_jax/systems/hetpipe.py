@@ -148,11 +148,11 @@ def rule_tag(nm_rule: str) -> str:
   return "" if nm_rule == "max_fit" else f" {nm_rule}"
 
 
-def plan_config(plan: ClusterPlan, placement: str = "default") -> str:
-  """A plan in words: its virtual workers, Nm and (where one is set) windows, and placement."""
+def plan_config(plan: ClusterPlan) -> str:
+  """A plan of the default placement in words: its virtual workers, Nm and (where one is set) windows."""
   windows = plan.layout.windows
   held = "" if windows is None else f", windows {windows}"
-  return f"{len(plan.vws)} virtual workers, Nm {[p.nm for p in plan.vws]}{held}, {placement} placement"
+  return f"{len(plan.vws)} virtual workers, Nm {[p.nm for p in plan.vws]}{held}, default placement"
 
 
 def require_wsp(events: Sequence[dict[str, Any]], what: str) -> None:
