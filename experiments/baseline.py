@@ -70,7 +70,7 @@ def main(argv):
     trace_path = common.write_jsonl(common.output_path(FLAGS.out_dir, name), run.events)
     print(f"trace {os.path.abspath(trace_path)}")
   meta = run.meta
-  setting = {k: v for k, v in meta.items() if k in ("gpus", "shares", "accumulation", "microbatches", "nm",
+  setting = {k: v for k, v in meta.items() if k in ("gpus", "shares", "accumulation", "microbatches", "nm", "window",
                                                     "local_steps", "global_batch", "policy", "fusion_mb")}
   print(f"{FLAGS.system}: {setting or system.config(run)}")
   print(f"one round (step) {run.round_seconds * 1e3:.2f} ms for {run.examples_per_round} examples; ideal aggregate "

@@ -31,6 +31,9 @@ HELP = {
     "outer_lr": "local_sgd: outer Nesterov learning rate (DiLoCo's 0.7; no effect on time).",
     "outer_momentum": "local_sgd: outer Nesterov momentum (DiLoCo's 0.9; no effect on time).",
     "rounds": "Rounds of a peer simulated (every round is the same).",
+    "nm_rule": "hetpipe (experiments.baseline --system=hetpipe, a study's --systems=hetpipe): its Nm rule, max_fit "
+               "(the largest Nm that fits), best (the modelled fastest) or speed (waves sized to each virtual "
+               "worker's speed).",
 }
 _DEFINE = {float: flags.DEFINE_float, int: flags.DEFINE_integer, bool: flags.DEFINE_bool, str: flags.DEFINE_string}
 

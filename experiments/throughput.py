@@ -9,7 +9,10 @@ table (``table`` in throughput.json, throughput.csv, throughput_table.png) with 
   (their knobs: experiments.peer_flags, --h_by_speed on and --microbatches=0 the cluster's GPUs, as
   ``experiments.convergence`` sets them);
 * ``HetPipe NP D=d``, ``HetPipe ED D=d``, ``HetPipe HD D=d`` for every d of --ds: the planner's partitions
-  and Nm (max_fit), default placement, on the ``sim`` executor;
+  and Nm (max_fit), default placement, on the ``sim`` executor; and for every other Nm rule of --nms (best,
+  speed: waves sized to each virtual worker's speed) ``HetPipe NP speed D=d`` and so on, marked by the
+  convergence runs of ``HetPipe NP D=d`` that trained the same configuration (a convergence study names its rows
+  at any --nm so);
 * ``HetPipe tuned``: the tuner's best (``experiments.tune``'s search) by --tuned_objective: predicted time to
   accuracy with the staleness model of the matching convergence.json (its ``staleness_model``), else by
   images/s (the row says which); ``HetPipe tuned for images/s``: the tuner's best by images/s;
@@ -27,7 +30,8 @@ that reaches the target (without matching convergence data: the fastest row, its
 Sub-studies kept from the paper's study, outside the table (``rows`` in throughput.json, throughput_rows.csv,
 charts): (a) ``nm``: one virtual worker as Nm grows, for several GPU mixes; (b) ``closed_form``: the
 closed-form Horovod estimate on the GPUs that hold the model, its all-reduce after the backward pass;
-(c) ``whimpy``: HetPipe (ED, local) on the GPUs that are not --whimpy vs. all, and that Horovod estimate.
+(c) ``whimpy``: HetPipe (ED, local; every rule of --nms) on the GPUs that are not --whimpy vs. all, and that Horovod
+estimate.
 Row fields: {"model", "study", "config", "gpus", "nm", "d", "transfers", "images_per_sec",
 "ideal_images_per_sec", "efficiency"}.
 
@@ -40,6 +44,7 @@ throughput.json: {"cluster", "tuned_objective", "convergence": the files read, "
   python -m experiments.throughput
   python -m experiments.throughput --cluster=mixed64 --models=resnet152,gpt2-xl
   python -m experiments.throughput --models=vgg19 --convergence=outputs/convergence/convergence.json
+  python -m experiments.throughput --models=vgg19 --nms=max_fit,speed
 """
 
 from __future__ import annotations
@@ -76,6 +81,8 @@ flags.DEFINE_list("models", ["vgg19", "resnet152"], "Models to study: full-size 
 flags.DEFINE_integer("gpt_batch_size", 8, "Minibatch size of a GPT model (sequences; 0: --batch_size).")
 flags.DEFINE_integer("nm_max", 8, "Largest Nm in the single-virtual-worker sweep.")
 flags.DEFINE_list("ds", ["0", "4", "32"], "Clock distance bounds D of the HetPipe rows and the tuner.")
+flags.DEFINE_list("nms", ["max_fit"], "Nm rules of the HetPipe policy rows: max_fit (rows 'HetPipe NP D=0'), best, "
+                  "speed (waves sized to each virtual worker's speed: rows 'HetPipe NP speed D=0').")
 flags.DEFINE_list("tune_ds", None, "D values the tuner searches (default: --ds); fewer keep it quicker on large "
                   "clusters.")
 flags.DEFINE_list("sub_studies", list(SUB_STUDIES), "Sub-studies outside the table: nm, closed_form, whimpy "
@@ -216,7 +223,7 @@ def flags_to_config() -> tuple[ThroughputConfig, list[str]]:
       FLAGS.waves, FLAGS.nm_max, tuple(common.parse_ints("ds", FLAGS.ds)),
       tuple(common.parse_ints("tune_ds", FLAGS.tune_ds)) if FLAGS.tune_ds else (), tuple(FLAGS.sub_studies),
       FLAGS.whimpy, FLAGS.optimizer, FLAGS.overlap_transfers, FLAGS.tuned, FLAGS.max_stages, FLAGS.tuned_objective,
-      tuple(FLAGS.systems), peer_flags.knobs_from_flags(FLAGS))
+      tuple(FLAGS.systems), peer_flags.knobs_from_flags(FLAGS), tuple(FLAGS.nms))
   if FLAGS.convergence is None:
     paths = [DEFAULT_CONVERGENCE] if os.path.exists(DEFAULT_CONVERGENCE) else []
   else:

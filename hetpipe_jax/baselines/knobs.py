@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 from hetpipe_jax.baselines.sync import CYCLE_S, FUSION_BYTES
 from hetpipe_jax.errors import ConfigError
+from hetpipe_jax.plan.partition import NM_POLICIES
 
 WORKER_KINDS = ("auto", "gpu", "vw")
 
@@ -35,6 +36,8 @@ class PeerKnobs(NamedTuple):
       no one GPU holds).
     outer_lr / outer_momentum: local_sgd's outer Nesterov step (DiLoCo: 0.7 and 0.9); no effect on time.
     rounds: rounds simulated (every round is the same).
+    nm_rule: hetpipe's Nm rule (:data:`~hetpipe_jax.plan.partition.NM_POLICIES`): ``max_fit`` (the largest Nm
+      that fits), ``best`` (the modelled fastest), ``speed`` (waves sized to each virtual worker's speed).
   """
 
   fusion_mb: float = FUSION_BYTES / (1 << 20)
@@ -48,6 +51,7 @@ class PeerKnobs(NamedTuple):
   outer_lr: float = 0.7
   outer_momentum: float = 0.9
   rounds: int = 2
+  nm_rule: str = "max_fit"
 
   @property
   def fusion_bytes(self) -> float:
@@ -71,7 +75,8 @@ class PeerKnobs(NamedTuple):
               ("local_workers", self.local_workers, self.local_workers in WORKER_KINDS, "auto, gpu or vw"),
               ("outer_lr", self.outer_lr, math.isfinite(self.outer_lr) and self.outer_lr > 0, "> 0"),
               ("outer_momentum", self.outer_momentum, 0 <= self.outer_momentum < 1, "in [0, 1)"),
-              ("rounds", self.rounds, self.rounds >= 1, ">= 1")]
+              ("rounds", self.rounds, self.rounds >= 1, ">= 1"),
+              ("nm_rule", self.nm_rule, self.nm_rule in NM_POLICIES, f"one of {', '.join(NM_POLICIES)}")]
     for name, value, ok, limit in checks:
       if not ok:
         raise ConfigError(f"--{name}={value}; give {limit}")

@@ -2,11 +2,12 @@
 (:func:`run_throughput`: a :class:`ThroughputConfig` in, a :class:`ThroughputResult` out).
 
 For each model the table holds the systems of ``config.systems`` (:mod:`hetpipe_jax.systems`: simulated on the same
-network, cost model and memory model), HetPipe NP, ED and HD at every D of ``config.ds`` (the planner's partitions
-and Nm, on the ``sim`` executor), and with ``config.tuned`` the tuner's rows (``HetPipe tuned``, ``HetPipe tuned
-for images/s``, ``HetPipe tuned + outer``); each row's goodput mark comes from the convergence studies given
-(:mod:`hetpipe_jax.studies.throughput_goodput`). The sub-studies outside the table: ``nm`` (one virtual worker as
-Nm grows), ``closed_form`` (the closed-form Horovod estimate), ``whimpy`` (HetPipe without the whimpy GPUs).
+network, cost model and memory model), HetPipe NP, ED and HD at every Nm rule of ``config.nms`` and every D of
+``config.ds`` (the planner's partitions and Nm, on the ``sim`` executor), and with ``config.tuned`` the tuner's
+rows (``HetPipe tuned``, ``HetPipe tuned for images/s``, ``HetPipe tuned + outer``); each row's goodput mark comes
+from the convergence studies given (:mod:`hetpipe_jax.studies.throughput_goodput`). The sub-studies outside the
+table: ``nm`` (one virtual worker as Nm grows), ``closed_form`` (the closed-form Horovod estimate), ``whimpy``
+(HetPipe without the whimpy GPUs).
 ``experiments.throughput`` turns its flags into a :class:`ThroughputConfig` and writes the files.
 
 The configuration, the records and the per-model state are in :mod:`hetpipe_jax.studies.throughput_records`, the

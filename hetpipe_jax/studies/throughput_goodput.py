@@ -20,12 +20,14 @@ def run_signature(run: dict) -> list:
   return (known.get(run.get("system", "")) or System).entry_signature(run)
 
 
-def goodput(docs: list[dict], row: str, signature: list | None = None) -> tuple[str, float | None]:
+def goodput(docs: list[dict], row: str, signature: list | None = None, strict: bool = False
+            ) -> tuple[str, float | None]:
   """(the mark of ``row`` in the first of ``docs`` that trained it, its mean time to target). A convergence
-  study that trained this row in another configuration (another ``signature``) does not mark it."""
+  study that trained this row in another configuration (another ``signature``) does not mark it; with ``strict``
+  (a row looked up under another row's name) only runs that record ``signature`` do, never a summary alone."""
   for doc in docs:
     runs = [r for r in doc.get("runs", []) if r.get("row") == row]
-    if signature is not None and runs and "nm" in runs[0]:
+    if signature is not None and runs and ("nm" in runs[0] or strict):
       runs = [r for r in runs if run_signature(r) == signature]
       if not runs:
         return f"{NOT_TRAINED} (the convergence study trained another configuration)", None
@@ -34,6 +36,8 @@ def goodput(docs: list[dict], row: str, signature: list | None = None) -> tuple[
       if any(t is None for t in times):
         return MISSES, None
       return REACHES, sum(times) / len(times)
+    if strict:
+      continue
     entry = next((v for v in doc["summary"].values() if isinstance(v, dict) and v.get("row") == row), None)
     if entry is not None:
       missed = entry.get("missed", 0)

@@ -19,6 +19,7 @@ from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.optim import optimizer_slots
 from hetpipe_jax.plan.costmodel import ideal_images_per_sec
 from hetpipe_jax.plan.layout import Layout
+from hetpipe_jax.plan.partition import NM_POLICIES
 from hetpipe_jax.sim import SimJob, SimOptions
 from hetpipe_jax.studies.throughput_goodput import NOT_TRAINED
 from hetpipe_jax.systems import WSP, systems
@@ -51,6 +52,8 @@ class ThroughputConfig:
       convergence study; images/s without one) or ``throughput``.
     systems: the peers of the table (registered systems).
     knobs: their knobs (``microbatches`` 0: the cluster's GPUs, as the convergence study sets them).
+    nms: the Nm rules of the HetPipe policy rows (:data:`~hetpipe_jax.plan.partition.NM_POLICIES`): every
+      policy's rows at each (``max_fit``'s named ``HetPipe NP D=0``, another's ``HetPipe NP speed D=0``).
   """
 
   cluster: Cluster
@@ -71,6 +74,7 @@ class ThroughputConfig:
   tuned_objective: str = "time_to_accuracy"
   systems: tuple[str, ...] = PEERS
   knobs: PeerKnobs = PeerKnobs(h_by_speed=True)
+  nms: tuple[str, ...] = ("max_fit",)
 
   def __post_init__(self):
     if not self.ds or any(d < 0 for d in self.ds):
@@ -80,6 +84,8 @@ class ThroughputConfig:
                         ">= 1 (--gpt_batch_size=0: --batch_size)")
     if set(self.sub_studies) - set(SUB_STUDIES):
       raise ConfigError(f"--sub_studies={','.join(self.sub_studies)}; choose among {', '.join(SUB_STUDIES)}")
+    if not self.nms or set(self.nms) - set(NM_POLICIES) or len(set(self.nms)) < len(self.nms):
+      raise ConfigError(f"--nms={','.join(self.nms)}; give one or more of {', '.join(NM_POLICIES)}, each once")
     if self.tuned_objective not in OBJECTIVES:
       raise ConfigError(f"--tuned_objective={self.tuned_objective}; choose one of {', '.join(OBJECTIVES)}")
 
@@ -248,6 +254,7 @@ class ModelStudy:
     self.rows: list[SubStudyRow] = []
     self.table: list[TableEntry] = []
     self.notes: list[str] = []  # printed under the table
+    self.trained_as: dict[str, str] = {}  # row -> the row a convergence study trains its configuration under
 
   def ideal(self, gpus=None, cluster: Cluster | None = None) -> float:
     return ideal_images_per_sec(cluster or self.cluster, self.profiles, self.batch, gpus)

@@ -11,6 +11,7 @@ from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.plan.allocation import allocate, horovod_gpus, plan_cluster
 from hetpipe_jax.plan.partition import partition
 from hetpipe_jax.studies.throughput_records import ModelStudy
+from hetpipe_jax.systems.hetpipe import rule_tag
 
 
 def nm_rows(s: ModelStudy) -> None:
@@ -38,8 +39,9 @@ def closed_form_horovod(s: ModelStudy, study_name: str) -> None:
 
 
 def whimpy_rows(s: ModelStudy) -> bool:
-  """(c) whimpy GPUs: HetPipe on the others, HetPipe on all (skipped when the cluster has no such GPUs or
-  nothing else, or the model does not fit); whether it ran."""
+  """(c) whimpy GPUs: HetPipe on the others, HetPipe on all, at every Nm rule of ``config.nms`` (a rule other than
+  max_fit named in the row; skipped when the cluster has no such GPUs or nothing else, or the model does not
+  fit); whether it ran."""
   cluster, whimpy = s.cluster, s.config.whimpy
   kept = [[g.type for g in cluster.node_gpus(n)] for n in sorted({g.node for g in cluster.gpus})
           if cluster.node_gpus(n)[0].type.name != whimpy]
@@ -47,10 +49,11 @@ def whimpy_rows(s: ModelStudy) -> bool:
     s.say(f"whimpy sub-study skipped: {cluster.name} has no nodes of {whimpy} GPUs, or only those")
     return False
   without = make_cluster(f"{cluster.name}-no-whimpy", kept, cluster.intra_node, cluster.inter_node)
-  for label, c in ((f"HetPipe ED-local, {without.num_gpus} GPUs (no {whimpy})", without),
-                   (f"HetPipe ED-local, {cluster.num_gpus} GPUs", cluster)):
+  sides = [(f"HetPipe ED-local{rule_tag(rule)}, {c.num_gpus} GPUs{other}", c, rule)
+           for rule in s.config.nms for c, other in ((without, f" (no {whimpy})"), (cluster, ""))]
+  for label, c, rule in sides:
     try:
-      plan = plan_cluster(c, s.profiles, "ED", "local", "max_fit", None, s.costs)
+      plan = plan_cluster(c, s.profiles, "ED", "local", rule, None, s.costs)
     except ConfigError as e:
       s.say(f"whimpy sub-study skipped, {label}: {e}")
       return False

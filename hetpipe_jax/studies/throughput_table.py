@@ -1,5 +1,5 @@
-"""The throughput study's table of one model: the peers, HetPipe NP, ED and HD at every D, the tuned rows, each
-row's ratio to the best peer and goodput mark, and the headline (:mod:`hetpipe_jax.studies.throughput`).
+"""The throughput study's table of one model: the peers, HetPipe NP, ED and HD at every Nm rule and D, the tuned
+rows, each row's ratio to the best peer and goodput mark, and the headline (:mod:`hetpipe_jax.studies.throughput`).
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from hetpipe_jax.staleness import StalenessModel
 from hetpipe_jax.studies.throughput_goodput import NOT_TRAINED, REACHES, goodput
 from hetpipe_jax.studies.throughput_records import Headline, ModelStudy, best_peer, describe
 from hetpipe_jax.systems import HetPipe, simulate_systems
+from hetpipe_jax.systems.hetpipe import plan_config, rule_tag
 from hetpipe_jax.tune import RunSetting, SearchSpace, TuneOptions, tune
 
 HETPIPE = HetPipe.name
@@ -31,19 +32,30 @@ def peer_entries(s: ModelStudy) -> None:
             signature=spec.system.signature(spec.run))
 
 
+def policy_row(policy: str, nm_rule: str, d: int) -> str:
+  """A HetPipe policy row's name: ``HetPipe NP D=0`` at max_fit (a convergence study's name for its rows at any
+  rule), ``HetPipe NP speed D=0`` at another rule."""
+  return f"HetPipe {policy}{rule_tag(nm_rule)} D={d}"
+
+
 def hetpipe_entries(s: ModelStudy) -> None:
-  """HetPipe NP, ED, HD at every D: the planner's partitions and Nm, default placement."""
+  """HetPipe NP, ED, HD at every Nm rule of ``config.nms`` and every D: the planner's partitions and Nm, default
+  placement. A row of another rule than max_fit is marked too by the convergence runs of its policy's row that
+  trained its configuration (a convergence study names its rows at any ``--nm`` as max_fit's)."""
   for policy in POLICIES:
-    try:
-      plan = plan_cluster(s.cluster, s.profiles, policy, "default", "max_fit", None, s.costs)
-    except ConfigError as e:
-      for d in s.config.ds:
-        s.entry(f"HetPipe {policy} D={d}", HETPIPE, "", None, None, str(e))
-      continue
-    config = f"{len(plan.vws)} virtual workers, Nm {[p.nm for p in plan.vws]}, default placement"
-    for d in s.config.ds:
-      s.entry(f"HetPipe {policy} D={d}", HETPIPE, config, s.cluster.num_gpus,
-              s.simulated_images_per_sec(plan.vws, d, "default"), signature=[[p.nm for p in plan.vws], d])
+    for nm_rule in s.config.nms:
+      rows = [policy_row(policy, nm_rule, d) for d in s.config.ds]
+      s.trained_as.update({row: policy_row(policy, "max_fit", d) for row, d in zip(rows, s.config.ds)
+                           if nm_rule != "max_fit"})
+      try:
+        plan = plan_cluster(s.cluster, s.profiles, policy, "default", nm_rule, None, s.costs)
+      except ConfigError as e:
+        for row in rows:
+          s.entry(row, HETPIPE, "", None, None, str(e))
+        continue
+      for row, d in zip(rows, s.config.ds):
+        s.entry(row, HETPIPE, plan_config(plan), s.cluster.num_gpus, s.simulated_images_per_sec(plan.vws, d),
+                signature=[[p.nm for p in plan.vws], d])
 
 
 def staleness_model(s: ModelStudy) -> StalenessModel | None:
@@ -110,6 +122,8 @@ def finish_table(s: ModelStudy) -> None:
     ratio = e.images_per_sec / peer.images_per_sec if e.images_per_sec is not None and peer is not None and \
         peer.images_per_sec else None
     mark, seconds = goodput(s.convergence, e.row, e.signature)
+    if mark == NOT_TRAINED and e.row in s.trained_as:
+      mark, seconds = goodput(s.convergence, s.trained_as[e.row], e.signature, strict=True)
     finished.append(e._replace(ratio_to_best_peer=ratio, goodput=mark, time_to_target_s=seconds))
   s.table = finished
 

@@ -2,7 +2,8 @@
 parameter server under Wave Synchronous Parallel (WSP).
 
 Simulated with the planner (``knobs.policy``: NP, ED, HD, a grouping, or ``best``, the fastest of NP, ED and HD;
-Nm the planner's max_fit) on the ``sim`` executor at D = 0 for :data:`WAVES` waves, its trace checked by the WSP
+Nm by ``knobs.nm_rule``: the planner's max_fit by default, best, or speed, waves sized to each virtual worker's
+speed with windows) on the ``sim`` executor at D = 0 for :data:`WAVES` waves, its trace checked by the WSP
 checker; trained with :func:`hetpipe_jax.run_hetpipe` on the ``virtual`` executor in the simulated layout, its
 clock scaled so that its images/s equal the ``sim`` executor's. A study's HetPipe rows (every policy at every D,
 the tuned configurations, an SSP parameter server) are :class:`HetPipeSetting` s the study chooses; this module
@@ -80,10 +81,10 @@ class HetPipe(System):
   weight_mode = "stash"
 
   def _simulate(self, cluster: Cluster, profiles: BatchProfiles, batch_size: int, policy: Any,
-                costs: CostContext) -> tuple[HetPipeJob, float, Trace]:
-    """(the job, its examples/s, its trace) of one policy."""
+                costs: CostContext, nm_rule: str) -> tuple[HetPipeJob, float, Trace]:
+    """(the job, its examples/s, its trace) of one policy, its Nm by ``nm_rule``."""
     units = list(profiles.at(batch_size))
-    plan = plan_cluster(cluster, units, policy, "default", "max_fit", None, costs)
+    plan = plan_cluster(cluster, units, policy, "default", nm_rule, None, costs)
     rate, trace = simulated_rate(SimJob(cluster, units, plan.layout, 0, WAVES, weight_mode=costs.weight_mode,
                                         precision=costs.precision), batch_size, f"hetpipe {policy}, simulated")
     return HetPipeJob(cluster, plan, policy), rate, trace
@@ -95,7 +96,7 @@ class HetPipe(System):
     runs, reasons = [], []
     for policy in policies:
       try:
-        runs.append(self._simulate(cluster, profiles, batch_size, policy, costs))
+        runs.append(self._simulate(cluster, profiles, batch_size, policy, costs, knobs.nm_rule))
       except ConfigError as e:
         reasons.append(f"{policy}: {e}")
     if not runs:
@@ -128,11 +129,10 @@ class HetPipe(System):
     return min(run.batch_sizes) // min(p.nm for p in run.job.plan.vws)
 
   def config(self, run: SystemRun) -> str:
-    vws = run.job.plan.vws
-    return f"{len(vws)} virtual workers, Nm {[p.nm for p in vws]}, default placement"
+    return plan_config(run.job.plan)
 
   def label(self, knobs: PeerKnobs, update_examples: int) -> str:
-    return f"hetpipe {knobs.policy}, D=0"
+    return f"hetpipe {knobs.policy}{rule_tag(knobs.nm_rule)}, D=0"
 
   def signature(self, run: SystemRun) -> list[Any]:
     return [[p.nm for p in run.job.plan.vws], 0]
@@ -141,6 +141,18 @@ class HetPipe(System):
   def entry_signature(cls, entry: Mapping[str, Any]) -> list[Any]:
     """Nm per virtual worker and D."""
     return [list(entry.get("nm") or []), entry.get("d")]
+
+
+def rule_tag(nm_rule: str) -> str:
+  """How a row or label names an Nm rule: nothing for max_fit (the default), `` speed`` for speed."""
+  return "" if nm_rule == "max_fit" else f" {nm_rule}"
+
+
+def plan_config(plan: ClusterPlan) -> str:
+  """A plan of the default placement in words: its virtual workers, Nm and (where one is set) windows."""
+  windows = plan.layout.windows
+  held = "" if windows is None else f", windows {windows}"
+  return f"{len(plan.vws)} virtual workers, Nm {[p.nm for p in plan.vws]}{held}, default placement"
 
 
 def require_wsp(events: Sequence[dict[str, Any]], what: str) -> None:
