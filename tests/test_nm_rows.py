@@ -10,13 +10,14 @@ import pytest
 from test_nm_speed import TWO_NODES, units
 
 from experiments.common import batch_profiles
-from hetpipe_jax import ConfigError, get_cluster
+from hetpipe_jax import ConfigError, get_cluster, get_model, synthetic
 from hetpipe_jax.baselines.knobs import PeerKnobs
 from hetpipe_jax.cost.batch import fixed
 from hetpipe_jax.plan.allocation import plan_cluster
 from hetpipe_jax.studies.throughput import run_throughput
 from hetpipe_jax.studies.throughput_records import ThroughputConfig
-from hetpipe_jax.systems import get_system
+from hetpipe_jax.systems import TrainSetting, get_system
+from hetpipe_jax.systems.hetpipe import Trainer
 
 ENV = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
 POLICY_ROWS = ["HetPipe NP D=0", "HetPipe ED D=0", "HetPipe HD D=0"]
@@ -42,6 +43,27 @@ def test_hetpipe_simulates_the_speed_rules_plan_by_hand():
   assert speed.images_per_sec > max_fit.images_per_sec
   assert hetpipe.label(PeerKnobs(policy="NP", nm_rule="speed"), 32) == "hetpipe NP speed, D=0"
   assert hetpipe.label(PeerKnobs(policy="NP"), 32) == "hetpipe NP, D=0"
+
+
+def test_hetpipe_trains_the_windowed_layout_it_timed(monkeypatch):
+  """The speed rule's layout (Nm [2, 1], windows [1, 1]) is what the trainer gets, windows included."""
+  hetpipe = get_system("hetpipe")
+  run = hetpipe.simulate(TWO_NODES, fixed(units(2), 32), 32, PeerKnobs(policy="NP", nm_rule="speed"))
+  got = []
+
+  def record(self, layout, waves, what):
+    got.append(layout)
+    raise _Stop  # (the layout is all this test needs)
+
+  monkeypatch.setattr(Trainer, "train", record)
+  with pytest.raises(_Stop):
+    hetpipe.train(get_model("mlp"), synthetic(num_train=256, num_test=32), run,
+                  TrainSetting(0, 0.05, "sgd", 0.5, 128, 32))
+  assert got[0].nm == [2, 1] and got[0].window == [1, 1]
+
+
+class _Stop(Exception):
+  pass
 
 
 def test_baseline_cli_takes_the_rule_and_refuses_a_bad_one_in_one_line(tmp_path):

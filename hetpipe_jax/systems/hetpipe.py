@@ -118,7 +118,8 @@ class HetPipe(System):
     per_wave = sum(nms) * setting.batch_size
     base = RunConfig.of(cluster=job.cluster, batch_size=setting.batch_size, optimizer=setting.optimizer,
                         executor="virtual")
-    layout = HetPipeSetting([[g.index for g in p.gpus] for p in vws], nms, 0, [list(p.cuts) for p in vws])
+    layout = HetPipeSetting([[g.index for g in p.gpus] for p in vws], nms, 0, [list(p.cuts) for p in vws],
+                            job.plan.layout.windows)  # (the windows it was timed with: speed-sized waves have some)
     waves = WaveRun(setting.seed, max(1, int(setting.epochs * len(dataset.x_train) // per_wave)), setting.lr,
                     max(1, round(setting.eval_examples / per_wave)))
     result = Trainer(model, dataset, base).train(layout, waves, f"hetpipe, seed {setting.seed}")
@@ -170,7 +171,7 @@ class HetPipeSetting(NamedTuple):
 
   Attributes:
     policy: an allocation policy (NP, ED, HD) or a grouping of GPU indices, one list per virtual worker.
-    nm: Nm (a number, max_fit or best; or one per virtual worker).
+    nm: Nm (a number, max_fit, best or speed; or one per virtual worker).
     d: the clock distance bound D.
     cuts / window / placement: the layout's unit boundaries per virtual worker, most minibatches in flight,
       placement.
