@@ -234,16 +234,19 @@ def print_table(result: ConvergenceResult) -> None:
         f"{c.epochs} epochs; seeds {list(c.seeds)}")
   unit, per = result.unit, result.per_example
   print(f"{'configuration':58} {'GPUs':>4} {unit + '/s':>9} {'eff.':>5} {'vs peer':>7} "
-        f"{'time to target: mean (min..max) s':>34} {'vs peer':>7} {'final':>6}")
+        f"{'time to target: mean (min..max) s':>34} {'vs peer':>7} {'examples':>9} {'vs peer':>7} {'final':>6}")
   for r in result.table:
     ratio = f"{r.images_per_sec_vs_best_peer:.2f}x" if r.images_per_sec_vs_best_peer else "-"
     t = r.mean_time_to_target_s
     when = (f"{t:.4g} ({r.min_time_to_target_s:.4g}..{r.max_time_to_target_s:.4g})" if t is not None
             else f"missed by {r.missed} of {r.seeds}")
     speed = f"{r.speedup_vs_best_peer:.2f}x" if r.speedup_vs_best_peer else "-"
+    examples = f"{r.mean_examples_to_target:9.0f}" if r.mean_examples_to_target else f"{'-':>9}"
+    more = f"{r.examples_vs_best_peer:.2f}x" if r.examples_vs_best_peer else "-"
     print(f"{r.name[:58]:58} {r.gpus:>4} {r.images_per_sec * per:9.1f} {r.efficiency:5.2f} {ratio:>7} "
-          f"{when:>34} {speed:>7} {r.mean_final_smoothed_accuracy:6.4f}")
-  print(f"vs peer: {unit}/s over the best peer's; the best peer's mean time to target over this one's (> 1: faster)")
+          f"{when:>34} {speed:>7} {examples} {more:>7} {r.mean_final_smoothed_accuracy:6.4f}")
+  print(f"vs peer: {unit}/s over the best peer's; the best peer's mean time to target over this one's (> 1: faster); "
+        "examples to target (mean over seeds) over the fewest of a peer (> 1: more)")
 
 
 def print_perplexity(result: ConvergenceResult) -> None:

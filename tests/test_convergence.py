@@ -20,7 +20,7 @@ from hetpipe_jax.baselines.data_parallel import train_data_parallel
 from hetpipe_jax.cluster import GpuType, Link, make_cluster
 from hetpipe_jax.staleness import StalenessModel
 from hetpipe_jax.studies.convergence_runs import ConvergenceRun, Outcome, WspStats
-from hetpipe_jax.studies.convergence_summary import Unigram, summarise
+from hetpipe_jax.studies.convergence_summary import Unigram, summarise, table
 from hetpipe_jax.studies.convergence_target import Target
 from hetpipe_jax.studies.convergence_tuned import pilot_choices
 from hetpipe_jax.systems import CurvePoint
@@ -190,6 +190,21 @@ def test_the_automatic_target_is_095_of_the_best_final_smoothed_accuracy():
   assert Target("accuracy", 2).of_runs(runs) == pytest.approx(0.95 * 0.9)
   # a loss: the best (lowest) final smoothed loss over 0.95 (x: 0.6 and 0.55, mean 0.575; y: 0.55)
   assert Target("loss", 2).of_runs(runs) == pytest.approx(0.55 / 0.95)
+
+
+def test_the_table_reports_examples_to_target_beside_time_against_the_fewest_of_a_peer():
+  """A peer at 90k and 120k examples (seeds 0, 1; mean 105k), HetPipe at 150k and 160k (155k: 1.48x the peer's), a
+  HetPipe configuration that missed on one seed (no mean)."""
+  def run(name, system, seed, examples):
+    outcome = Outcome(None if examples is None else examples / 1000, examples, 0.8, 0.8, 0.5, 1.6)
+    return ConvergenceRun(name, name, system, seed, 0, [1], 0.1, 4, 1000.0, 0.5, [], outcome=outcome)
+  summary = {"peer": summarise([run("peer", "local_sgd", 0, 90e3), run("peer", "local_sgd", 1, 120e3)]),
+             "hp": summarise([run("hp", "hetpipe", 0, 150e3), run("hp", "hetpipe", 1, 160e3)]),
+             "missed": summarise([run("missed", "hetpipe", 0, 150e3), run("missed", "hetpipe", 1, None)])}
+  rows = {r.name: r for r in table(summary)}
+  assert summary["peer"].mean_examples_to_target == 105e3 and rows["peer"].examples_vs_best_peer == 1.0
+  assert rows["hp"].mean_examples_to_target == 155e3 and rows["hp"].examples_vs_best_peer == pytest.approx(155 / 105)
+  assert rows["missed"].mean_examples_to_target is None and rows["missed"].examples_vs_best_peer is None
 
 
 def test_a_language_models_runs_report_perplexity_against_time(capsys):

@@ -34,7 +34,8 @@ def with_target(run: ConvergenceRun, rule: Target, target: float, batch_size: in
 class Summary(NamedTuple):
   """A configuration over seeds: its row, system, GPUs, learning rate, images/s and efficiency, the seeds, how many
   missed the target, the mean and range of its time to target (the mean: None unless every seed reached it), its
-  mean final test accuracy, perplexity and smoothed accuracy."""
+  mean final test accuracy, perplexity and smoothed accuracy, and its mean examples to target (None unless every
+  seed reached it)."""
 
   row: str
   system: str
@@ -50,23 +51,27 @@ class Summary(NamedTuple):
   mean_final_test_accuracy: float
   mean_final_test_perplexity: float
   mean_final_smoothed_accuracy: float
+  mean_examples_to_target: float | None = None
 
 
 def summarise(runs: Sequence[ConvergenceRun]) -> Summary:
   """One configuration's runs (with their outcomes) over seeds."""
   outcomes = [r.outcome for r in runs if r.outcome is not None]
   times = [o.time_to_target_s for o in outcomes if o.time_to_target_s is not None]
+  examples = [o.images_to_target for o in outcomes if o.images_to_target is not None]
   first, n = runs[0], len(runs)
   return Summary(first.row, first.system, first.gpus, first.lr, first.images_per_sec, first.efficiency,
                  [r.seed for r in runs], n - len(times), sum(times) / len(times) if len(times) == n else None,
                  min(times) if times else None, max(times) if times else None,
                  sum(o.final_test_accuracy for o in outcomes) / n, sum(o.final_test_perplexity for o in outcomes) / n,
-                 sum(o.final_smoothed_accuracy for o in outcomes) / n)
+                 sum(o.final_smoothed_accuracy for o in outcomes) / n,
+                 sum(examples) / n if len(examples) == n else None)
 
 
 class TableRow(NamedTuple):
   """A configuration's row of the table: images/s and efficiency, their ratio to the best peer's, the time to
-  target (mean, min, max over seeds; seeds that missed it) and the best peer's mean time over it."""
+  target (mean, min, max over seeds; seeds that missed it) and the best peer's mean time over it; the mean examples
+  to target and their ratio to the fewest of a peer (> 1: more examples than that peer)."""
 
   name: str
   row: str
@@ -83,6 +88,8 @@ class TableRow(NamedTuple):
   speedup_vs_best_peer: float | None
   mean_final_smoothed_accuracy: float
   lr: float
+  mean_examples_to_target: float | None = None
+  examples_vs_best_peer: float | None = None
 
 
 def table(summary: dict[str, Summary]) -> list[TableRow]:
@@ -90,13 +97,15 @@ def table(summary: dict[str, Summary]) -> list[TableRow]:
   peers = [s for s in summary.values() if is_peer(s.system)]
   best_ips = max((s.images_per_sec for s in peers), default=None)
   best_time = min((s.mean_time_to_target_s for s in peers if s.mean_time_to_target_s is not None), default=None)
+  fewest = min((s.mean_examples_to_target for s in peers if s.mean_examples_to_target is not None), default=None)
   rows = []
   for name, s in summary.items():
     t = s.mean_time_to_target_s
     rows.append(TableRow(name, s.row, s.system, s.gpus, s.images_per_sec, s.efficiency,
                          s.images_per_sec / best_ips if best_ips else None, t, s.min_time_to_target_s,
                          s.max_time_to_target_s, s.missed, len(s.seeds), best_time / t if best_time and t else None,
-                         s.mean_final_smoothed_accuracy, s.lr))
+                         s.mean_final_smoothed_accuracy, s.lr, s.mean_examples_to_target,
+                         s.mean_examples_to_target / fewest if fewest and s.mean_examples_to_target else None))
   return rows
 
 
