@@ -32,7 +32,7 @@ class LrPilot(NamedTuple):
   """A learning-rate pilot (``convergence.json``'s ``lr_pilots``).
 
   Attributes:
-    system: the learning-rate system (a peer's name, ``hetpipe``, ``hetpipe_outer``).
+    system: the learning-rate system (a peer's name, ``hetpipe``, ``hetpipe_outer:NAME`` for an outer rule).
     stage: :data:`GRID` (the inner grid at the default outer rate), :data:`OUTER` (the outer grid at the best
       inner rate) or :data:`REFINE` (the inner rate between the best and its neighbours, a system without an outer
       step).

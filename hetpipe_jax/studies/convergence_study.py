@@ -29,7 +29,7 @@ from hetpipe_jax.systems import HetPipe, SystemSpec, simulate_systems
 from hetpipe_jax.systems.hetpipe import HetPipeSetting
 from hetpipe_jax.systems.runs import without_type
 
-HETPIPE, HETPIPE_OUTER = HetPipe.name, "hetpipe_outer"  # HetPipe's learning-rate systems (without, with the outer)
+HETPIPE, HETPIPE_OUTER = HetPipe.name, "hetpipe_outer"  # HetPipe's learning-rate system; the prefix of an outer rule's
 Progress = Callable[[str], None]
 
 
