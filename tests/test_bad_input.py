@@ -90,6 +90,7 @@ def test_unknown_model_and_dataset():
     load_dataset("imagenet")
 
 
+@pytest.mark.slow  # (10-28 s: the README's test command keeps under 10 minutes; .ci/run runs it)
 def test_cli_reports_bad_input_in_one_line():
   proc = subprocess.run([sys.executable, "-m", "experiments.train", "--nm=0", "--waves=1"],
                         capture_output=True, text=True, timeout=300)

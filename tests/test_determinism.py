@@ -4,6 +4,7 @@ import os
 
 import chex
 import jax
+import pytest
 
 from hetpipe_jax import RunConfig, get_model, run_hetpipe, synthetic
 
@@ -16,6 +17,7 @@ def _run(seed):
       optimizer="adam", learning_rate=1e-3, seed=seed, eval_every=2))
 
 
+@pytest.mark.slow  # (15 s: the README's test command keeps under 10 minutes; .ci/run runs it)
 def test_same_seed_same_bits():
   a, b = _run(0), _run(0)
   assert_trace_ok(a.events)

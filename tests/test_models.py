@@ -71,6 +71,7 @@ def test_inception_v3_units_are_its_stem_blocks_and_head():
                    (17, 17, 768), (17, 17, 768), (8, 8, 1280), (8, 8, 2048), (8, 8, 2048), (1000,)]
 
 
+@pytest.mark.slow  # (10-28 s: the README's test command keeps under 10 minutes; .ci/run runs it)
 def test_inception_v3_cuts_compose_on_a_small_input():
   model = inception_v3(num_classes=10)  # 75x75 is the smallest input its valid convolutions and pools take
   x = jax.random.normal(jax.random.key(1), (2, 75, 75, 3))

@@ -506,6 +506,7 @@ def test_oracle_recomputes_a_bf16_run_within_a_derived_tolerance(name):
   assert bf16_excess(result, oracle) <= 0
 
 
+@pytest.mark.slow  # (10-28 s: the README's test command keeps under 10 minutes; .ci/run runs it)
 def test_the_bf16_tolerance_catches_a_rebase_that_drops_open_accumulators(monkeypatch):
   """The bf16 bound is tight enough to matter: the planted lossy rebase (it loses whole updates) exceeds it."""
   rebase = Stage.rebase

@@ -174,6 +174,7 @@ def test_the_seed_flag_changes_an_nnx_units_initial_weights():
 # --- a language model reports tokens and perplexity ---------------------------------------------------------
 
 
+@pytest.mark.slow  # (10-28 s: the README's test command keeps under 10 minutes; .ci/run runs it)
 def test_a_language_runs_summary_and_lines_say_tokens_and_perplexity(tmp_path):
   proc = train_cli(tmp_path, "--model=gpt", "--dataset=tokens", "--optimizer=adam", "--learning_rate=0.003",
                    "--waves=2", "--num_vws=2", "--eval_every=2", timeout=600)
