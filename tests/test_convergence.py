@@ -22,7 +22,7 @@ from hetpipe_jax.staleness import StalenessModel
 from hetpipe_jax.studies.convergence_runs import ConvergenceRun, Outcome, WspStats
 from hetpipe_jax.studies.convergence_summary import Unigram, summarise, table
 from hetpipe_jax.studies.convergence_target import Target
-from hetpipe_jax.studies.convergence_tuned import pilot_choices
+from hetpipe_jax.studies.convergence_tuned import TunedPilot, fewest_examples, pilot_choices
 from hetpipe_jax.systems import CurvePoint
 
 from helpers import assert_trace_ok
@@ -111,6 +111,12 @@ def test_pilot_choices_take_the_estimates_best_and_faster_points_of_the_front():
   fit = StalenessModel(1000.0, 0.05)  # seconds: A1 10, A2 5.6, B4 5, B8 7.5, C16 11
   chosen, _ = pilot_choices(results, fit, 4)
   assert [key(r) for r in chosen] == [("B", 4, 300.0), ("A", 2, 210.0), ("B", 8, 400.0), ("C", 16, 500.0)]
+
+
+def test_the_fewest_examples_pilot_is_the_sooner_of_a_tie_and_none_when_no_pilot_reached_the_target():
+  pilot = lambda when, examples: TunedPilot("c", 1.0, 0.0, 0.0, None, when, examples, 0.9, 0)
+  assert fewest_examples("abcd", [pilot(9.0, 500), pilot(None, None), pilot(4.0, 300), pilot(3.0, 300)]) == "d"
+  assert fewest_examples("ab", [pilot(None, None), pilot(None, None)]) is None
 
 
 @pytest.mark.slow

@@ -28,7 +28,7 @@ from hetpipe_jax.studies.convergence_lr import (
 from hetpipe_jax.studies.convergence_runs import Runner
 from hetpipe_jax.studies.convergence_study import HETPIPE, Spec, Study, outer_system
 from hetpipe_jax.studies.convergence_target import Target
-from hetpipe_jax.studies.convergence_tuned import TUNED_OUTER, tuned_specs
+from hetpipe_jax.studies.convergence_tuned import TUNED, TUNED_EXAMPLES, TUNED_OUTER, tuned_specs
 from hetpipe_jax.systems import CurvePoint, LocalSGD, SystemRun, SystemSpec
 from hetpipe_jax.systems.base import DEFAULT_KNOBS
 from hetpipe_jax.systems.hetpipe import HetPipeSetting
@@ -223,6 +223,13 @@ def test_every_system_is_searched_alike_and_its_chosen_outer_rate_reaches_its_ru
   assert outer_row.row == TUNED_OUTER and outer_row.lr_system == NESTEROV
   assert outer_row.setting.ps_optimizer == f"nesterov:lr={0.35 / 3!r},momentum=0.9"
   assert outer_row.name.endswith(f"+ nesterov:lr={0.35 / 3!r},momentum=0.9")
+  # the one whose pilot needed the fewest examples is a row of its own, with the same rule and rate, when it differs
+  fewest = types.SimpleNamespace(**{**vars(tuned), "label": "short waves", "grouping": "0/1/2/3/4/5"})
+  rows = tuned_specs(runner, tuned, tuned, runner.best_outer_rule(), tuned, fewest)
+  assert [s.row for s in rows] == [TUNED, TUNED_OUTER, TUNED_EXAMPLES]
+  assert rows[2].name.startswith("HetPipe tuned for examples (0/1/2/3/4/5, D=0) + nesterov:lr=")
+  assert rows[2].setting.ps_optimizer == rows[1].setting.ps_optimizer and rows[2].lr_system == NESTEROV
+  assert len(tuned_specs(runner, tuned, tuned, runner.best_outer_rule(), tuned, tuned)) == 2  # the same one
 
 
 def test_the_outer_row_takes_the_rule_whose_pilots_ended_best(monkeypatch):

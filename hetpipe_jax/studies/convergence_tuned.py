@@ -23,6 +23,7 @@ from hetpipe_jax.systems.hetpipe import HetPipeSetting
 from hetpipe_jax.tune import RunSetting, SearchSpace, TuneOptions, candidate_json, pareto_front, tune
 
 TUNED, TUNED_OUTER, TUNED_IPS = "HetPipe tuned", "HetPipe tuned + outer", "HetPipe tuned for images/s"
+TUNED_EXAMPLES = "HetPipe tuned for examples + outer"
 
 
 class TunedPilot(NamedTuple):
@@ -68,10 +69,11 @@ class TunedChoice(NamedTuple):
   specs: list[Spec]
   outer_rule: str | None = None
   outer_label: str | None = None
+  examples_label: str | None = None
 
   def to_json(self) -> dict[str, Any]:
     doc = {k: getattr(self, k) for k in ("objective", "label", "images_per_sec", "mean_staleness", "outer_rule",
-                                         "outer_label")}
+                                         "outer_label", "examples_label")}
     doc.update(fit=None if self.fit is None else dataclasses.asdict(self.fit),
                provisional_target=self.provisional_target,
                predicted_time_to_target_s=self.predicted_time_to_target_s, fastest=self.fastest._asdict())
@@ -119,12 +121,12 @@ def tune_config(runner: Runner, runs: Sequence[ConvergenceRun]) -> TunedChoice:
                         setting=RunSetting(study.costs), progress=lambda line: runner.say(f"tuner: {line}"))
   out = tune(study.cluster, study.clock_profiles, c.batch_size, space, options)
   best, pilots, rule = out.best, [], runner.best_outer_rule()
-  best_outer, objective = best, "time_to_accuracy" if fit else "throughput"
+  best_outer, fewest, objective = best, None, "time_to_accuracy" if fit else "throughput"
   if c.tuned_objective == "measured":  # (an estimate without a staleness cost says nothing of the front)
     ranked_by = fit if fit and fit.beta > 0 else None
-    best, pilots = measured_best(runner, out.results, ranked_by, target)
+    best, pilots, _ = measured_best(runner, out.results, ranked_by, target)
     if rule is not None:
-      best_outer, outer_pilots = measured_best(runner, out.results, ranked_by, target, rule)
+      best_outer, outer_pilots, fewest = measured_best(runner, out.results, ranked_by, target, rule)
       pilots += outer_pilots
     objective = "measured"
   runner.say(f"tuned ({objective}): {best.candidate.label}" +
@@ -133,29 +135,33 @@ def tune_config(runner: Runner, runs: Sequence[ConvergenceRun]) -> TunedChoice:
   return TunedChoice(objective, best.candidate.label, best.images_per_sec, best.staleness, fit, target,
                      None if fit is None else fit.seconds(best.images_per_sec, best.staleness),
                      Fastest(fastest.candidate.label, fastest.images_per_sec, fastest.staleness), pilots,
-                     tuned_specs(runner, best.candidate, fastest.candidate, rule, best_outer.candidate), rule,
-                     None if rule is None else best_outer.candidate.label)
+                     tuned_specs(runner, best.candidate, fastest.candidate, rule, best_outer.candidate, fewest),
+                     rule, None if rule is None else best_outer.candidate.label, fewest and fewest.label)
 
 
-def tuned_specs(runner: Runner, tuned: Any, fastest: Any, rule: str | None = None,
-                tuned_outer: Any = None) -> list[Spec]:
+def tuned_specs(runner: Runner, tuned: Any, fastest: Any, rule: str | None = None, tuned_outer: Any = None,
+                fewest: Any = None) -> list[Spec]:
   """The tuned configuration; with an outer ``rule``, the configuration tuned for it (``tuned_outer``; None: the
-  tuned one) with the rule at its chosen outer rate; and the fastest when it is another one."""
+  tuned one) with the rule at its chosen outer rate, and the one whose pilot needed the fewest examples with it
+  (``fewest``) when it is another one; and the fastest when it is another one."""
   specs = [candidate_spec(f"{TUNED} ({tuned.grouping}, D={tuned.d})", TUNED, tuned)]
   if rule is not None:
     chosen = tuned_outer or tuned
-    specs.append(runner.outer_row(candidate_spec(f"{TUNED} ({chosen.grouping}, D={chosen.d})", TUNED_OUTER, chosen),
-                                  rule, runner.choices[outer_system(rule)].outer_lr))
+    for name, row, c in ((TUNED, TUNED_OUTER, chosen), (f"{TUNED} for examples", TUNED_EXAMPLES, fewest)):
+      if c is not None and (row == TUNED_OUTER or c.label != chosen.label):
+        specs.append(runner.outer_row(candidate_spec(f"{name} ({c.grouping}, D={c.d})", row, c), rule,
+                                      runner.choices[outer_system(rule)].outer_lr))
   if fastest.label != tuned.label:
     specs.append(candidate_spec(f"{TUNED_IPS} ({fastest.grouping}, D={fastest.d})", TUNED_IPS, fastest))
   return specs
 
 
 def measured_best(runner: Runner, results: Sequence, fit: StalenessModel | None, target: float,
-                  outer: str | None = None) -> tuple[Any, list[TunedPilot]]:
+                  outer: str | None = None) -> tuple[Any, list[TunedPilot], Any]:
   """Trains :func:`pilot_choices` of the tuner's results on the pilot seed (with the ``outer`` rule at its chosen
   rates; None: the plain rule): the one that reached ``target`` first (on the emulated clock; none: the one whose
-  smoothed accuracy ended best), and the pilot runs."""
+  smoothed accuracy ended best), the pilot runs, and the one that reached it on the fewest examples (the faster
+  of a tie; None: none reached it)."""
   c, rule = runner.config, runner.study.target
   chosen, front = pilot_choices(results, fit, c.pilots)
   runner.say(f"measured choice{'' if outer is None else ' with ' + outer}: {len(chosen)} pilot runs on seed "
@@ -181,8 +187,16 @@ def measured_best(runner: Runner, results: Sequence, fit: StalenessModel | None,
   if not timed:  # none reached the target: the one that came closest
     runner.say(f"no pilot run reached the provisional target {target:.4g}: the tuned configuration is the pilot "
                "whose smoothed accuracy ended best")
-    return chosen[max(range(len(chosen)), key=lambda i: (rule.better(rule.final(curves[i])), -i))], pilots
-  return min(timed)[3], pilots
+    return chosen[max(range(len(chosen)), key=lambda i: (rule.better(rule.final(curves[i])), -i))], pilots, None
+  return min(timed)[3], pilots, fewest_examples(chosen, pilots)
+
+
+def fewest_examples(chosen: Sequence, pilots: Sequence[TunedPilot]) -> Any:
+  """Of the configurations ``chosen`` and their ``pilots`` (in the same order), the one that reached the target on
+  the fewest examples, the sooner of a tie (None: none reached it)."""
+  reached = [(p.images_to_target, p.time_to_target_s, i) for i, p in enumerate(pilots)
+             if p.time_to_target_s is not None and p.images_to_target is not None]
+  return chosen[min(reached)[2]] if reached else None
 
 
 def pilot_choices(results: Sequence, fit: StalenessModel | None, count: int) -> tuple[list, list]:
