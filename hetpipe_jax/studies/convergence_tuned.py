@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.staleness import StalenessModel, fit_staleness_model
@@ -21,9 +21,12 @@ from hetpipe_jax.studies.convergence_runs import ConvergenceRun, Runner
 from hetpipe_jax.studies.convergence_study import HETPIPE, Spec, outer_system
 from hetpipe_jax.systems.hetpipe import HetPipeSetting
 from hetpipe_jax.tune import RunSetting, SearchSpace, TuneOptions, candidate_json, pareto_front, tune
+from hetpipe_jax.tune.candidate import Candidate
+from hetpipe_jax.tune.result import Result
 
 TUNED, TUNED_OUTER, TUNED_IPS = "HetPipe tuned", "HetPipe tuned + outer", "HetPipe tuned for images/s"
 TUNED_EXAMPLES = "HetPipe tuned for examples + outer"
+T = TypeVar("T")
 
 
 class TunedPilot(NamedTuple):
@@ -126,8 +129,8 @@ def tune_config(runner: Runner, runs: Sequence[ConvergenceRun]) -> TunedChoice:
     ranked_by = fit if fit and fit.beta > 0 else None
     best, pilots, _ = measured_best(runner, out.results, ranked_by, target)
     if rule is not None:
-      best_outer, outer_pilots, fewest = measured_best(runner, out.results, ranked_by, target, rule)
-      pilots += outer_pilots
+      best_outer, outer_pilots, fewest_result = measured_best(runner, out.results, ranked_by, target, rule)
+      pilots, fewest = pilots + outer_pilots, fewest_result and fewest_result.candidate
     objective = "measured"
   runner.say(f"tuned ({objective}): {best.candidate.label}" +
              ("" if rule is None else f"; with the outer rule {rule}: {best_outer.candidate.label}"))
@@ -139,8 +142,8 @@ def tune_config(runner: Runner, runs: Sequence[ConvergenceRun]) -> TunedChoice:
                      rule, None if rule is None else best_outer.candidate.label, fewest and fewest.label)
 
 
-def tuned_specs(runner: Runner, tuned: Any, fastest: Any, rule: str | None = None, tuned_outer: Any = None,
-                fewest: Any = None) -> list[Spec]:
+def tuned_specs(runner: Runner, tuned: Candidate, fastest: Candidate, rule: str | None = None,
+                tuned_outer: Candidate | None = None, fewest: Candidate | None = None) -> list[Spec]:
   """The tuned configuration; with an outer ``rule``, the configuration tuned for it (``tuned_outer``; None: the
   tuned one) with the rule at its chosen outer rate, and the one whose pilot needed the fewest examples with it
   (``fewest``) when it is another one; and the fastest when it is another one."""
@@ -156,8 +159,8 @@ def tuned_specs(runner: Runner, tuned: Any, fastest: Any, rule: str | None = Non
   return specs
 
 
-def measured_best(runner: Runner, results: Sequence, fit: StalenessModel | None, target: float,
-                  outer: str | None = None) -> tuple[Any, list[TunedPilot], Any]:
+def measured_best(runner: Runner, results: Sequence[Result], fit: StalenessModel | None, target: float,
+                  outer: str | None = None) -> tuple[Result, list[TunedPilot], Result | None]:
   """Trains :func:`pilot_choices` of the tuner's results on the pilot seed (with the ``outer`` rule at its chosen
   rates; None: the plain rule): the one that reached ``target`` first (on the emulated clock; none: the one whose
   smoothed accuracy ended best), the pilot runs, and the one that reached it on the fewest examples (the faster
@@ -191,7 +194,7 @@ def measured_best(runner: Runner, results: Sequence, fit: StalenessModel | None,
   return min(timed)[3], pilots, fewest_examples(chosen, pilots)
 
 
-def fewest_examples(chosen: Sequence, pilots: Sequence[TunedPilot]) -> Any:
+def fewest_examples(chosen: Sequence[T], pilots: Sequence[TunedPilot]) -> T | None:
   """Of the configurations ``chosen`` and their ``pilots`` (in the same order), the one that reached the target on
   the fewest examples, the sooner of a tie (None: none reached it)."""
   reached = [(p.images_to_target, p.time_to_target_s, i) for i, p in enumerate(pilots)
