@@ -36,6 +36,8 @@ flags.DEFINE_enum("target_metric", _DEFAULTS.target_metric, list(TARGET_METRICS)
                   "accuracy, or the test loss (language models).")
 flags.DEFINE_integer("smooth", _DEFAULTS.smooth, "Evaluations in the trailing mean of the accuracy.")
 flags.DEFINE_integer("eval_examples", _DEFAULTS.eval_examples, "Evaluate about every this many examples.")
+flags.DEFINE_integer("eval_test_examples", _DEFAULTS.eval_test_examples, "Test examples each evaluation takes, "
+                     "evenly spread over the test split (0: all of it).")
 flags.DEFINE_list("base", [str(_DEFAULTS.base_vws), str(_DEFAULTS.base_nm), str(_DEFAULTS.base_d)],
                   "The base point: N,Nm,D.")
 flags.DEFINE_list("vws", list(map(str, _DEFAULTS.vws)), "Virtual workers N of the N sweep (one GPU each).")
@@ -57,7 +59,7 @@ def flags_to_config() -> AblationConfig:
       optimizer=FLAGS.optimizer, epochs=FLAGS.epochs, seeds=tuple(common.parse_ints("seeds", FLAGS.seeds)),
       lrs=common.parse_floats("lrs", FLAGS.lrs, "numbers, e.g. 0.01,0.02,0.04"),
       target_accuracy=FLAGS.target_accuracy, target_metric=FLAGS.target_metric, smooth=FLAGS.smooth,
-      eval_examples=FLAGS.eval_examples,
+      eval_examples=FLAGS.eval_examples, eval_test_examples=FLAGS.eval_test_examples,
       base_vws=base[0], base_nm=base[1], base_d=base[2],
       vws=tuple(common.parse_ints("vws", FLAGS.vws)), nms=tuple(common.parse_ints("nms", FLAGS.nms)),
       ds=tuple(common.parse_ints("ds", FLAGS.ds)), rules=tuple(r.strip() for r in FLAGS.rules.split(";") if r.strip()))

@@ -135,6 +135,8 @@ flags.DEFINE_enum("target_metric", "accuracy", ["accuracy", "loss"], "What the t
                   "the test loss (a language model: the small GPT on --dataset=tokens or text).")
 flags.DEFINE_integer("smooth", 3, "Evaluations in the trailing mean of the smoothed accuracy curve.")
 flags.DEFINE_integer("eval_examples", 6000, "Evaluate the test accuracy about every this many training examples.")
+flags.DEFINE_integer("eval_test_examples", 0, "Test examples each evaluation takes, evenly spread over the test "
+                     "split (0: all of it): a cheaper evaluation for the many runs of a study.")
 flags.DEFINE_string("time_model", "vgg19", "vgg19, resnet152 or another full-size model: time axis from this "
                     "model's cost on the cluster; none: the trained model's own cost.")
 flags.DEFINE_bool("ssp", False, "Add the SSP parameter-server baseline (one worker per GPU, Nm = 1).")
@@ -166,7 +168,8 @@ def flags_to_config() -> ConvergenceConfig:
       lr_epochs=full_or_given("lr_epochs"),
       seeds=seeds, epochs=full_or_given("epochs"), batch_size=FLAGS.batch_size,
       target_accuracy=FLAGS.target_accuracy, target_metric=FLAGS.target_metric, smooth=FLAGS.smooth,
-      eval_examples=FLAGS.eval_examples, ssp=FLAGS.ssp, ssp_d=FLAGS.ssp_d, whimpy=FLAGS.whimpy)
+      eval_examples=FLAGS.eval_examples, eval_test_examples=FLAGS.eval_test_examples,
+      ssp=FLAGS.ssp, ssp_d=FLAGS.ssp_d, whimpy=FLAGS.whimpy)
 
 
 def main(argv):

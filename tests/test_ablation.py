@@ -30,6 +30,7 @@ def test_each_sweep_varies_one_factor_around_the_base():
     ({"target_accuracy": -1.0, "target_metric": "loss"}, r"^--target_accuracy=-1.0; give in \(0, 1\] for an"),
     ({"target_metric": "perplexity"}, r"^--target_metric=perplexity; give one of accuracy, loss$"),
     ({"ds": (-1,)}, r"^--ds=-1; give bounds D >= 0$"),
+    ({"eval_test_examples": -5}, r"^--eval_test_examples=-5; give >= 0 \(0: all of it\)$"),
 ])
 def test_bad_settings_are_one_line(change, message):
   with pytest.raises(ConfigError, match=message):

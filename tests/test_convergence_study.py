@@ -29,6 +29,7 @@ MINI = get_cluster("paper_mini")
     ({"ds": (0, -2)}, "--ds=0,-2; give one or more clock distance bounds D >= 0"),
     ({"epochs": 0.0}, "--epochs=0.0; give > 0"),
     ({"smooth": 0}, "--smooth=0; give >= 1"),
+    ({"eval_test_examples": -1}, r"--eval_test_examples=-1; give >= 0 \(0: the whole split\)"),
     ({"target_accuracy": 1.5}, r"--target_accuracy=1.5; give in \[0, 1\] for an accuracy"),
     ({"lr_grid": (0.5, 0.0)}, "--lr_grid=0.5,0; give one or more distinct factors > 0, e.g. 0.1,0.3,1,3,10"),
     ({"pilot_seed": 1}, "--pilot_seed=1 is one of --seeds; use a seed outside them"),

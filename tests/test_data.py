@@ -42,3 +42,12 @@ def test_fashion_mnist_from_the_debian_package():
   ds = load_dataset("fashion_mnist")
   assert ds.x_train.shape == (60000, 28, 28, 1) and ds.x_test.shape == (10000, 28, 28, 1)
   assert load_dataset("auto").name == "fashion_mnist"
+
+
+def test_a_study_may_evaluate_on_test_examples_spread_over_the_whole_split():
+  data = synthetic(num_train=16, num_test=10)
+  sub = data.with_test_examples(4)
+  keep = [0, 3, 6, 9]
+  assert np.array_equal(sub.x_test, data.x_test[keep]) and np.array_equal(sub.y_test, data.y_test[keep])
+  assert sub.x_train is data.x_train and sub.num_classes == data.num_classes
+  assert all(data.with_test_examples(n) is data for n in (0, 10, 99))  # 0, or the whole split or more: all of it

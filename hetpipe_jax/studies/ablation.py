@@ -52,7 +52,8 @@ class AblationConfig:
     lrs: the local learning rates every point is trained at.
     target_accuracy / target_metric / smooth / eval_examples: the target (a test accuracy, or with
       ``target_metric="loss"`` a test loss, as the convergence study's, for a language model), smoothed over
-      ``smooth`` evaluations, evaluated about every ``eval_examples`` examples.
+      ``smooth`` evaluations, evaluated about every ``eval_examples`` examples on ``eval_test_examples`` test
+      examples spread over the test split (0: all of it).
     base_vws / base_nm / base_d: the point every sweep goes through.
     vws / nms / ds: the values of each factor's sweep; rules: the parameter server's rules compared.
   """
@@ -69,6 +70,7 @@ class AblationConfig:
   target_metric: str = "accuracy"
   smooth: int = 3
   eval_examples: int = 4000
+  eval_test_examples: int = 0
   base_vws: int = 4
   base_nm: int = 4
   base_d: int = 0
@@ -95,6 +97,7 @@ class AblationConfig:
               ("rules", self.rules, bool(self.rules), "one or more rules"),
               ("smooth", self.smooth, self.smooth >= 1, ">= 1"),
               ("eval_examples", self.eval_examples, self.eval_examples >= 1, ">= 1"),
+              ("eval_test_examples", self.eval_test_examples, self.eval_test_examples >= 0, ">= 0 (0: all of it)"),
               ("batch_size", self.batch_size, self.batch_size >= 1, ">= 1")]
     for name, value, ok, limit in checks:
       if not ok:
@@ -181,7 +184,7 @@ class _Runner:
 
   def __init__(self, config: AblationConfig, say: Progress):
     self.config, self.say = config, say
-    self.dataset: Dataset = load_dataset(config.dataset)
+    self.dataset: Dataset = load_dataset(config.dataset).with_test_examples(config.eval_test_examples)
     self.model: LayeredModel = get_model(config.model, self.dataset.num_classes)
     self.target = Target(config.target_metric, config.smooth)
     self.runs: dict[tuple[int, int, int, str, float, int], AblationRun] = {}

@@ -43,6 +43,7 @@ class ConvergenceConfig:
     seeds / epochs / batch_size: every run's seeds, length and minibatch size.
     target_accuracy / target_metric / smooth / eval_examples: the target (0: automatic), what it is on, the
       smoothing and how often runs are evaluated.
+    eval_test_examples: test examples every evaluation takes, spread over the test split (0: all of it).
     ssp / ssp_d: the SSP parameter-server row and its staleness bound.
     whimpy: a GPU type the peers may not use (empty: none).
   """
@@ -74,6 +75,7 @@ class ConvergenceConfig:
   target_metric: str = "accuracy"
   smooth: int = 3
   eval_examples: int = 6000
+  eval_test_examples: int = 0
   ssp: bool = False
   ssp_d: int = 4
   whimpy: str = ""
@@ -101,6 +103,7 @@ class ConvergenceConfig:
         ("epochs", self.epochs, self.epochs > 0, "> 0"), ("lr_epochs", self.lr_epochs, self.lr_epochs > 0, "> 0"),
         ("smooth", self.smooth, self.smooth >= 1, ">= 1"),
         ("eval_examples", self.eval_examples, self.eval_examples >= 1, ">= 1"),
+        ("eval_test_examples", self.eval_test_examples, self.eval_test_examples >= 0, ">= 0 (0: the whole split)"),
         ("target_accuracy", self.target_accuracy, self.target_accuracy >= 0 and (
             self.target_metric == "loss" or self.target_accuracy <= 1),
          "in [0, 1] for an accuracy, >= 0 for a loss (0: automatic)"),

@@ -151,7 +151,7 @@ def time_profiles(config: ConvergenceConfig, model: LayeredModel, dataset: Datas
 def make_study(config: ConvergenceConfig, progress: Progress) -> Study:
   """The trained model and data, the time axis, the peers (simulated) and every HetPipe run's base config."""
   cluster, b, time_model = config.cluster, config.batch_size, config.time_model_name
-  dataset = load_dataset(config.dataset)
+  dataset = load_dataset(config.dataset).with_test_examples(config.eval_test_examples)
   model = get_model(config.model, dataset.num_classes)
   profiles = time_profiles(config, model, dataset)
   units = list(profiles.at(b))
