@@ -6,6 +6,7 @@ reused at a larger D; the clock scaled to the sim executor), and a small study r
 import json
 import types
 
+import numpy as np
 import pytest
 from absl import flags
 from absl.testing import flagsaver
@@ -14,7 +15,7 @@ from experiments import convergence as script
 from experiments.common import batch_profiles
 from hetpipe_jax import ConfigError, RunConfig, get_cluster, get_model, synthetic
 from hetpipe_jax.studies.convergence import ConvergenceConfig, run_convergence
-from hetpipe_jax.studies.convergence_study import Study
+from hetpipe_jax.studies.convergence_study import Study, examples_unit
 from hetpipe_jax.systems import TrainSetting
 from hetpipe_jax.systems.hetpipe import HetPipe, HetPipeSetting, Trainer, WaveRun, training_of
 
@@ -140,3 +141,14 @@ def test_a_small_study_runs_through_run_convergence():
 def test_the_outer_rows_rule_takes_its_rate_per_push_once(outer, spec):
   study = types.SimpleNamespace(config=ConvergenceConfig(MINI, outer=outer))
   assert Study.outer_spec(study, 4, outer) == spec
+
+
+def test_a_language_model_counts_tokens_on_any_time_axis():
+  """Throughput counts tokens for a GPT: the time model's context, or the trained model's sequence on its own
+  clock (the small GPT on text with --time_model=none); images otherwise."""
+  text_like = types.SimpleNamespace(x_train=np.zeros((4, 64), np.int32), y_train=np.zeros((4, 64), np.int32))
+  images = synthetic(num_train=8, num_test=8)
+  assert examples_unit(None, text_like) == 64
+  assert examples_unit(None, images) == 1
+  assert examples_unit("gpt2-xl", images) == 1024
+  assert examples_unit("resnet152", text_like) == 1

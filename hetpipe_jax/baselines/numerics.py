@@ -129,8 +129,8 @@ class _Tracker:
     if s % self.eval_every == 0 or s == self.total:
       self.check(params)
       self.tests[s] = self.evaluate(params)  # test_accuracy, test_loss
-      logging.info("%s: %s %d/%d  t=%.4gs  test accuracy %.4f", self.what, self.unit, s, self.total,
-                   s * self.seconds, self.tests[s]["test_accuracy"])
+      logging.info("%s: %s %d/%d  t=%.4gs  test loss %.4f, accuracy %.4f", self.what, self.unit, s, self.total,
+                   s * self.seconds, self.tests[s]["test_loss"], self.tests[s]["test_accuracy"])
 
   def check(self, params: Any) -> None:
     """Fetches the losses since the last check, and whether ``params`` are finite, in one transfer.

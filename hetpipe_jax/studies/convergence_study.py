@@ -148,6 +148,14 @@ def time_profiles(config: ConvergenceConfig, model: LayeredModel, dataset: Datas
   return BatchProfiles(tuple(profile_units(model, sample(b))), tuple(profile_units(model, sample(2 * b))), b, 2 * b)
 
 
+def examples_unit(time_model: str | None, dataset: Dataset) -> int:
+  """Tokens per example of the time axis: a GPT time model's context, the trained language model's sequence
+  when the time axis is its own, else 1 (images)."""
+  if time_model:
+    return full_size_input(time_model, 1).shape[1] if time_model.startswith("gpt") else 1
+  return dataset.x_train.shape[1] if dataset.y_train.ndim == 2 else 1
+
+
 def make_study(config: ConvergenceConfig, progress: Progress) -> Study:
   """The trained model and data, the time axis, the peers (simulated) and every HetPipe run's base config."""
   cluster, b, time_model = config.cluster, config.batch_size, config.time_model_name
@@ -155,7 +163,7 @@ def make_study(config: ConvergenceConfig, progress: Progress) -> Study:
   model = get_model(config.model, dataset.num_classes)
   profiles = time_profiles(config, model, dataset)
   units = list(profiles.at(b))
-  per_example = full_size_input(time_model, 1).shape[1] if time_model and time_model.startswith("gpt") else 1
+  per_example = examples_unit(time_model, dataset)
   time_axis = (f"cost model of {time_model} (batch {b}) on {cluster.name}" if time_model
                else f"cost model of {model.name} on {cluster.name}")
   base = RunConfig.of(cluster=cluster, batch_size=b, optimizer=config.optimizer, time_model=time_model,

@@ -92,7 +92,7 @@ def simulate_systems(names: Sequence[str], cluster: Cluster, profiles: BatchProf
       run = system.simulate(cluster, profiles, batch_size, knobs, costs, model)
       name = f"{system.name} ({run.gpus} GPUs)"
       specs.append(SystemSpec(system, name, run, None))
-      say(f"{name}: {run.images_per_sec:.1f} images/s (simulated), efficiency {run.efficiency:.3f}")
+      say(f"{name}: {run.images_per_sec:.1f} examples/s (simulated), efficiency {run.efficiency:.3f}")
     except ConfigError as e:
       specs.append(SystemSpec(system, system.name, None, str(e)))
       say(f"{system.name} cannot run here: {e}")
