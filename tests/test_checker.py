@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import jax
+import pytest
 
 from hetpipe_jax import RunConfig, check_trace, get_model, run_hetpipe, synthetic
 from hetpipe_jax.core.engine import Engine
@@ -142,6 +143,7 @@ def test_fault_rebase_drops_local_updates(monkeypatch):
   assert "rebase" in rules(result.events)
 
 
+@pytest.mark.slow  # 10-16 s: the fast suite keeps under 10 minutes
 def test_check_cli(tmp_path):
   good, bad = tmp_path / "good.jsonl", tmp_path / "bad.jsonl"
   good.write_text("".join(json.dumps(e) + "\n" for e in good_trace()))

@@ -96,6 +96,7 @@ def test_resume_refuses_a_changed_run_and_reads_no_damaged_checkpoint(tmp_path):
   assert_trace_ok(resumed.events)
 
 
+@pytest.mark.slow  # 10-16 s: the fast suite keeps under 10 minutes
 def test_a_wall_run_resumed_from_a_middle_checkpoint_passes_the_checker(tmp_path):
   """On real threads the cut waits until no device runs a task; a resume goes on from its clock."""
   import shutil

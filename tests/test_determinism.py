@@ -26,6 +26,7 @@ def test_same_seed_same_bits():
   chex.assert_trees_all_equal(jax.device_get(a.params), jax.device_get(b.params))
 
 
+@pytest.mark.slow  # 10-16 s: the fast suite keeps under 10 minutes
 def test_other_seed_other_numbers():
   a, c = _run(0), _run(1)
   assert_trace_ok(c.events)

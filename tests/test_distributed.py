@@ -48,6 +48,7 @@ def run_job(program: str, num_processes: int, timeout_s: float, grace_s: float =
   return result, outputs
 
 
+@pytest.mark.slow  # 10-16 s: the fast suite keeps under 10 minutes
 def test_two_processes_exchange_arrays_both_ways():
   result, outputs = run_job("exchange.py", 2, timeout_s=180)
   assert result.ok, (result.message, outputs)

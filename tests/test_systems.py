@@ -164,6 +164,7 @@ def test_the_toy_through_the_convergence_study(tmp_path):
   assert all(len(p) == 5 for p in runs[0]["curve"]) and runs[0]["curve"] != runs[1]["curve"]
 
 
+@pytest.mark.slow  # 10-16 s: the fast suite keeps under 10 minutes
 def test_the_tuner_refuses_a_one_node_cluster_where_nothing_fits_in_one_line(tmp_path):
   """(It ended in "ValueError: max() arg is an empty sequence": a one-node cluster has no HD pairs.)"""
   toml = tmp_path / "tiny.toml"

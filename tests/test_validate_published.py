@@ -38,6 +38,7 @@ PIPE = {**ONE, "id": "pipe", "category": "pipeline", "system": "gpipe", "gpus": 
         "microbatches": 8, "figure": 2.5, "unit": "speedup", "one_gpu_figure": "", "baseline_batch": 32}
 
 
+@pytest.mark.slow  # 10-16 s: the fast suite keeps under 10 minutes
 def test_the_fit_reproduces_each_setups_single_gpu_figure_and_holds_out_the_rest(tmp_path):
   other = {**ONE, "id": "v100-r50-1b", "setup": "b", "figure": 300.0, "one_gpu_figure": 300.0}
   unfitted = {**EIGHT, "id": "v100-r50-8c", "setup": "c", "one_gpu_figure": ""}
