@@ -27,6 +27,7 @@ from hetpipe_jax import efficiency, get_cluster
 from hetpipe_jax.cost.context import CostContext
 from hetpipe_jax.optim import optimizer_slots
 from hetpipe_jax.precision import check_precision
+from hetpipe_jax.recompute import check_recompute
 from hetpipe_jax.systems import get_system, systems
 
 FLAGS = flags.FLAGS
@@ -41,6 +42,8 @@ flags.DEFINE_integer("batch_size", 32, "Examples per minibatch (per GPU for horo
 flags.DEFINE_integer("seq_len", None, "GPT models: tokens per sequence (default: the model's context).")
 flags.DEFINE_string("optimizer", "momentum", "Local optimizer, for its memory: sgd, momentum, adam.")
 flags.DEFINE_string("precision", "fp32", "fp32, fp16 or bf16 (mixed precision).")
+flags.DEFINE_string("recompute", "none", "Activation recomputation: none, selective or full on every GPU (auto: "
+                    "hetpipe's planner, per stage).")
 flags.DEFINE_string("out_dir", "outputs/baseline", "Where the timeline, breakdown JSON and chart go.")
 
 
@@ -57,7 +60,8 @@ def main(argv):
   check_precision(FLAGS.precision)
   cluster = get_cluster(FLAGS.cluster)
   profiles, per_example, unit = common.batch_profiles(FLAGS.model, FLAGS.batch_size, FLAGS.seq_len)
-  costs = CostContext(weight_mode="stash", optimizer_slots=optimizer_slots(FLAGS.optimizer), precision=FLAGS.precision)
+  costs = CostContext(weight_mode="stash", optimizer_slots=optimizer_slots(FLAGS.optimizer), precision=FLAGS.precision,
+                      recompute=check_recompute(FLAGS.recompute))
   common.progress("simulating %s: %s on %s, batch %d", FLAGS.system, FLAGS.model, cluster.name, FLAGS.batch_size)
   run = system.simulate(cluster, profiles, FLAGS.batch_size, knobs, costs, FLAGS.model)
   if run.timeline is not None:

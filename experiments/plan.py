@@ -34,7 +34,7 @@ FLAGS = flags.FLAGS
 # The run settings a plan takes (experiments.run_flags), at the planner's defaults: the paper's testbed and
 # VGG-19, ED, momentum (for its memory).
 run_flags.define(["model", "cluster", "policy", "placement", "batch_size", "seq_len", "optimizer", "weight_mode",
-                  "precision", "d"],
+                  "precision", "recompute", "d"],
                  overrides={"model": "vgg19", "cluster": "paper_testbed", "policy": "ED", "optimizer": "momentum"})
 flags.adopt_module_key_flags(run_flags)  # --help lists them
 flags.DEFINE_string("nm", "max_fit", "Nm: max_fit (largest that fits, <= nm_max), best (modelled "
@@ -57,7 +57,8 @@ def main(argv):
   profiles = common.model_profiles(FLAGS.model, FLAGS.batch_size, FLAGS.seq_len)[0]
   plan = plan_cluster(cluster, profiles, parse_policy(FLAGS.policy), FLAGS.placement, common.parse_nm(FLAGS.nm),
                       FLAGS.nm_max,
-                      CostContext(weight_mode=FLAGS.weight_mode, optimizer_slots=slots, precision=FLAGS.precision))
+                      CostContext(weight_mode=FLAGS.weight_mode, optimizer_slots=slots, precision=FLAGS.precision,
+                                  recompute=FLAGS.recompute))
   simulated = simulate_plan(cluster, profiles, plan, FLAGS.batch_size, d=FLAGS.d, weight_mode=FLAGS.weight_mode,
                             precision=FLAGS.precision).to_json() if FLAGS.simulate else None
   doc = plan_to_json(cluster, profiles, plan, FLAGS.model, FLAGS.batch_size, FLAGS.precision, simulated)

@@ -121,15 +121,16 @@ class TunedPlan(NamedTuple):
 
 
 # What a tuned plan sets (a flag given beside it must match).
-PLAN_FLAGS = ("model", "dataset", "cluster", "batch_size", "optimizer", "weight_mode", "schedule", "policy",
-              "cuts", "nm", "window", "d", "placement", "overlap_transfers", "staged_ps")
+PLAN_FLAGS = ("model", "dataset", "cluster", "batch_size", "optimizer", "weight_mode", "recompute", "schedule",
+              "policy", "cuts", "nm", "window", "d", "placement", "overlap_transfers", "staged_ps")
 
 
 def _plan_values(best: dict, dataset: str) -> dict:
   """The flag values a tuned plan's best configuration sets (``dataset``: the flag's, when the plan has none)."""
   return {
       "model": best["model"], "cluster": best["cluster"], "batch_size": int(best["batch_size"]),
-      "optimizer": best["optimizer"], "weight_mode": best["weight_mode"], "schedule": best["schedule"],
+      "optimizer": best["optimizer"], "weight_mode": best["weight_mode"],
+      "recompute": best.get("recompute", "none"), "schedule": best["schedule"],
       "policy": ";".join(",".join(map(str, g)) for g in best["policy"]),
       "cuts": ";".join(",".join(map(str, c)) for c in best["cuts"]), "nm": [str(n) for n in best["nm"]],
       "window": [str(n) for n in best.get("window", best["nm"])],

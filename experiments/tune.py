@@ -43,6 +43,7 @@ from hetpipe_jax.cost.context import CostContext
 from hetpipe_jax.cost.profile import full_size_profiles
 from hetpipe_jax.models import FULL_SIZE
 from hetpipe_jax.optim import optimizer_slots
+from hetpipe_jax.recompute import check_recompute
 from hetpipe_jax.staleness import StalenessModel
 from hetpipe_jax.systems import get_system
 from hetpipe_jax.tune import (
@@ -63,7 +64,7 @@ from hetpipe_jax.tune.peers import small_profiles, tuner_profiles
 FLAGS = flags.FLAGS
 # The run settings the search takes (experiments.run_flags), at the tuner's defaults: the paper's testbed and VGG-19,
 # momentum (for its memory); --waves: of the predicting runs (the screening runs take half).
-run_flags.define(["model", "dataset", "cluster", "batch_size", "optimizer", "weight_mode", "waves"],
+run_flags.define(["model", "dataset", "cluster", "batch_size", "optimizer", "weight_mode", "recompute", "waves"],
                  overrides={"model": "vgg19", "cluster": "paper_testbed", "optimizer": "momentum"})
 flags.adopt_module_key_flags(run_flags)  # --help lists them
 flags.DEFINE_enum("objective", "time_to_accuracy", ["throughput", "time_to_accuracy"], "What the best "
@@ -109,6 +110,7 @@ class TuneRequest:
   batch_size: int
   optimizer: str
   weight_mode: str
+  recompute: str
   waves: int
   space: SearchSpace
   objective: str  # throughput or time_to_accuracy
@@ -122,7 +124,8 @@ class TuneRequest:
     """The run setting as tune.json records it (``dataset``: what a small model was profiled on)."""
     dataset = None if self.model in FULL_SIZE else load_dataset(self.dataset).name
     return {"model": self.model, "dataset": dataset, "cluster": self.cluster, "batch_size": self.batch_size,
-            "optimizer": self.optimizer, "weight_mode": self.weight_mode, "schedule": "1f1b", "waves": self.waves}
+            "optimizer": self.optimizer, "weight_mode": self.weight_mode, "recompute": self.recompute,
+            "schedule": "1f1b", "waves": self.waves}
 
 
 def main(argv):
@@ -147,8 +150,8 @@ def flags_to_request() -> TuneRequest:
   if FLAGS.top < 1:
     raise common.config_error(f"--top={FLAGS.top}; give how many configurations to print, >= 1")
   return TuneRequest(FLAGS.model, FLAGS.dataset, FLAGS.cluster, FLAGS.batch_size, FLAGS.optimizer,
-                     FLAGS.weight_mode, FLAGS.waves, search_space(), FLAGS.objective, bool(FLAGS["objective"].present),
-                     FLAGS.staleness_model, FLAGS.top, FLAGS.out_dir)
+                     FLAGS.weight_mode, check_recompute(FLAGS.recompute), FLAGS.waves, search_space(), FLAGS.objective,
+                     bool(FLAGS["objective"].present), FLAGS.staleness_model, FLAGS.top, FLAGS.out_dir)
 
 
 def search_space() -> SearchSpace:
@@ -173,7 +176,8 @@ def search_space() -> SearchSpace:
 def tune_options(request: TuneRequest, staleness_model, peer_accuracy=None) -> TuneOptions:
   """How the search runs: the request's waves and run setting, ranked by ``staleness_model`` (HetPipe) and
   ``peer_accuracy`` (the peers) if any."""
-  setting = RunSetting(CostContext(request.weight_mode, optimizer_slots(request.optimizer)))
+  setting = RunSetting(CostContext(request.weight_mode, optimizer_slots(request.optimizer),
+                                   recompute=request.recompute))
   return TuneOptions(waves=request.waves, staleness_model=staleness_model, peer_accuracy=peer_accuracy,
                      setting=setting, progress=lambda line: common.progress("%s", line))
 

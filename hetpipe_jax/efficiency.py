@@ -79,8 +79,9 @@ def trace_costs(meta: dict[str, Any], cluster: Cluster | None = None, model: str
   if missing:
     raise ConfigError(f"the trace's GPUs {missing[:3]} are not in cluster {meta['cluster']!r}")
   windows = meta.get("window") or meta["nm"]
-  layout = Layout(tuple(VWLayout(tuple(by_name[n] for n in group), tuple(cuts), nm, w)
-                        for group, cuts, nm, w in zip(meta["gpus"], meta["cuts"], meta["nm"], windows)))
+  modes = meta.get("recompute") or [None] * len(meta["nm"])  # each stage's recomputation, when one recomputes
+  layout = Layout(tuple(VWLayout(tuple(by_name[n] for n in group), tuple(cuts), nm, w, None if r is None else tuple(r))
+                        for group, cuts, nm, w, r in zip(meta["gpus"], meta["cuts"], meta["nm"], windows, modes)))
   return cluster, profiles, layout
 
 

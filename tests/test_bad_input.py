@@ -70,7 +70,8 @@ def test_stage_that_fits_no_gpu():
   tiny = GpuType("tiny", memory_bytes=100_000, fp32_flops=1e12, fp16_flops=1e12, mem_bytes_per_s=1e11)
   cluster = make_cluster("tiny", [[tiny, CLASS_D]])
   with pytest.raises(ConfigError, match=r"stage 0 of virtual worker 0 \(units 0..1\) needs .* KiB with Nm=2 in "
-                                        r"flight \(stash\), but GPU n0.tiny.0 has 97.7 KiB; use more stages"):
+                                        r"flight \(stash, recompute=none\), but GPU n0.tiny.0 has 97.7 KiB; "
+                                        r"use more stages"):
     run_hetpipe(MLP, DATA, RunConfig.of(cluster=cluster, num_vws=1, stages=2, nm=2, d=0, waves=1,
                                      batch_size=16, cuts=[[0, 2, 4]]))
   with pytest.raises(ConfigError, match=r"no partition of the model over 2 GPUs \(n0.tiny.0, n0.D.1\) fits in "

@@ -2,10 +2,12 @@
 
   core            imports nothing of hetpipe_jax but errors
   precision       (the precisions' registry) likewise
+  recompute       (the activation recomputation modes and their jax.checkpoint policies) likewise
   corpus          (the text corpus's byte pipeline) likewise
   data            + corpus
   cluster         + precision
-  cost            + core, models, optim, precision
+  models          + recompute
+  cost            + core, models, optim, precision, recompute
   plan            + cluster, cost
   runtime, sim    + plan (sim: never runtime; runtime: never sim)
   api, baselines, viz, the CLI shims: anything
@@ -25,17 +27,18 @@ ROOT = pathlib.Path(hetpipe_jax.__file__).parent
 BASE = {"errors"}
 ALLOWED = {
     "core": BASE | {"core"},
-    "models": BASE | {"models"},
+    "models": BASE | {"models", "recompute"},
     "optim": BASE | {"optim"},
     "corpus": BASE | {"corpus"},
     "data": BASE | {"data", "corpus"},
     "precision": BASE | {"precision"},
+    "recompute": BASE | {"recompute"},
     "cluster": BASE | {"cluster", "precision"},
-    "cost": BASE | {"cost", "cluster", "models", "optim", "core", "precision"},
-    "plan": BASE | {"plan", "cost", "cluster", "models", "optim", "core", "precision"},
-    "sim": BASE | {"sim", "plan", "cost", "cluster", "models", "optim", "core", "precision"},
+    "cost": BASE | {"cost", "cluster", "models", "optim", "core", "precision", "recompute"},
+    "plan": BASE | {"plan", "cost", "cluster", "models", "optim", "core", "precision", "recompute"},
+    "sim": BASE | {"sim", "plan", "cost", "cluster", "models", "optim", "core", "precision", "recompute"},
     "runtime": BASE | {"runtime", "plan", "cost", "cluster", "models", "optim", "core", "data", "evaluate",
-                       "precision"},
+                       "precision", "recompute"},
 }
 
 

@@ -1,5 +1,6 @@
 """The partitioner: its DP equals brute force, memory accounting, Nm choice, infeasible plans."""
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -11,8 +12,10 @@ from hetpipe_jax.cost.context import CostContext
 from hetpipe_jax.cost.memory import stage_memory_bytes
 from hetpipe_jax.cost.profile import UnitProfile
 from hetpipe_jax.cost.transfer import stage_seconds
+from hetpipe_jax.cost.unit import Recomputed
 from hetpipe_jax.plan import partition as partition_module
 from hetpipe_jax.plan.partition import partition, plan_virtual_worker
+from hetpipe_jax.recompute import allowed_modes
 
 
 def random_instance(rng, num_units, num_gpus):
@@ -28,20 +31,23 @@ def random_instance(rng, num_units, num_gpus):
   return cluster, profiles, sorted(gpus, key=lambda g: g.index)
 
 
-def brute_force(cluster, profiles, gpus, nm, slots, ordered=False, allow_empty=False):
-  """Every order and every cut, evaluated with the public stage time and memory functions."""
+def brute_force(cluster, profiles, gpus, nm, slots, ordered=False, allow_empty=False, modes=("none",)):
+  """Every order, every cut and every stage's recomputation among ``modes``, evaluated with the public stage time
+  and memory functions."""
   n, best = len(profiles), np.inf
   cuts = (itertools.combinations_with_replacement(range(n + 1), len(gpus) - 1) if allow_empty
           else itertools.combinations(range(1, n), len(gpus) - 1))
   cuts = list(cuts)
+  under = {m: [u.under(m) for u in profiles] for m in modes}
+  costs = CostContext(weight_mode="stash", optimizer_slots=slots)
   for order in ([gpus] if ordered else itertools.permutations(gpus)):
     for inner in cuts:
       cut = [0, *inner, n]
-      if any(stage_memory_bytes(profiles[cut[j]:cut[j + 1]], nm,
-                                CostContext(weight_mode="stash", optimizer_slots=slots)) > g.type.memory_bytes
-             for j, g in enumerate(order)):
-        continue
-      best = min(best, max(sum(stage_seconds(cluster, profiles, cut, order, j)) for j in range(len(order))))
+      for chosen in itertools.product(modes, repeat=len(order)):
+        if any(stage_memory_bytes(under[m][cut[j]:cut[j + 1]], nm, costs) > g.type.memory_bytes
+               for j, (g, m) in enumerate(zip(order, chosen))):
+          continue
+        best = min(best, max(sum(stage_seconds(cluster, under[m], cut, order, j)) for j, m in enumerate(chosen)))
   return best
 
 
@@ -65,6 +71,31 @@ def test_dp_equals_brute_force(seed):
     assert s.memory_bytes <= s.gpu.type.memory_bytes
 
 
+@pytest.mark.parametrize("seed", range(16))
+def test_dp_with_recomputation_equals_brute_force(seed):
+  """recompute=auto: every stage the fastest mode that fits, as the brute force over every stage's mode finds;
+  the plan's stages say which mode each took, and their times and memory are those of that mode."""
+  rng = np.random.default_rng(300 + seed)
+  num_units = int(rng.integers(1, 7))
+  cluster, profiles, gpus = random_instance(rng, num_units, min(int(rng.integers(1, 4)), num_units))
+  profiles = with_recomputation(rng, profiles)
+  nm, recompute = int(rng.integers(1, 4)), ["auto", "full", "selective", "auto"][seed % 4]
+  costs = CostContext(optimizer_slots=2.0, recompute=recompute)
+  want = brute_force(cluster, profiles, gpus, nm, 2.0, modes=allowed_modes(recompute))
+  if np.isinf(want):
+    with pytest.raises(ConfigError, match="fits in memory"):
+      partition(cluster, profiles, gpus, nm, costs=costs)
+    return
+  plan = partition(cluster, profiles, gpus, nm, costs=costs)
+  assert plan.bottleneck_s == pytest.approx(want, rel=1e-9)
+  for j, s in enumerate(plan.stages):
+    assert s.recompute in allowed_modes(recompute)
+    mine = [u.under(s.recompute) for u in profiles]
+    assert s.memory_bytes == stage_memory_bytes(mine[s.first:s.last], nm, costs) <= s.gpu.type.memory_bytes
+    assert s.seconds == pytest.approx(sum(stage_seconds(cluster, mine, plan.cuts, plan.gpus, j)), rel=1e-12)
+  assert plan.layout.unit_recompute() == [s.recompute for s in plan.stages for _ in range(s.first, s.last)]
+
+
 @pytest.mark.parametrize("seed", range(10))
 def test_dp_equals_brute_force_with_empty_stages(seed):
   rng = np.random.default_rng(100 + seed)
@@ -78,27 +109,42 @@ def test_dp_equals_brute_force_with_empty_stages(seed):
   assert plan.bottleneck_s == pytest.approx(want, rel=1e-9)
 
 
+def with_recomputation(rng, profiles):
+  """The profiles with random selective and full recomputation costs: more backward work, fewer kept bytes."""
+  def recomputed(u, share):
+    return Recomputed(u.bwd_flops + share * u.fwd_flops, u.bwd_bytes + share * u.fwd_bytes,
+                      int(u.kept_bytes * (1 - share) * rng.uniform(0.2, 1.0)))
+  return [dataclasses.replace(u, selective=recomputed(u, 0.2), full=recomputed(u, 1.0)) for u in profiles]
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_dp_matrices_equal_the_scalar_stage_time_and_memory(seed):
-  """The DP's vectorised T_j(s, e) and M(s, e) are stage_seconds and stage_memory_bytes at every cut."""
+  """The DP's vectorised T_j(s, e) and M(s, e) are stage_seconds and stage_memory_bytes at every cut, under the
+  recomputation asked for; under auto, T_j is the fastest mode whose memory fits."""
   rng = np.random.default_rng(200 + seed)
   num_units = int(rng.integers(1, 9))
   cluster, profiles, gpus = random_instance(rng, num_units, int(rng.integers(1, 5)))
+  profiles = with_recomputation(rng, profiles)
   gpus = list(rng.permutation(gpus))  # any pipeline order, several GPUs of one node or type included
   nm, mode, slots = int(rng.integers(1, 4)), ["stash", "latest"][seed % 2], float(rng.uniform(0, 2.5))
-  dp = partition_module._Dp(cluster, profiles, nm, CostContext(mode, slots), allow_empty=True)
-  memory = dp.memory_matrix()
+  recompute = ["none", "selective", "full", "auto"][seed % 4]
+  costs = CostContext(mode, slots, recompute=recompute)
+  dp = partition_module._Dp(cluster, profiles, nm, costs, allow_empty=True)
+  modes = allowed_modes(recompute)
+  assert [m.mode for m in dp.modes] == list(modes)
   for j, gpu in enumerate(gpus):
     times = dp.stage_matrix(gpus, j)
     for s in range(num_units + 1):
       for e in range(s, num_units + 1):
-        need = stage_memory_bytes(profiles[s:e], nm, CostContext(weight_mode=mode, optimizer_slots=slots))
-        assert memory[s, e] == pytest.approx(need, rel=1e-12, abs=1)
-        if need > gpu.type.memory_bytes * (1 + 1e-9):
-          assert np.isinf(times[s, e])
-        elif need < gpu.type.memory_bytes * (1 - 1e-9):
-          cut = [0] * j + [s, e] + [num_units] * (len(gpus) - j - 1)
-          assert times[s, e] == pytest.approx(sum(stage_seconds(cluster, profiles, cut, gpus, j)), rel=1e-12)
+        want = np.inf
+        for m, mode_dp in zip(modes, dp.modes):
+          mine = [u.under(m) for u in profiles]
+          need = stage_memory_bytes(mine[s:e], nm, costs)
+          assert mode_dp.memory_matrix()[s, e] == pytest.approx(need, rel=1e-12, abs=1)
+          if need <= gpu.type.memory_bytes:
+            cut = [0] * j + [s, e] + [num_units] * (len(gpus) - j - 1)
+            want = min(want, sum(stage_seconds(cluster, mine, cut, gpus, j)))
+        assert times[s, e] == pytest.approx(want, rel=1e-12)
 
 
 def test_some_random_instances_are_infeasible():

@@ -19,7 +19,7 @@ def meta_event(shape: Mapping[str, Any], d: int, weight_mode: str, schedule: str
 
   Args:
     shape: the layout's fields (:meth:`hetpipe_jax.plan.layout.Layout.meta`: ``num_vws``, ``nm``,
-      ``stages``, ``cuts``, ``gpus`` and ``window`` when one is set).
+      ``stages``, ``cuts``, ``gpus``, ``window`` when one is set, ``recompute`` when a stage recomputes).
     d / weight_mode / schedule: the protocol's knobs.
     executor: the executor's name.
     shards: parameter-server shards (one per unit).
@@ -28,5 +28,5 @@ def meta_event(shape: Mapping[str, Any], d: int, weight_mode: str, schedule: str
   head = {"ev": "meta", "version": VERSION, "num_vws": shape["num_vws"], "nm": shape["nm"], "d": d,
           "stages": shape["stages"], "weight_mode": weight_mode, "executor": executor, "schedule": schedule,
           "shards": shards}
-  tail = {k: shape[k] for k in ("cuts", "gpus", "window") if k in shape}
+  tail = {k: shape[k] for k in ("cuts", "gpus", "window", "recompute") if k in shape}
   return {**head, **extra, **tail}

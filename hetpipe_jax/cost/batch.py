@@ -17,10 +17,11 @@ import dataclasses
 from collections.abc import Sequence
 
 from hetpipe_jax.cost.profile import full_size_profiles
-from hetpipe_jax.cost.unit import UnitProfile
+from hetpipe_jax.cost.unit import Recomputed, UnitProfile
 from hetpipe_jax.errors import ConfigError
+from hetpipe_jax.recompute import MODES, check_recompute
 
-SCALED = ("fwd_flops", "bwd_flops", "fwd_bytes", "bwd_bytes", "out_bytes", "kept_bytes")
+SCALED = ("fwd_flops", "bwd_flops", "fwd_bytes", "bwd_bytes", "out_bytes", "kept_bytes", "transient_bytes")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,10 +67,21 @@ class BatchProfiles:
     found = self._cache.get(batch_size)
     if found is None:
       x = (batch_size - self.low_batch) / (self.high_batch - self.low_batch)
-      found = self._cache[batch_size] = tuple(
-          dataclasses.replace(a, **{f: _line(getattr(a, f), getattr(b, f), x) for f in SCALED})
-          for a, b in zip(self.low, self.high))
+      found = self._cache[batch_size] = tuple(_unit_line(a, b, x) for a, b in zip(self.low, self.high))
     return found
+
+
+  def under(self, mode: str) -> BatchProfiles:
+    """These profiles with every unit under activation recomputation ``mode`` (none, selective or full: every
+    GPU of a peer runs the same; :meth:`hetpipe_jax.cost.unit.UnitProfile.under`).
+
+    Raises:
+      ConfigError: for another mode.
+    """
+    if check_recompute(mode, MODES) == "none":
+      return self
+    return BatchProfiles(tuple(u.under(mode) for u in self.low), tuple(u.under(mode) for u in self.high),
+                         self.low_batch, self.high_batch)
 
 
 def _line(a: float, b: float, x: float):
@@ -77,8 +89,25 @@ def _line(a: float, b: float, x: float):
   return int(round(value)) if isinstance(a, int) else value
 
 
+def _unit_line(a: UnitProfile, b: UnitProfile, x: float) -> UnitProfile:
+  """The unit's profile at ``x`` along the line from ``a`` (x = 0) to ``b`` (x = 1), its recomputation costs
+  with it (every one of their fields is batch-dependent)."""
+  modes = {m: None if ra is None or rb is None else Recomputed(_line(ra.bwd_flops, rb.bwd_flops, x),
+                                                               _line(ra.bwd_bytes, rb.bwd_bytes, x),
+                                                               int(_line(ra.kept_bytes, rb.kept_bytes, x)))
+           for m, ra, rb in (("selective", a.selective, b.selective), ("full", a.full, b.full))}
+  return dataclasses.replace(a, **{f: _line(getattr(a, f), getattr(b, f), x) for f in SCALED}, **modes)
+
+
+def _doubled(u: UnitProfile) -> UnitProfile:
+  """``u`` with every batch-dependent cost doubled (its recomputation costs too)."""
+  modes = {m: None if r is None else Recomputed(2 * r.bwd_flops, 2 * r.bwd_bytes, 2 * r.kept_bytes)
+           for m, r in (("selective", u.selective), ("full", u.full))}
+  return dataclasses.replace(u, **{f: getattr(u, f) * 2 for f in SCALED}, **modes)
+
+
 def fixed(profiles: Sequence[UnitProfile], batch_size: int) -> BatchProfiles:
   """Profiles known at one batch size only, scaled in proportion (every batch-dependent field x b / b0):
   for hand-made profiles (tests) whose costs are all per-example."""
-  doubled = tuple(dataclasses.replace(u, **{f: getattr(u, f) * 2 for f in SCALED}) for u in profiles)
+  doubled = tuple(_doubled(u) for u in profiles)
   return BatchProfiles(tuple(profiles), doubled, batch_size, 2 * batch_size)

@@ -12,11 +12,14 @@ class CostContext(NamedTuple):
     optimizer_slots: parameter-sized fp32 arrays of optimizer state per parameter
       (:func:`hetpipe_jax.cost.memory.optimizer_slots_of`).
     precision: "fp32", or "fp16"/"bf16" (mixed precision, :mod:`hetpipe_jax.precision`).
+    recompute: the activation recomputation the planner may give a stage (:mod:`hetpipe_jax.recompute`):
+      "none", "selective" or "full" for every stage, or "auto" (per stage, the fastest that fits).
   """
 
   weight_mode: str = "stash"
   optimizer_slots: float = 0.0
   precision: str = "fp32"
+  recompute: str = "none"
 
 
 DEFAULT_COSTS = CostContext()  # fp32, stash, no optimizer state: the default of every function that takes one

@@ -3,9 +3,12 @@
 A stage of a virtual worker holding units with ``P`` parameter bytes and ``A`` bytes of activations kept
 for the backward pass (both counted in fp32, as profiled), at Nm minibatches in flight, needs::
 
-  memory = P x copies + Nm x A x s
+  memory = P x copies + (Nm x A + R) x s
   copies = 1 (weights) + 1 (wave accumulator) + optimizer slots + s x Nm (stashed weight versions, stash mode)
 
+where ``R`` is what recomputation holds while one minibatch's backward pass runs (the largest of the stage's
+units' recomputed activations, :meth:`hetpipe_jax.cost.unit.UnitProfile.under`; 0 without recomputation, where
+``A`` is every activation the units keep, and with it ``A`` is what the recomputation policy keeps), and
 with ``s`` = :func:`hetpipe_jax.precision.byte_scale` (1 in fp32, 1/2 in 16 bits): what a stage of the
 runtime holds between tasks (:class:`hetpipe_jax.runtime.stage.Stage`, measured in
 ``tests/test_mixed_precision.py``). The weights and the optimizer slots are fp32 in every precision (in
@@ -88,24 +91,27 @@ def param_copies(nm: int, costs: CostContext = DEFAULT_COSTS) -> float:
   return 2 + costs.optimizer_slots + stashed * byte_scale(costs.precision)
 
 
-def memory_bytes(param_bytes, kept_bytes, nm: int, costs: CostContext = DEFAULT_COSTS):
+def memory_bytes(param_bytes, kept_bytes, nm: int, costs: CostContext = DEFAULT_COSTS, transient_bytes: float = 0):
   """The stage-memory formula on parameter and kept-activation bytes (scalars or numpy arrays).
 
   Args:
     param_bytes: parameter bytes in fp32 (of a stage, or of each unit as an array).
     kept_bytes: activation bytes in fp32 kept for the backward pass, per minibatch (same shape).
     nm / costs: see :func:`param_copies`.
+    transient_bytes: activation bytes in fp32 that one minibatch's backward pass recomputes and holds while
+      it runs (the largest of the stage's units under recomputation; 0 without).
 
   Returns:
-    ``param_bytes x param_copies(...) + nm x kept_bytes x byte_scale(precision)``, elementwise.
+    ``param_bytes x param_copies(...) + (nm x kept_bytes + transient_bytes) x byte_scale(precision)``,
+    elementwise.
 
   Raises:
     ConfigError: for an unknown precision.
   """
   copies = param_copies(nm, costs)
   if not is_mixed(costs.precision):
-    return param_bytes * copies + nm * kept_bytes
-  return param_bytes * copies + nm * kept_bytes * byte_scale(costs.precision)
+    return param_bytes * copies + nm * kept_bytes + transient_bytes
+  return param_bytes * copies + (nm * kept_bytes + transient_bytes) * byte_scale(costs.precision)
 
 
 def stage_memory_bytes(units: Sequence[UnitProfile], nm: int, costs: CostContext = DEFAULT_COSTS) -> int:
@@ -121,5 +127,5 @@ def stage_memory_bytes(units: Sequence[UnitProfile], nm: int, costs: CostContext
   Raises:
     ConfigError: for an unknown precision.
   """
-  return int(memory_bytes(sum(u.param_bytes for u in units), sum(u.kept_bytes for u in units), nm,
-                          costs))
+  return int(memory_bytes(sum(u.param_bytes for u in units), sum(u.kept_bytes for u in units), nm, costs,
+                          max((u.transient_bytes for u in units), default=0)))

@@ -3,7 +3,12 @@
 Per unit: forward and backward flops and bytes accessed from XLA's cost analysis of the *lowered* unit
 (no compilation, no run, so full-size VGG-19 and ResNet-152 at 224x224 profile on a CPU), parameter
 bytes, the bytes of its output activation (sent to the next stage; its gradient comes back), and the
-activation memory it keeps for the backward pass (the ``jax.vjp`` residuals that are not parameters).
+activation memory it keeps for the backward pass (the ``jax.vjp`` residuals that are not parameters); the
+backward pass and the kept memory again under selective recomputation (:mod:`hetpipe_jax.recompute`: the
+backward's cost analysis then holds the recomputed part of the forward), and under full recomputation the
+backward plus one more forward, keeping the unit's input (the textbook charge: XLA's analysis of the lowered
+recomputing backward finds 10% fewer flops for a GPT block, ``tests/test_recompute.py``, and lowering it too
+would double the cost of a profile again).
 Units with the same definition and input shape (e.g. ResNet's repeated blocks, a GPT's transformer
 blocks) are analysed once, so the cost is one lowering per distinct unit (a 13B GPT: three lowerings,
 under a second; its parameters are never allocated, only their shapes); whole profiles are cached on
@@ -30,14 +35,15 @@ import jax.numpy as jnp
 
 from hetpipe_jax.cluster.catalogue import model_family
 from hetpipe_jax.cost.memory import nbytes
-from hetpipe_jax.cost.unit import UnitProfile  # what a profile is a list of: importable from here too
+from hetpipe_jax.cost.unit import Recomputed, UnitProfile  # what a profile is a list of: importable from here too
 from hetpipe_jax.models import full_size_input, full_size_model
 from hetpipe_jax.models.base import LayeredModel
+from hetpipe_jax.recompute import checkpointed
 
 CACHE_ENV = "HETPIPE_JAX_CACHE"  # the environment variable that names the profile cache directory
 CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "hetpipe_jax", "profiles")  # its default
 FROM_ENV = "$" + CACHE_ENV  # profile_units' default cache_dir: default_cache_dir() when called
-PROFILE_FORMAT = 2  # bump when what a profile measures changes: old cache entries are then ignored
+PROFILE_FORMAT = 4  # bump when what a profile measures changes: old cache entries are then ignored
 
 
 def _cost(fn, *args) -> tuple[float, float]:
@@ -45,16 +51,29 @@ def _cost(fn, *args) -> tuple[float, float]:
   return float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
 
 
+def _backward(f, p, x, y, mode: str) -> Recomputed:
+  """The backward pass of ``f`` under recomputation ``mode``: its cost (with the recomputed forward in it) and
+  the activation bytes its ``jax.vjp`` closure keeps (its residuals that are not parameters)."""
+  g = checkpointed(f, mode)
+  residuals = jax.eval_shape(lambda p_, x_: jax.vjp(g, p_, x_)[1], p, x)  # the vjp closure, as shapes
+  flops, moved = _cost(lambda vjp, ct: vjp(ct), residuals, y)  # the backward pass alone
+  return Recomputed(flops, moved, max(nbytes(residuals) - nbytes(p), 0))
+
+
 def _profile_unit(name: str, unit, x) -> tuple[UnitProfile, Any]:
   f = lambda p, x_: unit.apply({"params": p}, x_)
   p = jax.eval_shape(lambda: unit.init(jax.random.key(0), jnp.zeros(x.shape, x.dtype))["params"])
   y = jax.eval_shape(f, p, x)
   fwd_flops, fwd_bytes = _cost(f, p, x)
-  residuals = jax.eval_shape(lambda p_, x_: jax.vjp(f, p_, x_)[1], p, x)  # the vjp closure, as shapes
-  bwd_flops, bwd_bytes = _cost(lambda vjp, g: vjp(g), residuals, y)  # the backward pass alone
-  params = nbytes(p)
-  return UnitProfile(name, fwd_flops, bwd_flops, fwd_bytes, bwd_bytes, params, nbytes(y),
-                     max(nbytes(residuals) - params, 0)), y
+  bwd, selective = _backward(f, p, x, y, "none"), _backward(f, p, x, y, "selective")
+  full = Recomputed(bwd.bwd_flops + fwd_flops, bwd.bwd_bytes + fwd_bytes, nbytes(x))  # one more forward
+  return UnitProfile(name, fwd_flops, bwd.bwd_flops, fwd_bytes, bwd.bwd_bytes, nbytes(p), nbytes(y),
+                     bwd.kept_bytes, selective=selective, full=full), y
+
+
+def _from_json(doc: dict[str, Any], family: str) -> UnitProfile:
+  recomputed = {k: Recomputed(*doc[k]) for k in ("selective", "full") if doc.get(k) is not None}
+  return UnitProfile(**{**doc, **recomputed, "family": family})
 
 
 def default_cache_dir() -> str:
@@ -89,7 +108,7 @@ def profile_units(model: LayeredModel, sample_x, cache_dir: str | None = FROM_EN
   family = model_family(model.name)
   if path and os.path.exists(path):
     with open(path, encoding="utf-8") as f:
-      return [UnitProfile(**{**u, "family": family}) for u in json.load(f)]
+      return [_from_json(u, family) for u in json.load(f)]
   seen: dict[str, tuple[UnitProfile, Any]] = {}
   out = []
   for name, unit in zip(model.unit_names, model.units):

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import optax
 
 from hetpipe_jax.errors import ConfigError
+from hetpipe_jax.recompute import checkpointed
 
 Params = tuple[Any, ...]  # one Flax parameter dict per unit
 Unit = Any  # a Flax linen module, or anything with its init(rng, x) -> {"params": p} and apply({"params": p}, x)
@@ -98,13 +99,16 @@ class LayeredModel:
       params.append(p)
     return tuple(params)
 
-  def apply(self, params: Sequence[Any], x: jax.Array, first: int = 0, last: int | None = None):
+  def apply(self, params: Sequence[Any], x: jax.Array, first: int = 0, last: int | None = None,
+            recompute: str = "none"):
     """Applies units ``first .. last-1`` (the whole model by default) to ``x``.
 
     Args:
       params: the parameters of units ``first .. last-1`` (one entry per unit, in order).
       x: the input of unit ``first``.
       first / last: the units to apply; ``last`` defaults to the number of units.
+      recompute: each unit's activation recomputation in a backward pass through this apply
+        (:mod:`hetpipe_jax.recompute`): "none", "selective" or "full".
 
     Returns:
       The output of unit ``last - 1``.
@@ -112,8 +116,12 @@ class LayeredModel:
     last = self.num_units if last is None else last
     y: Any = x
     for unit, p in zip(self.units[first:last], params):
-      y = unit.apply({"params": p}, y)
+      y = checkpointed(_unit_apply(unit), recompute)(p, y)
     return y
+
+
+def _unit_apply(unit: Unit) -> Callable[[Any, Any], Any]:
+  return lambda p, x: unit.apply({"params": p}, x)
 
 
 def num_params(params) -> int:

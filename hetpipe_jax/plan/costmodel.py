@@ -16,9 +16,9 @@ from hetpipe_jax.cost.context import DEFAULT_COSTS, CostContext
 from hetpipe_jax.cost.memory import stage_memory_bytes
 from hetpipe_jax.cost.roofline import model_compute_seconds, stage_compute_seconds
 from hetpipe_jax.cost.transfer import stage_seconds, stage_transfers
-from hetpipe_jax.cost.unit import UnitProfile
+from hetpipe_jax.cost.unit import UnitProfile, under_modes
 from hetpipe_jax.errors import ConfigError
-from hetpipe_jax.plan.layout import Layout
+from hetpipe_jax.plan.layout import Layout, VWLayout
 
 
 class CostModel:
@@ -26,18 +26,19 @@ class CostModel:
 
   Args:
     cluster: the cluster (links).
-    profiles: per-unit profile of the model.
+    all_profiles: per-unit profile of the model (each virtual worker's stages take it under their
+      recomputation, :func:`vw_profiles`).
     layout: the run's layout (GPUs in pipeline order and cuts of every virtual worker).
     precision: "fp32", "fp16" or "bf16".
   """
 
-  def __init__(self, cluster: Cluster, profiles: Sequence[UnitProfile], layout: Layout,
+  def __init__(self, cluster: Cluster, all_profiles: Sequence[UnitProfile], layout: Layout,
                precision: str = "fp32"):
     self._seconds: dict[tuple[int, int, str], float] = {}
     self._compute: dict[tuple[int, int, str], float] = {}
     self._transfer: dict[tuple[int, int, str], tuple[int, Gpu, Gpu] | None] = {}
     for i, vw in enumerate(layout.vws):
-      cut, group = vw.cuts, vw.gpus
+      cut, group, profiles = vw.cuts, vw.gpus, vw_profiles(all_profiles, vw)
       for j in range(vw.k):
         compute = stage_compute_seconds(profiles, cut, group[j], j, precision)
         transfers = stage_transfers(profiles, cut, group, j, precision)
@@ -96,15 +97,22 @@ def check_memory(profiles: Sequence[UnitProfile], layout: Layout, costs: CostCon
     ConfigError: naming the first stage that does not fit, its need, the GPU's memory and the fixes.
   """
   for i, vw in enumerate(layout.vws):
+    mine = vw_profiles(profiles, vw)
     for j, gpu, units in vw.stages():
-      need = stage_memory_bytes(profiles[units.start:units.stop], vw.in_flight, costs)
+      need = stage_memory_bytes(mine[units.start:units.stop], vw.in_flight, costs)
       if need > gpu.type.memory_bytes:
         held = f"Nm={vw.nm}" if vw.window is None else f"window={vw.window} (Nm={vw.nm})"
         raise ConfigError(
             f"stage {j} of virtual worker {i} (units {units.start}..{units.stop - 1}) needs "
-            f"{format_bytes(need)} with {held} in flight ({costs.weight_mode}), but GPU {gpu.name} has "
-            f"{format_bytes(gpu.type.memory_bytes)}; use more stages, a smaller Nm, window or batch size, "
-            "weight_mode=latest, or a cluster with more memory")
+            f"{format_bytes(need)} with {held} in flight ({costs.weight_mode}, recompute="
+            f"{vw.stage_recompute(j)}), but GPU {gpu.name} has {format_bytes(gpu.type.memory_bytes)}; use more "
+            "stages, a smaller Nm, window or batch size, weight_mode=latest, recompute=full or auto, or a cluster "
+            "with more memory")
+
+
+def vw_profiles(profiles: Sequence[UnitProfile], vw: VWLayout) -> Sequence[UnitProfile]:
+  """The profiles a virtual worker's units run at: each under its stage's recomputation."""
+  return profiles if vw.recompute is None else under_modes(profiles, vw.unit_recompute())
 
 
 def standalone_images_per_sec(profiles: Sequence[UnitProfile], gpu: Gpu, batch_size: int,

@@ -15,7 +15,8 @@ Nm is a virtual worker's wave (minibatches per push) and, by default, its most m
 *window* W < Nm caps the minibatches in flight at W while the wave stays Nm: memory (kept activations,
 stashed weights) grows with what is in flight, so a virtual worker that holds few minibatches still runs
 waves long enough to keep pace with faster ones under WSP. Every WSP guarantee is stated for Nm and still
-holds (injection is only stricter). The trace's meta line carries ``window`` only when one is set.
+holds (injection is only stricter). The trace's meta line carries ``window`` only when one is set, and
+``recompute`` (each stage's activation recomputation, :mod:`hetpipe_jax.recompute`) only when a stage recomputes.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 
 from hetpipe_jax.cluster import Gpu
 from hetpipe_jax.errors import ConfigError
+from hetpipe_jax.recompute import MODES, check_recompute
 
 
 def per_vw(name: str, value: int | Sequence[int], n: int) -> list[int]:
@@ -50,12 +52,15 @@ class VWLayout:
     cuts: ``len(gpus) + 1`` unit boundaries from 0 to the model's unit count.
     nm: minibatches per wave, and most minibatches in flight unless ``window`` is smaller (>= 1).
     window: most minibatches in flight, 1 <= window < nm (None: Nm; a window equal to Nm is stored as None).
+    recompute: each stage's activation recomputation (:mod:`hetpipe_jax.recompute`: "none", "selective" or
+      "full"); None: "none" for every stage (stored so when every stage is "none").
   """
 
   gpus: tuple[Gpu, ...]
   cuts: tuple[int, ...]
   nm: int
   window: int | None = None
+  recompute: tuple[str, ...] | None = None
 
   def __post_init__(self):
     object.__setattr__(self, "gpus", tuple(self.gpus))
@@ -63,6 +68,7 @@ class VWLayout:
     if len(self.cuts) != len(self.gpus) + 1:
       raise ConfigError(f"cuts {list(self.cuts)} give {len(self.cuts) - 1} stages for {len(self.gpus)} "
                         f"GPUs; give {len(self.gpus) + 1} boundaries")
+    self._check_recompute()
     if self.window is not None:
       if not 1 <= self.window <= self.nm:
         raise ConfigError(f"window={self.window} with Nm={self.nm}; the window (most minibatches in flight) "
@@ -70,10 +76,27 @@ class VWLayout:
       if self.window == self.nm:
         object.__setattr__(self, "window", None)
 
+  def _check_recompute(self) -> None:
+    if self.recompute is None:
+      return
+    modes = tuple(check_recompute(m, MODES) for m in self.recompute)
+    if len(modes) != len(self.gpus):
+      raise ConfigError(f"recompute {list(modes)} gives {len(modes)} modes for {len(self.gpus)} stages; give one "
+                        "per stage")
+    object.__setattr__(self, "recompute", None if set(modes) == {"none"} else modes)
+
   @property
   def in_flight(self) -> int:
     """The most minibatches in flight: the window, else Nm."""
     return self.nm if self.window is None else self.window
+
+  def stage_recompute(self, j: int) -> str:
+    """Stage ``j``'s activation recomputation."""
+    return "none" if self.recompute is None else self.recompute[j]
+
+  def unit_recompute(self) -> list[str]:
+    """Every unit's activation recomputation: its stage's."""
+    return [self.stage_recompute(j) for j in range(self.k) for _ in self.stage_units(j)]
 
   @property
   def k(self) -> int:
@@ -162,4 +185,16 @@ class Layout:
     """The layout fields of a trace's meta line (``window`` only when one is set)."""
     out = {"num_vws": self.num_vws, "nm": self.nms, "stages": self.stages, "cuts": self.cuts,
            "gpus": [[g.name for g in vw.gpus] for vw in self.vws]}
+    if any(vw.recompute is not None for vw in self.vws):
+      out["recompute"] = [[vw.stage_recompute(j) for j in range(vw.k)] for vw in self.vws]
     return out if self.windows is None else {**out, "window": self.windows}
+
+  def with_recompute(self, mode: str) -> Layout:
+    """The same layout with every stage of every virtual worker at recomputation ``mode`` (none, selective or
+    full).
+
+    Raises:
+      ConfigError: for another mode.
+    """
+    check_recompute(mode, MODES)
+    return Layout(tuple(dataclasses.replace(vw, recompute=(mode,) * vw.k) for vw in self.vws))

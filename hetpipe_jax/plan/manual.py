@@ -13,6 +13,7 @@ from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.plan.costmodel import check_memory
 from hetpipe_jax.plan.layout import Layout, VWLayout, per_vw
 from hetpipe_jax.plan.partition import partition
+from hetpipe_jax.plan.vw_plan import vw_plan
 
 
 def fastest_cuts(cluster: Cluster, profiles: Sequence[UnitProfile], gpus: Sequence[Sequence[Gpu]],
@@ -63,7 +64,17 @@ def manual_layout(cluster: Cluster, profiles: Sequence[UnitProfile], num_vws: in
         or any(a >= b for a, b in zip(cut, cut[1:]))):
       raise ConfigError(f"cuts {cut} of virtual worker {i} must be {k + 1} increasing boundaries from 0 "
                         f"to {num_units} (k={k} non-empty stages)")
-  return Layout(tuple(VWLayout(tuple(g), tuple(c), n) for g, c, n in zip(gpus, cut_lists, nms)))
+  return recomputed(cluster, profiles, Layout(tuple(VWLayout(tuple(g), tuple(c), n)
+                                                   for g, c, n in zip(gpus, cut_lists, nms))), costs)
+
+
+def recomputed(cluster: Cluster, profiles: Sequence[UnitProfile], layout: Layout, costs: CostContext) -> Layout:
+  """``layout`` with each stage's activation recomputation chosen as the planner chooses it for its cuts
+  (:func:`hetpipe_jax.plan.vw_plan.vw_plan`: of the modes ``costs.recompute`` allows, the fastest that fits)."""
+  if costs.recompute == "none":
+    return layout
+  return Layout(tuple(vw_plan(cluster, profiles, vw.gpus, vw.cuts, vw.nm, costs, vw.window).layout
+                      for vw in layout.vws))
 
 
 def grouped_layout(cluster: Cluster, profiles: Sequence[UnitProfile], groups: Sequence[Sequence[int]],
@@ -95,5 +106,6 @@ def grouped_layout(cluster: Cluster, profiles: Sequence[UnitProfile], groups: Se
                         f"boundaries from 0 to {num_units} (one non-empty stage per GPU)")
   layout = Layout(tuple(VWLayout(tuple(cluster.gpus[g] for g in group), tuple(cut), n)
                         for group, cut, n in zip(groups, cuts, nms))).with_windows(window)
+  layout = recomputed(cluster, profiles, layout, costs)
   check_memory(profiles, layout, costs)
   return layout

@@ -47,30 +47,59 @@ from hetpipe_jax.cost.unit import UnitProfile
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.plan.vw_plan import VWPlan, vw_plan
 from hetpipe_jax.plan.waves import speed_sized
+from hetpipe_jax.recompute import allowed_modes
 
 NM_POLICIES = ("max_fit", "best", "speed")
 
 
+class _ModeDp:
+  """Prefix sums of one recomputation mode's unit costs: memory, and the time on each GPU type."""
+
+  def __init__(self, mode: str, profiles: Sequence[UnitProfile], nm: int, costs: CostContext):
+    self.mode, self.precision = mode, costs.precision
+    self.profiles = [u.under(mode) for u in profiles]
+    mem = np.array([memory_bytes(u.param_bytes, u.kept_bytes, nm, costs) for u in self.profiles], np.float64)
+    self._mem = np.concatenate([[0.0], np.cumsum(mem)])
+    transient = np.array([u.transient_bytes for u in self.profiles], np.float64)
+    self._transient = _range_max(transient) * memory_bytes(0, 0, nm, costs, 1.0) if transient.any() else 0.0
+    self._time: dict[str, np.ndarray] = {}
+
+  def prefix_time(self, gpu: Gpu) -> np.ndarray:
+    if gpu.type.name not in self._time:
+      t = np.array([sum(unit_seconds(u, gpu.type, self.precision)) for u in self.profiles])
+      self._time[gpu.type.name] = np.concatenate([[0.0], np.cumsum(t)])
+    return self._time[gpu.type.name]
+
+  def memory_matrix(self) -> np.ndarray:
+    """M(s, e): the memory of a stage holding units s .. e - 1 (meaningful for s <= e)."""
+    return self._mem[None, :] - self._mem[:, None] + self._transient
+
+
+def _range_max(values: np.ndarray) -> np.ndarray:
+  """R(s, e) = max(values[s:e]) (0 for s >= e), an (n + 1, n + 1) array."""
+  n = len(values)
+  out = np.zeros((n + 1, n + 1))
+  for s in range(n):
+    out[s, s + 1:] = np.maximum.accumulate(values[s:])
+  return out
+
+
 class _Dp:
-  """Prefix sums and vectorised stage-time matrices for one model on one cluster."""
+  """Prefix sums and vectorised stage-time matrices for one model on one cluster; a stage takes the fastest of
+  the recomputation modes ``costs.recompute`` allows (one, or every one for ``auto``) whose memory fits."""
 
   def __init__(self, cluster: Cluster, profiles: Sequence[UnitProfile], nm: int, costs: CostContext,
                allow_empty: bool):
     self.cluster, self.profiles, self.precision = cluster, profiles, costs.precision
     self.n = len(profiles)
-    mem = np.array([memory_bytes(u.param_bytes, u.kept_bytes, nm, costs)
-                    for u in profiles], np.float64)
-    self._mem = np.concatenate([[0.0], np.cumsum(mem)])
-    self._time: dict[str, np.ndarray] = {}
+    self.modes = [_ModeDp(m, profiles, nm, costs) for m in allowed_modes(costs.recompute)]
     self._recv_cache: dict[tuple[int | None, int], np.ndarray] = {}
     s = np.arange(self.n + 1)
     self._valid = (s[:, None] <= s[None, :]) if allow_empty else (s[:, None] < s[None, :])
 
   def _prefix_time(self, gpu: Gpu) -> np.ndarray:
-    if gpu.type.name not in self._time:
-      t = np.array([sum(unit_seconds(u, gpu.type, self.precision)) for u in self.profiles])
-      self._time[gpu.type.name] = np.concatenate([[0.0], np.cumsum(t)])
-    return self._time[gpu.type.name]
+    """Prefix sums of the units' times on ``gpu`` under the first allowed mode (the least recomputation)."""
+    return self.modes[0].prefix_time(gpu)
 
   def recv(self, src: Gpu | None, dst: Gpu) -> np.ndarray:
     """Seconds to receive the boundary tensor at every cut position c (0..n) from ``src``."""
@@ -79,13 +108,10 @@ class _Dp:
       self._recv_cache[key] = receive_seconds_by_position(self.cluster, self.profiles, src, dst, self.precision)
     return self._recv_cache[key]
 
-  def memory_matrix(self) -> np.ndarray:
-    """M(s, e): the memory of a stage holding units s .. e - 1 (meaningful for s <= e)."""
-    return self._mem[None, :] - self._mem[:, None]
-
   def stage_cost(self, gpu: Gpu, recv_prev: np.ndarray, recv_next: np.ndarray,
                  mem_ratio: bool = False) -> np.ndarray:
-    """T(s, e) of a stage on ``gpu`` for every cut (s, e), given its receive times by cut position.
+    """T(s, e) of a stage on ``gpu`` for every cut (s, e), given its receive times by cut position: the
+    smallest over the allowed recomputation modes.
 
     Args:
       gpu: the stage's GPU.
@@ -97,15 +123,15 @@ class _Dp:
       An ``(n + 1, n + 1)`` array: seconds per minibatch (compute + receives, inf where the cut is
       invalid or out of memory), or the memory ratio (inf where invalid).
     """
-    mem = self.memory_matrix()
-    if mem_ratio:
-      value = mem / gpu.type.memory_bytes
-    else:
-      p = self._prefix_time(gpu)
-      value = p[None, :] - p[:, None]
-      value = value + recv_prev[:, None]  # the activation at the first cut s
-      value = value + recv_next[None, :]  # the gradient at the last cut e
-      value = np.where(mem <= gpu.type.memory_bytes, value, np.inf)
+    value = np.full((self.n + 1, self.n + 1), np.inf)
+    for mode in self.modes:
+      mem = mode.memory_matrix()
+      if mem_ratio:
+        value = np.minimum(value, mem / gpu.type.memory_bytes)
+        continue
+      p = mode.prefix_time(gpu)
+      seconds = p[None, :] - p[:, None] + recv_prev[:, None] + recv_next[None, :]  # activation at s, gradient at e
+      value = np.minimum(value, np.where(mem <= gpu.type.memory_bytes, seconds, np.inf))
     return np.where(self._valid, value, np.inf)
 
   def stage_matrix(self, gpus: Sequence[Gpu], j: int, mem_ratio: bool = False) -> np.ndarray:
@@ -385,8 +411,8 @@ def partition(cluster: Cluster, profiles: Sequence[UnitProfile], gpus: Sequence[
   value, order, cuts = _search(dp, gpus, ordered)
   if not np.isfinite(value):
     _, order, cuts = _search(dp, gpus, ordered, mem_ratio=True)
-    needs = [stage_memory_bytes(profiles[cuts[j]:cuts[j + 1]], nm, costs)
-             for j in range(len(order))]
+    needs = [min(stage_memory_bytes([u.under(m) for u in profiles[cuts[j]:cuts[j + 1]]], nm, costs)
+                 for m in allowed_modes(costs.recompute)) for j in range(len(order))]
     j = max(range(len(order)), key=lambda j: needs[j] / order[j].type.memory_bytes)
     need = needs[j]
     raise ConfigError(
@@ -394,7 +420,8 @@ def partition(cluster: Cluster, profiles: Sequence[UnitProfile], gpus: Sequence[
         f"with Nm={nm}: the least-loaded cut still needs {format_bytes(need)} on {order[j].name} "
         f"({order[j].type.name}, {format_bytes(order[j].type.memory_bytes)}) for units "
         f"{cuts[j]}..{cuts[j + 1] - 1}; "
-        "use more or larger GPUs per virtual worker, a smaller Nm or batch size, or weight_mode=latest")
+        f"use more or larger GPUs per virtual worker, a smaller Nm or batch size"
+        f"{'' if costs.recompute in ('full', 'auto') else ', recompute=full or auto'}, or weight_mode=latest")
   return vw_plan(cluster, profiles, order, cuts, nm, costs)
 
 

@@ -50,7 +50,7 @@ def plan_to_json(cluster: Cluster, profiles: Sequence[UnitProfile], plan: Cluste
         "devices": [gpu(g) for g in p.gpus], "nm": p.nm, "window": p.window, "in_flight": p.in_flight,
         "stages": [{"device": s.gpu.name, "first_layer": s.first, "last_layer": s.last - 1,
                     "time_s": s.seconds, "memory_bytes": s.memory_bytes,
-                    "memory_limit_bytes": s.gpu.type.memory_bytes} for s in p.stages],
+                    "memory_limit_bytes": s.gpu.type.memory_bytes, "recompute": s.recompute} for s in p.stages],
         "bottleneck_s": p.bottleneck_s, "latency_s": p.latency_s, "throughput": p.throughput,
         "images_per_s": p.throughput * batch_size,
         # a push's bytes: the wave's update, in 16 bits in mixed precision (a pull brings fp32 weights)
@@ -105,7 +105,7 @@ def plan_table(doc: dict[str, Any]) -> str:
   """A plan document (:func:`plan_to_json`) as text: the totals (the simulator's images/s when the plan was
   simulated, and the planner's bound), the GPUs and links it uses, then per virtual worker its Nm,
   bottleneck, images/s and PS traffic, and a table of its stages (GPU, layers, time per minibatch, memory
-  used and the GPU's limit)."""
+  used and the GPU's limit, activation recomputation)."""
   sim = doc.get("simulated")
   bound = (f"planner's bound {doc['bound_images_per_s']:.1f} (each virtual worker at its own pipeline's rate, no "
            "WSP waiting, no shared link)")
@@ -119,9 +119,10 @@ def plan_table(doc: dict[str, Any]) -> str:
     lines.append(f"virtual worker {i}: Nm={vw['nm']}{window}  bottleneck {vw['bottleneck_s'] * 1e3:.1f} ms  "
                  f"{vw['images_per_s']:.1f} images/s alone{simulated}  PS traffic across nodes "
                  f"{vw['ps_cross_node_bytes_per_wave'] / 2**20:.1f} MiB per push")
-    lines.append(f"  {'stage':>5} {'device':24} {'layers':>9} {'time ms':>8} {'memory GiB used / limit':>24}")
+    lines.append(f"  {'stage':>5} {'device':24} {'layers':>9} {'time ms':>8} {'memory GiB used / limit':>24} "
+                 f"{'recompute':>9}")
     for j, s in enumerate(vw["stages"]):
       lines.append(f"  {j:>5} {s['device']:24} {s['first_layer']:>4}..{s['last_layer']:<4} "
                    f"{s['time_s'] * 1e3:8.1f} {s['memory_bytes'] / 2**30:11.2f} / "
-                   f"{s['memory_limit_bytes'] / 2**30:<10.2f}")
+                   f"{s['memory_limit_bytes'] / 2**30:<10.2f} {s.get('recompute', 'none'):>9}")
   return "\n".join(lines)

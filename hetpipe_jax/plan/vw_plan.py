@@ -19,6 +19,7 @@ from hetpipe_jax.cost.memory import stage_memory_bytes
 from hetpipe_jax.cost.transfer import stage_seconds
 from hetpipe_jax.cost.unit import UnitProfile
 from hetpipe_jax.plan.layout import VWLayout
+from hetpipe_jax.recompute import allowed_modes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +32,7 @@ class StagePlan:
     last: one past its last unit.
     seconds: forward + backward + boundary transfers, per minibatch.
     memory_bytes: what it needs on its GPU.
+    recompute: its activation recomputation (:mod:`hetpipe_jax.recompute`).
   """
 
   gpu: Gpu
@@ -38,6 +40,7 @@ class StagePlan:
   last: int
   seconds: float
   memory_bytes: int
+  recompute: str = "none"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +60,8 @@ class VWPlan:
   @property
   def layout(self) -> VWLayout:
     """The virtual worker's GPUs, cuts, Nm and window."""
-    return VWLayout(tuple(self.gpus), tuple(self.cuts), self.nm, self.window)
+    return VWLayout(tuple(self.gpus), tuple(self.cuts), self.nm, self.window,
+                    tuple(s.recompute for s in self.stages))
 
   def with_wave(self, nm: int) -> VWPlan:
     """This plan (its stages, memory and in-flight count) with waves of ``nm`` >= its in-flight count
@@ -93,7 +97,8 @@ class VWPlan:
 
 def vw_plan(cluster: Cluster, profiles: Sequence[UnitProfile], gpus: Sequence[Gpu], cuts: Sequence[int],
             nm: int, costs: CostContext = DEFAULT_COSTS, window: int | None = None) -> VWPlan:
-  """The plan of a virtual worker whose GPU order, cuts and Nm are given: each stage's time and memory.
+  """The plan of a virtual worker whose GPU order, cuts and Nm are given: each stage's recomputation, time and
+  memory.
 
   Args:
     cluster: the cluster (links between the GPUs).
@@ -101,8 +106,8 @@ def vw_plan(cluster: Cluster, profiles: Sequence[UnitProfile], gpus: Sequence[Gp
     gpus: the GPUs in pipeline order.
     cuts: ``len(gpus) + 1`` cut positions from 0 to the number of units.
     nm: minibatches per wave (and in flight unless ``window`` is smaller).
-    costs: what the memory of a stage holds (see stage_memory_bytes), and the precision ("fp32", "fp16"
-      or "bf16") of its time and memory.
+    costs: what the memory of a stage holds (see stage_memory_bytes), the precision ("fp32", "fp16"
+      or "bf16") of its time and memory, and the recomputation a stage may take (:func:`stage_recompute`).
     window: most minibatches in flight when fewer than Nm.
 
   Returns:
@@ -110,8 +115,26 @@ def vw_plan(cluster: Cluster, profiles: Sequence[UnitProfile], gpus: Sequence[Gp
   """
   stages = []
   held = nm if window is None else window
-  for j, gpu in enumerate(gpus):
-    fwd, bwd = stage_seconds(cluster, profiles, cuts, gpus, j, costs.precision)
-    stages.append(StagePlan(gpu, cuts[j], cuts[j + 1], fwd + bwd,
-                            stage_memory_bytes(profiles[cuts[j]:cuts[j + 1]], held, costs)))
+  for j in range(len(gpus)):
+    options = [_stage(cluster, profiles, gpus, cuts, j, held, costs, mode)
+               for mode in allowed_modes(costs.recompute)]
+    stages.append(stage_recompute(options))
   return VWPlan(nm, tuple(stages), None if window == nm else window)
+
+
+def _stage(cluster: Cluster, profiles: Sequence[UnitProfile], gpus: Sequence[Gpu], cuts: Sequence[int], j: int,
+           held: int, costs: CostContext, mode: str) -> StagePlan:
+  mine = list(profiles) if mode == "none" else [u.under(mode) for u in profiles]
+  fwd, bwd = stage_seconds(cluster, mine, cuts, gpus, j, costs.precision)
+  return StagePlan(gpus[j], cuts[j], cuts[j + 1], fwd + bwd, stage_memory_bytes(mine[cuts[j]:cuts[j + 1]], held,
+                                                                                 costs), mode)
+
+
+def stage_recompute(options: Sequence[StagePlan]) -> StagePlan:
+  """The stage's plan under the recomputation it takes of ``options`` (one per allowed mode, least recomputation
+  first): the fastest whose memory fits its GPU (the first of equals), else the one that needs the least memory
+  (the memory check then names it)."""
+  fits = [s for s in options if s.memory_bytes <= s.gpu.type.memory_bytes]
+  if fits:
+    return min(fits, key=lambda s: s.seconds)
+  return min(options, key=lambda s: s.memory_bytes)

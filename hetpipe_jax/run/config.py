@@ -36,6 +36,7 @@ from hetpipe_jax.optim import OPTIMIZERS, make_optimizer, make_ps_optimizer, par
 from hetpipe_jax.plan.partition import NM_POLICIES
 from hetpipe_jax.plan.placement import PLACEMENTS
 from hetpipe_jax.precision import check_precision
+from hetpipe_jax.recompute import check_recompute
 from hetpipe_jax.runtime.ps import ON_NONFINITE
 from hetpipe_jax.sim.options import SimOptions
 
@@ -96,6 +97,8 @@ class LayoutSpec:
       ``cuts`` are then not used. A grouping with ``cuts`` is an explicit layout (a tuned plan): each
       group's GPUs in pipeline order, cut at ``cuts``, with ``nm``; nothing is searched.
     placement: PS shard placement: default, local or striped (:mod:`hetpipe_jax.plan.placement`).
+    recompute: activation recomputation (:mod:`hetpipe_jax.recompute`): none, selective or full for every
+      stage, or auto (each stage the fastest that fits); the stages run it and the cost and memory models charge it.
     time_model: a full-size model (``vgg19``, ``resnet152``, ...): the clock takes task durations from its
       plan on the same GPUs, while the numerics train the run's model.
   """
@@ -118,10 +121,15 @@ class LayoutSpec:
       None, "Allocation policy NP, ED or HD (or a grouping '0,1;2,3'): the planner then decides virtual workers, "
       "device order, cuts and Nm (--nm=max_fit|best|speed|N).")
   placement: str = setting("default", "PS shard placement: default, local or striped (sim only).")
+  recompute: str = setting(
+      "none", "Activation recomputation of every stage: none, selective (attention and elementwise ops computed "
+      "again in the backward, as Megatron-LM's), full (each unit's forward again), or auto (the planner's choice "
+      "per stage: the fastest that fits its GPU's memory).")
   time_model: str | None = None
 
   def validate(self) -> None:
     _known("placement", self.placement, PLACEMENTS)
+    check_recompute(self.recompute)
     if isinstance(self.nm, str):
       _known("nm rule", self.nm, NM_POLICIES)
       if self.policy is None:

@@ -194,7 +194,8 @@ def prepare(model: LayeredModel, dataset: Dataset | FullSize, config: RunConfig)
   if isinstance(dataset, Dataset):
     check_data(model, param_shapes, sample_x, dataset.y_train[:config.batch_size], dataset.num_classes, data_name)
   profiles = profile_units(model, sample_x)
-  costs = CostContext(config.wsp.weight_mode, optimizer_slots_of(tx, param_shapes), config.precision)
+  costs = CostContext(config.wsp.weight_mode, optimizer_slots_of(tx, param_shapes), config.precision,
+                      config.layout.recompute)
   time_model = config.layout.time_model
   clock_profiles = profiles if time_model is None else full_size_profiles(time_model, config.batch_size)
   layout, clock_layout = layouts(config.layout, model, cluster, profiles, clock_profiles, costs)

@@ -89,7 +89,7 @@ def build_stage(job: Job, i: int, j: int, x0, y0) -> tuple[Stage, dict[str, list
   units, gpu = vw.stage_units(j), vw.gpus[j]
   device = jax.local_devices()[[g.index for g in job.cluster.node_gpus(gpu.node)].index(gpu.index)]
   stage = Stage(job.model, units, job.init_params[units.start:units.stop], device, job.tx, vw.nm,
-                weight_mode=job.weight_mode, precision=job.precision)
+                weight_mode=job.weight_mode, precision=job.precision, recompute=vw.stage_recompute(j))
   x = job.model.apply(job.init_params[:units.start], jnp.asarray(x0), 0, units.start)  # the stage's input
   if stage.dtype is not None and units.start > 0:  # a 16-bit activation from the previous stage
     x = cast_floats(x, stage.dtype)

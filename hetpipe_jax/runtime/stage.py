@@ -10,6 +10,9 @@ its local optimizer state, and one update accumulator per open wave (docs/PROTOC
 * backward of p: gradient -> optax update -> applied to the local weights at once -> added to the
   accumulator of p's wave, all in one jitted call.
 * rebase on pull: weights <- global weights + every local update the PS has not seen yet.
+* activation recomputation (:mod:`hetpipe_jax.recompute`): each unit's apply under ``jax.checkpoint`` with the
+  stage's policy, so the ``jax.vjp`` closure keeps only what the policy saves and the backward recomputes the
+  rest; the numerics are those without it, within rounding.
 
 At ``precision`` fp16 or bf16 the stage trains in mixed precision (:mod:`hetpipe_jax.runtime.mixed`): fp32
 weights and optimizer state, 16-bit compute, activations, input gradients, stashed weight copies and pushed
@@ -36,6 +39,7 @@ import optax
 from hetpipe_jax.core import wsp
 from hetpipe_jax.errors import ProtocolError
 from hetpipe_jax.models.base import LayeredModel
+from hetpipe_jax.recompute import MODES, check_recompute
 from hetpipe_jax.runtime import mixed
 
 Device = Any  # a jax.Device (a name pyright cannot use as a type)
@@ -85,11 +89,14 @@ class Stage:
     nm: the virtual worker's Nm (to find a minibatch's wave).
     weight_mode: "stash" or "latest".
     precision: "fp32", or "bf16"/"fp16": mixed precision (see the module docstring).
+    recompute: the activation recomputation of its units: "none", "selective" or "full"
+      (:mod:`hetpipe_jax.recompute`).
   """
 
   def __init__(self, model: LayeredModel, units: range, params, device: Device, tx: optax.GradientTransformation,
-               nm: int, *, weight_mode: str = "stash", precision: str = "fp32"):
+               nm: int, *, weight_mode: str = "stash", precision: str = "fp32", recompute: str = "none"):
     first, last = units.start, units.stop
+    self.recompute = check_recompute(recompute, MODES)
     self.model, self.first, self.last, self.device = model, first, last, device
     self.is_first, self.is_last = first == 0, last == model.num_units
     self.nm, self.weight_mode, self.tx = nm, weight_mode, tx
@@ -113,10 +120,10 @@ class Stage:
 
   def _apply(self, params, x, labels):
     if self.dtype is None:
-      y = self.model.apply(params, x, self.first, self.last)
+      y = self.model.apply(params, x, self.first, self.last, self.recompute)
       return self.model.loss(y, labels) if self.is_last else y
     y = self.model.apply(mixed.cast_floats(params, self.dtype), mixed.cast_floats(x, self.dtype), self.first,
-                         self.last)
+                         self.last, self.recompute)
     return self.model.loss(y.astype(jnp.float32), labels) if self.is_last else mixed.cast_floats(y, self.dtype)
 
   def _vjp(self, params, x, labels):

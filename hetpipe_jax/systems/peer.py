@@ -19,6 +19,7 @@ from hetpipe_jax.cluster import Cluster
 from hetpipe_jax.cost.batch import BatchProfiles
 from hetpipe_jax.cost.context import DEFAULT_COSTS, CostContext
 from hetpipe_jax.data import Dataset
+from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.models.base import LayeredModel
 from hetpipe_jax.optim import make_optimizer
 from hetpipe_jax.plan.costmodel import ideal_images_per_sec
@@ -35,7 +36,10 @@ class Peer(System):
   def simulate(self, cluster: Cluster, profiles: BatchProfiles, batch_size: int, knobs: PeerKnobs = DEFAULT_KNOBS,
                costs: CostContext = DEFAULT_COSTS, model: str = "") -> SystemRun:
     costs = self.memory_costs(costs)
-    job = type(self).build(cluster, profiles, batch_size, knobs.validate(), costs)
+    if costs.recompute == "auto":
+      raise ConfigError(f"recompute=auto is the planner's choice per pipeline stage; {self.name} runs every GPU "
+                        "alike: give none, selective or full")
+    job = type(self).build(cluster, profiles.under(costs.recompute), batch_size, knobs.validate(), costs)
     result = simulate_sync(job)
     ideal = ideal_images_per_sec(cluster, list(profiles.at(batch_size)), batch_size, precision=costs.precision)
     timeline = result.timeline
