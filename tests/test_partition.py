@@ -140,7 +140,7 @@ def test_dp_matrices_equal_the_scalar_stage_time_and_memory(seed):
         for m, mode_dp in zip(modes, dp.modes):
           mine = [u.under(m) for u in profiles]
           need = stage_memory_bytes(mine[s:e], nm, costs)
-          assert mode_dp.memory_matrix()[s, e] == pytest.approx(need, rel=1e-12, abs=1)
+          assert mode_dp.memory[s, e] == pytest.approx(need, rel=1e-12, abs=1)
           if need <= gpu.type.memory_bytes:
             cut = [0] * j + [s, e] + [num_units] * (len(gpus) - j - 1)
             want = min(want, sum(stage_seconds(cluster, mine, cut, gpus, j)))

@@ -59,9 +59,11 @@ class _ModeDp:
     self.mode, self.precision = mode, costs.precision
     self.profiles = [u.under(mode) for u in profiles]
     mem = np.array([memory_bytes(u.param_bytes, u.kept_bytes, nm, costs) for u in self.profiles], np.float64)
-    self._mem = np.concatenate([[0.0], np.cumsum(mem)])
+    prefix = np.concatenate([[0.0], np.cumsum(mem)])
+    self.memory = prefix[None, :] - prefix[:, None]  # M(s, e): a stage holding units s .. e - 1 (for s <= e)
     transient = np.array([u.transient_bytes for u in self.profiles], np.float64)
-    self._transient = _range_max(transient) * memory_bytes(0, 0, nm, costs, 1.0) if transient.any() else 0.0
+    if transient.any():
+      self.memory += _range_max(transient) * memory_bytes(0, 0, nm, costs, 1.0)
     self._time: dict[str, np.ndarray] = {}
 
   def prefix_time(self, gpu: Gpu) -> np.ndarray:
@@ -70,9 +72,15 @@ class _ModeDp:
       self._time[gpu.type.name] = np.concatenate([[0.0], np.cumsum(t)])
     return self._time[gpu.type.name]
 
-  def memory_matrix(self) -> np.ndarray:
-    """M(s, e): the memory of a stage holding units s .. e - 1 (meaningful for s <= e)."""
-    return self._mem[None, :] - self._mem[:, None] + self._transient
+  def cost(self, gpu: Gpu, recv_prev: np.ndarray, recv_next: np.ndarray, mem_ratio: bool) -> np.ndarray:
+    """T(s, e) under this mode (see :meth:`_Dp.stage_cost`; every cut, valid or not)."""
+    if mem_ratio:
+      return self.memory / gpu.type.memory_bytes
+    p = self.prefix_time(gpu)
+    value = p[None, :] - p[:, None]
+    value = value + recv_prev[:, None]  # the activation at the first cut s
+    value = value + recv_next[None, :]  # the gradient at the last cut e
+    return np.where(self.memory <= gpu.type.memory_bytes, value, np.inf)
 
 
 def _range_max(values: np.ndarray) -> np.ndarray:
@@ -123,15 +131,8 @@ class _Dp:
       An ``(n + 1, n + 1)`` array: seconds per minibatch (compute + receives, inf where the cut is
       invalid or out of memory), or the memory ratio (inf where invalid).
     """
-    value = np.full((self.n + 1, self.n + 1), np.inf)
-    for mode in self.modes:
-      mem = mode.memory_matrix()
-      if mem_ratio:
-        value = np.minimum(value, mem / gpu.type.memory_bytes)
-        continue
-      p = mode.prefix_time(gpu)
-      seconds = p[None, :] - p[:, None] + recv_prev[:, None] + recv_next[None, :]  # activation at s, gradient at e
-      value = np.minimum(value, np.where(mem <= gpu.type.memory_bytes, seconds, np.inf))
+    values = [mode.cost(gpu, recv_prev, recv_next, mem_ratio) for mode in self.modes]
+    value = values[0] if len(values) == 1 else np.minimum.reduce(values)
     return np.where(self._valid, value, np.inf)
 
   def stage_matrix(self, gpus: Sequence[Gpu], j: int, mem_ratio: bool = False) -> np.ndarray:
