@@ -42,8 +42,8 @@ flags.DEFINE_integer("batch_size", 32, "Examples per minibatch (per GPU for horo
 flags.DEFINE_integer("seq_len", None, "GPT models: tokens per sequence (default: the model's context).")
 flags.DEFINE_string("optimizer", "momentum", "Local optimizer, for its memory: sgd, momentum, adam.")
 flags.DEFINE_string("precision", "fp32", "fp32, fp16 or bf16 (mixed precision).")
-flags.DEFINE_string("recompute", "none", "Activation recomputation: none, selective or full on every GPU (auto: "
-                    "hetpipe's planner, per stage).")
+flags.DEFINE_string("recompute", "none", "Activation recomputation: none, selective or full on every GPU, or auto "
+                    "(a peer: the fastest of the three it can run; hetpipe: the planner's choice per stage).")
 flags.DEFINE_string("out_dir", "outputs/baseline", "Where the timeline, breakdown JSON and chart go.")
 
 

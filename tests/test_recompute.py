@@ -139,15 +139,24 @@ def test_a_run_with_recomputation_trains_as_without_and_says_so_in_its_trace():
 
 def test_a_peer_recomputes_on_every_gpu_alike():
   """A peer under full recomputation runs every GPU's backward with one more forward (slower where none fits
-  too); auto, the planner's choice per stage, is refused in one line; profiles are taken under a mode once."""
+  too); under auto it runs the fastest mode it can (none where it fits, full on GPUs too small for the rest);
+  profiles are taken under a mode once."""
   profiles = BatchProfiles.full_size("vgg19", 32)
-  cluster, costs = get_cluster("hetero4"), CostContext(optimizer_slots=1.0)
-  horovod = get_system("horovod")
-  none = horovod.simulate(cluster, profiles, 32, costs=costs)
-  full = horovod.simulate(cluster, profiles, 32, costs=costs._replace(recompute="full"))
+  costs, horovod = CostContext(optimizer_slots=1.0), get_system("horovod")
+  need = {m: stage_memory_bytes(profiles.under(m).at(32), 1, horovod.memory_costs(costs)) for m in MODES}
+  assert need["full"] < need["selective"] <= need["none"]
+  def cluster(memory):
+    return make_cluster("c", [[GpuType("G", memory, 1e13, 1e13, 5e11)] * 2], LINKS["pcie3"], LINKS["eth10"])
+  big, small = cluster(2 * need["none"]), cluster((need["full"] + need["selective"]) // 2)
+  none = horovod.simulate(big, profiles, 32, costs=costs)
+  full = horovod.simulate(big, profiles, 32, costs=costs._replace(recompute="full"))
   assert full.round_seconds > none.round_seconds and full.ideal_images_per_sec == none.ideal_images_per_sec
-  with pytest.raises(ConfigError, match="recompute=auto is the planner's choice per pipeline stage; horovod"):
-    horovod.simulate(cluster, profiles, 32, costs=costs._replace(recompute="auto"))
+  assert full.timeline["meta"]["recompute"] == "full" and "recompute" not in none.timeline["meta"]
+  auto = costs._replace(recompute="auto")
+  assert horovod.simulate(big, profiles, 32, costs=auto).round_seconds == none.round_seconds
+  assert horovod.simulate(small, profiles, 32, costs=auto).timeline["meta"]["recompute"] == "full"
+  with pytest.raises(ConfigError, match="horovod: no worker"):
+    horovod.simulate(small, profiles, 32, costs=costs)
   unit = profiles.under("full").at(32)[5]
   assert unit.under("full") is unit and unit.recompute == "full"
   with pytest.raises(ConfigError, match="under recompute=full already"):

@@ -23,6 +23,7 @@ from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.models.base import LayeredModel
 from hetpipe_jax.optim import make_optimizer
 from hetpipe_jax.plan.costmodel import ideal_images_per_sec
+from hetpipe_jax.recompute import MODES
 from hetpipe_jax.systems.base import DEFAULT_KNOBS, LOCAL, Curve, CurvePoint, System, SystemRun, TrainSetting
 
 Builder = Callable[[Cluster, BatchProfiles, int, PeerKnobs, CostContext], SyncJob]
@@ -35,17 +36,32 @@ class Peer(System):
 
   def simulate(self, cluster: Cluster, profiles: BatchProfiles, batch_size: int, knobs: PeerKnobs = DEFAULT_KNOBS,
                costs: CostContext = DEFAULT_COSTS, model: str = "") -> SystemRun:
+    """The peer simulated (see :meth:`System.simulate`), every GPU under ``costs.recompute``; under ``auto``, the
+    fastest of none, selective and full that the peer can run (each GPU alike, as a user of the peer would set
+    it), its timeline's meta saying which."""
     costs = self.memory_costs(costs)
-    if costs.recompute == "auto":
-      raise ConfigError(f"recompute=auto is the planner's choice per pipeline stage; {self.name} runs every GPU "
-                        "alike: give none, selective or full")
+    if costs.recompute != "auto":
+      return self._simulate(cluster, profiles, batch_size, knobs, costs, model)
+    runs, refused = [], []
+    for mode in MODES:
+      try:
+        runs.append(self._simulate(cluster, profiles, batch_size, knobs, costs._replace(recompute=mode), model))
+      except ConfigError as e:
+        refused.append(e)
+    if not runs:
+      raise refused[0]
+    return max(runs, key=lambda r: r.images_per_sec)
+
+  def _simulate(self, cluster: Cluster, profiles: BatchProfiles, batch_size: int, knobs: PeerKnobs,
+                costs: CostContext, model: str) -> SystemRun:
     job = type(self).build(cluster, profiles.under(costs.recompute), batch_size, knobs.validate(), costs)
     result = simulate_sync(job)
     ideal = ideal_images_per_sec(cluster, list(profiles.at(batch_size)), batch_size, precision=costs.precision)
     timeline = result.timeline
     timeline["meta"].update(model=model, round_seconds=result.round_seconds,
                             examples_per_round=result.examples_per_round, images_per_sec=result.images_per_sec,
-                            ideal_images_per_sec=ideal, efficiency=result.images_per_sec / ideal)
+                            ideal_images_per_sec=ideal, efficiency=result.images_per_sec / ideal,
+                            **({} if costs.recompute == "none" else {"recompute": costs.recompute}))
     return SystemRun(self.name, result.round_seconds, result.examples_per_round, result.images_per_sec, ideal,
                      tuple(w.batch for w in job.workers), tuple(w.local_steps for w in job.workers),
                      len({g.index for w in job.workers for g in w.gpus}), timeline, job)
