@@ -189,12 +189,3 @@ class Layout:
       out["recompute"] = [[vw.stage_recompute(j) for j in range(vw.k)] for vw in self.vws]
     return out if self.windows is None else {**out, "window": self.windows}
 
-  def with_recompute(self, mode: str) -> Layout:
-    """The same layout with every stage of every virtual worker at recomputation ``mode`` (none, selective or
-    full).
-
-    Raises:
-      ConfigError: for another mode.
-    """
-    check_recompute(mode, MODES)
-    return Layout(tuple(dataclasses.replace(vw, recompute=(mode,) * vw.k) for vw in self.vws))
