@@ -161,3 +161,8 @@ def test_a_peer_recomputes_on_every_gpu_alike():
   assert unit.under("full") is unit and unit.recompute == "full"
   with pytest.raises(ConfigError, match="under recompute=full already"):
     unit.under("selective")
+
+
+def test_a_run_refuses_an_unknown_recomputation_in_one_line():
+  with pytest.raises(ConfigError, match=r"recompute='most'; use one of none, selective, full, auto"):
+    RunConfig.of(recompute="most").validate()
