@@ -210,8 +210,8 @@ def report(result: ConvergenceResult) -> None:
   print_staleness(result)
   print_fit(result)
   print_tuned(result)
-  print(f"time axis: {result.time_axis} (emulated seconds, not wall time); images/s: the sim executor's, or the "
-        "peer's simulated round")
+  print(f"time axis: {result.time_axis} (emulated seconds, not wall time); {result.unit}/s: the sim executor's, "
+        "or the peer's simulated round")
 
 
 def print_learning_rates(result: ConvergenceResult) -> None:
@@ -294,8 +294,9 @@ def print_tuned(result: ConvergenceResult) -> None:
     return
   for p in tuned.pilots:
     when = "not reached" if p.time_to_target_s is None else f"{p.time_to_target_s:.4g} s"
-    print(f"pilot (seed {p.seed}): {p.label}: {p.images_per_sec:.1f} images/s, mean staleness "
-          f"{p.mean_staleness:.2f}, time to the provisional target {when}")
+    rate = p.images_per_sec * result.per_example
+    print(f"pilot (seed {p.seed}): {p.label}: {rate:.1f} {result.unit}/s, mean staleness {p.mean_staleness:.2f}, "
+          f"time to the provisional target {when}")
   if tuned.predicted_time_to_target_s is None:
     return
   measured = result.summary[tuned.specs[0].name].mean_time_to_target_s
