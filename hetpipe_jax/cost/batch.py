@@ -70,7 +70,6 @@ class BatchProfiles:
       found = self._cache[batch_size] = tuple(_unit_line(a, b, x) for a, b in zip(self.low, self.high))
     return found
 
-
   def under(self, mode: str) -> BatchProfiles:
     """These profiles with every unit under activation recomputation ``mode`` (none, selective or full: every
     GPU of a peer runs the same; :meth:`hetpipe_jax.cost.unit.UnitProfile.under`).

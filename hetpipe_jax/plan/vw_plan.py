@@ -59,7 +59,7 @@ class VWPlan:
 
   @property
   def layout(self) -> VWLayout:
-    """The virtual worker's GPUs, cuts, Nm and window."""
+    """The virtual worker's GPUs, cuts, Nm, window and each stage's recomputation."""
     return VWLayout(tuple(self.gpus), tuple(self.cuts), self.nm, self.window,
                     tuple(s.recompute for s in self.stages))
 
