@@ -87,7 +87,7 @@ from hetpipe_jax.systems import BASE_LR_PER_32, LR_SCALINGS
 FLAGS = flags.FLAGS
 # The run settings the study takes (experiments.run_flags), at its defaults: the MLP (its gradient is cheap enough
 # for every configuration over seeds), the paper's testbed, plain SGD.
-run_flags.define(["model", "dataset", "cluster", "batch_size", "optimizer"],
+run_flags.define(["model", "dataset", "cluster", "batch_size", "optimizer", "recompute"],
                  overrides={"model": "mlp", "cluster": "paper_testbed", "optimizer": "sgd"})
 flags.adopt_module_key_flags(run_flags)  # --help lists them
 flags.DEFINE_list("policies", ["NP", "ED", "HD"], "HetPipe allocation policies (NP, ED, HD or groupings).")
@@ -169,7 +169,7 @@ def flags_to_config() -> ConvergenceConfig:
       seeds=seeds, epochs=full_or_given("epochs"), batch_size=FLAGS.batch_size,
       target_accuracy=FLAGS.target_accuracy, target_metric=FLAGS.target_metric, smooth=FLAGS.smooth,
       eval_examples=FLAGS.eval_examples, eval_test_examples=FLAGS.eval_test_examples,
-      ssp=FLAGS.ssp, ssp_d=FLAGS.ssp_d, whimpy=FLAGS.whimpy)
+      ssp=FLAGS.ssp, ssp_d=FLAGS.ssp_d, whimpy=FLAGS.whimpy, recompute=FLAGS.recompute)
 
 
 def main(argv):

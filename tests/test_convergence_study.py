@@ -38,6 +38,7 @@ MINI = get_cluster("paper_mini")
     ({"time_model": "vgg99"}, "--time_model=vgg99; use one of vgg19, "),
     ({"optimizer": "adamw"}, "--optimizer=adamw; choose one of sgd, momentum, adam"),
     ({"policies": ()}, "--policies is empty"),
+    ({"recompute": "most"}, "--recompute=most; choose one of none, selective, full, auto"),
 ])
 def test_the_config_refuses_a_bad_setting_in_one_line(change, message):
   with pytest.raises(ConfigError, match=message) as e:

@@ -21,6 +21,7 @@ from hetpipe_jax.plan.layout import VWLayout
 from hetpipe_jax.plan.partition import partition
 from hetpipe_jax.recompute import MODES, checkpointed
 from hetpipe_jax.runtime.stage import Stage
+from hetpipe_jax.studies.throughput_records import ThroughputConfig
 from hetpipe_jax.systems import get_system
 
 from helpers import assert_trace_ok
@@ -166,3 +167,17 @@ def test_a_peer_recomputes_on_every_gpu_alike():
 def test_a_run_refuses_an_unknown_recomputation_in_one_line():
   with pytest.raises(ConfigError, match=r"recompute='most'; use one of none, selective, full, auto"):
     RunConfig.of(recompute="most").validate()
+
+
+def test_hetpipe_fits_gpt2_xl_on_the_testbed_only_by_recomputing():
+  """The system the studies simulate: GPT-2 XL with Adam in bf16 fits no 4-GPU pipeline of the paper testbed
+  without recomputation, and runs with auto (the plan's stages say which mode they took)."""
+  hetpipe, cluster = get_system("hetpipe"), get_cluster("paper_testbed")
+  profiles = BatchProfiles.full_size("gpt2-xl", 8)
+  costs = CostContext(optimizer_slots=2.0, precision="bf16")
+  with pytest.raises(ConfigError, match="recompute=full or auto"):
+    hetpipe.simulate(cluster, profiles, 8, costs=costs)
+  run = hetpipe.simulate(cluster, profiles, 8, costs=costs._replace(recompute="auto"))
+  assert run.images_per_sec > 0 and run.events[0]["recompute"]
+  with pytest.raises(ConfigError, match="--recompute=most; choose one of none, selective, full, auto"):
+    ThroughputConfig(cluster, recompute="most")

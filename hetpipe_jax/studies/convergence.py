@@ -124,9 +124,10 @@ class ConvergenceResult(NamedTuple):
     c = self.config
     return {"target_accuracy": self.target, "target_metric": c.target_metric, "target_rule": self.target_rule,
             "smooth": c.smooth, "time_axis": self.time_axis, "time_model": c.time_model, "model": self.model,
-            "optimizer": c.optimizer, "dataset": self.dataset, "cluster": c.cluster.name, "epochs": c.epochs,
-            "whimpy": c.whimpy, "seeds": list(c.seeds), "ideal_images_per_sec": self.ideal_images_per_sec,
-            "unit": self.unit, "per_example": self.per_example, "table": [r._asdict() for r in self.table],
+            "optimizer": c.optimizer, "recompute": c.recompute, "dataset": self.dataset, "cluster": c.cluster.name,
+            "epochs": c.epochs, "whimpy": c.whimpy, "seeds": list(c.seeds),
+            "ideal_images_per_sec": self.ideal_images_per_sec, "unit": self.unit, "per_example": self.per_example,
+            "table": [r._asdict() for r in self.table],
             "summary": {k: s._asdict() for k, s in self.summary.items()}, "learning_rates": self.learning_rates,
             "lr_rule": self.lr_rule, "lr_grid": list(c.lr_grid), "outer_lr_grid": list(c.outer_lr_grid),
             "lr_choices": {k: v._asdict() for k, v in self.lr_choices.items()},

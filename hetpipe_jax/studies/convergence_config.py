@@ -12,6 +12,7 @@ from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.models import FULL_SIZE
 from hetpipe_jax.optim import OPTIMIZERS, make_ps_optimizer, parse_ps_optimizer
 from hetpipe_jax.plan.allocation import parse_policy
+from hetpipe_jax.recompute import CHOICES
 from hetpipe_jax.run.config import check_seed
 from hetpipe_jax.studies.convergence_lr import LR_GRID, OUTER_LR_GRID, check_grid
 from hetpipe_jax.systems import BASE_LR_PER_32, LR_SCALINGS
@@ -46,6 +47,8 @@ class ConvergenceConfig:
     eval_test_examples: test examples every evaluation takes, spread over the test split (0: all of it).
     ssp / ssp_d: the SSP parameter-server row and its staleness bound.
     whimpy: a GPU type the peers may not use (empty: none).
+    recompute: activation recomputation (:mod:`hetpipe_jax.recompute`) of every system: none, selective or full on
+      every GPU, or auto (HetPipe: the planner's choice per stage; a peer: the fastest mode it can run).
   """
 
   cluster: Cluster
@@ -79,6 +82,7 @@ class ConvergenceConfig:
   ssp: bool = False
   ssp_d: int = 4
   whimpy: str = ""
+  recompute: str = "none"
 
   def __post_init__(self):
     for seed in self.seeds:
@@ -115,7 +119,8 @@ class ConvergenceConfig:
     for name, value, choices in (("tuned_objective", self.tuned_objective, TUNED_OBJECTIVES),
                                  ("target_metric", self.target_metric, TARGET_METRICS),
                                  ("lr_scaling", self.lr_scaling, tuple(LR_SCALINGS)),
-                                 ("optimizer", self.optimizer, tuple(OPTIMIZERS))):
+                                 ("optimizer", self.optimizer, tuple(OPTIMIZERS)),
+                                 ("recompute", self.recompute, CHOICES)):
       if value not in choices:
         raise ConfigError(f"--{name}={value}; choose one of {', '.join(choices)}")
     if not self.policies:

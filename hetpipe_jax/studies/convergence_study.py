@@ -108,7 +108,7 @@ class Study:
 
   @property
   def costs(self) -> CostContext:
-    return CostContext(optimizer_slots=optimizer_slots(self.config.optimizer))
+    return study_costs(self.config)
 
   def policy_specs(self) -> list[Spec]:
     """HetPipe at every policy and every D of the config."""
@@ -148,6 +148,11 @@ def time_profiles(config: ConvergenceConfig, model: LayeredModel, dataset: Datas
   return BatchProfiles(tuple(profile_units(model, sample(b))), tuple(profile_units(model, sample(2 * b))), b, 2 * b)
 
 
+def study_costs(config: ConvergenceConfig) -> CostContext:
+  """What every system's memory and time are charged: the optimizer's slots and the recomputation."""
+  return CostContext(optimizer_slots=optimizer_slots(config.optimizer), recompute=config.recompute)
+
+
 def examples_unit(time_model: str | None, dataset: Dataset) -> int:
   """Tokens per example of the time axis: a GPT time model's context, the trained language model's sequence
   when the time axis is its own, else 1 (images)."""
@@ -167,10 +172,11 @@ def make_study(config: ConvergenceConfig, progress: Progress) -> Study:
   time_axis = (f"cost model of {time_model} (batch {b}) on {cluster.name}" if time_model
                else f"cost model of {model.name} on {cluster.name}")
   base = RunConfig.of(cluster=cluster, batch_size=b, optimizer=config.optimizer, time_model=time_model,
+                      recompute=config.recompute,
                       executor="virtual")
   sim_model, sim_data = (full_size_model(time_model), FULL_SIZE[time_model]) if time_model else (model, dataset)
   knobs = config.knobs._replace(microbatches=config.knobs.microbatches or cluster.num_gpus)
-  costs = CostContext(optimizer_slots=optimizer_slots(config.optimizer))
+  costs = study_costs(config)
   peers = simulate_systems(config.systems, without_type(cluster, config.whimpy) if config.whimpy else cluster,
                            profiles, b, costs, knobs, time_model or model.name, progress)
   policies, not_run = plannable(config, units, costs, model.num_units)

@@ -65,4 +65,5 @@ def run_throughput(config: ThroughputConfig, profiles_of: ProfilesOf, convergenc
   say = progress or (lambda _: None)
   models = [study_model(config, model, profiles_of(model, config.batch_of(model), config.seq_len),
                         list(convergence), say) for model in config.models]
-  return ThroughputResult(config.cluster.name, config.tuned_objective, list(convergence_paths), models)
+  return ThroughputResult(config.cluster.name, config.tuned_objective, list(convergence_paths), models,
+                          config.recompute)

@@ -20,6 +20,7 @@ from hetpipe_jax.optim import optimizer_slots
 from hetpipe_jax.plan.costmodel import ideal_images_per_sec
 from hetpipe_jax.plan.layout import Layout
 from hetpipe_jax.plan.partition import NM_POLICIES
+from hetpipe_jax.recompute import CHOICES
 from hetpipe_jax.sim import SimJob, SimOptions
 from hetpipe_jax.studies.throughput_goodput import NOT_TRAINED
 from hetpipe_jax.systems import WSP, systems
@@ -54,6 +55,8 @@ class ThroughputConfig:
     knobs: their knobs (``microbatches`` 0: the cluster's GPUs, as the convergence study sets them).
     nms: the Nm rules of the HetPipe policy rows (:data:`~hetpipe_jax.plan.partition.NM_POLICIES`): every
       policy's rows at each (``max_fit``'s named ``HetPipe NP D=0``, another's ``HetPipe NP speed D=0``).
+    recompute: activation recomputation of every system (:mod:`hetpipe_jax.recompute`; auto: HetPipe's planner
+      per stage, a peer the fastest mode it can run).
   """
 
   cluster: Cluster
@@ -75,6 +78,7 @@ class ThroughputConfig:
   systems: tuple[str, ...] = PEERS
   knobs: PeerKnobs = PeerKnobs(h_by_speed=True)
   nms: tuple[str, ...] = ("max_fit",)
+  recompute: str = "none"
 
   def __post_init__(self):
     if not self.ds or any(d < 0 for d in self.ds):
@@ -88,6 +92,8 @@ class ThroughputConfig:
       raise ConfigError(f"--nms={','.join(self.nms)}; give one or more of {', '.join(NM_POLICIES)}, each once")
     if self.tuned_objective not in OBJECTIVES:
       raise ConfigError(f"--tuned_objective={self.tuned_objective}; choose one of {', '.join(OBJECTIVES)}")
+    if self.recompute not in CHOICES:
+      raise ConfigError(f"--recompute={self.recompute}; choose one of {', '.join(CHOICES)}")
 
   def batch_of(self, model: str) -> int:
     """The model's minibatch size."""
@@ -197,6 +203,7 @@ class ThroughputResult(NamedTuple):
   tuned_objective: str
   convergence: list[str]  # the convergence files read
   models: list[ModelTable]
+  recompute: str = "none"
 
   @property
   def rows(self) -> list[SubStudyRow]:
@@ -204,8 +211,9 @@ class ThroughputResult(NamedTuple):
 
   def to_json(self) -> dict[str, Any]:
     """``throughput.json``."""
-    return {"cluster": self.cluster, "tuned_objective": self.tuned_objective, "convergence": self.convergence,
-            "models": {m.model: m.to_json() for m in self.models}, "rows": [r._asdict() for r in self.rows]}
+    return {"cluster": self.cluster, "tuned_objective": self.tuned_objective, "recompute": self.recompute,
+            "convergence": self.convergence, "models": {m.model: m.to_json() for m in self.models},
+            "rows": [r._asdict() for r in self.rows]}
 
 
 def is_peer(entry: TableEntry) -> bool:
@@ -246,7 +254,7 @@ class ModelStudy:
                convergence: list[dict[str, Any]], say: Progress):
     self.config, self.model_name, self.cluster, self.say = config, model, config.cluster, say
     self.batch = config.batch_of(model)
-    self.costs = CostContext(optimizer_slots=optimizer_slots(config.optimizer))
+    self.costs = CostContext(optimizer_slots=optimizer_slots(config.optimizer), recompute=config.recompute)
     self.batch_profiles, self.per_example, self.unit = profiles
     self.profiles = list(self.batch_profiles.at(self.batch))
     self.convergence = [doc for doc in convergence if matches(doc, model, self.cluster.name)]
