@@ -20,7 +20,7 @@ from absl import flags
 
 from experiments import common
 from hetpipe_jax import get_model, load_dataset
-from hetpipe_jax.runtime.stage import Stage
+from hetpipe_jax.runtime.stage import Stage, StageOptions
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("steps", 30, "Steps per timed run.")
@@ -32,7 +32,8 @@ def step_seconds(precision: str, model, x, y, steps: int) -> float:
   """Median seconds of one forward + backward of the whole model as one stage at ``precision``, over
   ``steps`` steps."""
   params = model.init(jax.random.key(0), x)
-  stage = Stage(model, range(model.num_units), params, jax.devices()[0], optax.sgd(0.05), 1, precision=precision)
+  stage = Stage(model, range(model.num_units), params, jax.devices()[0], optax.sgd(0.05), 1,
+                StageOptions(precision=precision))
   stage.warm_up(x, y)
   times = []
   for mb in range(1, steps + 1):

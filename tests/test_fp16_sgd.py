@@ -13,7 +13,7 @@ import optax
 import pytest
 
 from hetpipe_jax import RunConfig, get_model, run_hetpipe, synthetic
-from hetpipe_jax.runtime.stage import Stage
+from hetpipe_jax.runtime.stage import Stage, StageOptions
 
 from helpers import assert_trace_ok
 
@@ -48,7 +48,7 @@ def fp16_step(weight_mode: str) -> tuple[list[np.ndarray], list[int]]:
   each stage's skipped count."""
   params = initial_params()
   device = jax.devices()[0]
-  stages = [Stage(MODEL, range(a, b), params[a:b], device, optax.sgd(LR), 1, weight_mode=weight_mode, precision="fp16")
+  stages = [Stage(MODEL, range(a, b), params[a:b], device, optax.sgd(LR), 1, StageOptions(weight_mode, "fp16"))
             for a, b in zip(CUTS, CUTS[1:])]
   x, labels = jnp.asarray(DATA.x_train[:BATCH]), jnp.asarray(DATA.y_train[:BATCH])
   for s in stages:

@@ -14,7 +14,7 @@ from hetpipe_jax.cost.context import CostContext
 from hetpipe_jax.cost.memory import nbytes, optimizer_slots_of, stage_memory_bytes
 from hetpipe_jax.cost.profile import profile_units
 from hetpipe_jax.runtime import mixed
-from hetpipe_jax.runtime.stage import Stage
+from hetpipe_jax.runtime.stage import Stage, StageOptions
 
 from helpers import TWO_NODES, assert_trace_ok, train_cli
 
@@ -45,8 +45,7 @@ def _stage_at_peak(precision, weight_mode, first=1, last=4, nm=3):
   params = MODEL.init(jax.random.key(0), DATA.x_train[:BATCH])
   device = jax.devices()[0]
   tx = optax.adam(1e-3)
-  stage = Stage(MODEL, range(first, last), params[first:last], device, tx, nm, weight_mode=weight_mode,
-                precision=precision)
+  stage = Stage(MODEL, range(first, last), params[first:last], device, tx, nm, StageOptions(weight_mode, precision))
   x = MODEL.apply(params[:first], jnp.asarray(DATA.x_train[:BATCH]), 0, first)
   x = x if stage.dtype is None else mixed.cast_floats(x, stage.dtype)
   labels = jnp.asarray(DATA.y_train[:BATCH])

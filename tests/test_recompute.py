@@ -20,7 +20,7 @@ from hetpipe_jax.models.gpt import gpt
 from hetpipe_jax.plan.layout import VWLayout
 from hetpipe_jax.plan.partition import partition
 from hetpipe_jax.recompute import MODES, checkpointed
-from hetpipe_jax.runtime.stage import Stage
+from hetpipe_jax.runtime.stage import Stage, StageOptions
 from hetpipe_jax.studies.throughput_records import ThroughputConfig
 from hetpipe_jax.systems import get_system
 
@@ -35,7 +35,8 @@ def _params() -> tuple:
 
 
 def _stage(units: range, mode: str) -> Stage:
-  return Stage(MODEL, units, _params()[units.start:units.stop], jax.devices()[0], optax.sgd(0.1), 2, recompute=mode)
+  return Stage(MODEL, units, _params()[units.start:units.stop], jax.devices()[0], optax.sgd(0.1), 2,
+               StageOptions(recompute=mode))
 
 
 def _input(units: range) -> jax.Array:

@@ -29,7 +29,7 @@ from hetpipe_jax.runtime.mixed import SCALED, cast_floats, compute_dtype
 from hetpipe_jax.runtime.ps import nonfinite_units
 from hetpipe_jax.runtime.remote import RemoteNumerics, process_of
 from hetpipe_jax.runtime.shards import ShardedServer, ShardWorker
-from hetpipe_jax.runtime.stage import Stage
+from hetpipe_jax.runtime.stage import Stage, StageOptions
 from hetpipe_jax.runtime.stage_worker import StageWorker
 
 
@@ -89,7 +89,7 @@ def build_stage(job: Job, i: int, j: int, x0, y0) -> tuple[Stage, dict[str, list
   units, gpu = vw.stage_units(j), vw.gpus[j]
   device = jax.local_devices()[[g.index for g in job.cluster.node_gpus(gpu.node)].index(gpu.index)]
   stage = Stage(job.model, units, job.init_params[units.start:units.stop], device, job.tx, vw.nm,
-                weight_mode=job.weight_mode, precision=job.precision, recompute=vw.stage_recompute(j))
+                StageOptions(job.weight_mode, job.precision, vw.stage_recompute(j)))
   x = job.model.apply(job.init_params[:units.start], jnp.asarray(x0), 0, units.start)  # the stage's input
   if stage.dtype is not None and units.start > 0:  # a 16-bit activation from the previous stage
     x = cast_floats(x, stage.dtype)

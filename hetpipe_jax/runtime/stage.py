@@ -77,6 +77,24 @@ class StageState(NamedTuple):
   scale: Any = None
 
 
+class StageOptions(NamedTuple):
+  """How a stage computes.
+
+  Attributes:
+    weight_mode: "stash" or "latest".
+    precision: "fp32", or "bf16"/"fp16": mixed precision (see the module docstring).
+    recompute: the activation recomputation of its units: "none", "selective" or "full"
+      (:mod:`hetpipe_jax.recompute`).
+  """
+
+  weight_mode: str = "stash"
+  precision: str = "fp32"
+  recompute: str = "none"
+
+
+DEFAULT_OPTIONS = StageOptions()  # fp32, stash, no recomputation
+
+
 class Stage:
   """Units ``first .. last-1`` of ``model`` on ``device``.
 
@@ -87,16 +105,14 @@ class Stage:
     device: the JAX device that runs the stage.
     tx: the virtual worker's local optimizer (per-stage state).
     nm: the virtual worker's Nm (to find a minibatch's wave).
-    weight_mode: "stash" or "latest".
-    precision: "fp32", or "bf16"/"fp16": mixed precision (see the module docstring).
-    recompute: the activation recomputation of its units: "none", "selective" or "full"
-      (:mod:`hetpipe_jax.recompute`).
+    options: how it computes (:class:`StageOptions`: weight mode, precision, recomputation).
   """
 
   def __init__(self, model: LayeredModel, units: range, params, device: Device, tx: optax.GradientTransformation,
-               nm: int, *, weight_mode: str = "stash", precision: str = "fp32", recompute: str = "none"):
+               nm: int, options: StageOptions = DEFAULT_OPTIONS):
     first, last = units.start, units.stop
-    self.recompute = check_recompute(recompute, MODES)
+    weight_mode, precision = options.weight_mode, options.precision
+    self.recompute = check_recompute(options.recompute, MODES)
     self.model, self.first, self.last, self.device = model, first, last, device
     self.is_first, self.is_last = first == 0, last == model.num_units
     self.nm, self.weight_mode, self.tx = nm, weight_mode, tx

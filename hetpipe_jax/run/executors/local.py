@@ -12,7 +12,7 @@ from hetpipe_jax.run.session import Built
 from hetpipe_jax.run.setup import Setup
 from hetpipe_jax.runtime.mixed import compute_dtype
 from hetpipe_jax.runtime.ps import ParameterServer
-from hetpipe_jax.runtime.stage import Device, Stage
+from hetpipe_jax.runtime.stage import Device, Stage, StageOptions
 from hetpipe_jax.runtime.transport import DeviceComm
 from hetpipe_jax.runtime.worker import PipelineNumerics
 
@@ -42,8 +42,8 @@ def build(setup: Setup) -> Built:
   device_of = {(i, j): devices[gpu.index] for i, vw in enumerate(layout.vws) for j, gpu in enumerate(vw.gpus)}
   comm = DeviceComm(device_of)
   numerics = [PipelineNumerics(i, [Stage(setup.model, units, init_params[units.start:units.stop], device_of[(i, j)],
-                                         setup.tx, vw.nm, weight_mode=c.wsp.weight_mode, precision=c.precision,
-                                         recompute=vw.stage_recompute(j))
+                                         setup.tx, vw.nm,
+                                         StageOptions(c.wsp.weight_mode, c.precision, vw.stage_recompute(j)))
                                    for j, _, units in vw.stages()], comm)
               for i, vw in enumerate(layout.vws)]
   server = ParameterServer(init_params, layout.num_vws, c.wsp.d, c.optim.server_rule(layout.num_vws, layout.nms),
