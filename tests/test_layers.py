@@ -6,8 +6,9 @@
   corpus          (the text corpus's byte pipeline) likewise
   data            + corpus
   cluster         + precision
-  models          + recompute
-  cost            + core, models, optim, precision, recompute
+  tensor          (tensor parallelism: the mesh of a stage and the PartitionSpecs of its weights) likewise
+  models          + recompute, tensor
+  cost            + core, models, optim, precision, recompute, tensor
   plan            + cluster, cost
   runtime, sim    + plan (sim: never runtime; runtime: never sim)
   api, baselines, viz, the CLI shims: anything
@@ -27,18 +28,19 @@ ROOT = pathlib.Path(hetpipe_jax.__file__).parent
 BASE = {"errors"}
 ALLOWED = {
     "core": BASE | {"core"},
-    "models": BASE | {"models", "recompute"},
+    "models": BASE | {"models", "recompute", "tensor"},
+    "tensor": BASE | {"tensor"},
     "optim": BASE | {"optim"},
     "corpus": BASE | {"corpus"},
     "data": BASE | {"data", "corpus"},
     "precision": BASE | {"precision"},
     "recompute": BASE | {"recompute"},
     "cluster": BASE | {"cluster", "precision"},
-    "cost": BASE | {"cost", "cluster", "models", "optim", "core", "precision", "recompute"},
-    "plan": BASE | {"plan", "cost", "cluster", "models", "optim", "core", "precision", "recompute"},
-    "sim": BASE | {"sim", "plan", "cost", "cluster", "models", "optim", "core", "precision", "recompute"},
+    "cost": BASE | {"cost", "cluster", "models", "optim", "core", "precision", "recompute", "tensor"},
+    "plan": BASE | {"plan", "cost", "cluster", "models", "optim", "core", "precision", "recompute", "tensor"},
+    "sim": BASE | {"sim", "plan", "cost", "cluster", "models", "optim", "core", "precision", "recompute", "tensor"},
     "runtime": BASE | {"runtime", "plan", "cost", "cluster", "models", "optim", "core", "data", "evaluate",
-                       "precision", "recompute"},
+                       "precision", "recompute", "tensor"},
 }
 
 

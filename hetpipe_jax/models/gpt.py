@@ -22,6 +22,7 @@ import jax.numpy as jnp
 
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.models.base import LayeredModel
+from hetpipe_jax.tensor import COLUMNS, ROWS, SPLIT, WHOLE, check_divides
 
 _INIT = nn.initializers.normal(0.02)  # GPT-2's initialisation of every weight matrix
 
@@ -64,6 +65,16 @@ class Block(nn.Module):
     h = nn.gelu(nn.Dense(4 * width, kernel_init=_INIT, name="fc")(nn.LayerNorm(name="ln2")(x)))
     return x + nn.Dense(width, kernel_init=_INIT, name="out")(h)
 
+  def tensor_parallel(self, params, degree: int):
+    """Megatron-LM's split over ``degree`` devices (:mod:`hetpipe_jax.tensor`): attention heads and the MLP's
+    hidden features; the LayerNorms and the biases added after a row-split kernel whole."""
+    check_divides(degree, {"heads": self.heads, "MLP width": 4 * self.width}, "GPT block")
+    def spec(name: str, key: str):
+      if name in ("qkv", "fc"):  # split by output features: the kernel by columns, its bias alike
+        return COLUMNS if key == "kernel" else SPLIT
+      return ROWS if name in ("proj", "out") and key == "kernel" else WHOLE  # a row split's bias: after the sum
+    return {name: {key: spec(name, key) for key in leaves} for name, leaves in params.items()}
+
 
 class Head(nn.Module):
   """Final LayerNorm and the (untied) projection to the vocabulary's logits."""
@@ -73,6 +84,11 @@ class Head(nn.Module):
   @nn.compact
   def __call__(self, x):
     return nn.Dense(self.vocab_size, use_bias=False, kernel_init=_INIT, name="logits")(nn.LayerNorm(name="ln")(x))
+
+  def tensor_parallel(self, params, degree: int):
+    """The vocabulary split over ``degree`` devices (Megatron-LM's parallel output layer); the LayerNorm whole."""
+    check_divides(degree, {"vocabulary": self.vocab_size}, "GPT head")
+    return {"ln": {key: WHOLE for key in params["ln"]}, "logits": {"kernel": COLUMNS}}
 
 
 def gpt(vocab_size: int, layers: int, width: int, heads: int, context: int, name: str = "gpt") -> LayeredModel:

@@ -13,6 +13,9 @@ its local optimizer state, and one update accumulator per open wave (docs/PROTOC
 * activation recomputation (:mod:`hetpipe_jax.recompute`): each unit's apply under ``jax.checkpoint`` with the
   stage's policy, so the ``jax.vjp`` closure keeps only what the policy saves and the backward recomputes the
   rest; the numerics are those without it, within rounding.
+* tensor parallelism (:mod:`hetpipe_jax.tensor`): a stage given several devices (of one node) keeps each weight
+  of a unit with a rule split across them, its input and output whole on each; XLA's SPMD partitioner inserts
+  the all-reduces. The numerics are those of one device, within rounding.
 
 At ``precision`` fp16 or bf16 the stage trains in mixed precision (:mod:`hetpipe_jax.runtime.mixed`): fp32
 weights and optimizer state, 16-bit compute, activations, input gradients, stashed weight copies and pushed
@@ -35,12 +38,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.sharding import NamedSharding, PartitionSpec
 
 from hetpipe_jax.core import wsp
 from hetpipe_jax.errors import ProtocolError
 from hetpipe_jax.models.base import LayeredModel
 from hetpipe_jax.recompute import MODES, check_recompute
 from hetpipe_jax.runtime import mixed
+from hetpipe_jax.tensor import onto_mesh, param_shardings, stage_mesh
 
 Device = Any  # a jax.Device (a name pyright cannot use as a type)
 
@@ -102,7 +107,8 @@ class Stage:
     model: the layered model.
     units: the unit range ``range(first, last)``.
     params: this stage's unit parameters (a tuple, one per unit), anywhere; copied to ``device``.
-    device: the JAX device that runs the stage.
+    device: the JAX device that runs the stage, or a sequence of them: the stage split over them by tensor
+      parallelism (:attr:`device` is then the whole-on-each sharding of its input and output).
     tx: the virtual worker's local optimizer (per-stage state).
     nm: the virtual worker's Nm (to find a minibatch's wave).
     options: how it computes (:class:`StageOptions`: weight mode, precision, recomputation).
@@ -113,7 +119,8 @@ class Stage:
     first, last = units.start, units.stop
     weight_mode, precision = options.weight_mode, options.precision
     self.recompute = check_recompute(options.recompute, MODES)
-    self.model, self.first, self.last, self.device = model, first, last, device
+    self.model, self.first, self.last = model, first, last
+    self._place(device, params)
     self.is_first, self.is_last = first == 0, last == model.num_units
     self.nm, self.weight_mode, self.tx = nm, weight_mode, tx
     self.precision, self.dtype = precision, mixed.compute_dtype(precision)  # dtype None: fp32, no casts
@@ -127,10 +134,27 @@ class Stage:
     self._bwd_acc = jax.jit(self._bwd_acc_impl)
     self._add = jax.jit(self._add_impl)
 
+  def _place(self, device, params) -> None:
+    """Sets :attr:`device` (where inputs and outputs live), :attr:`tp` and where each parameter lives."""
+    devices = tuple(device) if isinstance(device, (list, tuple)) else (device,)
+    self.tp = len(devices)
+    if self.tp == 1:
+      self.device = self._params_at = devices[0]
+      return
+    mesh = stage_mesh(devices)
+    self.device = NamedSharding(mesh, PartitionSpec())
+    self._params_at = param_shardings(self.model.units[self.first:self.last], params, mesh)
+
+  def _put_params(self, params):
+    """A fresh copy of ``params`` (a tuple, one entry per unit) where this stage keeps its weights."""
+    return jax.device_put(tuple(params), self._params_at, may_alias=False)
+
   def _fresh_state(self, params) -> StageState:
-    params = jax.device_put(tuple(params), self.device, may_alias=False)
+    params = self._put_params(params)
     scale = jax.device_put(mixed.init_scale(), self.device) if self.scaled else None
-    return StageState(params, jax.device_put(self.tx.init(params), self.device), {}, scale)
+    if self.tp == 1:
+      return StageState(params, jax.device_put(self.tx.init(params), self.device), {}, scale)
+    return StageState(params, onto_mesh(self.tx.init(params), self.device), {}, scale)  # state split as weights
 
   # --- traced programs -------------------------------------------------------------------------------
 
@@ -210,11 +234,25 @@ class Stage:
     return {"state": self.state, "saved": {mb: jax.tree.leaves(s) for mb, s in self._saved.items()}}
 
   def restore_checkpoint_state(self, state: dict[str, Any]) -> None:
-    """Puts back what :meth:`checkpoint_state` returned (arrays anywhere; placed on this stage's device).
+    """Puts back what :meth:`checkpoint_state` returned (arrays anywhere; placed where this stage keeps them).
     Needs :meth:`warm_up` first (it learns the structure of a forward's saved values)."""
-    put = lambda tree: put_arrays(tree, self.device)
-    self.state = put(state["state"])
-    self._saved = {mb: jax.tree.unflatten(self.saved_treedef, put(leaves)) for mb, leaves in state["saved"].items()}
+    if self.tp == 1:
+      put = lambda tree: put_arrays(tree, self.device)
+      self.state = put(state["state"])
+      self._saved = {mb: jax.tree.unflatten(self.saved_treedef, put(leaves)) for mb, leaves in state["saved"].items()}
+      return
+    self.state = self._put_state(state["state"])
+    self._saved = {mb: jax.tree.unflatten(self.saved_treedef, jax.device_put(leaves, self._saved_at))
+                   for mb, leaves in state["saved"].items()}
+
+  def _put_state(self, state: StageState) -> StageState:
+    """``state`` placed as a tensor-parallel stage keeps it: weights, updates and optimizer state split alike."""
+    whole = lambda tree: put_arrays(tree, self.device)
+    opt_at = jax.tree.map(lambda a: a.sharding, self.state.opt_state)
+    waves = {w: WaveAccumulator(self._put_params(acc.update), acc.count, whole(acc.skipped))
+             for w, acc in state.waves.items()}
+    return StageState(self._put_params(state.params), jax.device_put(state.opt_state, opt_at), waves,
+                      whole(state.scale))
 
   @property
   def params(self):
@@ -256,6 +294,7 @@ class Stage:
     out, vjp = self._fwd(self.params, x, labels)
     saved = vjp if self.weight_mode == "stash" else (x, labels)
     self.saved_treedef = jax.tree.structure(saved)  # what a forward keeps for its backward, for a restore
+    self._saved_at = [leaf.sharding for leaf in jax.tree.leaves(saved)]
     g = None if self.is_last else self.gradient_like(out)
     params, opt_state, _, scale = self.state
     _, _, _, update, _, skipped = self._bwd_first(saved, g, params, opt_state, scale)
@@ -305,7 +344,7 @@ class Stage:
 
     Returns how many local minibatch updates it added back on top of the global weights.
     """
-    params = jax.device_put(tuple(global_params), self.device, may_alias=False)  # a copy: the PS donates its own
+    params = self._put_params(global_params)  # a copy: the PS donates its own
     added = 0
     for wave in sorted(self.state.waves):
       acc = self.state.waves[wave]

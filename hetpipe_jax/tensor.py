@@ -1,0 +1,91 @@
+"""Tensor parallelism inside a pipeline stage, as Megatron-LM splits a transformer (Shoeybi et al., "Megatron-LM:
+Training Multi-Billion Parameter Language Models Using Model Parallelism", arXiv 1909.08053, section 3).
+
+A stage of degree t runs on t devices of one node, a mesh with one axis (:data:`AXIS`). A unit with a rule (a
+method ``tensor_parallel(params, degree)`` returning a ``PartitionSpec`` per parameter) keeps each weight split
+across the t devices: a GPT block splits its attention heads (the ``qkv`` projection by columns, ``proj`` by
+rows) and its MLP (``fc`` by columns, ``out`` by rows), so a forward needs one all-reduce after attention and one
+after the MLP, and a backward two more. A unit without a rule keeps its weights whole on every device, and every
+device computes it entirely (Megatron-LM does so with the LayerNorms). A stage's input and output are whole
+on every device. The arrays are ``jax.sharding.NamedSharding``-placed and XLA's SPMD partitioner inserts the
+collectives, so the numerics are those of one device within rounding (the all-reduce adds partial products in
+another order).
+
+``--tp=N`` asks for N devices per stage; ``auto`` lets the planner choose per stage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from hetpipe_jax.errors import ConfigError
+
+AXIS = "tp"  # the mesh axis of a stage's devices
+COLUMNS = PartitionSpec(None, AXIS)  # a (in, out) kernel split by output features
+ROWS = PartitionSpec(AXIS, None)  # a (in, out) kernel split by input features
+SPLIT = PartitionSpec(AXIS)  # a vector split (the bias of a column-split kernel)
+WHOLE = PartitionSpec()  # on every device
+
+
+def check_tp(value: str) -> str:
+  """Returns ``value`` if it is a tensor-parallel degree (a positive integer) or ``auto``.
+
+  Raises:
+    ConfigError: naming the value and what to give.
+  """
+  if value != "auto" and not (value.isdigit() and int(value) >= 1):
+    raise ConfigError(f"tp={value!r}; use a positive integer (the GPUs of one node each stage is split over; 1: no "
+                      "tensor parallelism) or auto (the planner's choice per stage)")
+  return value
+
+
+def has_rule(unit: Any) -> bool:
+  """Whether ``unit`` splits its weights across a stage's devices (it has a ``tensor_parallel`` method)."""
+  return callable(getattr(unit, "tensor_parallel", None))
+
+
+def check_divides(degree: int, sizes: dict[str, int], unit: str) -> None:
+  """Raises a ConfigError unless ``degree`` divides every one of ``sizes`` (name -> size) of ``unit``."""
+  bad = {name: size for name, size in sizes.items() if size % degree}
+  if bad:
+    raise ConfigError(f"tensor-parallel degree {degree} does not divide {unit}'s "
+                      f"{', '.join(f'{n} ({s})' for n, s in bad.items())}; use a degree that divides them")
+
+
+def unit_specs(unit: Any, params: Any, degree: int) -> Any:
+  """The ``PartitionSpec`` of each parameter of ``unit`` at ``degree`` (every one whole without a rule)."""
+  if degree == 1 or not has_rule(unit):
+    return jax.tree.map(lambda _: WHOLE, params)
+  return unit.tensor_parallel(params, degree)
+
+
+def stage_mesh(devices: Sequence[Any]) -> Mesh:
+  """A one-axis mesh of a stage's devices, in the order given."""
+  return Mesh(np.array(list(devices), dtype=object), (AXIS,))
+
+
+def param_shardings(units: Sequence[Any], params: Sequence[Any], mesh: Mesh) -> tuple[Any, ...]:
+  """One pytree of ``NamedSharding`` per unit: where each parameter of a stage's units lives on ``mesh``.
+
+  Raises:
+    ConfigError: when the mesh's size does not divide a split dimension of a unit.
+  """
+  degree = mesh.devices.size
+  return tuple(jax.tree.map(lambda spec: NamedSharding(mesh, spec), unit_specs(unit, p, degree),
+                            is_leaf=lambda x: isinstance(x, PartitionSpec))
+               for unit, p in zip(units, params))
+
+
+def onto_mesh(tree: Any, whole: NamedSharding) -> Any:
+  """``tree`` with every array not already on ``whole``'s mesh put there whole (an optimizer's step count,
+  created on the default device, for instance); other leaves unchanged."""
+  def place(x):
+    sharding = getattr(x, "sharding", None)
+    on_mesh = isinstance(sharding, NamedSharding) and sharding.mesh == whole.mesh
+    return x if on_mesh or not isinstance(x, (jax.Array, np.ndarray)) else jax.device_put(x, whole)
+  return jax.tree.map(place, tree)
