@@ -470,8 +470,10 @@ def write_outputs(ran: Ran, paths: Paths) -> None:
   """
   result = ran.result
   meta = result.events[0]
+  splits = meta.get("tp") or [[[] for _ in group] for group in meta["gpus"]]  # tensor-parallel partners
   for i, (group, cut) in enumerate(zip(meta["gpus"], meta["cuts"])):
-    common.progress("virtual worker %d: Nm=%d, GPUs %s, cuts %s", i, meta["nm"][i], group, cut)
+    stages = ["+".join([gpu, *partners]) for gpu, partners in zip(group, splits[i])]
+    common.progress("virtual worker %d: Nm=%d, GPUs %s, cuts %s", i, meta["nm"][i], stages, cut)
   common.write_jsonl(common.ensure_parent(paths.metrics), result.metrics)
   violations = check_trace(result.events)
   stats = staleness_stats(result.events)

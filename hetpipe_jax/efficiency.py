@@ -75,13 +75,18 @@ def trace_costs(meta: dict[str, Any], cluster: Cluster | None = None, model: str
     dataset = load_dataset(meta["dataset"])
     profiles = profile_units(get_model(name, dataset.num_classes), jnp.asarray(dataset.x_train[:batch]))
   by_name = {g.name: g for g in cluster.gpus}
-  missing = [n for group in meta["gpus"] for n in group if n not in by_name]
+  named = [n for group in meta["gpus"] for n in group] + [n for vw in meta.get("tp") or [] for s in vw for n in s]
+  missing = [n for n in named if n not in by_name]
   if missing:
     raise ConfigError(f"the trace's GPUs {missing[:3]} are not in cluster {meta['cluster']!r}")
   windows = meta.get("window") or meta["nm"]
   modes = meta.get("recompute") or [None] * len(meta["nm"])  # each stage's recomputation, when one recomputes
-  layout = Layout(tuple(VWLayout(tuple(by_name[n] for n in group), tuple(cuts), nm, w, None if r is None else tuple(r))
-                        for group, cuts, nm, w, r in zip(meta["gpus"], meta["cuts"], meta["nm"], windows, modes)))
+  splits = meta.get("tp") or [None] * len(meta["nm"])  # each stage's tensor-parallel partners, when one has some
+  partners = lambda tp: None if tp is None else tuple(tuple(by_name[n] for n in names) for names in tp)
+  layout = Layout(tuple(VWLayout(tuple(by_name[n] for n in group), tuple(cuts), nm, w, None if r is None else tuple(r),
+                                 partners(tp))
+                        for group, cuts, nm, w, r, tp in zip(meta["gpus"], meta["cuts"], meta["nm"], windows, modes,
+                                                             splits)))
   return cluster, profiles, layout
 
 

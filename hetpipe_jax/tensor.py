@@ -17,7 +17,7 @@ another order).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -30,6 +30,21 @@ COLUMNS = PartitionSpec(None, AXIS)  # a (in, out) kernel split by output featur
 ROWS = PartitionSpec(AXIS, None)  # a (in, out) kernel split by input features
 SPLIT = PartitionSpec(AXIS)  # a vector split (the bias of a column-split kernel)
 WHOLE = PartitionSpec()  # on every device
+
+
+class TensorCosts(NamedTuple):
+  """What a unit's rule costs beyond its split compute, declared next to the rule (a unit's ``TP_COSTS``).
+
+  Attributes:
+    fwd_allreduces / bwd_allreduces: all-reduces of the unit's input-sized activation per forward / backward
+      pass (a GPT block: 2 and 2, Megatron-LM's f and g operators).
+    whole_kept_inputs: activations kept whole on every device for the backward pass, in multiples of the unit's
+      input (a GPT block: its two LayerNorms' inputs).
+  """
+
+  fwd_allreduces: int
+  bwd_allreduces: int
+  whole_kept_inputs: float
 
 
 def check_tp(value: str) -> str:
@@ -47,6 +62,30 @@ def check_tp(value: str) -> str:
 def has_rule(unit: Any) -> bool:
   """Whether ``unit`` splits its weights across a stage's devices (it has a ``tensor_parallel`` method)."""
   return callable(getattr(unit, "tensor_parallel", None))
+
+
+def unit_costs(unit: Any) -> TensorCosts | None:
+  """The ``TP_COSTS`` of a unit with a rule (None without one).
+
+  Raises:
+    ConfigError: for a unit with a rule that does not declare them.
+  """
+  if not has_rule(unit):
+    return None
+  costs = getattr(unit, "TP_COSTS", None)
+  if not isinstance(costs, TensorCosts):
+    raise ConfigError(f"unit {type(unit).__name__} has a tensor_parallel rule but no TP_COSTS (a TensorCosts: its "
+                      "all-reduces and whole activations); declare them next to the rule")
+  return costs
+
+
+def split_param_bytes(unit: Any, params: Any) -> int:
+  """The bytes of ``unit``'s parameters its rule splits (0 without a rule); ``params`` may be shapes."""
+  if not has_rule(unit):
+    return 0
+  specs = jax.tree.leaves(unit.tensor_parallel(params, 1), is_leaf=lambda x: isinstance(x, PartitionSpec))
+  sizes = [int(np.prod(p.shape)) * np.dtype(p.dtype).itemsize for p in jax.tree.leaves(params)]
+  return sum(size for size, spec in zip(sizes, specs) if spec != WHOLE)
 
 
 def check_divides(degree: int, sizes: dict[str, int], unit: str) -> None:

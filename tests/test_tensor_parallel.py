@@ -3,6 +3,7 @@ one device computes (outputs, input gradients, weights after updates), keeps its
 does, and resumes from a checkpoint to the same numbers."""
 
 import collections
+import dataclasses
 import re
 
 import jax
@@ -12,10 +13,23 @@ import optax
 import pytest
 from jax.sharding import NamedSharding
 
+from hetpipe_jax import RunConfig, get_model, run_hetpipe
+from hetpipe_jax.cluster import GIB, LINKS, GpuType, make_cluster
+from hetpipe_jax.cost.memory import stage_memory_bytes
+from hetpipe_jax.cost.profile import profile_units
+from hetpipe_jax.cost.roofline import unit_seconds
+from hetpipe_jax.cost.transfer import allreduce_seconds
+from hetpipe_jax.cost.unit import TensorSplit, UnitProfile
+from hetpipe_jax.data import tokens
+from hetpipe_jax.efficiency import efficiency_report
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.models.gpt import gpt
+from hetpipe_jax.plan.costmodel import CostModel, vw_profiles
+from hetpipe_jax.plan.layout import Layout, VWLayout
 from hetpipe_jax.runtime.stage import DEFAULT_OPTIONS, Stage, StageOptions
 from hetpipe_jax.tensor import COLUMNS, ROWS, SPLIT, WHOLE, check_tp
+
+from helpers import assert_trace_ok
 
 MODEL = gpt(vocab_size=16, layers=2, width=16, heads=4, context=8)
 TOKENS = jax.random.randint(jax.random.key(1), (4, 8), 0, 16)
@@ -122,3 +136,85 @@ def test_a_bad_tp_value_is_refused(value):
   with pytest.raises(ConfigError, match=f"tp={value!r}; use a positive integer"):
     check_tp(value)
   assert check_tp("auto") == "auto" and check_tp("4") == "4"
+
+
+# --- the layout, the cost and memory models, a run ---------------------------------------------------------------
+
+GPU = GpuType("G", 16 * GIB, 1e13, 1e13, 5e11)
+NODES = make_cluster("two_nodes", [[GPU] * 4, [GPU] * 4], LINKS["pcie3"], LINKS["eth10"])
+
+
+def test_a_split_profile_is_worked_by_hand():
+  split = TensorSplit(split_param_bytes=800, in_bytes=64, fwd_allreduces=2, bwd_allreduces=2, whole_kept_bytes=100)
+  unit = UnitProfile("block", 40.0, 80.0, 400.0, 800.0, 1000, 64, 500, tp=split)
+  half = unit.split(4)
+  assert (half.fwd_flops, half.bwd_flops, half.fwd_bytes, half.bwd_bytes) == (10.0, 20.0, 100.0, 200.0)
+  assert half.param_bytes == 200 + 800 // 4 and half.kept_bytes == 100 + 400 // 4 and half.degree == 4
+  assert half.allreduce_bytes("fwd") == (2, 64) and unit.allreduce_bytes("fwd") == (0, 0)
+  plain = dataclasses.replace(unit, tp=None).split(4)  # no rule: whole on every device
+  assert (plain.fwd_flops, plain.param_bytes, plain.allreduce_bytes("bwd")) == (40.0, 1000, (0, 0))
+  with pytest.raises(ConfigError, match="split over 4 already"):
+    half.split(2)
+
+
+def test_a_ring_all_reduce_is_worked_by_hand():
+  link, gpus = NODES.link(NODES.gpus[0], NODES.gpus[1]), NODES.gpus[:4]
+  expected = 2 * 3 * (link.latency_s + 1e6 / 4 / link.bytes_per_s)  # 2 (t - 1) steps of a quarter each
+  assert allreduce_seconds(NODES, gpus, 1e6) == pytest.approx(expected)
+  assert allreduce_seconds(NODES, gpus[:1], 1e6) == 0.0
+
+
+def test_the_cost_model_charges_a_split_stage_its_share_and_its_all_reduces():
+  profiles = profile_units(MODEL, jax.ShapeDtypeStruct(TOKENS.shape, TOKENS.dtype), cache_dir=None)
+  g = NODES.gpus
+  one = Layout((VWLayout((g[0],), (0, 4), 1),))
+  two = Layout((VWLayout((g[0],), (0, 4), 1, tp=((g[1],),)),))
+  assert two.num_gpus == 2 and two.meta()["tp"] == [[[g[1].name]]] and "tp" not in one.meta()
+  c1, c2 = CostModel(NODES, profiles, one), CostModel(NODES, profiles, two)
+  halves = [u.split(2) for u in profiles]
+  for kind, k in (("fwd", 0), ("bwd", 1)):
+    compute = sum(unit_seconds(u, GPU)[k] for u in halves)
+    reduce = sum(n * allreduce_seconds(NODES, g[:2], b) for n, b in (u.allreduce_bytes(kind) for u in halves) if n)
+    assert c2.compute_seconds(0, 0, kind) == pytest.approx(compute + reduce) and reduce > 0
+    assert c1.compute_seconds(0, 0, kind) == pytest.approx(sum(unit_seconds(u, GPU)[k] for u in profiles))
+  memory = lambda layout: stage_memory_bytes(vw_profiles(profiles, layout.vws[0]), 1)
+  assert memory(two) < memory(one)
+  for mode in ("selective", "full"):  # a split and a recomputation commute
+    a, b = profiles[1].split(2).under(mode), profiles[1].under(mode).split(2)
+    assert (a.bwd_flops, a.kept_bytes, a.transient_bytes) == pytest.approx((b.bwd_flops, b.kept_bytes,
+                                                                             b.transient_bytes), abs=1)
+
+
+def test_a_stage_split_over_gpus_of_another_node_or_twice_is_refused():
+  g = NODES.gpus
+  with pytest.raises(ConfigError, match=r"split over \['n1.G.4'\], not GPUs of its node and type"):
+    VWLayout((g[0],), (0, 4), 1, tp=((g[4],),))
+  with pytest.raises(ConfigError, match="hold a GPU twice"):
+    VWLayout((g[0], g[1]), (0, 2, 4), 1, tp=((g[1],), ()))
+  assert VWLayout((g[0],), (0, 4), 1, tp=((),)).tp is None
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(tp=0), "tp=0; the GPUs a stage is split over must be >= 1"),
+    (dict(tp=2, policy="ED"), "the planner does not search tensor parallelism yet"),
+    (dict(tp=2, time_model="gpt2-xl"), "not split by tensor parallelism yet"),
+    (dict(tp=2, executor="multiprocess"), "tensor-parallel stages run in the virtual, wall and sim executors"),
+])
+def test_a_tp_the_run_cannot_take_is_refused_in_one_line(fields, message):
+  with pytest.raises(ConfigError, match=message):
+    run_hetpipe(MODEL, tokens(num_train=64, num_test=8, vocab_size=16, seq_len=8), RunConfig.of(**fields))
+
+
+def test_a_run_with_split_stages_trains_and_says_so_in_its_trace():
+  data = tokens(num_train=256, num_test=32)
+  config = RunConfig.of(cluster="hetero4", num_vws=2, stages=2, nm=2, d=1, waves=4, batch_size=8, tp=2,
+                        eval_every=100)
+  result = run_hetpipe(get_model("gpt", data.num_classes), data, config)
+  assert_trace_ok(result.events)
+  meta = result.events[0]
+  assert meta["gpus"] == [["n0.A.0", "n1.B.2"], ["n2.C.4", "n3.D.6"]]  # each stage took its node's two GPUs
+  assert meta["tp"] == [[["n0.A.1"], ["n1.B.3"]], [["n2.C.5"], ["n3.D.7"]]]
+  losses = [m["train_loss"] for m in result.metrics if "train_loss" in m]
+  assert np.isfinite(losses).all()
+  report = efficiency_report(result.events)  # the layout rebuilt from the trace, with its partners
+  assert report["ideal_images_per_sec"] > 0

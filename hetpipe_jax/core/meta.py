@@ -19,7 +19,8 @@ def meta_event(shape: Mapping[str, Any], d: int, weight_mode: str, schedule: str
 
   Args:
     shape: the layout's fields (:meth:`hetpipe_jax.plan.layout.Layout.meta`: ``num_vws``, ``nm``,
-      ``stages``, ``cuts``, ``gpus``, ``window`` when one is set, ``recompute`` when a stage recomputes).
+      ``stages``, ``cuts``, ``gpus``, ``window`` when one is set, ``recompute`` when a stage recomputes, ``tp``
+      when a stage is split by tensor parallelism).
     d / weight_mode / schedule: the protocol's knobs.
     executor: the executor's name.
     shards: parameter-server shards (one per unit).
@@ -28,5 +29,5 @@ def meta_event(shape: Mapping[str, Any], d: int, weight_mode: str, schedule: str
   head = {"ev": "meta", "version": VERSION, "num_vws": shape["num_vws"], "nm": shape["nm"], "d": d,
           "stages": shape["stages"], "weight_mode": weight_mode, "executor": executor, "schedule": schedule,
           "shards": shards}
-  tail = {k: shape[k] for k in ("cuts", "gpus", "window", "recompute") if k in shape}
+  tail = {k: shape[k] for k in ("cuts", "gpus", "window", "recompute", "tp") if k in shape}
   return {**head, **extra, **tail}

@@ -35,15 +35,16 @@ import jax.numpy as jnp
 
 from hetpipe_jax.cluster.catalogue import model_family
 from hetpipe_jax.cost.memory import nbytes
-from hetpipe_jax.cost.unit import Recomputed, UnitProfile  # what a profile is a list of: importable from here too
+from hetpipe_jax.cost.unit import Recomputed, TensorSplit, UnitProfile  # what a profile lists: importable here too
 from hetpipe_jax.models import full_size_input, full_size_model
 from hetpipe_jax.models.base import LayeredModel
 from hetpipe_jax.recompute import checkpointed
+from hetpipe_jax.tensor import split_param_bytes, unit_costs
 
 CACHE_ENV = "HETPIPE_JAX_CACHE"  # the environment variable that names the profile cache directory
 CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "hetpipe_jax", "profiles")  # its default
 FROM_ENV = "$" + CACHE_ENV  # profile_units' default cache_dir: default_cache_dir() when called
-PROFILE_FORMAT = 4  # bump when what a profile measures changes: old cache entries are then ignored
+PROFILE_FORMAT = 5  # bump when what a profile measures changes: old cache entries are then ignored
 
 
 def _cost(fn, *args) -> tuple[float, float]:
@@ -68,12 +69,22 @@ def _profile_unit(name: str, unit, x) -> tuple[UnitProfile, Any]:
   bwd, selective = _backward(f, p, x, y, "none"), _backward(f, p, x, y, "selective")
   full = Recomputed(bwd.bwd_flops + fwd_flops, bwd.bwd_bytes + fwd_bytes, nbytes(x))  # one more forward
   return UnitProfile(name, fwd_flops, bwd.bwd_flops, fwd_bytes, bwd.bwd_bytes, nbytes(p), nbytes(y),
-                     bwd.kept_bytes, selective=selective, full=full), y
+                     bwd.kept_bytes, selective=selective, full=full, tp=_tensor_split(unit, p, x)), y
+
+
+def _tensor_split(unit, p, x) -> TensorSplit | None:
+  """What the unit's tensor-parallel rule splits (:mod:`hetpipe_jax.tensor`), None without one."""
+  costs = unit_costs(unit)
+  if costs is None:
+    return None
+  return TensorSplit(split_param_bytes(unit, p), nbytes(x), costs.fwd_allreduces, costs.bwd_allreduces,
+                     int(costs.whole_kept_inputs * nbytes(x)))
 
 
 def _from_json(doc: dict[str, Any], family: str) -> UnitProfile:
   recomputed = {k: Recomputed(*doc[k]) for k in ("selective", "full") if doc.get(k) is not None}
-  return UnitProfile(**{**doc, **recomputed, "family": family})
+  split = {"tp": TensorSplit(*doc["tp"])} if doc.get("tp") is not None else {}
+  return UnitProfile(**{**doc, **recomputed, **split, "family": family})
 
 
 def default_cache_dir() -> str:

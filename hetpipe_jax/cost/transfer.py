@@ -70,6 +70,27 @@ def transfer_seconds(cluster: Cluster, src: Gpu, dst: Gpu, num_bytes: float) -> 
   return 0.0 if src.index == dst.index else link_seconds(cluster.link(src, dst), num_bytes)
 
 
+def allreduce_seconds(cluster: Cluster, gpus: Sequence[Gpu], num_bytes: float) -> float:
+  """Seconds of a ring all-reduce of ``num_bytes`` over ``gpus`` (of one node) alone on their links: 2 (t - 1)
+  steps that each move ``num_bytes / t`` between neighbours (Patarasuk and Yuan, "Bandwidth optimal
+  all-reduce algorithms for clusters of workstations", JPDC 2009); 0 on one GPU."""
+  t = len(gpus)
+  return 0.0 if t == 1 else 2 * (t - 1) * transfer_seconds(cluster, gpus[0], gpus[1], num_bytes / t)
+
+
+def stage_allreduce_seconds(cluster: Cluster, units: Sequence[UnitProfile], gpus: Sequence[Gpu],
+                            precision: str = "fp32") -> tuple[float, float]:
+  """(forward, backward) seconds of the all-reduces of a stage's ``units`` split over its ``gpus`` by tensor
+  parallelism (:meth:`hetpipe_jax.cost.unit.UnitProfile.allreduce_bytes`, at the activations' ``precision``)."""
+  def seconds(kind: str) -> float:
+    total = 0.0
+    for u in units:
+      count, num_bytes = u.allreduce_bytes(kind)
+      total += count * allreduce_seconds(cluster, gpus, num_bytes * byte_scale(precision)) if count else 0.0
+    return total
+  return seconds("fwd"), seconds("bwd")
+
+
 def boundary_receive(profiles: Sequence[UnitProfile], position: int, src: Gpu | None,
                      precision: str = "fp32") -> Receive | None:
   """What crosses cut ``position`` from ``src``: unit ``position - 1``'s output, or None.

@@ -16,6 +16,23 @@ from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.recompute import MODES, check_recompute
 
 
+class TensorSplit(NamedTuple):
+  """What a unit with a tensor-parallel rule (:mod:`hetpipe_jax.tensor`) splits across a stage's devices.
+
+  Attributes:
+    split_param_bytes: its parameters that are split (the rest stays whole on every device).
+    in_bytes: its input activation (what each all-reduce sums: a GPT block's output is its input's shape).
+    fwd_allreduces / bwd_allreduces: all-reduces of ``in_bytes`` per forward / backward pass.
+    whole_kept_bytes: activations kept whole on every device (the LayerNorms' inputs, say), of ``kept_bytes``.
+  """
+
+  split_param_bytes: int
+  in_bytes: int
+  fwd_allreduces: int
+  bwd_allreduces: int
+  whole_kept_bytes: int
+
+
 class Recomputed(NamedTuple):
   """A unit's backward pass under one activation recomputation (:mod:`hetpipe_jax.recompute`).
 
@@ -46,6 +63,8 @@ class UnitProfile:
     transient_bytes: activation memory that the backward pass of one minibatch recomputes and holds while it
       runs (0 without recomputation; set by :meth:`under`).
     recompute: the recomputation these costs are under ("none" as profiled; set by :meth:`under`).
+    tp: what tensor parallelism splits (None: the unit has no rule and runs whole on each of a stage's devices).
+    degree: the devices these costs are per device of (1 as profiled; set by :meth:`split`).
   """
 
   name: str
@@ -61,6 +80,8 @@ class UnitProfile:
   full: Recomputed | None = None
   transient_bytes: int = 0
   recompute: str = "none"
+  tp: TensorSplit | None = None
+  degree: int = 1
 
   def under(self, mode: str) -> UnitProfile:
     """This unit's profile under recomputation ``mode``: the backward pass with the recomputation, the bytes it
@@ -86,6 +107,41 @@ class UnitProfile:
     return dataclasses.replace(self, bwd_flops=measured.bwd_flops, bwd_bytes=measured.bwd_bytes,
                                kept_bytes=measured.kept_bytes,
                                transient_bytes=max(self.kept_bytes - measured.kept_bytes, 0), recompute=mode)
+
+
+  def split(self, degree: int) -> UnitProfile:
+    """This unit's costs per device of a stage split over ``degree`` devices (:mod:`hetpipe_jax.tensor`).
+
+    A unit with a rule divides its flops, bytes moved, split parameters and kept activations (but the whole
+    ones) by the degree, as Megatron-LM's split of a transformer layer does (Korthikanti et al., arXiv 2205.05198,
+    section 4.2; the whole LayerNorms' flops are charged split too, a few percent of a block's), and its costs
+    under each recomputation alike, so :meth:`under` may come before or after; a unit without a rule runs whole
+    on every device. The all-reduces are charged by the cost model (:meth:`allreduce_bytes`).
+
+    Raises:
+      ConfigError: for a degree below 1, or a profile split already.
+    """
+    if degree < 1 or self.degree != 1:
+      raise ConfigError(f"unit {self.name}'s profile split over {degree} devices (split over {self.degree} "
+                        "already); split a profile of one device over a degree >= 1")
+    if degree == 1 or self.tp is None:
+      return dataclasses.replace(self, degree=degree)
+    t, whole = degree, self.tp.whole_kept_bytes
+    kept = lambda b: min(b, whole) + (b - min(b, whole)) // t  # what stays whole, and a t-th of the rest
+    split = lambda r: None if r is None else Recomputed(r.bwd_flops / t, r.bwd_bytes / t, kept(r.kept_bytes))
+    params = self.param_bytes - self.tp.split_param_bytes + self.tp.split_param_bytes // t
+    return dataclasses.replace(
+        self, fwd_flops=self.fwd_flops / t, bwd_flops=self.bwd_flops / t, fwd_bytes=self.fwd_bytes / t,
+        bwd_bytes=self.bwd_bytes / t, param_bytes=params, kept_bytes=kept(self.kept_bytes),
+        selective=split(self.selective), full=split(self.full),
+        transient_bytes=kept(self.kept_bytes + self.transient_bytes) - kept(self.kept_bytes), degree=t)
+
+  def allreduce_bytes(self, kind: str) -> tuple[int, int]:
+    """(all-reduces, bytes each) of one ``kind`` ("fwd" or "bwd") pass across the devices it is split over
+    ((0, 0) on one device or without a rule)."""
+    if self.degree == 1 or self.tp is None:
+      return 0, 0
+    return (self.tp.fwd_allreduces if kind == "fwd" else self.tp.bwd_allreduces), self.tp.in_bytes
 
 
 def under_modes(profiles: Sequence[UnitProfile], modes: Sequence[str]) -> list[UnitProfile]:

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.models.base import LayeredModel
-from hetpipe_jax.tensor import COLUMNS, ROWS, SPLIT, WHOLE, check_divides
+from hetpipe_jax.tensor import COLUMNS, ROWS, SPLIT, WHOLE, TensorCosts, check_divides
 
 _INIT = nn.initializers.normal(0.02)  # GPT-2's initialisation of every weight matrix
 
@@ -50,6 +50,7 @@ class Block(nn.Module):
 
   width: int
   heads: int
+  TP_COSTS = TensorCosts(fwd_allreduces=2, bwd_allreduces=2, whole_kept_inputs=2)  # Megatron-LM's f and g
 
   @nn.compact
   def __call__(self, x):
@@ -80,6 +81,7 @@ class Head(nn.Module):
   """Final LayerNorm and the (untied) projection to the vocabulary's logits."""
 
   vocab_size: int
+  TP_COSTS = TensorCosts(fwd_allreduces=0, bwd_allreduces=1, whole_kept_inputs=1)  # the input gradient's sum
 
   @nn.compact
   def __call__(self, x):

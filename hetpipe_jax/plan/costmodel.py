@@ -3,8 +3,11 @@ memory check of every stage (docs/PROTOCOL.md section 4).
 
 Task time of stage j = its units' roofline time on its GPU (:mod:`hetpipe_jax.cost.roofline`) plus
 receiving its boundary tensor alone on the link from its neighbour (:mod:`hetpipe_jax.cost.transfer`):
-the activation from stage j-1 before a forward, the gradient from stage j+1 before a backward. Memory
-of a stage: :func:`hetpipe_jax.cost.memory.stage_memory_bytes`. Both O(units) per stage, computed once.
+the activation from stage j-1 before a forward, the gradient from stage j+1 before a backward. A stage split
+over several GPUs by tensor parallelism computes its units' per-GPU share (:meth:`UnitProfile.split`) and adds
+its all-reduces, each alone on its node's link (a ring; the simulator's network does not see them, as they
+share no link with the pipeline's transfers but within the node). Memory of a stage:
+:func:`hetpipe_jax.cost.memory.stage_memory_bytes`, per GPU. Both O(units) per stage, computed once.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from hetpipe_jax.cluster import Cluster, Gpu, format_bytes
 from hetpipe_jax.cost.context import DEFAULT_COSTS, CostContext
 from hetpipe_jax.cost.memory import stage_memory_bytes
 from hetpipe_jax.cost.roofline import model_compute_seconds, stage_compute_seconds
-from hetpipe_jax.cost.transfer import stage_seconds, stage_transfers
+from hetpipe_jax.cost.transfer import stage_allreduce_seconds, stage_seconds, stage_transfers
 from hetpipe_jax.cost.unit import UnitProfile, under_modes
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.plan.layout import Layout, VWLayout
@@ -43,11 +46,12 @@ class CostModel:
         compute = stage_compute_seconds(profiles, cut, group[j], j, precision)
         transfers = stage_transfers(profiles, cut, group, j, precision)
         seconds = stage_seconds(cluster, profiles, cut, group, j, precision)
-        for kind, c, recv, t in zip(("fwd", "bwd"), compute, transfers, seconds):
+        reduce = stage_allreduce_seconds(cluster, profiles[cut[j]:cut[j + 1]], vw.stage_gpus(j), precision)
+        for kind, c, recv, t, r in zip(("fwd", "bwd"), compute, transfers, seconds, reduce):
           key = (i, j, kind)
-          self._compute[key] = c
+          self._compute[key] = c + r
           self._transfer[key] = None if recv is None else (recv.num_bytes, recv.src, group[j])
-          self._seconds[key] = t
+          self._seconds[key] = t + r
 
   def task_seconds(self, vw: int, stage: int, kind: str) -> float:
     """Seconds of a task: compute plus receiving its input alone on its link.
@@ -111,8 +115,13 @@ def check_memory(profiles: Sequence[UnitProfile], layout: Layout, costs: CostCon
 
 
 def vw_profiles(profiles: Sequence[UnitProfile], vw: VWLayout) -> Sequence[UnitProfile]:
-  """The profiles a virtual worker's units run at: each under its stage's recomputation."""
-  return profiles if vw.recompute is None else under_modes(profiles, vw.unit_recompute())
+  """The profiles a virtual worker's units run at: each under its stage's recomputation, per GPU of its stage's
+  tensor-parallel degree."""
+  mine = profiles if vw.recompute is None else under_modes(profiles, vw.unit_recompute())
+  if vw.tp is None:
+    return mine
+  degrees = [vw.degree(j) for j in range(vw.k) for _ in vw.stage_units(j)]
+  return [u.split(t) for u, t in zip(mine, degrees)]
 
 
 def standalone_images_per_sec(profiles: Sequence[UnitProfile], gpu: Gpu, batch_size: int,

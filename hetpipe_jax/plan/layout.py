@@ -16,7 +16,8 @@ Nm is a virtual worker's wave (minibatches per push) and, by default, its most m
 stashed weights) grows with what is in flight, so a virtual worker that holds few minibatches still runs
 waves long enough to keep pace with faster ones under WSP. Every WSP guarantee is stated for Nm and still
 holds (injection is only stricter). The trace's meta line carries ``window`` only when one is set, and
-``recompute`` (each stage's activation recomputation, :mod:`hetpipe_jax.recompute`) only when a stage recomputes.
+``recompute`` (each stage's activation recomputation, :mod:`hetpipe_jax.recompute`) only when a stage recomputes,
+and ``tp`` (each stage's tensor-parallel partner GPUs, :mod:`hetpipe_jax.tensor`) only when a stage has some.
 """
 
 from __future__ import annotations
@@ -54,6 +55,9 @@ class VWLayout:
     window: most minibatches in flight, 1 <= window < nm (None: Nm; a window equal to Nm is stored as None).
     recompute: each stage's activation recomputation (:mod:`hetpipe_jax.recompute`: "none", "selective" or
       "full"); None: "none" for every stage (stored so when every stage is "none").
+    tp: each stage's partner GPUs, those tensor parallelism splits it over beside its own
+      (:mod:`hetpipe_jax.tensor`): GPUs of its GPU's node and type; None: none for any stage (stored so when no
+      stage has any).
   """
 
   gpus: tuple[Gpu, ...]
@@ -61,6 +65,7 @@ class VWLayout:
   nm: int
   window: int | None = None
   recompute: tuple[str, ...] | None = None
+  tp: tuple[tuple[Gpu, ...], ...] | None = None
 
   def __post_init__(self):
     object.__setattr__(self, "gpus", tuple(self.gpus))
@@ -69,6 +74,7 @@ class VWLayout:
       raise ConfigError(f"cuts {list(self.cuts)} give {len(self.cuts) - 1} stages for {len(self.gpus)} "
                         f"GPUs; give {len(self.gpus) + 1} boundaries")
     self._check_recompute()
+    self._check_tp()
     if self.window is not None:
       if not 1 <= self.window <= self.nm:
         raise ConfigError(f"window={self.window} with Nm={self.nm}; the window (most minibatches in flight) "
@@ -84,6 +90,31 @@ class VWLayout:
       raise ConfigError(f"recompute {list(modes)} gives {len(modes)} modes for {len(self.gpus)} stages; give one "
                         "per stage")
     object.__setattr__(self, "recompute", None if set(modes) == {"none"} else modes)
+
+  def _check_tp(self) -> None:
+    if self.tp is None:
+      return
+    tp = tuple(tuple(partners) for partners in self.tp)
+    if len(tp) != len(self.gpus):
+      raise ConfigError(f"tp gives partner GPUs for {len(tp)} stages of {len(self.gpus)}; give one tuple per stage")
+    for j, (gpu, partners) in enumerate(zip(self.gpus, tp)):
+      odd = [g.name for g in partners if g.node != gpu.node or g.type != gpu.type]
+      if odd:
+        raise ConfigError(f"stage {j} on {gpu.name} is split over {odd}, not GPUs of its node and type; tensor "
+                          "parallelism splits a stage over GPUs of one type in one node")
+    used = [g.index for j in range(len(self.gpus)) for g in (self.gpus[j], *tp[j])]
+    if len(set(used)) != len(used):
+      raise ConfigError(f"GPUs {used} of a virtual worker's stages and their partners hold a GPU twice; give each "
+                        "GPU to one stage")
+    object.__setattr__(self, "tp", tp if any(tp) else None)
+
+  def stage_gpus(self, j: int) -> tuple[Gpu, ...]:
+    """Stage ``j``'s GPUs: its own, then those tensor parallelism splits it over."""
+    return (self.gpus[j],) if self.tp is None else (self.gpus[j], *self.tp[j])
+
+  def degree(self, j: int) -> int:
+    """Stage ``j``'s tensor-parallel degree: the GPUs it is split over (1: its own alone)."""
+    return len(self.stage_gpus(j))
 
   @property
   def in_flight(self) -> int:
@@ -161,7 +192,8 @@ class Layout:
 
   @property
   def num_gpus(self) -> int:
-    return sum(vw.k for vw in self.vws)
+    """Every GPU the layout uses: each stage's, and its tensor-parallel partners."""
+    return sum(vw.degree(j) for vw in self.vws for j in range(vw.k))
 
   def with_cuts(self, cuts) -> Layout:
     """The same GPUs, Nm and windows with other cuts (one boundary list per virtual worker)."""
@@ -187,5 +219,7 @@ class Layout:
            "gpus": [[g.name for g in vw.gpus] for vw in self.vws]}
     if any(vw.recompute is not None for vw in self.vws):
       out["recompute"] = [[vw.stage_recompute(j) for j in range(vw.k)] for vw in self.vws]
+    if any(vw.tp is not None for vw in self.vws):
+      out["tp"] = [[[g.name for g in vw.stage_gpus(j)[1:]] for j in range(vw.k)] for vw in self.vws]
     return out if self.windows is None else {**out, "window": self.windows}
 

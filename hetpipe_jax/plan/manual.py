@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from hetpipe_jax.cluster import Cluster, Gpu, assign_gpus
@@ -27,21 +28,24 @@ def fastest_cuts(cluster: Cluster, profiles: Sequence[UnitProfile], gpus: Sequen
   return Layout(tuple(partition(cluster, profiles, g, nm, costs, ordered=True).layout for g, nm in zip(gpus, nms)))
 
 
-def manual_layout(cluster: Cluster, profiles: Sequence[UnitProfile], num_vws: int,
-                  stages: int | Sequence[int], nm: int | Sequence[int] | str, cuts: Sequence[Sequence[int]] | None,
-                  costs: CostContext, model_name: str) -> Layout:
-  """The layout of ``num_vws`` virtual workers with ``stages`` GPUs each (in cluster order), ``nm``, and
-  ``cuts`` (one boundary list for all, or one per virtual worker; None: the fastest cuts at ``precision``).
+def manual_layout(cluster: Cluster, profiles: Sequence[UnitProfile], ks: Sequence[int],
+                  nm: int | Sequence[int] | str, cuts: Sequence[Sequence[int]] | None, costs: CostContext,
+                  model_name: str, tp: int = 1) -> Layout:
+  """The layout of virtual workers with ``ks[i]`` stages each, every stage on ``tp`` GPUs (tensor parallelism,
+  :mod:`hetpipe_jax.tensor`; GPUs of one node and type), taken in cluster order, with ``nm`` and ``cuts`` (one
+  boundary list for all, or one per virtual worker; None: the fastest cuts at ``precision``; a split stage is
+  priced by its share of the compute and memory per GPU, without its all-reduces, which the cost model adds).
 
   Raises:
     ConfigError: naming the bad value, its limit and the fix.
   """
-  num_units = len(profiles)
+  num_units, num_vws = len(profiles), len(ks)
   if num_vws < 1:
     raise ConfigError(f"num_vws={num_vws}; at least 1 virtual worker is needed")
   if isinstance(nm, str):
     raise ConfigError(f"nm={nm!r} picks Nm from a plan; give a number, or a policy (NP, ED, HD)")
-  ks = per_vw("stages", stages, num_vws)
+  if tp < 1:
+    raise ConfigError(f"tp={tp}; the GPUs a stage is split over must be >= 1 (1: no tensor parallelism)")
   nms = per_vw("nm", nm, num_vws)
   for i, n in enumerate(nms):
     if n < 1:
@@ -50,9 +54,15 @@ def manual_layout(cluster: Cluster, profiles: Sequence[UnitProfile], num_vws: in
     if k > num_units:
       raise ConfigError(f"virtual worker {i} has {k} stages but model {model_name} has only {num_units} "
                         f"units to cut; use at most {num_units} stages")
-  gpus = assign_gpus(cluster, ks)  # raises when the cluster is too small
+  if tp > 1 and sum(ks) * tp > cluster.num_gpus:
+    raise ConfigError(f"{num_vws} virtual workers of {list(ks)} stages on tp={tp} GPUs each need {sum(ks) * tp} GPUs, "
+                      f"but cluster {cluster.name!r} has {cluster.num_gpus}; use fewer stages or a smaller tp")
+  spans = assign_gpus(cluster, [k * tp for k in ks])  # raises when the cluster is too small
+  gpus = [span[::tp] for span in spans]
+  partners = [[tuple(span[j * tp + 1:(j + 1) * tp]) for j in range(k)] for span, k in zip(spans, ks)]
+  planning = profiles if tp == 1 else [u.split(tp) for u in profiles]  # per GPU of a split stage
   if cuts is None:
-    return fastest_cuts(cluster, profiles, gpus, nms, costs)
+    return with_partners(profiles, fastest_cuts(cluster, planning, gpus, nms, costs), partners, costs)
   cut_lists = [list(c) for c in cuts]
   if len(cut_lists) == 1 and num_vws > 1:
     cut_lists = cut_lists * num_vws  # one list for every virtual worker
@@ -64,8 +74,24 @@ def manual_layout(cluster: Cluster, profiles: Sequence[UnitProfile], num_vws: in
         or any(a >= b for a, b in zip(cut, cut[1:]))):
       raise ConfigError(f"cuts {cut} of virtual worker {i} must be {k + 1} increasing boundaries from 0 "
                         f"to {num_units} (k={k} non-empty stages)")
-  return recomputed(cluster, profiles, Layout(tuple(VWLayout(tuple(g), tuple(c), n)
-                                                   for g, c, n in zip(gpus, cut_lists, nms))), costs)
+  layout = recomputed(cluster, planning, Layout(tuple(VWLayout(tuple(g), tuple(c), n)
+                                                     for g, c, n in zip(gpus, cut_lists, nms))), costs)
+  return with_partners(profiles, layout, partners, costs)
+
+
+def with_partners(profiles: Sequence[UnitProfile], layout: Layout, partners: Sequence[Sequence[tuple[Gpu, ...]]],
+                  costs: CostContext) -> Layout:
+  """``layout`` with each stage split over its partner GPUs too (one tuple per stage of each virtual worker),
+  checked to fit memory per GPU (``layout`` itself when no stage has partners).
+
+  Raises:
+    ConfigError: for partners of another node or type, or a stage that does not fit.
+  """
+  if not any(any(p) for p in partners):
+    return layout
+  layout = Layout(tuple(dataclasses.replace(vw, tp=tuple(p)) for vw, p in zip(layout.vws, partners)))
+  check_memory(profiles, layout, costs)
+  return layout
 
 
 def recomputed(cluster: Cluster, profiles: Sequence[UnitProfile], layout: Layout, costs: CostContext) -> Layout:

@@ -99,6 +99,8 @@ class LayoutSpec:
     placement: PS shard placement: default, local or striped (:mod:`hetpipe_jax.plan.placement`).
     recompute: activation recomputation (:mod:`hetpipe_jax.recompute`): none, selective or full for every
       stage, or auto (each stage the fastest that fits); the stages run it and the cost and memory models charge it.
+    tp: each stage's tensor-parallel degree (:mod:`hetpipe_jax.tensor`): the GPUs of one node and type it is
+      split over, taken in cluster order by a layout of ``num_vws`` and ``stages`` (1: one GPU per stage).
     time_model: a full-size model (``vgg19``, ``resnet152``, ...): the clock takes task durations from its
       plan on the same GPUs, while the numerics train the run's model.
   """
@@ -125,11 +127,15 @@ class LayoutSpec:
       "none", "Activation recomputation of every stage: none, selective (attention and elementwise ops computed "
       "again in the backward, as Megatron-LM's), full (each unit's forward again), or auto (the planner's choice "
       "per stage: the fastest that fits its GPU's memory).")
+  tp: int = setting(
+      1, "GPUs of one node and type each stage is split over by tensor parallelism (Megatron-LM's split of a GPT "
+      "block; 1: none), with --stages/--num_vws (the planner does not search it yet).")
   time_model: str | None = None
 
   def validate(self) -> None:
     _known("placement", self.placement, PLACEMENTS)
     check_recompute(self.recompute)
+    self._check_tp()
     if isinstance(self.nm, str):
       _known("nm rule", self.nm, NM_POLICIES)
       if self.policy is None:
@@ -146,6 +152,17 @@ class LayoutSpec:
     if isinstance(self.nm, str):
       raise ConfigError(f"nm={self.nm!r} asks the planner for Nm, but a grouping with cuts is an explicit "
                         "layout: give Nm as a number, or one per virtual worker")
+
+  def _check_tp(self) -> None:
+    if self.tp < 1:
+      raise ConfigError(f"tp={self.tp}; the GPUs a stage is split over must be >= 1 (1: no tensor parallelism)")
+    if self.tp > 1 and self.policy is not None:
+      raise ConfigError(f"tp={self.tp} with policy={self.policy!r}: the planner does not search tensor parallelism "
+                        "yet; give the layout by --num_vws and --stages (each stage then takes tp GPUs in cluster "
+                        "order), or tp=1")
+    if self.tp > 1 and self.time_model is not None:
+      raise ConfigError(f"tp={self.tp} with time_model={self.time_model!r}: the clock's cuts of another model are "
+                        "not split by tensor parallelism yet; drop one of them")
 
 
 @dataclasses.dataclass(frozen=True)

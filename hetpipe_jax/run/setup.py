@@ -32,7 +32,7 @@ from hetpipe_jax.models.custom import check_data
 from hetpipe_jax.models.nnx_unit import NnxUnit
 from hetpipe_jax.plan.allocation import plan_cluster
 from hetpipe_jax.plan.costmodel import CostModel
-from hetpipe_jax.plan.layout import Layout
+from hetpipe_jax.plan.layout import Layout, per_vw
 from hetpipe_jax.plan.manual import fastest_cuts, grouped_layout, manual_layout
 from hetpipe_jax.run.config import LayoutSpec, RunConfig
 
@@ -153,7 +153,8 @@ def layouts(spec: LayoutSpec, model: LayeredModel, cluster: Cluster, profiles, c
     layout = (clock if spec.time_model is None
               else fastest_cuts(cluster, profiles, clock.gpus, clock.nms, costs).with_windows(clock.windows))
   else:
-    layout = manual_layout(cluster, profiles, spec.num_vws, spec.stages, spec.nm, spec.cuts, costs, model.name)
+    layout = manual_layout(cluster, profiles, per_vw("stages", spec.stages, spec.num_vws), spec.nm, spec.cuts, costs,
+                           model.name, spec.tp)
     clock = layout if spec.time_model is None else fastest_cuts(cluster, clock_profiles, layout.gpus, layout.nms,
                                                                costs)
   return layout.with_windows(spec.window), clock.with_windows(spec.window)

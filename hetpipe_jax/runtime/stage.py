@@ -146,8 +146,12 @@ class Stage:
     self._params_at = param_shardings(self.model.units[self.first:self.last], params, mesh)
 
   def _put_params(self, params):
-    """A fresh copy of ``params`` (a tuple, one entry per unit) where this stage keeps its weights."""
-    return jax.device_put(tuple(params), self._params_at, may_alias=False)
+    """A fresh copy of ``params`` (a tuple, one entry per unit) where this stage keeps its weights: a split
+    stage's through the host (a ``device_put`` onto a sharding keeps the source's buffer as the shard on its
+    device despite ``may_alias=False``, and the parameter server donates its buffers)."""
+    if self.tp == 1:
+      return jax.device_put(tuple(params), self._params_at, may_alias=False)
+    return jax.device_put(jax.device_get(tuple(params)), self._params_at)
 
   def _fresh_state(self, params) -> StageState:
     params = self._put_params(params)

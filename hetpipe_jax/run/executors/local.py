@@ -37,15 +37,14 @@ def build(setup: Setup) -> Built:
   c, layout = setup.config, setup.layout
   check_memory(setup.profiles, layout, setup.costs)
   batches = setup.streams()
-  devices = jax_devices(max(g.index for group in layout.gpus for g in group) + 1)
+  devices = jax_devices(max(g.index for vw in layout.vws for j in range(vw.k) for g in vw.stage_gpus(j)) + 1)
   init_params = setup.init_params()
-  device_of = {(i, j): devices[gpu.index] for i, vw in enumerate(layout.vws) for j, gpu in enumerate(vw.gpus)}
-  comm = DeviceComm(device_of)
-  numerics = [PipelineNumerics(i, [Stage(setup.model, units, init_params[units.start:units.stop], device_of[(i, j)],
-                                         setup.tx, vw.nm,
-                                         StageOptions(c.wsp.weight_mode, c.precision, vw.stage_recompute(j)))
-                                   for j, _, units in vw.stages()], comm)
-              for i, vw in enumerate(layout.vws)]
+  stages = {(i, j): Stage(setup.model, units, init_params[units.start:units.stop],
+                          [devices[g.index] for g in vw.stage_gpus(j)], setup.tx, vw.nm,
+                          StageOptions(c.wsp.weight_mode, c.precision, vw.stage_recompute(j)))
+            for i, vw in enumerate(layout.vws) for j, _, units in vw.stages()}
+  comm = DeviceComm({key: stage.device for key, stage in stages.items()})  # a split stage's: whole on each
+  numerics = [PipelineNumerics(i, [stages[(i, j)] for j in range(vw.k)], comm) for i, vw in enumerate(layout.vws)]
   server = ParameterServer(init_params, layout.num_vws, c.wsp.d, c.optim.server_rule(layout.num_vws, layout.nms),
                            on_nonfinite=c.optim.on_nonfinite, update_dtype=compute_dtype(c.precision))
   x0, y0 = batches(0, 1)
