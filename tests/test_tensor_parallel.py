@@ -71,6 +71,7 @@ def test_a_split_stage_computes_what_one_device_computes(degree, units):
   assert split[3].tp == degree and one[3].tp == 1
 
 
+@pytest.mark.slow
 def test_recomputation_in_a_split_stage_keeps_the_numerics():
   plain = run(jax.devices()[:2], range(1, 3), optax.sgd(0.05))
   again = run(jax.devices()[:2], range(1, 3), optax.sgd(0.05), options=StageOptions(recompute="selective"))
@@ -205,6 +206,7 @@ def test_a_tp_the_run_cannot_take_is_refused_in_one_line(fields, message):
     run_hetpipe(MODEL, tokens(num_train=64, num_test=8, vocab_size=16, seq_len=8), RunConfig.of(**fields))
 
 
+@pytest.mark.slow
 def test_a_run_with_split_stages_trains_and_says_so_in_its_trace():
   data = tokens(num_train=256, num_test=32)
   config = RunConfig.of(cluster="hetero4", num_vws=2, stages=2, nm=2, d=1, waves=4, batch_size=8, tp=2,
