@@ -41,7 +41,8 @@ BESIDE = (
             "also the full-size vgg19, resnet152, gpt2-xl, gpt-6.7b, gpt-13b; or package.module:factory, a function "
             "of yours that builds the model (hetpipe_jax.from_modules), importable in every process (e.g. "
             "examples.residual_mlp:model)."),
-    Setting("dataset", "auto", "Dataset: auto (Fashion-MNIST, else digits), fashion_mnist, digits, synthetic, tokens "
+    Setting("dataset", "auto", "Dataset: auto (Fashion-MNIST, else digits; experiments.train's gpt and gpt6: text, "
+            "else tokens), fashion_mnist, digits, synthetic, tokens "
             "(a synthetic language for --model=gpt), text (English text byte by byte for --model=gpt: Debian's "
             "fortunes, apt-get install -y fortunes)."),
     Setting("seq_len", None, "Full-size GPT models (sim): tokens per sequence (default: the context)."),

@@ -36,6 +36,7 @@ from hetpipe_jax import (
   staleness_stats,
 )
 from hetpipe_jax.cost.context import CostContext
+from hetpipe_jax.data import text_installed
 from hetpipe_jax.errors import RunStopped
 from hetpipe_jax.evaluate import LanguageScore, language_score
 from hetpipe_jax.models import FULL_SIZE, full_size_model, full_size_spec
@@ -302,6 +303,9 @@ def check_process_flags(flag_values: flags.FlagValues) -> None:
                       "--coordinator_address=HOST:PORT too, or drop them to launch one process per node here")
 
 
+LANGUAGE_MODELS = ("gpt", "gpt6")  # the small GPTs: --dataset=auto trains them on the text corpus, else on tokens
+
+
 def model_and_data(name: str, dataset: str, seq_len: int | None, executor: str):
   """(the model, its dataset or, for a full-size model on the sim executor, its input description)."""
   if executor == "sim" and name in FULL_SIZE:  # no numerics: the model's own input, no data
@@ -310,6 +314,9 @@ def model_and_data(name: str, dataset: str, seq_len: int | None, executor: str):
     raise ConfigError(f"--seq_len={seq_len} sets a full-size GPT's sequence length in a simulation "
                       f"(--executor=sim --model=gpt2-xl|gpt-6.7b|gpt-13b); --model={name} on "
                       f"--executor={executor} takes its dataset's sequences: drop --seq_len")
+  if dataset == "auto" and name in LANGUAGE_MODELS:
+    dataset = "text" if text_installed() else "tokens"
+    common.progress("--dataset=auto: %s trains on %s", name, dataset)
   data = load_dataset(dataset)
   return get_model(name, data.num_classes), data
 

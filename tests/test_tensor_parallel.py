@@ -200,6 +200,8 @@ def test_a_stage_split_over_gpus_of_another_node_or_twice_is_refused():
     (dict(tp=2, policy="ED"), "the planner does not search tensor parallelism yet"),
     (dict(tp=2, time_model="gpt2-xl"), "not split by tensor parallelism yet"),
     (dict(tp=2, executor="multiprocess"), "tensor-parallel stages run in the virtual, wall and sim executors"),
+    (dict(tp=2, num_vws=3, stages=2), r"need 12 GPUs, but cluster 'hetero4' has 8; use fewer virtual workers "
+                                      r"\(num_vws=2 with these stages, say\)"),
 ])
 def test_a_tp_the_run_cannot_take_is_refused_in_one_line(fields, message):
   with pytest.raises(ConfigError, match=message):

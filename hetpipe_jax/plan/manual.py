@@ -55,8 +55,11 @@ def manual_layout(cluster: Cluster, profiles: Sequence[UnitProfile], ks: Sequenc
       raise ConfigError(f"virtual worker {i} has {k} stages but model {model_name} has only {num_units} "
                         f"units to cut; use at most {num_units} stages")
   if tp > 1 and sum(ks) * tp > cluster.num_gpus:
+    fit = cluster.num_gpus // (max(ks) * tp)
+    hint = f"num_vws={fit} with these stages, " if fit else ""
     raise ConfigError(f"{num_vws} virtual workers of {list(ks)} stages on tp={tp} GPUs each need {sum(ks) * tp} GPUs, "
-                      f"but cluster {cluster.name!r} has {cluster.num_gpus}; use fewer stages or a smaller tp")
+                      f"but cluster {cluster.name!r} has {cluster.num_gpus}; use fewer virtual workers ({hint}say) "
+                      "or stages, or a smaller tp")
   spans = assign_gpus(cluster, [k * tp for k in ks])  # raises when the cluster is too small
   gpus = [span[::tp] for span in spans]
   partners = [[tuple(span[j * tp + 1:(j + 1) * tp]) for j in range(k)] for span, k in zip(spans, ks)]
