@@ -11,7 +11,7 @@ on every device. The arrays are ``jax.sharding.NamedSharding``-placed and XLA's 
 collectives, so the numerics are those of one device within rounding (the all-reduce adds partial products in
 another order).
 
-``--tp=N`` asks for N devices per stage; ``auto`` lets the planner choose per stage.
+``--tp=N`` asks for N devices per stage (a layout of ``--num_vws`` and ``--stages``).
 """
 
 from __future__ import annotations
@@ -45,18 +45,6 @@ class TensorCosts(NamedTuple):
   fwd_allreduces: int
   bwd_allreduces: int
   whole_kept_inputs: float
-
-
-def check_tp(value: str) -> str:
-  """Returns ``value`` if it is a tensor-parallel degree (a positive integer) or ``auto``.
-
-  Raises:
-    ConfigError: naming the value and what to give.
-  """
-  if value != "auto" and not (value.isdigit() and int(value) >= 1):
-    raise ConfigError(f"tp={value!r}; use a positive integer (the GPUs of one node each stage is split over; 1: no "
-                      "tensor parallelism) or auto (the planner's choice per stage)")
-  return value
 
 
 def has_rule(unit: Any) -> bool:

@@ -27,7 +27,7 @@ from hetpipe_jax.models.gpt import gpt
 from hetpipe_jax.plan.costmodel import CostModel, vw_profiles
 from hetpipe_jax.plan.layout import Layout, VWLayout
 from hetpipe_jax.runtime.stage import DEFAULT_OPTIONS, Stage, StageOptions
-from hetpipe_jax.tensor import COLUMNS, ROWS, SPLIT, WHOLE, check_tp
+from hetpipe_jax.tensor import COLUMNS, ROWS, SPLIT, WHOLE
 
 from helpers import assert_trace_ok
 
@@ -130,13 +130,6 @@ def test_a_resumed_split_stage_continues_bit_identically():
 def test_a_degree_that_does_not_divide_the_heads_is_refused():
   with pytest.raises(ConfigError, match="tensor-parallel degree 3 does not divide GPT block's heads"):
     Stage(MODEL, range(1, 2), PARAMS[1:2], jax.devices()[:3], optax.sgd(0.1), nm=1)
-
-
-@pytest.mark.parametrize("value", ["0", "-1", "two", ""])
-def test_a_bad_tp_value_is_refused(value):
-  with pytest.raises(ConfigError, match=f"tp={value!r}; use a positive integer"):
-    check_tp(value)
-  assert check_tp("auto") == "auto" and check_tp("4") == "4"
 
 
 # --- the layout, the cost and memory models, a run ---------------------------------------------------------------

@@ -83,11 +83,8 @@ def stage_allreduce_seconds(cluster: Cluster, units: Sequence[UnitProfile], gpus
   """(forward, backward) seconds of the all-reduces of a stage's ``units`` split over its ``gpus`` by tensor
   parallelism (:meth:`hetpipe_jax.cost.unit.UnitProfile.allreduce_bytes`, at the activations' ``precision``)."""
   def seconds(kind: str) -> float:
-    total = 0.0
-    for u in units:
-      count, num_bytes = u.allreduce_bytes(kind)
-      total += count * allreduce_seconds(cluster, gpus, num_bytes * byte_scale(precision)) if count else 0.0
-    return total
+    reduces = (u.allreduce_bytes(kind) for u in units)
+    return sum(n * allreduce_seconds(cluster, gpus, b * byte_scale(precision)) for n, b in reduces if n)
   return seconds("fwd"), seconds("bwd")
 
 

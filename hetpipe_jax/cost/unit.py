@@ -108,7 +108,6 @@ class UnitProfile:
                                kept_bytes=measured.kept_bytes,
                                transient_bytes=max(self.kept_bytes - measured.kept_bytes, 0), recompute=mode)
 
-
   def split(self, degree: int) -> UnitProfile:
     """This unit's costs per device of a stage split over ``degree`` devices (:mod:`hetpipe_jax.tensor`).
 
