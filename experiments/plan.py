@@ -12,6 +12,7 @@ number needed to recheck the plan::
   python -m experiments.plan --model=cnn --cluster=my_lab.toml --policy=0,1,2,3;4,5
   python -m experiments.plan --model=gpt-6.7b --seq_len=1024 --batch_size=1 --precision=bf16 \
       --optimizer=adam --policy=0,1,2,3,4,5,6,7 --nm=best
+  python -m experiments.plan --model=gpt2-xl --batch_size=8 --precision=bf16 --optimizer=adam --tp=auto
 
 A GPT too large for any one GPU (6.7B parameters: 16 bytes each with Adam, in fp32 or mixed precision)
 is cut over the GPUs of one virtual worker; the table shows every stage's memory against its GPU's.
@@ -27,6 +28,7 @@ from hetpipe_jax.cost.context import CostContext
 from hetpipe_jax.optim import optimizer_slots
 from hetpipe_jax.plan.allocation import parse_policy, plan_cluster
 from hetpipe_jax.plan.plan_json import plan_table, plan_to_json
+from hetpipe_jax.plan.tensor_groups import parse_tp
 from hetpipe_jax.precision import check_precision
 from hetpipe_jax.sim.planned import simulate_plan
 
@@ -34,7 +36,7 @@ FLAGS = flags.FLAGS
 # The run settings a plan takes (experiments.run_flags), at the planner's defaults: the paper's testbed and
 # VGG-19, ED, momentum (for its memory).
 run_flags.define(["model", "cluster", "policy", "placement", "batch_size", "seq_len", "optimizer", "weight_mode",
-                  "precision", "recompute", "d"],
+                  "precision", "recompute", "tp", "d"],
                  overrides={"model": "vgg19", "cluster": "paper_testbed", "policy": "ED", "optimizer": "momentum"})
 flags.adopt_module_key_flags(run_flags)  # --help lists them
 flags.DEFINE_string("nm", "max_fit", "Nm: max_fit (largest that fits, <= nm_max), best (modelled "
@@ -58,7 +60,7 @@ def main(argv):
   plan = plan_cluster(cluster, profiles, parse_policy(FLAGS.policy), FLAGS.placement, common.parse_nm(FLAGS.nm),
                       FLAGS.nm_max,
                       CostContext(weight_mode=FLAGS.weight_mode, optimizer_slots=slots, precision=FLAGS.precision,
-                                  recompute=FLAGS.recompute))
+                                  recompute=FLAGS.recompute), parse_tp(FLAGS.tp))
   simulated = simulate_plan(cluster, profiles, plan, FLAGS.batch_size, d=FLAGS.d, weight_mode=FLAGS.weight_mode,
                             precision=FLAGS.precision).to_json() if FLAGS.simulate else None
   doc = plan_to_json(cluster, profiles, plan, FLAGS.model, FLAGS.batch_size, FLAGS.precision, simulated)

@@ -32,6 +32,7 @@ from experiments import common
 from hetpipe_jax import RunConfig, get_cluster
 from hetpipe_jax.plan.allocation import parse_policy
 from hetpipe_jax.plan.partition import NM_POLICIES
+from hetpipe_jax.plan.tensor_groups import parse_tp
 from hetpipe_jax.run.config import Setting, settings
 from hetpipe_jax.runtime.ps import ON_NONFINITE
 
@@ -88,7 +89,7 @@ SPELLINGS = {
     "stages": Spelling("list"), "nm": Spelling("list"), "window": Spelling("list"), "cuts": Spelling("string"),
     "policy": Spelling("string"), "checkpoint_dir": Spelling("string"), "seq_len": Spelling("integer"),
     "failures": Spelling("multi_string", "fail", parse=parse_failures),
-    "on_nonfinite": Spelling("enum", choices=ON_NONFINITE),
+    "on_nonfinite": Spelling("enum", choices=ON_NONFINITE), "tp": Spelling("string", parse=parse_tp),
 }
 _KINDS = ((bool, "bool"), (int, "integer"), (float, "float"), (str, "string"))  # bool first: a bool is an int
 _DEFINE = {"bool": flags.DEFINE_bool, "integer": flags.DEFINE_integer, "float": flags.DEFINE_float,
@@ -116,6 +117,8 @@ def _flag_default(kind: str, default: Any) -> Any:
   """A setting's default as its flag's (a list flag's: strings)."""
   if kind == "multi_string":
     return list(default)
+  if kind == "string" and default is not None:
+    return str(default)
   if kind == "list" and default is not None:
     return [str(v) for v in (default if isinstance(default, (list, tuple)) else [default])]
   return default
@@ -225,4 +228,4 @@ def devices(config: RunConfig) -> int:
   if spec.policy is not None:
     return get_cluster(config.cluster).num_gpus if isinstance(config.cluster, str) else config.cluster.num_gpus
   stages = spec.stages if isinstance(spec.stages, int) else max(spec.stages)
-  return spec.num_vws * stages
+  return spec.num_vws * stages * int(spec.tp)

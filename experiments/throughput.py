@@ -72,7 +72,7 @@ FLAGS = flags.FLAGS
 # The run settings the study takes (experiments.run_flags), at the study's defaults: the paper's setting, momentum
 # SGD for memory; --batch_size is the image models' (a GPT model's: --gpt_batch_size), --optimizer only for memory,
 # --overlap_transfers the HetPipe policy rows'.
-run_flags.define(["cluster", "batch_size", "seq_len", "waves", "optimizer", "overlap_transfers", "recompute"],
+run_flags.define(["cluster", "batch_size", "seq_len", "waves", "optimizer", "overlap_transfers", "recompute", "tp"],
                  overrides={"cluster": "paper_testbed", "batch_size": 32, "seq_len": None, "waves": 100,
                             "optimizer": "momentum", "overlap_transfers": False})
 flags.adopt_module_key_flags(run_flags)  # --help lists them
@@ -223,7 +223,7 @@ def flags_to_config() -> tuple[ThroughputConfig, list[str]]:
       FLAGS.waves, FLAGS.nm_max, tuple(common.parse_ints("ds", FLAGS.ds)),
       tuple(common.parse_ints("tune_ds", FLAGS.tune_ds)) if FLAGS.tune_ds else (), tuple(FLAGS.sub_studies),
       FLAGS.whimpy, FLAGS.optimizer, FLAGS.overlap_transfers, FLAGS.tuned, FLAGS.max_stages, FLAGS.tuned_objective,
-      tuple(FLAGS.systems), peer_flags.knobs_from_flags(FLAGS), tuple(FLAGS.nms), FLAGS.recompute)
+      tuple(FLAGS.systems), peer_flags.knobs_from_flags(FLAGS), tuple(FLAGS.nms), FLAGS.recompute, FLAGS.tp)
   if FLAGS.convergence is None:
     paths = [DEFAULT_CONVERGENCE] if os.path.exists(DEFAULT_CONVERGENCE) else []
   else:

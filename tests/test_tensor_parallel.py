@@ -24,8 +24,10 @@ from hetpipe_jax.data import tokens
 from hetpipe_jax.efficiency import efficiency_report
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.models.gpt import gpt
+from hetpipe_jax.plan.allocation import plan_cluster
 from hetpipe_jax.plan.costmodel import CostModel, vw_profiles
 from hetpipe_jax.plan.layout import Layout, VWLayout
+from hetpipe_jax.plan.tensor_groups import lead_cluster, tp_degrees
 from hetpipe_jax.runtime.stage import DEFAULT_OPTIONS, Stage, StageOptions
 from hetpipe_jax.tensor import COLUMNS, ROWS, SPLIT, WHOLE
 
@@ -190,7 +192,11 @@ def test_a_stage_split_over_gpus_of_another_node_or_twice_is_refused():
 
 @pytest.mark.parametrize("fields, message", [
     (dict(tp=0), "tp=0; the GPUs a stage is split over must be >= 1"),
-    (dict(tp=2, policy="ED"), "the planner does not search tensor parallelism yet"),
+    (dict(tp="auto"), "tp=auto asks the planner for the tensor-parallel degree, which needs a policy"),
+    (dict(tp="two"), "tp='two'; give the GPUs each stage is split over"),
+    (dict(tp=2, policy=[[0, 2], [4, 6]]), "tp=2 with a grouping of GPU indices"),
+    (dict(tp=8, policy="ED"), r"tp=8: node 0 of cluster 'hetero4' has 2 .* GPUs, which do not divide into groups "
+                              r"of 8 .*; use tp in \[1, 2\] or auto"),
     (dict(tp=2, time_model="gpt2-xl"), "not split by tensor parallelism yet"),
     (dict(tp=2, executor="multiprocess"), "tensor-parallel stages run in the virtual, wall and sim executors"),
     (dict(tp=2, num_vws=3, stages=2), r"need 12 GPUs, but cluster 'hetero4' has 8; use fewer virtual workers "
@@ -201,16 +207,52 @@ def test_a_tp_the_run_cannot_take_is_refused_in_one_line(fields, message):
     run_hetpipe(MODEL, tokens(num_train=64, num_test=8, vocab_size=16, seq_len=8), RunConfig.of(**fields))
 
 
+def test_the_planner_plans_a_degree_on_its_groups_leads_and_prices_it_as_the_cost_model_does():
+  profiles = profile_units(MODEL, jax.ShapeDtypeStruct(TOKENS.shape, TOKENS.dtype), cache_dir=None)
+  leads, partners = lead_cluster(NODES, 2)
+  assert [g.index for g in leads.gpus] == [0, 2, 4, 6] and partners == {i: (NODES.gpus[i + 1],) for i in (0, 2, 4, 6)}
+  assert tp_degrees(NODES) == [1, 2, 4]
+  plan = plan_cluster(NODES, profiles, "NP", tp=2)
+  assert plan.layout.num_gpus == NODES.num_gpus and len(plan.vws) == 2
+  model = CostModel(NODES, profiles, plan.layout)
+  for i, vw in enumerate(plan.layout.vws):
+    assert all(vw.degree(j) == 2 and vw.stage_gpus(j)[1].index == vw.gpus[j].index + 1 for j in range(vw.k))
+    for j, stage in enumerate(plan.vws[i].stages):  # the planner's stage time is the clock's (two tasks)
+      clock = model.task_seconds(i, j, "fwd") + model.task_seconds(i, j, "bwd")
+      assert stage.seconds == pytest.approx(clock, rel=1e-12)
+  # the leads' cluster with each unit split by hand (the DP adds the all-reduces on the node's link) plans alike
+  by_hand = plan_cluster(leads, [u.split(2) for u in profiles], "NP")
+  assert [p.cuts for p in by_hand.vws] == [p.cuts for p in plan.vws]
+  assert plan.throughput == pytest.approx(by_hand.throughput, rel=1e-12)
+  best = plan_cluster(NODES, profiles, "NP", tp="auto")
+  every = [plan_cluster(NODES, profiles, "NP", tp=t).throughput for t in tp_degrees(NODES)]
+  assert best.throughput == max(every)
+
+
+def test_the_planner_refuses_a_degree_that_does_not_divide_a_node_in_one_line():
+  with pytest.raises(ConfigError, match=r"tp=3: node 0 of cluster 'two_nodes' has 4 G GPUs, which do not divide "
+                                        r"into groups of 3 .*; use tp in \[1, 2, 4\] or auto"):
+    lead_cluster(NODES, 3)
+
+
 @pytest.mark.slow
-def test_a_run_with_split_stages_trains_and_says_so_in_its_trace():
+@pytest.mark.parametrize("layout, gpus, partners", [
+    (dict(num_vws=2, stages=2, nm=2), [["n0.A.0", "n1.B.2"], ["n2.C.4", "n3.D.6"]],  # each stage its node's two
+     [[["n0.A.1"], ["n1.B.3"]], [["n2.C.5"], ["n3.D.7"]]]),
+    (dict(policy="ED"), None, [[["n0.A.1"], ["n1.B.3"], ["n2.C.5"], ["n3.D.7"]]]),  # the planner's order of leads
+], ids=["num_vws", "policy"])
+def test_a_run_with_split_stages_trains_and_says_so_in_its_trace(layout, gpus, partners):
   data = tokens(num_train=256, num_test=32)
-  config = RunConfig.of(cluster="hetero4", num_vws=2, stages=2, nm=2, d=1, waves=4, batch_size=8, tp=2,
-                        eval_every=100)
+  config = RunConfig.of(cluster="hetero4", d=1, waves=4, batch_size=8, tp=2, eval_every=100, **layout)
   result = run_hetpipe(get_model("gpt", data.num_classes), data, config)
   assert_trace_ok(result.events)
   meta = result.events[0]
-  assert meta["gpus"] == [["n0.A.0", "n1.B.2"], ["n2.C.4", "n3.D.6"]]  # each stage took its node's two GPUs
-  assert meta["tp"] == [[["n0.A.1"], ["n1.B.3"]], [["n2.C.5"], ["n3.D.7"]]]
+  if gpus is not None:
+    assert meta["gpus"] == gpus
+  assert sorted(map(sorted, meta["tp"])) == sorted(map(sorted, partners))
+  node = lambda name: name.split(".")[0]
+  assert all(node(p) == node(g) for vw_g, vw_p in zip(meta["gpus"], meta["tp"])  # a stage's partners: its node's
+             for g, stage_partners in zip(vw_g, vw_p) for p in stage_partners)
   losses = [m["train_loss"] for m in result.metrics if "train_loss" in m]
   assert np.isfinite(losses).all()
   report = efficiency_report(result.events)  # the layout rebuilt from the trace, with its partners

@@ -36,28 +36,13 @@ from collections.abc import Sequence
 
 from hetpipe_jax.baselines.knobs import PeerKnobs
 from hetpipe_jax.baselines.sync import SyncJob, equal_batch_job
-from hetpipe_jax.cluster import Cluster, Gpu, Link
+from hetpipe_jax.cluster import Cluster, Gpu
 from hetpipe_jax.cost.batch import BatchProfiles
 from hetpipe_jax.cost.context import DEFAULT_COSTS, CostContext
 from hetpipe_jax.cost.roofline import model_compute_seconds, unit_seconds
+from hetpipe_jax.cost.transfer import ring_allreduce_seconds
 from hetpipe_jax.cost.unit import UnitProfile
 from hetpipe_jax.precision import byte_scale
-
-
-def ring_allreduce_seconds(p: int, num_bytes: float, link: Link) -> float:
-  """Ring all-reduce of ``num_bytes`` over ``p`` participants on one kind of link.
-
-  Args:
-    p: participants.
-    num_bytes: bytes each holds.
-    link: the link between neighbours of the ring.
-
-  Returns:
-    ``T_ring(p, S, link)`` of the module docstring; 0 for one participant.
-  """
-  if p <= 1:
-    return 0.0
-  return 2 * (p - 1) * link.latency_s + 2 * (p - 1) / p * num_bytes / link.bytes_per_s
 
 
 def allreduce_seconds(cluster: Cluster, gpus: Sequence[Gpu], num_bytes: float) -> float:

@@ -70,12 +70,19 @@ def transfer_seconds(cluster: Cluster, src: Gpu, dst: Gpu, num_bytes: float) -> 
   return 0.0 if src.index == dst.index else link_seconds(cluster.link(src, dst), num_bytes)
 
 
+def ring_allreduce_seconds(p: int, num_bytes: float, link: Link) -> float:
+  """Seconds of a ring all-reduce of ``num_bytes`` over ``p`` participants joined by ``link``, alone on it:
+  2 (p - 1) steps that each move ``num_bytes / p`` between neighbours (Patarasuk and Yuan, "Bandwidth optimal
+  all-reduce algorithms for clusters of workstations", JPDC 2009); 0 for one participant."""
+  if p <= 1:
+    return 0.0
+  return 2 * (p - 1) * link.latency_s + 2 * (p - 1) / p * num_bytes / link.bytes_per_s
+
+
 def allreduce_seconds(cluster: Cluster, gpus: Sequence[Gpu], num_bytes: float) -> float:
-  """Seconds of a ring all-reduce of ``num_bytes`` over ``gpus`` (of one node) alone on their links: 2 (t - 1)
-  steps that each move ``num_bytes / t`` between neighbours (Patarasuk and Yuan, "Bandwidth optimal
-  all-reduce algorithms for clusters of workstations", JPDC 2009); 0 on one GPU."""
-  t = len(gpus)
-  return 0.0 if t == 1 else 2 * (t - 1) * transfer_seconds(cluster, gpus[0], gpus[1], num_bytes / t)
+  """Seconds of a ring all-reduce of ``num_bytes`` over ``gpus`` (of one node) alone on their links
+  (:func:`ring_allreduce_seconds`)."""
+  return 0.0 if len(gpus) == 1 else ring_allreduce_seconds(len(gpus), num_bytes, cluster.link(gpus[0], gpus[1]))
 
 
 def stage_allreduce_seconds(cluster: Cluster, units: Sequence[UnitProfile], gpus: Sequence[Gpu],
@@ -86,6 +93,18 @@ def stage_allreduce_seconds(cluster: Cluster, units: Sequence[UnitProfile], gpus
     reduces = (u.allreduce_bytes(kind) for u in units)
     return sum(n * allreduce_seconds(cluster, gpus, b * byte_scale(precision)) for n, b in reduces if n)
   return seconds("fwd"), seconds("bwd")
+
+
+def split_allreduce_seconds(cluster: Cluster, unit: UnitProfile, precision: str = "fp32") -> float:
+  """Forward + backward seconds of the all-reduces of one ``unit`` split over its profile's degree of GPUs of one
+  node (the planner's view of a split stage before its partner GPUs are named: what
+  :func:`stage_allreduce_seconds` charges them, on the cluster's link inside a node)."""
+  total = 0.0
+  for kind in ("fwd", "bwd"):
+    n, num_bytes = unit.allreduce_bytes(kind)
+    if n:
+      total += n * ring_allreduce_seconds(unit.degree, num_bytes * byte_scale(precision), cluster.intra_node)
+  return total
 
 
 def boundary_receive(profiles: Sequence[UnitProfile], position: int, src: Gpu | None,

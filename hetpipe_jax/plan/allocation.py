@@ -32,6 +32,7 @@ from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.plan.layout import Layout
 from hetpipe_jax.plan.partition import fitting_plans, plan_virtual_worker
 from hetpipe_jax.plan.placement import place_shards
+from hetpipe_jax.plan.tensor_groups import lead_cluster, tp_degrees
 from hetpipe_jax.plan.vw_plan import VWPlan, vw_plan
 from hetpipe_jax.plan.waves import speed_sized
 
@@ -181,7 +182,7 @@ def layout_plan(cluster: Cluster, profiles: Sequence[UnitProfile], layout: Layou
   Returns:
     The plan; nothing is checked against the GPUs' memory (each stage's need and limit are in it).
   """
-  plans = tuple(vw_plan(cluster, profiles, vw.gpus, vw.cuts, vw.nm, costs, vw.window) for vw in layout.vws)
+  plans = tuple(vw_plan(cluster, profiles, vw.gpus, vw.cuts, vw.nm, costs, vw.window, vw.tp) for vw in layout.vws)
   return ClusterPlan(policy, placement, plans, tuple(place_shards(cluster, profiles, layout, placement)))
 
 
@@ -210,10 +211,35 @@ def _speed_sized_plans(cluster: Cluster, profiles: Sequence[UnitProfile], groups
   return speed_sized(per_vw)
 
 
+def _split_plan(cluster: Cluster, profiles: Sequence[UnitProfile], policy: str | Sequence[Sequence[int]],
+                knobs: tuple[str, str | int | Sequence[int], int | None], costs: CostContext,
+                tp: int | str) -> ClusterPlan:
+  """:func:`plan_cluster` at tensor-parallel degree ``tp`` > 1 (planned on the groups' leads, then each stage
+  given its lead's partners), or at every degree that divides the cluster for "auto", keeping the fastest."""
+  if not isinstance(policy, str):
+    raise ConfigError(f"tp={tp} with a grouping of GPU indices: a grouping names every stage's GPU; give a policy "
+                      "(NP, ED or HD), or the layout by num_vws and stages")
+  if tp == "auto":
+    plans, errors = [], []
+    for degree in tp_degrees(cluster):
+      try:
+        plans.append(_split_plan(cluster, profiles, policy, knobs, costs, degree) if degree > 1 else
+                     plan_cluster(cluster, profiles, policy, knobs[0], knobs[1], knobs[2], costs))
+      except ConfigError as e:
+        errors.append(f"tp={degree}: {e}")
+    if not plans:
+      raise ConfigError(f"tp=auto: no degree fits ({'; '.join(errors)})")
+    return max(plans, key=lambda p: p.throughput)  # the first of equals: the smaller degree
+  leads, partners = lead_cluster(cluster, int(tp))
+  lead_plan = plan_cluster(leads, [u.split(int(tp)) for u in profiles], policy, knobs[0], knobs[1], knobs[2], costs)
+  layout = Layout(tuple(dataclasses.replace(vw, tp=tuple(partners[g.index] for g in vw.gpus))
+                        for vw in lead_plan.layout.vws))
+  return layout_plan(cluster, profiles, layout, policy, knobs[0], costs)
+
+
 def plan_cluster(cluster: Cluster, profiles: Sequence[UnitProfile], policy: str | Sequence[Sequence[int]],
                  placement: str = "default", nm_policy: str | int | Sequence[int] = "max_fit",
-                 nm_max: int | None = None,
-                 costs: CostContext = DEFAULT_COSTS) -> ClusterPlan:
+                 nm_max: int | None = None, costs: CostContext = DEFAULT_COSTS, tp: int | str = 1) -> ClusterPlan:
   """Allocates virtual workers, partitions each (ED: one shared plan), and places the PS shards.
 
   Args:
@@ -226,13 +252,17 @@ def plan_cluster(cluster: Cluster, profiles: Sequence[UnitProfile], policy: str 
       Nm per virtual worker.
     costs: what the memory of a stage holds, and the precision of its times and memory
       (:class:`~hetpipe_jax.cost.context.CostContext`).
+    tp: every stage's tensor-parallel degree (GPUs of one node and type), or "auto": the degree of the fastest
+      plan (:mod:`~hetpipe_jax.plan.tensor_groups`).
 
   Returns:
     The plan.
 
   Raises:
-    ConfigError: for a bad policy or placement, or a virtual worker that no partition fits.
+    ConfigError: for a bad policy, placement or degree, or a virtual worker that no partition fits.
   """
+  if tp != 1:
+    return _split_plan(cluster, profiles, policy, (placement, nm_policy, nm_max), costs, tp)
   groups = allocate(cluster, policy)
   kwargs = {"nm_max": nm_max, "costs": costs}
   if not isinstance(nm_policy, (str, int)):

@@ -42,7 +42,7 @@ from hetpipe_jax.cluster import Cluster, Gpu, format_bytes
 from hetpipe_jax.cost.context import DEFAULT_COSTS, CostContext
 from hetpipe_jax.cost.memory import memory_bytes, stage_memory_bytes
 from hetpipe_jax.cost.roofline import unit_seconds
-from hetpipe_jax.cost.transfer import receive_seconds_by_position, stage_neighbours
+from hetpipe_jax.cost.transfer import receive_seconds_by_position, split_allreduce_seconds, stage_neighbours
 from hetpipe_jax.cost.unit import UnitProfile
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.plan.vw_plan import VWPlan, vw_plan
@@ -53,11 +53,13 @@ NM_POLICIES = ("max_fit", "best", "speed")
 
 
 class _ModeDp:
-  """Prefix sums of one recomputation mode's unit costs: memory, and the time on each GPU type."""
+  """Prefix sums of one recomputation mode's unit costs: memory, and the time on each GPU type (with the
+  all-reduces of units split by tensor parallelism, on the cluster's link inside a node)."""
 
-  def __init__(self, mode: str, profiles: Sequence[UnitProfile], nm: int, costs: CostContext):
+  def __init__(self, mode: str, profiles: Sequence[UnitProfile], nm: int, costs: CostContext, cluster: Cluster):
     self.mode, self.precision = mode, costs.precision
     self.profiles = [u.under(mode) for u in profiles]
+    self._reduce = np.array([split_allreduce_seconds(cluster, u, costs.precision) for u in self.profiles])
     mem = np.array([memory_bytes(u.param_bytes, u.kept_bytes, nm, costs) for u in self.profiles], np.float64)
     prefix = np.concatenate([[0.0], np.cumsum(mem)])
     self.memory = prefix[None, :] - prefix[:, None]  # M(s, e): a stage holding units s .. e - 1 (for s <= e)
@@ -68,7 +70,7 @@ class _ModeDp:
 
   def prefix_time(self, gpu: Gpu) -> np.ndarray:
     if gpu.type.name not in self._time:
-      t = np.array([sum(unit_seconds(u, gpu.type, self.precision)) for u in self.profiles])
+      t = np.array([sum(unit_seconds(u, gpu.type, self.precision)) for u in self.profiles]) + self._reduce
       self._time[gpu.type.name] = np.concatenate([[0.0], np.cumsum(t)])
     return self._time[gpu.type.name]
 
@@ -100,7 +102,7 @@ class _Dp:
                allow_empty: bool):
     self.cluster, self.profiles, self.precision = cluster, profiles, costs.precision
     self.n = len(profiles)
-    self.modes = [_ModeDp(m, profiles, nm, costs) for m in allowed_modes(costs.recompute)]
+    self.modes = [_ModeDp(m, profiles, nm, costs, cluster) for m in allowed_modes(costs.recompute)]
     self._recv_cache: dict[tuple[int | None, int], np.ndarray] = {}
     s = np.arange(self.n + 1)
     self._valid = (s[:, None] <= s[None, :]) if allow_empty else (s[:, None] < s[None, :])

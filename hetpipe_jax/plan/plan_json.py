@@ -22,7 +22,8 @@ def plan_to_json(cluster: Cluster, profiles: Sequence[UnitProfile], plan: Cluste
                  batch_size: int, precision: str = "fp32", simulated: dict[str, Any] | None = None
                  ) -> dict[str, Any]:
   """A plan with its inputs: per virtual worker its devices, Nm, window (None: Nm in flight) and the minibatches
-  in flight its stages' memory holds, its stages, times, memory; per layer its costs;
+  in flight its stages' memory holds, its stages (with the partner GPUs tensor parallelism splits a stage over:
+  ``tp_devices``; time and memory per GPU of the stage), times, memory; per layer its costs;
   the GPU types and links, and which of them the plan uses.
 
   ``images_per_s`` is the simulator's figure when ``simulated`` is given, else the planner's bound
@@ -46,11 +47,13 @@ def plan_to_json(cluster: Cluster, profiles: Sequence[UnitProfile], plan: Cluste
   gpu = lambda g: {"name": g.name, "type": g.type.name, "node": g.node, "index": g.index}
   vws = []
   for p in plan.vws:
+    layout = p.layout
     vws.append({
         "devices": [gpu(g) for g in p.gpus], "nm": p.nm, "window": p.window, "in_flight": p.in_flight,
-        "stages": [{"device": s.gpu.name, "first_layer": s.first, "last_layer": s.last - 1,
-                    "time_s": s.seconds, "memory_bytes": s.memory_bytes,
-                    "memory_limit_bytes": s.gpu.type.memory_bytes, "recompute": s.recompute} for s in p.stages],
+        "stages": [{"device": s.gpu.name, "tp_devices": [g.name for g in layout.stage_gpus(j)[1:]],
+                    "first_layer": s.first, "last_layer": s.last - 1, "time_s": s.seconds,
+                    "memory_bytes": s.memory_bytes, "memory_limit_bytes": s.gpu.type.memory_bytes,
+                    "recompute": s.recompute} for j, s in enumerate(p.stages)],
         "bottleneck_s": p.bottleneck_s, "latency_s": p.latency_s, "throughput": p.throughput,
         "images_per_s": p.throughput * batch_size,
         # a push's bytes: the wave's update, in 16 bits in mixed precision (a pull brings fp32 weights)
@@ -75,18 +78,22 @@ def plan_to_json(cluster: Cluster, profiles: Sequence[UnitProfile], plan: Cluste
 
 
 def gpus_used(plan: ClusterPlan) -> list[dict[str, Any]]:
-  """The GPUs of the plan's virtual workers, per node: ``[{"node": n, "gpus": {type: count}}]``."""
+  """The GPUs of the plan's virtual workers (tensor-parallel partners included), per node:
+  ``[{"node": n, "gpus": {type: count}}]``."""
   counts: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
-  for g in sorted((g for p in plan.vws for g in p.gpus), key=lambda g: g.index):
+  every = (g for p in plan.vws for j in range(len(p.stages)) for g in p.layout.stage_gpus(j))
+  for g in sorted(every, key=lambda g: g.index):
     counts[g.node][g.type.name] += 1
   return [{"node": n, "gpus": dict(c)} for n, c in sorted(counts.items())]
 
 
 def links_used(plan: ClusterPlan, vws: list[dict[str, Any]]) -> dict[str, list[str]]:
   """What crosses each link of the cluster in the plan (``intra_node``, ``inter_node``): activations and
-  gradients between stages, PS traffic (pushes and pulls); an empty list: the plan does not use it."""
+  gradients between stages, the all-reduces of tensor-parallel stages, PS traffic (pushes and pulls); an empty
+  list: the plan does not use it."""
   hops = [(a.node == b.node) for p in plan.vws for a, b in zip(p.gpus, p.gpus[1:])]
-  return {"intra_node": ["activations"] if any(hops) else [],
+  split = any(p.tp is not None for p in plan.vws)
+  return {"intra_node": (["activations"] if any(hops) else []) + (["all-reduces"] if split else []),
           "inter_node": (["activations"] if not all(hops) else [])
                         + (["PS traffic"] if any(vw["ps_cross_node_bytes_per_wave"] for vw in vws) else [])}
 
@@ -104,8 +111,9 @@ def _hardware_lines(doc: dict[str, Any]) -> list[str]:
 def plan_table(doc: dict[str, Any]) -> str:
   """A plan document (:func:`plan_to_json`) as text: the totals (the simulator's images/s when the plan was
   simulated, and the planner's bound), the GPUs and links it uses, then per virtual worker its Nm,
-  bottleneck, images/s and PS traffic, and a table of its stages (GPU, layers, time per minibatch, memory
-  used and the GPU's limit, activation recomputation)."""
+  bottleneck, images/s and PS traffic, and a table of its stages (GPU, with its tensor-parallel partners'
+  indices after '+', layers, time per minibatch, memory used per GPU and the GPU's limit, activation
+  recomputation)."""
   sim = doc.get("simulated")
   bound = (f"planner's bound {doc['bound_images_per_s']:.1f} (each virtual worker at its own pipeline's rate, no "
            "WSP waiting, no shared link)")
@@ -122,7 +130,8 @@ def plan_table(doc: dict[str, Any]) -> str:
     lines.append(f"  {'stage':>5} {'device':24} {'layers':>9} {'time ms':>8} {'memory GiB used / limit':>24} "
                  f"{'recompute':>9}")
     for j, s in enumerate(vw["stages"]):
-      lines.append(f"  {j:>5} {s['device']:24} {s['first_layer']:>4}..{s['last_layer']:<4} "
+      device = s["device"] + "".join(f"+{name.rsplit('.', 1)[1]}" for name in s.get("tp_devices", ()))
+      lines.append(f"  {j:>5} {device:24} {s['first_layer']:>4}..{s['last_layer']:<4} "
                    f"{s['time_s'] * 1e3:8.1f} {s['memory_bytes'] / 2**30:11.2f} / "
                    f"{s['memory_limit_bytes'] / 2**30:<10.2f} {s.get('recompute', 'none'):>9}")
   return "\n".join(lines)

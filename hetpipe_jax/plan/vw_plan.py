@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from hetpipe_jax.cluster import Cluster, Gpu
 from hetpipe_jax.cost.context import DEFAULT_COSTS, CostContext
 from hetpipe_jax.cost.memory import stage_memory_bytes
-from hetpipe_jax.cost.transfer import stage_seconds
+from hetpipe_jax.cost.transfer import split_allreduce_seconds, stage_seconds
 from hetpipe_jax.cost.unit import UnitProfile
 from hetpipe_jax.plan.layout import VWLayout
 from hetpipe_jax.recompute import allowed_modes
@@ -46,11 +46,13 @@ class StagePlan:
 @dataclasses.dataclass(frozen=True)
 class VWPlan:
   """How one virtual worker runs: GPU order, stages, Nm (and window), modelled speed (minibatches per
-  second). Stage memory is for :attr:`in_flight` minibatches."""
+  second). Stage memory is for :attr:`in_flight` minibatches, per GPU of a stage that tensor parallelism splits
+  over its ``tp`` partner GPUs (:class:`~hetpipe_jax.plan.layout.VWLayout`)."""
 
   nm: int
   stages: tuple[StagePlan, ...]
   window: int | None = None
+  tp: tuple[tuple[Gpu, ...], ...] | None = None
 
   @property
   def in_flight(self) -> int:
@@ -61,12 +63,12 @@ class VWPlan:
   def layout(self) -> VWLayout:
     """The virtual worker's GPUs, cuts, Nm, window and each stage's recomputation."""
     return VWLayout(tuple(self.gpus), tuple(self.cuts), self.nm, self.window,
-                    tuple(s.recompute for s in self.stages))
+                    tuple(s.recompute for s in self.stages), self.tp)
 
   def with_wave(self, nm: int) -> VWPlan:
     """This plan (its stages, memory and in-flight count) with waves of ``nm`` >= its in-flight count
     minibatches: a window caps what is in flight."""
-    return VWPlan(nm, self.stages, None if nm == self.in_flight else self.in_flight)
+    return VWPlan(nm, self.stages, None if nm == self.in_flight else self.in_flight, self.tp)
 
   @property
   def gpus(self) -> list[Gpu]:
@@ -96,7 +98,8 @@ class VWPlan:
 
 
 def vw_plan(cluster: Cluster, profiles: Sequence[UnitProfile], gpus: Sequence[Gpu], cuts: Sequence[int],
-            nm: int, costs: CostContext = DEFAULT_COSTS, window: int | None = None) -> VWPlan:
+            nm: int, costs: CostContext = DEFAULT_COSTS, window: int | None = None,
+            tp: Sequence[Sequence[Gpu]] | None = None) -> VWPlan:
   """The plan of a virtual worker whose GPU order, cuts and Nm are given: each stage's recomputation, time and
   memory.
 
@@ -109,25 +112,30 @@ def vw_plan(cluster: Cluster, profiles: Sequence[UnitProfile], gpus: Sequence[Gp
     costs: what the memory of a stage holds (see stage_memory_bytes), the precision ("fp32", "fp16"
       or "bf16") of its time and memory, and the recomputation a stage may take (:func:`stage_recompute`).
     window: most minibatches in flight when fewer than Nm.
+    tp: each stage's partner GPUs (tensor parallelism: its units' profiles split over them and itself, their
+      all-reduces charged on the node's link), or None (one GPU per stage; ``profiles`` may then be split
+      already, as the partitioner plans a split stage by its lead GPU).
 
   Returns:
     The plan; nothing is checked against the GPUs' memory.
   """
   stages = []
   held = nm if window is None else window
+  partners = tuple(tuple(p) for p in tp) if tp is not None and any(tp) else None
   for j in range(len(gpus)):
-    options = [_stage(cluster, profiles, gpus, cuts, j, held, costs, mode)
-               for mode in allowed_modes(costs.recompute)]
+    mine = profiles if partners is None else [u.split(1 + len(partners[j])) for u in profiles]
+    options = [_stage(cluster, mine, gpus, cuts, j, held, costs, mode) for mode in allowed_modes(costs.recompute)]
     stages.append(stage_recompute(options))
-  return VWPlan(nm, tuple(stages), None if window == nm else window)
+  return VWPlan(nm, tuple(stages), None if window == nm else window, partners)
 
 
 def _stage(cluster: Cluster, profiles: Sequence[UnitProfile], gpus: Sequence[Gpu], cuts: Sequence[int], j: int,
            held: int, costs: CostContext, mode: str) -> StagePlan:
   mine = list(profiles) if mode == "none" else [u.under(mode) for u in profiles]
   fwd, bwd = stage_seconds(cluster, mine, cuts, gpus, j, costs.precision)
-  return StagePlan(gpus[j], cuts[j], cuts[j + 1], fwd + bwd, stage_memory_bytes(mine[cuts[j]:cuts[j + 1]], held,
-                                                                                 costs), mode)
+  units = mine[cuts[j]:cuts[j + 1]]
+  reduce = sum(split_allreduce_seconds(cluster, u, costs.precision) for u in units)
+  return StagePlan(gpus[j], cuts[j], cuts[j + 1], fwd + bwd + reduce, stage_memory_bytes(units, held, costs), mode)
 
 
 def stage_recompute(options: Sequence[StagePlan]) -> StagePlan:

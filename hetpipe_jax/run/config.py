@@ -35,6 +35,7 @@ from hetpipe_jax.models import FULL_SIZE
 from hetpipe_jax.optim import OPTIMIZERS, make_optimizer, make_ps_optimizer, parse_ps_optimizer
 from hetpipe_jax.plan.partition import NM_POLICIES
 from hetpipe_jax.plan.placement import PLACEMENTS
+from hetpipe_jax.plan.tensor_groups import parse_tp
 from hetpipe_jax.precision import check_precision
 from hetpipe_jax.recompute import check_recompute
 from hetpipe_jax.runtime.ps import ON_NONFINITE
@@ -100,7 +101,9 @@ class LayoutSpec:
     recompute: activation recomputation (:mod:`hetpipe_jax.recompute`): none, selective or full for every
       stage, or auto (each stage the fastest that fits); the stages run it and the cost and memory models charge it.
     tp: each stage's tensor-parallel degree (:mod:`hetpipe_jax.tensor`): the GPUs of one node and type it is
-      split over, taken in cluster order by a layout of ``num_vws`` and ``stages`` (1: one GPU per stage).
+      split over (1: one GPU per stage), taken in cluster order by a layout of ``num_vws`` and ``stages``, or in
+      groups of each node's GPUs of one type by a policy's planner; "auto" (with a policy): the degree of the
+      fastest plan (:mod:`hetpipe_jax.plan.tensor_groups`).
     time_model: a full-size model (``vgg19``, ``resnet152``, ...): the clock takes task durations from its
       plan on the same GPUs, while the numerics train the run's model.
   """
@@ -127,9 +130,9 @@ class LayoutSpec:
       "none", "Activation recomputation of every stage: none, selective (attention and elementwise ops computed "
       "again in the backward, as Megatron-LM's), full (each unit's forward again), or auto (the planner's choice "
       "per stage: the fastest that fits its GPU's memory).")
-  tp: int = setting(
+  tp: int | str = setting(
       1, "GPUs of one node and type each stage is split over by tensor parallelism (Megatron-LM's split of a GPT "
-      "block; 1: none), with --stages/--num_vws (the planner does not search it yet).")
+      "block; 1: none), or auto with --policy (the planner's fastest of 1, 2, 4, 8 that divide the nodes).")
   time_model: str | None = None
 
   def validate(self) -> None:
@@ -154,14 +157,16 @@ class LayoutSpec:
                         "layout: give Nm as a number, or one per virtual worker")
 
   def _check_tp(self) -> None:
-    if self.tp < 1:
-      raise ConfigError(f"tp={self.tp}; the GPUs a stage is split over must be >= 1 (1: no tensor parallelism)")
-    if self.tp > 1 and self.policy is not None:
-      raise ConfigError(f"tp={self.tp} with policy={self.policy!r}: the planner does not search tensor parallelism "
-                        "yet; give the layout by --num_vws and --stages (each stage then takes tp GPUs in cluster "
-                        "order), or tp=1")
-    if self.tp > 1 and self.time_model is not None:
-      raise ConfigError(f"tp={self.tp} with time_model={self.time_model!r}: the clock's cuts of another model are "
+    tp = parse_tp(self.tp)
+    object.__setattr__(self, "tp", tp)
+    if tp == "auto" and self.policy is None:
+      raise ConfigError("tp=auto asks the planner for the tensor-parallel degree, which needs a policy: give a "
+                        "policy (NP, ED or HD), or tp as a number")
+    if tp != 1 and self.policy is not None and not isinstance(self.policy, str):
+      raise ConfigError(f"tp={tp} with a grouping of GPU indices: a grouping names every stage's GPU; give a policy "
+                        "(NP, ED or HD), or the layout by num_vws and stages")
+    if tp != 1 and self.time_model is not None:
+      raise ConfigError(f"tp={tp} with time_model={self.time_model!r}: the clock's cuts of another model are "
                         "not split by tensor parallelism yet; drop one of them")
 
 

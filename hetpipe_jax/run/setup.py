@@ -136,7 +136,7 @@ def _planned(spec: LayoutSpec, cluster: Cluster, profiles, costs: CostContext) -
   nm = spec.nm if isinstance(spec.nm, (str, int)) else list(spec.nm)
   assert spec.policy is not None
   return plan_cluster(cluster, profiles, spec.policy, spec.placement,
-                      nm[0] if isinstance(nm, list) and len(nm) == 1 else nm, None, costs).layout
+                      nm[0] if isinstance(nm, list) and len(nm) == 1 else nm, None, costs, spec.tp).layout
 
 
 def layouts(spec: LayoutSpec, model: LayeredModel, cluster: Cluster, profiles, clock_profiles,
@@ -154,7 +154,7 @@ def layouts(spec: LayoutSpec, model: LayeredModel, cluster: Cluster, profiles, c
               else fastest_cuts(cluster, profiles, clock.gpus, clock.nms, costs).with_windows(clock.windows))
   else:
     layout = manual_layout(cluster, profiles, per_vw("stages", spec.stages, spec.num_vws), spec.nm, spec.cuts, costs,
-                           model.name, spec.tp)
+                           model.name, int(spec.tp))
     clock = layout if spec.time_model is None else fastest_cuts(cluster, clock_profiles, layout.gpus, layout.nms,
                                                                costs)
   return layout.with_windows(spec.window), clock.with_windows(spec.window)

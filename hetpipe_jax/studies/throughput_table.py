@@ -32,10 +32,10 @@ def peer_entries(s: ModelStudy) -> None:
             signature=spec.system.signature(spec.run))
 
 
-def policy_row(policy: str, nm_rule: str, d: int) -> str:
+def policy_row(policy: str, nm_rule: str, d: int, tp: int | str = 1) -> str:
   """A HetPipe policy row's name: ``HetPipe NP D=0`` at max_fit (a convergence study's name for its rows at any
-  rule), ``HetPipe NP speed D=0`` at another rule."""
-  return f"HetPipe {policy}{rule_tag(nm_rule)} D={d}"
+  rule), ``HetPipe NP speed D=0`` at another rule, ``HetPipe NP D=0 tp=2`` at a tensor-parallel degree."""
+  return f"HetPipe {policy}{rule_tag(nm_rule)} D={d}" + ("" if tp == 1 else f" tp={tp}")
 
 
 def hetpipe_entries(s: ModelStudy) -> None:
@@ -44,11 +44,11 @@ def hetpipe_entries(s: ModelStudy) -> None:
   trained its configuration (a convergence study names its rows at any ``--nm`` as max_fit's)."""
   for policy in POLICIES:
     for nm_rule in s.config.nms:
-      rows = [policy_row(policy, nm_rule, d) for d in s.config.ds]
-      s.trained_as.update({row: policy_row(policy, "max_fit", d) for row, d in zip(rows, s.config.ds)
+      rows = [policy_row(policy, nm_rule, d, s.config.tp) for d in s.config.ds]
+      s.trained_as.update({row: policy_row(policy, "max_fit", d, s.config.tp) for row, d in zip(rows, s.config.ds)
                            if nm_rule != "max_fit"})
       try:
-        plan = plan_cluster(s.cluster, s.profiles, policy, "default", nm_rule, None, s.costs)
+        plan = plan_cluster(s.cluster, s.profiles, policy, "default", nm_rule, None, s.costs, s.config.tp)
       except ConfigError as e:
         for row in rows:
           s.entry(row, HETPIPE, "", None, None, str(e))

@@ -150,10 +150,13 @@ def rule_tag(nm_rule: str) -> str:
 
 
 def plan_config(plan: ClusterPlan) -> str:
-  """A plan of the default placement in words: its virtual workers, Nm and (where one is set) windows."""
-  windows = plan.layout.windows
-  held = "" if windows is None else f", windows {windows}"
-  return f"{len(plan.vws)} virtual workers, Nm {[p.nm for p in plan.vws]}{held}, default placement"
+  """A plan of the default placement in words: its virtual workers, Nm and (where one is set) windows, and each
+  stage's tensor-parallel degree where one is above 1."""
+  layout = plan.layout
+  held = "" if layout.windows is None else f", windows {layout.windows}"
+  degrees = sorted({vw.degree(j) for vw in layout.vws for j in range(vw.k)})
+  split = "" if degrees == [1] else f", stages on {'/'.join(map(str, degrees))} GPUs (tensor parallelism)"
+  return f"{len(plan.vws)} virtual workers, Nm {[p.nm for p in plan.vws]}{held}{split}, default placement"
 
 
 def require_wsp(events: Sequence[dict[str, Any]], what: str) -> None:

@@ -105,7 +105,7 @@ def run(setup: Setup) -> RunResult:
 
 
 def _check(config: RunConfig) -> None:
-  if config.layout.tp > 1:
+  if config.layout.tp != 1:
     raise ConfigError(f"tp={config.layout.tp}: a process runs one GPU's stage, so tensor-parallel stages run in the "
                       "virtual, wall and sim executors only; use one of them, or tp=1")
 

@@ -1,0 +1,75 @@
+"""The planner's view of tensor parallelism: every stage split over ``t`` GPUs of one node and type.
+
+A cluster planned at tensor-parallel degree t is planned as the cluster of its groups' leads: each node's GPUs
+of one type, in cluster order, form groups of t, and the first GPU of a group (its lead) stands for it, every
+unit's profile split over t (:meth:`hetpipe_jax.cost.unit.UnitProfile.split`: a stage's time and memory are per
+GPU of its group) and its all-reduces charged on the node's link
+(:func:`hetpipe_jax.cost.transfer.split_allreduce_seconds`). The allocation policies and the exact partitioner
+then run unchanged on the leads (the DP's signatures are (type, node), which a group keeps), and each stage takes
+its lead's partners (:func:`with_groups`). Degree ``auto`` plans every degree of :data:`DEGREES` that divides the
+cluster's nodes and keeps the plan of the largest modelled throughput (ties to the smaller degree): the degree is
+searched per cluster, so a stage's degree is the same on every node (a node whose GPUs of a type do not divide
+into groups of t rules that t out).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from hetpipe_jax.cluster import Cluster, Gpu
+from hetpipe_jax.errors import ConfigError
+
+DEGREES = (1, 2, 4, 8)
+
+
+def parse_tp(text: str | int) -> int | str:
+  """A tensor-parallel degree from a flag: a positive integer, or "auto".
+
+  Raises:
+    ConfigError: for anything else.
+  """
+  if text == "auto" or isinstance(text, int):
+    value = text
+  else:
+    try:
+      value = int(text)
+    except ValueError:
+      raise ConfigError(f"tp={text!r}; give the GPUs each stage is split over (1, 2, 4, ...) or auto") from None
+  if isinstance(value, int) and value < 1:
+    raise ConfigError(f"tp={value}; the GPUs a stage is split over must be >= 1 (1: no tensor parallelism)")
+  return value
+
+
+def check_degree(cluster: Cluster, degree: int) -> None:
+  """Raises ConfigError unless every node's GPUs of each type divide into groups of ``degree``."""
+  counts = Counter((g.node, g.type.name) for g in cluster.gpus)
+  for (node, type_name), n in sorted(counts.items()):
+    if n % degree:
+      fits = tp_degrees(cluster)
+      raise ConfigError(f"tp={degree}: node {node} of cluster {cluster.name!r} has {n} {type_name} GPUs, which do not "
+                        f"divide into groups of {degree} (a stage is split over GPUs of one node and type); use tp "
+                        f"in {fits} or auto")
+
+
+def tp_degrees(cluster: Cluster) -> list[int]:
+  """The degrees of :data:`DEGREES` into which every node's GPUs of each type divide."""
+  counts = Counter((g.node, g.type.name) for g in cluster.gpus).values()
+  return [t for t in DEGREES if all(n % t == 0 for n in counts)]
+
+
+def lead_cluster(cluster: Cluster, degree: int) -> tuple[Cluster, dict[int, tuple[Gpu, ...]]]:
+  """The cluster of the groups' leads at ``degree``, and each lead's partners by its index.
+
+  Raises:
+    ConfigError: when a node's GPUs of one type do not divide into groups of ``degree``.
+  """
+  check_degree(cluster, degree)
+  groups: dict[tuple[int, str], list[Gpu]] = {}
+  for g in cluster.gpus:
+    groups.setdefault((g.node, g.type.name), []).append(g)
+  partners = {}
+  for gpus in groups.values():
+    for start in range(0, len(gpus), degree):
+      partners[gpus[start].index] = tuple(gpus[start + 1:start + degree])
+  leads = tuple(g for g in cluster.gpus if g.index in partners)
+  return Cluster(f"{cluster.name} (tp={degree} leads)", leads, cluster.intra_node, cluster.inter_node), partners
