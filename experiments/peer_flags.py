@@ -13,6 +13,7 @@ from absl import flags
 
 from experiments import system_flags
 from hetpipe_jax.baselines.knobs import WORKER_KINDS, PeerKnobs
+from hetpipe_jax.plan.tensor_groups import parse_tp
 
 _DEFAULTS = PeerKnobs()
 HELP = {
@@ -34,6 +35,8 @@ HELP = {
     "nm_rule": "hetpipe (experiments.baseline --system=hetpipe, a study's --systems=hetpipe): its Nm rule, max_fit "
                "(the largest Nm that fits), best (the modelled fastest) or speed (waves sized to each virtual "
                "worker's speed).",
+    "tp": "sync_pipeline, local_sgd with vw workers, hetpipe: GPUs of one node and type each pipeline stage is split "
+          "over by tensor parallelism (1: none; auto: the planner's fastest of 1, 2, 4, 8 that divide the nodes).",
 }
 _DEFINE = {float: flags.DEFINE_float, int: flags.DEFINE_integer, bool: flags.DEFINE_bool, str: flags.DEFINE_string}
 
@@ -41,6 +44,8 @@ for _name in PeerKnobs._fields:
   _value = getattr(_DEFAULTS, _name)
   if _name == "local_workers":
     flags.DEFINE_enum(_name, _value, list(WORKER_KINDS), HELP[_name])
+  elif _name == "tp":  # a number or auto
+    flags.DEFINE_string(_name, str(_value), HELP[_name])
   else:
     _DEFINE[type(_value)](_name, _value, HELP[_name])
 
@@ -61,4 +66,5 @@ def knobs_from_flags(values: flags.FlagValues, **overrides: Any) -> PeerKnobs:
     ConfigError: for a knob out of range, or a module that cannot be imported.
   """
   system_flags.import_from_flags(values)
-  return PeerKnobs(**{**{name: values[name].value for name in PeerKnobs._fields}, **overrides}).validate()
+  knobs = {name: values[name].value for name in PeerKnobs._fields}
+  return PeerKnobs(**{**knobs, "tp": parse_tp(str(knobs["tp"])), **overrides}).validate()

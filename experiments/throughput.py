@@ -39,7 +39,9 @@ throughput.json: {"cluster", "tuned_objective", "convergence": the files read, "
 "per_example", "batch_size", "ideal_images_per_sec", "best_peer", "convergence": the files that matched,
 "table": [entries], "headline": {...}}}, "rows": [sub-study rows]}. A table entry: {"model", "row", "system",
 "config", "objective", "gpus", "images_per_sec" (examples/s), "throughput" (``unit``/s), "unit",
-"ideal_images_per_sec", "efficiency", "ratio_to_best_peer", "goodput", "time_to_target_s", "reason"}::
+"ideal_images_per_sec", "efficiency", "mfu" (model flops utilisation: the model's flops per example x
+examples/s over the fp32 peak of every GPU of the cluster), "ratio_to_best_peer", "goodput", "time_to_target_s",
+"reason"}::
 
   python -m experiments.throughput
   python -m experiments.throughput --cluster=mixed64 --models=resnet152,gpt2-xl
@@ -72,7 +74,7 @@ FLAGS = flags.FLAGS
 # The run settings the study takes (experiments.run_flags), at the study's defaults: the paper's setting, momentum
 # SGD for memory; --batch_size is the image models' (a GPT model's: --gpt_batch_size), --optimizer only for memory,
 # --overlap_transfers the HetPipe policy rows'.
-run_flags.define(["cluster", "batch_size", "seq_len", "waves", "optimizer", "overlap_transfers", "recompute", "tp"],
+run_flags.define(["cluster", "batch_size", "seq_len", "waves", "optimizer", "overlap_transfers", "recompute"],
                  overrides={"cluster": "paper_testbed", "batch_size": 32, "seq_len": None, "waves": 100,
                             "optimizer": "momentum", "overlap_transfers": False})
 flags.adopt_module_key_flags(run_flags)  # --help lists them
@@ -189,20 +191,22 @@ def print_table(s: ModelTable) -> None:
   peer = "none runs" if best is None else f"{best.row}, {best.throughput:.1f} {s.unit}/s"
   print(f"\n{s.model} on {s.cluster.name}, batch {s.batch_size}: ideal aggregate "
         f"{s.ideal_images_per_sec * s.per_example:.1f} {s.unit}/s; best peer {peer}; goodput from {sources}")
-  print(f"{'row':28} {'config':58} {'GPUs':>4} {s.unit + '/s':>10} {'eff.':>5} {'vs peer':>7} {'goodput':>11}")
+  print(f"{'row':28} {'config':58} {'GPUs':>4} {s.unit + '/s':>10} {'eff.':>5} {'MFU':>5} {'vs peer':>7} "
+        f"{'goodput':>11}")
   for e in s.table:
     if e.images_per_sec is None:
       print(f"{e.row:28} cannot run: {e.reason}")
       continue
     ratio = "-" if e.ratio_to_best_peer is None else f"{e.ratio_to_best_peer:.2f}x"
-    print(f"{e.row:28} {e.config[:58]:58} {e.gpus:>4} {e.throughput:10.1f} {e.efficiency:5.2f} "
+    print(f"{e.row:28} {e.config[:58]:58} {e.gpus:>4} {e.throughput:10.1f} {e.efficiency:5.2f} {e.mfu:5.2f} "
           f"{ratio:>7} {e.goodput:>11}")
   for note in s.notes:
     print(note)
 
 
 def print_headlines(studies: list[ModelTable]) -> None:
-  print("eff.: over the ideal aggregate (the sum of every GPU's standalone rate); vs peer: over the best peer's "
+  print("eff.: over the ideal aggregate (the sum of every GPU's standalone rate); MFU: the model's flops over the "
+        "fp32 peak of every GPU; vs peer: over the best peer's "
         f"{'/'.join(sorted({s.unit for s in studies}))}/s; goodput: whether the row's training reached the target "
         "in the convergence study (every seed), missed it (some seed), or was not trained")
   print("simulated cluster (cost model: roofline with the calibrated catalogue's efficiency per GPU type and model "

@@ -14,11 +14,16 @@ import pytest
 from jax.sharding import NamedSharding
 
 from hetpipe_jax import RunConfig, get_model, run_hetpipe
+from hetpipe_jax.baselines.knobs import PeerKnobs
+from hetpipe_jax.baselines.sync import simulate_sync
+from hetpipe_jax.baselines.sync_pipeline import sync_pipeline_job
 from hetpipe_jax.cluster import GIB, LINKS, GpuType, make_cluster
+from hetpipe_jax.cost.batch import fixed
+from hetpipe_jax.cost.context import CostContext
 from hetpipe_jax.cost.memory import stage_memory_bytes
 from hetpipe_jax.cost.profile import profile_units
 from hetpipe_jax.cost.roofline import unit_seconds
-from hetpipe_jax.cost.transfer import allreduce_seconds
+from hetpipe_jax.cost.transfer import allreduce_seconds, split_allreduce_seconds
 from hetpipe_jax.cost.unit import TensorSplit, UnitProfile
 from hetpipe_jax.data import tokens
 from hetpipe_jax.efficiency import efficiency_report
@@ -233,6 +238,27 @@ def test_the_planner_refuses_a_degree_that_does_not_divide_a_node_in_one_line():
   with pytest.raises(ConfigError, match=r"tp=3: node 0 of cluster 'two_nodes' has 4 G GPUs, which do not divide "
                                         r"into groups of 3 .*; use tp in \[1, 2, 4\] or auto"):
     lead_cluster(NODES, 3)
+
+
+def test_a_pipeline_peer_splits_its_stages_as_the_planner_does():
+  units = profile_units(MODEL, jax.ShapeDtypeStruct(TOKENS.shape, TOKENS.dtype), cache_dir=None)
+  job = sync_pipeline_job(NODES, fixed(units, 4), 4, PeerKnobs(policy="NP", tp=2, microbatches=2))
+  assert dict(job.knobs)["gpus"] == 8 and dict(job.knobs)["tp"] == 2
+  plan = plan_cluster(NODES, units, "NP", costs=CostContext(weight_mode="latest"), tp=2)
+  assert [(w.gpus, w.tp) for w in job.workers] == [(tuple(p.gpus), p.tp) for p in plan.vws]
+  timeline = simulate_sync(job).timeline
+  spans = collections.defaultdict(list)
+  for device, start, end, category, label in timeline["intervals"]:
+    if category == "compute":
+      spans[device].append((start, end, label))
+  lead, partner = NODES.gpus[0].index, NODES.gpus[1].index
+  assert spans[lead] and spans[lead] == spans[partner]  # a split stage's GPUs work alike
+  w = job.workers[0]
+  stage = next(j for j in range(len(w.gpus)) if w.gpus[j].index == lead)
+  forward = sum(unit_seconds(u.split(2), GPU)[0] + split_allreduce_seconds(NODES, u.split(2))[0]
+                for u in units[w.cuts[stage]:w.cuts[stage + 1]])  # its share, and its all-reduces on the node's link
+  first = min((s for s in spans[lead] if s[2] == "F1"), key=lambda s: s[0])
+  assert first[1] - first[0] == pytest.approx(forward, rel=1e-9)
 
 
 @pytest.mark.slow

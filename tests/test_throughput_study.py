@@ -20,7 +20,7 @@ ENV = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFO
 ROWS = ["horovod", "hetero_dp", "sync_pipeline", "local_sgd", "HetPipe NP D=0", "HetPipe ED D=0", "HetPipe HD D=0",
         "HetPipe tuned", "HetPipe tuned for images/s", "HetPipe tuned + outer"]
 ENTRY = {"model", "row", "system", "config", "objective", "gpus", "images_per_sec", "throughput", "unit",
-         "ideal_images_per_sec", "efficiency", "ratio_to_best_peer", "goodput", "time_to_target_s", "reason",
+         "ideal_images_per_sec", "efficiency", "mfu", "ratio_to_best_peer", "goodput", "time_to_target_s", "reason",
          "signature"}
 
 
@@ -66,7 +66,9 @@ def test_table_goodput_marks_and_headline(tmp_path):
     assert all(set(e) == ENTRY for e in table)
     assert all(e["images_per_sec"] > 0 and e["reason"] is None for e in table)  # every system runs on paper_mini
     best_peer = max(e["images_per_sec"] for e in table if e["system"] != "hetpipe")
+    per_example = table[0]["mfu"] / table[0]["images_per_sec"]  # the model's flops over the cluster's peak
     for e in table:
+      assert e["mfu"] == pytest.approx(e["images_per_sec"] * per_example) and 0 < e["mfu"] < 1
       assert e["efficiency"] == pytest.approx(e["images_per_sec"] / e["ideal_images_per_sec"])
       assert e["ratio_to_best_peer"] == pytest.approx(e["images_per_sec"] / best_peer)
       assert e["throughput"] == e["images_per_sec"] and e["unit"] == "images"

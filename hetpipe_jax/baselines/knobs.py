@@ -13,6 +13,7 @@ from typing import NamedTuple
 from hetpipe_jax.baselines.sync import CYCLE_S, FUSION_BYTES
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.plan.partition import NM_POLICIES
+from hetpipe_jax.plan.tensor_groups import parse_tp
 
 WORKER_KINDS = ("auto", "gpu", "vw")
 
@@ -38,6 +39,10 @@ class PeerKnobs(NamedTuple):
     rounds: rounds simulated (every round is the same).
     nm_rule: hetpipe's Nm rule (:data:`~hetpipe_jax.plan.partition.NM_POLICIES`): ``max_fit`` (the largest Nm
       that fits), ``best`` (the modelled fastest), ``speed`` (waves sized to each virtual worker's speed).
+    tp: the tensor-parallel degree of a system's pipeline stages (sync_pipeline, local_sgd with vw workers,
+      hetpipe), as HetPipe's planner splits them (:mod:`hetpipe_jax.plan.tensor_groups`; "auto": its fastest
+      degree): Megatron-LM's split inside a node, which pipeline systems on large models run (Metis, FlashFlex).
+      Data-parallel workers of one GPU (horovod, hetero_dp, local_sgd's gpu workers) do not split.
   """
 
   fusion_mb: float = FUSION_BYTES / (1 << 20)
@@ -52,6 +57,7 @@ class PeerKnobs(NamedTuple):
   outer_momentum: float = 0.9
   rounds: int = 2
   nm_rule: str = "max_fit"
+  tp: int | str = 1
 
   @property
   def fusion_bytes(self) -> float:
@@ -80,4 +86,5 @@ class PeerKnobs(NamedTuple):
     for name, value, ok, limit in checks:
       if not ok:
         raise ConfigError(f"--{name}={value}; give {limit}")
+    parse_tp(self.tp)
     return self

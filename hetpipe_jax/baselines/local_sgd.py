@@ -17,9 +17,11 @@ all-reduce is Horovod's (:mod:`hetpipe_jax.baselines.sync`), and the outer step 
 
 from __future__ import annotations
 
+import dataclasses
+
 from hetpipe_jax.baselines.knobs import PeerKnobs
 from hetpipe_jax.baselines.sync import SyncJob, Worker
-from hetpipe_jax.baselines.sync_pipeline import BEST, POLICIES, best_of, pipeline_plans
+from hetpipe_jax.baselines.sync_pipeline import BEST, POLICIES, best_of, pipeline_plans, plan_worker
 from hetpipe_jax.cluster import Cluster
 from hetpipe_jax.cost.batch import BatchProfiles
 from hetpipe_jax.cost.context import DEFAULT_COSTS, CostContext
@@ -53,17 +55,18 @@ def local_sgd_job(cluster: Cluster, profiles: BatchProfiles, batch_size: int, kn
     if not gpus:
       raise NoGpuHoldsModel("local_sgd: no GPU holds the whole model; use --local_workers=vw (or auto) or "
                             "larger GPUs")
-    shapes = [((g,), (0, num_units), batch_size, 1, 1) for g in gpus]
+    shapes = [Worker((g,), (0, num_units), batch_size) for g in gpus]
     speeds = [1 / model_compute_seconds(profiles.at(batch_size), g.type, costs.precision) for g in gpus]
   else:
-    plans = pipeline_plans(cluster, profiles, batch_size, knobs.policy, costs)
-    shapes = [(tuple(p.gpus), tuple(p.cuts), p.in_flight * batch_size, p.in_flight, p.in_flight) for p in plans]
+    plans = pipeline_plans(cluster, profiles, batch_size, knobs.policy, costs, knobs.tp)
+    shapes = [plan_worker(p, p.in_flight * batch_size, p.in_flight) for p in plans]
     speeds = [p.throughput / p.in_flight for p in plans]  # local steps per second
   fastest = max(speeds)
   hs = [max(1, round(knobs.local_steps * s / fastest)) if knobs.h_by_speed else knobs.local_steps for s in speeds]
-  workers = tuple(Worker(g, c, b, m, nm, h) for (g, c, b, m, nm), h in zip(shapes, hs))
+  workers = tuple(dataclasses.replace(w, local_steps=h) for w, h in zip(shapes, hs))
   return SyncJob("local_sgd", cluster, workers, profiles, overlap=False, fusion_bytes=knobs.fusion_bytes,
                  cycle_s=knobs.cycle_s, precision=costs.precision, rounds=knobs.rounds,
                  knobs=(("batch_size", batch_size), ("local_workers", knobs.local_workers), ("local_steps", hs),
                         ("outer_lr", knobs.outer_lr), ("outer_momentum", knobs.outer_momentum),
-                        ("fusion_mb", knobs.fusion_mb), ("gpus", sum(len(w.gpus) for w in workers))))
+                        ("fusion_mb", knobs.fusion_mb), *((("tp", knobs.tp),) if knobs.tp != 1 else ()),
+                        ("gpus", sum(len(w.all_gpus) for w in workers))))

@@ -45,6 +45,7 @@ from hetpipe_jax.core import schedule as sched
 from hetpipe_jax.cost.batch import BatchProfiles
 from hetpipe_jax.cost.context import CostContext
 from hetpipe_jax.cost.roofline import unit_seconds
+from hetpipe_jax.cost.transfer import split_allreduce_seconds
 from hetpipe_jax.errors import ConfigError, ProtocolError
 from hetpipe_jax.plan.allocation import horovod_gpus
 from hetpipe_jax.precision import byte_scale
@@ -67,6 +68,11 @@ class Worker:
       example larger).
     nm: most microbatches in flight (its memory's limit; 1 for one GPU).
     local_steps: local steps per round (1: synchronous SGD).
+    tp: each stage's tensor-parallel partner GPUs (empty: one GPU per stage), as HetPipe's planner gives them
+      (:mod:`hetpipe_jax.plan.tensor_groups`): a split stage's units are charged their share and their
+      all-reduces on the node's link (:func:`hetpipe_jax.cost.transfer.split_allreduce_seconds`), its GPUs work
+      alike (the partners' timelines repeat the stage's), and its gradient's ring between workers runs over the
+      stages' own GPUs with the whole gradient (the t shards' rings cross the nodes' links together).
   """
 
   gpus: tuple[Gpu, ...]
@@ -75,6 +81,16 @@ class Worker:
   microbatches: int = 1
   nm: int = 1
   local_steps: int = 1
+  tp: tuple[tuple[Gpu, ...], ...] = ()
+
+  def stage_gpus(self, j: int) -> tuple[Gpu, ...]:
+    """Stage ``j``'s GPUs: its own, then its tensor-parallel partners."""
+    return (self.gpus[j], *(self.tp[j] if self.tp else ()))
+
+  @property
+  def all_gpus(self) -> list[Gpu]:
+    """Every GPU the worker trains on, partners included."""
+    return [g for j in range(len(self.gpus)) for g in self.stage_gpus(j)]
 
   def micro_size(self, mb: int) -> int:
     """Examples of microbatch ``mb`` (1-based) of a local step."""
@@ -141,7 +157,7 @@ class SyncJob:
       if min(w.microbatches, w.nm, w.local_steps) < 1 or w.batch < w.microbatches:
         raise ConfigError(f"{self.system} worker {i}: batch={w.batch}, microbatches={w.microbatches}, nm={w.nm}, "
                           f"local_steps={w.local_steps}; each must be >= 1, and batch >= microbatches")
-    used = [g.index for w in self.workers for g in w.gpus]
+    used = [g.index for w in self.workers for g in w.all_gpus]
     if len(used) != len(set(used)):
       raise ConfigError(f"{self.system}: a GPU is in two workers; give each GPU to one worker")
     if self.schedule not in sched.SCHEDULES:
@@ -236,9 +252,12 @@ class _Run:
     found = self._costs.get((i, j, size))
     if found is None:
       w = self.job.workers[i]
-      profiles = self.job.profiles.at(size)
+      profiles, degree = self.job.profiles.at(size), len(w.stage_gpus(j))
       units = range(w.cuts[j], w.cuts[j + 1])
-      times = [unit_seconds(profiles[u], w.gpus[j].type, self.job.precision) for u in units]
+      split = [profiles[u].split(degree) for u in units]
+      times = [tuple(c + r for c, r in zip(unit_seconds(p, w.gpus[j].type, self.job.precision),
+                                           split_allreduce_seconds(self.job.cluster, p, self.job.precision)))
+               for p in split]
       found = self._costs[(i, j, size)] = (
           sum(t[0] for t in times), sum(t[1] for t in times),
           [(u, t[1]) for u, t in zip(reversed(units), reversed(times))],
@@ -276,7 +295,7 @@ class _Run:
       c.waiting = {u: len(self.job.workers) for u in c.units}
       c.left = len(c.units)
     for w in self.job.workers:
-      for g in w.gpus:
+      for g in w.all_gpus:
         self.log.last.setdefault(g.index, []).append(t)
     self.steps = [0] * len(self.job.workers)
     for i in range(len(self.job.workers)):
@@ -321,9 +340,9 @@ class _Run:
 
   def _finish(self, i: int, task: sched.Task, t_start: float, t: float) -> None:
     w = self.job.workers[i]
-    gpu = w.gpus[task.stage].index
-    self.log.compute.setdefault(gpu, []).append((t_start, t, f"{task.kind[0].upper()}{task.mb}"))
-    self.log.last[gpu][-1] = t
+    for g in w.stage_gpus(task.stage):
+      self.log.compute.setdefault(g.index, []).append((t_start, t, f"{task.kind[0].upper()}{task.mb}"))
+      self.log.last[g.index][-1] = t
     self.states[i], _ = sched.finish(self.states[i], task, self.job.schedule)
     nxt = sched.successor(task, len(w.gpus))
     if nxt is not None and nxt[0] != task.stage:

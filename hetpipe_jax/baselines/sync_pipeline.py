@@ -71,12 +71,19 @@ def proportional(total: int, weights: list[float]) -> list[int]:
 
 
 def pipeline_plans(cluster: Cluster, profiles: BatchProfiles, batch_size: int, policy: str,
-                   costs: CostContext = DEFAULT_COSTS):
-  """The planner's virtual workers for ``policy`` (see the module docstring), charged the memory of a
-  pipeline that flushes before it updates: every microbatch of a round uses the same weights, so no weight
-  version is stashed (``weight_mode="latest"``'s charge; the microbatches' activations are)."""
+                   costs: CostContext = DEFAULT_COSTS, tp: int | str = 1):
+  """The planner's virtual workers for ``policy`` (see the module docstring) at tensor-parallel degree ``tp``,
+  charged the memory of a pipeline that flushes before it updates: every microbatch of a round uses the same
+  weights, so no weight version is stashed (``weight_mode="latest"``'s charge; the microbatches' activations
+  are)."""
   return plan_cluster(cluster, list(profiles.at(batch_size)), parse_policy(policy), "default", "max_fit", None,
-                      costs._replace(weight_mode="latest")).vws
+                      costs._replace(weight_mode="latest"), tp).vws
+
+
+def plan_worker(plan, batch: int, microbatches: int, local_steps: int = 1) -> Worker:
+  """A planned virtual worker (:class:`~hetpipe_jax.plan.vw_plan.VWPlan`) as a pipeline worker: its GPUs, cuts,
+  Nm in flight and tensor-parallel partners."""
+  return Worker(tuple(plan.gpus), tuple(plan.cuts), batch, microbatches, plan.in_flight, local_steps, plan.tp or ())
 
 
 def sync_pipeline_job(cluster: Cluster, profiles: BatchProfiles, batch_size: int, knobs: PeerKnobs,
@@ -90,13 +97,13 @@ def sync_pipeline_job(cluster: Cluster, profiles: BatchProfiles, batch_size: int
   if knobs.policy == BEST:
     return best_of(POLICIES, lambda policy: sync_pipeline_job(cluster, profiles, batch_size,
                                                                knobs._replace(policy=policy), costs))
-  plans = pipeline_plans(cluster, profiles, batch_size, knobs.policy, costs)
+  plans = pipeline_plans(cluster, profiles, batch_size, knobs.policy, costs, knobs.tp)
   total = knobs.microbatches or 4 * max(len(p.stages) for p in plans) * len(plans)
   counts = proportional(total, [p.throughput for p in plans])
-  workers = tuple(Worker(tuple(p.gpus), tuple(p.cuts), m * batch_size, m, p.in_flight)
-                  for p, m in zip(plans, counts))
+  workers = tuple(plan_worker(p, m * batch_size, m) for p, m in zip(plans, counts))
   return SyncJob("sync_pipeline", cluster, workers, profiles, overlap=True, fusion_bytes=knobs.fusion_bytes,
                  cycle_s=knobs.cycle_s, precision=costs.precision, rounds=knobs.rounds,
                  knobs=(("batch_size", batch_size), ("policy", knobs.policy), ("microbatches", counts),
                         ("nm", [p.in_flight for p in plans]), ("fusion_mb", knobs.fusion_mb),
-                        ("gpus", sum(len(p.stages) for p in plans))))
+                        *((("tp", knobs.tp),) if knobs.tp != 1 else ()),
+                        ("gpus", sum(len(w.all_gpus) for w in workers))))

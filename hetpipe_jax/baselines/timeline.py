@@ -96,7 +96,7 @@ def _device_intervals(gpu: int, log: Log, comm_spans: list[tuple[float, float]])
 def build_timeline(job: Any, log: Log) -> dict[str, Any]:
   """The timeline of a finished run of ``job`` (a :class:`~hetpipe_jax.baselines.sync.SyncJob`; see the module
   docstring); ``meta`` holds the system's knobs, the caller adds its rates."""
-  position = {g.index: (i, j) for i, w in enumerate(job.workers) for j, g in enumerate(w.gpus)}
+  position = {g.index: (i, j) for i, w in enumerate(job.workers) for j in range(len(w.gpus)) for g in w.stage_gpus(j)}
   end = log.rounds[-1][1] if log.rounds else 0.0
   devices, intervals = [], []
   for d, g in enumerate(job.cluster.gpus):

@@ -113,6 +113,10 @@ PRESETS = {
     # A cloud-like mix: V100s with NVLink and T4s over 25 GbE.
     "v100_t4": lambda: make_cluster("v100_t4", [[CATALOGUE["V100"]] * 4, [CATALOGUE["T4"]] * 4],
                                     LINKS["nvlink2"], LINKS["eth25"]),
+    # A heterogeneous datacenter (issue 38's large-model study): 32 nodes of 8 GPUs of one type, the 8 scale types
+    # in turn (4 nodes each), NVLink 2 inside a node, 200 Gb/s InfiniBand HDR between.
+    "datacenter256": lambda: make_cluster("datacenter256", [[CATALOGUE[SCALE_TYPES[n % 8]]] * 8 for n in range(32)],
+                                          LINKS["nvlink2"], LINKS["ib_hdr200"]),
 }
 
 

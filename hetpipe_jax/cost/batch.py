@@ -90,19 +90,25 @@ def _line(a: float, b: float, x: float):
 
 def _unit_line(a: UnitProfile, b: UnitProfile, x: float) -> UnitProfile:
   """The unit's profile at ``x`` along the line from ``a`` (x = 0) to ``b`` (x = 1), its recomputation costs
-  with it (every one of their fields is batch-dependent)."""
+  and its tensor-parallel activations with it (every one of their fields is batch-dependent)."""
   modes = {m: None if ra is None or rb is None else Recomputed(_line(ra.bwd_flops, rb.bwd_flops, x),
                                                                _line(ra.bwd_bytes, rb.bwd_bytes, x),
                                                                int(_line(ra.kept_bytes, rb.kept_bytes, x)))
            for m, ra, rb in (("selective", a.selective, b.selective), ("full", a.full, b.full))}
-  return dataclasses.replace(a, **{f: _line(getattr(a, f), getattr(b, f), x) for f in SCALED}, **modes)
+  tp = None if a.tp is None or b.tp is None else a.tp._replace(
+      in_bytes=int(_line(a.tp.in_bytes, b.tp.in_bytes, x)),
+      whole_kept_bytes=int(_line(a.tp.whole_kept_bytes, b.tp.whole_kept_bytes, x)))
+  return dataclasses.replace(a, **{f: _line(getattr(a, f), getattr(b, f), x) for f in SCALED}, **modes, tp=tp)
 
 
 def _doubled(u: UnitProfile) -> UnitProfile:
-  """``u`` with every batch-dependent cost doubled (its recomputation costs too)."""
+  """``u`` with every batch-dependent cost doubled (its recomputation costs and tensor-parallel activations
+  too)."""
   modes = {m: None if r is None else Recomputed(2 * r.bwd_flops, 2 * r.bwd_bytes, 2 * r.kept_bytes)
            for m, r in (("selective", u.selective), ("full", u.full))}
-  return dataclasses.replace(u, **{f: getattr(u, f) * 2 for f in SCALED}, **modes)
+  tp = None if u.tp is None else u.tp._replace(in_bytes=2 * u.tp.in_bytes,
+                                               whole_kept_bytes=2 * u.tp.whole_kept_bytes)
+  return dataclasses.replace(u, **{f: getattr(u, f) * 2 for f in SCALED}, **modes, tp=tp)
 
 
 def fixed(profiles: Sequence[UnitProfile], batch_size: int) -> BatchProfiles:

@@ -95,16 +95,14 @@ def stage_allreduce_seconds(cluster: Cluster, units: Sequence[UnitProfile], gpus
   return seconds("fwd"), seconds("bwd")
 
 
-def split_allreduce_seconds(cluster: Cluster, unit: UnitProfile, precision: str = "fp32") -> float:
-  """Forward + backward seconds of the all-reduces of one ``unit`` split over its profile's degree of GPUs of one
-  node (the planner's view of a split stage before its partner GPUs are named: what
-  :func:`stage_allreduce_seconds` charges them, on the cluster's link inside a node)."""
-  total = 0.0
-  for kind in ("fwd", "bwd"):
+def split_allreduce_seconds(cluster: Cluster, unit: UnitProfile, precision: str = "fp32") -> tuple[float, float]:
+  """(forward, backward) seconds of the all-reduces of one ``unit`` split over its profile's degree of GPUs of one
+  node (a split stage seen by its lead GPU: what :func:`stage_allreduce_seconds` charges its GPUs, on the
+  cluster's link inside a node)."""
+  def seconds(kind: str) -> float:
     n, num_bytes = unit.allreduce_bytes(kind)
-    if n:
-      total += n * ring_allreduce_seconds(unit.degree, num_bytes * byte_scale(precision), cluster.intra_node)
-  return total
+    return n * ring_allreduce_seconds(unit.degree, num_bytes * byte_scale(precision), cluster.intra_node) if n else 0.0
+  return seconds("fwd"), seconds("bwd")
 
 
 def boundary_receive(profiles: Sequence[UnitProfile], position: int, src: Gpu | None,

@@ -59,7 +59,7 @@ class _ModeDp:
   def __init__(self, mode: str, profiles: Sequence[UnitProfile], nm: int, costs: CostContext, cluster: Cluster):
     self.mode, self.precision = mode, costs.precision
     self.profiles = [u.under(mode) for u in profiles]
-    self._reduce = np.array([split_allreduce_seconds(cluster, u, costs.precision) for u in self.profiles])
+    self._reduce = np.array([sum(split_allreduce_seconds(cluster, u, costs.precision)) for u in self.profiles])
     mem = np.array([memory_bytes(u.param_bytes, u.kept_bytes, nm, costs) for u in self.profiles], np.float64)
     prefix = np.concatenate([[0.0], np.cumsum(mem)])
     self.memory = prefix[None, :] - prefix[:, None]  # M(s, e): a stage holding units s .. e - 1 (for s <= e)

@@ -134,7 +134,7 @@ def _stage(cluster: Cluster, profiles: Sequence[UnitProfile], gpus: Sequence[Gpu
   mine = list(profiles) if mode == "none" else [u.under(mode) for u in profiles]
   fwd, bwd = stage_seconds(cluster, mine, cuts, gpus, j, costs.precision)
   units = mine[cuts[j]:cuts[j + 1]]
-  reduce = sum(split_allreduce_seconds(cluster, u, costs.precision) for u in units)
+  reduce = sum(sum(split_allreduce_seconds(cluster, u, costs.precision)) for u in units)
   return StagePlan(gpus[j], cuts[j], cuts[j + 1], fwd + bwd + reduce, stage_memory_bytes(units, held, costs), mode)
 
 

@@ -115,6 +115,8 @@ class TableEntry(NamedTuple):
     gpus: the GPUs that train (None: it cannot run).
     images_per_sec: examples/s (None: it cannot run, ``reason``); throughput: in ``unit``/s.
     ideal_images_per_sec / efficiency: the ideal aggregate of the cluster, images/s over it.
+    mfu: model flops utilisation: the model's forward and backward flops per example (a recomputed forward not
+      counted) x examples/s, over the peak flop/s (fp32) of every GPU of the cluster.
     ratio_to_best_peer: images/s over the best peer's.
     goodput / time_to_target_s: the convergence study's mark and mean time to target.
     reason: why it cannot run.
@@ -132,6 +134,7 @@ class TableEntry(NamedTuple):
   unit: str
   ideal_images_per_sec: float
   efficiency: float | None
+  mfu: float | None
   ratio_to_best_peer: float | None
   goodput: str
   time_to_target_s: float | None
@@ -272,6 +275,11 @@ class ModelStudy:
   def ideal(self, gpus=None, cluster: Cluster | None = None) -> float:
     return ideal_images_per_sec(cluster or self.cluster, self.profiles, self.batch, gpus)
 
+  def peak_ips(self) -> float:
+    """Examples/s at the cluster's peak flop/s (fp32): the denominator of a row's MFU."""
+    flops = sum(u.fwd_flops + u.bwd_flops for u in self.profiles) / self.batch
+    return sum(g.type.peak_flops("fp32") for g in self.cluster.gpus) / flops
+
   def row(self, study_name: str, config: str, gpus: int, nm: int, d: int, ips: float, best: float,
           transfers: str | None = None) -> None:
     """A sub-study's row."""
@@ -284,7 +292,8 @@ class ModelStudy:
     ideal = self.ideal()
     self.table.append(TableEntry(self.model_name, row, system, config, objective, gpus, ips,
                                  None if ips is None else ips * self.per_example, self.unit, ideal,
-                                 None if ips is None else ips / ideal, None, NOT_TRAINED, None, reason, signature))
+                                 None if ips is None else ips / ideal, None if ips is None else ips / self.peak_ips(),
+                                 None, NOT_TRAINED, None, reason, signature))
     if ips is None:
       self.say(f"{self.model_name} {row} cannot run: {reason}")
     else:

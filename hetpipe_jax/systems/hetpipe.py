@@ -81,10 +81,11 @@ class HetPipe(System):
   weight_mode = "stash"
 
   def _simulate(self, cluster: Cluster, profiles: BatchProfiles, batch_size: int, policy: Any,
-                costs: CostContext, nm_rule: str) -> tuple[HetPipeJob, float, Trace]:
-    """(the job, its examples/s, its trace) of one policy, its Nm by ``nm_rule``."""
+                costs: CostContext, knobs: PeerKnobs) -> tuple[HetPipeJob, float, Trace]:
+    """(the job, its examples/s, its trace) of one policy, its Nm by the knobs' rule, at their tensor-parallel
+    degree."""
     units = list(profiles.at(batch_size))
-    plan = plan_cluster(cluster, units, policy, "default", nm_rule, None, costs)
+    plan = plan_cluster(cluster, units, policy, "default", knobs.nm_rule, None, costs, knobs.tp)
     rate, trace = simulated_rate(SimJob(cluster, units, plan.layout, 0, WAVES, weight_mode=costs.weight_mode,
                                         precision=costs.precision), batch_size, f"hetpipe {policy}, simulated")
     return HetPipeJob(cluster, plan, policy), rate, trace
@@ -96,7 +97,7 @@ class HetPipe(System):
     runs, reasons = [], []
     for policy in policies:
       try:
-        runs.append(self._simulate(cluster, profiles, batch_size, policy, costs, knobs.nm_rule))
+        runs.append(self._simulate(cluster, profiles, batch_size, policy, costs, knobs))
       except ConfigError as e:
         reasons.append(f"{policy}: {e}")
     if not runs:
