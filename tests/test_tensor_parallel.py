@@ -13,7 +13,7 @@ import optax
 import pytest
 from jax.sharding import NamedSharding
 
-from hetpipe_jax import RunConfig, get_model, run_hetpipe
+from hetpipe_jax import RunConfig, get_cluster, get_model, run_hetpipe
 from hetpipe_jax.baselines.knobs import PeerKnobs
 from hetpipe_jax.baselines.sync import simulate_sync
 from hetpipe_jax.baselines.sync_pipeline import sync_pipeline_job
@@ -34,6 +34,8 @@ from hetpipe_jax.plan.costmodel import CostModel, vw_profiles
 from hetpipe_jax.plan.layout import Layout, VWLayout
 from hetpipe_jax.plan.tensor_groups import lead_cluster, tp_degrees
 from hetpipe_jax.runtime.stage import DEFAULT_OPTIONS, Stage, StageOptions
+from hetpipe_jax.studies.convergence_config import ConvergenceConfig
+from hetpipe_jax.systems.registry import get_system
 from hetpipe_jax.tensor import COLUMNS, ROWS, SPLIT, WHOLE
 
 from helpers import assert_trace_ok
@@ -259,6 +261,9 @@ def test_a_pipeline_peer_splits_its_stages_as_the_planner_does():
                 for u in units[w.cuts[stage]:w.cuts[stage + 1]])  # its share, and its all-reduces on the node's link
   first = min((s for s in spans[lead] if s[2] == "F1"), key=lambda s: s[0])
   assert first[1] - first[0] == pytest.approx(forward, rel=1e-9)
+  for name in ("sync_pipeline", "hetpipe"):  # a system's run counts the partners among its GPUs
+    knobs = PeerKnobs(policy="NP", tp=2, microbatches=2)
+    assert get_system(name).simulate(NODES, fixed(units, 4), 4, knobs).gpus == 8
 
 
 @pytest.mark.slow
@@ -283,3 +288,8 @@ def test_a_run_with_split_stages_trains_and_says_so_in_its_trace(layout, gpus, p
   assert np.isfinite(losses).all()
   report = efficiency_report(result.events)  # the layout rebuilt from the trace, with its partners
   assert report["ideal_images_per_sec"] > 0
+
+
+def test_the_convergence_study_refuses_split_stages_in_one_line():
+  with pytest.raises(ConfigError, match=r"--tp=2: the convergence study trains its rows on layouts without tensor"):
+    ConvergenceConfig(get_cluster("hetero4"), knobs=PeerKnobs(tp=2))

@@ -108,7 +108,7 @@ class HetPipe(System):
     events = (dict(trace.events[0], model=model), *trace.events[1:])
     return SystemRun(self.name, sum(nms) * batch_size / rate, sum(nms) * batch_size, rate, ideal,
                      tuple(nm * batch_size for nm in nms), tuple(1 for _ in nms),
-                     sum(len(p.stages) for p in job.plan.vws), None, job, events)
+                     job.plan.layout.num_gpus, None, job, events)
 
   def train(self, model: LayeredModel, dataset: Dataset, run: SystemRun, setting: TrainSetting,
             knobs: PeerKnobs = DEFAULT_KNOBS) -> Curve:

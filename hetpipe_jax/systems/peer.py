@@ -64,7 +64,7 @@ class Peer(System):
                             **({} if costs.recompute == "none" else {"recompute": costs.recompute}))
     return SystemRun(self.name, result.round_seconds, result.examples_per_round, result.images_per_sec, ideal,
                      tuple(w.batch for w in job.workers), tuple(w.local_steps for w in job.workers),
-                     len({g.index for w in job.workers for g in w.gpus}), timeline, job)
+                     len({g.index for w in job.workers for g in w.all_gpus}), timeline, job)
 
   def train(self, model: LayeredModel, dataset: Dataset, run: SystemRun, setting: TrainSetting,
             knobs: PeerKnobs = DEFAULT_KNOBS) -> Curve:
