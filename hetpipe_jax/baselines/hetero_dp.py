@@ -12,16 +12,21 @@ t_g grows with s, so the optimum is found exactly by bisection on the time T (ea
 examples it can finish by T) and trimming the surplus from the GPUs that finish last.
 
 What it assumes: the GPUs' speeds are known (the cost model's), the all-reduce is Horovod's
-(:mod:`hetpipe_jax.baselines.sync`), and the update is the batch-weighted mean of the gradients.
+(:mod:`hetpipe_jax.baselines.sync`), and the update is the batch-weighted mean of the gradients. With
+``knobs.shard_state`` its GPUs shard the gradient and the optimizer state (ZeRO stage 2, as Cephalo runs FSDP;
+the weights stay whole on every GPU, where Cephalo's FSDP shards them too): the GPUs that take part are the
+fixed point of "those that hold the weights and a 1/N share of the state, N being how many they are"
+(:func:`sharded_costs`), and the reduce-scatter and all-gather move the bytes of the all-reduce.
 """
 
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
 
 from hetpipe_jax.baselines.knobs import PeerKnobs
-from hetpipe_jax.baselines.sync import SyncJob, Worker
+from hetpipe_jax.baselines.sync import SyncJob, Worker, simulate_sync
 from hetpipe_jax.cluster import Cluster, Gpu, GpuType
 from hetpipe_jax.cost.batch import BatchProfiles
 from hetpipe_jax.cost.context import DEFAULT_COSTS, CostContext
@@ -99,6 +104,24 @@ def split_batch(gpus: list[Gpu], profiles: BatchProfiles, global_batch: int,
   return [(g, s, math.ceil(s / micro[g.type.name])) for g, s in zip(able, share) if s > 0]
 
 
+def sharded_split(gpus: list[Gpu], profiles: BatchProfiles, global_batch: int,
+                  costs: CostContext) -> tuple[CostContext, list[tuple[Gpu, int, int]]]:
+  """(``costs`` with the state sharded over N GPUs, :func:`split_batch` under it) where N is the number of GPUs
+  that take a share: from N = all of ``gpus``, N shrinks to the GPUs of the split at N until it holds (each
+  step's split is among the GPUs that fit at a larger N, so at most len(gpus) steps).
+
+  Raises:
+    ConfigError: when no GPU holds the model with one example even with the state sharded over all of them.
+  """
+  shards = len(gpus)
+  while True:
+    trial = costs._replace(state_shards=shards)
+    split = split_batch(gpus, profiles, global_batch, trial)
+    if len(split) == shards:
+      return trial, split
+    shards = len(split)
+
+
 def hetero_dp_job(cluster: Cluster, profiles: BatchProfiles, batch_size: int, knobs: PeerKnobs,
                   costs: CostContext = DEFAULT_COSTS) -> SyncJob:
   """hetero_dp on the simulator's network: the global batch (``knobs.global_batch``, default ``batch_size``
@@ -108,11 +131,28 @@ def hetero_dp_job(cluster: Cluster, profiles: BatchProfiles, batch_size: int, kn
     ConfigError: when no GPU holds the model, or the global batch is smaller than... nothing to split.
   """
   global_batch = knobs.global_batch or batch_size * cluster.num_gpus
-  split = split_batch(list(cluster.gpus), profiles, global_batch, costs)
+  if knobs.shard_state:  # sharded where that is faster (or the only way), as a user of the option would run it
+    sharded = _job(cluster, profiles, batch_size, knobs, *sharded_split(list(cluster.gpus), profiles, global_batch,
+                                                                       costs))
+    try:
+      plain = hetero_dp_job(cluster, profiles, batch_size, knobs._replace(shard_state=False), costs)
+    except ConfigError:
+      return sharded
+    rate = lambda job: simulate_sync(dataclasses.replace(job, rounds=1)).images_per_sec
+    return sharded if rate(sharded) > rate(plain) else plain
+  return _job(cluster, profiles, batch_size, knobs, costs, split_batch(list(cluster.gpus), profiles, global_batch,
+                                                                       costs))
+
+
+def _job(cluster: Cluster, profiles: BatchProfiles, batch_size: int, knobs: PeerKnobs, costs: CostContext,
+         split: list[tuple[Gpu, int, int]]) -> SyncJob:
+  """The job of a split of the global batch (its state sharded over its GPUs where ``costs`` says so)."""
+  global_batch = sum(s for _, s, _ in split)
   num_units = len(profiles.low)
   workers = tuple(Worker((g,), (0, num_units), share, steps) for g, share, steps in split)
   return SyncJob("hetero_dp", cluster, workers, profiles, overlap=True, fusion_bytes=knobs.fusion_bytes,
                  cycle_s=knobs.cycle_s, precision=costs.precision, rounds=knobs.rounds,
                  knobs=(("batch_size", batch_size), ("global_batch", global_batch), ("fusion_mb", knobs.fusion_mb),
                         ("shares", [s for _, s, _ in split]), ("accumulation", [a for _, _, a in split]),
+                        *((("state_shards", costs.state_shards),) if costs.state_shards > 1 else ()),
                         ("gpus", len(split))))

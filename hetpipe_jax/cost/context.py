@@ -14,12 +14,15 @@ class CostContext(NamedTuple):
     precision: "fp32", or "fp16"/"bf16" (mixed precision, :mod:`hetpipe_jax.precision`).
     recompute: the activation recomputation the planner may give a stage (:mod:`hetpipe_jax.recompute`):
       "none", "selective" or "full" for every stage, or "auto" (per stage, the fastest that fits).
+    state_shards: the data-parallel replicas that shard the gradient and the optimizer slots among them (ZeRO
+      stage 2, :func:`hetpipe_jax.cost.memory.param_copies`); 1: each holds its own.
   """
 
   weight_mode: str = "stash"
   optimizer_slots: float = 0.0
   precision: str = "fp32"
   recompute: str = "none"
+  state_shards: int = 1
 
 
 DEFAULT_COSTS = CostContext()  # fp32, stash, no optimizer state: the default of every function that takes one

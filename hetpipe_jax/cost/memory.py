@@ -84,11 +84,19 @@ def param_copies(nm: int, costs: CostContext = DEFAULT_COSTS) -> float:
 
   Raises:
     ConfigError: for an unknown precision.
+
+  With ``costs.state_shards`` = N > 1 (data-parallel replicas under ZeRO stage 2: Rajbhandari et al., "ZeRO:
+  memory optimizations toward training trillion parameter models", SC'20, section 5) each replica keeps the
+  whole weights but 1/N of the gradient and of the optimizer slots: ``1 + (1 + optimizer_slots) / N + s x
+  stashed``. Its gradients meet by a reduce-scatter and the updated weights by an all-gather, the bytes of one
+  ring all-reduce (ibid., section 7), so the simulators' all-reduce times it unchanged.
   """
   stashed = nm if costs.weight_mode == "stash" else 0
+  held = (2 + costs.optimizer_slots if costs.state_shards == 1
+          else 1 + (1 + costs.optimizer_slots) / costs.state_shards)
   if not is_mixed(costs.precision):
-    return 2 + costs.optimizer_slots + stashed  # (integers stay integers)
-  return 2 + costs.optimizer_slots + stashed * byte_scale(costs.precision)
+    return held + stashed  # (integers stay integers)
+  return held + stashed * byte_scale(costs.precision)
 
 
 def memory_bytes(param_bytes, kept_bytes, nm: int, costs: CostContext = DEFAULT_COSTS, transient_bytes: float = 0):
