@@ -250,9 +250,14 @@ def apply_plan(flag_values: flags.FlagValues, best: dict) -> TunedPlan:
   the numerics train a small ``--model`` on the plan's full-size model's clock).
 
   Raises:
-    ConfigError: for a plan that is not one, or a flag given beside it that disagrees with it.
+    ConfigError: for a plan that is not one, a flag given beside it that disagrees with it, or a configuration
+      whose stages tensor parallelism splits (a run from a plan names one GPU per stage).
   """
   fv, path = flag_values, flag_values.plan
+  if isinstance(best, dict) and best.get("tp"):
+    raise ConfigError(f"--plan={path}: configuration {best.get('grouping')!r} splits its stages by tensor "
+                      "parallelism, which a run from a plan does not take yet; run its policy with --policy and "
+                      "--tp, or tune with --tp=1")
   try:
     values = _plan_values(best, fv.dataset)
   except (OSError, ValueError, KeyError, TypeError) as e:

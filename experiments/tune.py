@@ -43,6 +43,7 @@ from hetpipe_jax.cost.context import CostContext
 from hetpipe_jax.cost.profile import full_size_profiles
 from hetpipe_jax.models import FULL_SIZE
 from hetpipe_jax.optim import optimizer_slots
+from hetpipe_jax.plan.tensor_groups import parse_tp
 from hetpipe_jax.recompute import check_recompute
 from hetpipe_jax.staleness import StalenessModel
 from hetpipe_jax.systems import get_system
@@ -64,7 +65,7 @@ from hetpipe_jax.tune.peers import small_profiles, tuner_profiles
 FLAGS = flags.FLAGS
 # The run settings the search takes (experiments.run_flags), at the tuner's defaults: the paper's testbed and VGG-19,
 # momentum (for its memory); --waves: of the predicting runs (the screening runs take half).
-run_flags.define(["model", "dataset", "cluster", "batch_size", "optimizer", "weight_mode", "recompute", "waves"],
+run_flags.define(["model", "dataset", "cluster", "batch_size", "optimizer", "weight_mode", "recompute", "tp", "waves"],
                  overrides={"model": "vgg19", "cluster": "paper_testbed", "optimizer": "momentum"})
 flags.adopt_module_key_flags(run_flags)  # --help lists them
 flags.DEFINE_enum("objective", "time_to_accuracy", ["throughput", "time_to_accuracy"], "What the best "
@@ -170,7 +171,7 @@ def search_space() -> SearchSpace:
     except ConfigError as e:
       raise common.config_error(f"--peers={','.join(FLAGS.peers)}: {e}") from None
   return SearchSpace(ds=tuple(ds), transfers=tuple(transfers), staged=tuple(staged), nm_max=FLAGS.nm_max,
-                     windows=FLAGS.windows, peers=peers)
+                     windows=FLAGS.windows, peers=peers, tp=parse_tp(FLAGS.tp))
 
 
 def tune_options(request: TuneRequest, staleness_model, peer_accuracy=None) -> TuneOptions:

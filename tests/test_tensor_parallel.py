@@ -37,6 +37,8 @@ from hetpipe_jax.runtime.stage import DEFAULT_OPTIONS, Stage, StageOptions
 from hetpipe_jax.studies.convergence_config import ConvergenceConfig
 from hetpipe_jax.systems.registry import get_system
 from hetpipe_jax.tensor import COLUMNS, ROWS, SPLIT, WHOLE
+from hetpipe_jax.tune import SearchSpace, TuneOptions, tune
+from hetpipe_jax.tune.result import candidate_json
 
 from helpers import assert_trace_ok
 
@@ -293,3 +295,18 @@ def test_a_run_with_split_stages_trains_and_says_so_in_its_trace(layout, gpus, p
 def test_the_convergence_study_refuses_split_stages_in_one_line():
   with pytest.raises(ConfigError, match=r"--tp=2: the convergence study trains its rows on layouts without tensor"):
     ConvergenceConfig(get_cluster("hetero4"), knobs=PeerKnobs(tp=2))
+
+
+def test_the_tuner_searches_the_degree_on_each_degrees_leads():
+  units = profile_units(MODEL, jax.ShapeDtypeStruct(TOKENS.shape, TOKENS.dtype), cache_dir=None)
+  space = SearchSpace(ds=(0,), placements=("default",), transfers=(False,), staged=(False,), tp="auto", nm_max=4)
+  out = tune(NODES, units, 4, space, TuneOptions(waves=4, screen=64, refine=64, workers=1))
+  split = [r for r in out.results if "tp=" in r.candidate.grouping]
+  assert split and {r.candidate.grouping.rsplit("tp=", 1)[1] for r in split} == {"2", "4"}
+  assert any("tp=" not in r.candidate.grouping for r in out.results)  # degree 1 is searched too
+  for r in split:
+    layout, t = r.candidate.layout, int(r.candidate.grouping.rsplit("tp=", 1)[1])
+    assert layout.num_gpus == t * sum(vw.k for vw in layout.vws)
+    assert all(vw.degree(j) == t for vw in layout.vws for j in range(vw.k))
+    stages = [p.tp for p in r.candidate.plans]
+    assert candidate_json(r.candidate)["tp"] == [[[g.index for g in s] for s in p] for p in stages]

@@ -50,6 +50,8 @@ class SearchSpace:
     peers: the peer systems (registered: :func:`hetpipe_jax.systems.get_system`) searched beside HetPipe, each over
       its grid of knobs (:mod:`hetpipe_jax.tune.peers`); empty: HetPipe alone.
     peer_policies: the groupings of the peers' pipelines searched (sync_pipeline, local_sgd's pipeline workers).
+    tp: the tensor-parallel degrees searched (:mod:`hetpipe_jax.plan.tensor_groups`): a degree, or "auto" (every
+      degree that divides the cluster's nodes); each grouping is formed on the groups' leads of each degree.
   """
 
   ds: tuple[int, ...] = (0, 4, 32)
@@ -62,6 +64,7 @@ class SearchSpace:
   max_stages: int | None = None
   peers: tuple[str, ...] = ()
   peer_policies: tuple[str, ...] = POLICIES
+  tp: int | str = 1
 
   def settings(self) -> list[Setting]:
     """Every (placement, transfer models) searched: placements outermost, PS transfer models innermost."""

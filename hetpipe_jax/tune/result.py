@@ -123,8 +123,12 @@ def policy_rows(results: Iterable[Result]) -> dict[str, Result]:
 def candidate_json(candidate: Candidate) -> dict[str, Any]:
   """A candidate's settings as a run takes them: the grouping (GPU indices in pipeline order), cuts, Nm,
   window (most minibatches in flight), D, placement, transfer models (``overlap_transfers``, ``staged_ps``:
-  the flat names of :class:`~hetpipe_jax.run.config.RunConfig` and ``experiments.train --plan``)."""
+  the flat names of :class:`~hetpipe_jax.run.config.RunConfig` and ``experiments.train --plan``), and where a
+  stage is split by tensor parallelism, each stage's partner GPUs (``tp``, indices)."""
+  split = any(p.tp for p in candidate.plans)
   return {"grouping": candidate.grouping, "nm_rule": candidate.nm_rule,
+          **({"tp": [[[g.index for g in partners] for partners in p.tp or [()] * len(p.stages)]
+                     for p in candidate.plans]} if split else {}),
           "policy": [[g.index for g in p.gpus] for p in candidate.plans],
           "cuts": [list(p.cuts) for p in candidate.plans], "nm": [p.nm for p in candidate.plans],
           "window": [p.in_flight for p in candidate.plans],

@@ -9,17 +9,19 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
-from hetpipe_jax.cluster import Cluster
+from hetpipe_jax.cluster import Cluster, Gpu
 from hetpipe_jax.cost.batch import BatchProfiles
 from hetpipe_jax.cost.profile import UnitProfile
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.plan.allocation import POLICIES
 from hetpipe_jax.plan.costmodel import ideal_images_per_sec
 from hetpipe_jax.plan.partition import search_states
+from hetpipe_jax.plan.tensor_groups import lead_cluster, tp_degrees
+from hetpipe_jax.plan.vw_plan import vw_plan
 from hetpipe_jax.staleness import StalenessModel
 from hetpipe_jax.tune.candidate import Candidate
 from hetpipe_jax.tune.groupings import groupings
-from hetpipe_jax.tune.options import Progress, SearchSpace, Setting, TuneOptions
+from hetpipe_jax.tune.options import Progress, RunSetting, SearchSpace, Setting, TuneOptions
 from hetpipe_jax.tune.peers import PeerResult, PeerSkip, search_peers
 from hetpipe_jax.tune.planner import Planner, nm_choices
 from hetpipe_jax.tune.pool import SimContext, Simulations
@@ -76,8 +78,7 @@ def tune(cluster: Cluster, profiles: Sequence[UnitProfile] | BatchProfiles, batc
     raise ConfigError("the peer search splits batches unevenly: give the model's profiles at two batch sizes "
                       "(hetpipe_jax.cost.batch.BatchProfiles), or search no peers")
   units = list(profiles.at(batch_size)) if isinstance(profiles, BatchProfiles) else profiles
-  planner = Planner(cluster, units, space.nm_max, options.setting)
-  choices = plan_choices(planner, space, say)
+  choices, partitions = split_choices(cluster, units, space, options.setting, say)
   keep = shortlist(choices, batch_size, options.screen, options.front_size)
   ideal = ideal_images_per_sec(cluster, units, batch_size, precision=options.setting.costs.precision)
   key = rank_key(options.staleness_model)
@@ -95,7 +96,7 @@ def tune(cluster: Cluster, profiles: Sequence[UnitProfile] | BatchProfiles, batc
                                   space.peer_policies, say)
     peers.sort(key=peer_rank_key(accuracy))
   winner = best_of(results[0], peers, key, peer_rank_key(accuracy))
-  return TuneResult(results[0], tuple(results + screened[options.refine:]), len(choices), planner.partitions,
+  return TuneResult(results[0], tuple(results + screened[options.refine:]), len(choices), partitions,
                     say.seconds, tuple(peers), tuple(skipped), winner, accuracy)
 
 
@@ -126,6 +127,42 @@ def best_of(hetpipe: Result, peers: Sequence[PeerResult], key: RankKey, peer_key
   """The best of HetPipe's best and the peers (HetPipe's on a tie)."""
   peer = min(peers, key=peer_key, default=None)
   return peer if peer is not None and peer_key(peer) < key(hetpipe) else hetpipe
+
+
+def split_choices(cluster: Cluster, units: Sequence[UnitProfile], space: SearchSpace, setting: RunSetting,
+                  say: _Say) -> tuple[list[Candidate], int]:
+  """(round 1 at every tensor-parallel degree of ``space.tp``, the partitions planned): a degree t > 1 plans every
+  grouping of the groups' leads with each unit split over t (:mod:`hetpipe_jax.plan.tensor_groups`), then gives
+  each stage its lead's partners, named ``grouping tp=t``.
+
+  Raises:
+    ConfigError: for a degree that does not divide the nodes, or when no grouping fits at any degree.
+  """
+  degrees = tp_degrees(cluster) if space.tp == "auto" else [int(space.tp)]
+  choices, partitions, error = [], 0, None
+  for t in degrees:
+    leads, partners = (cluster, {}) if t == 1 else lead_cluster(cluster, t)
+    planner = Planner(leads, units if t == 1 else [u.split(t) for u in units], space.nm_max, setting)
+    try:
+      found = plan_choices(planner, space, say)
+    except ConfigError as e:
+      error = e
+      continue
+    finally:
+      partitions += planner.partitions
+    choices += found if t == 1 else [_with_partners(c, cluster, units, partners, setting, t) for c in found]
+  if not choices:
+    raise error or ConfigError(f"no grouping of cluster {cluster.name!r} fits the model")
+  return choices, partitions
+
+
+def _with_partners(candidate: Candidate, cluster: Cluster, units: Sequence[UnitProfile],
+                   partners: dict[int, tuple[Gpu, ...]], setting: RunSetting, t: int) -> Candidate:
+  """A candidate planned on the leads of degree ``t``, on the whole cluster: each stage with its lead's partners
+  (the same stage times: :func:`hetpipe_jax.plan.vw_plan.vw_plan` splits each stage by its partners)."""
+  plans = tuple(vw_plan(cluster, units, p.gpus, p.cuts, p.nm, window=p.window,
+                        tp=[partners[g.index] for g in p.gpus], **setting.plan_kwargs) for p in candidate.plans)
+  return dataclasses.replace(candidate, grouping=f"{candidate.grouping} tp={t}", plans=plans)
 
 
 def plan_choices(planner: Planner, space: SearchSpace, say: _Say) -> list[Candidate]:
