@@ -220,15 +220,15 @@ def _split_plan(cluster: Cluster, profiles: Sequence[UnitProfile], policy: str |
     raise ConfigError(f"tp={tp} with a grouping of GPU indices: a grouping names every stage's GPU; give a policy "
                       "(NP, ED or HD), or the layout by num_vws and stages")
   if tp == "auto":
-    plans, errors = [], []
-    for degree in tp_degrees(cluster):
+    plans, error, degrees = [], None, tp_degrees(cluster)
+    for degree in degrees:
       try:
         plans.append(_split_plan(cluster, profiles, policy, knobs, costs, degree) if degree > 1 else
                      plan_cluster(cluster, profiles, policy, knobs[0], knobs[1], knobs[2], costs))
       except ConfigError as e:
-        errors.append(f"tp={degree}: {e}")
+        error = e
     if not plans:
-      raise ConfigError(f"tp=auto: no degree fits ({'; '.join(errors)})")
+      raise ConfigError(f"tp=auto: no degree of {degrees} fits; at tp={degrees[-1]}: {error}")
     return max(plans, key=lambda p: p.throughput)  # the first of equals: the smaller degree
   leads, partners = lead_cluster(cluster, int(tp))
   lead_plan = plan_cluster(leads, [u.split(int(tp)) for u in profiles], policy, knobs[0], knobs[1], knobs[2], costs)

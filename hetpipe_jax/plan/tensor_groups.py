@@ -6,10 +6,10 @@ unit's profile split over t (:meth:`hetpipe_jax.cost.unit.UnitProfile.split`: a 
 GPU of its group) and its all-reduces charged on the node's link
 (:func:`hetpipe_jax.cost.transfer.split_allreduce_seconds`). The allocation policies and the exact partitioner
 then run unchanged on the leads (the DP's signatures are (type, node), which a group keeps), and each stage takes
-its lead's partners (:func:`with_groups`). Degree ``auto`` plans every degree of :data:`DEGREES` that divides the
-cluster's nodes and keeps the plan of the largest modelled throughput (ties to the smaller degree): the degree is
-searched per cluster, so a stage's degree is the same on every node (a node whose GPUs of a type do not divide
-into groups of t rules that t out).
+its lead's partners (:func:`hetpipe_jax.plan.allocation.plan_cluster`; the tuner alike, :mod:`hetpipe_jax.tune`).
+Degree ``auto`` plans every degree of :data:`DEGREES` that divides the cluster's nodes and keeps the plan of the
+largest modelled throughput (ties to the smaller degree): the degree is searched per cluster, so a stage's degree
+is the same on every node (a node whose GPUs of a type do not divide into groups of t rules that t out).
 """
 
 from __future__ import annotations
