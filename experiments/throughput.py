@@ -41,7 +41,8 @@ throughput.json: {"cluster", "tuned_objective", "convergence": the files read, "
 "config", "objective", "gpus", "images_per_sec" (examples/s), "throughput" (``unit``/s), "unit",
 "ideal_images_per_sec", "efficiency", "mfu" (model flops utilisation: the model's flops per example x
 examples/s over the fp32 peak of every GPU of the cluster), "ratio_to_best_peer", "goodput", "time_to_target_s",
-"reason"}::
+"reason"}; a model's "breakdowns": per system, its fastest row and where its GPUs' time went, the mean share of
+each category (hetpipe_jax.studies.throughput_breakdown)::
 
   python -m experiments.throughput
   python -m experiments.throughput --cluster=mixed64 --models=resnet152,gpt2-xl
@@ -202,6 +203,9 @@ def print_table(s: ModelTable) -> None:
           f"{ratio:>7} {e.goodput:>11}")
   for note in s.notes:
     print(note)
+  for system, b in s.breakdowns.items():  # the largest shares first, those of at least 0.5%
+    parts = ", ".join(f"{c} {v:.3f}" for c, v in sorted(b["shares"].items(), key=lambda cv: -cv[1]) if v >= 0.005)
+    print(f"time of {system}'s fastest row ({b['row']}), per GPU: {parts}")
 
 
 def print_headlines(studies: list[ModelTable]) -> None:

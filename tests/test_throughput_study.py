@@ -66,6 +66,13 @@ def test_table_goodput_marks_and_headline(tmp_path):
     assert all(set(e) == ENTRY for e in table)
     assert all(e["images_per_sec"] > 0 and e["reason"] is None for e in table)  # every system runs on paper_mini
     best_peer = max(e["images_per_sec"] for e in table if e["system"] != "hetpipe")
+    fastest = {}
+    for e in table:
+      if e["system"] not in fastest or e["images_per_sec"] > fastest[e["system"]]["images_per_sec"]:
+        fastest[e["system"]] = e
+    assert {k: b["row"] for k, b in model["breakdowns"].items()} == {k: e["row"] for k, e in fastest.items()}
+    for b in model["breakdowns"].values():  # every GPU's time is in one category: the means add up to 1
+      assert sum(b["shares"].values()) == pytest.approx(1.0) and b["shares"]["compute"] > 0
     per_example = table[0]["mfu"] / table[0]["images_per_sec"]  # the model's flops over the cluster's peak
     for e in table:
       assert e["mfu"] == pytest.approx(e["images_per_sec"] * per_example) and 0 < e["mfu"] < 1

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hetpipe_jax.cost.batch import BatchProfiles
+from hetpipe_jax.studies.throughput_breakdown import best_row_breakdowns
 from hetpipe_jax.studies.throughput_records import ModelStudy, ModelTable, Progress, ThroughputConfig, ThroughputResult
 from hetpipe_jax.studies.throughput_substudies import closed_form_horovod, nm_rows, whimpy_rows
 from hetpipe_jax.studies.throughput_table import finish_table, headline, hetpipe_entries, peer_entries, tuned_entries
@@ -44,7 +45,7 @@ def study_model(config: ThroughputConfig, model: str, profiles: tuple[BatchProfi
   if "whimpy" in config.sub_studies and whimpy_rows(s):
     closed_form_horovod(s, "whimpy")
   return ModelTable(model, s.cluster, s.unit, s.per_example, s.batch, s.ideal(), s.table, s.notes, headline(s),
-                    s.rows, s.convergence)
+                    s.rows, s.convergence, best_row_breakdowns(s.table, s.ran))
 
 
 def run_throughput(config: ThroughputConfig, profiles_of: ProfilesOf, convergence: Sequence[dict[str, Any]] = (),

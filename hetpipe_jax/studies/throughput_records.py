@@ -185,6 +185,7 @@ class ModelTable(NamedTuple):
   headline: Headline
   rows: list[SubStudyRow]
   convergence: list[dict[str, Any]]
+  breakdowns: dict[str, dict[str, Any]]  # system -> {"row": its fastest row, "shares": {category: share}}
 
   @property
   def best_peer(self) -> TableEntry | None:
@@ -194,7 +195,7 @@ class ModelTable(NamedTuple):
     return {"unit": self.unit, "per_example": self.per_example, "batch_size": self.batch_size,
             "ideal_images_per_sec": self.ideal_images_per_sec, "best_peer": (self.best_peer or EMPTY).row,
             "convergence": [d["path"] for d in self.convergence], "table": [e._asdict() for e in self.table],
-            "headline": self.headline._asdict()}
+            "headline": self.headline._asdict(), "breakdowns": self.breakdowns}
 
 
 class _Empty(NamedTuple):
@@ -271,6 +272,7 @@ class ModelStudy:
     self.table: list[TableEntry] = []
     self.notes: list[str] = []  # printed under the table
     self.trained_as: dict[str, str] = {}  # row -> the row a convergence study trains its configuration under
+    self.ran: dict[str, Any] = {}  # row -> its SimJob (HetPipe) or timeline (a peer): the breakdowns' input
 
   def ideal(self, gpus=None, cluster: Cluster | None = None) -> float:
     return ideal_images_per_sec(cluster or self.cluster, self.profiles, self.batch, gpus)
@@ -300,10 +302,12 @@ class ModelStudy:
       self.say(f"{self.model_name} {row}: {ips * self.per_example:.1f} {self.unit}/s")
 
   def simulated_images_per_sec(self, plans, d: int = 0, placement: str = "default",
-                               cluster: Cluster | None = None) -> float:
+                               cluster: Cluster | None = None, row: str | None = None) -> float:
     """Examples/s of ``plans`` on the ``sim`` executor, its trace checked by the WSP checker
-    (:func:`hetpipe_jax.systems.hetpipe.simulated_rate`)."""
+    (:func:`hetpipe_jax.systems.hetpipe.simulated_rate`); the job kept as ``row``'s run when a row is named."""
     job = SimJob(cluster or self.cluster, self.profiles, Layout(tuple(p.layout for p in plans)), d, self.config.waves,
                  placement, options=SimOptions(overlap_transfers=self.config.overlap_transfers))
+    if row is not None:
+      self.ran[row] = job
     return simulated_rate(job, self.batch, "simulated run")[0]
 

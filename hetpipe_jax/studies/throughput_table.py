@@ -30,6 +30,8 @@ def peer_entries(s: ModelStudy) -> None:
       continue
     s.entry(name, name, spec.system.config(spec.run), spec.run.gpus, spec.run.images_per_sec,
             signature=spec.system.signature(spec.run))
+    if spec.run.timeline is not None:
+      s.ran[name] = spec.run.timeline
 
 
 def policy_row(policy: str, nm_rule: str, d: int, tp: int | str = 1) -> str:
@@ -54,7 +56,7 @@ def hetpipe_entries(s: ModelStudy) -> None:
           s.entry(row, HETPIPE, "", None, None, str(e))
         continue
       for row, d in zip(rows, s.config.ds):
-        s.entry(row, HETPIPE, plan_config(plan), s.cluster.num_gpus, s.simulated_images_per_sec(plan.vws, d),
+        s.entry(row, HETPIPE, plan_config(plan), s.cluster.num_gpus, s.simulated_images_per_sec(plan.vws, d, row=row),
                 signature=[[p.nm for p in plan.vws], d])
 
 
@@ -99,6 +101,8 @@ def tuned_entries(s: ModelStudy) -> None:
           signature=sign(best.candidate))
   s.entry(TUNED_IPS, HETPIPE, fastest.candidate.label, gpus, fastest.images_per_sec, objective="throughput",
           signature=sign(fastest.candidate))
+  s.ran[TUNED] = best.candidate.job(s.cluster, s.profiles, s.config.waves)
+  s.ran[TUNED_IPS] = fastest.candidate.job(s.cluster, s.profiles, s.config.waves)
   s.entry(TUNED_OUTER, HETPIPE, f"as {TUNED}, + outer optimizer at the PS (same timing)", gpus,
           best.images_per_sec, objective=objective, signature=sign(best.candidate))
 
