@@ -205,7 +205,7 @@ def print_table(s: ModelTable) -> None:
     print(note)
   for system, b in s.breakdowns.items():  # the largest shares first, those of at least 0.5%
     parts = ", ".join(f"{c} {v:.3f}" for c, v in sorted(b["shares"].items(), key=lambda cv: -cv[1]) if v >= 0.005)
-    print(f"time of {system}'s fastest row ({b['row']}), per GPU: {parts}")
+    print(f"time of {system}'s fastest row ({b['row']}), mean over the GPUs that train: {parts}")
 
 
 def print_headlines(studies: list[ModelTable]) -> None:
