@@ -16,7 +16,8 @@ What it assumes: the GPUs' speeds are known (the cost model's), the all-reduce i
 ``knobs.shard_state`` its GPUs shard the gradient and the optimizer state (ZeRO stage 2, as Cephalo runs FSDP;
 the weights stay whole on every GPU, where Cephalo's FSDP shards them too): the GPUs that take part are the
 fixed point of "those that hold the weights and a 1/N share of the state, N being how many they are"
-(:func:`sharded_costs`), and the reduce-scatter and all-gather move the bytes of the all-reduce.
+(:func:`sharded_split`), and the reduce-scatter and all-gather move the bytes of the all-reduce; the option is
+taken where it is faster than replicating the state (:func:`hetero_dp_job`).
 """
 
 from __future__ import annotations
