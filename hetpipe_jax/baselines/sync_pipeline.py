@@ -28,6 +28,7 @@ from hetpipe_jax.cost.batch import BatchProfiles
 from hetpipe_jax.cost.context import DEFAULT_COSTS, CostContext
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.plan.allocation import parse_policy, plan_cluster
+from hetpipe_jax.plan.vw_plan import VWPlan
 
 BEST, POLICIES = "best", ("NP", "ED", "HD")  # knobs.policy="best": the fastest of these
 
@@ -80,7 +81,7 @@ def pipeline_plans(cluster: Cluster, profiles: BatchProfiles, batch_size: int, p
                       costs._replace(weight_mode="latest"), tp).vws
 
 
-def plan_worker(plan, batch: int, microbatches: int, local_steps: int = 1) -> Worker:
+def plan_worker(plan: VWPlan, batch: int, microbatches: int, local_steps: int = 1) -> Worker:
   """A planned virtual worker (:class:`~hetpipe_jax.plan.vw_plan.VWPlan`) as a pipeline worker: its GPUs, cuts,
   Nm in flight and tensor-parallel partners."""
   return Worker(tuple(plan.gpus), tuple(plan.cuts), batch, microbatches, plan.in_flight, local_steps, plan.tp or ())
