@@ -25,7 +25,7 @@ MLP = get_model("mlp")  # 4 units
     (dict(stages=5), r"virtual worker 0 has 5 stages but model mlp has only 4 units to cut; use at most 4"),
     (dict(stages=0), r"virtual worker 0 has 0 stages; every virtual worker needs at least 1"),
     (dict(stages=(1, 2, 3)), r"stages has 3 values \[1, 2, 3\] for 2 virtual workers"),
-    (dict(cluster="dgx"), r"unknown cluster 'dgx'; known clusters: hetero4, hetero4x4, paper_half"),
+    (dict(cluster="dgx"), r"unknown cluster 'dgx'; known clusters: datacenter256, hetero4, hetero4x4, paper_half"),
     (dict(batch_size=30), r"batch_size=30 does not divide the 512 training examples of synthetic \(2 would "
                           r"be left over each epoch\); use a divisor such as 8, 16, 32.*--drop_remainder"),
     (dict(batch_size=0), r"batch_size=0 must be between 1 and the 512 training examples"),

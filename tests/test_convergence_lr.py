@@ -214,7 +214,7 @@ def test_every_system_is_searched_alike_and_its_chosen_outer_rate_reaches_its_ru
   assert plain.knobs[-1] == PeerKnobs() and "outer_lr" not in run.to_json()
   # the tuned configuration's outer row: the chosen rate, per push over its virtual workers
   plan = types.SimpleNamespace(gpus=[types.SimpleNamespace(index=i) for i in range(2)], cuts=(0, 1, 2), nm=2,
-                               in_flight=2)
+                               in_flight=2, tp=None)
   tuned = types.SimpleNamespace(grouping="0,1/2,3/4,5", nm_rule="max_fit", plans=(plan, plan, plan), d=0,
                                 placement=None, label="tuned", sim=types.SimpleNamespace(overlap_transfers=None,
                                                                                          staged_ps=None))

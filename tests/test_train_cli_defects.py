@@ -43,9 +43,11 @@ def test_every_config_setting_is_a_flag_with_its_declared_default_and_help():
   for setting in settings():
     flag = fv[run_flags.flag_name(setting.name)]
     assert setting.help[:40] in flag.help, setting.name  # (absl puts an enum's choices first)
-    value = flag.value
-    if run_flags.spelling(setting).kind == "list" and value is not None:
+    value, spelled = flag.value, run_flags.spelling(setting)
+    if spelled.kind == "list" and value is not None:
       value = [int(v) for v in value][0]  # --stages=2 for stages=2
+    elif spelled.parse is not None and setting.name != "failures":
+      value = spelled.parse(value)  # --tp=1 (a number or auto) for tp=1
     assert value == (list(setting.default) if setting.name == "failures" else setting.default), setting.name
   default = run_flags.run_config(fv, **run_flags.layout(fv))
   assert default.replace(failures=tuple(default.faults.failures)) == RunConfig()  # the defaults: the default config
