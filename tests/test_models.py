@@ -51,7 +51,7 @@ def test_full_size_definitions_have_the_published_parameter_counts(name):
 def test_full_size_image_models_take_their_familys_efficiency():
   assert {name: model_family(full_size_model(name).name) for name in PUBLISHED} == {
       "resnet50": "resnet", "resnet101": "resnet", "resnet152": "resnet", "vgg16": "vgg", "vgg19": "vgg",
-      "inception_v3": "default"}
+      "inception_v3": "inception"}
 
 
 def test_inception_v3_units_are_its_stem_blocks_and_head():

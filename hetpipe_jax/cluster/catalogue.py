@@ -103,11 +103,11 @@ def _gpu(name, mem_gib, fp32_tflops, fp16_tflops, bw_gbytes, efficiency=1.0, bf1
                  tuple(sorted(families.items())), bf16)
 
 
-FAMILIES = ("vgg", "resnet")
+FAMILIES = ("vgg", "resnet", "inception")
 
 
 def model_family(model_name: str) -> str:
-  """The family whose efficiency a model's units take: "vgg", "resnet", or "default"."""
+  """The family whose efficiency a model's units take: "vgg", "resnet", "inception", or "default"."""
   return next((f for f in FAMILIES if model_name.lower().startswith(f)), "default")
 
 
@@ -177,24 +177,27 @@ CATALOGUE = {t.name: t for t in (
     # on cc 3.7, 1/64 rate on cc 6.1 [V10]): mixed precision runs its maths in FP32 there (FP16 storage, FP32
     # accumulation), so fp16 = the fp32 rate, not the 1/64 one. GP100 (P100) runs packed FP16x2: 2x FP32.
     # Volta and Turing: tensor-core FP16 peak. None has bf16 tensor cores.
-    # efficiency fitted by experiments.validate_published (issue 24); 1.0 until then
+    # efficiency per family fitted on the published single-GPU figures of resnet50, vgg16 and inception_v3 (every
+    # setup together: `python -m experiments.validate_published --fit=type`, 2026-12-05; the rows are
+    # hetpipe_jax.studies.published.CATALOGUE_FIT_ROWS, and the ratio of each one-GPU figure inside a multi-GPU
+    # row); the default is resnet's where measured, else 1.0 (no figure)
     # ONE GK210 device, half a K80 board: 2496 cores x 2 x 0.875 GHz = 4.37 (board 8.74) [V1]; 240 GB/s [V2]
-    _gpu("K80", 12, 4.37, 4.37, 240.0, 1.0),
+    _gpu("K80", 12, 4.37, 4.37, 240.0, 0.603, resnet=0.603, inception=0.336),
     # PCIe 16 GB: 9.3 FP32, 18.7 FP16 [V3,V4]; 732 GB/s [V4]
-    _gpu("P100", 16, 9.3, 18.7, 732.0, 1.0),
+    _gpu("P100", 16, 9.3, 18.7, 732.0, 1.0, inception=0.608),
     # SXM2 16 GB: 10.6 FP32, 21.2 FP16 [V3,V5]; 732 GB/s [V5]
-    _gpu("P100 SXM2", 16, 10.6, 21.2, 732.0, 1.0),
+    _gpu("P100 SXM2", 16, 10.6, 21.2, 732.0, 1.0, vgg=1.298),
     # 24 GB: 3840 cores x 2 x 1.531 GHz = 11.76 [V6]; 346 GB/s [V7]; fp16 = fp32 (1/64 rate, see above)
     _gpu("P40", 24, 11.76, 11.76, 346.0, 1.0),
     # 11 GB: 3584 cores x 2 x 1.582 GHz = 11.34 [V8]; 484 GB/s [V8]; fp16 = fp32 (1/64 rate, see above)
-    _gpu("GTX 1080 Ti", 11, 11.34, 11.34, 484.0, 1.0),
+    _gpu("GTX 1080 Ti", 11, 11.34, 11.34, 484.0, 1.181, resnet=1.181, vgg=1.038, inception=0.673),
     # 11 GB, reference 1545 MHz: 13.45 FP32, 616 GB/s [V9]; tensor FP16 with FP32 accumulation (what mixed
     # precision training uses; GeForce runs it at half the FP16-accumulate rate): 544 TCs x 64 FMA x 2 x
     # 1.545 GHz / 2 = 53.8 (107.6 with FP16 accumulation; the RTX 2060 entry above takes that convention)
-    _gpu("RTX 2080 Ti", 11, 13.45, 53.8, 616.0, 1.0),
+    _gpu("RTX 2080 Ti", 11, 13.45, 53.8, 616.0, 1.432, resnet=1.432, vgg=1.327, inception=0.869),
     # SXM2 16 GB (the "V100" entry above is the 32 GB card, same peaks): 15.7 FP32, 125 tensor FP16, 900 GB/s
     # [V11,V12]
-    _gpu("V100 SXM2", 16, 15.7, 125.0, 900.0, 1.0),
+    _gpu("V100 SXM2", 16, 15.7, 125.0, 900.0, 1.266, resnet=1.266),
     # Emulation classes for small CPU runs: four speeds, not vendor data.
     _gpu("A", 24, 8.0, 16.0, 600.0, 1.0),
     _gpu("B", 12, 5.0, 10.0, 400.0, 1.0),

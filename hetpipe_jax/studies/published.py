@@ -258,11 +258,22 @@ def _fit_points(rows: Sequence[Row], fit_models: Sequence[str]) -> list[FitPoint
   return records
 
 
+# The one-GPU rows whose figures the shipped catalogue's efficiencies of the issue-24 types were fitted on
+# (hetpipe_jax/cluster/catalogue.py: `--fit=type` of 2026-12-05); ``--fit=none`` does not hold them out.
+CATALOGUE_FIT_ROWS = frozenset({
+    "lambda-1080ti-inc3-1", "lambda-1080ti-r50-1", "lambda-1080ti-vgg16-1", "lambda-2080ti-nop2p-inc3-1",
+    "lambda-2080ti-nop2p-r50-1", "lambda-2080ti-nop2p-vgg16-1", "lambda-2080ti-nvlink-inc3-1",
+    "lambda-2080ti-nvlink-r50-1", "lambda-2080ti-nvlink-vgg16-1", "nvrn50-dgx1-16g-amp-1", "nvrn50-dgx1-16g-fp32-1",
+    "tfdoc-dgx1p100-vgg16-b32-1", "tfdoc-dgx1p100-vgg16-b64-1", "tfdoc-p28x-k80-r50-b32-1", "tfdoc-p28x-k80-r50-b64-1",
+})
+
+
 def fit_efficiency(rows: Sequence[Row], fit_models: Sequence[str], scope: str = "setup") -> Calibration:
   """Each GPU type's efficiency per model family, so that its simulated one-GPU rate on each fit model equals
   the published one (the roofline's time is inversely proportional to the efficiency: one ratio; several fit
   points: their geometric mean), per setup (``scope="setup"``: one machine and software stack of one source,
-  the row's ``setup`` column), or per type over every setup (``"type"``), or none (``"none"``: the catalogue's).
+  the row's ``setup`` column), or per type over every setup (``"type"``), or none (``"none"``: the catalogue's, whose
+  own fit rows, :data:`CATALOGUE_FIT_ROWS`, are then not held out).
 
   A fit point is a one-GPU row of a fit model, or a multi-GPU row's ``one_gpu_figure`` (the same setup's one-GPU
   run), simulated with the row's own system; every other figure is held out.
@@ -282,6 +293,8 @@ def fit_efficiency(rows: Sequence[Row], fit_models: Sequence[str], scope: str = 
   by_id = {row.id: row for row in rows}
   fitted = frozenset(r.id for r in records
                      if (isinstance(r, FitPoint) and by_id[r.id].gpus == 1) or isinstance(r, LinkFit))
+  if scope == "none":  # the catalogue as shipped was fitted on these: they are not held out
+    fitted = CATALOGUE_FIT_ROWS & frozenset(by_id)
   return Calibration(typed, setups, tuple(records), scope, links, fitted)
 
 
