@@ -231,7 +231,7 @@ def flags_to_config() -> tuple[ThroughputConfig, list[str]]:
       FLAGS.waves, FLAGS.nm_max, tuple(common.parse_ints("ds", FLAGS.ds)),
       tuple(common.parse_ints("tune_ds", FLAGS.tune_ds)) if FLAGS.tune_ds else (), tuple(FLAGS.sub_studies),
       FLAGS.whimpy, FLAGS.optimizer, FLAGS.overlap_transfers, FLAGS.tuned, FLAGS.max_stages, FLAGS.tuned_objective,
-      tuple(FLAGS.systems), peer_flags.knobs_from_flags(FLAGS), tuple(FLAGS.nms), FLAGS.recompute, FLAGS.tp)
+      tuple(FLAGS.systems), peer_flags.knobs_from_flags(FLAGS), tuple(FLAGS.nms), FLAGS.recompute)
   if FLAGS.convergence is None:
     paths = [DEFAULT_CONVERGENCE] if os.path.exists(DEFAULT_CONVERGENCE) else []
   else:

@@ -85,20 +85,18 @@ def allreduce_seconds(cluster: Cluster, gpus: Sequence[Gpu], num_bytes: float) -
   return 0.0 if len(gpus) == 1 else ring_allreduce_seconds(len(gpus), num_bytes, cluster.link(gpus[0], gpus[1]))
 
 
-def stage_allreduce_seconds(cluster: Cluster, units: Sequence[UnitProfile], gpus: Sequence[Gpu],
+def stage_allreduce_seconds(cluster: Cluster, units: Sequence[UnitProfile],
                             precision: str = "fp32") -> tuple[float, float]:
-  """(forward, backward) seconds of the all-reduces of a stage's ``units`` split over its ``gpus`` by tensor
-  parallelism (:meth:`hetpipe_jax.cost.unit.UnitProfile.allreduce_bytes`, at the activations' ``precision``)."""
-  def seconds(kind: str) -> float:
-    reduces = (u.allreduce_bytes(kind) for u in units)
-    return sum(n * allreduce_seconds(cluster, gpus, b * byte_scale(precision)) for n, b in reduces if n)
-  return seconds("fwd"), seconds("bwd")
+  """(forward, backward) seconds of the all-reduces of a stage's ``units``, each split over its profile's degree
+  of GPUs of one node by tensor parallelism (:func:`split_allreduce_seconds`, summed)."""
+  fwd, bwd = zip(*(split_allreduce_seconds(cluster, u, precision) for u in units)) if units else ((), ())
+  return sum(fwd), sum(bwd)
 
 
 def split_allreduce_seconds(cluster: Cluster, unit: UnitProfile, precision: str = "fp32") -> tuple[float, float]:
   """(forward, backward) seconds of the all-reduces of one ``unit`` split over its profile's degree of GPUs of one
-  node (a split stage seen by its lead GPU: what :func:`stage_allreduce_seconds` charges its GPUs, on the
-  cluster's link inside a node)."""
+  node (:meth:`hetpipe_jax.cost.unit.UnitProfile.allreduce_bytes`, at the activations' ``precision``), each a
+  ring on the cluster's link inside a node (:func:`ring_allreduce_seconds`)."""
   def seconds(kind: str) -> float:
     n, num_bytes = unit.allreduce_bytes(kind)
     return n * ring_allreduce_seconds(unit.degree, num_bytes * byte_scale(precision), cluster.intra_node) if n else 0.0

@@ -46,7 +46,7 @@ class CostModel:
         compute = stage_compute_seconds(profiles, cut, group[j], j, precision)
         transfers = stage_transfers(profiles, cut, group, j, precision)
         seconds = stage_seconds(cluster, profiles, cut, group, j, precision)
-        reduce = stage_allreduce_seconds(cluster, profiles[cut[j]:cut[j + 1]], vw.stage_gpus(j), precision)
+        reduce = stage_allreduce_seconds(cluster, profiles[cut[j]:cut[j + 1]], precision)  # (profiles split)
         for kind, c, recv, t, r in zip(("fwd", "bwd"), compute, transfers, seconds, reduce):
           key = (i, j, kind)
           self._compute[key] = c + r

@@ -20,7 +20,6 @@ from hetpipe_jax.optim import optimizer_slots
 from hetpipe_jax.plan.costmodel import ideal_images_per_sec
 from hetpipe_jax.plan.layout import Layout
 from hetpipe_jax.plan.partition import NM_POLICIES
-from hetpipe_jax.plan.tensor_groups import parse_tp
 from hetpipe_jax.recompute import CHOICES
 from hetpipe_jax.sim import SimJob, SimOptions
 from hetpipe_jax.studies.throughput_goodput import NOT_TRAINED
@@ -53,13 +52,13 @@ class ThroughputConfig:
     tuned_objective: what ``HetPipe tuned`` optimises, ``time_to_accuracy`` (the staleness model of a matching
       convergence study; images/s without one) or ``throughput``.
     systems: the peers of the table (registered systems).
-    knobs: their knobs (``microbatches`` 0: the cluster's GPUs, as the convergence study sets them).
+    knobs: their knobs (``microbatches`` 0: the cluster's GPUs, as the convergence study sets them); ``tp`` is also
+      the HetPipe rows' tensor-parallel degree (:mod:`hetpipe_jax.plan.tensor_groups`; "auto": the planner's
+      fastest), and a row at another degree than 1 is named with it (``HetPipe ED D=0 tp=2``).
     nms: the Nm rules of the HetPipe policy rows (:data:`~hetpipe_jax.plan.partition.NM_POLICIES`): every
       policy's rows at each (``max_fit``'s named ``HetPipe NP D=0``, another's ``HetPipe NP speed D=0``).
     recompute: activation recomputation of every system (:mod:`hetpipe_jax.recompute`; auto: HetPipe's planner
       per stage, a peer the fastest mode it can run).
-    tp: the HetPipe policy rows' tensor-parallel degree (:mod:`hetpipe_jax.plan.tensor_groups`; "auto": the
-      planner's fastest); a row at another degree than 1 is named with it (``HetPipe ED D=0 tp=2``).
   """
 
   cluster: Cluster
@@ -82,10 +81,8 @@ class ThroughputConfig:
   knobs: PeerKnobs = PeerKnobs(h_by_speed=True)
   nms: tuple[str, ...] = ("max_fit",)
   recompute: str = "none"
-  tp: int | str = 1
 
   def __post_init__(self):
-    object.__setattr__(self, "tp", parse_tp(self.tp))
     if not self.ds or any(d < 0 for d in self.ds):
       raise ConfigError(f"--ds={','.join(map(str, self.ds))}; give one or more clock distance bounds D >= 0")
     if self.batch_size < 1 or self.gpt_batch_size < 0:

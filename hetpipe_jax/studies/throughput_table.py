@@ -46,11 +46,11 @@ def hetpipe_entries(s: ModelStudy) -> None:
   trained its configuration (a convergence study names its rows at any ``--nm`` as max_fit's)."""
   for policy in POLICIES:
     for nm_rule in s.config.nms:
-      rows = [policy_row(policy, nm_rule, d, s.config.tp) for d in s.config.ds]
-      s.trained_as.update({row: policy_row(policy, "max_fit", d, s.config.tp) for row, d in zip(rows, s.config.ds)
+      rows = [policy_row(policy, nm_rule, d, s.config.knobs.tp) for d in s.config.ds]
+      s.trained_as.update({row: policy_row(policy, "max_fit", d, s.config.knobs.tp) for row, d in zip(rows, s.config.ds)
                            if nm_rule != "max_fit"})
       try:
-        plan = plan_cluster(s.cluster, s.profiles, policy, "default", nm_rule, None, s.costs, s.config.tp)
+        plan = plan_cluster(s.cluster, s.profiles, policy, "default", nm_rule, None, s.costs, s.config.knobs.tp)
       except ConfigError as e:
         for row in rows:
           s.entry(row, HETPIPE, "", None, None, str(e))
@@ -111,7 +111,7 @@ def tuned_search(s: ModelStudy, fit: StalenessModel | None):
   """The tuner's search (its best by images/s with ``fit`` None, else by predicted time to accuracy)."""
   what = "images/s" if fit is None else "time to accuracy"
   space = SearchSpace(ds=tuple(s.config.tune_ds or s.config.ds), max_stages=s.config.max_stages or None,
-                      tp=s.config.tp)
+                      tp=s.config.knobs.tp)
   out = tune(s.cluster, s.profiles, s.batch, space,
              TuneOptions(waves=s.config.waves, staleness_model=fit, setting=RunSetting(s.costs), front=6,
                          progress=lambda line: s.say(f"{s.model_name} tuner ({what}): {line}")))
