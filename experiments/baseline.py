@@ -25,6 +25,7 @@ from absl import flags
 from experiments import common, peer_flags
 from hetpipe_jax import efficiency, get_cluster
 from hetpipe_jax.cost.context import CostContext
+from hetpipe_jax.cost.memory import check_activations
 from hetpipe_jax.optim import optimizer_slots
 from hetpipe_jax.precision import check_precision
 from hetpipe_jax.recompute import check_recompute
@@ -44,6 +45,10 @@ flags.DEFINE_string("optimizer", "momentum", "Local optimizer, for its memory: s
 flags.DEFINE_string("precision", "fp32", "fp32, fp16 or bf16 (mixed precision).")
 flags.DEFINE_string("recompute", "none", "Activation recomputation: none, selective or full on every GPU, or auto "
                     "(a peer: the fastest of the three it can run; hetpipe: the planner's choice per stage).")
+flags.DEFINE_string("activations", "jax", "What a unit without recomputation is charged for its activations: "
+                    "jax (every residual of jax.vjp: what this package's runtime keeps) or eager (what PyTorch or "
+                    "TensorFlow without XLA keep, as the published systems ran: the convolutions' and matmuls' "
+                    "outputs, ReLU's and softmax's).")
 flags.DEFINE_string("out_dir", "outputs/baseline", "Where the timeline, breakdown JSON and chart go.")
 
 
@@ -61,7 +66,8 @@ def main(argv):
   cluster = get_cluster(FLAGS.cluster)
   profiles, per_example, unit = common.batch_profiles(FLAGS.model, FLAGS.batch_size, FLAGS.seq_len)
   costs = CostContext(weight_mode="stash", optimizer_slots=optimizer_slots(FLAGS.optimizer), precision=FLAGS.precision,
-                      recompute=check_recompute(FLAGS.recompute))
+                      recompute=check_recompute(FLAGS.recompute),
+                      activations=check_activations(FLAGS.activations))
   common.progress("simulating %s: %s on %s, batch %d", FLAGS.system, FLAGS.model, cluster.name, FLAGS.batch_size)
   run = system.simulate(cluster, profiles, FLAGS.batch_size, knobs, costs, FLAGS.model)
   if run.timeline is not None:

@@ -25,6 +25,7 @@ from absl import flags
 from experiments import common, run_flags
 from hetpipe_jax import get_cluster
 from hetpipe_jax.cost.context import CostContext
+from hetpipe_jax.cost.memory import check_activations
 from hetpipe_jax.optim import optimizer_slots
 from hetpipe_jax.plan.allocation import parse_policy, plan_cluster
 from hetpipe_jax.plan.plan_json import plan_table, plan_to_json
@@ -46,6 +47,10 @@ flags.DEFINE_integer("nm_max", None, "Largest Nm to consider in flight (default:
                      "--nm=speed wave may be longer, with a window).")
 flags.DEFINE_bool("simulate", True, "Simulate the plan (sim executor, fast mode) for the images/s printed; "
                   "--nosimulate prints the planner's bound only.")
+flags.DEFINE_string("activations", "jax", "What a unit without recomputation is charged for its activations: "
+                    "jax (every residual of jax.vjp: what this package's runtime keeps) or eager (what PyTorch or "
+                    "TensorFlow without XLA keep, as the published systems ran: the convolutions' and matmuls' "
+                    "outputs, ReLU's and softmax's).")
 flags.DEFINE_string("out", "outputs/plan/plan.json", "Where to write the plan JSON.")
 
 
@@ -60,7 +65,8 @@ def main(argv):
   plan = plan_cluster(cluster, profiles, parse_policy(FLAGS.policy), FLAGS.placement, common.parse_nm(FLAGS.nm),
                       FLAGS.nm_max,
                       CostContext(weight_mode=FLAGS.weight_mode, optimizer_slots=slots, precision=FLAGS.precision,
-                                  recompute=FLAGS.recompute), parse_tp(FLAGS.tp))
+                                  recompute=FLAGS.recompute,
+                                  activations=check_activations(FLAGS.activations)), parse_tp(FLAGS.tp))
   simulated = simulate_plan(cluster, profiles, plan, FLAGS.batch_size, d=FLAGS.d, weight_mode=FLAGS.weight_mode,
                             precision=FLAGS.precision).to_json() if FLAGS.simulate else None
   doc = plan_to_json(cluster, profiles, plan, FLAGS.model, FLAGS.batch_size, FLAGS.precision, simulated)

@@ -14,8 +14,10 @@ every study of hetpipe_jax, by the peer of :mod:`hetpipe_jax.baselines` that the
 * a row whose system is not named, or whose network the catalogue lacks, is reported with its reason and left
   out of the errors.
 
-A published row ran at its batch, so its GPUs are not refused by the memory model (``memory_model_holds``
-says where the memory model would have).
+A published row ran at its batch, so its GPUs are not refused by the memory model when it is simulated;
+``memory_model_holds`` says whether the memory model holds it, charged the activations that PyTorch or
+TensorFlow keep (``activations="eager"``, :func:`hetpipe_jax.cost.memory.kept`; GPipe's stages with their
+checkpointed microbatches), and the summary counts the rows it refuses.
 
 Calibration (``--fit=setup``, the default): each GPU type's roofline efficiency per model family, per setup,
 on that setup's single-GPU figures of the fit models (``--fit_models``: one per family; a one-GPU row's
@@ -125,6 +127,8 @@ def main(argv):
   common.write_csv(paths["csv"], COLUMNS, ([d.get(c) for c in COLUMNS] for d in docs))
   plot(entries, paths["png"])
   print_table(entries, stats)
+  print(f"memory model: holds {stats.training_rows - len(stats.memory_refused)} of {stats.training_rows} training "
+        f"rows at their batch; refuses {', '.join(stats.memory_refused) or 'none'}")
   for kind, path in paths.items():
     print(f"{kind:5} {path}")
   held = stats.held_out

@@ -68,6 +68,25 @@ def _selective(prim: Any, *_, **params: Any) -> bool:
   return False
 
 
+def _eager(prim: Any, *_, **__: Any) -> bool:
+  """Saves what an eager framework's autograd keeps (see :data:`EAGER`): the convolutions' and matmuls' outputs
+  and the outputs of the functions with their own derivative rule (ReLU, softmax: ``custom_jvp`` calls)."""
+  return prim in (lax.conv_general_dilated_p, lax.dot_general_p) or prim.name == "custom_jvp_call"
+
+
+EAGER = _eager
+"""The ``jax.checkpoint`` policy whose residuals are what PyTorch or TensorFlow without XLA keep for the backward
+pass (the memory model's ``activations="eager"`` charge, :mod:`hetpipe_jax.cost.memory`): every convolution's and
+matmul's output (the input of the normalisation or activation after it), the outputs of ReLU and softmax (an
+in-place ReLU's output is the next convolution's input), and each unit's input; a normalisation's intermediates
+are recomputed from its input, as cuDNN's fused batch-norm backward does from the input and two statistics.
+Counted by hand on a matmul-ReLU-matmul and a
+convolution-norm-ReLU unit (``tests/test_eager_memory.py``); ResNet-152 keeps 0.47 of the runtime's residuals under
+it. For a GPT block it keeps about 0.8 of Korthikanti et al.'s count (arXiv 2205.05198, section 4.1, without
+dropout): the LayerNorms' and the GELU's outputs, which PyTorch keeps as the next matmul's input, are recomputed
+here. Used to count memory, never to run."""
+
+
 def checkpointed(fn: Callable, mode: str) -> Callable:
   """``fn`` under recomputation ``mode`` (``none`` returns ``fn`` itself).
 

@@ -12,7 +12,8 @@ the contiguous cut minimising the slowest stage's forward + backward + recompute
 by dynamic programming over the units; the transfers between stages are the simulator's, not part of the cut.
 
 What it assumes: every GPU holds its stage with every microbatch in flight (checkpointing keeps only each
-microbatch's stage input; the memory model is not consulted); one pipeline, so no all-reduce.
+microbatch's stage input, :func:`stage_memory`; the simulation does not refuse a stage that does not fit); one
+pipeline, so no all-reduce.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from hetpipe_jax.baselines.sync import SyncJob, Worker
 from hetpipe_jax.cluster import Cluster, GpuType
 from hetpipe_jax.cost.batch import BatchProfiles
 from hetpipe_jax.cost.context import DEFAULT_COSTS, CostContext
+from hetpipe_jax.cost.memory import memory_bytes, stage_memory_bytes
 from hetpipe_jax.cost.roofline import unit_seconds
 from hetpipe_jax.cost.unit import UnitProfile
 from hetpipe_jax.errors import ConfigError
@@ -60,6 +62,20 @@ def balanced_cuts(profiles: Sequence[UnitProfile], types: Sequence[GpuType], pre
     i = arg[j][i]
     cuts.append(i)
   return tuple(reversed(cuts))
+
+
+def stage_memory(profiles: Sequence[UnitProfile], cuts: Sequence[int], microbatches: int, in_bytes: int,
+                 costs: CostContext = DEFAULT_COSTS) -> list[int]:
+  """Bytes each stage of a GPipe cut holds at its peak, ``profiles`` being at the microbatch's batch: its
+  weights and state (one version, ``costs.weight_mode`` aside), the stage input of every microbatch but one
+  (torchgpipe's ``except_last`` checkpointing), and one microbatch's activations (the last one's, kept; then
+  each recomputed one's while its backward runs), charged as ``costs.activations`` says; ``in_bytes`` is the
+  first stage's input of one microbatch.
+  """
+  latest = costs._replace(weight_mode="latest")
+  return [stage_memory_bytes(profiles[a:b], 1, latest)
+          + int(memory_bytes(0, (microbatches - 1) * (in_bytes if a == 0 else profiles[a - 1].out_bytes), 1, latest))
+          for a, b in zip(cuts[:-1], cuts[1:])]
 
 
 def gpipe_job(cluster: Cluster, profiles: BatchProfiles, batch_size: int, knobs: PeerKnobs,

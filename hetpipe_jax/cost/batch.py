@@ -98,7 +98,10 @@ def _unit_line(a: UnitProfile, b: UnitProfile, x: float) -> UnitProfile:
   tp = None if a.tp is None or b.tp is None else a.tp._replace(
       in_bytes=int(_line(a.tp.in_bytes, b.tp.in_bytes, x)),
       whole_kept_bytes=int(_line(a.tp.whole_kept_bytes, b.tp.whole_kept_bytes, x)))
-  return dataclasses.replace(a, **{f: _line(getattr(a, f), getattr(b, f), x) for f in SCALED}, **modes, tp=tp)
+  eager = (None if a.eager_kept_bytes is None or b.eager_kept_bytes is None
+           else int(_line(a.eager_kept_bytes, b.eager_kept_bytes, x)))
+  return dataclasses.replace(a, **{f: _line(getattr(a, f), getattr(b, f), x) for f in SCALED}, **modes, tp=tp,
+                             eager_kept_bytes=eager)
 
 
 def _doubled(u: UnitProfile) -> UnitProfile:
@@ -108,7 +111,8 @@ def _doubled(u: UnitProfile) -> UnitProfile:
            for m, r in (("selective", u.selective), ("full", u.full))}
   tp = None if u.tp is None else u.tp._replace(in_bytes=2 * u.tp.in_bytes,
                                                whole_kept_bytes=2 * u.tp.whole_kept_bytes)
-  return dataclasses.replace(u, **{f: getattr(u, f) * 2 for f in SCALED}, **modes, tp=tp)
+  eager = None if u.eager_kept_bytes is None else 2 * u.eager_kept_bytes
+  return dataclasses.replace(u, **{f: getattr(u, f) * 2 for f in SCALED}, **modes, tp=tp, eager_kept_bytes=eager)
 
 
 def fixed(profiles: Sequence[UnitProfile], batch_size: int) -> BatchProfiles:

@@ -16,6 +16,9 @@ class CostContext(NamedTuple):
       "none", "selective" or "full" for every stage, or "auto" (per stage, the fastest that fits).
     state_shards: the data-parallel replicas that shard the gradient and the optimizer slots among them (ZeRO
       stage 2, :func:`hetpipe_jax.cost.memory.param_copies`); 1: each holds its own.
+    activations: the activations a unit without recomputation is charged (:func:`hetpipe_jax.cost.memory.kept`):
+      "jax", every residual of ``jax.vjp`` (what this package's runtime keeps), or "eager", what PyTorch or
+      TensorFlow without XLA keep (:data:`hetpipe_jax.recompute.EAGER`), for the systems that run in them.
   """
 
   weight_mode: str = "stash"
@@ -23,6 +26,7 @@ class CostContext(NamedTuple):
   precision: str = "fp32"
   recompute: str = "none"
   state_shards: int = 1
+  activations: str = "jax"
 
 
 DEFAULT_COSTS = CostContext()  # fp32, stash, no optimizer state: the default of every function that takes one

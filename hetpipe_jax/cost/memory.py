@@ -6,7 +6,8 @@ for the backward pass (both counted in fp32, as profiled), at Nm minibatches in 
   memory = P x copies + (Nm x A + R) x s
   copies = 1 (weights) + 1 (wave accumulator) + optimizer slots + s x Nm (stashed weight versions, stash mode)
 
-where ``R`` is what recomputation holds while one minibatch's backward pass runs (the largest of the stage's
+where ``A`` is each unit's :func:`kept` bytes (this runtime's, or with ``activations="eager"`` what PyTorch or
+TensorFlow keep), ``R`` is what recomputation holds while one minibatch's backward pass runs (the largest of the stage's
 units' recomputed activations, :meth:`hetpipe_jax.cost.unit.UnitProfile.under`; 0 without recomputation, where
 ``A`` is every activation the units keep, and with it ``A`` is what the recomputation policy keeps), and
 with ``s`` = :func:`hetpipe_jax.precision.byte_scale` (1 in fp32, 1/2 in 16 bits): what a stage of the
@@ -34,6 +35,7 @@ import jax
 import jax.numpy as jnp
 
 from hetpipe_jax.cost.context import DEFAULT_COSTS, CostContext
+from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.precision import byte_scale, is_mixed
 
 if TYPE_CHECKING:
@@ -122,6 +124,34 @@ def memory_bytes(param_bytes, kept_bytes, nm: int, costs: CostContext = DEFAULT_
   return param_bytes * copies + (nm * kept_bytes + transient_bytes) * byte_scale(costs.precision)
 
 
+ACTIVATIONS = ("jax", "eager")  # CostContext.activations: what a unit without recomputation is charged
+
+
+def check_activations(value: str) -> str:
+  """Returns ``value`` if it names an activation charge.
+
+  Raises:
+    ConfigError: naming the value and the choices.
+  """
+  if value not in ACTIVATIONS:
+    raise ConfigError(f"activations={value!r}; use jax (every residual of jax.vjp: this package's runtime) or "
+                      "eager (what PyTorch or TensorFlow without XLA keep: the systems that run in them)")
+  return value
+
+
+def kept(unit: UnitProfile, costs: CostContext = DEFAULT_COSTS) -> int:
+  """Activation bytes (fp32) that ``unit`` keeps per minibatch under ``costs.activations``: its ``kept_bytes``,
+  or with ``"eager"`` and no recomputation, what an eager framework keeps where measured
+  (:data:`hetpipe_jax.recompute.EAGER`; about 0.47 of the runtime's for ResNet-152, 0.38 for a GPT-2 XL block).
+
+  Raises:
+    ConfigError: for an unknown charge.
+  """
+  if check_activations(costs.activations) == "eager" and unit.eager_kept_bytes is not None:
+    return unit.eager_kept_bytes
+  return unit.kept_bytes
+
+
 def stage_memory_bytes(units: Sequence[UnitProfile], nm: int, costs: CostContext = DEFAULT_COSTS) -> int:
   """Memory of one stage holding ``units`` (see the module docstring).
 
@@ -135,5 +165,5 @@ def stage_memory_bytes(units: Sequence[UnitProfile], nm: int, costs: CostContext
   Raises:
     ConfigError: for an unknown precision.
   """
-  return int(memory_bytes(sum(u.param_bytes for u in units), sum(u.kept_bytes for u in units), nm, costs,
+  return int(memory_bytes(sum(u.param_bytes for u in units), sum(kept(u, costs) for u in units), nm, costs,
                           max((u.transient_bytes for u in units), default=0)))

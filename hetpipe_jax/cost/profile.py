@@ -8,7 +8,8 @@ backward pass and the kept memory again under selective recomputation (:mod:`het
 backward's cost analysis then holds the recomputed part of the forward), and under full recomputation the
 backward plus one more forward, keeping the unit's input (the textbook charge: XLA's analysis of the lowered
 recomputing backward finds 10% fewer flops for a GPT block, ``tests/test_recompute.py``, and lowering it too
-would double the cost of a profile again).
+would double the cost of a profile again), and the activation bytes an eager framework keeps
+(:data:`hetpipe_jax.recompute.EAGER`: the memory model's ``activations="eager"`` charge).
 Units with the same definition and input shape (e.g. ResNet's repeated blocks, a GPT's transformer
 blocks) are analysed once, so the cost is one lowering per distinct unit (a 13B GPT: three lowerings,
 under a second; its parameters are never allocated, only their shapes); whole profiles are cached on
@@ -38,13 +39,13 @@ from hetpipe_jax.cost.memory import nbytes
 from hetpipe_jax.cost.unit import Recomputed, TensorSplit, UnitProfile  # what a profile lists: importable here too
 from hetpipe_jax.models import full_size_input, full_size_model
 from hetpipe_jax.models.base import LayeredModel
-from hetpipe_jax.recompute import checkpointed
+from hetpipe_jax.recompute import EAGER, checkpointed
 from hetpipe_jax.tensor import split_param_bytes, unit_costs
 
 CACHE_ENV = "HETPIPE_JAX_CACHE"  # the environment variable that names the profile cache directory
 CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "hetpipe_jax", "profiles")  # its default
 FROM_ENV = "$" + CACHE_ENV  # profile_units' default cache_dir: default_cache_dir() when called
-PROFILE_FORMAT = 5  # bump when what a profile measures changes: old cache entries are then ignored
+PROFILE_FORMAT = 6  # bump when what a profile measures changes: old cache entries are then ignored
 
 
 def _cost(fn, *args) -> tuple[float, float]:
@@ -52,13 +53,18 @@ def _cost(fn, *args) -> tuple[float, float]:
   return float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
 
 
+def _residual_bytes(g, p, x) -> tuple[Any, int]:
+  """The ``jax.vjp`` closure of ``g`` at ``(p, x)`` as shapes, and its bytes that are not parameters."""
+  residuals = jax.eval_shape(lambda p_, x_: jax.vjp(g, p_, x_)[1], p, x)
+  return residuals, max(nbytes(residuals) - nbytes(p), 0)
+
+
 def _backward(f, p, x, y, mode: str) -> Recomputed:
   """The backward pass of ``f`` under recomputation ``mode``: its cost (with the recomputed forward in it) and
   the activation bytes its ``jax.vjp`` closure keeps (its residuals that are not parameters)."""
-  g = checkpointed(f, mode)
-  residuals = jax.eval_shape(lambda p_, x_: jax.vjp(g, p_, x_)[1], p, x)  # the vjp closure, as shapes
+  residuals, kept = _residual_bytes(checkpointed(f, mode), p, x)
   flops, moved = _cost(lambda vjp, ct: vjp(ct), residuals, y)  # the backward pass alone
-  return Recomputed(flops, moved, max(nbytes(residuals) - nbytes(p), 0))
+  return Recomputed(flops, moved, kept)
 
 
 def _profile_unit(name: str, unit, x) -> tuple[UnitProfile, Any]:
@@ -68,8 +74,10 @@ def _profile_unit(name: str, unit, x) -> tuple[UnitProfile, Any]:
   fwd_flops, fwd_bytes = _cost(f, p, x)
   bwd, selective = _backward(f, p, x, y, "none"), _backward(f, p, x, y, "selective")
   full = Recomputed(bwd.bwd_flops + fwd_flops, bwd.bwd_bytes + fwd_bytes, nbytes(x))  # one more forward
+  eager = _residual_bytes(jax.checkpoint(f, policy=EAGER), p, x)[1]
   return UnitProfile(name, fwd_flops, bwd.bwd_flops, fwd_bytes, bwd.bwd_bytes, nbytes(p), nbytes(y),
-                     bwd.kept_bytes, selective=selective, full=full, tp=_tensor_split(unit, p, x)), y
+                     bwd.kept_bytes, selective=selective, full=full, tp=_tensor_split(unit, p, x),
+                     eager_kept_bytes=min(eager, bwd.kept_bytes)), y
 
 
 def _tensor_split(unit, p, x) -> TensorSplit | None:

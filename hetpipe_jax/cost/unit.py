@@ -65,6 +65,8 @@ class UnitProfile:
     recompute: the recomputation these costs are under ("none" as profiled; set by :meth:`under`).
     tp: what tensor parallelism splits (None: the unit has no rule and runs whole on each of a stage's devices).
     degree: the devices these costs are per device of (1 as profiled; set by :meth:`split`).
+    eager_kept_bytes: of ``kept_bytes``, what an eager framework (PyTorch, TensorFlow without XLA) keeps
+      (:data:`hetpipe_jax.recompute.EAGER`); None: not measured, charged as ``kept_bytes``.
   """
 
   name: str
@@ -82,6 +84,7 @@ class UnitProfile:
   recompute: str = "none"
   tp: TensorSplit | None = None
   degree: int = 1
+  eager_kept_bytes: int | None = None
 
   def under(self, mode: str) -> UnitProfile:
     """This unit's profile under recomputation ``mode``: the backward pass with the recomputation, the bytes it
@@ -106,7 +109,8 @@ class UnitProfile:
                   Recomputed(self.bwd_flops + self.fwd_flops, self.bwd_bytes + self.fwd_bytes, 0))
     return dataclasses.replace(self, bwd_flops=measured.bwd_flops, bwd_bytes=measured.bwd_bytes,
                                kept_bytes=measured.kept_bytes,
-                               transient_bytes=max(self.kept_bytes - measured.kept_bytes, 0), recompute=mode)
+                               transient_bytes=max(self.kept_bytes - measured.kept_bytes, 0), recompute=mode,
+                               eager_kept_bytes=None)  # (what the recomputation keeps, in any framework)
 
   def split(self, degree: int) -> UnitProfile:
     """This unit's costs per device of a stage split over ``degree`` devices (:mod:`hetpipe_jax.tensor`).
@@ -132,6 +136,7 @@ class UnitProfile:
     return dataclasses.replace(
         self, fwd_flops=self.fwd_flops / t, bwd_flops=self.bwd_flops / t, fwd_bytes=self.fwd_bytes / t,
         bwd_bytes=self.bwd_bytes / t, param_bytes=params, kept_bytes=kept(self.kept_bytes),
+        eager_kept_bytes=None if self.eager_kept_bytes is None else kept(self.eager_kept_bytes),
         selective=split(self.selective), full=split(self.full),
         transient_bytes=kept(self.kept_bytes + self.transient_bytes) - kept(self.kept_bytes), degree=t)
 

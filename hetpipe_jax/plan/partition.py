@@ -40,7 +40,7 @@ import numpy as np
 
 from hetpipe_jax.cluster import Cluster, Gpu, format_bytes
 from hetpipe_jax.cost.context import DEFAULT_COSTS, CostContext
-from hetpipe_jax.cost.memory import memory_bytes, stage_memory_bytes
+from hetpipe_jax.cost.memory import kept, memory_bytes, stage_memory_bytes
 from hetpipe_jax.cost.roofline import unit_seconds
 from hetpipe_jax.cost.transfer import receive_seconds_by_position, split_allreduce_seconds, stage_neighbours
 from hetpipe_jax.cost.unit import UnitProfile
@@ -60,7 +60,7 @@ class _ModeDp:
     self.mode, self.precision = mode, costs.precision
     self.profiles = [u.under(mode) for u in profiles]
     self._reduce = np.array([sum(split_allreduce_seconds(cluster, u, costs.precision)) for u in self.profiles])
-    mem = np.array([memory_bytes(u.param_bytes, u.kept_bytes, nm, costs) for u in self.profiles], np.float64)
+    mem = np.array([memory_bytes(u.param_bytes, kept(u, costs), nm, costs) for u in self.profiles], np.float64)
     prefix = np.concatenate([[0.0], np.cumsum(mem)])
     self.memory = prefix[None, :] - prefix[:, None]  # M(s, e): a stage holding units s .. e - 1 (for s <= e)
     transient = np.array([u.transient_bytes for u in self.profiles], np.float64)

@@ -26,13 +26,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from hetpipe_jax.baselines.collective import allreduce
+from hetpipe_jax.baselines.gpipe import balanced_cuts, stage_memory
 from hetpipe_jax.baselines.knobs import PeerKnobs
 from hetpipe_jax.cluster import CATALOGUE, LINKS, Cluster, GpuType, make_cluster
 from hetpipe_jax.cluster.catalogue import Link, model_family
 from hetpipe_jax.cost.batch import BatchProfiles
 from hetpipe_jax.cost.context import CostContext
-from hetpipe_jax.cost.memory import stage_memory_bytes
+from hetpipe_jax.cost.memory import nbytes, stage_memory_bytes
 from hetpipe_jax.errors import ConfigError
+from hetpipe_jax.models import full_size_input
 from hetpipe_jax.sim.network import Simulator
 from hetpipe_jax.studies.checked import progress
 from hetpipe_jax.systems import get_system
@@ -122,16 +124,28 @@ def row_cluster(row: Row, types: Types, links: Links | None = None) -> Cluster:
 
 
 def _costs(row: Row, weight_mode: str = "stash") -> CostContext:
-  """Plain SGD (no optimizer slots), as every training row ran, in the row's precision."""
-  return CostContext(weight_mode=weight_mode, optimizer_slots=0, precision=row.precision)
+  """Plain SGD (no optimizer slots), as every training row ran, in the row's precision, with the activations
+  that PyTorch or TensorFlow (every row's framework) keep."""
+  return CostContext(weight_mode=weight_mode, optimizer_slots=0, precision=row.precision, activations="eager")
+
+
+def memory_need(row: Row, types: Types) -> int:
+  """The bytes the memory model says the row's most loaded GPU needs, charged as the row's framework keeps
+  activations (:func:`_costs`): the whole model at the row's batch on one GPU, or GPipe's stages (its
+  microbatches checkpointed, :func:`hetpipe_jax.baselines.gpipe.stage_memory`) on the row's GPUs."""
+  if row.system != "gpipe":
+    return stage_memory_bytes(BatchProfiles.full_size(row.model, row.batch_per_gpu).at(row.batch_per_gpu), 1,
+                              _costs(row, "latest"))
+  micro = -(-row.batch_per_gpu // row.microbatches)  # (the largest microbatch, where they are unequal)
+  profiles = BatchProfiles.full_size(row.model, micro).at(micro)
+  cuts = balanced_cuts(profiles, [types[row.gpu]] * row.gpus, row.precision)
+  return max(stage_memory(profiles, cuts, row.microbatches, nbytes(full_size_input(row.model, micro)), _costs(row)))
 
 
 def memory_holds(row: Row, types: Types) -> bool:
-  """Whether the memory model says one GPU of the row's type holds the model at the row's batch (a published
-  row did: where this is false, the memory model is too strict for it)."""
-  profiles = BatchProfiles.full_size(row.model, row.batch_per_gpu).at(row.batch_per_gpu)
-  need = stage_memory_bytes(profiles, 1, _costs(row, "latest"))
-  return types[row.gpu].memory_bytes >= need
+  """Whether the memory model holds the row's training at its batch on its GPUs (:func:`memory_need`; a
+  published row did: where this is false, the memory model is too strict for it, or the row is wrong)."""
+  return types[row.gpu].memory_bytes >= memory_need(row, types)
 
 
 def simulate(row: Row, types: Types, gpus: int | None = None, links: Links | None = None) -> float:
@@ -421,12 +435,15 @@ class ErrorStats(NamedTuple):
 
 
 class Summary(NamedTuple):
-  """Errors over the held-out rows that ran, over the fitted ones, and per category (held out)."""
+  """Errors over the held-out rows that ran, over the fitted ones, and per category (held out); the training
+  rows, and the ids of those the memory model refuses (:func:`memory_holds`)."""
 
   held_out: ErrorStats
   fitted: ErrorStats
   per_category: Mapping[str, ErrorStats]
   not_run: int
+  training_rows: int = 0
+  memory_refused: tuple[str, ...] = ()
 
 
 def error_stats(entries: Sequence[Entry]) -> ErrorStats:
@@ -443,10 +460,13 @@ def summary(entries: Sequence[Entry]) -> Summary:
   return Summary(error_stats(held), error_stats(fitted),
                  {c: error_stats([e for e in held if e.row.category == c])
                   for c in dict.fromkeys(e.row.category for e in held)},
-                 len([e for e in entries if e.error is None]))
+                 len([e for e in entries if e.error is None]),
+                 len([e for e in entries if e.memory_model_holds is not None]),
+                 tuple(e.id for e in entries if e.memory_model_holds is False))
 
 
 def summary_json(s: Summary) -> dict[str, Any]:
   """A summary as validate_published.json holds it."""
   return {"held_out": s.held_out._asdict(), "fitted": s.fitted._asdict(),
-          "per_category": {c: v._asdict() for c, v in s.per_category.items()}, "not_run": s.not_run}
+          "per_category": {c: v._asdict() for c, v in s.per_category.items()}, "not_run": s.not_run,
+          "training_rows": s.training_rows, "memory_refused": list(s.memory_refused)}
