@@ -105,7 +105,9 @@ class LayoutSpec:
       groups of each node's GPUs of one type by a policy's planner; "auto" (with a policy): the degree of the
       fastest plan (:mod:`hetpipe_jax.plan.tensor_groups`).
     time_model: a full-size model (``vgg19``, ``resnet152``, ...): the clock takes task durations from its
-      plan on the same GPUs, while the numerics train the run's model.
+      plan on the same GPUs, while the numerics train the run's model (with ``tp`` and a policy the clock's
+      stages are split, and the numerics run each stage on its lead GPU: a split stage computes what one
+      device does, ``tests/test_tensor_parallel.py``).
   """
 
   num_vws: int = setting(3, "Number of virtual workers N.")
@@ -165,9 +167,10 @@ class LayoutSpec:
     if tp != 1 and self.policy is not None and not isinstance(self.policy, str):
       raise ConfigError(f"tp={tp} with a grouping of GPU indices: a grouping names every stage's GPU; give a policy "
                         "(NP, ED or HD), or the layout by num_vws and stages")
-    if tp != 1 and self.time_model is not None:
-      raise ConfigError(f"tp={tp} with time_model={self.time_model!r}: the clock's cuts of another model are "
-                        "not split by tensor parallelism yet; drop one of them")
+    if tp != 1 and self.time_model is not None and self.policy is None:
+      raise ConfigError(f"tp={tp} with time_model={self.time_model!r} and a layout by num_vws and stages: the "
+                        "clock's cuts of another model are split only on a policy's plan; give a policy (NP, ED "
+                        "or HD), or drop one of them")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -115,9 +115,10 @@ class Study:
     specs = []
     for policy in self.policies:
       label = policy if isinstance(policy, str) else "/".join(",".join(map(str, g)) for g in policy)
+      tp = self.config.knobs.tp
       for d in self.config.ds:
-        name = f"HetPipe {label} D={d}"
-        specs.append(Spec(name, HetPipeSetting(policy, self.config.nm, d), name))
+        name = f"HetPipe {label} D={d}" + ("" if tp == 1 else f" tp={tp}")  # (the throughput study's row)
+        specs.append(Spec(name, HetPipeSetting(policy, self.config.nm, d, tp=None if tp == 1 else tp), name))
     return specs
 
   def plan_nms(self, setting: HetPipeSetting) -> list[int]:
@@ -125,7 +126,7 @@ class Study:
     if setting.cuts is not None:
       return list(setting.nm)
     return [p.nm for p in plan_cluster(self.cluster, self.clock_profiles, setting.policy, "default", self.config.nm,
-                                       None, self.costs).vws]
+                                       None, self.costs, setting.tp or 1).vws]
 
   def outer_spec(self, num_vws: int, rule: str, lr: float | None = None) -> str:
     """The outer ``rule`` for a configuration of ``num_vws`` virtual workers, at ``lr`` (None: the rule's own): its
@@ -197,7 +198,7 @@ def plannable(config: ConvergenceConfig, profiles: list[UnitProfile], costs: Cos
   kept, reasons = [], {}
   for policy in [parse_policy(p) for p in config.policies]:
     try:
-      plan = plan_cluster(config.cluster, profiles, policy, "default", config.nm, None, costs)
+      plan = plan_cluster(config.cluster, profiles, policy, "default", config.nm, None, costs, config.knobs.tp)
       widest = max(len(vw.stages) for vw in plan.vws)
       if widest > num_units:
         raise ConfigError(f"its virtual workers have {widest} GPUs, and the trained model has only {num_units} "

@@ -181,6 +181,7 @@ class HetPipeSetting(NamedTuple):
       placement.
     ps_optimizer: the parameter server's (outer) optimizer (``--ps_optimizer`` syntax; None: it adds).
     overlap_transfers / staged_ps: the ``sim`` executor's transfer models.
+    tp: the tensor-parallel degree of a policy's stages (None: the base config's).
   """
 
   policy: Any
@@ -192,10 +193,11 @@ class HetPipeSetting(NamedTuple):
   ps_optimizer: str | None = None
   overlap_transfers: bool | None = None
   staged_ps: bool | None = None
+  tp: Any = None
 
   def run_fields(self) -> dict[str, Any]:
     """The fields the ``virtual`` executor's run takes (the given ones)."""
-    names = ("policy", "cuts", "nm", "window", "d", "placement", "ps_optimizer")
+    names = ("policy", "cuts", "nm", "window", "d", "placement", "ps_optimizer", "tp")
     return {k: getattr(self, k) for k in names if getattr(self, k) is not None}
 
   def sim_fields(self) -> dict[str, Any]:
