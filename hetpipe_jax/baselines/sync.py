@@ -147,7 +147,8 @@ class SyncJob:
 
   def __post_init__(self):
     if not self.workers:
-      raise ConfigError(f"{self.system}: no worker; give a cluster with a GPU that can train the model")
+      raise ConfigError(f"{self.system}: no worker; give a cluster with a GPU that can train the model, or let it "
+                        "keep less (recompute=selective, full or auto; activations=eager, as PyTorch keeps them)")
     num_units = len(self.profiles.low)
     for i, w in enumerate(self.workers):
       if len(w.cuts) != len(w.gpus) + 1 or w.cuts[0] != 0 or w.cuts[-1] != num_units or \
