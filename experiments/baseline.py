@@ -45,10 +45,7 @@ flags.DEFINE_string("optimizer", "momentum", "Local optimizer, for its memory: s
 flags.DEFINE_string("precision", "fp32", "fp32, fp16 or bf16 (mixed precision).")
 flags.DEFINE_string("recompute", "none", "Activation recomputation: none, selective or full on every GPU, or auto "
                     "(a peer: the fastest of the three it can run; hetpipe: the planner's choice per stage).")
-flags.DEFINE_string("activations", "jax", "What a unit without recomputation is charged for its activations: "
-                    "jax (every residual of jax.vjp: what this package's runtime keeps) or eager (what PyTorch or "
-                    "TensorFlow without XLA keep, as the published systems ran: the convolutions' and matmuls' "
-                    "outputs, ReLU's and softmax's).")
+flags.DEFINE_string("activations", "jax", common.ACTIVATIONS_HELP)
 flags.DEFINE_string("out_dir", "outputs/baseline", "Where the timeline, breakdown JSON and chart go.")
 
 

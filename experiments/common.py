@@ -47,6 +47,10 @@ Main = Callable[[list[str]], int | None]
 # run sees the same devices as a test of the same configuration. Numerics do not depend on it (the small
 # golden runs are identical with exactly as many devices as GPUs).
 MIN_CPU_DEVICES = 8
+ACTIVATIONS_HELP = ("What a unit without recomputation is charged for its activations: jax (every residual of "
+                    "jax.vjp: what this package's runtime keeps) or eager (what PyTorch or TensorFlow without XLA "
+                    "keep, as the published systems ran: the convolutions' and matmuls' outputs, ReLU's and "
+                    "softmax's).")  # --activations of experiments.baseline and plan
 
 # Seeds go to numpy's default_rng (which takes no negative seed) and to jax.random.key (a C long).
 

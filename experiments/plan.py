@@ -47,10 +47,7 @@ flags.DEFINE_integer("nm_max", None, "Largest Nm to consider in flight (default:
                      "--nm=speed wave may be longer, with a window).")
 flags.DEFINE_bool("simulate", True, "Simulate the plan (sim executor, fast mode) for the images/s printed; "
                   "--nosimulate prints the planner's bound only.")
-flags.DEFINE_string("activations", "jax", "What a unit without recomputation is charged for its activations: "
-                    "jax (every residual of jax.vjp: what this package's runtime keeps) or eager (what PyTorch or "
-                    "TensorFlow without XLA keep, as the published systems ran: the convolutions' and matmuls' "
-                    "outputs, ReLU's and softmax's).")
+flags.DEFINE_string("activations", "jax", common.ACTIVATIONS_HELP)
 flags.DEFINE_string("out", "outputs/plan/plan.json", "Where to write the plan JSON.")
 
 
