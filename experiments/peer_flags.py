@@ -35,8 +35,9 @@ HELP = {
     "nm_rule": "hetpipe (experiments.baseline --system=hetpipe, a study's --systems=hetpipe): its Nm rule, max_fit "
                "(the largest Nm that fits), best (the modelled fastest) or speed (waves sized to each virtual "
                "worker's speed).",
-    "shard_state": "hetero_dp: shard the gradient and the optimizer state over its GPUs (ZeRO stage 2, as Cephalo "
-                   "runs it), so a GPU too small for the replicated state takes part.",
+    "shard_state": "hetero_dp: shard the gradient and the optimizer state over its GPUs (ZeRO stage 2), or the "
+                   "weights too (ZeRO stage 3, as Cephalo runs it), whichever is fastest, so a GPU too small for the "
+                   "replicated state takes part.",
     "tp": "sync_pipeline, local_sgd with vw workers, hetpipe: GPUs of one node and type each pipeline stage is split "
           "over by tensor parallelism (1: none; auto: the planner's fastest of 1, 2, 4, 8 that divide the nodes).",
 }

@@ -13,11 +13,11 @@ examples it can finish by T) and trimming the surplus from the GPUs that finish 
 
 What it assumes: the GPUs' speeds are known (the cost model's), the all-reduce is Horovod's
 (:mod:`hetpipe_jax.baselines.sync`), and the update is the batch-weighted mean of the gradients. With
-``knobs.shard_state`` its GPUs shard the gradient and the optimizer state (ZeRO stage 2, as Cephalo runs FSDP;
-the weights stay whole on every GPU, where Cephalo's FSDP shards them too): the GPUs that take part are the
-fixed point of "those that hold the weights and a 1/N share of the state, N being how many they are"
-(:func:`sharded_split`), and the reduce-scatter and all-gather move the bytes of the all-reduce; the option is
-taken where it is faster than replicating the state (:func:`hetero_dp_job`).
+``knobs.shard_state`` its GPUs may shard the gradient and the optimizer state (ZeRO stage 2: the GPUs that take
+part are the fixed point of "those that hold the weights and a 1/N share of the state, N being how many they
+are", :func:`sharded_split`; the reduce-scatter and all-gather move the bytes of the all-reduce) or the weights
+too (ZeRO stage 3, FSDP, as Cephalo runs it: :func:`fsdp_split`, every micro-step's collectives on the
+network); :func:`hetero_dp_job` takes whichever of the three is fastest.
 """
 
 from __future__ import annotations
@@ -81,17 +81,27 @@ def split_batch(gpus: list[Gpu], profiles: BatchProfiles, global_batch: int,
     ConfigError: when no GPU holds the model with one example.
   """
   micro = {g.type.name: max_micro_batch(profiles, g.type, global_batch, costs) for g in gpus}
-  able = [g for g in gpus if micro[g.type.name] > 0]
-  if not able:
+  if not any(micro.values()):
     raise ConfigError("hetero_dp: no GPU holds the whole model with one example; use a cluster with larger GPUs "
                       "or a smaller model")
-  speed = {name: _Speed(profiles, next(g.type for g in able if g.type.name == name), m, costs.precision)
+  return _minimax(gpus, profiles, global_batch, micro, costs.precision, one_pass=False)
+
+
+def _minimax(gpus: list[Gpu], profiles: BatchProfiles, global_batch: int, micro: dict[str, int], precision: str,
+             one_pass: bool) -> list[tuple[Gpu, int, int]]:
+  """:func:`split_batch` with each type's most examples at once ``micro``; ``one_pass``: a GPU takes at most
+  that many (no accumulation), and the split is empty where the GPUs together cannot take ``global_batch``."""
+  able = [g for g in gpus if micro[g.type.name] > 0]
+  if one_pass and sum(min(micro[g.type.name], global_batch) for g in able) < global_batch:
+    return []
+  speed = {name: _Speed(profiles, next(g.type for g in able if g.type.name == name), m, precision)
            for name, m in micro.items() if m > 0}
-  times = {name: [sp(s) for s in range(global_batch + 1)] for name, sp in speed.items()}  # nondecreasing in s
+  times = {name: [sp(s) if s <= sp.micro or not one_pass else math.inf for s in range(global_batch + 1)]
+           for name, sp in speed.items()}  # nondecreasing in s
 
   def shares(t: float) -> list[int]:  # the most examples each GPU finishes by t
     return [bisect.bisect_right(times[g.type.name], t * (1 + 1e-12)) - 1 for g in able]
-  candidates = sorted({x for ts in times.values() for x in ts})
+  candidates = sorted({x for ts in times.values() for x in ts if x < math.inf})
   lo, hi = 0, len(candidates) - 1
   while lo < hi:  # the smallest time by which the GPUs together finish the global batch
     mid = (lo + hi) // 2
@@ -123,37 +133,84 @@ def sharded_split(gpus: list[Gpu], profiles: BatchProfiles, global_batch: int,
     shards = len(split)
 
 
+def fsdp_split(gpus: list[Gpu], profiles: BatchProfiles, global_batch: int,
+               costs: CostContext) -> tuple[CostContext, int, list[tuple[Gpu, int, int]]]:
+  """ZeRO stage 3 as Cephalo runs it (weights, gradient and optimizer state sharded over the N GPUs that take
+  part; the same number A of accumulation steps on every GPU, since every micro-step's all-gathers and
+  reduce-scatters take every GPU; each GPU's micro-batch sized to its speed and its memory):
+  (``costs`` sharded over N, A, the minimax split of one micro-step's ``global_batch / A`` examples, each GPU's
+  share taken at once). A is the smallest divisor of ``global_batch`` whose micro-step the GPUs hold together;
+  N the fixed point of :func:`sharded_split`.
+
+  Raises:
+    ConfigError: when no GPU holds one example with the state sharded over all of them.
+  """
+  for steps in (a for a in range(1, global_batch + 1) if global_batch % a == 0):
+    shards, size = len(gpus), global_batch // steps
+    while shards:
+      trial = costs._replace(state_shards=shards, shard_weights=True)
+      micro = {g.type.name: max_micro_batch(profiles, g.type, size, trial) for g in gpus}
+      split = _minimax(gpus, profiles, size, micro, costs.precision, one_pass=True)
+      if len(split) == shards:
+        return trial, steps, split
+      shards = len(split)
+  raise ConfigError(f"hetero_dp: no GPU holds the model with one example even with its weights, gradient and "
+                    f"optimizer state sharded over all {len(gpus)} GPUs; use a cluster with larger GPUs or a "
+                    "smaller model")
+
+
 def hetero_dp_job(cluster: Cluster, profiles: BatchProfiles, batch_size: int, knobs: PeerKnobs,
                   costs: CostContext = DEFAULT_COSTS) -> SyncJob:
   """hetero_dp on the simulator's network: the global batch (``knobs.global_batch``, default ``batch_size``
-  x every GPU of the cluster) split by :func:`split_batch`.
+  x every GPU of the cluster) split by :func:`split_batch`; with ``knobs.shard_state``, the fastest of that, the
+  state sharded (:func:`sharded_split`) and the weights sharded too (:func:`fsdp_split`), as a user of the
+  option would run it (ties: the least sharding).
 
   Raises:
-    ConfigError: when no GPU holds the model, or the global batch is smaller than... nothing to split.
+    ConfigError: when no GPU holds the model (sharded: even with everything sharded over every GPU).
   """
   global_batch = knobs.global_batch or batch_size * cluster.num_gpus
-  if knobs.shard_state:  # sharded where that is faster (or the only way), as a user of the option would run it
-    sharded = _job(cluster, profiles, batch_size, knobs, *sharded_split(list(cluster.gpus), profiles, global_batch,
-                                                                       costs))
+  gpus = list(cluster.gpus)
+  plain = lambda: _job(cluster, profiles, batch_size, knobs, costs, split_batch(gpus, profiles, global_batch,
+                                                                                costs))
+  if not knobs.shard_state:
+    return plain()
+  jobs = []
+  for build in (plain,
+                lambda: _job(cluster, profiles, batch_size, knobs, *sharded_split(gpus, profiles, global_batch,
+                                                                                  costs)),
+                lambda: _job(cluster, profiles, batch_size, knobs, *_unpack(fsdp_split(gpus, profiles, global_batch,
+                                                                                       costs)))):
     try:
-      plain = hetero_dp_job(cluster, profiles, batch_size, knobs._replace(shard_state=False), costs)
-    except ConfigError:
-      return sharded
-    rate = lambda job: simulate_sync(dataclasses.replace(job, rounds=1)).images_per_sec
-    return sharded if rate(sharded) > rate(plain) else plain
-  return _job(cluster, profiles, batch_size, knobs, costs, split_batch(list(cluster.gpus), profiles, global_batch,
-                                                                       costs))
+      jobs.append(build())
+    except ConfigError as e:
+      refused = e
+  if not jobs:
+    raise refused
+  return max(jobs, key=lambda job: simulate_sync(dataclasses.replace(job, rounds=1)).images_per_sec)
+
+
+def _unpack(found: tuple[CostContext, int, list[tuple[Gpu, int, int]]]) -> tuple[CostContext,
+                                                                                  list[tuple[Gpu, int, int]]]:
+  """:func:`fsdp_split`'s split as :func:`_job` takes it: each GPU's micro-step share and the micro-steps."""
+  costs, steps, split = found
+  return costs, [(g, share, steps) for g, share, _ in split]
 
 
 def _job(cluster: Cluster, profiles: BatchProfiles, batch_size: int, knobs: PeerKnobs, costs: CostContext,
          split: list[tuple[Gpu, int, int]]) -> SyncJob:
-  """The job of a split of the global batch (its state sharded over its GPUs where ``costs`` says so)."""
-  global_batch = sum(s for _, s, _ in split)
+  """The job of a split of the global batch (its state sharded over its GPUs where ``costs`` says so; with the
+  weights sharded, each GPU's share is one micro-step's, taken in its accumulation steps, each a local step that
+  ends in the collectives: :class:`~hetpipe_jax.baselines.sync.SyncJob`)."""
+  fsdp = costs.shard_weights and costs.state_shards > 1
+  shares = [s * a if fsdp else s for _, s, a in split]
   num_units = len(profiles.low)
-  workers = tuple(Worker((g,), (0, num_units), share, steps) for g, share, steps in split)
+  workers = tuple(Worker((g,), (0, num_units), s, 1, local_steps=a) if fsdp else Worker((g,), (0, num_units), s, a)
+                  for g, s, a in split)
   return SyncJob("hetero_dp", cluster, workers, profiles, overlap=True, fusion_bytes=knobs.fusion_bytes,
-                 cycle_s=knobs.cycle_s, precision=costs.precision, rounds=knobs.rounds,
-                 knobs=(("batch_size", batch_size), ("global_batch", global_batch), ("fusion_mb", knobs.fusion_mb),
-                        ("shares", [s for _, s, _ in split]), ("accumulation", [a for _, _, a in split]),
+                 cycle_s=knobs.cycle_s, precision=costs.precision, rounds=knobs.rounds, weights_sharded=fsdp,
+                 knobs=(("batch_size", batch_size), ("global_batch", sum(shares)), ("fusion_mb", knobs.fusion_mb),
+                        ("shares", shares), ("accumulation", [a for _, _, a in split]),
                         *((("state_shards", costs.state_shards),) if costs.state_shards > 1 else ()),
+                        *((("shard_weights", True),) if fsdp else ()),
                         ("gpus", len(split))))

@@ -43,9 +43,10 @@ class PeerKnobs(NamedTuple):
       hetpipe), as HetPipe's planner splits them (:mod:`hetpipe_jax.plan.tensor_groups`; "auto": its fastest
       degree): Megatron-LM's split inside a node, which pipeline systems on large models run (Metis, FlashFlex).
       Data-parallel workers of one GPU (horovod, hetero_dp, local_sgd's gpu workers) do not split.
-    shard_state: hetero_dp: its GPUs shard the gradient and the optimizer state among them (ZeRO stage 2, as
-      Cephalo and Poplar run heterogeneous data parallelism; :func:`hetpipe_jax.cost.memory.param_copies`), so a
-      GPU too small for the replicated state takes part; the same traffic as the all-reduce.
+    shard_state: hetero_dp: its GPUs may shard the gradient and the optimizer state among them (ZeRO stage 2, as
+      Poplar runs heterogeneous data parallelism; :func:`hetpipe_jax.cost.memory.param_copies`; the same traffic
+      as the all-reduce) or the weights too (ZeRO stage 3, FSDP, as Cephalo runs it: 1.5x the traffic, every
+      micro-step), whichever is fastest, so a GPU too small for the replicated state takes part.
   """
 
   fusion_mb: float = FUSION_BYTES / (1 << 20)

@@ -34,6 +34,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from absl import logging
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from hetpipe_jax.data import Dataset, WorkerStreams
 from hetpipe_jax.errors import ConfigError, RunStopped
@@ -158,12 +160,34 @@ class _Tracker:
 Round = Callable[[Any, int], tuple[Any, Any]]  # (params, round from 1) -> (params, the round's mean loss)
 
 
+def fsdp_shardings(tree: Any, mesh: Mesh) -> Any:
+  """ZeRO stage 3's layout of ``tree`` (weights, gradients or optimizer state) over ``mesh``'s one axis: each leaf
+  split along its first dimension that the devices divide, a leaf with none (a scalar, an odd bias) whole on
+  each."""
+  n = mesh.devices.size
+
+  def sharding(leaf: Any) -> NamedSharding:
+    axis = next((a for a, d in enumerate(np.shape(leaf)) if d % n == 0), None)
+    return NamedSharding(mesh, P() if axis is None else P(*([None] * axis), mesh.axis_names[0]))
+  return jax.tree.map(sharding, tree)
+
+
+def _placement(device: Any) -> tuple[Any, Callable[[Any], Any]]:
+  """Where a worker's batch goes, and how the weights and the optimizer state are placed: on ``device`` (one
+  ``jax.Device``), or over a sequence of devices sharded by :func:`fsdp_shardings` (each batch whole on all)."""
+  if isinstance(device, jax.Device):
+    return device, lambda tree: jax.device_put(tree, device)
+  mesh = Mesh(np.array(list(device)), ("fsdp",))
+  return NamedSharding(mesh, P()), lambda tree: jax.device_put(tree, fsdp_shardings(tree, mesh))
+
+
 def _sync_round(loss_fn: Callable, tx: optax.GradientTransformation, streams: WorkerStreams, active: list[int],
                 params: Any, device: Any) -> Round:
   """A synchronous step: every active worker's gradient, their batch-weighted mean, one update of ``tx``."""
   weights = [streams.batch_sizes[i] for i in active]
   grad = jax.jit(jax.value_and_grad(loss_fn))  # compiled once per distinct batch size
-  state = {"opt": tx.init(params)}
+  device, place = _placement(device)
+  state = {"opt": place(tx.init(params))}
 
   @jax.jit
   def update(params, opt_state, results):
@@ -238,7 +262,10 @@ def train_sgd(*, model: LayeredModel, dataset: Dataset, tx: optax.GradientTransf
     outer: local SGD's outer step (:func:`outer_optimizer`; None: lr 1, no momentum, the weighted mean).
     seed: initialisation and shuffling seed (the streams: :class:`~hetpipe_jax.data.WorkerStreams`).
     eval_every: evaluate the test accuracy every this many steps or rounds (and at the end).
-    device: where it runs, a ``jax.Device`` (default: the first JAX device).
+    device: where it runs, a ``jax.Device`` (default: the first JAX device), or (synchronous SGD) a sequence of
+      devices over which the weights, the gradients and the optimizer state are sharded as ZeRO stage 3 holds
+      them (:func:`fsdp_shardings`; XLA gathers the weights for each gradient and updates each shard where it
+      lives): the same update within rounding (``tests/test_peer_numerics.py``).
     what: the run's name in the log and errors (default: the batch sizes and local steps).
 
   Returns:
@@ -258,7 +285,11 @@ def train_sgd(*, model: LayeredModel, dataset: Dataset, tx: optax.GradientTransf
   sizes = streams.batch_sizes
   active = [i for i, b in enumerate(sizes) if b > 0]
   device = device or jax.devices()[0]
-  params = jax.device_put(model.init(jax.random.key(seed), jnp.asarray(dataset.x_train[:max(sizes)])), device)
+  if not isinstance(device, jax.Device) and local_steps is not None:
+    raise ConfigError("weights sharded over several devices for local SGD; its workers keep their own weights: give "
+                      "one device, or synchronous SGD (local_steps None)")
+  params = model.init(jax.random.key(seed), jnp.asarray(dataset.x_train[:max(sizes)]))
+  params = _placement(device)[1](params)
   loss_fn = lambda p, x, y: model.loss(model.apply(p, x), y)
   if local_steps is None:
     step = _sync_round(loss_fn, tx, streams, active, params, device)
@@ -266,7 +297,8 @@ def train_sgd(*, model: LayeredModel, dataset: Dataset, tx: optax.GradientTransf
   else:
     step = _local_round(loss_fn, tx, outer or outer_optimizer(), streams, active, params, device)
     what, unit = what or f"local SGD (batches {sizes}, local steps {streams.local_steps})", "round"
-  track = _Tracker(make_evaluator(model, dataset, device), what, unit, rounds, eval_every, round_seconds)
+  evaluate = make_evaluator(model, dataset, device if isinstance(device, jax.Device) else next(iter(device)))
+  track = _Tracker(evaluate, what, unit, rounds, eval_every, round_seconds)
   for r in range(1, rounds + 1):
     params, loss = step(params, r)
     track.record(r, params, loss, r * streams.examples_per_round)

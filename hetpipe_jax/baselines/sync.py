@@ -54,6 +54,7 @@ from hetpipe_jax.sim.network import Simulator
 FUSION_BYTES = 64 << 20  # Horovod's default fusion buffer (HOROVOD_FUSION_THRESHOLD, docs/tensor-fusion.rst)
 CYCLE_S = 1e-3  # Horovod's default cycle time (HOROVOD_CYCLE_TIME, 1 ms since Horovod 0.21; 5 ms before)
 EXCHANGES = ("allreduce", "ps", "ps_host")
+FSDP_BYTES = 1.5  # a ZeRO-3 micro-step's collectives over a ring all-reduce's (two all-gathers, a reduce-scatter)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,6 +130,13 @@ class SyncJob:
       (every forward of the step before its backwards).
     recompute: activation checkpointing as torchgpipe's ``except_last``: the backward of every microbatch but
       a step's last runs its stage's forward again first.
+    weights_sharded: the workers shard the weights too (ZeRO stage 3, FSDP; workers of one GPU, each local step
+      a micro-step of gradient accumulation, the same number on every worker): every local step ends in the
+      collectives of every unit and a barrier (each unit's weights all-gathered for its forward and again for
+      its backward, its gradient reduce-scattered: 3 x (N - 1) / N of its bytes per GPU, 1.5 x a ring
+      all-reduce's, :data:`FSDP_BYTES`), and the next starts when they are done. The simulator overlaps all
+      three with the backward pass (FSDP overlaps the forward's all-gathers with the forward by prefetching
+      them): the same bytes on the same links, the same barrier, the exposed part placed at the step's end.
   """
 
   system: str
@@ -144,6 +152,7 @@ class SyncJob:
   exchange: str = "allreduce"
   schedule: str = "1f1b"
   recompute: bool = False
+  weights_sharded: bool = False
 
   def __post_init__(self):
     if not self.workers:
@@ -165,6 +174,12 @@ class SyncJob:
       raise ConfigError(f"{self.system}: schedule={self.schedule!r}; give one of {', '.join(sched.SCHEDULES)}")
     if self.exchange not in EXCHANGES:
       raise ConfigError(f"{self.system}: exchange={self.exchange!r}; give one of {', '.join(EXCHANGES)}")
+    if self.weights_sharded and (self.exchange != "allreduce" or len({w.local_steps for w in self.workers}) > 1 or
+                                 any(len(w.all_gpus) > 1 for w in self.workers)):
+      raise ConfigError(f"{self.system}: weights_sharded with exchange={self.exchange!r} and workers of "
+                        f"{sorted({len(w.all_gpus) for w in self.workers})} GPUs, "
+                        f"{sorted({w.local_steps for w in self.workers})} local steps; sharded weights take "
+                        "workers of one GPU, the same local steps (micro-steps) on each, and the all-reduce")
     if self.rounds < 1 or not self.cycle_s >= 0 or not self.fusion_bytes >= 0:
       raise ConfigError(f"{self.system}: rounds={self.rounds}, cycle_s={self.cycle_s}, "
                         f"fusion_bytes={self.fusion_bytes}; give rounds >= 1 and cycle_s, fusion_bytes >= 0")
@@ -234,7 +249,8 @@ class _Run:
     self.log = Log()
     self.scale = byte_scale(job.precision)
     self._costs: dict[tuple[int, int, int], tuple] = {}  # (worker, stage, examples) -> :meth:`_cost`
-    self.tensor_bytes = {u: p.param_bytes * self.scale for u, p in enumerate(job.profiles.low) if p.param_bytes}
+    factor = self.scale * (FSDP_BYTES if job.weights_sharded else 1)
+    self.tensor_bytes = {u: p.param_bytes * factor for u, p in enumerate(job.profiles.low) if p.param_bytes}
     self.comms = self._communicators()
     self.comm_of = {u: c for c in self.comms for u in c.units}
     self.states = [sched.init(len(w.gpus), i) for i, w in enumerate(job.workers)]  # (each step starts anew)
@@ -290,6 +306,11 @@ class _Run:
   # rounds and local steps
 
   def _start_round(self, t: float) -> None:
+    self.steps = [0] * len(self.job.workers)
+    self._start_sync(t)
+
+  def _start_sync(self, t: float) -> None:
+    """Starts what ends in the next synchronisation: a round (with sharded weights, its next local step)."""
     self.round_start = t
     self.workers_left = len(self.job.workers)
     for c in self.comms:
@@ -298,7 +319,6 @@ class _Run:
     for w in self.job.workers:
       for g in w.all_gpus:
         self.log.last.setdefault(g.index, []).append(t)
-    self.steps = [0] * len(self.job.workers)
     for i in range(len(self.job.workers)):
       self._start_step(i)
 
@@ -332,8 +352,9 @@ class _Run:
       bwd += fwd  # (its forward again, checkpointed)
     t = self.sim.t
     self.sim.at(t + (fwd if task.kind == sched.FWD else bwd), lambda t_end: self._finish(i, task, t, t_end))
-    if task.kind == sched.BWD and task.mb == w.microbatches and self.steps[i] + 1 == w.local_steps and \
-        self.job.overlap:  # the round's last backward: each unit's gradient is final when its part is done
+    if task.kind == sched.BWD and task.mb == w.microbatches and self.job.overlap and \
+        (self.steps[i] + 1 == w.local_steps or self.job.weights_sharded):
+      # the synchronisation's last backward: each unit's gradient is final when its part is done
       done = t
       for u, seconds in units:  # the stage's units, last first
         done += seconds
@@ -367,7 +388,7 @@ class _Run:
   def _step_done(self, i: int, t: float) -> None:
     w = self.job.workers[i]
     self.steps[i] += 1
-    if self.steps[i] < w.local_steps:
+    if self.steps[i] < w.local_steps and not self.job.weights_sharded:
       self._start_step(i)
       return
     if not self.job.overlap:  # every weight change is ready now, in unit order
@@ -479,6 +500,9 @@ class _Run:
     if self.workers_left or any(c.left for c in self.comms) or self.pulls_left:
       return
     self.log.rounds.append((self.round_start, t))
+    if self.steps[0] < self.job.workers[0].local_steps:  # (sharded weights: a micro-step's barrier)
+      self._start_sync(t)
+      return
     self.rounds_done += 1
     if self.rounds_done == self.job.rounds:
       self.log.comms = [(tuple(g.index for g in c.gpus), c.intervals) for c in self.comms]

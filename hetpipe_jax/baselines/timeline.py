@@ -29,7 +29,8 @@ from typing import Any
 @dataclasses.dataclass
 class Log:
   """What a run records for its timeline: per GPU index its compute intervals, the inputs in flight to
-  it, its last compute of each round; the rounds; the communicators' all-reduces."""
+  it, its last compute before each synchronisation; the synchronisations (the rounds; with sharded weights,
+  every micro-step: :class:`~hetpipe_jax.baselines.sync.SyncJob`); the communicators' all-reduces."""
 
   compute: dict[int, list[tuple[float, float, str]]] = dataclasses.field(default_factory=dict)
   inbound: dict[int, list[tuple[float, float]]] = dataclasses.field(default_factory=dict)
@@ -108,7 +109,7 @@ def build_timeline(job: Any, log: Log) -> dict[str, Any]:
     spans = _union([s for members, spans in log.comms if g.index in members for s in spans])
     intervals += [[d, a, b, cat, label] for a, b, cat, label in _device_intervals(g.index, log, spans)]
   return {"format": FORMAT, "meta": {"system": job.system, "cluster": job.cluster.name, "seconds": end,
-                                     "rounds": len(log.rounds), "precision": job.precision, **dict(job.knobs)},
+                                     "rounds": job.rounds, "precision": job.precision, **dict(job.knobs)},
           "devices": devices, "intervals": intervals}
 
 

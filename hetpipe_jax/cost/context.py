@@ -16,6 +16,8 @@ class CostContext(NamedTuple):
       "none", "selective" or "full" for every stage, or "auto" (per stage, the fastest that fits).
     state_shards: the data-parallel replicas that shard the gradient and the optimizer slots among them (ZeRO
       stage 2, :func:`hetpipe_jax.cost.memory.param_copies`); 1: each holds its own.
+    shard_weights: with ``state_shards`` > 1, the replicas shard the weights too (ZeRO stage 3, FSDP), each
+      gathering a unit's whole weights while it computes it (:func:`hetpipe_jax.cost.memory.stage_memory_bytes`).
     activations: the activations a unit without recomputation is charged (:func:`hetpipe_jax.cost.memory.kept`):
       "jax", every residual of ``jax.vjp`` (what this package's runtime keeps), or "eager", what PyTorch or
       TensorFlow without XLA keep (:data:`hetpipe_jax.recompute.EAGER`), for the systems that run in them.
@@ -26,6 +28,7 @@ class CostContext(NamedTuple):
   precision: str = "fp32"
   recompute: str = "none"
   state_shards: int = 1
+  shard_weights: bool = False
   activations: str = "jax"
 
 

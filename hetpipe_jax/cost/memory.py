@@ -91,11 +91,15 @@ def param_copies(nm: int, costs: CostContext = DEFAULT_COSTS) -> float:
   memory optimizations toward training trillion parameter models", SC'20, section 5) each replica keeps the
   whole weights but 1/N of the gradient and of the optimizer slots: ``1 + (1 + optimizer_slots) / N + s x
   stashed``. Its gradients meet by a reduce-scatter and the updated weights by an all-gather, the bytes of one
-  ring all-reduce (ibid., section 7), so the simulators' all-reduce times it unchanged.
+  ring all-reduce (ibid., section 7), so the simulators' all-reduce times it unchanged. With
+  ``costs.shard_weights`` too (ZeRO stage 3, FSDP) the weights are sharded as well: ``(2 + optimizer_slots) / N
+  + s x stashed``, and :func:`stage_memory_bytes` adds the units it gathers.
   """
   stashed = nm if costs.weight_mode == "stash" else 0
-  held = (2 + costs.optimizer_slots if costs.state_shards == 1
-          else 1 + (1 + costs.optimizer_slots) / costs.state_shards)
+  shards = costs.state_shards
+  held = (2 + costs.optimizer_slots if shards == 1
+          else (2 + costs.optimizer_slots) / shards if costs.shard_weights
+          else 1 + (1 + costs.optimizer_slots) / shards)
   if not is_mixed(costs.precision):
     return held + stashed  # (integers stay integers)
   return held + stashed * byte_scale(costs.precision)
@@ -160,10 +164,18 @@ def stage_memory_bytes(units: Sequence[UnitProfile], nm: int, costs: CostContext
     nm / costs: see :func:`param_copies`.
 
   Returns:
-    Bytes, rounded down.
+    Bytes, rounded down. With the weights sharded (``costs.shard_weights`` over ``state_shards`` > 1, as FSDP
+    runs: each unit's weights gathered for its forward and freed after it, gathered again for its backward) the
+    largest unit is charged three more times in the compute precision, as :data:`GATHERED` says.
 
   Raises:
     ConfigError: for an unknown precision.
   """
+  transient = max((u.transient_bytes for u in units), default=0)
+  if costs.shard_weights and costs.state_shards > 1:
+    transient += GATHERED * max((u.param_bytes for u in units), default=0)
   return int(memory_bytes(sum(u.param_bytes for u in units), sum(kept(u, costs) for u in units), nm, costs,
-                          max((u.transient_bytes for u in units), default=0)))
+                          transient))
+
+
+GATHERED = 3  # whole units FSDP holds at once: the one computing, the next prefetched, an unreduced gradient

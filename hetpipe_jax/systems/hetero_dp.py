@@ -26,6 +26,8 @@ class HeteroDP(Peer):
 
   def config(self, run: SystemRun) -> str:
     meta = run.meta
+    sharded = ("" if "state_shards" not in meta else
+               f", {'weights and ' if meta.get('shard_weights') else ''}state sharded over {meta['state_shards']}")
     return f"global batch {meta['global_batch']}, per GPU {span(meta['shares'])}, accumulation " \
-           f"{span(meta['accumulation'])}"
+           f"{span(meta['accumulation'])}{sharded}"
 
