@@ -78,8 +78,8 @@ def main(argv):
     print(f"trace {os.path.abspath(trace_path)}")
   meta = run.meta
   setting = {k: v for k, v in meta.items() if k in ("gpus", "shares", "accumulation", "microbatches", "nm", "window",
-                                                    "local_steps", "global_batch", "policy", "fusion_mb", "state_shards",
-                                                    "shard_weights", "recompute")}
+                                                    "local_steps", "global_batch", "policy", "fusion_mb",
+                                                    "state_shards", "shard_weights", "recompute")}
   print(f"{FLAGS.system}: {setting or system.config(run)}")
   print(f"one round (step) {run.round_seconds * 1e3:.2f} ms for {run.examples_per_round} examples; ideal aggregate "
         f"{run.ideal_images_per_sec * per_example:.1f} {unit}/s")

@@ -123,7 +123,7 @@ class TunedPlan(NamedTuple):
 
 # What a tuned plan sets (a flag given beside it must match).
 PLAN_FLAGS = ("model", "dataset", "cluster", "batch_size", "optimizer", "weight_mode", "recompute", "schedule",
-              "policy", "cuts", "nm", "window", "d", "placement", "overlap_transfers", "staged_ps")
+              "policy", "cuts", "nm", "window", "d", "placement", "overlap_transfers", "staged_ps", "tp")
 
 
 def _plan_values(best: dict, dataset: str) -> dict:
@@ -136,8 +136,21 @@ def _plan_values(best: dict, dataset: str) -> dict:
       "cuts": ";".join(",".join(map(str, c)) for c in best["cuts"]), "nm": [str(n) for n in best["nm"]],
       "window": [str(n) for n in best.get("window", best["nm"])],
       "d": int(best["d"]), "placement": best["placement"], "overlap_transfers": bool(best["overlap_transfers"]),
-      "staged_ps": bool(best.get("staged_ps", False)),
+      "staged_ps": bool(best.get("staged_ps", False)), "tp": str(_plan_degree(best)),
       "dataset": best.get("dataset") or dataset}  # a small model's plan was profiled on its dataset
+
+
+def _plan_degree(best: dict) -> int:
+  """The tensor-parallel degree of a tuned plan's configuration: 1 + each stage's partners (the tuner splits every
+  stage alike); 1 without ``tp``.
+
+  Raises:
+    ValueError: for stages split unevenly (not a plan the tuner writes).
+  """
+  degrees = {1 + len(partners) for vw in best.get("tp") or [] for partners in vw} or {1}
+  if len(degrees) != 1:
+    raise ValueError(f"its stages are split over {sorted(degrees)} GPUs; a run takes one degree")
+  return degrees.pop()
 
 
 def read_plan(path: str, entry: str) -> dict:
@@ -250,14 +263,9 @@ def apply_plan(flag_values: flags.FlagValues, best: dict) -> TunedPlan:
   the numerics train a small ``--model`` on the plan's full-size model's clock).
 
   Raises:
-    ConfigError: for a plan that is not one, a flag given beside it that disagrees with it, or a configuration
-      whose stages tensor parallelism splits (a run from a plan names one GPU per stage).
+    ConfigError: for a plan that is not one, or a flag given beside it that disagrees with it.
   """
   fv, path = flag_values, flag_values.plan
-  if isinstance(best, dict) and best.get("tp"):
-    raise ConfigError(f"--plan={path}: configuration {best.get('grouping')!r} splits its stages by tensor "
-                      "parallelism, which a run from a plan does not take yet; run its policy with --policy and "
-                      "--tp, or tune with --tp=1")
   try:
     values = _plan_values(best, fv.dataset)
   except (OSError, ValueError, KeyError, TypeError) as e:

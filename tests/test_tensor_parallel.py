@@ -4,7 +4,12 @@ does, and resumes from a checkpoint to the same numbers."""
 
 import collections
 import dataclasses
+import json
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -42,6 +47,8 @@ from hetpipe_jax.tune import SearchSpace, TuneOptions, tune
 from hetpipe_jax.tune.result import candidate_json
 
 from helpers import assert_trace_ok
+
+ROOT = Path(__file__).resolve().parents[1]
 
 MODEL = gpt(vocab_size=16, layers=2, width=16, heads=4, context=8)
 TOKENS = jax.random.randint(jax.random.key(1), (4, 8), 0, 16)
@@ -204,7 +211,9 @@ def test_a_stage_split_over_gpus_of_another_node_or_twice_is_refused():
     (dict(tp=0), "tp=0; the GPUs a stage is split over must be >= 1"),
     (dict(tp="auto"), "tp=auto asks the planner for the tensor-parallel degree, which needs a policy"),
     (dict(tp="two"), "tp='two'; give the GPUs each stage is split over"),
-    (dict(tp=2, policy=[[0, 2], [4, 6]]), "tp=2 with a grouping of GPU indices"),
+    (dict(tp=2, policy=[[0, 2], [4, 6]]), "tp=2 with a grouping of GPU indices and no cuts"),
+    (dict(tp=2, policy=[[1, 2]], cuts=[[0, 2, 4]], nm=1), r"tp=2: GPU 1 \(n0.A.1\) is not the first GPU of its "
+                                                         r"group of 2 .*; name the groups' leads: \[0, 2, 4, 6\]"),
     (dict(tp=8, policy="ED"), r"tp=8: node 0 of cluster 'hetero4' has 2 .* GPUs, which do not divide into groups "
                               r"of 8 .*; use tp in \[1, 2\] or auto"),
     (dict(tp=2, time_model="gpt2-xl"), "tp=2 with time_model=.gpt2-xl. and a layout by num_vws and stages: .*policy"),
@@ -300,12 +309,14 @@ def test_the_convergence_study_times_split_stages_and_trains_them_on_their_leads
   # small GPT on each stage's lead (a split stage computes what one device does), its trace checked
   config = ConvergenceConfig(get_cluster("hetero4"), model="gpt6", dataset="text", time_model="gpt2-xl",
                              policies=("ED",), systems=("sync_pipeline",), knobs=PeerKnobs(tp=2), optimizer="adam",
-                             batch_size=8, recompute="auto", tuned=False, outer="", lr_grid=(1.0,), seeds=(0,),
-                             epochs=0.02, eval_examples=256, eval_test_examples=64, target_accuracy=10.0,
-                             target_metric="loss")
+                             batch_size=8, recompute="auto", tuned=True, tuned_objective="throughput", ds=(0,),
+                             outer="", lr_grid=(1.0,), seeds=(0,), epochs=0.02, eval_examples=256,
+                             eval_test_examples=64, target_accuracy=10.0, target_metric="loss")
   result = run_convergence(config)
-  (hetpipe,) = [r for r in result.runs if r.system == "hetpipe"]
+  (hetpipe, tuned) = [r for r in result.runs if r.system == "hetpipe"]
   assert hetpipe.name == "HetPipe ED D=0 tp=2" and hetpipe.gpus == 4  # the leads of 8 GPUs
+  # the tuned row searches the study's degree: its grouping is of the leads, trained on them, timed split
+  assert "tp=2" in tuned.name and tuned.gpus <= 4 and tuned.wsp is not None
   split = plan_cluster(config.cluster, BatchProfiles.full_size("gpt2-xl", 8).at(8), "ED", "default", "max_fit", None,
                        CostContext(optimizer_slots=2.0, recompute="auto"), 2)
   assert len(split.vws) == 1 and hetpipe.nm == [vw.nm for vw in split.vws]
@@ -327,3 +338,31 @@ def test_the_tuner_searches_the_degree_on_each_degrees_leads():
     assert all(vw.degree(j) == t for vw in layout.vws for j in range(vw.k))
     stages = [p.tp or () for p in r.candidate.plans]
     assert candidate_json(r.candidate)["tp"] == [[[g.index for g in s] for s in p] for p in stages]
+
+
+@pytest.mark.slow  # about 30 s of subprocesses
+def test_a_tuned_plan_with_split_stages_runs_from_the_plan(tmp_path):
+  """The tuner's best configuration at tp=2 (GPT-2 XL's clock on 4 nodes of 2 GPUs) runs from its plan: on sim
+  it reproduces the prediction, on the virtual executor the small GPT trains on its clock, the trace checked."""
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+  run = lambda *args: subprocess.run([sys.executable, "-m", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                                     timeout=300)
+  proc = run("experiments.tune", "--model=gpt2-xl", "--cluster=hetero4", "--tp=2", "--optimizer=adam",
+             "--recompute=auto", "--batch_size=8", "--waves=6", "--peers=", f"--out_dir={tmp_path}")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  best = json.loads((tmp_path / "tune.json").read_text())["best_hetpipe"]
+  assert best["grouping"].endswith("tp=2") and all(len(p) == 1 for vw in best["tp"] for p in vw)
+  plan = f"--plan={tmp_path / 'tune.json'}"
+  proc = run("experiments.train", plan, "--plan_entry=best_hetpipe", "--executor=sim", f"--out_dir={tmp_path / 'sim'}")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  summary = json.loads((tmp_path / "sim" / "summary.json").read_text())
+  assert summary["tokens_per_second"] / 1024 == pytest.approx(best["images_per_sec"], rel=0.02)
+  meta = json.loads((tmp_path / "sim" / "trace.jsonl").read_text().splitlines()[0])
+  assert meta["tp"] == [[[f"n{g // 2}.{'ABCD'[g // 2]}.{g}" for g in stage] for stage in vw] for vw in best["tp"]]
+  proc = run("experiments.train", plan, "--plan_entry=best_hetpipe", "--executor=virtual", "--model=gpt",
+             "--dataset=text", "--waves=2", f"--out_dir={tmp_path / 'virtual'}")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert "trace check: OK" in proc.stdout
+  proc = run("experiments.train", plan, "--plan_entry=best_hetpipe", "--executor=sim", "--tp=1")
+  assert proc.returncode == 1
+  assert proc.stderr.strip().splitlines()[-1].startswith("error: --tp=1 disagrees with --plan=")

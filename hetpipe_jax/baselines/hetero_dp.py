@@ -175,7 +175,7 @@ def hetero_dp_job(cluster: Cluster, profiles: BatchProfiles, batch_size: int, kn
                                                                                 costs))
   if not knobs.shard_state:
     return plain()
-  jobs = []
+  jobs, refused = [], []
   for build in (plain,
                 lambda: _job(cluster, profiles, batch_size, knobs, *sharded_split(gpus, profiles, global_batch,
                                                                                   costs)),
@@ -184,9 +184,9 @@ def hetero_dp_job(cluster: Cluster, profiles: BatchProfiles, batch_size: int, kn
     try:
       jobs.append(build())
     except ConfigError as e:
-      refused = e
+      refused.append(e)
   if not jobs:
-    raise refused
+    raise refused[-1]  # (ZeRO-3's: the most sharded)
   return max(jobs, key=lambda job: simulate_sync(dataclasses.replace(job, rounds=1)).images_per_sec)
 
 

@@ -18,6 +18,9 @@ class CostContext(NamedTuple):
       stage 2, :func:`hetpipe_jax.cost.memory.param_copies`); 1: each holds its own.
     shard_weights: with ``state_shards`` > 1, the replicas shard the weights too (ZeRO stage 3, FSDP), each
       gathering a unit's whole weights while it computes it (:func:`hetpipe_jax.cost.memory.stage_memory_bytes`).
+    tp_by_type: a tensor-parallel degree per GPU type, for a planner that plans each stage by its group's lead
+      (:mod:`hetpipe_jax.plan.tensor_groups`): a unit on a GPU of a type listed here is charged its profile split
+      over that degree (:func:`degree_of`); empty: the profiles as given (split already, or not at all).
     activations: the activations a unit without recomputation is charged (:func:`hetpipe_jax.cost.memory.kept`):
       "jax", every residual of ``jax.vjp`` (what this package's runtime keeps), or "eager", what PyTorch or
       TensorFlow without XLA keep (:data:`hetpipe_jax.recompute.EAGER`), for the systems that run in them.
@@ -30,6 +33,12 @@ class CostContext(NamedTuple):
   state_shards: int = 1
   shard_weights: bool = False
   activations: str = "jax"
+  tp_by_type: tuple[tuple[str, int], ...] = ()
+
+
+def degree_of(costs: CostContext, type_name: str) -> int:
+  """The tensor-parallel degree ``costs.tp_by_type`` gives GPUs of type ``type_name`` (1: not listed)."""
+  return dict(costs.tp_by_type).get(type_name, 1)
 
 
 DEFAULT_COSTS = CostContext()  # fp32, stash, no optimizer state: the default of every function that takes one

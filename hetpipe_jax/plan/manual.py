@@ -14,6 +14,7 @@ from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.plan.costmodel import check_memory
 from hetpipe_jax.plan.layout import Layout, VWLayout, per_vw
 from hetpipe_jax.plan.partition import partition
+from hetpipe_jax.plan.tensor_groups import lead_cluster
 from hetpipe_jax.plan.vw_plan import vw_plan
 
 
@@ -102,16 +103,18 @@ def recomputed(cluster: Cluster, profiles: Sequence[UnitProfile], layout: Layout
   (:func:`hetpipe_jax.plan.vw_plan.vw_plan`: of the modes ``costs.recompute`` allows, the fastest that fits)."""
   if costs.recompute == "none":
     return layout
-  return Layout(tuple(vw_plan(cluster, profiles, vw.gpus, vw.cuts, vw.nm, costs, vw.window).layout
+  return Layout(tuple(vw_plan(cluster, profiles, vw.gpus, vw.cuts, vw.nm, costs, vw.window, vw.tp or None).layout
                       for vw in layout.vws))
 
 
 def grouped_layout(cluster: Cluster, profiles: Sequence[UnitProfile], groups: Sequence[Sequence[int]],
                    cuts: Sequence[Sequence[int]], nm: int | Sequence[int], costs: CostContext = DEFAULT_COSTS,
-                   window: int | Sequence[int] | None = None) -> Layout:
+                   window: int | Sequence[int] | None = None, tp: int = 1) -> Layout:
   """An explicit layout: each virtual worker's GPUs by cluster index in pipeline order, its cuts, Nm and
   window (what a tuned plan file holds). Nothing is searched; every stage must fit its GPU's memory (at
-  ``precision``).
+  ``precision``). With ``tp`` > 1 the GPUs named are the leads of groups of ``tp``
+  (:func:`hetpipe_jax.plan.tensor_groups.lead_cluster`, as the tuner names them), and each stage takes its lead's
+  partners.
 
   Raises:
     ConfigError: naming the bad value, its limit and the fix.
@@ -133,8 +136,28 @@ def grouped_layout(cluster: Cluster, profiles: Sequence[UnitProfile], groups: Se
         or any(a >= b for a, b in zip(cut, cut[1:]))):
       raise ConfigError(f"cuts {list(cut)} of virtual worker {i} must be {len(group) + 1} increasing "
                         f"boundaries from 0 to {num_units} (one non-empty stage per GPU)")
-  layout = Layout(tuple(VWLayout(tuple(cluster.gpus[g] for g in group), tuple(cut), n)
+  partners = _partners_of_leads(cluster, flat, tp)
+  layout = Layout(tuple(VWLayout(tuple(cluster.gpus[g] for g in group), tuple(cut), n,
+                                 tp=tuple(partners[g] for g in group) if tp > 1 else None)
                         for group, cut, n in zip(groups, cuts, nms))).with_windows(window)
   layout = recomputed(cluster, profiles, layout, costs)
   check_memory(profiles, layout, costs)
   return layout
+
+
+def _partners_of_leads(cluster: Cluster, named: Sequence[int], tp: int) -> dict[int, tuple[Gpu, ...]]:
+  """Each named GPU's partners at degree ``tp`` (none at 1).
+
+  Raises:
+    ConfigError: for a degree the cluster's nodes do not divide, or a named GPU that leads no group.
+  """
+  if tp == 1:
+    return {}
+  _, partners = lead_cluster(cluster, tp)
+  for i in named:
+    if cluster.gpus[i].index not in partners:
+      leads = sorted(partners)
+      raise ConfigError(f"tp={tp}: GPU {i} ({cluster.gpus[i].name}) is not the first GPU of its group of {tp} (a "
+                        f"node's GPUs of one type in cluster order); name the groups' leads: {leads[:16]}"
+                        f"{' ...' if len(leads) > 16 else ''}")
+  return partners

@@ -39,7 +39,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from hetpipe_jax.cluster import Cluster, Gpu, format_bytes
-from hetpipe_jax.cost.context import DEFAULT_COSTS, CostContext
+from hetpipe_jax.cost.context import DEFAULT_COSTS, CostContext, degree_of
 from hetpipe_jax.cost.memory import kept, memory_bytes, stage_memory_bytes
 from hetpipe_jax.cost.roofline import unit_seconds
 from hetpipe_jax.cost.transfer import receive_seconds_by_position, split_allreduce_seconds, stage_neighbours
@@ -102,14 +102,24 @@ class _Dp:
                allow_empty: bool):
     self.cluster, self.profiles, self.precision = cluster, profiles, costs.precision
     self.n = len(profiles)
-    self.modes = [_ModeDp(m, profiles, nm, costs, cluster) for m in allowed_modes(costs.recompute)]
+    self.costs, self.nm = costs, nm
+    self._modes: dict[int, list[_ModeDp]] = {}  # by the tensor-parallel degree of a GPU's type (costs.tp_by_type)
     self._recv_cache: dict[tuple[int | None, int], np.ndarray] = {}
     s = np.arange(self.n + 1)
     self._valid = (s[:, None] <= s[None, :]) if allow_empty else (s[:, None] < s[None, :])
 
+  def modes(self, gpu: Gpu) -> list[_ModeDp]:
+    """The allowed recomputation modes' prefix sums for ``gpu``: of the profiles split over its type's degree."""
+    degree = degree_of(self.costs, gpu.type.name)
+    if degree not in self._modes:
+      mine = self.profiles if degree == 1 else [u.split(degree) for u in self.profiles]
+      self._modes[degree] = [_ModeDp(m, mine, self.nm, self.costs, self.cluster)
+                             for m in allowed_modes(self.costs.recompute)]
+    return self._modes[degree]
+
   def _prefix_time(self, gpu: Gpu) -> np.ndarray:
     """Prefix sums of the units' times on ``gpu`` under the first allowed mode (the least recomputation)."""
-    return self.modes[0].prefix_time(gpu)
+    return self.modes(gpu)[0].prefix_time(gpu)
 
   def recv(self, src: Gpu | None, dst: Gpu) -> np.ndarray:
     """Seconds to receive the boundary tensor at every cut position c (0..n) from ``src``."""
@@ -133,7 +143,7 @@ class _Dp:
       An ``(n + 1, n + 1)`` array: seconds per minibatch (compute + receives, inf where the cut is
       invalid or out of memory), or the memory ratio (inf where invalid).
     """
-    values = [mode.cost(gpu, recv_prev, recv_next, mem_ratio) for mode in self.modes]
+    values = [mode.cost(gpu, recv_prev, recv_next, mem_ratio) for mode in self.modes(gpu)]
     value = values[0] if len(values) == 1 else np.minimum.reduce(values)
     return np.where(self._valid, value, np.inf)
 
@@ -414,7 +424,8 @@ def partition(cluster: Cluster, profiles: Sequence[UnitProfile], gpus: Sequence[
   value, order, cuts = _search(dp, gpus, ordered)
   if not np.isfinite(value):
     _, order, cuts = _search(dp, gpus, ordered, mem_ratio=True)
-    needs = [min(stage_memory_bytes([u.under(m) for u in profiles[cuts[j]:cuts[j + 1]]], nm, costs)
+    needs = [min(stage_memory_bytes([u.under(m).split(degree_of(costs, order[j].type.name))
+                                     for u in profiles[cuts[j]:cuts[j + 1]]], nm, costs)
                  for m in allowed_modes(costs.recompute)) for j in range(len(order))]
     j = max(range(len(order)), key=lambda j: needs[j] / order[j].type.memory_bytes)
     need = needs[j]

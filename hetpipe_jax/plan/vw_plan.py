@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from hetpipe_jax.cluster import Cluster, Gpu
-from hetpipe_jax.cost.context import DEFAULT_COSTS, CostContext
+from hetpipe_jax.cost.context import DEFAULT_COSTS, CostContext, degree_of
 from hetpipe_jax.cost.memory import stage_memory_bytes
 from hetpipe_jax.cost.transfer import split_allreduce_seconds, stage_seconds
 from hetpipe_jax.cost.unit import UnitProfile
@@ -114,7 +114,8 @@ def vw_plan(cluster: Cluster, profiles: Sequence[UnitProfile], gpus: Sequence[Gp
     window: most minibatches in flight when fewer than Nm.
     tp: each stage's partner GPUs (tensor parallelism: its units' profiles split over them and itself, their
       all-reduces charged on the node's link), or None (one GPU per stage; ``profiles`` may then be split
-      already, as the partitioner plans a split stage by its lead GPU).
+      already, as the partitioner plans a split stage by its lead GPU, or split here by the degree
+      ``costs.tp_by_type`` gives the stage's GPU type).
 
   Returns:
     The plan; nothing is checked against the GPUs' memory.
@@ -123,7 +124,8 @@ def vw_plan(cluster: Cluster, profiles: Sequence[UnitProfile], gpus: Sequence[Gp
   held = nm if window is None else window
   partners = tuple(tuple(p) for p in tp) if tp is not None and any(tp) else None
   for j in range(len(gpus)):
-    mine = profiles if partners is None else [u.split(1 + len(partners[j])) for u in profiles]
+    degree = 1 + len(partners[j]) if partners is not None else degree_of(costs, gpus[j].type.name)
+    mine = profiles if degree == 1 else [u.split(degree) for u in profiles]
     options = [_stage(cluster, mine, gpus, cuts, j, held, costs, mode) for mode in allowed_modes(costs.recompute)]
     stages.append(stage_recompute(options))
   return VWPlan(nm, tuple(stages), None if window == nm else window, partners)

@@ -102,8 +102,9 @@ class LayoutSpec:
       stage, or auto (each stage the fastest that fits); the stages run it and the cost and memory models charge it.
     tp: each stage's tensor-parallel degree (:mod:`hetpipe_jax.tensor`): the GPUs of one node and type it is
       split over (1: one GPU per stage), taken in cluster order by a layout of ``num_vws`` and ``stages``, or in
-      groups of each node's GPUs of one type by a policy's planner; "auto" (with a policy): the degree of the
-      fastest plan (:mod:`hetpipe_jax.plan.tensor_groups`).
+      groups of each node's GPUs of one type by a policy's planner (a grouping with cuts names the groups'
+      leads, as a tuned plan does); "auto" (with a policy): the degree of the fastest plan
+      (:mod:`hetpipe_jax.plan.tensor_groups`).
     time_model: a full-size model (``vgg19``, ``resnet152``, ...): the clock takes task durations from its
       plan on the same GPUs, while the numerics train the run's model (with ``tp`` and a policy the clock's
       stages are split, and the numerics run each stage on its lead GPU: a split stage computes what one
@@ -164,9 +165,11 @@ class LayoutSpec:
     if tp == "auto" and self.policy is None:
       raise ConfigError("tp=auto asks the planner for the tensor-parallel degree, which needs a policy: give a "
                         "policy (NP, ED or HD), or tp as a number")
-    if tp != 1 and self.policy is not None and not isinstance(self.policy, str):
-      raise ConfigError(f"tp={tp} with a grouping of GPU indices: a grouping names every stage's GPU; give a policy "
-                        "(NP, ED or HD), or the layout by num_vws and stages")
+    if tp != 1 and self.policy is not None and not isinstance(self.policy, str) and (tp == "auto" or
+                                                                                    self.cuts is None):
+      raise ConfigError(f"tp={tp} with a grouping of GPU indices and no cuts: give a policy (NP, ED or HD), the "
+                        "layout by num_vws and stages, or the groups' leads with their cuts and tp as a number (a "
+                        "tuned plan's layout)")
     if tp != 1 and self.time_model is not None and self.policy is None:
       raise ConfigError(f"tp={tp} with time_model={self.time_model!r} and a layout by num_vws and stages: the "
                         "clock's cuts of another model are split only on a policy's plan; give a policy (NP, ED "

@@ -132,7 +132,7 @@ def _planned(spec: LayoutSpec, cluster: Cluster, profiles, costs: CostContext) -
   """The layout a policy gives: a grouping with cuts as given, else the allocation and the partitioner."""
   if spec.cuts is not None:
     assert spec.policy is not None and not isinstance(spec.policy, str) and not isinstance(spec.nm, str)
-    return grouped_layout(cluster, profiles, spec.policy, spec.cuts, spec.nm, costs, spec.window)
+    return grouped_layout(cluster, profiles, spec.policy, spec.cuts, spec.nm, costs, spec.window, int(spec.tp))
   nm = spec.nm if isinstance(spec.nm, (str, int)) else list(spec.nm)
   assert spec.policy is not None
   return plan_cluster(cluster, profiles, spec.policy, spec.placement,

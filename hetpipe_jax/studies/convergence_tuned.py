@@ -87,8 +87,9 @@ def candidate_spec(name: str, row: str, candidate: Any) -> Spec:
   """A tuner candidate as the study runs it: its settings as a run takes them
   (:func:`~hetpipe_jax.tune.candidate_json`), its transfer models for the ``sim`` executor's time scale."""
   s = candidate_json(candidate)
+  degrees = {1 + len(partners) for vw in s.get("tp", []) for partners in vw}
   setting = HetPipeSetting(s["policy"], s["nm"], s["d"], s["cuts"], s["window"], s["placement"], None,
-                           s["overlap_transfers"], s["staged_ps"])
+                           s["overlap_transfers"], s["staged_ps"], degrees.pop() if degrees else None)
   return Spec(name, setting, row)
 
 
@@ -119,7 +120,8 @@ def tune_config(runner: Runner, runs: Sequence[ConvergenceRun]) -> TunedChoice:
   study, c = runner.study, runner.config
   target = provisional_target(runner, runs)
   fit = fit_first_seed(runner, runs, target) if c.tuned_objective != "throughput" else None
-  space = SearchSpace(ds=tuple(c.ds), max_stages=study.model.num_units)  # the trained model is cut over them
+  # (the trained model is cut over the stages' leads; the study's degree is searched as the throughput study does)
+  space = SearchSpace(ds=tuple(c.ds), max_stages=study.model.num_units, tp=c.knobs.tp)
   options = TuneOptions(staleness_model=fit, front=0 if c.tuned_objective == "throughput" else 6,
                         setting=RunSetting(study.costs), progress=lambda line: runner.say(f"tuner: {line}"))
   out = tune(study.cluster, study.clock_profiles, c.batch_size, space, options)
