@@ -131,13 +131,13 @@ def test_dp_matrices_equal_the_scalar_stage_time_and_memory(seed):
   costs = CostContext(mode, slots, recompute=recompute)
   dp = partition_module._Dp(cluster, profiles, nm, costs, allow_empty=True)
   modes = allowed_modes(recompute)
-  assert [m.mode for m in dp.modes] == list(modes)
+  assert [m.mode for m in dp.modes(gpus[0])] == list(modes)
   for j, gpu in enumerate(gpus):
     times = dp.stage_matrix(gpus, j)
     for s in range(num_units + 1):
       for e in range(s, num_units + 1):
         want = np.inf
-        for m, mode_dp in zip(modes, dp.modes):
+        for m, mode_dp in zip(modes, dp.modes(gpu)):
           mine = [u.under(m) for u in profiles]
           need = stage_memory_bytes(mine[s:e], nm, costs)
           assert mode_dp.memory[s, e] == pytest.approx(need, rel=1e-12, abs=1)
