@@ -39,7 +39,8 @@ HELP = {
                    "weights too (ZeRO stage 3, as Cephalo runs it), whichever is fastest, so a GPU too small for the "
                    "replicated state takes part.",
     "tp": "sync_pipeline, local_sgd with vw workers, hetpipe: GPUs of one node and type each pipeline stage is split "
-          "over by tensor parallelism (1: none; auto: the planner's fastest of 1, 2, 4, 8 that divide the nodes).",
+          "over by tensor parallelism (1: none; auto: the planner's fastest of 1, 2, 4, 8 that divide the nodes; "
+          "per_type: the fastest degree per GPU type found).",
 }
 _DEFINE = {float: flags.DEFINE_float, int: flags.DEFINE_integer, bool: flags.DEFINE_bool, str: flags.DEFINE_string}
 
@@ -47,7 +48,7 @@ for _name in PeerKnobs._fields:
   _value = getattr(_DEFAULTS, _name)
   if _name == "local_workers":
     flags.DEFINE_enum(_name, _value, list(WORKER_KINDS), HELP[_name])
-  elif _name == "tp":  # a number or auto
+  elif _name == "tp":  # a number, auto or per_type
     flags.DEFINE_string(_name, str(_value), HELP[_name])
   else:
     _DEFINE[type(_value)](_name, _value, HELP[_name])

@@ -254,6 +254,7 @@ def test_tune_cli_and_train_plan(tmp_path):
     (["--peers=hetero_dp,gossip"], "error: --peers=hetero_dp,gossip: unknown system 'gossip'"),
     (["--top=-5"], "error: --top=-5; give how many configurations to print, >= 1"),
     (["--top=0"], "error: --top=0; give how many configurations to print, >= 1"),
+    (["--tp=per_type"], "error: tp=per_type: the tuner searches one degree for every stage of a configuration"),
 ])
 def test_tune_bad_input_is_one_line(args, start, tmp_path):
   proc = _run(["experiments.tune", *args, f"--out_dir={tmp_path}"], tmp_path, timeout=120)

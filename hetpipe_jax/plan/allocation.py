@@ -22,7 +22,7 @@ its speed against the others' (:mod:`~hetpipe_jax.plan.waves`).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from hetpipe_jax.cluster import Cluster, Gpu
 from hetpipe_jax.cost.context import DEFAULT_COSTS, CostContext
@@ -32,7 +32,7 @@ from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.plan.layout import Layout
 from hetpipe_jax.plan.partition import fitting_plans, plan_virtual_worker
 from hetpipe_jax.plan.placement import place_shards
-from hetpipe_jax.plan.tensor_groups import lead_cluster, tp_degrees
+from hetpipe_jax.plan.tensor_groups import lead_cluster, tp_degrees, type_degrees
 from hetpipe_jax.plan.vw_plan import VWPlan, vw_plan
 from hetpipe_jax.plan.waves import speed_sized
 
@@ -211,11 +211,14 @@ def _speed_sized_plans(cluster: Cluster, profiles: Sequence[UnitProfile], groups
   return speed_sized(per_vw)
 
 
+Knobs = tuple[str, str | int | Sequence[int], int | None]  # plan_cluster's placement, nm_policy, nm_max
+
+
 def _split_plan(cluster: Cluster, profiles: Sequence[UnitProfile], policy: str | Sequence[Sequence[int]],
-                knobs: tuple[str, str | int | Sequence[int], int | None], costs: CostContext,
-                tp: int | str) -> ClusterPlan:
-  """:func:`plan_cluster` at tensor-parallel degree ``tp`` > 1 (planned on the groups' leads, then each stage
-  given its lead's partners), or at every degree that divides the cluster for "auto", keeping the fastest."""
+                knobs: Knobs, costs: CostContext, tp: int | str | Mapping[str, int]) -> ClusterPlan:
+  """:func:`plan_cluster` at tensor-parallel degree ``tp`` > 1 or one per GPU type (planned on the groups'
+  leads, then each stage given its lead's partners), at every degree that divides the cluster for "auto",
+  keeping the fastest, or searched per type for "per_type" (:mod:`~hetpipe_jax.plan.tensor_groups`)."""
   if not isinstance(policy, str):
     raise ConfigError(f"tp={tp} with a grouping of GPU indices: a grouping names every stage's GPU; give a policy "
                       "(NP, ED or HD), or the layout by num_vws and stages")
@@ -230,16 +233,49 @@ def _split_plan(cluster: Cluster, profiles: Sequence[UnitProfile], policy: str |
     if not plans:
       raise ConfigError(f"tp=auto: no degree of {degrees} fits; at tp={degrees[-1]}: {error}")
     return max(plans, key=lambda p: p.throughput)  # the first of equals: the smaller degree
-  leads, partners = lead_cluster(cluster, int(tp))
-  lead_plan = plan_cluster(leads, [u.split(int(tp)) for u in profiles], policy, knobs[0], knobs[1], knobs[2], costs)
+  if tp == "per_type":
+    return _per_type_plan(cluster, profiles, policy, knobs, costs)
+  if isinstance(tp, str):
+    raise ConfigError(f"tp={tp!r}; give a degree (1, 2, 4, ...), auto or per_type")
+  leads, partners = lead_cluster(cluster, tp)
+  if isinstance(tp, int):
+    lead_plan = plan_cluster(leads, [u.split(tp) for u in profiles], policy, knobs[0], knobs[1], knobs[2], costs)
+  else:  # each unit split by its lead's type's degree (the partitioner's and vw_plan's CostContext.tp_by_type)
+    lead_plan = plan_cluster(leads, profiles, policy, knobs[0], knobs[1], knobs[2],
+                             costs._replace(tp_by_type=tuple(sorted(tp.items()))))
   layout = Layout(tuple(dataclasses.replace(vw, tp=tuple(partners[g.index] for g in vw.gpus))
                         for vw in lead_plan.layout.vws))
   return layout_plan(cluster, profiles, layout, policy, knobs[0], costs)
 
 
+def _per_type_plan(cluster: Cluster, profiles: Sequence[UnitProfile], policy: str, knobs: Knobs,
+                   costs: CostContext) -> ClusterPlan:
+  """tp=per_type: from "auto"'s plan, each GPU type (in cluster order) takes whichever of its degrees plans
+  fastest with the others' fixed, until a pass changes none (ties: the degree it has)."""
+  best = _split_plan(cluster, profiles, policy, knobs, costs, "auto")
+  uniform = max((vw.degree(j) for vw in best.layout.vws for j in range(vw.k)), default=1)
+  degrees = {g.type.name: uniform for g in cluster.gpus}
+  changed = True
+  while changed:
+    changed = False
+    for name in list(degrees):
+      for t in type_degrees(cluster, name):
+        trial = {**degrees, name: t}
+        if t == degrees[name]:
+          continue
+        try:
+          plan = _split_plan(cluster, profiles, policy, knobs, costs, trial)
+        except ConfigError:
+          continue
+        if plan.throughput > best.throughput * (1 + 1e-9):
+          best, degrees, changed = plan, trial, True
+  return best
+
+
 def plan_cluster(cluster: Cluster, profiles: Sequence[UnitProfile], policy: str | Sequence[Sequence[int]],
                  placement: str = "default", nm_policy: str | int | Sequence[int] = "max_fit",
-                 nm_max: int | None = None, costs: CostContext = DEFAULT_COSTS, tp: int | str = 1) -> ClusterPlan:
+                 nm_max: int | None = None, costs: CostContext = DEFAULT_COSTS,
+                 tp: int | str | Mapping[str, int] = 1) -> ClusterPlan:
   """Allocates virtual workers, partitions each (ED: one shared plan), and places the PS shards.
 
   Args:
@@ -252,8 +288,9 @@ def plan_cluster(cluster: Cluster, profiles: Sequence[UnitProfile], policy: str 
       Nm per virtual worker.
     costs: what the memory of a stage holds, and the precision of its times and memory
       (:class:`~hetpipe_jax.cost.context.CostContext`).
-    tp: every stage's tensor-parallel degree (GPUs of one node and type), or "auto": the degree of the fastest
-      plan (:mod:`~hetpipe_jax.plan.tensor_groups`).
+    tp: every stage's tensor-parallel degree (GPUs of one node and type), one per GPU type (a mapping), "auto":
+      the degree of the fastest plan, or "per_type": the fastest degree per type found
+      (:mod:`~hetpipe_jax.plan.tensor_groups`).
 
   Returns:
     The plan.

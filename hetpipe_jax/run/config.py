@@ -103,8 +103,8 @@ class LayoutSpec:
     tp: each stage's tensor-parallel degree (:mod:`hetpipe_jax.tensor`): the GPUs of one node and type it is
       split over (1: one GPU per stage), taken in cluster order by a layout of ``num_vws`` and ``stages``, or in
       groups of each node's GPUs of one type by a policy's planner (a grouping with cuts names the groups'
-      leads, as a tuned plan does); "auto" (with a policy): the degree of the fastest plan
-      (:mod:`hetpipe_jax.plan.tensor_groups`).
+      leads, as a tuned plan does); "auto" (with a policy): the degree of the fastest plan; "per_type" (with a
+      policy): the fastest degree per GPU type found (:mod:`hetpipe_jax.plan.tensor_groups`).
     time_model: a full-size model (``vgg19``, ``resnet152``, ...): the clock takes task durations from its
       plan on the same GPUs, while the numerics train the run's model (with ``tp`` and a policy the clock's
       stages are split, and the numerics run each stage on its lead GPU: a split stage computes what one
@@ -135,7 +135,8 @@ class LayoutSpec:
       "per stage: the fastest that fits its GPU's memory).")
   tp: int | str = setting(
       1, "GPUs of one node and type each stage is split over by tensor parallelism (Megatron-LM's split of a GPT "
-      "block; 1: none), or auto with --policy (the planner's fastest of 1, 2, 4, 8 that divide the nodes).")
+      "block; 1: none), or with --policy auto (the planner's fastest of 1, 2, 4, 8 that divide the nodes) or "
+      "per_type (the fastest degree per GPU type found).")
   time_model: str | None = None
 
   def validate(self) -> None:
@@ -162,10 +163,10 @@ class LayoutSpec:
   def _check_tp(self) -> None:
     tp = parse_tp(self.tp)
     object.__setattr__(self, "tp", tp)
-    if tp == "auto" and self.policy is None:
-      raise ConfigError("tp=auto asks the planner for the tensor-parallel degree, which needs a policy: give a "
+    if isinstance(tp, str) and self.policy is None:
+      raise ConfigError(f"tp={tp} asks the planner for the tensor-parallel degree, which needs a policy: give a "
                         "policy (NP, ED or HD), or tp as a number")
-    if tp != 1 and self.policy is not None and not isinstance(self.policy, str) and (tp == "auto" or
+    if tp != 1 and self.policy is not None and not isinstance(self.policy, str) and (isinstance(tp, str) or
                                                                                     self.cuts is None):
       raise ConfigError(f"tp={tp} with a grouping of GPU indices and no cuts: give a policy (NP, ED or HD), the "
                         "layout by num_vws and stages, or the groups' leads with their cuts and tp as a number (a "

@@ -121,7 +121,8 @@ def tune_config(runner: Runner, runs: Sequence[ConvergenceRun]) -> TunedChoice:
   target = provisional_target(runner, runs)
   fit = fit_first_seed(runner, runs, target) if c.tuned_objective != "throughput" else None
   # (the trained model is cut over the stages' leads; the study's degree is searched as the throughput study does)
-  space = SearchSpace(ds=tuple(c.ds), max_stages=study.model.num_units, tp=c.knobs.tp)
+  space = SearchSpace(ds=tuple(c.ds), max_stages=study.model.num_units,
+                      tp="auto" if c.knobs.tp == "per_type" else c.knobs.tp)  # (one degree per configuration)
   options = TuneOptions(staleness_model=fit, front=0 if c.tuned_objective == "throughput" else 6,
                         setting=RunSetting(study.costs), progress=lambda line: runner.say(f"tuner: {line}"))
   out = tune(study.cluster, study.clock_profiles, c.batch_size, space, options)

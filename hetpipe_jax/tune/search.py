@@ -138,6 +138,9 @@ def split_choices(cluster: Cluster, units: Sequence[UnitProfile], space: SearchS
   Raises:
     ConfigError: for a degree that does not divide the nodes, or when no grouping fits at any degree.
   """
+  if space.tp == "per_type":
+    raise ConfigError("tp=per_type: the tuner searches one degree for every stage of a configuration; give a degree "
+                      "or auto (a policy's plan takes per_type: experiments.plan, train, the studies' policy rows)")
   degrees = tp_degrees(cluster) if space.tp == "auto" else [int(space.tp)]
   choices, partitions, error = [], 0, None
   for t in degrees:
