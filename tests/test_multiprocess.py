@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from hetpipe_jax import RunConfig, get_model, read_trace, run_hetpipe, synthetic
+from hetpipe_jax import RunConfig, get_cluster, get_model, load_dataset, read_trace, run_hetpipe, synthetic
 from hetpipe_jax.runtime.launch import child_environment
 
 from helpers import ROOT, TWO_NODES, assert_trace_ok, train_cli
@@ -64,6 +64,28 @@ def test_one_vw_across_two_processes_is_plain_sgd(tmp_path, ps_optimizer):
   np.testing.assert_allclose([r["train_loss"] for r in rows], [r["train_loss"] for r in single.metrics],
                              rtol=1e-5)
   assert rows[-1]["train_loss"] < rows[0]["train_loss"]
+
+
+@pytest.mark.slow  # (about 15 s)
+def test_split_stages_train_across_processes_as_in_one(tmp_path):
+  """Tensor parallelism across processes: one virtual worker of 2 stages (Nm = 1, D = 0: plain SGD whatever the
+  timing), each split over its node's 2 GPUs (the process's 2 devices): a split stage's messages leave gathered
+  on its first device, and the losses are those of the same run in one process."""
+  cluster = os.path.join(ROOT, "tests", "data", "two_nodes_of_two.toml")
+  flags = ("--num_vws=1", "--stages=2", "--tp=2", "--nm=1", "--d=0", "--waves=8", "--batch_size=16", "--seed=3")
+  proc = train_cli(tmp_path, "--executor=multiprocess", f"--cluster={cluster}", "--dataset=tokens", "--model=gpt",
+                   *flags, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  events = read_trace(str(tmp_path / "trace.jsonl"))
+  assert_trace_ok(events)
+  assert events[0]["tp"] == [[["n0.A.1"], ["n1.B.3"]]]
+  rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  data = load_dataset("tokens")
+  single = run_hetpipe(get_model("gpt", data.num_classes), data, RunConfig.of(
+      cluster=get_cluster(cluster), num_vws=1, stages=2, tp=2, nm=1, d=0, waves=8, batch_size=16, seed=3,
+      cuts=[events[0]["cuts"][0]]))
+  np.testing.assert_allclose([r["train_loss"] for r in rows if "train_loss" in r],
+                             [r["train_loss"] for r in single.metrics if "train_loss" in r], rtol=1e-5)
 
 
 def start_long_job(tmp_path) -> tuple[subprocess.Popen, int]:

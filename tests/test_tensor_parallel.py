@@ -219,7 +219,6 @@ def test_a_stage_split_over_gpus_of_another_node_or_twice_is_refused():
     (dict(tp=8, policy="ED"), r"tp=8: node 0 of cluster 'hetero4' has 2 .* GPUs, which do not divide into groups "
                               r"of 8 .*; use tp in \[1, 2\] or auto"),
     (dict(tp=2, time_model="gpt2-xl"), "tp=2 with time_model=.gpt2-xl. and a layout by num_vws and stages: .*policy"),
-    (dict(tp=2, executor="multiprocess"), "tensor-parallel stages run in the virtual, wall and sim executors"),
     (dict(tp=2, num_vws=3, stages=2), r"need 12 GPUs, but cluster 'hetero4' has 8; use fewer virtual workers "
                                       r"\(num_vws=2 with these stages, say\)"),
 ])

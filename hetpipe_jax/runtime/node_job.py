@@ -82,14 +82,17 @@ def check_node(node: Node | None, cluster: Cluster) -> Node:
 
 
 def build_stage(job: Job, i: int, j: int, x0, y0) -> tuple[Stage, dict[str, list[tuple[Any, Any]]]]:
-  """Stage j of virtual worker i on its GPU's local device of this process, compiled on inputs like the
-  run's (``x0``, ``y0``: a minibatch), and the (shape, dtype) of each array of what it receives: ``"a"``,
-  its input activation, ``"g"``, the gradient of its output (in fp16, then the scale it is at)."""
+  """Stage j of virtual worker i on its GPUs' local devices of this process (a split stage's partners are on
+  its node), compiled on inputs like the run's (``x0``, ``y0``: a minibatch), and the (shape, dtype) of each
+  array of what it receives: ``"a"``, its input activation, ``"g"``, the gradient of its output (in fp16, then
+  the scale it is at)."""
   vw = job.layout.vws[i]
   units, gpu = vw.stage_units(j), vw.gpus[j]
-  device = jax.local_devices()[[g.index for g in job.cluster.node_gpus(gpu.node)].index(gpu.index)]
-  stage = Stage(job.model, units, job.init_params[units.start:units.stop], device, job.tx, vw.nm,
-                StageOptions(job.weight_mode, job.precision, vw.stage_recompute(j)))
+  local = [g.index for g in job.cluster.node_gpus(gpu.node)]  # (a split stage's partners: the same node's)
+  devices = [jax.local_devices()[local.index(g.index)] for g in vw.stage_gpus(j)]
+  stage = Stage(job.model, units, job.init_params[units.start:units.stop], devices if len(devices) > 1 else devices[0],
+                job.tx, vw.nm, StageOptions(job.weight_mode, job.precision, vw.stage_recompute(j)))
+  device = stage.device
   x = job.model.apply(job.init_params[:units.start], jnp.asarray(x0), 0, units.start)  # the stage's input
   if stage.dtype is not None and units.start > 0:  # a 16-bit activation from the previous stage
     x = cast_floats(x, stage.dtype)

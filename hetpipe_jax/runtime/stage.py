@@ -137,7 +137,7 @@ class Stage:
   def _place(self, device, params) -> None:
     """Sets :attr:`device` (where inputs and outputs live), :attr:`tp` and where each parameter lives."""
     devices = tuple(device) if isinstance(device, (list, tuple)) else (device,)
-    self.tp = len(devices)
+    self.tp, self._lead = len(devices), devices[0]
     if self.tp == 1:
       self.device = self._params_at = devices[0]
       return
@@ -262,6 +262,18 @@ class Stage:
   def params(self):
     """The weights the stage holds now."""
     return self.state.params
+
+  @property
+  def lead(self) -> Device:
+    """The stage's first device: where what it sends to another process leaves from (a split stage's arrays
+    gathered onto it: :meth:`on_lead`)."""
+    return self._lead
+
+  def on_lead(self, tree: Any) -> Any:
+    """``tree``'s arrays on :attr:`lead` (a split stage's shards gathered; unsplit: as they are)."""
+    if self.tp == 1:
+      return tree
+    return jax.tree.map(lambda a: jax.device_put(a, self.lead) if isinstance(a, jax.Array) else a, tree)
 
   def forward(self, mb: int, x: jax.Array, labels: jax.Array | None) -> jax.Array:
     """Dispatches the forward pass of ``mb``; returns its output (the loss on the last stage)."""

@@ -230,7 +230,7 @@ class StageLoop:
     ctx = self.ctx
     deliver(ctx.node, ctx.mailbox, ctx.owners[(self.vw, stage)],
             protocol.tag("activation" if kind == "a" else "gradient", vw=self.vw, gen=0, stage=stage, mb=mb),
-            arrays, stream=f"{kind}{self.vw}.{stage}", hold=self.nm + 1)
+            self.stage.on_lead(arrays), stream=f"{kind}{self.vw}.{stage}", hold=self.nm + 1)
 
   def _forward(self, task: Task) -> None:
     ctx, stage, mb = self.ctx, self.stage, task.mb
@@ -272,6 +272,7 @@ class StageLoop:
     self._book = versions_lib.close_stage_wave(self._book, self.j, wave, self.nm, self.vw)
     update = stage.take_wave(wave)
     bad, skipped = {stage.first + u for u in nonfinite_units(update)}, stage.take_skipped(wave)
+    update = stage.on_lead(update)  # (a split stage's update gathered: a shard's copies keep whole units)
     for holder, units in ctx.holders(stage.first, stage.last).items():
       deliver(ctx.node, ctx.mailbox, holder, protocol.tag("update", vw=self.vw, stage=self.j, wave=wave),
               update_arrays(update, stage.first, units, bad, skipped, ctx.node.device),

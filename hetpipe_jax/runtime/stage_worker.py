@@ -84,8 +84,8 @@ class StageWorker:
 
   def _send(self, stage: int, kind: str, mb: int, arrays: list[Any]) -> None:
     """Sends activation (kind "a") or gradient ("g") of ``mb`` to ``stage`` of this virtual worker."""
-    deliver(self.node, self._mailbox, self._owners[(self.vw, stage)], self._tag(kind, stage, mb), arrays,
-            stream=f"{kind}{self.vw}.{stage}", hold=self.nm + 1)
+    deliver(self.node, self._mailbox, self._owners[(self.vw, stage)], self._tag(kind, stage, mb),
+            self.stage.on_lead(arrays), stream=f"{kind}{self.vw}.{stage}", hold=self.nm + 1)
 
   def _receive(self, stage: int, kind: str, mb: int) -> Any:
     if (kind, mb) in self._held:  # taken for a checkpoint
@@ -138,9 +138,10 @@ class StageWorker:
     stage = self.stage
     update = stage.take_wave(wave)
     bad, skipped = {stage.first + u for u in nonfinite_units(update)}, stage.take_skipped(wave)
+    update = stage.on_lead(update)  # (a split stage's update gathered: an owner keeps whole units)
     for owner, units in self._by_owner().items():
       deliver(self.node, self._mailbox, owner, protocol.tag("update", vw=self.vw, stage=self.j, wave=wave),
-              update_arrays(update, stage.first, units, bad, skipped, stage.device))
+              update_arrays(update, stage.first, units, bad, skipped, stage.lead))
     return {"nonfinite": sorted(bad) if check else [], "skipped": skipped}
 
   def _pull(self, n: int) -> tuple[Any, ...]:
@@ -182,7 +183,8 @@ class StageWorker:
     for kind, mb in cmd["inbound"]:
       self._held[(kind, mb)] = self._receive(self.j - 1 if kind == "a" else self.j + 1, kind, mb)
     send_tree(self.node, self._mailbox, 0, protocol.tag("stage_state", vw=self.vw, stage=self.j, n=cmd["n"]),
-              {"stage": self.stage.checkpoint_state(), "held": dict(self._held), "gen": self._gen})
+              self.stage.on_lead({"stage": self.stage.checkpoint_state(), "held": dict(self._held),
+                                  "gen": self._gen}))
     return {}
 
   def _restore(self, n: int) -> dict:

@@ -16,7 +16,6 @@ from hetpipe_jax.evaluate import make_evaluator
 from hetpipe_jax.plan.costmodel import check_memory
 from hetpipe_jax.plan.placement import place_shards
 from hetpipe_jax.precision import PRECISIONS
-from hetpipe_jax.run.config import RunConfig
 from hetpipe_jax.run.executors.base import Executor
 from hetpipe_jax.run.executors.wall import runner
 from hetpipe_jax.run.result import RunResult
@@ -104,11 +103,5 @@ def run(setup: Setup) -> RunResult:
   return result
 
 
-def _check(config: RunConfig) -> None:
-  if config.layout.tp != 1:
-    raise ConfigError(f"tp={config.layout.tp}: a process runs one GPU's stage, so tensor-parallel stages run in the "
-                      "virtual, wall and sim executors only; use one of them, or tp=1")
-
-
 EXECUTOR = Executor("multiprocess", run, "runs on the wall clock", wall_options=True,
-                    placements=("default", "local"), precisions=PRECISIONS, check=_check)
+                    placements=("default", "local"), precisions=PRECISIONS)
