@@ -20,9 +20,10 @@ from jax.sharding import NamedSharding
 
 from hetpipe_jax import RunConfig, get_cluster, get_model, run_hetpipe
 from hetpipe_jax.baselines.knobs import PeerKnobs
-from hetpipe_jax.baselines.sync import simulate_sync
+from hetpipe_jax.baselines.sync import SyncJob, Worker, simulate_sync
 from hetpipe_jax.baselines.sync_pipeline import sync_pipeline_job
-from hetpipe_jax.cluster import GIB, LINKS, GpuType, make_cluster
+from hetpipe_jax.cluster import GIB, LINKS, GpuType, Link, make_cluster
+from hetpipe_jax.core.trace import Trace
 from hetpipe_jax.cost.batch import BatchProfiles, fixed
 from hetpipe_jax.cost.context import CostContext
 from hetpipe_jax.cost.memory import stage_memory_bytes
@@ -40,6 +41,7 @@ from hetpipe_jax.plan.costmodel import CostModel, vw_profiles
 from hetpipe_jax.plan.layout import Layout, VWLayout
 from hetpipe_jax.plan.tensor_groups import lead_cluster, tp_degrees, type_degrees
 from hetpipe_jax.runtime.stage import DEFAULT_OPTIONS, Stage, StageOptions
+from hetpipe_jax.sim import SimJob, simulate
 from hetpipe_jax.studies.convergence import run_convergence
 from hetpipe_jax.studies.convergence_config import ConvergenceConfig
 from hetpipe_jax.systems.registry import get_system
@@ -199,6 +201,47 @@ def test_the_cost_model_charges_a_split_stage_its_share_and_its_all_reduces():
                                                                              b.transient_bytes), abs=1)
 
 
+def test_the_simulators_network_carries_a_split_stages_all_reduces_on_its_nodes_link():
+  # one node of 4 GPUs on a 1 GB/s link: a block's 2 forward all-reduces of 100 MB over 2 GPUs move 2 x 100 MB
+  # per GPU (the ring's 2 (p - 1) / p) after its 0.8 s of compute (4e12 flops at half of 1e13 flop/s); alone that
+  # is the cost model's task time, and
+  # two split stages computing at once share the link: 0.2 s more each
+  link = Link("pcie", 1e9, 1e-6)
+  cluster = make_cluster("one_node", [[GPU] * 4], link, link)
+  split = TensorSplit(split_param_bytes=800, in_bytes=100_000_000, fwd_allreduces=2, bwd_allreduces=2,
+                      whole_kept_bytes=0)
+  profiles = [UnitProfile("block", 8e12, 16e12, 0.0, 0.0, 1000, 64, 0, tp=split)]
+  g = cluster.gpus
+  stage = lambda lead, partner: VWLayout((g[lead],), (0, 1), 1, tp=((g[partner],),))
+  fwd = lambda layout: [e["t1"] - e["t0"] for e in _sim_events(cluster, profiles, layout) if e["ev"] == "fwd"][:2]
+  alone = CostModel(cluster, profiles, Layout((stage(0, 1),))).task_seconds(0, 0, "fwd")
+  assert alone == pytest.approx(0.8 + 4 * 1e-6 + 0.2, rel=1e-9)  # compute, 2 x 2 ring steps' latency, 200 MB
+  assert fwd(Layout((stage(0, 1),)))[0] == pytest.approx(alone, rel=1e-9)
+  assert fwd(Layout((stage(0, 1), stage(2, 3)))) == pytest.approx([alone + 0.2] * 2, rel=1e-9)
+
+
+def test_the_peers_simulator_carries_them_alike():
+  link = Link("pcie", 1e9, 1e-6)
+  cluster = make_cluster("one_node", [[GPU] * 4], link, link)
+  split = TensorSplit(split_param_bytes=800, in_bytes=100_000_000, fwd_allreduces=2, bwd_allreduces=2,
+                      whole_kept_bytes=0)
+  profiles = fixed([UnitProfile("block", 8e12, 16e12, 0.0, 0.0, 1000, 64, 0, tp=split)], 1)
+  g = cluster.gpus
+  worker = lambda lead, partner: Worker((g[lead],), (0, 1), 1, tp=((g[partner],),))
+
+  def forward_seconds(workers):
+    timeline = simulate_sync(SyncJob("t", cluster, workers, profiles, rounds=1)).timeline
+    return [b - a for d, a, b, cat, label in timeline["intervals"] if label == "F1" and d in (0, 2)]
+  assert forward_seconds((worker(0, 1),)) == pytest.approx([0.8 + 4e-6 + 0.2], rel=1e-9)
+  assert forward_seconds((worker(0, 1), worker(2, 3))) == pytest.approx([0.8 + 4e-6 + 0.4] * 2, rel=1e-9)
+
+
+def _sim_events(cluster, profiles, layout):
+  trace = Trace()
+  simulate(SimJob(cluster, profiles, layout, 0, 1), trace)
+  return trace.events
+
+
 def test_a_stage_split_over_gpus_of_another_node_or_twice_is_refused():
   g = NODES.gpus
   with pytest.raises(ConfigError, match=r"split over \['n1.G.4'\], not GPUs of its node and type"):
@@ -300,6 +343,15 @@ def test_a_run_at_a_degree_per_type_simulates_the_mixed_stages_and_checks_its_tr
   degrees = {(g.split(".")[1], len(p) + 1) for gs, ps in zip(meta["gpus"], meta["tp"]) for g, p in zip(gs, ps)}
   assert len(degrees) == 2 and {t for t, _ in degrees} == {"F", "S"}  # one degree per type, and not the same one
   assert len({d for _, d in degrees}) == 2
+
+
+def test_a_split_plan_that_fits_no_memory_says_so_at_its_degree():
+  tiny = GpuType("T", 1 << 16, 1e13, 1e13, 5e11)  # 64 KiB: the small GPT's stages fit at no degree
+  cluster = make_cluster("tiny_nodes", [[tiny] * 2, [tiny] * 2], LINKS["pcie3"], LINKS["eth10"])
+  profiles = profile_units(MODEL, jax.ShapeDtypeStruct(TOKENS.shape, TOKENS.dtype), cache_dir=None)
+  for tp in (2, {"T": 2}):
+    with pytest.raises(ConfigError, match=r"no partition of the model over 1 GPUs \(n0.T.0\) fits in memory"):
+      plan_cluster(cluster, profiles, "ED", tp=tp)
 
 
 def test_the_planner_refuses_a_degree_that_does_not_divide_a_node_in_one_line():

@@ -45,7 +45,7 @@ from hetpipe_jax.core import schedule as sched
 from hetpipe_jax.cost.batch import BatchProfiles
 from hetpipe_jax.cost.context import CostContext
 from hetpipe_jax.cost.roofline import unit_seconds
-from hetpipe_jax.cost.transfer import split_allreduce_seconds
+from hetpipe_jax.cost.transfer import split_allreduce_seconds, stage_allreduce_flows
 from hetpipe_jax.errors import ConfigError, ProtocolError
 from hetpipe_jax.plan.allocation import horovod_gpus
 from hetpipe_jax.precision import byte_scale
@@ -263,22 +263,28 @@ class _Run:
     self.ps_host = {u: hosts[k % len(hosts)] for k, u in enumerate(self.tensor_bytes)}  # round-robin
     self.pulls_left = 0
 
-  def _cost(self, i: int, j: int, size: int) -> tuple[float, float, list[tuple[int, float]], float]:
+  def _cost(self, i: int, j: int, size: int) -> tuple[float, float, list[tuple[int, float]], float, tuple]:
     """Stage ``j`` of worker ``i`` on a microbatch of ``size`` examples: (forward s, backward s, each unit's
-    backward s in reverse order, the bytes of its output activation)."""
+    backward s in reverse order, the bytes of its output activation, and a split stage's all-reduces as the
+    network carries them: ((forward compute s, bytes), (backward compute s, bytes)) on its node's link, the
+    compute with the all-reduces' latencies but the flow's own; () on one GPU)."""
     found = self._costs.get((i, j, size))
     if found is None:
       w = self.job.workers[i]
       profiles, degree = self.job.profiles.at(size), len(w.stage_gpus(j))
       units = range(w.cuts[j], w.cuts[j + 1])
       split = [profiles[u].split(degree) for u in units]
-      times = [tuple(c + r for c, r in zip(unit_seconds(p, w.gpus[j].type, self.job.precision),
-                                           split_allreduce_seconds(self.job.cluster, p, self.job.precision)))
-               for p in split]
+      computes = [unit_seconds(p, w.gpus[j].type, self.job.precision) for p in split]
+      times = [tuple(c + r for c, r in zip(compute, split_allreduce_seconds(self.job.cluster, p, self.job.precision)))
+               for p, compute in zip(split, computes)]
+      flows = stage_allreduce_flows(self.job.cluster, split, self.job.precision)
+      latency = self.job.cluster.intra_node.latency_s
       found = self._costs[(i, j, size)] = (
           sum(t[0] for t in times), sum(t[1] for t in times),
           [(u, t[1]) for u, t in zip(reversed(units), reversed(times))],
-          profiles[w.cuts[j + 1] - 1].out_bytes * self.scale)
+          profiles[w.cuts[j + 1] - 1].out_bytes * self.scale,
+          () if not flows[0][0] + flows[1][0] else
+          tuple((sum(c[k] for c in computes) + lat - latency, num_bytes) for k, (num_bytes, lat) in enumerate(flows)))
     return found
 
   def _communicators(self) -> list[_Comm]:
@@ -347,11 +353,19 @@ class _Run:
       return
     self.states[i] = sched.start(self.states[i], task)
     w = self.job.workers[i]
-    fwd, bwd, units, _ = self._cost(i, j, w.micro_size(task.mb))
-    if task.kind == sched.BWD and self.job.recompute and task.mb < w.microbatches:
-      bwd += fwd  # (its forward again, checkpointed)
+    fwd, bwd, units, _, flows = self._cost(i, j, w.micro_size(task.mb))
+    again = task.kind == sched.BWD and self.job.recompute and task.mb < w.microbatches  # (its forward, checkpointed)
     t = self.sim.t
-    self.sim.at(t + (fwd if task.kind == sched.FWD else bwd), lambda t_end: self._finish(i, task, t, t_end))
+    finish = lambda t_end: self._finish(i, task, t, t_end)
+    if flows:  # a split stage: its all-reduces cross its node's link once it has computed
+      (f_compute, f_bytes), (b_compute, b_bytes) = flows
+      compute, num_bytes = ((f_compute, f_bytes) if task.kind == sched.FWD else
+                            (b_compute + (f_compute + self.job.cluster.intra_node.latency_s) * again,
+                             b_bytes + f_bytes * again))
+      node = w.gpus[j].node
+      self.sim.at(t + compute, lambda _t: self.sim.send(node, node, num_bytes, finish))
+    else:
+      self.sim.at(t + (fwd if task.kind == sched.FWD else bwd + fwd * again), finish)
     if task.kind == sched.BWD and task.mb == w.microbatches and self.job.overlap and \
         (self.steps[i] + 1 == w.local_steps or self.job.weights_sharded):
       # the synchronisation's last backward: each unit's gradient is final when its part is done

@@ -93,6 +93,25 @@ def stage_allreduce_seconds(cluster: Cluster, units: Sequence[UnitProfile],
   return sum(fwd), sum(bwd)
 
 
+def stage_allreduce_flows(cluster: Cluster, units: Sequence[UnitProfile],
+                          precision: str = "fp32") -> tuple[tuple[float, float], tuple[float, float]]:
+  """(forward, backward) all-reduces of a stage's split ``units`` as the simulator's network carries them: each
+  (bytes every GPU of the stage sends on its node's link, seconds of their steps' latencies), the ring's 2 (p - 1)
+  steps of 1/p of each all-reduce's bytes summed (:func:`ring_allreduce_seconds`: alone on the link, latency +
+  bytes / bandwidth is :func:`stage_allreduce_seconds`); (0, 0) for units on one GPU."""
+  link, scale = cluster.intra_node, byte_scale(precision)
+
+  def flow(kind: str) -> tuple[float, float]:
+    num_bytes = latency = 0.0
+    for u in units:
+      n, size = u.allreduce_bytes(kind)
+      if n and u.degree > 1:
+        num_bytes += n * 2 * (u.degree - 1) / u.degree * size * scale
+        latency += n * 2 * (u.degree - 1) * link.latency_s
+    return num_bytes, latency
+  return flow("fwd"), flow("bwd")
+
+
 def split_allreduce_seconds(cluster: Cluster, unit: UnitProfile, precision: str = "fp32") -> tuple[float, float]:
   """(forward, backward) seconds of the all-reduces of one ``unit`` split over its profile's degree of GPUs of one
   node (:meth:`hetpipe_jax.cost.unit.UnitProfile.allreduce_bytes`, at the activations' ``precision``), each a

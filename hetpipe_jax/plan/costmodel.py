@@ -5,8 +5,8 @@ Task time of stage j = its units' roofline time on its GPU (:mod:`hetpipe_jax.co
 receiving its boundary tensor alone on the link from its neighbour (:mod:`hetpipe_jax.cost.transfer`):
 the activation from stage j-1 before a forward, the gradient from stage j+1 before a backward. A stage split
 over several GPUs by tensor parallelism computes its units' per-GPU share (:meth:`UnitProfile.split`) and adds
-its all-reduces, each alone on its node's link (a ring; the simulator's network does not see them, as they
-share no link with the pipeline's transfers but within the node). Memory of a stage:
+its all-reduces, each alone on its node's link (a ring); the simulator's network carries them on that link,
+shared with whatever else crosses it (:meth:`CostModel.allreduce_flow`). Memory of a stage:
 :func:`hetpipe_jax.cost.memory.stage_memory_bytes`, per GPU. Both O(units) per stage, computed once.
 """
 
@@ -18,7 +18,7 @@ from hetpipe_jax.cluster import Cluster, Gpu, format_bytes
 from hetpipe_jax.cost.context import DEFAULT_COSTS, CostContext
 from hetpipe_jax.cost.memory import stage_memory_bytes
 from hetpipe_jax.cost.roofline import model_compute_seconds, stage_compute_seconds
-from hetpipe_jax.cost.transfer import stage_allreduce_seconds, stage_seconds, stage_transfers
+from hetpipe_jax.cost.transfer import stage_allreduce_flows, stage_allreduce_seconds, stage_seconds, stage_transfers
 from hetpipe_jax.cost.unit import UnitProfile, under_modes
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.plan.layout import Layout, VWLayout
@@ -40,18 +40,24 @@ class CostModel:
     self._seconds: dict[tuple[int, int, str], float] = {}
     self._compute: dict[tuple[int, int, str], float] = {}
     self._transfer: dict[tuple[int, int, str], tuple[int, Gpu, Gpu] | None] = {}
+    self._flow: dict[tuple[int, int, str], tuple[float, float, int]] = {}
     for i, vw in enumerate(layout.vws):
       cut, group, profiles = vw.cuts, vw.gpus, vw_profiles(all_profiles, vw)
       for j in range(vw.k):
         compute = stage_compute_seconds(profiles, cut, group[j], j, precision)
         transfers = stage_transfers(profiles, cut, group, j, precision)
         seconds = stage_seconds(cluster, profiles, cut, group, j, precision)
-        reduce = stage_allreduce_seconds(cluster, profiles[cut[j]:cut[j + 1]], precision)  # (profiles split)
-        for kind, c, recv, t, r in zip(("fwd", "bwd"), compute, transfers, seconds, reduce):
+        units = profiles[cut[j]:cut[j + 1]]  # (split by the stage's degree)
+        reduce = stage_allreduce_seconds(cluster, units, precision)
+        flows = stage_allreduce_flows(cluster, units, precision)
+        for kind, c, recv, t, r, (num_bytes, latency) in zip(("fwd", "bwd"), compute, transfers, seconds, reduce,
+                                                             flows):
           key = (i, j, kind)
           self._compute[key] = c + r
           self._transfer[key] = None if recv is None else (recv.num_bytes, recv.src, group[j])
           self._seconds[key] = t + r
+          if num_bytes:  # (the flow's own latency is the network's)
+            self._flow[key] = (c + latency - cluster.intra_node.latency_s, num_bytes, group[j].node)
 
   def task_seconds(self, vw: int, stage: int, kind: str) -> float:
     """Seconds of a task: compute plus receiving its input alone on its link.
@@ -76,6 +82,16 @@ class CostModel:
       Seconds.
     """
     return self._compute[(vw, stage, kind)]
+
+  def allreduce_flow(self, vw: int, stage: int, kind: str) -> tuple[float, float, int] | None:
+    """A split stage's task as the simulator's network runs it: (seconds of compute and of its all-reduces'
+    latencies but one, the bytes its all-reduces move on its node's link as one flow, that node); None for a
+    stage on one GPU. Alone on the link, the two take :meth:`compute_seconds`.
+
+    Args:
+      vw / stage / kind: as for :meth:`task_seconds`.
+    """
+    return self._flow.get((vw, stage, kind))
 
   def transfer(self, vw: int, stage: int, kind: str) -> tuple[int, Gpu, Gpu] | None:
     """What a task must receive before it computes.

@@ -424,8 +424,8 @@ def partition(cluster: Cluster, profiles: Sequence[UnitProfile], gpus: Sequence[
   value, order, cuts = _search(dp, gpus, ordered)
   if not np.isfinite(value):
     _, order, cuts = _search(dp, gpus, ordered, mem_ratio=True)
-    needs = [min(stage_memory_bytes([u.under(m).split(degree_of(costs, order[j].type.name))
-                                     for u in profiles[cuts[j]:cuts[j + 1]]], nm, costs)
+    split = lambda u, gpu: u if degree_of(costs, gpu.type.name) == 1 else u.split(degree_of(costs, gpu.type.name))
+    needs = [min(stage_memory_bytes([split(u.under(m), order[j]) for u in profiles[cuts[j]:cuts[j + 1]]], nm, costs)
                  for m in allowed_modes(costs.recompute)) for j in range(len(order))]
     j = max(range(len(order)), key=lambda j: needs[j] / order[j].type.memory_bytes)
     need = needs[j]

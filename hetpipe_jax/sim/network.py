@@ -50,7 +50,8 @@ POINT, STRIPE_OUT, STRIPE_IN = 0, 1, 2  # a flow between two nodes, or striped f
 ARRAYS_FROM, SCALARS_BELOW = 48, 16  # flows in flight: held as array rows from this many, as objects below that
 Receive = tuple[float, int, int]  # what a task receives before it computes: (bytes, from node, to node)
 Onward = tuple[int, str, float, int, int]  # where a task's output goes: (stage, kind, bytes, from node, to node)
-TaskCosts = tuple[float, "Receive | None", "Onward | None"]  # (compute seconds, receive, onward)
+Reduce = tuple[float, int]  # a split stage's all-reduces after its compute: (bytes on its node's link, the node)
+TaskCosts = tuple[float, "Receive | None", "Onward | None", "Reduce | None"]  # (compute seconds, ...)
 
 
 @dataclasses.dataclass(eq=False, slots=True)
@@ -429,20 +430,29 @@ class Simulator:
       if nxt is not None and nxt[0] != stage:  # (completed, or the last stage turning round: nothing travels)
         onward = cost.transfer(vw, *nxt)
         out = None if onward is None else (nxt[0], nxt[1], onward[0], onward[1].node, onward[2].node)
-      found = self._tasks[key] = (cost.compute_seconds(vw, stage, kind), receive, out)
+      flow = cost.allreduce_flow(vw, stage, kind)
+      found = self._tasks[key] = ((cost.compute_seconds(vw, stage, kind), receive, out, None) if flow is None else
+                                  (flow[0], receive, out, (flow[1], flow[2])))
     return found
 
   def _start_task(self, engine: Engine, cost: CostModel, task: Task) -> None:
     engine.start(task, self.t)
     vw, stage, kind, mb = task
-    compute, receive, _ = self._tasks.get((vw, stage, kind)) or self._task(engine, cost, (vw, stage, kind))
+    compute, receive, _, reduce = self._tasks.get((vw, stage, kind)) or self._task(engine, cost, (vw, stage, kind))
     finish = functools.partial(self._finish, engine, cost, task)
+    if reduce is not None:  # a split stage: its all-reduces cross its node's link once it has computed
+      finish = functools.partial(self._reduce, reduce, finish)
     if receive is not None and not self.overlap:  # the device receives its input, then computes
       self.send(receive[1], receive[2], receive[0], functools.partial(self._compute, compute, finish))
       return
     if receive is not None:  # overlap: its input was sent when it was produced, and has landed (``_landed``)
       self._arrived.discard((vw, engine.generation(vw), stage, kind, mb))
     heapq.heappush(self._timers, (self.t + compute, next(self._seq), finish))  # at, inline
+
+  def _reduce(self, reduce: Reduce, finish: Callable[[float], None], t: float) -> None:
+    """A split stage's task computed by ``t``: its all-reduces' bytes cross its node's link, then ``finish``."""
+    del t
+    self.send(reduce[1], reduce[1], reduce[0], finish)
 
   def _compute(self, seconds: float, finish: Callable[[float], None], t: float) -> None:
     """A task's input landed at ``t``: it computes for ``seconds``, then ``finish``."""
