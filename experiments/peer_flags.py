@@ -14,6 +14,7 @@ from absl import flags
 from experiments import system_flags
 from hetpipe_jax.baselines.knobs import WORKER_KINDS, PeerKnobs
 from hetpipe_jax.plan.tensor_groups import parse_tp
+from hetpipe_jax.sim.noise import HELP as NOISE_HELP
 
 _DEFAULTS = PeerKnobs()
 HELP = {
@@ -38,6 +39,7 @@ HELP = {
     "shard_state": "hetero_dp: shard the gradient and the optimizer state over its GPUs (ZeRO stage 2), or the "
                    "weights too (ZeRO stage 3, as Cephalo runs it), whichever is fastest, so a GPU too small for the "
                    "replicated state takes part.",
+    "noise": "Every system on the simulator: the GPUs' variance (hetpipe_jax.sim.noise): " + NOISE_HELP + ".",
     "tp": "sync_pipeline, local_sgd with vw workers, hetpipe: GPUs of one node and type each pipeline stage is split "
           "over by tensor parallelism (1: none; auto: the planner's fastest of 1, 2, 4, 8 that divide the nodes; "
           "per_type: the fastest degree per GPU type found).",

@@ -65,7 +65,8 @@ from hetpipe_jax.tune.peers import small_profiles, tuner_profiles
 FLAGS = flags.FLAGS
 # The run settings the search takes (experiments.run_flags), at the tuner's defaults: the paper's testbed and VGG-19,
 # momentum (for its memory); --waves: of the predicting runs (the screening runs take half).
-run_flags.define(["model", "dataset", "cluster", "batch_size", "optimizer", "weight_mode", "recompute", "tp", "waves"],
+run_flags.define(["model", "dataset", "cluster", "batch_size", "optimizer", "weight_mode", "recompute", "tp", "waves",
+                  "noise"],
                  overrides={"model": "vgg19", "cluster": "paper_testbed", "optimizer": "momentum"})
 flags.adopt_module_key_flags(run_flags)  # --help lists them
 flags.DEFINE_enum("objective", "time_to_accuracy", ["throughput", "time_to_accuracy"], "What the best "
@@ -171,7 +172,7 @@ def search_space() -> SearchSpace:
     except ConfigError as e:
       raise common.config_error(f"--peers={','.join(FLAGS.peers)}: {e}") from None
   return SearchSpace(ds=tuple(ds), transfers=tuple(transfers), staged=tuple(staged), nm_max=FLAGS.nm_max,
-                     windows=FLAGS.windows, peers=peers, tp=parse_tp(FLAGS.tp))
+                     windows=FLAGS.windows, peers=peers, tp=parse_tp(FLAGS.tp), noise=FLAGS.noise)
 
 
 def tune_options(request: TuneRequest, staleness_model, peer_accuracy=None) -> TuneOptions:

@@ -14,6 +14,7 @@ from hetpipe_jax.baselines.sync import CYCLE_S, FUSION_BYTES
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.plan.partition import NM_POLICIES
 from hetpipe_jax.plan.tensor_groups import parse_tp
+from hetpipe_jax.sim.noise import parse_noise
 
 WORKER_KINDS = ("auto", "gpu", "vw")
 
@@ -47,6 +48,8 @@ class PeerKnobs(NamedTuple):
       Poplar runs heterogeneous data parallelism; :func:`hetpipe_jax.cost.memory.param_copies`; the same traffic
       as the all-reduce) or the weights too (ZeRO stage 3, FSDP, as Cephalo runs it: 1.5x the traffic, every
       micro-step), whichever is fastest, so a GPU too small for the replicated state takes part.
+    noise: the GPUs' variance on the simulator, every system alike (:mod:`hetpipe_jax.sim.noise`; "none": each
+      task at the cost model's time).
   """
 
   fusion_mb: float = FUSION_BYTES / (1 << 20)
@@ -63,6 +66,7 @@ class PeerKnobs(NamedTuple):
   nm_rule: str = "max_fit"
   tp: int | str = 1
   shard_state: bool = False
+  noise: str = "none"
 
   @property
   def fusion_bytes(self) -> float:
@@ -92,4 +96,5 @@ class PeerKnobs(NamedTuple):
       if not ok:
         raise ConfigError(f"--{name}={value}; give {limit}")
     parse_tp(self.tp)
+    parse_noise(self.noise)
     return self

@@ -50,6 +50,7 @@ from hetpipe_jax.errors import ConfigError, ProtocolError
 from hetpipe_jax.plan.allocation import horovod_gpus
 from hetpipe_jax.precision import byte_scale
 from hetpipe_jax.sim.network import Simulator
+from hetpipe_jax.sim.noise import Realisation
 
 FUSION_BYTES = 64 << 20  # Horovod's default fusion buffer (HOROVOD_FUSION_THRESHOLD, docs/tensor-fusion.rst)
 CYCLE_S = 1e-3  # Horovod's default cycle time (HOROVOD_CYCLE_TIME, 1 ms since Horovod 0.21; 5 ms before)
@@ -229,13 +230,14 @@ class _Comm:
     self.intervals: list[tuple[float, float]] = []
 
 
-def simulate_sync(job: SyncJob) -> SyncResult:
-  """Simulates ``job`` for ``job.rounds`` rounds (see the module docstring).
+def simulate_sync(job: SyncJob, noise: Realisation | None = None) -> SyncResult:
+  """Simulates ``job`` for ``job.rounds`` rounds (see the module docstring); with ``noise``, each task's seconds
+  times its draw of the GPUs' variance at its start (:meth:`hetpipe_jax.sim.noise.Realisation.task_factor`).
 
   Raises:
     ProtocolError: when the run stalls (a bug).
   """
-  run = _Run(job)
+  run = _Run(job, noise)
   seconds = run.go()
   examples = sum(w.examples_per_round for w in job.workers)
   return SyncResult(seconds / job.rounds, examples, examples * job.rounds / seconds, build_timeline(job, run.log))
@@ -244,8 +246,8 @@ def simulate_sync(job: SyncJob) -> SyncResult:
 class _Run:
   """One simulation: the simulator, each worker's pipeline state, the communicators."""
 
-  def __init__(self, job: SyncJob):
-    self.job, self.sim = job, Simulator(job.cluster)
+  def __init__(self, job: SyncJob, noise: Realisation | None = None):
+    self.job, self.sim, self.noise = job, Simulator(job.cluster), noise
     self.log = Log()
     self.scale = byte_scale(job.precision)
     self._costs: dict[tuple[int, int, int], tuple] = {}  # (worker, stage, examples) -> :meth:`_cost`
@@ -357,15 +359,16 @@ class _Run:
     again = task.kind == sched.BWD and self.job.recompute and task.mb < w.microbatches  # (its forward, checkpointed)
     t = self.sim.t
     finish = lambda t_end: self._finish(i, task, t, t_end)
+    scale = 1.0 if self.noise is None else self.noise.task_factor(w.stage_gpus(j), t)
     if flows:  # a split stage: its all-reduces cross its node's link once it has computed
       (f_compute, f_bytes), (b_compute, b_bytes) = flows
       compute, num_bytes = ((f_compute, f_bytes) if task.kind == sched.FWD else
                             (b_compute + (f_compute + self.job.cluster.intra_node.latency_s) * again,
                              b_bytes + f_bytes * again))
       node = w.gpus[j].node
-      self.sim.at(t + compute, lambda _t: self.sim.send(node, node, num_bytes, finish))
+      self.sim.at(t + compute * scale, lambda _t: self.sim.send(node, node, num_bytes, finish))
     else:
-      self.sim.at(t + (fwd if task.kind == sched.FWD else bwd + fwd * again), finish)
+      self.sim.at(t + (fwd if task.kind == sched.FWD else bwd + fwd * again) * scale, finish)
     if task.kind == sched.BWD and task.mb == w.microbatches and self.job.overlap and \
         (self.steps[i] + 1 == w.local_steps or self.job.weights_sharded):
       # the synchronisation's last backward: each unit's gradient is final when its part is done

@@ -41,6 +41,7 @@ class CostModel:
     self._compute: dict[tuple[int, int, str], float] = {}
     self._transfer: dict[tuple[int, int, str], tuple[int, Gpu, Gpu] | None] = {}
     self._flow: dict[tuple[int, int, str], tuple[float, float, int]] = {}
+    self._gpus = {(i, j): vw.stage_gpus(j) for i, vw in enumerate(layout.vws) for j in range(vw.k)}
     for i, vw in enumerate(layout.vws):
       cut, group, profiles = vw.cuts, vw.gpus, vw_profiles(all_profiles, vw)
       for j in range(vw.k):
@@ -82,6 +83,10 @@ class CostModel:
       Seconds.
     """
     return self._compute[(vw, stage, kind)]
+
+  def stage_gpus(self, vw: int, stage: int) -> tuple[Gpu, ...]:
+    """The GPUs a stage's tasks run on: its own, then its tensor-parallel partners."""
+    return self._gpus[(vw, stage)]
 
   def allreduce_flow(self, vw: int, stage: int, kind: str) -> tuple[float, float, int] | None:
     """A split stage's task as the simulator's network runs it: (seconds of compute and of its all-reduces'

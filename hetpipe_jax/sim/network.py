@@ -41,6 +41,7 @@ from hetpipe_jax.plan.costmodel import CostModel
 from hetpipe_jax.plan.layout import Layout
 from hetpipe_jax.plan.placement import STRIPED
 from hetpipe_jax.precision import byte_scale
+from hetpipe_jax.sim.noise import Realisation
 
 EPS = 1e-12
 SKIP = 1e-9  # a flow due this much later than now cannot land now (1,000 x EPS: rounding cannot bridge it)
@@ -262,8 +263,8 @@ class Simulator:
   them (one flow, not N - 1).
   """
 
-  def __init__(self, cluster: Cluster, overlap_transfers: bool = False):
-    self.cluster, self.overlap = cluster, overlap_transfers
+  def __init__(self, cluster: Cluster, overlap_transfers: bool = False, noise: Realisation | None = None):
+    self.cluster, self.overlap, self.noise = cluster, overlap_transfers, noise
     self._arrived: set[tuple] = set()  # overlap: inputs that landed, their tasks not started yet
     self.t = 0.0
     self._timers: list = []
@@ -439,6 +440,8 @@ class Simulator:
     engine.start(task, self.t)
     vw, stage, kind, mb = task
     compute, receive, _, reduce = self._tasks.get((vw, stage, kind)) or self._task(engine, cost, (vw, stage, kind))
+    if self.noise is not None:  # this task's draw of the GPUs' variance, at its start
+      compute *= self.noise.task_factor(cost.stage_gpus(vw, stage), self.t)
     finish = functools.partial(self._finish, engine, cost, task)
     if reduce is not None:  # a split stage: its all-reduces cross its node's link once it has computed
       finish = functools.partial(self._reduce, reduce, finish)

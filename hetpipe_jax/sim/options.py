@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from hetpipe_jax.sim.noise import HELP as NOISE_HELP
+
 
 @dataclasses.dataclass(frozen=True)
 class SimOptions:
@@ -35,6 +37,8 @@ class SimOptions:
   fast: bool = dataclasses.field(default=False, metadata={"flat": "fast_sim", "help": (
       "sim executor: simulate until every virtual worker's wave period settles, then extrapolate the rest of "
       "--waves (hetpipe_jax.sim.steady; checked by experiments.validate_fast).")})
+  noise: str = dataclasses.field(default="none", metadata={"help": (
+      "sim executor: the GPUs' variance (hetpipe_jax.sim.noise): " + NOISE_HELP + ".")})
 
   def set_fields(self) -> list[str]:
     """The options that differ from their defaults, by name."""
@@ -46,4 +50,5 @@ ELSEWHERE = {
     "overlap_transfers": "receives each task's input in series",
     "staged_ps": "moves a virtual worker's push and pull as one",
     "fast": "runs every wave",
+    "noise": "runs every task at its own machine's speed (the sim executor's variance model is not there)",
 }

@@ -23,6 +23,7 @@ from hetpipe_jax.plan.costmodel import CostModel
 from hetpipe_jax.plan.layout import Layout
 from hetpipe_jax.plan.placement import place_shards
 from hetpipe_jax.sim.network import SimComm, Simulator
+from hetpipe_jax.sim.noise import realise
 from hetpipe_jax.sim.options import SimOptions
 from hetpipe_jax.sim.steady import SteadyState
 
@@ -51,7 +52,7 @@ def meta_line(job: SimJob, meta: Mapping[str, Any] | None = None) -> dict[str, A
   """The trace's meta line of ``job`` (``meta`` adds or overrides fields: what the run layer records)."""
   opts = job.options
   own = {"placement": job.placement, **({"overlap_transfers": True} if opts.overlap_transfers else {}),
-         **({"staged_ps": True} if opts.staged_ps else {})}
+         **({"staged_ps": True} if opts.staged_ps else {}), **({"noise": opts.noise} if opts.noise != "none" else {})}
   return meta_event(job.layout.meta(), job.d, job.weight_mode, job.schedule, "sim", len(job.profiles),
                     **{**own, **(meta or {})})
 
@@ -76,7 +77,7 @@ def simulate(job: SimJob, trace: Trace, meta: Mapping[str, Any] | None = None,
     if steady is not None:
       steady.push(vw, t)
 
-  simulator = Simulator(cluster, job.options.overlap_transfers)
+  simulator = Simulator(cluster, job.options.overlap_transfers, realise(job.options.noise, cluster))
   comm = SimComm(simulator, profiles, layout, shard_nodes, job.precision, job.options.staged_ps)
   engine = Engine(vws, ClockServer(layout.num_vws, job.d, num_shards=len(profiles)), trace, on_wave=on_wave,
                   comm=comm, failures=job.failures, rejoin=job.rejoin)

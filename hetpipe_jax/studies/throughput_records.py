@@ -303,7 +303,8 @@ class ModelStudy:
     """Examples/s of ``plans`` on the ``sim`` executor, its trace checked by the WSP checker
     (:func:`hetpipe_jax.systems.hetpipe.simulated_rate`); the job kept as ``row``'s run when a row is named."""
     job = SimJob(cluster or self.cluster, self.profiles, Layout(tuple(p.layout for p in plans)), d, self.config.waves,
-                 placement, options=SimOptions(overlap_transfers=self.config.overlap_transfers))
+                 placement, options=SimOptions(overlap_transfers=self.config.overlap_transfers,
+                                               noise=self.config.knobs.noise))
     if row is not None:
       self.ran[row] = job
     return simulated_rate(job, self.batch, "simulated run")[0]

@@ -111,7 +111,7 @@ def tuned_search(s: ModelStudy, fit: StalenessModel | None):
   """The tuner's search (its best by images/s with ``fit`` None, else by predicted time to accuracy)."""
   what = "images/s" if fit is None else "time to accuracy"
   space = SearchSpace(ds=tuple(s.config.tune_ds or s.config.ds), max_stages=s.config.max_stages or None,
-                      tp=s.config.knobs.tp)
+                      tp=s.config.knobs.tp, noise=s.config.knobs.noise)
   out = tune(s.cluster, s.profiles, s.batch, space,
              TuneOptions(waves=s.config.waves, staleness_model=fit, setting=RunSetting(s.costs), front=6,
                          progress=lambda line: s.say(f"{s.model_name} tuner ({what}): {line}")))

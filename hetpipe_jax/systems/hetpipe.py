@@ -33,7 +33,7 @@ from hetpipe_jax.plan.allocation import POLICIES, ClusterPlan, plan_cluster
 from hetpipe_jax.plan.costmodel import ideal_images_per_sec
 from hetpipe_jax.run.config import RunConfig
 from hetpipe_jax.run.result import RunResult
-from hetpipe_jax.sim import SimJob, simulate
+from hetpipe_jax.sim import SimJob, SimOptions, simulate
 from hetpipe_jax.staleness import mean_staleness
 from hetpipe_jax.systems.base import DEFAULT_KNOBS, WSP, Curve, CurvePoint, System, SystemRun, TrainSetting
 
@@ -87,7 +87,8 @@ class HetPipe(System):
     units = list(profiles.at(batch_size))
     plan = plan_cluster(cluster, units, policy, "default", knobs.nm_rule, None, costs, knobs.tp)
     rate, trace = simulated_rate(SimJob(cluster, units, plan.layout, 0, WAVES, weight_mode=costs.weight_mode,
-                                        precision=costs.precision), batch_size, f"hetpipe {policy}, simulated")
+                                        precision=costs.precision, options=SimOptions(noise=knobs.noise)),
+                                 batch_size, f"hetpipe {policy}, simulated")
     return HetPipeJob(cluster, plan, policy), rate, trace
 
   def simulate(self, cluster: Cluster, profiles: BatchProfiles, batch_size: int, knobs: PeerKnobs = DEFAULT_KNOBS,
@@ -219,11 +220,12 @@ class WaveRun(NamedTuple):
 
 
 def simulated_images_per_sec(model: LayeredModel, dataset: Any, base: RunConfig, setting: HetPipeSetting,
-                             waves: int) -> float:
-  """``setting``'s examples/s on the ``sim`` executor (its transfer models; at most :data:`WAVES` waves of
-  ``model`` on ``dataset``, a full-size model's input spec or a dataset), its trace checked by the WSP checker."""
+                             waves: int, noise: str = "none") -> float:
+  """``setting``'s examples/s on the ``sim`` executor (its transfer models and ``noise``, the GPUs' variance; at
+  most :data:`WAVES` waves of ``model`` on ``dataset``, a full-size model's input spec or a dataset), its trace
+  checked by the WSP checker."""
   sim = run_hetpipe(model, dataset, base.replace(**setting.sim_fields(), time_model=None, executor="sim",
-                                                 waves=min(waves, WAVES)))
+                                                 waves=min(waves, WAVES), noise=noise))
   require_wsp(sim.events, "simulated run")
   return sim.images_per_second
 

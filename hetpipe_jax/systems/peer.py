@@ -24,6 +24,7 @@ from hetpipe_jax.models.base import LayeredModel
 from hetpipe_jax.optim import make_optimizer
 from hetpipe_jax.plan.costmodel import ideal_images_per_sec
 from hetpipe_jax.recompute import MODES
+from hetpipe_jax.sim.noise import realise
 from hetpipe_jax.systems.base import DEFAULT_KNOBS, LOCAL, Curve, CurvePoint, System, SystemRun, TrainSetting
 
 Builder = Callable[[Cluster, BatchProfiles, int, PeerKnobs, CostContext], SyncJob]
@@ -55,7 +56,7 @@ class Peer(System):
   def _simulate(self, cluster: Cluster, profiles: BatchProfiles, batch_size: int, knobs: PeerKnobs,
                 costs: CostContext, model: str) -> SystemRun:
     job = type(self).build(cluster, profiles.under(costs.recompute), batch_size, knobs.validate(), costs)
-    result = simulate_sync(job)
+    result = simulate_sync(job, realise(knobs.noise, cluster))
     ideal = ideal_images_per_sec(cluster, list(profiles.at(batch_size)), batch_size, precision=costs.precision)
     timeline = result.timeline
     timeline["meta"].update(model=model, round_seconds=result.round_seconds,

@@ -52,6 +52,7 @@ class SearchSpace:
     peer_policies: the groupings of the peers' pipelines searched (sync_pipeline, local_sgd's pipeline workers).
     tp: the tensor-parallel degrees searched (:mod:`hetpipe_jax.plan.tensor_groups`): a degree, or "auto" (every
       degree that divides the cluster's nodes); each grouping is formed on the groups' leads of each degree.
+    noise: the GPUs' variance every configuration is simulated under (:mod:`hetpipe_jax.sim.noise`).
   """
 
   ds: tuple[int, ...] = (0, 4, 32)
@@ -65,10 +66,11 @@ class SearchSpace:
   peers: tuple[str, ...] = ()
   peer_policies: tuple[str, ...] = POLICIES
   tp: int | str = 1
+  noise: str = "none"
 
   def settings(self) -> list[Setting]:
     """Every (placement, transfer models) searched: placements outermost, PS transfer models innermost."""
-    return [(p, SimOptions(overlap_transfers=o, staged_ps=s))
+    return [(p, SimOptions(overlap_transfers=o, staged_ps=s, noise=self.noise))
             for p, o, s in itertools.product(self.placements, self.transfers, self.staged)]
 
 
