@@ -19,6 +19,8 @@ from hetpipe_jax.sim.noise import DEFAULT, NONE, Episodes, NoiseSpec, Realisatio
 from hetpipe_jax.systems.registry import get_system
 from hetpipe_jax.tune import SearchSpace
 
+from helpers import assert_trace_ok
+
 GPU = GpuType("g", 1 << 34, 1e12, 1e12, 1e15, 1.0)
 LINK = Link("l", 1e12, 0.0)  # (transfers of a few bytes take nothing)
 CLUSTER = make_cluster("four", [[GPU, GPU], [GPU, GPU]], LINK, LINK)
@@ -82,6 +84,7 @@ def test_a_gpu_slowed_to_half_from_a_time_on_takes_twice_as_long_in_both_simulat
   def durations(noise_text):
     trace = Trace()
     simulate(SimJob(CLUSTER, UNITS, layout, 0, 8, options=SimOptions(noise=noise_text)), trace)
+    assert_trace_ok(trace.events)
     return [(e["t0"], e["t1"] - e["t0"]) for e in trace.events if e["ev"] == "fwd" and e["stage"] == 0]
   plain, slowed = durations("none"), durations(noise)
   assert all(d == pytest.approx(0.1) for _, d in plain)

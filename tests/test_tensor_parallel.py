@@ -239,6 +239,7 @@ def test_the_peers_simulator_carries_them_alike():
 def _sim_events(cluster, profiles, layout):
   trace = Trace()
   simulate(SimJob(cluster, profiles, layout, 0, 1), trace)
+  assert_trace_ok(trace.events)
   return trace.events
 
 

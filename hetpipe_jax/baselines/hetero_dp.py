@@ -134,13 +134,13 @@ def sharded_split(gpus: list[Gpu], profiles: BatchProfiles, global_batch: int,
 
 
 def fsdp_split(gpus: list[Gpu], profiles: BatchProfiles, global_batch: int,
-               costs: CostContext) -> tuple[CostContext, int, list[tuple[Gpu, int, int]]]:
+               costs: CostContext) -> tuple[CostContext, list[tuple[Gpu, int, int]]]:
   """ZeRO stage 3 as Cephalo runs it (weights, gradient and optimizer state sharded over the N GPUs that take
   part; the same number A of accumulation steps on every GPU, since every micro-step's all-gathers and
   reduce-scatters take every GPU; each GPU's micro-batch sized to its speed and its memory):
-  (``costs`` sharded over N, A, the minimax split of one micro-step's ``global_batch / A`` examples, each GPU's
-  share taken at once). A is the smallest divisor of ``global_batch`` whose micro-step the GPUs hold together;
-  N the fixed point of :func:`sharded_split`.
+  (``costs`` sharded over N, ``(gpu, micro-step share, A)`` of every GPU: the minimax split of one micro-step's
+  ``global_batch / A`` examples, each GPU's share taken at once). A is the smallest divisor of ``global_batch``
+  whose micro-step the GPUs hold together; N the fixed point of :func:`sharded_split`.
 
   Raises:
     ConfigError: when no GPU holds one example with the state sharded over all of them.
@@ -152,7 +152,7 @@ def fsdp_split(gpus: list[Gpu], profiles: BatchProfiles, global_batch: int,
       micro = {g.type.name: max_micro_batch(profiles, g.type, size, trial) for g in gpus}
       split = _minimax(gpus, profiles, size, micro, costs.precision, one_pass=True)
       if len(split) == shards:
-        return trial, steps, split
+        return trial, [(g, share, steps) for g, share, _ in split]
       shards = len(split)
   raise ConfigError(f"hetero_dp: no GPU holds the model with one example even with its weights, gradient and "
                     f"optimizer state sharded over all {len(gpus)} GPUs; use a cluster with larger GPUs or a "
@@ -171,30 +171,21 @@ def hetero_dp_job(cluster: Cluster, profiles: BatchProfiles, batch_size: int, kn
   """
   global_batch = knobs.global_batch or batch_size * cluster.num_gpus
   gpus = list(cluster.gpus)
-  plain = lambda: _job(cluster, profiles, batch_size, knobs, costs, split_batch(gpus, profiles, global_batch,
-                                                                                costs))
-  if not knobs.shard_state:
-    return plain()
+  splits = [lambda: (costs, split_batch(gpus, profiles, global_batch, costs))]
+  if knobs.shard_state:
+    splits += [lambda: sharded_split(gpus, profiles, global_batch, costs),
+               lambda: fsdp_split(gpus, profiles, global_batch, costs)]
   jobs, refused = [], []
-  for build in (plain,
-                lambda: _job(cluster, profiles, batch_size, knobs, *sharded_split(gpus, profiles, global_batch,
-                                                                                  costs)),
-                lambda: _job(cluster, profiles, batch_size, knobs, *_unpack(fsdp_split(gpus, profiles, global_batch,
-                                                                                       costs)))):
+  for split in splits:
     try:
-      jobs.append(build())
+      jobs.append(_job(cluster, profiles, batch_size, knobs, *split()))
     except ConfigError as e:
       refused.append(e)
   if not jobs:
-    raise refused[-1]  # (ZeRO-3's: the most sharded)
+    raise refused[-1]  # (sharded: ZeRO-3's, the most sharded)
+  if len(jobs) == 1:
+    return jobs[0]
   return max(jobs, key=lambda job: simulate_sync(dataclasses.replace(job, rounds=1)).images_per_sec)
-
-
-def _unpack(found: tuple[CostContext, int, list[tuple[Gpu, int, int]]]) -> tuple[CostContext,
-                                                                                  list[tuple[Gpu, int, int]]]:
-  """:func:`fsdp_split`'s split as :func:`_job` takes it: each GPU's micro-step share and the micro-steps."""
-  costs, steps, split = found
-  return costs, [(g, share, steps) for g, share, _ in split]
 
 
 def _job(cluster: Cluster, profiles: BatchProfiles, batch_size: int, knobs: PeerKnobs, costs: CostContext,

@@ -182,11 +182,12 @@ def _placement(device: Any) -> tuple[Any, Callable[[Any], Any]]:
 
 
 def _sync_round(loss_fn: Callable, tx: optax.GradientTransformation, streams: WorkerStreams, active: list[int],
-                params: Any, device: Any) -> Round:
-  """A synchronous step: every active worker's gradient, their batch-weighted mean, one update of ``tx``."""
+                params: Any, placement: tuple[Any, Callable[[Any], Any]]) -> Round:
+  """A synchronous step: every active worker's gradient, their batch-weighted mean, one update of ``tx``
+  (``placement``: :func:`_placement`'s, where the batches go and how the optimizer state is placed)."""
   weights = [streams.batch_sizes[i] for i in active]
   grad = jax.jit(jax.value_and_grad(loss_fn))  # compiled once per distinct batch size
-  device, place = _placement(device)
+  device, place = placement
   state = {"opt": place(tx.init(params))}
 
   @jax.jit
@@ -288,11 +289,11 @@ def train_sgd(*, model: LayeredModel, dataset: Dataset, tx: optax.GradientTransf
   if not isinstance(device, jax.Device) and local_steps is not None:
     raise ConfigError("weights sharded over several devices for local SGD; its workers keep their own weights: give "
                       "one device, or synchronous SGD (local_steps None)")
-  params = model.init(jax.random.key(seed), jnp.asarray(dataset.x_train[:max(sizes)]))
-  params = _placement(device)[1](params)
+  placement = _placement(device)
+  params = placement[1](model.init(jax.random.key(seed), jnp.asarray(dataset.x_train[:max(sizes)])))
   loss_fn = lambda p, x, y: model.loss(model.apply(p, x), y)
   if local_steps is None:
-    step = _sync_round(loss_fn, tx, streams, active, params, device)
+    step = _sync_round(loss_fn, tx, streams, active, params, placement)
     what, unit = what or f"synchronous SGD (batches {sizes})", "step"
   else:
     step = _local_round(loss_fn, tx, outer or outer_optimizer(), streams, active, params, device)

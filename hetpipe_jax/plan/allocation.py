@@ -260,9 +260,9 @@ def _per_type_plan(cluster: Cluster, profiles: Sequence[UnitProfile], policy: st
     changed = False
     for name in list(degrees):
       for t in type_degrees(cluster, name):
-        trial = {**degrees, name: t}
         if t == degrees[name]:
           continue
+        trial = {**degrees, name: t}
         try:
           plan = _split_plan(cluster, profiles, policy, knobs, costs, trial)
         except ConfigError:
