@@ -12,6 +12,7 @@ from typing import Any
 from absl import flags
 
 from experiments import system_flags
+from hetpipe_jax.baselines.adapt import ADAPT
 from hetpipe_jax.baselines.knobs import WORKER_KINDS, PeerKnobs
 from hetpipe_jax.plan.tensor_groups import parse_tp
 from hetpipe_jax.sim.noise import HELP as NOISE_HELP
@@ -32,7 +33,10 @@ HELP = {
                      "pipelines).",
     "outer_lr": "local_sgd: outer Nesterov learning rate (DiLoCo's 0.7; no effect on time).",
     "outer_momentum": "local_sgd: outer Nesterov momentum (DiLoCo's 0.9; no effect on time).",
-    "rounds": "Rounds of a peer simulated (every round is the same).",
+    "rounds": "Rounds of a peer simulated (0: 2 without noise, where every round is the same; 16 under --noise).",
+    "adapt": "The peers re-size their workers' work at every barrier from measured times, as their authors do "
+             "(hetero_dp its batch split, local_sgd with --h_by_speed its H, sync_pipeline its microbatches): on, "
+             "off, or auto (under --noise).",
     "nm_rule": "hetpipe (experiments.baseline --system=hetpipe, a study's --systems=hetpipe): its Nm rule, max_fit "
                "(the largest Nm that fits), best (the modelled fastest) or speed (waves sized to each virtual "
                "worker's speed).",
@@ -50,6 +54,8 @@ for _name in PeerKnobs._fields:
   _value = getattr(_DEFAULTS, _name)
   if _name == "local_workers":
     flags.DEFINE_enum(_name, _value, list(WORKER_KINDS), HELP[_name])
+  elif _name == "adapt":
+    flags.DEFINE_enum(_name, _value, list(ADAPT), HELP[_name])
   elif _name == "tp":  # a number, auto or per_type
     flags.DEFINE_string(_name, str(_value), HELP[_name])
   else:

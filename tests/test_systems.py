@@ -47,7 +47,7 @@ def solo_job(cluster, profiles, batch_size, knobs, costs) -> SyncJob:
     raise ConfigError("solo: no GPU holds the model")
   batch = knobs.global_batch or batch_size
   return SyncJob("solo", cluster, (Worker((gpus[0],), (0, len(profiles.low)), batch),), profiles,
-                 precision=costs.precision, rounds=knobs.rounds, knobs=(("batch_size", batch), ("gpus", 1)))
+                 precision=costs.precision, rounds=knobs.sim_rounds, knobs=(("batch_size", batch), ("gpus", 1)))
 
 
 class Solo(Peer):

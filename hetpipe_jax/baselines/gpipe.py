@@ -93,5 +93,5 @@ def gpipe_job(cluster: Cluster, profiles: BatchProfiles, batch_size: int, knobs:
   cuts = balanced_cuts(profiles.at(batch // m), [g.type for g in gpus], costs.precision)
   worker = Worker(gpus, cuts, batch, microbatches=m, nm=m)
   return SyncJob("gpipe", cluster, (worker,), profiles, overlap=True, fusion_bytes=0.0, cycle_s=0.0,
-                 precision=costs.precision, rounds=knobs.rounds, schedule="gpipe", recompute=True,
+                 precision=costs.precision, rounds=knobs.sim_rounds, schedule="gpipe", recompute=True,
                  knobs=(("global_batch", batch), ("microbatches", m), ("cuts", list(cuts)), ("gpus", len(gpus))))

@@ -11,7 +11,8 @@ ceil(s / m_g) accumulation steps of (nearly) equal size, m_g the most examples g
 t_g grows with s, so the optimum is found exactly by bisection on the time T (each GPU then takes the most
 examples it can finish by T) and trimming the surplus from the GPUs that finish last.
 
-What it assumes: the GPUs' speeds are known (the cost model's), the all-reduce is Horovod's
+What it assumes: the GPUs' speeds are known (the cost model's; where they vary, the split is re-sized at every
+step from measured times as LB-BSP does, :mod:`hetpipe_jax.baselines.adapt`), the all-reduce is Horovod's
 (:mod:`hetpipe_jax.baselines.sync`), and the update is the batch-weighted mean of the gradients. With
 ``knobs.shard_state`` its GPUs may shard the gradient and the optimizer state (ZeRO stage 2: the GPUs that take
 part are the fixed point of "those that hold the weights and a 1/N share of the state, N being how many they
@@ -25,9 +26,11 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import math
+from collections.abc import Sequence
+from typing import Any
 
 from hetpipe_jax.baselines.knobs import PeerKnobs
-from hetpipe_jax.baselines.sync import SyncJob, Worker, simulate_sync
+from hetpipe_jax.baselines.sync import Rule, SyncJob, Worker, simulate_sync
 from hetpipe_jax.cluster import Cluster, Gpu, GpuType
 from hetpipe_jax.cost.batch import BatchProfiles
 from hetpipe_jax.cost.context import DEFAULT_COSTS, CostContext
@@ -88,19 +91,22 @@ def split_batch(gpus: list[Gpu], profiles: BatchProfiles, global_batch: int,
 
 
 def _minimax(gpus: list[Gpu], profiles: BatchProfiles, global_batch: int, micro: dict[str, int], precision: str,
-             one_pass: bool) -> list[tuple[Gpu, int, int]]:
+             one_pass: bool, slowness: dict[int, float] | None = None) -> list[tuple[Gpu, int, int]]:
   """:func:`split_batch` with each type's most examples at once ``micro``; ``one_pass``: a GPU takes at most
-  that many (no accumulation), and the split is empty where the GPUs together cannot take ``global_batch``."""
+  that many (no accumulation), and the split is empty where the GPUs together cannot take ``global_batch``;
+  ``slowness``: each GPU's (by index) times are its type's times that many times (1 for a GPU not named)."""
   able = [g for g in gpus if micro[g.type.name] > 0]
   if one_pass and sum(min(micro[g.type.name], global_batch) for g in able) < global_batch:
     return []
+  slowness = slowness or {}
   speed = {name: _Speed(profiles, next(g.type for g in able if g.type.name == name), m, precision)
            for name, m in micro.items() if m > 0}
-  times = {name: [sp(s) if s <= sp.micro or not one_pass else math.inf for s in range(global_batch + 1)]
-           for name, sp in speed.items()}  # nondecreasing in s
+  keys = {g.index: (g.type.name, slowness.get(g.index, 1.0)) for g in able}
+  times = {(name, k): [speed[name](s) * k if s <= speed[name].micro or not one_pass else math.inf
+                       for s in range(global_batch + 1)] for name, k in set(keys.values())}  # nondecreasing in s
 
   def shares(t: float) -> list[int]:  # the most examples each GPU finishes by t
-    return [bisect.bisect_right(times[g.type.name], t * (1 + 1e-12)) - 1 for g in able]
+    return [bisect.bisect_right(times[keys[g.index]], t * (1 + 1e-12)) - 1 for g in able]
   candidates = sorted({x for ts in times.values() for x in ts if x < math.inf})
   lo, hi = 0, len(candidates) - 1
   while lo < hi:  # the smallest time by which the GPUs together finish the global batch
@@ -109,7 +115,7 @@ def _minimax(gpus: list[Gpu], profiles: BatchProfiles, global_batch: int, micro:
   share = shares(candidates[lo])
   surplus = sum(share) - global_batch
   while surplus > 0:  # trimmed from whichever GPU finishes last (ties: the last in cluster order)
-    g = max(range(len(able)), key=lambda i: (times[able[i].type.name][share[i]], i) if share[i] else (-1.0, i))
+    g = max(range(len(able)), key=lambda i: (times[keys[able[i].index]][share[i]], i) if share[i] else (-1.0, i))
     share[g] -= 1
     surplus -= 1
   return [(g, s, math.ceil(s / micro[g.type.name])) for g, s in zip(able, share) if s > 0]
@@ -196,12 +202,50 @@ def _job(cluster: Cluster, profiles: BatchProfiles, batch_size: int, knobs: Peer
   fsdp = costs.shard_weights and costs.state_shards > 1
   shares = [s * a if fsdp else s for _, s, a in split]
   num_units = len(profiles.low)
+  total = sum(s for _, s, _ in split)  # (sharded weights: a micro-step's examples)
+  adapt = Rebalance(profiles, costs.precision, total, fsdp,
+                    {g.type.name: max_micro_batch(profiles, g.type, total, costs) for g, _, _ in split}) \
+      if knobs.adapting else None
   workers = tuple(Worker((g,), (0, num_units), s, 1, local_steps=a) if fsdp else Worker((g,), (0, num_units), s, a)
                   for g, s, a in split)
   return SyncJob("hetero_dp", cluster, workers, profiles, overlap=True, fusion_bytes=knobs.fusion_bytes,
-                 cycle_s=knobs.cycle_s, precision=costs.precision, rounds=knobs.rounds, weights_sharded=fsdp,
+                 cycle_s=knobs.cycle_s, precision=costs.precision, rounds=knobs.sim_rounds, weights_sharded=fsdp,
+                 adapt=adapt,
                  knobs=(("batch_size", batch_size), ("global_batch", sum(shares)), ("fusion_mb", knobs.fusion_mb),
                         ("shares", shares), ("accumulation", [a for _, _, a in split]),
                         *((("state_shards", costs.state_shards),) if costs.state_shards > 1 else ()),
                         *((("shard_weights", True),) if fsdp else ()),
                         ("gpus", len(split))))
+
+
+@dataclasses.dataclass(frozen=True)
+class Rebalance(Rule):
+  """LB-BSP's rule on hetero_dp's split (:mod:`hetpipe_jax.baselines.adapt`): each GPU's *slowness* is its busy
+  time over what its profile predicts for its share (its type's roofline time, in its accumulation steps), and the
+  next step's split is :func:`split_batch`'s minimax with every GPU's times that many times (``total`` examples:
+  the global batch, or a micro-step's with sharded weights, ``one_pass``; ``micro``: each type's most at once).
+  Every GPU keeps at least one example (it stays in the barrier), taken from the largest share."""
+
+  profiles: BatchProfiles
+  precision: str
+  total: int
+  one_pass: bool
+  micro: dict[str, int]
+  name = "batch"
+
+  def resize(self, workers: Sequence[Worker], busy: Sequence[float]) -> tuple[Worker, ...]:
+    gpus = [w.gpus[0] for w in workers]
+    speed = {name: _Speed(self.profiles, next(g.type for g in gpus if g.type.name == name), m, self.precision)
+             for name, m in self.micro.items()}
+    slowness = {g.index: s / (w.local_steps * speed[g.type.name](w.batch)) for g, w, s in zip(gpus, workers, busy)}
+    split = {g.index: (n, a) for g, n, a in _minimax(gpus, self.profiles, self.total, self.micro, self.precision,
+                                                     self.one_pass, slowness)}
+    shares = [split.get(g.index, (0, 0))[0] for g in gpus]
+    for i in [i for i, n in enumerate(shares) if n == 0]:
+      shares[max(range(len(shares)), key=lambda k: shares[k])] -= 1
+      shares[i] = 1
+    return tuple(dataclasses.replace(w, batch=n, microbatches=1 if self.one_pass else -(-n // self.micro[g.type.name]))
+                 for g, w, n in zip(gpus, workers, shares))
+
+  def shape(self, workers: Sequence[Worker]) -> dict[str, Any]:
+    return {"rule": self.name, "shares": [w.batch for w in workers]}

@@ -132,6 +132,6 @@ def horovod_job(cluster: Cluster, profiles: BatchProfiles, batch_size: int, knob
   Raises:
     ConfigError: when no GPU holds the model.
   """
-  return equal_batch_job("horovod", cluster, profiles, batch_size, knobs.rounds, costs,
+  return equal_batch_job("horovod", cluster, profiles, batch_size, knobs.sim_rounds, costs,
                          (("fusion_mb", knobs.fusion_mb),), overlap=True, fusion_bytes=knobs.fusion_bytes,
                          cycle_s=knobs.cycle_s)

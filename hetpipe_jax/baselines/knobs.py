@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+from hetpipe_jax.baselines.adapt import ADAPT
 from hetpipe_jax.baselines.sync import CYCLE_S, FUSION_BYTES
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.plan.partition import NM_POLICIES
@@ -17,6 +18,8 @@ from hetpipe_jax.plan.tensor_groups import parse_tp
 from hetpipe_jax.sim.noise import parse_noise
 
 WORKER_KINDS = ("auto", "gpu", "vw")
+QUIET_ROUNDS = 2  # rounds simulated without noise (every round is the same; two show it)
+NOISY_ROUNDS = 16  # rounds simulated under noise (the adaptation's first re-sizing and fifteen rounds after it)
 
 
 class PeerKnobs(NamedTuple):
@@ -37,7 +40,8 @@ class PeerKnobs(NamedTuple):
       ``auto`` (GPUs where any GPU holds the model, else pipelines: what DiLoCo's authors do with a model that
       no one GPU holds).
     outer_lr / outer_momentum: local_sgd's outer Nesterov step (DiLoCo: 0.7 and 0.9); no effect on time.
-    rounds: rounds simulated (every round is the same).
+    rounds: rounds simulated (0: :data:`QUIET_ROUNDS` without noise, where every round is the same,
+      :data:`NOISY_ROUNDS` under it).
     nm_rule: hetpipe's Nm rule (:data:`~hetpipe_jax.plan.partition.NM_POLICIES`): ``max_fit`` (the largest Nm
       that fits), ``best`` (the modelled fastest), ``speed`` (waves sized to each virtual worker's speed).
     tp: the tensor-parallel degree of a system's pipeline stages (sync_pipeline, local_sgd with vw workers,
@@ -50,6 +54,9 @@ class PeerKnobs(NamedTuple):
       micro-step), whichever is fastest, so a GPU too small for the replicated state takes part.
     noise: the GPUs' variance on the simulator, every system alike (:mod:`hetpipe_jax.sim.noise`; "none": each
       task at the cost model's time).
+    adapt: whether the peers re-size their workers' work at every barrier from measured times, as their authors
+      do (:mod:`hetpipe_jax.baselines.adapt`): ``on``, ``off``, or ``auto`` (where the GPUs vary, under
+      ``noise``: without it the simulated GPUs run at the cost model's speeds, from which the peers were sized).
   """
 
   fusion_mb: float = FUSION_BYTES / (1 << 20)
@@ -62,11 +69,12 @@ class PeerKnobs(NamedTuple):
   local_workers: str = "auto"
   outer_lr: float = 0.7
   outer_momentum: float = 0.9
-  rounds: int = 2
+  rounds: int = 0
   nm_rule: str = "max_fit"
   tp: int | str = 1
   shard_state: bool = False
   noise: str = "none"
+  adapt: str = "auto"
 
   @property
   def fusion_bytes(self) -> float:
@@ -75,6 +83,16 @@ class PeerKnobs(NamedTuple):
   @property
   def cycle_s(self) -> float:
     return self.cycle_ms / 1e3
+
+  @property
+  def sim_rounds(self) -> int:
+    """Rounds to simulate (``rounds``, or its automatic value)."""
+    return self.rounds or (QUIET_ROUNDS if parse_noise(self.noise).quiet else NOISY_ROUNDS)
+
+  @property
+  def adapting(self) -> bool:
+    """Whether the peers adapt (``adapt``, ``auto`` resolved)."""
+    return self.adapt == "on" or (self.adapt == "auto" and not parse_noise(self.noise).quiet)
 
   def validate(self) -> PeerKnobs:
     """Itself, once every knob is in range.
@@ -90,7 +108,8 @@ class PeerKnobs(NamedTuple):
               ("local_workers", self.local_workers, self.local_workers in WORKER_KINDS, "auto, gpu or vw"),
               ("outer_lr", self.outer_lr, math.isfinite(self.outer_lr) and self.outer_lr > 0, "> 0"),
               ("outer_momentum", self.outer_momentum, 0 <= self.outer_momentum < 1, "in [0, 1)"),
-              ("rounds", self.rounds, self.rounds >= 1, ">= 1"),
+              ("rounds", self.rounds, self.rounds >= 0, ">= 0 (0: automatic)"),
+              ("adapt", self.adapt, self.adapt in ADAPT, ", ".join(ADAPT)),
               ("nm_rule", self.nm_rule, self.nm_rule in NM_POLICIES, f"one of {', '.join(NM_POLICIES)}")]
     for name, value, ok, limit in checks:
       if not ok:

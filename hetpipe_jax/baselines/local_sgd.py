@@ -9,7 +9,8 @@ takes H local steps from the global weights, then the workers all-reduce their w
 the change is known only after the last step) and an outer optimizer step (Nesterov, outer learning rate
 and momentum; ``knobs.outer_lr``, ``knobs.outer_momentum``) updates the global weights. With
 ``h_by_speed`` each worker's H is in proportion to its speed (the fastest takes ``knobs.local_steps``,
-every worker at least 1), so that no worker waits long for the slowest.
+every worker at least 1), so that no worker waits long for the slowest; where the GPUs' speeds vary, every round
+re-sizes H from the speeds measured in the round before (:mod:`hetpipe_jax.baselines.adapt`).
 
 What it assumes: the inner optimizer is each worker's own (its state stays local, as DiLoCo's), the
 all-reduce is Horovod's (:mod:`hetpipe_jax.baselines.sync`), and the outer step costs nothing in time.
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from hetpipe_jax.baselines.adapt import LocalSteps
 from hetpipe_jax.baselines.knobs import PeerKnobs
 from hetpipe_jax.baselines.sync import SyncJob, Worker
 from hetpipe_jax.baselines.sync_pipeline import BEST, POLICIES, best_of, pipeline_plans, plan_worker
@@ -64,8 +66,9 @@ def local_sgd_job(cluster: Cluster, profiles: BatchProfiles, batch_size: int, kn
   fastest = max(speeds)
   hs = [max(1, round(knobs.local_steps * s / fastest)) if knobs.h_by_speed else knobs.local_steps for s in speeds]
   workers = tuple(dataclasses.replace(w, local_steps=h) for w, h in zip(shapes, hs))
+  adapt = LocalSteps(knobs.local_steps) if knobs.h_by_speed and knobs.adapting else None
   return SyncJob("local_sgd", cluster, workers, profiles, overlap=False, fusion_bytes=knobs.fusion_bytes,
-                 cycle_s=knobs.cycle_s, precision=costs.precision, rounds=knobs.rounds,
+                 cycle_s=knobs.cycle_s, precision=costs.precision, rounds=knobs.sim_rounds, adapt=adapt,
                  knobs=(("batch_size", batch_size), ("local_workers", knobs.local_workers), ("local_steps", hs),
                         ("outer_lr", knobs.outer_lr), ("outer_momentum", knobs.outer_momentum),
                         ("fusion_mb", knobs.fusion_mb), *((("tp", knobs.tp),) if knobs.tp != 1 else ()),

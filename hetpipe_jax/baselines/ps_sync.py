@@ -52,7 +52,7 @@ def ps_replicated_job(cluster: Cluster, profiles: BatchProfiles, batch_size: int
 
 def _ps(system: str, exchange: str, cluster: Cluster, profiles: BatchProfiles, batch_size: int, knobs: PeerKnobs,
         costs: CostContext) -> SyncJob:
-  job = equal_batch_job(system, cluster, profiles, batch_size, knobs.rounds, costs, overlap=True, fusion_bytes=0.0,
+  job = equal_batch_job(system, cluster, profiles, batch_size, knobs.sim_rounds, costs, overlap=True, fusion_bytes=0.0,
                         cycle_s=0.0, exchange=exchange)
   hosts = len({g.node for w in job.workers for g in w.gpus})
   return dataclasses.replace(job, knobs=(*job.knobs[:1], ("ps_tasks", hosts), *job.knobs[1:]))

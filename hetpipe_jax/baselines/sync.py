@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from hetpipe_jax.baselines.collective import allreduce
@@ -105,6 +106,20 @@ class Worker:
     return self.batch * self.local_steps
 
 
+class Rule:
+  """How a peer re-sizes its workers at a barrier from measured times (:mod:`hetpipe_jax.baselines.adapt`)."""
+
+  name = ""
+
+  def resize(self, workers: Sequence[Worker], busy: Sequence[float]) -> tuple[Worker, ...]:
+    """The next round's workers, from this round's and their busy seconds."""
+    raise NotImplementedError
+
+  def shape(self, workers: Sequence[Worker]) -> dict[str, Any]:
+    """What the rule sizes, of ``workers`` (a timeline's ``adapted``)."""
+    raise NotImplementedError
+
+
 @dataclasses.dataclass(frozen=True)
 class SyncJob:
   """A synchronous system on a cluster.
@@ -138,6 +153,8 @@ class SyncJob:
       all-reduce's, :data:`FSDP_BYTES`), and the next starts when they are done. The simulator overlaps all
       three with the backward pass (FSDP overlaps the forward's all-gathers with the forward by prefetching
       them): the same bytes on the same links, the same barrier, the exposed part placed at the step's end.
+    adapt: how the workers are re-sized at every barrier from the round's measured times
+      (:mod:`hetpipe_jax.baselines.adapt`; None: as built, every round).
   """
 
   system: str
@@ -154,6 +171,7 @@ class SyncJob:
   schedule: str = "1f1b"
   recompute: bool = False
   weights_sharded: bool = False
+  adapt: Rule | None = None
 
   def __post_init__(self):
     if not self.workers:
@@ -206,16 +224,19 @@ class SyncResult(NamedTuple):
   """What a simulated synchronous run gives.
 
   Attributes:
-    round_seconds: seconds of one round (the mean over the simulated rounds).
-    examples_per_round: examples every worker together trains per round.
-    images_per_sec: examples per second.
+    round_seconds: seconds of one round (the mean over the simulated rounds; where the adaptation changes the
+      examples of a round, the seconds of the last round's examples at the run's mean rate).
+    examples_per_round: examples every worker together trains per round (the last round's).
+    images_per_sec: examples per second over the run.
     timeline: the run's timeline (:mod:`hetpipe_jax.baselines.timeline`).
+    workers: the last round's workers (the job's, or as its adaptation re-sized them).
   """
 
   round_seconds: float
   examples_per_round: int
   images_per_sec: float
   timeline: dict[str, Any]
+  workers: tuple[Worker, ...]
 
 
 class _Comm:
@@ -239,8 +260,12 @@ def simulate_sync(job: SyncJob, noise: Realisation | None = None) -> SyncResult:
   """
   run = _Run(job, noise)
   seconds = run.go()
-  examples = sum(w.examples_per_round for w in job.workers)
-  return SyncResult(seconds / job.rounds, examples, examples * job.rounds / seconds, build_timeline(job, run.log))
+  timeline = build_timeline(job, run.log)
+  if job.adapt is not None:
+    timeline["meta"]["adapted"] = job.adapt.shape(run.workers)
+  examples = sum(w.examples_per_round for w in run.workers)  # (a round of the last shape, at the mean rate)
+  return SyncResult(seconds / job.rounds * examples / (run.examples / job.rounds), examples, run.examples / seconds,
+                    timeline, run.workers)
 
 
 class _Run:
@@ -248,6 +273,9 @@ class _Run:
 
   def __init__(self, job: SyncJob, noise: Realisation | None = None):
     self.job, self.sim, self.noise = job, Simulator(job.cluster), noise
+    self.workers = job.workers  # (re-sized at every barrier where the job adapts)
+    self.busy = [0.0] * len(job.workers)  # each worker's busy seconds of the round (the adaptation's measure)
+    self.examples = 0  # examples of the rounds done
     self.log = Log()
     self.scale = byte_scale(job.precision)
     self._costs: dict[tuple[int, int, int], tuple] = {}  # (worker, stage, examples) -> :meth:`_cost`
@@ -272,7 +300,7 @@ class _Run:
     compute with the all-reduces' latencies but the flow's own; () on one GPU)."""
     found = self._costs.get((i, j, size))
     if found is None:
-      w = self.job.workers[i]
+      w = self.workers[i]
       profiles, degree = self.job.profiles.at(size), len(w.stage_gpus(j))
       units = range(w.cuts[j], w.cuts[j + 1])
       split = [profiles[u].split(degree) for u in units]
@@ -297,7 +325,7 @@ class _Run:
       if not profiles[u].param_bytes:
         continue
       members = []
-      for w in self.job.workers:
+      for w in self.workers:
         j = next(j for j in range(len(w.gpus)) if w.cuts[j] <= u < w.cuts[j + 1])
         members.append(w.gpus[j].index)
         gpu_of[w.gpus[j].index] = w.gpus[j]
@@ -314,24 +342,25 @@ class _Run:
   # rounds and local steps
 
   def _start_round(self, t: float) -> None:
-    self.steps = [0] * len(self.job.workers)
+    self.steps = [0] * len(self.workers)
+    self.busy = [0.0] * len(self.workers)
     self._start_sync(t)
 
   def _start_sync(self, t: float) -> None:
     """Starts what ends in the next synchronisation: a round (with sharded weights, its next local step)."""
     self.round_start = t
-    self.workers_left = len(self.job.workers)
+    self.workers_left = len(self.workers)
     for c in self.comms:
-      c.waiting = {u: len(self.job.workers) for u in c.units}
+      c.waiting = {u: len(self.workers) for u in c.units}
       c.left = len(c.units)
-    for w in self.job.workers:
+    for w in self.workers:
       for g in w.all_gpus:
         self.log.last.setdefault(g.index, []).append(t)
-    for i in range(len(self.job.workers)):
+    for i in range(len(self.workers)):
       self._start_step(i)
 
   def _start_step(self, i: int) -> None:
-    w = self.job.workers[i]
+    w = self.workers[i]
     self.states[i] = sched.init(len(w.gpus), i)
     self.arrived[i].clear()
     self._inject(i)
@@ -339,12 +368,12 @@ class _Run:
       self._try_start(i, j)
 
   def _inject(self, i: int) -> None:
-    w = self.job.workers[i]
+    w = self.workers[i]
     while sched.can_inject(self.states[i], w.nm, w.microbatches, self.job.schedule):
       self.states[i], _ = sched.inject(self.states[i], self.job.schedule)
 
   def _try_start(self, i: int, j: int) -> None:
-    arrived, k = self.arrived[i], len(self.job.workers[i].gpus)
+    arrived, k = self.arrived[i], len(self.workers[i].gpus)
 
     def has_input(task: sched.Task) -> bool:
       if task.kind == sched.FWD:
@@ -354,7 +383,7 @@ class _Run:
     if task is None:
       return
     self.states[i] = sched.start(self.states[i], task)
-    w = self.job.workers[i]
+    w = self.workers[i]
     fwd, bwd, units, _, flows = self._cost(i, j, w.micro_size(task.mb))
     again = task.kind == sched.BWD and self.job.recompute and task.mb < w.microbatches  # (its forward, checkpointed)
     t = self.sim.t
@@ -378,7 +407,7 @@ class _Run:
         self.sim.at(done, lambda _t, u=u: self._unit_ready(u, _t))
 
   def _finish(self, i: int, task: sched.Task, t_start: float, t: float) -> None:
-    w = self.job.workers[i]
+    w = self.workers[i]
     for g in w.stage_gpus(task.stage):
       self.log.compute.setdefault(g.index, []).append((t_start, t, f"{task.kind[0].upper()}{task.mb}"))
       self.log.last[g.index][-1] = t
@@ -403,7 +432,7 @@ class _Run:
     self._try_start(i, key[0])
 
   def _step_done(self, i: int, t: float) -> None:
-    w = self.job.workers[i]
+    w = self.workers[i]
     self.steps[i] += 1
     if self.steps[i] < w.local_steps and not self.job.weights_sharded:
       self._start_step(i)
@@ -411,6 +440,7 @@ class _Run:
     if not self.job.overlap:  # every weight change is ready now, in unit order
       for u in self.tensor_bytes:
         self._unit_ready(u, t)
+    self.busy[i] += t - self.round_start
     self.workers_left -= 1
     self._maybe_end_round(t)
 
@@ -517,10 +547,13 @@ class _Run:
     if self.workers_left or any(c.left for c in self.comms) or self.pulls_left:
       return
     self.log.rounds.append((self.round_start, t))
-    if self.steps[0] < self.job.workers[0].local_steps:  # (sharded weights: a micro-step's barrier)
+    if self.steps[0] < self.workers[0].local_steps:  # (sharded weights: a micro-step's barrier)
       self._start_sync(t)
       return
     self.rounds_done += 1
+    self.examples += sum(w.examples_per_round for w in self.workers)
+    if self.job.adapt is not None and self.rounds_done < self.job.rounds:
+      self.workers = self.job.adapt.resize(self.workers, self.busy)
     if self.rounds_done == self.job.rounds:
       self.log.comms = [(tuple(g.index for g in c.gpus), c.intervals) for c in self.comms]
       return

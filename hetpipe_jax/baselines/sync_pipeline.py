@@ -14,13 +14,15 @@ What it assumes: the grouping and cuts of HetPipe's planner (so that the compari
 the fastest of its NP, ED and HD groupings), the
 iteration's microbatches M over all pipelines (``knobs.microbatches``; default 4 x the most stages of a
 pipeline, per pipeline, which keeps the flush's bubble near (k - 1) / (5k - 1)), split by largest
-remainders of M x speed share with at least one each.
+remainders of M x speed share with at least one each; where the GPUs' speeds vary, re-split at every iteration
+from the speeds measured in the one before (:mod:`hetpipe_jax.baselines.adapt`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+from hetpipe_jax.baselines.adapt import Microbatches, proportional
 from hetpipe_jax.baselines.knobs import PeerKnobs
 from hetpipe_jax.baselines.sync import SyncJob, Worker, simulate_sync
 from hetpipe_jax.cluster import Cluster
@@ -54,23 +56,6 @@ def best_of(policies: tuple[str, ...], build) -> SyncJob:
   return best[1]
 
 
-def proportional(total: int, weights: list[float]) -> list[int]:
-  """``total`` split in proportion to ``weights`` by largest remainders, at least 1 each.
-
-  Raises:
-    ConfigError: when ``total`` is smaller than the number of parts.
-  """
-  if total < len(weights):
-    raise ConfigError(f"{total} to split over {len(weights)} workers; give at least one each ({len(weights)})")
-  extra = total - len(weights)
-  exact = [extra * w / sum(weights) for w in weights]
-  parts = [1 + int(x) for x in exact]
-  order = sorted(range(len(weights)), key=lambda i: (-(exact[i] - int(exact[i])), i))
-  for i in order[:total - sum(parts)]:
-    parts[i] += 1
-  return parts
-
-
 def pipeline_plans(cluster: Cluster, profiles: BatchProfiles, batch_size: int, policy: str,
                    costs: CostContext = DEFAULT_COSTS, tp: int | str = 1):
   """The planner's virtual workers for ``policy`` (see the module docstring) at tensor-parallel degree ``tp``,
@@ -102,8 +87,9 @@ def sync_pipeline_job(cluster: Cluster, profiles: BatchProfiles, batch_size: int
   total = knobs.microbatches or 4 * max(len(p.stages) for p in plans) * len(plans)
   counts = proportional(total, [p.throughput for p in plans])
   workers = tuple(plan_worker(p, m * batch_size, m) for p, m in zip(plans, counts))
+  adapt = Microbatches(total) if knobs.adapting else None
   return SyncJob("sync_pipeline", cluster, workers, profiles, overlap=True, fusion_bytes=knobs.fusion_bytes,
-                 cycle_s=knobs.cycle_s, precision=costs.precision, rounds=knobs.rounds,
+                 cycle_s=knobs.cycle_s, precision=costs.precision, rounds=knobs.sim_rounds, adapt=adapt,
                  knobs=(("batch_size", batch_size), ("policy", knobs.policy), ("microbatches", counts),
                         ("nm", [p.in_flight for p in plans]), ("fusion_mb", knobs.fusion_mb),
                         *((("tp", knobs.tp),) if knobs.tp != 1 else ()),

@@ -28,8 +28,8 @@ from hetpipe_jax.cost.context import DEFAULT_COSTS, CostContext
 
 def _replicated(system: str, exchange: str, cluster: Cluster, profiles: BatchProfiles, batch_size: int,
                 knobs: PeerKnobs, costs: CostContext) -> SyncJob:
-  return equal_batch_job(system, cluster, profiles, batch_size, knobs.rounds, costs, overlap=False, fusion_bytes=0.0,
-                         cycle_s=0.0, exchange=exchange)
+  return equal_batch_job(system, cluster, profiles, batch_size, knobs.sim_rounds, costs, overlap=False,
+                         fusion_bytes=0.0, cycle_s=0.0, exchange=exchange)
 
 
 def tf_replicated_job(cluster: Cluster, profiles: BatchProfiles, batch_size: int, knobs: PeerKnobs,

@@ -263,10 +263,13 @@ class Simulator:
   them (one flow, not N - 1).
   """
 
-  def __init__(self, cluster: Cluster, overlap_transfers: bool = False, noise: Realisation | None = None):
+  def __init__(self, cluster: Cluster, overlap_transfers: bool = False, noise: Realisation | None = None,
+               start: float = 0.0):
     self.cluster, self.overlap, self.noise = cluster, overlap_transfers, noise
     self._arrived: set[tuple] = set()  # overlap: inputs that landed, their tasks not started yet
-    self.t = 0.0
+    self.t = start  # (a run that continues another: the noise's clock and the trace's times go on from there)
+    # under noise, each (vw, stage)'s compute seconds as profiled and as timed (what its kernels' timers measure)
+    self.meter: dict[tuple[int, int], list[float]] = {}
     self._timers: list = []
     self._seq = itertools.count()
     self._flow_seq = itertools.count()
@@ -441,7 +444,11 @@ class Simulator:
     vw, stage, kind, mb = task
     compute, receive, _, reduce = self._tasks.get((vw, stage, kind)) or self._task(engine, cost, (vw, stage, kind))
     if self.noise is not None:  # this task's draw of the GPUs' variance, at its start
-      compute *= self.noise.task_factor(cost.stage_gpus(vw, stage), self.t)
+      timed = compute * self.noise.task_factor(cost.stage_gpus(vw, stage), self.t)
+      meter = self.meter.setdefault((vw, stage), [0.0, 0.0])
+      meter[0] += compute
+      meter[1] += timed
+      compute = timed
     finish = functools.partial(self._finish, engine, cost, task)
     if reduce is not None:  # a split stage: its all-reduces cross its node's link once it has computed
       finish = functools.partial(self._reduce, reduce, finish)

@@ -10,7 +10,7 @@ the same as every executor's, and the checker accepts it.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from hetpipe_jax.cluster import Cluster
 from hetpipe_jax.core.engine import Engine
@@ -26,6 +26,14 @@ from hetpipe_jax.sim.network import SimComm, Simulator
 from hetpipe_jax.sim.noise import realise
 from hetpipe_jax.sim.options import SimOptions
 from hetpipe_jax.sim.steady import SteadyState
+
+
+class Watch(Protocol):
+  """What :func:`simulate` tells of its pushes and asks whether to stop injecting."""
+
+  def push(self, vw: int, t: float) -> None: ...
+
+  def settled(self) -> bool: ...
 
 
 class SimJob(NamedTuple):
@@ -57,10 +65,11 @@ def meta_line(job: SimJob, meta: Mapping[str, Any] | None = None) -> dict[str, A
                     **{**own, **(meta or {})})
 
 
-def simulate(job: SimJob, trace: Trace, meta: Mapping[str, Any] | None = None,
-             steady: SteadyState | None = None) -> tuple[float, list[VirtualWorker], list[dict]]:
-  """Simulates ``job`` (``steady``: fast mode, no minibatch is injected once ``steady`` says the waves have
-  settled, see :mod:`hetpipe_jax.sim.steady`).
+def simulate(job: SimJob, trace: Trace, meta: Mapping[str, Any] | None = None, steady: Watch | None = None,
+             simulator: Simulator | None = None) -> tuple[float, list[VirtualWorker], list[dict]]:
+  """Simulates ``job`` (``steady``: told of every push, no minibatch is injected once it says ``settled``: fast
+  mode's :class:`~hetpipe_jax.sim.steady.SteadyState`, or a re-planning run's watch; ``simulator``: the network
+  to run on, for a run that continues another one, else a new one with ``job``'s options).
 
   Writes the trace's meta line first (:func:`meta_line`). Returns (simulated seconds, the virtual workers,
   one metrics row per pushed wave).
@@ -77,7 +86,7 @@ def simulate(job: SimJob, trace: Trace, meta: Mapping[str, Any] | None = None,
     if steady is not None:
       steady.push(vw, t)
 
-  simulator = Simulator(cluster, job.options.overlap_transfers, realise(job.options.noise, cluster))
+  simulator = simulator or Simulator(cluster, job.options.overlap_transfers, realise(job.options.noise, cluster))
   comm = SimComm(simulator, profiles, layout, shard_nodes, job.precision, job.options.staged_ps)
   engine = Engine(vws, ClockServer(layout.num_vws, job.d, num_shards=len(profiles)), trace, on_wave=on_wave,
                   comm=comm, failures=job.failures, rejoin=job.rejoin)

@@ -34,6 +34,7 @@ from hetpipe_jax.plan.costmodel import ideal_images_per_sec
 from hetpipe_jax.run.config import RunConfig
 from hetpipe_jax.run.result import RunResult
 from hetpipe_jax.sim import SimJob, SimOptions, simulate
+from hetpipe_jax.sim.replan import Replanning, simulate_replanning
 from hetpipe_jax.staleness import mean_staleness
 from hetpipe_jax.systems.base import DEFAULT_KNOBS, WSP, Curve, CurvePoint, System, SystemRun, TrainSetting
 
@@ -60,17 +61,29 @@ def hetpipe_curve(metrics: Sequence[dict[str, Any]], nms: Sequence[int], scale: 
   return curve
 
 
-def simulated_rate(job: SimJob, batch_size: int, what: str) -> tuple[float, Trace]:
+def simulated_rate(job: SimJob, batch_size: int, what: str,
+                   replanning: tuple[CostContext, Replanning] | None = None) -> tuple[float, Trace]:
   """(examples/s, the trace) of ``job`` on the simulator, the trace checked by the WSP checker (``what`` names the
-  run in the error): how every HetPipe configuration a study times by its plans is simulated.
+  run in the error): how every HetPipe configuration a study times by its plans is simulated. With
+  ``replanning`` (the costs it plans with, its rule), HetPipe's adaptation runs (:mod:`hetpipe_jax.sim.replan`):
+  every segment's trace is checked; the first is returned, its meta line listing the segments.
 
   Raises:
-    ProtocolError: when the trace breaks a WSP guarantee.
+    ProtocolError: when a trace breaks a WSP guarantee.
   """
-  trace = Trace()
-  seconds, vws, _ = simulate(job, trace)
-  require_wsp(trace.events, what)
-  return sum(vw.completed for vw in vws) * batch_size / seconds, trace
+  if replanning is None:
+    trace = Trace()
+    seconds, vws, _ = simulate(job, trace)
+    require_wsp(trace.events, what)
+    return sum(vw.completed for vw in vws) * batch_size / seconds, trace
+  segments = simulate_replanning(job, *replanning)
+  for k, segment in enumerate(segments):
+    require_wsp(segment.trace.events, f"{what}, layout {k + 1} of {len(segments)}")
+  trace = segments[0].trace
+  trace.events[0] = dict(trace.events[0], segments=[
+      {"start": s.start, "end": s.end, "minibatches": s.minibatches, "moved_bytes": s.moved_bytes,
+       "nm": s.layout.nms, "cuts": s.layout.cuts} for s in segments])
+  return sum(s.minibatches for s in segments) * batch_size / segments[-1].end, trace
 
 
 class HetPipe(System):
@@ -88,7 +101,8 @@ class HetPipe(System):
     plan = plan_cluster(cluster, units, policy, "default", knobs.nm_rule, None, costs, knobs.tp)
     rate, trace = simulated_rate(SimJob(cluster, units, plan.layout, 0, WAVES, weight_mode=costs.weight_mode,
                                         precision=costs.precision, options=SimOptions(noise=knobs.noise)),
-                                 batch_size, f"hetpipe {policy}, simulated")
+                                 batch_size, f"hetpipe {policy}, simulated",
+                                 (costs, Replanning(nm_rule=knobs.nm_rule)) if knobs.adapting else None)
     return HetPipeJob(cluster, plan, policy), rate, trace
 
   def simulate(self, cluster: Cluster, profiles: BatchProfiles, batch_size: int, knobs: PeerKnobs = DEFAULT_KNOBS,

@@ -64,9 +64,10 @@ class Peer(System):
                             ideal_images_per_sec=ideal, efficiency=result.images_per_sec / ideal,
                             **({} if costs.recompute == "none" else {"recompute": costs.recompute}))
     accumulated = job.weights_sharded  # (its local steps are micro-steps of one update: one batch per round)
+    workers = result.workers  # (the last round's: as adapted, where the peer adapts)
     return SystemRun(self.name, result.round_seconds, result.examples_per_round, result.images_per_sec, ideal,
-                     tuple(w.examples_per_round if accumulated else w.batch for w in job.workers),
-                     tuple(1 if accumulated else w.local_steps for w in job.workers),
+                     tuple(w.examples_per_round if accumulated else w.batch for w in workers),
+                     tuple(1 if accumulated else w.local_steps for w in workers),
                      len({g.index for w in job.workers for g in w.all_gpus}), timeline, job)
 
   def train(self, model: LayeredModel, dataset: Dataset, run: SystemRun, setting: TrainSetting,
