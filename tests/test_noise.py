@@ -15,7 +15,8 @@ from hetpipe_jax.cost.unit import UnitProfile
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.plan.layout import Layout, VWLayout
 from hetpipe_jax.sim import SimJob, SimOptions, simulate
-from hetpipe_jax.sim.noise import DEFAULT, NONE, Episodes, NoiseSpec, Realisation, parse_noise
+from hetpipe_jax.sim.network import Simulator
+from hetpipe_jax.sim.noise import DEFAULT, NONE, Episodes, Event, NoiseSpec, Realisation, parse_noise
 from hetpipe_jax.systems.registry import get_system
 from hetpipe_jax.tune import SearchSpace
 
@@ -117,3 +118,48 @@ def test_every_system_and_the_tuner_take_the_noise():
     system = get_system(name)
     plain, half = (system.simulate(CLUSTER, profiles, 1, k) for k in (PeerKnobs(), slowed))
     assert half.images_per_sec / plain.images_per_sec == pytest.approx(0.5, rel=1e-3)  # (links of 1 TB/s)
+
+
+def test_a_file_may_list_explicit_events_and_a_bad_one_is_named(tmp_path):
+  path = tmp_path / "events.json"
+  path.write_text(json.dumps({"seed": 2, "events": [{"gpu": 1, "from": 5, "to": 8, "factor": 0.5},
+                                                     {"link": 0, "from": 1, "factor": 0.25}]}))
+  spec = parse_noise(str(path))
+  assert spec.events == (Event("gpu", 1, 5.0, 8.0, 0.5), Event("link", 0, 1.0, float("inf"), 0.25))
+  assert spec.seed == 2 and not spec.quiet
+  real = Realisation(spec, CLUSTER)
+  assert [real.speed(CLUSTER.gpus[1], t) for t in (4.9, 5.0, 7.9, 8.0)] == [1.0, 0.5, 0.5, 1.0]
+  assert real.link_factor(0, 0.5) == 1.0 and real.link_factor(0, 1.0) == 0.25 and real.link_factor(1, 9.0) == 1.0
+  for bad in ({"gpu": 1, "link": 0, "from": 0, "factor": 0.5}, {"gpu": 1, "from": 0, "factor": 2},
+              {"gpu": 1, "factor": 0.5}, {"gpu": 1, "from": 0, "factor": 0.5, "until": 3}):
+    path.write_text(json.dumps({"events": [bad]}))
+    with pytest.raises(ConfigError, match="event 0"):
+      parse_noise(str(path))
+  path.write_text(json.dumps({"events": [{"link": 7, "from": 0, "factor": 0.5}]}))
+  with pytest.raises(ConfigError, match="link 7; cluster 'four' has nodes 0..1"):
+    Realisation(parse_noise(str(path)), CLUSTER)
+
+
+def test_a_slowed_link_carries_a_flow_at_its_share_and_keeps_no_run_alive(tmp_path):
+  # 1 GB from node 0 to node 1 at 1 GB/s; node 0's link at half its bandwidth from 0.5 s to 1 s: 0.5 GB by 0.5 s,
+  # 0.25 GB by 1 s, the last 0.25 GB at full speed: it lands at 1.25 s. Node 1's event at 5-6 s is after the run.
+  cluster = make_cluster("two", [[GPU], [GPU]], Link("pcie", 1e12, 0.0), Link("net", 1e9, 0.0))
+  spec = NoiseSpec(events=(Event("link", 0, 0.5, 1.0, 0.5), Event("link", 1, 5.0, 6.0, 0.5)))
+  network = Simulator(cluster, noise=Realisation(spec, cluster))
+  landed = []
+  network.send(0, 1, 1e9, landed.append)
+  assert network.drain() == pytest.approx(1.25) and landed == [pytest.approx(1.25)]
+  assert DEFAULT.links == Episodes(0.02, 1440.0, 0.5) and DEFAULT.scaled(2).links.rate_per_hour == 0.04
+
+
+def test_link_episodes_are_drawn_per_node_and_change_the_bandwidth_at_their_ends():
+  spec = parse_noise("link=2/600/0.5,seed=4")
+  real = Realisation(spec, CLUSTER)
+  t, changes = 0.0, []
+  while len(changes) < 6:
+    t = real.next_link_change(0, t)
+    changes.append((t, real.link_factor(0, t)))
+  assert [f for _, f in changes] != [1.0] * 6 and all(a < b for (a, _), (b, _) in zip(changes, changes[1:]))
+  again = Realisation(spec, CLUSTER)  # the same draws, whatever node 1 was asked first
+  again.next_link_change(1, 0.0)
+  assert [again.link_factor(0, x) for x, _ in changes] == [f for _, f in changes]

@@ -272,7 +272,7 @@ class _Run:
   """One simulation: the simulator, each worker's pipeline state, the communicators."""
 
   def __init__(self, job: SyncJob, noise: Realisation | None = None):
-    self.job, self.sim, self.noise = job, Simulator(job.cluster), noise
+    self.job, self.sim, self.noise = job, Simulator(job.cluster, noise=noise), noise  # (its links vary too)
     self.workers = job.workers  # (re-sized at every barrier where the job adapts)
     self.busy = [0.0] * len(job.workers)  # each worker's busy seconds of the round (the adaptation's measure)
     self.examples = 0  # examples of the rounds done

@@ -125,6 +125,10 @@ class _ScalarFlows:
   def next_end(self, t: float) -> float:
     return min([t + f.remaining / f.rate for f in self.flows])
 
+  def relink(self, links: _Links) -> None:
+    """The links' new capacities (rates follow at the next :meth:`rates`)."""
+    self._links = links
+
   def advance(self, dt: float) -> None:
     for f in self.flows:
       f.remaining -= f.rate * dt
@@ -212,6 +216,11 @@ class _ArrayFlows:
         rate[rows] = (len(far) - 1) * np.minimum(share[self._ends[rows, 0]], far_min)
     self._rate = np.where(np.isinf(self._remaining), 1.0, rate)
 
+  def relink(self, links: _Links) -> None:
+    """:meth:`_ScalarFlows.relink`."""
+    self._links = links
+    self._capacity = np.array(links.capacity)
+
   def next_end(self, t: float) -> float:
     return float((t + self._remaining / self._rate).min())
 
@@ -288,9 +297,31 @@ class Simulator:
     self._striped_shape: dict[tuple[int, bool], tuple] = {}  # (node, outbound) -> (ends, resources, counts, arrays)
     self._dirty = False  # the load changed since rates were last computed
     self._tasks: dict[tuple[int, int, str], TaskCosts] = {}  # (vw, stage, kind) -> what :meth:`_task` says
+    # under noise that moves links: each node's next change of bandwidth, a timer that keeps no run alive
+    self._base = self._links.capacity
+    self._passive = len(nodes) if noise is not None and noise.links_vary else 0
+    for node in nodes[:self._passive]:
+      self._relink(node, start)
 
   def at(self, t: float, fn: Callable[[float], None]) -> None:
     heapq.heappush(self._timers, (t, next(self._seq), fn))
+
+  def _relink(self, node: int, t: float) -> None:
+    """``node``'s network link at the bandwidth the noise gives it at ``t``, and its next change scheduled: one
+    *passive* timer per node at any time (inf when none comes), which keeps no run alive (:meth:`run` and
+    :meth:`drain` end when nothing else is left)."""
+    assert self.noise is not None
+    factor = self.noise.link_factor(node, t)
+    capacity = list(self._links.capacity)
+    for kind in ("out", "in"):
+      r = self._resource[(kind, node)]
+      capacity[r] = self._base[r] * factor
+    if tuple(capacity) != self._links.capacity:
+      self._links = dataclasses.replace(self._links, capacity=tuple(capacity))
+      self._flows.relink(self._links)
+      self._dirty = True
+    heapq.heappush(self._timers, (self.noise.next_link_change(node, t), next(self._seq),
+                                  functools.partial(self._relink, node)))
 
   def send(self, src_node: int, dst_node: int, num_bytes: float, done: Done) -> None:
     """Moves ``num_bytes`` between nodes (or over a node's PCIe when equal); calls ``done(t)``."""
@@ -354,7 +385,7 @@ class Simulator:
   def _run(self, engine: Engine, cost: CostModel, stop: Callable[[], bool] | None) -> float:
     engine.begin(self.t)
     allow = self._input_test(engine, cost) if self.overlap else None
-    timers, inf, heappop = self._timers, float("inf"), heapq.heappop
+    timers, inf, heappop, passive = self._timers, float("inf"), heapq.heappop, self._passive
     startable, start_task = engine.startable, self._start_task
     while True:
       for task in startable(allow):
@@ -366,7 +397,7 @@ class Simulator:
           flows.rates()
         self._dirty = False
       t_flow = flows.next_end(self.t) if moving else inf
-      t_timer = timers[0][0] if timers else inf
+      t_timer = timers[0][0] if len(timers) > passive or (moving and timers) else inf
       t_next = t_flow if t_flow <= t_timer else t_timer
       if t_next == inf:
         break
@@ -395,7 +426,7 @@ class Simulator:
     """Runs timers and flows until none is left, without an engine: the peers of
     :mod:`hetpipe_jax.baselines` drive their tasks by timers and flows of their own. The same clock and
     the same sharing of links as :meth:`run`. Returns the time of the last event."""
-    timers, inf, heappop = self._timers, float("inf"), heapq.heappop
+    timers, inf, heappop, passive = self._timers, float("inf"), heapq.heappop, self._passive
     while True:
       flows = self._flows
       moving = flows.count
@@ -404,7 +435,7 @@ class Simulator:
           flows.rates()
         self._dirty = False
       t_flow = flows.next_end(self.t) if moving else inf
-      t_next = min(t_flow, timers[0][0] if timers else inf)
+      t_next = min(t_flow, timers[0][0] if len(timers) > passive or (moving and timers) else inf)
       if t_next == inf:
         return self.t
       if moving:

@@ -27,8 +27,14 @@ Defaults (``--noise=default``, :data:`DEFAULT`), from published measurements:
   jobs of 4 GPUs for 70-90 minutes (about 2,091 GPU-hours), lasting 10 minutes on average, one GPU 20% slower
   (Greyhound, section 3.2 and Table 1; a lower bound, counted per job).
 
-Transient slowdowns of links (Greyhound section 3.3: network congestion, 42 of 107 four-node jobs, 24 minutes on
-average) are not in the model yet.
+* link episodes 0.02 per node-link-hour, mean 1,440 s, factor 0.5: network congestion in 42 of 107 four-node
+  jobs of about 5 hours (42 / (107 x 5 h x 4 links)), 24 minutes on average (Greyhound, section 3.3 and Table 1;
+  a shared fabric's figure: an overprovisioned one sees almost none, MegaScale section 3.1). The bandwidth a
+  congested link keeps is not published; 0.5 lies inside the bounds its throughput drops give (0.72 and 0.54 of
+  the iterations per second in the four-node probe of its Fig. 4).
+
+A link episode is a node's network link (its egress and its ingress) at ``factor`` of its bandwidth meanwhile
+(the simulators' flows re-share it at its start and end); PCIe inside a node does not vary.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from hetpipe_jax.errors import ConfigError
 
 _CHUNK_S = 3600.0  # episodes are drawn an hour of simulated time at a time, as far as a query reaches
 _BLOCK = 256  # jitter factors are drawn this many at a time per GPU
+_HORIZON_S = 3600.0 * 10_000  # a link's next change is looked for this far ahead
 
 
 class Episodes(NamedTuple):
@@ -56,10 +63,22 @@ class Episodes(NamedTuple):
   factor: float = 1.0
 
 
+class Event(NamedTuple):
+  """An explicit slowdown (a noise file's ``events``): GPU ``index`` (``what="gpu"``) or node ``index``'s network
+  link (``"link"``) at ``factor`` of its speed or bandwidth from ``start`` until ``end`` seconds (inf: on)."""
+
+  what: str
+  index: int
+  start: float
+  end: float
+  factor: float
+
+
 class NoiseSpec(NamedTuple):
   """The noise of a cluster (see the module docstring): ``jitter`` and ``card`` coefficients of variation,
   GPU ``episodes``, the ``slow_cards`` fraction at ``slow_factor``, ``persistent`` changes (GPU index, from
-  seconds, factor), and the ``seed`` of every draw."""
+  seconds, factor), the ``seed`` of every draw, ``links``: episodes of each node's network link, and explicit
+  ``events``."""
 
   jitter: float = 0.0
   card: float = 0.0
@@ -68,26 +87,32 @@ class NoiseSpec(NamedTuple):
   slow_factor: float = 1.0
   persistent: tuple[tuple[int, float, float], ...] = ()
   seed: int = 0
+  links: Episodes = Episodes()
+  events: tuple[Event, ...] = ()
 
   @property
   def quiet(self) -> bool:
     """Whether nothing varies (every GPU at its nominal speed for every task)."""
     return (not self.jitter and not self.card and not self.episodes.rate_per_hour and not self.slow_cards
-            and not self.persistent)
+            and not self.persistent and not self.links.rate_per_hour and not self.events)
 
   def scaled(self, k: float) -> NoiseSpec:
     """This noise ``k`` times as strong: coefficients, rates and the slow fraction times k (durations and
     factors as they are)."""
     return self._replace(jitter=self.jitter * k, card=self.card * k, slow_cards=min(1.0, self.slow_cards * k),
-                         episodes=self.episodes._replace(rate_per_hour=self.episodes.rate_per_hour * k))
+                         episodes=self.episodes._replace(rate_per_hour=self.episodes.rate_per_hour * k),
+                         links=self.links._replace(rate_per_hour=self.links.rate_per_hour * k))
 
 
 NONE = NoiseSpec()
-DEFAULT = NoiseSpec(jitter=0.02, card=0.02, episodes=Episodes(0.001, 600.0, 0.8), slow_cards=0.005, slow_factor=0.9)
-KEYS = ("jitter", "card", "gpu", "slow", "persist", "seed")
+DEFAULT = NoiseSpec(jitter=0.02, card=0.02, episodes=Episodes(0.001, 600.0, 0.8), slow_cards=0.005, slow_factor=0.9,
+                    links=Episodes(0.02, 1440.0, 0.5))
+KEYS = ("jitter", "card", "gpu", "link", "slow", "persist", "seed")
+FILE_KEYS = (*KEYS, "events")  # a noise file may list explicit events too
 HELP = ("none; default (published measurements: docs); default*K (K times as strong); or KEY=VALUE,... of "
-        "jitter=COV, card=COV, gpu=RATE_PER_HOUR/MEAN_S/FACTOR, slow=FRACTION/FACTOR, "
-        "persist=GPU@SECONDS:FACTOR[;...], seed=N (a key not given: no such noise); or a JSON file of those keys")
+        "jitter=COV, card=COV, gpu=RATE_PER_HOUR/MEAN_S/FACTOR, link=RATE_PER_HOUR/MEAN_S/FACTOR, "
+        "slow=FRACTION/FACTOR, persist=GPU@SECONDS:FACTOR[;...], seed=N (a key not given: no such noise); or a JSON "
+        "file of those keys and \"events\": [{\"gpu\" or \"link\": N, \"from\": S, \"to\": S, \"factor\": F}, ...]")
 
 
 def parse_noise(text: str) -> NoiseSpec:
@@ -120,10 +145,27 @@ def _from_file(path: str) -> NoiseSpec:
       doc = json.load(f)
   except (OSError, ValueError) as e:
     raise ConfigError(f"noise={path}: cannot read it as JSON ({type(e).__name__}: {e}); give {HELP}") from None
-  if not isinstance(doc, dict) or any(k not in KEYS for k in doc):
-    unknown = sorted(set(doc) - set(KEYS)) if isinstance(doc, dict) else type(doc).__name__
-    raise ConfigError(f"noise={path}: {unknown} not among the keys {', '.join(KEYS)}; give an object of them")
-  return _spec({k: str(v) for k, v in doc.items()}, f"noise={path}")
+  if not isinstance(doc, dict) or any(k not in FILE_KEYS for k in doc):
+    unknown = sorted(set(doc) - set(FILE_KEYS)) if isinstance(doc, dict) else type(doc).__name__
+    raise ConfigError(f"noise={path}: {unknown} not among the keys {', '.join(FILE_KEYS)}; give an object of them")
+  events = doc.pop("events", [])
+  if not isinstance(events, list):
+    raise ConfigError(f"noise={path}: events is a {type(events).__name__}; give a list of events ({HELP})")
+  spec = _spec({k: str(v) for k, v in doc.items()}, f"noise={path}")
+  return spec._replace(events=tuple(_event(f"noise={path}: event {k}", e) for k, e in enumerate(events)))
+
+
+def _event(what: str, item: object) -> Event:
+  keys = {"gpu", "link", "from", "to", "factor"}
+  if not isinstance(item, dict) or set(item) - keys or len({"gpu", "link"} & set(item)) != 1 or \
+      not {"from", "factor"} <= set(item):
+    raise ConfigError(f"{what}: {item!r}; give {{\"gpu\" or \"link\": N, \"from\": S, \"to\": S (optional: for "
+                      "good), \"factor\": F}")
+  kind = "gpu" if "gpu" in item else "link"
+  start = _number(what, "from", str(item["from"]), 0.0)
+  end = _number(what, "to", str(item["to"]), start) if "to" in item else math.inf
+  return Event(kind, int(_number(what, kind, str(item[kind]), 0.0)), start, end,
+               _factor(what, "factor", str(item["factor"])))
 
 
 def _spec(fields: dict[str, str], what: str) -> NoiseSpec:
@@ -133,9 +175,9 @@ def _spec(fields: dict[str, str], what: str) -> NoiseSpec:
   if "card" in fields:
     spec = spec._replace(card=_number(what, "card", fields["card"], 0.0))
   if "gpu" in fields:
-    rate, mean, factor = _parts(what, "gpu", fields["gpu"], "/", 3)
-    spec = spec._replace(episodes=Episodes(_number(what, "gpu rate", rate, 0.0), _number(what, "gpu mean", mean, 0.0),
-                                           _factor(what, "gpu factor", factor)))
+    spec = spec._replace(episodes=_episodes(what, "gpu", fields["gpu"]))
+  if "link" in fields:
+    spec = spec._replace(links=_episodes(what, "link", fields["link"]))
   if "slow" in fields:
     fraction, factor = _parts(what, "slow", fields["slow"], "/", 2)
     spec = spec._replace(slow_cards=min(1.0, _number(what, "slow fraction", fraction, 0.0)),
@@ -145,6 +187,12 @@ def _spec(fields: dict[str, str], what: str) -> NoiseSpec:
   if "seed" in fields:
     spec = spec._replace(seed=int(_number(what, "seed", fields["seed"], 0.0)))
   return spec
+
+
+def _episodes(what: str, key: str, value: str) -> Episodes:
+  rate, mean, factor = _parts(what, key, value, "/", 3)
+  return Episodes(_number(what, f"{key} rate", rate, 0.0), _number(what, f"{key} mean", mean, 0.0),
+                  _factor(what, f"{key} factor", factor))
 
 
 def _parts(what: str, key: str, value: str, sep: str, n: int) -> list[str]:
@@ -198,16 +246,22 @@ class Realisation:
   def __init__(self, spec: NoiseSpec, cluster: Cluster):
     self.spec = spec
     indices = [g.index for g in cluster.gpus]
+    nodes = sorted({g.node for g in cluster.gpus})
     for gpu, _, _ in spec.persistent:
       if gpu not in indices:
         raise ConfigError(f"noise: persist names GPU {gpu}; cluster {cluster.name!r} has GPUs 0..{len(indices) - 1}")
+    for e in spec.events:
+      if e.index not in (indices if e.what == "gpu" else nodes):
+        raise ConfigError(f"noise: an event names {e.what} {e.index}; cluster {cluster.name!r} has "
+                          f"{'GPUs' if e.what == 'gpu' else 'nodes'} {min(indices if e.what == 'gpu' else nodes)}.."
+                          f"{max(indices if e.what == 'gpu' else nodes)}")
     rng = np.random.default_rng([spec.seed, 0])
     card = _lognormal(rng, spec.card, len(indices))
     slow = rng.random(len(indices)) < spec.slow_cards
     self._card = {i: float(c) * (spec.slow_factor if s else 1.0) for i, c, s in zip(indices, card, slow)}
-    self._episodes: dict[int, list[tuple[float, float]]] = {i: [] for i in indices}  # (start, end)
-    self._drawn = dict.fromkeys(indices, 0.0)  # episodes drawn up to this time
-    self._arrival = {i: np.random.default_rng([spec.seed, 1, i]) for i in indices}
+    self._episodes = {i: _Process(spec.episodes, np.random.default_rng([spec.seed, 1, i])) for i in indices}
+    self._links = {n: _Process(spec.links, np.random.default_rng([spec.seed, 3, n])) for n in nodes}
+    self._link_events = {n: [e for e in spec.events if e.what == "link" and e.index == n] for n in nodes}
     self._jitter = {i: np.random.default_rng([spec.seed, 2, i]) for i in indices}
     self._pending: dict[int, list[float]] = {i: [] for i in indices}
 
@@ -218,11 +272,14 @@ class Realisation:
   def speed(self, gpu: Gpu, t: float) -> float:
     """``gpu``'s speed at time ``t``, as a fraction of its nominal speed."""
     s = self._card[gpu.index]
-    if self.spec.episodes.rate_per_hour and self._in_episode(gpu.index, t):
+    if self.spec.episodes.rate_per_hour and self._episodes[gpu.index].active(t):
       s *= self.spec.episodes.factor
     for index, when, factor in self.spec.persistent:
       if index == gpu.index and t >= when:
         s *= factor
+    for e in self.spec.events:
+      if e.what == "gpu" and e.index == gpu.index and e.start <= t < e.end:
+        s *= e.factor
     return s
 
   def task_factor(self, gpus: Sequence[Gpu], t: float) -> float:
@@ -238,17 +295,59 @@ class Realisation:
       pending.extend(reversed(_lognormal(self._jitter[index], self.spec.jitter, _BLOCK).tolist()))
     return pending.pop()
 
-  def _in_episode(self, index: int, t: float) -> bool:
-    ep = self.spec.episodes
-    episodes, rng = self._episodes[index], self._arrival[index]
-    while self._drawn[index] <= t:  # the Poisson arrivals of the next hour, each with its duration
-      start, end = self._drawn[index], self._drawn[index] + _CHUNK_S
-      arrival = start + rng.exponential(3600.0 / ep.rate_per_hour)
+  @property
+  def links_vary(self) -> bool:
+    """Whether any link's bandwidth varies."""
+    return bool(self.spec.links.rate_per_hour) or any(e.what == "link" for e in self.spec.events)
+
+  def link_factor(self, node: int, t: float) -> float:
+    """The fraction of its bandwidth ``node``'s network link keeps at time ``t`` (an episode's factor, times
+    every explicit event's then)."""
+    f = self.spec.links.factor if self.spec.links.rate_per_hour and self._links[node].active(t) else 1.0
+    for e in self._link_events[node]:
+      if e.start <= t < e.end:
+        f *= e.factor
+    return f
+
+  def next_link_change(self, node: int, t: float) -> float:
+    """The first time after ``t`` at which ``node``'s link's bandwidth may change (inf: none)."""
+    drawn = self._links[node].next_change(t) if self.spec.links.rate_per_hour else math.inf
+    return min([drawn, *(x for e in self._link_events[node] for x in (e.start, e.end) if x > t)])
+
+
+class _Process:
+  """Episodes of one GPU or link: Poisson arrivals of ``spec.rate_per_hour``, exponential durations of mean
+  ``spec.mean_s``, drawn an hour of simulated time at a time as far as a query reaches."""
+
+  def __init__(self, spec: Episodes, rng: np.random.Generator):
+    self.spec, self.rng = spec, rng
+    self.episodes: list[tuple[float, float]] = []  # (start, end)
+    self.drawn = 0.0  # episodes drawn up to this time
+
+  def _draw_to(self, t: float) -> None:
+    rate = self.spec.rate_per_hour
+    while self.drawn <= t:  # the Poisson arrivals of the next hour, each with its duration
+      start, end = self.drawn, self.drawn + _CHUNK_S
+      arrival = start + self.rng.exponential(3600.0 / rate)
       while arrival < end:
-        episodes.append((arrival, arrival + rng.exponential(ep.mean_s)))
-        arrival += rng.exponential(3600.0 / ep.rate_per_hour)
-      self._drawn[index] = end
-    return any(a <= t < b for a, b in episodes)
+        self.episodes.append((arrival, arrival + self.rng.exponential(self.spec.mean_s)))
+        arrival += self.rng.exponential(3600.0 / rate)
+      self.drawn = end
+
+  def active(self, t: float) -> bool:
+    self._draw_to(t)
+    return any(a <= t < b for a, b in self.episodes)
+
+  def next_change(self, t: float) -> float:
+    """The first start or end of an episode after ``t`` (looking as far as :data:`_HORIZON_S`; inf beyond)."""
+    reach = t
+    while reach < t + _HORIZON_S:
+      self._draw_to(reach)
+      later = [x for a, b in self.episodes for x in (a, b) if x > t]
+      if later and min(later) <= self.drawn:  # (an episode drawn later starts after this hour's draws)
+        return min(later)
+      reach = self.drawn
+    return math.inf
 
 
 def realise(text: str, cluster: Cluster) -> Realisation | None:

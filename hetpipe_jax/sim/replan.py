@@ -165,11 +165,11 @@ def moved_bytes(profiles: Sequence[UnitProfile], old: Layout, new: Layout,
   return moves
 
 
-def _move(cluster: Cluster, moves: list[tuple[Gpu, Gpu, float]], start: float) -> float:
-  """When the moves, all sent at ``start`` on the links, have landed."""
+def _move(cluster: Cluster, moves: list[tuple[Gpu, Gpu, float]], start: float, noise: Realisation | None) -> float:
+  """When the moves, all sent at ``start`` on the links (as the noise has them), have landed."""
   if not moves:
     return start
-  network = Simulator(cluster, start=start)
+  network = Simulator(cluster, noise=noise, start=start)
   for src, dst, num_bytes in moves:
     network.send(src.node, dst.node, num_bytes, lambda _t: None)
   return network.drain()
@@ -201,5 +201,5 @@ def simulate_replanning(job: SimJob, costs: CostContext, rule: Replanning) -> li
       break
     moves = moved_bytes(job.profiles, layout, watch.replan, costs.optimizer_slots)
     moved = sum(m[2] for m in moves)
-    start, layout = _move(job.cluster, moves, end), watch.replan
+    start, layout = _move(job.cluster, moves, end, noise), watch.replan
   return segments
