@@ -12,10 +12,10 @@ from typing import Any
 from absl import flags
 
 from experiments import system_flags
-from hetpipe_jax.baselines.adapt import ADAPT
 from hetpipe_jax.baselines.knobs import WORKER_KINDS, PeerKnobs
 from hetpipe_jax.plan.tensor_groups import parse_tp
 from hetpipe_jax.sim.noise import HELP as NOISE_HELP
+from hetpipe_jax.sim.options import ADAPT
 
 _DEFAULTS = PeerKnobs()
 HELP = {

@@ -2,6 +2,9 @@
 peers re-size at every barrier from measured busy times (:mod:`hetpipe_jax.baselines.adapt`), HetPipe re-cuts its
 stages and re-sizes its waves when it pays (:mod:`hetpipe_jax.sim.replan`)."""
 
+import json
+import re
+
 import pytest
 
 from hetpipe_jax.baselines.adapt import LocalSteps, Microbatches, least_slowest
@@ -16,7 +19,7 @@ from hetpipe_jax.sim import SimJob, SimOptions
 from hetpipe_jax.sim.replan import Replanning, simulate_replanning
 from hetpipe_jax.systems.registry import get_system
 
-from helpers import assert_trace_ok
+from helpers import assert_trace_ok, train_cli
 
 GPU = GpuType("g", 1 << 34, 1e12, 1e12, 1e15, 1.0)
 LINK = Link("l", 1e10, 0.0)
@@ -111,3 +114,24 @@ def test_hetpipe_system_records_its_layouts_in_the_trace():
   meta = run.events[0]
   assert len(meta["segments"]) >= 1 and meta["segments"][0]["start"] == 0.0
   assert_trace_ok(run.events)
+
+
+def test_the_sim_executor_replans_under_noise_and_writes_each_layouts_trace(tmp_path):
+  # ED on the paper testbed, GPU 4 (stage 0 of the first virtual worker) at a quarter of its speed from 1 s on
+  flags = ("--executor=sim", "--model=vgg19", "--cluster=paper_testbed", "--policy=ED", "--waves=60",
+           "--noise=persist=4@1:0.25")
+  proc = train_cli(tmp_path / "on", *flags)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  traces = sorted((tmp_path / "on").glob("trace*.jsonl"))
+  assert [p.name for p in traces][:2] == ["trace.jsonl", "trace.layout2.jsonl"]
+  events = [[json.loads(line) for line in p.read_text().splitlines()] for p in traces]
+  for e in events:
+    assert_trace_ok(e)
+  segments = events[0][0]["segments"]
+  assert len(segments) == len(traces) and segments[1]["start"] >= segments[0]["end"]
+  assert segments[1]["cuts"][0] != segments[0]["cuts"][0] and segments[1]["moved_bytes"] > 0
+  off = train_cli(tmp_path / "off", *flags, "--adapt=off")
+  rate = [float(re.search(r"; ([\d.]+) images/s", p.stdout).group(1)) for p in (proc, off)]
+  assert rate[0] > 1.2 * rate[1]
+  refused = train_cli(tmp_path / "fast", *flags, "--fast_sim")
+  assert refused.returncode != 0 and "give --adapt=off, or drop fast_sim" in refused.stderr

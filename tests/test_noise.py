@@ -30,6 +30,10 @@ UNITS = [UnitProfile(f"u{i}", 1e11, 2e11, 0, 0, 8, 8, 0) for i in range(2)]  # 0
 
 def test_a_spec_is_none_default_a_multiple_of_it_keys_or_a_file(tmp_path):
   assert parse_noise("none") == NONE and NONE.quiet and parse_noise("default") == DEFAULT
+  assert parse_noise("default,seed=2") == DEFAULT._replace(seed=2)
+  assert parse_noise("default*2,seed=1,jitter=0.1") == DEFAULT.scaled(2)._replace(seed=1, jitter=0.1)
+  with pytest.raises(ConfigError, match="noise='defaults'"):
+    parse_noise("defaults,seed=1")
   twice = parse_noise("default*2")
   assert (twice.jitter, twice.card, twice.episodes.rate_per_hour, twice.slow_cards) == (0.04, 0.04, 0.002, 0.01)
   assert twice.episodes.mean_s == DEFAULT.episodes.mean_s and twice.episodes.factor == DEFAULT.episodes.factor

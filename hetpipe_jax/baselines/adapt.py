@@ -32,8 +32,6 @@ from typing import Any
 from hetpipe_jax.baselines.sync import Rule, Worker
 from hetpipe_jax.errors import ConfigError
 
-ADAPT = ("auto", "on", "off")  # the knob: auto adapts where the simulator's GPUs vary (--noise)
-
 
 @dataclasses.dataclass(frozen=True)
 class LocalSteps(Rule):

@@ -10,12 +10,12 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from hetpipe_jax.baselines.adapt import ADAPT
 from hetpipe_jax.baselines.sync import CYCLE_S, FUSION_BYTES
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.plan.partition import NM_POLICIES
 from hetpipe_jax.plan.tensor_groups import parse_tp
 from hetpipe_jax.sim.noise import parse_noise
+from hetpipe_jax.sim.options import ADAPT
 
 WORKER_KINDS = ("auto", "gpu", "vw")
 QUIET_ROUNDS = 2  # rounds simulated without noise (every round is the same; two show it)

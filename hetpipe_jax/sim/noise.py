@@ -109,7 +109,8 @@ DEFAULT = NoiseSpec(jitter=0.02, card=0.02, episodes=Episodes(0.001, 600.0, 0.8)
                     links=Episodes(0.02, 1440.0, 0.5))
 KEYS = ("jitter", "card", "gpu", "link", "slow", "persist", "seed")
 FILE_KEYS = (*KEYS, "events")  # a noise file may list explicit events too
-HELP = ("none; default (published measurements: docs); default*K (K times as strong); or KEY=VALUE,... of "
+HELP = ("none; default (published measurements: docs); default*K (K times as strong), either followed by "
+        ",KEY=VALUE,... to replace some (default,seed=2); or KEY=VALUE,... of "
         "jitter=COV, card=COV, gpu=RATE_PER_HOUR/MEAN_S/FACTOR, link=RATE_PER_HOUR/MEAN_S/FACTOR, "
         "slow=FRACTION/FACTOR, persist=GPU@SECONDS:FACTOR[;...], seed=N (a key not given: no such noise); or a JSON "
         "file of those keys and \"events\": [{\"gpu\" or \"link\": N, \"from\": S, \"to\": S, \"factor\": F}, ...]")
@@ -124,11 +125,16 @@ def parse_noise(text: str) -> NoiseSpec:
   text = text.strip()
   if text in ("", "none"):
     return NONE
-  if text == "default":
-    return DEFAULT
-  if text.startswith("default*"):
-    return DEFAULT.scaled(_number("noise", text, text[len("default*"):], 0.0))
-  if text.endswith(".json"):
+  base = NONE
+  if text.startswith("default"):  # default[*K][,KEY=VALUE,...]: the defaults, some keys replaced
+    head, _, text = text.partition(",")
+    base = DEFAULT if head == "default" else DEFAULT.scaled(_number("noise", head, head[len("default*"):], 0.0)) \
+        if head.startswith("default*") else None
+    if base is None:
+      raise ConfigError(f"noise={head!r}; give default, default*K or default[*K],KEY=VALUE,... ({HELP})")
+    if not text:
+      return base
+  elif text.endswith(".json"):
     return _from_file(text)
   fields = {}
   for part in text.split(","):
@@ -136,7 +142,7 @@ def parse_noise(text: str) -> NoiseSpec:
     if not sep or key.strip() not in KEYS:
       raise ConfigError(f"noise={text!r}: {part!r} is not KEY=VALUE with KEY one of {', '.join(KEYS)}; give {HELP}")
     fields[key.strip()] = value.strip()
-  return _spec(fields, f"noise={text!r}")
+  return _spec(fields, f"noise={text!r}", base)
 
 
 def _from_file(path: str) -> NoiseSpec:
@@ -168,8 +174,8 @@ def _event(what: str, item: object) -> Event:
                _factor(what, "factor", str(item["factor"])))
 
 
-def _spec(fields: dict[str, str], what: str) -> NoiseSpec:
-  spec = NONE
+def _spec(fields: dict[str, str], what: str, base: NoiseSpec = NONE) -> NoiseSpec:
+  spec = base
   if "jitter" in fields:
     spec = spec._replace(jitter=_number(what, "jitter", fields["jitter"], 0.0))
   if "card" in fields:

@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 
+from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.sim.noise import HELP as NOISE_HELP
+from hetpipe_jax.sim.noise import parse_noise
+
+ADAPT = ("auto", "on", "off")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,6 +28,8 @@ class SimOptions:
     fast: simulate until the waves settle and extrapolate the rest of the run
       (:mod:`hetpipe_jax.sim.steady`; the trace holds the simulated waves, the result's ``seconds`` and
       ``images`` are the whole run's).
+    noise: the GPUs' and links' variance (:mod:`hetpipe_jax.sim.noise`).
+    adapt: HetPipe's adaptation to it (:mod:`hetpipe_jax.sim.replan`): ``on``, ``off``, ``auto`` (under noise).
   """
 
   # metadata: the training CLI's help, and the flat name (hetpipe_jax.run.config.setting)
@@ -39,6 +45,19 @@ class SimOptions:
       "--waves (hetpipe_jax.sim.steady; checked by experiments.validate_fast).")})
   noise: str = dataclasses.field(default="none", metadata={"help": (
       "sim executor: the GPUs' variance (hetpipe_jax.sim.noise): " + NOISE_HELP + ".")})
+  adapt: str = dataclasses.field(default="auto", metadata={"help": (
+      "sim executor: HetPipe's adaptation (hetpipe_jax.sim.replan): re-cut the stages and re-size the waves from "
+      "measured speed when it pays: on, off, or auto (under --noise).")})
+
+  def __post_init__(self):
+    if self.adapt not in ADAPT:
+      raise ConfigError(f"adapt={self.adapt!r}; give one of {', '.join(ADAPT)}")
+    parse_noise(self.noise)
+
+  @property
+  def adapting(self) -> bool:
+    """Whether the run adapts (``adapt``, ``auto`` resolved: where the GPUs vary)."""
+    return self.adapt == "on" or (self.adapt == "auto" and not parse_noise(self.noise).quiet)
 
   def set_fields(self) -> list[str]:
     """The options that differ from their defaults, by name."""
@@ -51,4 +70,5 @@ ELSEWHERE = {
     "staged_ps": "moves a virtual worker's push and pull as one",
     "fast": "runs every wave",
     "noise": "runs every task at its own machine's speed (the sim executor's variance model is not there)",
+    "adapt": "keeps its layout (re-planning from measured speed is the sim executor's)",
 }

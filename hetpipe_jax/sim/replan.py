@@ -29,11 +29,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
-from typing import NamedTuple
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
 
 from hetpipe_jax.cluster import Cluster, Gpu, GpuType
 from hetpipe_jax.core.trace import Trace
+from hetpipe_jax.core.worker import VirtualWorker
 from hetpipe_jax.cost.context import CostContext
 from hetpipe_jax.cost.profile import UnitProfile
 from hetpipe_jax.errors import ConfigError
@@ -43,10 +44,13 @@ from hetpipe_jax.sim.network import Simulator
 from hetpipe_jax.sim.noise import Realisation, realise
 from hetpipe_jax.sim.simulate import SimJob, simulate
 
+KEEP = "keep"  # Replanning.nm_rule: waves and in-flight counts as they are
+
 
 class Replanning(NamedTuple):
   """The rule's knobs (see the module docstring): decide every ``every`` waves; re-plan when the view's plan is
-  modelled ``gain`` faster; slowness rounded to ``resolution``; Nm by ``nm_rule``."""
+  modelled ``gain`` faster; slowness rounded to ``resolution``; Nm by ``nm_rule`` (the planner's ``max_fit``,
+  ``best`` or ``speed``, or ``keep``: every virtual worker keeps its waves and what it holds in flight, re-cut)."""
 
   every: int = 10
   gain: float = 0.03
@@ -56,7 +60,7 @@ class Replanning(NamedTuple):
 
 class Segment(NamedTuple):
   """One layout's part of a re-planning run: its layout, when it started and ended, the minibatches of its pushed
-  waves, the bytes moved before it, and its trace (checked on its own)."""
+  waves, the bytes moved before it, its trace (checked on its own), its virtual workers and metrics rows."""
 
   layout: Layout
   start: float
@@ -64,6 +68,8 @@ class Segment(NamedTuple):
   minibatches: int
   moved_bytes: float
   trace: Trace
+  vws: list[VirtualWorker]
+  rows: list[dict]
 
 
 class _Watch:
@@ -141,10 +147,14 @@ def better_layout(job: SimJob, costs: CostContext, rule: Replanning, slowness: d
   barrier, and its moves' bytes over the slower of the two links, one after another)."""
   view = measured_view(job.cluster, slowness, rule.resolution)
   groups = [[g.index for g in vw.gpus] for vw in job.layout.vws]
+  keep = rule.nm_rule == KEEP
   try:
-    planned = plan_cluster(view, job.profiles, groups, job.placement, rule.nm_rule, None, costs).layout
+    plan = plan_cluster(view, job.profiles, groups, job.placement,
+                        [vw.in_flight for vw in job.layout.vws] if keep else rule.nm_rule, None, costs)
   except ConfigError:
     return None
+  planned = Layout(tuple(p.with_wave(vw.nm).layout for p, vw in zip(plan.vws, job.layout.vws))) if keep else \
+      plan.layout
   now, then = (modelled_rate(view, job.profiles, lay, costs) for lay in (job.layout, planned))
   wave = sum(job.layout.nms) / now
   link = min(job.cluster.inter_node.bytes_per_s, job.cluster.intra_node.bytes_per_s)
@@ -175,9 +185,11 @@ def _move(cluster: Cluster, moves: list[tuple[Gpu, Gpu, float]], start: float, n
   return network.drain()
 
 
-def simulate_replanning(job: SimJob, costs: CostContext, rule: Replanning) -> list[Segment]:
+def simulate_replanning(job: SimJob, costs: CostContext, rule: Replanning,
+                        meta: Mapping[str, Any] | None = None) -> list[Segment]:
   """``job`` (its noise from its options) under the rule (see the module docstring), for ``job.waves`` waves of
-  the virtual worker with the fewest, in segments of one layout each.
+  the virtual worker with the fewest, in segments of one layout each (``meta``: what every segment's meta line
+  adds, :func:`~hetpipe_jax.sim.simulate.simulate`'s).
 
   Raises:
     ConfigError: for a layout with tensor-parallel stages.
@@ -193,9 +205,10 @@ def simulate_replanning(job: SimJob, costs: CostContext, rule: Replanning) -> li
     network = Simulator(job.cluster, job.options.overlap_transfers, noise, start)
     watch = _Watch(part, costs, rule, network)
     trace = Trace()
-    end, vws, _ = simulate(part, trace, steady=watch, simulator=network)
+    end, vws, rows = simulate(part, trace, meta, steady=watch, simulator=network)
     pushed = [vw.completed // vw.nm for vw in vws]
-    segments.append(Segment(layout, start, end, sum(n * vw.nm for n, vw in zip(pushed, vws)), moved, trace))
+    segments.append(Segment(layout, start, end, sum(n * vw.nm for n, vw in zip(pushed, vws)), moved, trace, vws,
+                            rows))
     done += min(pushed)
     if watch.replan is None:
       break
@@ -203,3 +216,10 @@ def simulate_replanning(job: SimJob, costs: CostContext, rule: Replanning) -> li
     moved = sum(m[2] for m in moves)
     start, layout = _move(job.cluster, moves, end, noise), watch.replan
   return segments
+
+
+def segment_meta(segments: Sequence[Segment]) -> list[dict[str, Any]]:
+  """The first trace's meta line's ``segments``: each layout's start, end, pushed minibatches, bytes moved before
+  it, Nm and cuts."""
+  return [{"start": s.start, "end": s.end, "minibatches": s.minibatches, "moved_bytes": s.moved_bytes,
+           "nm": s.layout.nms, "cuts": s.layout.cuts} for s in segments]

@@ -141,7 +141,7 @@ class Runner:
     result = self.trainer.train(spec.setting, run, f"seed {seed}, {spec.name}")
     if spec.name not in self.scales:
       self.images[spec.name] = simulated_images_per_sec(study.sim_model, study.sim_data, study.base, spec.setting,
-                                                        waves, study.knobs.noise)
+                                                        waves, study.knobs.noise, study.knobs.adapt)
       self.scales[spec.name] = result.images_per_second / self.images[spec.name]
     t = training_of(result, self.scales[spec.name])
     images = self.images[spec.name]

@@ -22,6 +22,7 @@ from hetpipe_jax.plan.layout import Layout
 from hetpipe_jax.plan.partition import NM_POLICIES
 from hetpipe_jax.recompute import CHOICES
 from hetpipe_jax.sim import SimJob, SimOptions
+from hetpipe_jax.sim.replan import KEEP, Replanning
 from hetpipe_jax.studies.throughput_goodput import NOT_TRAINED
 from hetpipe_jax.systems import WSP, systems
 from hetpipe_jax.systems.hetpipe import simulated_rate
@@ -301,11 +302,14 @@ class ModelStudy:
   def simulated_images_per_sec(self, plans, d: int = 0, placement: str = "default",
                                cluster: Cluster | None = None, row: str | None = None) -> float:
     """Examples/s of ``plans`` on the ``sim`` executor, its trace checked by the WSP checker
-    (:func:`hetpipe_jax.systems.hetpipe.simulated_rate`); the job kept as ``row``'s run when a row is named."""
+    (:func:`hetpipe_jax.systems.hetpipe.simulated_rate`; under noise, adapting as the knobs say); the job kept as
+    ``row``'s run when a row is named."""
     job = SimJob(cluster or self.cluster, self.profiles, Layout(tuple(p.layout for p in plans)), d, self.config.waves,
                  placement, options=SimOptions(overlap_transfers=self.config.overlap_transfers,
                                                noise=self.config.knobs.noise))
     if row is not None:
       self.ran[row] = job
-    return simulated_rate(job, self.batch, "simulated run")[0]
+    adapting = self.config.knobs.adapting  # (HetPipe's re-planning, each virtual worker keeping its waves)
+    return simulated_rate(job, self.batch, "simulated run", (self.costs, Replanning(nm_rule=KEEP)) if adapting
+                          else None)[0]
 

@@ -34,7 +34,7 @@ from hetpipe_jax.plan.costmodel import ideal_images_per_sec
 from hetpipe_jax.run.config import RunConfig
 from hetpipe_jax.run.result import RunResult
 from hetpipe_jax.sim import SimJob, SimOptions, simulate
-from hetpipe_jax.sim.replan import Replanning, simulate_replanning
+from hetpipe_jax.sim.replan import Replanning, segment_meta, simulate_replanning
 from hetpipe_jax.staleness import mean_staleness
 from hetpipe_jax.systems.base import DEFAULT_KNOBS, WSP, Curve, CurvePoint, System, SystemRun, TrainSetting
 
@@ -80,9 +80,7 @@ def simulated_rate(job: SimJob, batch_size: int, what: str,
   for k, segment in enumerate(segments):
     require_wsp(segment.trace.events, f"{what}, layout {k + 1} of {len(segments)}")
   trace = segments[0].trace
-  trace.events[0] = dict(trace.events[0], segments=[
-      {"start": s.start, "end": s.end, "minibatches": s.minibatches, "moved_bytes": s.moved_bytes,
-       "nm": s.layout.nms, "cuts": s.layout.cuts} for s in segments])
+  trace.events[0] = dict(trace.events[0], segments=segment_meta(segments))
   return sum(s.minibatches for s in segments) * batch_size / segments[-1].end, trace
 
 
@@ -234,12 +232,12 @@ class WaveRun(NamedTuple):
 
 
 def simulated_images_per_sec(model: LayeredModel, dataset: Any, base: RunConfig, setting: HetPipeSetting,
-                             waves: int, noise: str = "none") -> float:
-  """``setting``'s examples/s on the ``sim`` executor (its transfer models and ``noise``, the GPUs' variance; at
-  most :data:`WAVES` waves of ``model`` on ``dataset``, a full-size model's input spec or a dataset), its trace
-  checked by the WSP checker."""
+                             waves: int, noise: str = "none", adapt: str = "auto") -> float:
+  """``setting``'s examples/s on the ``sim`` executor (its transfer models, ``noise``, the GPUs' variance, and
+  ``adapt``, HetPipe's re-planning under it; at most :data:`WAVES` waves of ``model`` on ``dataset``, a full-size
+  model's input spec or a dataset), every trace checked by the WSP checker."""
   sim = run_hetpipe(model, dataset, base.replace(**setting.sim_fields(), time_model=None, executor="sim",
-                                                 waves=min(waves, WAVES), noise=noise))
+                                                 waves=min(waves, WAVES), noise=noise, adapt=adapt))
   require_wsp(sim.events, "simulated run")
   return sim.images_per_second
 

@@ -3,14 +3,17 @@ PS transfers, no numerics (:mod:`hetpipe_jax.sim`)."""
 
 from __future__ import annotations
 
+import re
 import time
 
 from hetpipe_jax.core.trace import Trace
+from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.precision import PRECISIONS
 from hetpipe_jax.run.executors.base import Executor
 from hetpipe_jax.run.result import RunResult
 from hetpipe_jax.run.session import require_pushes, trained_images
 from hetpipe_jax.run.setup import Setup
+from hetpipe_jax.sim.replan import KEEP, Replanning, segment_meta, simulate_replanning
 from hetpipe_jax.sim.simulate import SimJob
 from hetpipe_jax.sim.simulate import run as simulate
 
@@ -23,6 +26,8 @@ def job(setup: Setup) -> SimJob:
 
 
 def run(setup: Setup) -> RunResult:
+  if setup.config.sim.adapting:
+    return _replanning(setup)
   c, layout = setup.config, setup.clock_layout
   trace = Trace(c.trace_path)
   t_host = time.perf_counter()
@@ -39,3 +44,34 @@ def run(setup: Setup) -> RunResult:
 
 EXECUTOR = Executor("sim", run, "has no numerics", numerics=False, sim_options=True, checkpoints=False,
                     precisions=PRECISIONS)
+
+
+def _replanning(setup: Setup) -> RunResult:
+  """The run under HetPipe's adaptation (:mod:`hetpipe_jax.sim.replan`; Nm by the layout's rule, or each virtual
+  worker keeping its waves): the first layout's trace at the trace path, the next ones beside it
+  (``TRACE.layout2.jsonl``, ...), each a WSP run of its own; the metrics rows of all of them, their pushed
+  images over the whole run's seconds.
+
+  Raises:
+    ConfigError: with ``fast_sim`` (its extrapolation is of one layout's settled waves) or injected failures.
+  """
+  c = setup.config
+  if c.sim.fast or c.faults.failures:
+    raise ConfigError("adapt (HetPipe's re-planning under noise) runs every wave of one layout after another: give "
+                      "--adapt=off, or drop fast_sim and the injected failures")
+  rule = c.layout.nm if isinstance(c.layout.nm, str) else KEEP
+  t_host = time.perf_counter()
+  segments = simulate_replanning(job(setup), setup.costs, Replanning(nm_rule=rule), setup.fields)
+  events = segments[0].trace.events
+  events[0] = dict(events[0], segments=segment_meta(segments))
+  if c.trace_path:
+    for k, segment in enumerate(segments):
+      path = c.trace_path if k == 0 else re.sub(r"(\.jsonl)?$", f".layout{k + 1}.jsonl", c.trace_path, count=1)
+      out = Trace(path)
+      out.extend(events if k == 0 else segment.trace.events)
+      out.close()
+  rows = [r for s in segments for r in s.rows]
+  require_pushes(rows)
+  last = segments[-1]
+  return RunResult(None, None, events, rows, last.end, time.perf_counter() - t_host, last.vws, last.layout.cuts,
+                   c.batch_size * sum(s.minibatches for s in segments))
