@@ -79,7 +79,7 @@ from hetpipe_jax.studies.convergence import ConvergenceConfig, ConvergenceResult
 from hetpipe_jax.studies.convergence_config import PEERS, TUNED_OBJECTIVES
 from hetpipe_jax.studies.convergence_lr import LR_GRID, OUTER_LR_GRID
 from hetpipe_jax.studies.convergence_runs import ConvergenceRun
-from hetpipe_jax.studies.convergence_summary import is_peer
+from hetpipe_jax.studies.convergence_summary import TableRow, is_peer
 from hetpipe_jax.studies.convergence_target import Target
 from hetpipe_jax.studies.convergence_tuned import TunedChoice
 from hetpipe_jax.systems import BASE_LR_PER_32, LR_SCALINGS
@@ -144,6 +144,9 @@ flags.DEFINE_integer("ssp_d", 4, "Staleness bound of the SSP baseline.")
 flags.DEFINE_string("whimpy", "", "GPU type the peers may not use (the paper's 12 -> 16 GPU experiment: "
                     "'RTX 2060'); empty: they use every GPU they can.")
 flags.DEFINE_string("out_dir", "outputs/convergence", "Where the JSON, CSV and plots go.")
+flags.DEFINE_list("noise_levels", [], "Noise specs (hetpipe_jax.sim.noise: none, default, default*2, ...) under which "
+                  "every run is timed again, one table each: a run of seed s under the level's noise with seed s, "
+                  "every system adapting (--adapt); the numerics are the runs' own.")
 
 FULL = {"epochs": 10.0, "lr_epochs": 1.0, "seeds": ["0", "1", "2"]}  # --full, where the flag is not given
 CSV_HEADER = ["name", "system", "seed", "d", "time_s", "minibatches", "epochs", "test_accuracy", "train_loss",
@@ -169,7 +172,8 @@ def flags_to_config() -> ConvergenceConfig:
       seeds=seeds, epochs=full_or_given("epochs"), batch_size=FLAGS.batch_size,
       target_accuracy=FLAGS.target_accuracy, target_metric=FLAGS.target_metric, smooth=FLAGS.smooth,
       eval_examples=FLAGS.eval_examples, eval_test_examples=FLAGS.eval_test_examples,
-      ssp=FLAGS.ssp, ssp_d=FLAGS.ssp_d, whimpy=FLAGS.whimpy, recompute=FLAGS.recompute)
+      ssp=FLAGS.ssp, ssp_d=FLAGS.ssp_d, whimpy=FLAGS.whimpy, recompute=FLAGS.recompute,
+      noise_levels=tuple(FLAGS.noise_levels))
 
 
 def main(argv):
@@ -230,15 +234,24 @@ def print_learning_rates(result: ConvergenceResult) -> None:
 
 
 def print_table(result: ConvergenceResult) -> None:
-  """The one table of the study (:func:`hetpipe_jax.studies.convergence_summary.table`)."""
+  """The table of the study (:func:`hetpipe_jax.studies.convergence_summary.table`), and one per noise level."""
   c, target = result.config, result.target
   what = "test loss" if c.target_metric == "loss" else "test accuracy"
   print(f"target: {target:.4f} {what} ({result.target_rule}), smoothed over {c.smooth} evaluations; "
         f"{c.epochs} epochs; seeds {list(c.seeds)}")
+  print_rows(result, result.table)
+  for level, rows in result.noise_tables.items():
+    print(f"under noise {level} (a run of seed s timed under it with noise seed s; every system adapting: "
+          f"--adapt={c.knobs.adapt}):")
+    print_rows(result, rows)
+
+
+def print_rows(result: ConvergenceResult, rows: list[TableRow]) -> None:
+  """One table's rows, and what its columns mean."""
   unit, per = result.unit, result.per_example
   print(f"{'configuration':58} {'GPUs':>4} {unit + '/s':>9} {'eff.':>5} {'vs peer':>7} "
         f"{'time to target: mean (min..max) s':>34} {'vs peer':>7} {'examples':>9} {'vs peer':>7} {'final':>6}")
-  for r in result.table:
+  for r in rows:
     ratio = f"{r.images_per_sec_vs_best_peer:.2f}x" if r.images_per_sec_vs_best_peer else "-"
     t = r.mean_time_to_target_s
     when = (f"{t:.4g} ({r.min_time_to_target_s:.4g}..{r.max_time_to_target_s:.4g})" if t is not None

@@ -19,6 +19,7 @@ from hetpipe_jax import RunConfig, get_model, load_dataset, run_hetpipe, synthet
 from hetpipe_jax.baselines.data_parallel import train_data_parallel
 from hetpipe_jax.cluster import GpuType, Link, make_cluster
 from hetpipe_jax.staleness import StalenessModel
+from hetpipe_jax.studies.convergence_noise import noise_tables, seeded
 from hetpipe_jax.studies.convergence_runs import ConvergenceRun, Outcome, WspStats
 from hetpipe_jax.studies.convergence_summary import Unigram, summarise, table
 from hetpipe_jax.studies.convergence_target import Target
@@ -127,7 +128,8 @@ def test_convergence_cli(tmp_path):
                          "--systems=horovod,hetero_dp,local_sgd", "--lr_grid=0.5,1", "--outer_lr_grid=0.5,1,1.5",
                          "--eval_examples=200",
                          "--time_model=none", "--seeds=0,1", "--ssp", "--tuned_objective=measured",
-                         "--target_accuracy=0.3", "--pilots=2", "--pilot_seed=7", f"--out_dir={tmp_path}"],
+                         "--target_accuracy=0.3", "--pilots=2", "--pilot_seed=7", f"--out_dir={tmp_path}",
+                         "--noise_levels=none,jitter=0.05"],
                         capture_output=True, text=True, timeout=600, env=env)
   assert proc.returncode == 0, proc.stderr[-3000:]
   doc = json.loads((tmp_path / "convergence.json").read_text())
@@ -176,6 +178,13 @@ def test_convergence_cli(tmp_path):
     assert not reached or doc["tuned"][key] == min(reached, key=lambda p: p["time_to_target_s"])["label"]
   assert (tmp_path / "convergence.png").stat().st_size > 10_000 and (tmp_path / "convergence.csv").exists()
   assert "time to target" in proc.stdout and "mean staleness" in proc.stdout
+  # timed again under each noise level: none gives the table itself; jitter moves the times, not the examples
+  quiet, noisy = doc["noise_levels"]["none"], doc["noise_levels"]["jitter=0.05"]
+  assert [(r["name"], r["mean_time_to_target_s"]) for r in quiet] == [(r["name"], r["mean_time_to_target_s"])
+                                                                       for r in doc["table"]]
+  assert [r["mean_examples_to_target"] for r in noisy] == [r["mean_examples_to_target"] for r in doc["table"]]
+  assert any(r["images_per_sec"] != q["images_per_sec"] for r, q in zip(noisy, quiet))
+  assert "under noise jitter=0.05" in proc.stdout
 
 
 def test_time_to_target_is_when_the_smoothed_curve_stays_above_it():
@@ -228,3 +237,26 @@ def test_a_language_models_runs_report_perplexity_against_time(capsys):
   assert "HetPipe NP D=0: final 12 (mean over 1 seeds; loss 2.4849) at 3 s" in out
   print_perplexity(types.SimpleNamespace(unigram=None, runs=[], summary={}))  # type: ignore[arg-type]
   assert capsys.readouterr().out == ""  # an image model: no perplexity
+
+
+def test_under_noise_every_run_is_timed_again_at_its_own_seeds_noise():
+  """Two runs (seeds 0, 1) of a peer at 1,000 examples/s reaching 0.8 at 10 s (10k examples), and of HetPipe at
+  500/s reaching it at 40 s: under a level whose clock gives the peer 500/s on seed 0 and 250/s on seed 1 and
+  HetPipe 500/s on both, the peer's times double and quadruple (20 and 40 s, mean 30) and HetPipe's stay; the
+  examples to target do not move."""
+  def run(name, system, seed, rate, reach):
+    curve = [CurvePoint(t * reach / 2, t * 5000 / 32, acc, 0.0, 1.0 - acc) for t, acc in ((1, 0.5), (2, 0.8))]
+    return ConvergenceRun(name, name, system, seed, 0, [1], 0.1, 4, rate, rate / 2000, curve)
+  runs = [run("peer", "local_sgd", s, 1000.0, 10.0) for s in (0, 1)] + [run("hp", "hetpipe", s, 500.0, 40.0)
+                                                                         for s in (0, 1)]
+  asked = []
+
+  def clock(r, noise):
+    asked.append((r.name, noise))
+    return 500.0 if r.system == "hetpipe" or noise.endswith("seed=0") else 250.0
+  tables = noise_tables(runs, ["default*2"], clock, Target("accuracy", 1), 0.8, 32, 2000.0)
+  rows = {r.name: r for r in tables["default*2"]}
+  assert rows["peer"].mean_time_to_target_s == pytest.approx(30.0) and rows["peer"].max_time_to_target_s == 40.0
+  assert rows["hp"].mean_time_to_target_s == pytest.approx(40.0) and rows["hp"].speedup_vs_best_peer == 0.75
+  assert rows["peer"].mean_examples_to_target == rows["hp"].mean_examples_to_target == 10000.0
+  assert ("peer", "default*2,seed=1") in asked and seeded("none", 3) == "none"

@@ -12,6 +12,7 @@ import pytest
 
 from hetpipe_jax.core.check import check_trace
 from hetpipe_jax.core.merge import merge, provides, requires
+from hetpipe_jax.core.trace import read_whole_lines
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN = os.path.join(ROOT, "tests", "data", "decentral_run")
@@ -162,3 +163,14 @@ def test_what_the_copies_applied_comes_after_the_pushes_it_counts():
   lines[1]["waves"] -= 1
   events, _, _ = merge(meta, [lines, *parts[:3]])
   assert "applied" in _rules(events)
+
+
+def test_a_part_cut_short_is_read_up_to_its_last_whole_line(tmp_path):
+  """What a killed process leaves: whole lines, then a line it was writing when it died (no newline, or not
+  JSON yet); the reader keeps the whole ones, and a file that is not there gives nothing."""
+  path = tmp_path / "trace.jsonl.part2"
+  path.write_text('{"ev":"inject","vw":2,"mb":1,"t":0.5}\n{"ev":"inject","vw":2,"mb":2,"t":0.7}\n{"ev":"fw')
+  assert [e["mb"] for e in read_whole_lines(str(path))] == [1, 2]
+  path.write_text('{"ev":"inject","vw":2,"mb":1,"t":0.5}\n{"ev":"inject","vw":2,"mb":2,"t":0.7}')  # (no newline)
+  assert [e["mb"] for e in read_whole_lines(str(path))] == [1]
+  assert read_whole_lines(str(tmp_path / "absent")) == []

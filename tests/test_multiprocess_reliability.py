@@ -139,8 +139,8 @@ def applied_exactly_once(events) -> dict[int, set[int]]:
 def test_a_decentralised_run_goes_on_without_a_killed_process(tmp_path):
   """No fault injection (a decentralised run): NP with every PS shard on node 0; process 2, which holds VW
   2's stages only, is SIGKILLed mid-run. The clock learns it from process 0's watch, VW 2 leaves, the
-  others push every wave; its waves pushed before stay applied once each (the pushes whose history died
-  with the process say so), and the merged trace passes the checker."""
+  others push every wave; its waves pushed before stay applied once each, what it ran before its loss is read
+  back from its part's file, and the merged trace passes the checker."""
   proc, written = _kill_when_written(tmp_path, 2, 60, "--policy=NP", "--placement=local", "--d=1", "--waves=30")
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert written >= 60
@@ -152,9 +152,11 @@ def test_a_decentralised_run_goes_on_without_a_killed_process(tmp_path):
   assert [counts[i] for i in (0, 1, 3)] == [30, 30, 30] and counts[2] == leave["pushed"] < 30, counts
   waves = [(e["vw"], e["wave"]) for e in events if e["ev"] == "push"]
   assert len(waves) == len(set(waves))  # each pushed wave once
-  # process 2's part died with it: its VW's pushes are in (the clock's), each saying its history is lost
-  assert {e["process"] for e in events if e["ev"] in ("fwd", "bwd")} == {0, 1, 3}
-  assert all(e.get("history") == "lost" for e in events if e["ev"] == "push" and e["vw"] == 2)
+  # process 2 died, its part with it: process 0 read back what its file held up to its last whole line, so what
+  # VW 2 did before its loss is in the trace and checked, and its pushes' history is there
+  ran = [e for e in events if e["ev"] in ("fwd", "bwd") and e["process"] == 2]
+  assert {e["process"] for e in events if e["ev"] in ("fwd", "bwd")} == {0, 1, 2, 3} and len(ran) >= 40
+  assert {e["vw"] for e in ran} == {2} and not [e for e in events if e.get("history") == "lost"]
 
 
 @pytest.mark.parametrize("victim, lines", [(1, 40), (2, 100), (3, 70)])

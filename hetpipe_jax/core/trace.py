@@ -162,6 +162,27 @@ def read_trace(path: str) -> list[dict[str, Any]]:
   return events
 
 
+def read_whole_lines(path: str) -> list[dict[str, Any]]:
+  """The events of a trace part whose writer may have died mid-line (a killed process's): every line up to the
+  first that does not end in a newline or is not a JSON object (what the writer was cutting short), none when
+  the file is not there."""
+  try:
+    with open(path, encoding="utf-8", errors="replace") as f:
+      lines = f.readlines()
+  except OSError:
+    return []
+  events = []
+  for line in lines:
+    try:
+      event = json.loads(line) if line.endswith("\n") else None
+    except json.JSONDecodeError:
+      event = None
+    if not isinstance(event, dict):
+      break
+    events.append(event)
+  return events
+
+
 def end_time(events: Sequence[dict[str, Any]]) -> float:
   """The latest time in a trace (its meta line first): how long the run took on its executor's clock."""
   return max((max(ev.get("t", 0.0), ev.get("t1", 0.0)) for ev in events[1:]), default=0.0)

@@ -23,9 +23,10 @@ from typing import Any, NoReturn
 
 import jax
 import numpy as np
+from absl import logging
 
 from hetpipe_jax.core.schedule import Task
-from hetpipe_jax.core.trace import Trace
+from hetpipe_jax.core.trace import Trace, read_whole_lines
 from hetpipe_jax.errors import ProtocolError, RunStopped
 from hetpipe_jax.runtime import protocol
 from hetpipe_jax.runtime.clock import GATHERS_KEY, ClockService
@@ -60,10 +61,10 @@ class Options:
 
 @dataclasses.dataclass
 class Outcome:
-  """What process 0 has at the end: every process's trace part, the gathered global weights (in gather
-  order; the last is the final weights), the seconds from the start barrier until training ended (the
-  clock had ordered every push; gathering the weights and the parts after it is not training), and the
-  processes that were gone before they could send theirs."""
+  """What process 0 has at the end: every process's trace part (of one that was gone before it could send its
+  part, what its file held up to its last whole line), the gathered global weights (in gather order; the last is
+  the final weights), the seconds from the start barrier until training ended (the clock had ordered every push;
+  gathering the weights and the parts after it is not training), and the processes that were gone."""
 
   parts: list[list[dict[str, Any]]]
   gathers: list[tuple[Any, ...]]
@@ -162,9 +163,20 @@ class DecentralJob:
         parts.append([json.loads(line) for line in np.asarray(data).tobytes().decode().splitlines() if line])
       except PeerGone:
         missing.append(p)
+        parts.append(self._left_behind_part(p))
     outcome = Outcome(parts, gathers, seconds, missing)
     self._close()
     return outcome
+
+  def _left_behind_part(self, process: int) -> list[dict[str, Any]]:
+    """What a process that is gone wrote of its trace part before it died, up to its last whole line (its file
+    beside this process's; none when the run keeps no trace file, or the file is on another host)."""
+    if self.options.part_path is None:
+      return []
+    events = read_whole_lines(f"{self.options.part_path.rsplit('.part', 1)[0]}.part{process}")
+    logging.info("trace: process %d is gone; %d events of its part were read back from its file", process,
+                 len(events))
+    return events
 
   def _close(self) -> None:
     """Closes; a process other than 0 with a thread still waiting inside the transport (a VW left: what it

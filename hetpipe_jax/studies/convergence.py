@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 
 from hetpipe_jax.studies.convergence_config import ConvergenceConfig
 from hetpipe_jax.studies.convergence_lr import LrChoice, LrPilot
+from hetpipe_jax.studies.convergence_noise import noise_tables
 from hetpipe_jax.studies.convergence_runs import ConvergenceRun, Runner
 from hetpipe_jax.studies.convergence_study import HETPIPE, Progress, make_study
 from hetpipe_jax.studies.convergence_summary import (
@@ -70,6 +71,7 @@ class ConvergenceResult(NamedTuple):
     tuned: the tuned choice (None: not tuned).
     staleness: the staleness-aware estimate and its check.
     unigram: a language model's unigram baseline (None: an image model).
+    noise_tables: noise level -> the table with every run timed under it (``config.noise_levels``).
   """
 
   config: ConvergenceConfig
@@ -90,6 +92,7 @@ class ConvergenceResult(NamedTuple):
   tuned: TunedChoice | None
   staleness: StalenessCheck
   unigram: Unigram | None
+  noise_tables: dict[str, list[TableRow]] = {}  # noqa: RUF012 (a NamedTuple's default, never mutated)
 
   @property
   def target_rule(self) -> str:
@@ -134,6 +137,7 @@ class ConvergenceResult(NamedTuple):
             "lr_pilots": [p._asdict() for p in self.lr_pilots], "not_run": self.not_run,
             "tuned": {} if self.tuned is None else self.tuned.to_json(),
             **({} if self.unigram is None else self.unigram._asdict()), **self.staleness.to_json(),
+            "noise_levels": {level: [r._asdict() for r in rows] for level, rows in self.noise_tables.items()},
             "runs": [r.to_json() for r in self.runs]}
 
 
@@ -175,10 +179,11 @@ def run_convergence(config: ConvergenceConfig, progress: Progress | None = None)
   target = config.target_accuracy or rule.of_runs([{"name": r.name, "curve": r.curve} for r in runs])
   runs = [with_target(r, rule, target, config.batch_size)._replace(language=study.language) for r in runs]
   summary = {name: summarise([r for r in runs if r.name == name]) for name in dict.fromkeys(r.name for r in runs)}
+  noisy = noise_tables(runs, config.noise_levels, runner.images_under, rule, target, config.batch_size, study.ideal)
   return ConvergenceResult(config, study.model.name, study.dataset.name, study.time_axis, study.ideal, study.unit,
                            study.per_example, study.epoch, target, runs, summary, table(summary), runner.choices,
                            runner.lr_pilots, study.not_run, tuned, validate_staleness_model(runs, target),
-                           unigram_baseline(study.dataset) if study.language else None)
+                           unigram_baseline(study.dataset) if study.language else None, noisy)
 
 
 __all__ = ["ConvergenceConfig", "ConvergenceResult", "run_convergence"]

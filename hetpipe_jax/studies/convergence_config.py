@@ -14,6 +14,7 @@ from hetpipe_jax.optim import OPTIMIZERS, make_ps_optimizer, parse_ps_optimizer
 from hetpipe_jax.plan.allocation import parse_policy
 from hetpipe_jax.recompute import CHOICES
 from hetpipe_jax.run.config import check_seed
+from hetpipe_jax.sim.noise import parse_noise
 from hetpipe_jax.studies.convergence_lr import LR_GRID, OUTER_LR_GRID, check_grid
 from hetpipe_jax.systems import BASE_LR_PER_32, LR_SCALINGS
 
@@ -49,6 +50,8 @@ class ConvergenceConfig:
     whimpy: a GPU type the peers may not use (empty: none).
     recompute: activation recomputation (:mod:`hetpipe_jax.recompute`) of every system: none, selective or full on
       every GPU, or auto (HetPipe: the planner's choice per stage; a peer: the fastest mode it can run).
+    noise_levels: noise specs (:mod:`hetpipe_jax.sim.noise`) under which every run is timed again, one table each
+      (:mod:`~hetpipe_jax.studies.convergence_noise`; empty: none).
   """
 
   cluster: Cluster
@@ -83,6 +86,7 @@ class ConvergenceConfig:
   ssp_d: int = 4
   whimpy: str = ""
   recompute: str = "none"
+  noise_levels: tuple[str, ...] = ()
 
   def __post_init__(self):
     for seed in self.seeds:
@@ -101,6 +105,8 @@ class ConvergenceConfig:
       raise ConfigError(f"--pilots={self.pilots}; --tuned_objective=measured needs at least 1 pilot run, e.g. "
                         "--pilots=4")
     self._check_choices()
+    for level in self.noise_levels:
+      parse_noise(level)
 
   def _check_ranges(self) -> None:
     for name, value, ok, limit in (

@@ -16,6 +16,7 @@ from hetpipe_jax.studies.convergence_lr import LrChoice, LrPilot, outer_rate, se
 from hetpipe_jax.studies.convergence_study import HETPIPE, Progress, Spec, Study, outer_system
 from hetpipe_jax.systems import Curve, SystemSpec, TrainSetting, rule_lr
 from hetpipe_jax.systems.hetpipe import HetPipeSetting, Trainer, WaveRun, simulated_images_per_sec, training_of
+from hetpipe_jax.systems.runs import without_type
 
 SSP = "ssp"
 
@@ -123,6 +124,8 @@ class Runner:
     self.scales: dict[str, float] = {}  # configuration -> its time scale to the sim executor
     self.choices: dict[str, LrChoice] = {}  # learning-rate system -> its rates
     self.lr_pilots: list[LrPilot] = []
+    self.settings: dict[str, tuple[HetPipeSetting, int]] = {}  # configuration -> its setting and waves (the clock)
+    self.noisy: dict[tuple[str, str], float] = {}  # (configuration, noise) -> its examples/s under it
 
   @property
   def lrs(self) -> dict[str, float]:
@@ -140,6 +143,7 @@ class Runner:
              f"{lr:.4g}")
     result = self.trainer.train(spec.setting, run, f"seed {seed}, {spec.name}")
     if spec.name not in self.scales:
+      self.settings[spec.name] = (spec.setting, waves)
       self.images[spec.name] = simulated_images_per_sec(study.sim_model, study.sim_data, study.base, spec.setting,
                                                         waves, study.knobs.noise, study.knobs.adapt)
       self.scales[spec.name] = result.images_per_second / self.images[spec.name]
@@ -149,6 +153,24 @@ class Runner:
                           images / study.ideal, t.curve,
                           wsp=WspStats(t.time_scale, spec.setting.ps_optimizer or "add", t.staleness,
                                        t.mean_staleness))
+
+  def images_under(self, run: ConvergenceRun, noise: str) -> float:
+    """``run``'s configuration's examples/s under ``noise`` (each system adapting by the study's knobs), simulated
+    once per configuration and noise."""
+    key = (run.name, noise)
+    if key not in self.noisy:
+      study = self.study
+      if run.name in self.settings:
+        setting, waves = self.settings[run.name]
+        self.noisy[key] = simulated_images_per_sec(study.sim_model, study.sim_data, study.base, setting, waves, noise,
+                                                   study.knobs.adapt)
+      else:
+        spec = next(p for p in study.peers if p.name == run.name)
+        cluster = without_type(study.cluster, self.config.whimpy) if self.config.whimpy else study.cluster
+        self.noisy[key] = spec.system.simulate(cluster, study.profiles, self.config.batch_size,
+                                               study.knobs._replace(noise=noise), study.costs,
+                                               self.config.time_model_name or study.model.name).images_per_sec
+    return self.noisy[key]
 
   def train_system(self, spec: SystemSpec, seed: int, lr: float, epochs: float,
                    outer_lr: float | None = None) -> Curve:

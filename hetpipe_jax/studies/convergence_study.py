@@ -55,7 +55,8 @@ class Study:
   Attributes:
     config: the study's settings.
     cluster / model / dataset: the cluster, the trained model, its data.
-    clock_profiles: the time axis's cost model (``config.time_model``'s, or the trained model's).
+    clock_profiles: the time axis's cost model (``config.time_model``'s, or the trained model's) at the batch size;
+      profiles: the same at any batch size (what the peers are simulated with).
     time_axis: the time axis in words.
     base: every HetPipe run's config before its own fields.
     policies: the policies the planner can lay out (parsed); not_run: row -> why it cannot run (a peer, a policy).
@@ -70,6 +71,7 @@ class Study:
   model: LayeredModel
   dataset: Dataset
   clock_profiles: list[UnitProfile]
+  profiles: BatchProfiles
   time_axis: str
   base: RunConfig
   policies: list[str | list[list[int]]]
@@ -182,7 +184,7 @@ def make_study(config: ConvergenceConfig, progress: Progress) -> Study:
                            profiles, b, costs, knobs, time_model or model.name, progress)
   policies, not_run = plannable(config, units, costs, model.num_units)
   not_run.update({p.system.name: str(p.reason) for p in peers if p.run is None})
-  return Study(config, model, dataset, units, time_axis, base, policies, sim_model, sim_data, peers, knobs,
+  return Study(config, model, dataset, units, profiles, time_axis, base, policies, sim_model, sim_data, peers, knobs,
                ideal_images_per_sec(cluster, units, b), per_example, "tokens" if per_example > 1 else "images",
                not_run)
 

@@ -63,8 +63,8 @@ def _run_decentral(setup: Setup, node, init_params) -> RunResult:
   if unplaced:
     raise ProtocolError(f"{unplaced} trace events of a complete run could not be placed in causal order")
   if dropped or outcome.missing:
-    logging.info("trace: %d events of virtual workers that left are unrecorded; no part from processes %s "
-                 "(gone)", dropped, outcome.missing)
+    logging.info("trace: %d events of virtual workers that left are unrecorded; processes %s were gone (their "
+                 "parts read back from their files, up to the last whole line)", dropped, outcome.missing)
   if c.trace_path:
     write_trace(c.trace_path, events)
   evaluate = make_evaluator(setup.model, setup.data, jax.local_devices()[0])
