@@ -23,6 +23,7 @@ Importing this module imports JAX; a script sets JAX's CPU device count after th
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -69,6 +70,26 @@ def parse_failures(values: Sequence[str]) -> list[tuple[int, int]]:
   return out
 
 
+def parse_slow(values: Sequence[str]) -> list[tuple[int, float, float, float]]:
+  """``--slow`` values ``NODE:FACTOR@START-END`` as (node, factor, start, end).
+
+  Raises:
+    ConfigError: for a value not of that form.
+  """
+  out = []
+  for value in values:
+    match = re.fullmatch(r"\s*(\d+):([\d.eE+]+)@([\d.eE+]+)-([\d.eE+]+)\s*", value)
+    try:
+      parsed = None if match is None else (int(match[1]), float(match[2]), float(match[3]), float(match[4]))
+    except ValueError:
+      parsed = None
+    if parsed is None:
+      raise common.config_error(f"--slow={value}; write NODE:FACTOR@START-END, e.g. --slow=2:3@10-40 (node 2's "
+                                "tasks 3 times as long from 10 s to 40 s of training)")
+    out.append(parsed)
+  return out
+
+
 class Spelling(NamedTuple):
   """How the command line spells a setting whose value is not one number, string or switch.
 
@@ -89,6 +110,7 @@ SPELLINGS = {
     "stages": Spelling("list"), "nm": Spelling("list"), "window": Spelling("list"), "cuts": Spelling("string"),
     "policy": Spelling("string"), "checkpoint_dir": Spelling("string"), "seq_len": Spelling("integer"),
     "failures": Spelling("multi_string", "fail", parse=parse_failures),
+    "slow": Spelling("multi_string", parse=parse_slow),
     "on_nonfinite": Spelling("enum", choices=ON_NONFINITE), "tp": Spelling("string", parse=parse_tp),
 }
 _KINDS = ((bool, "bool"), (int, "integer"), (float, "float"), (str, "string"))  # bool first: a bool is an int

@@ -151,3 +151,37 @@ def test_a_killed_launcher_leaves_no_orphans(tmp_path):
 def test_bad_process_flags_are_one_line(tmp_path, flags, message):
   proc = train(tmp_path, f"--cluster={TWO_NODES}", "--num_vws=1", *flags, timeout=120)
   assert proc.returncode == 1 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
+@pytest.mark.slow  # (two processes: about 15 s)
+def test_a_slowed_process_runs_its_tasks_that_many_times_as_long_in_its_window(tmp_path):
+  """--slow=1:3@0-1e9: every task of node 1's process lasts 3 times its own computing (a real delay), node 0's
+  as before; the run finishes and its trace checks. Outside its window a slow does nothing."""
+  flags = ("--num_vws=1", "--stages=2", "--nm=2", "--d=0", "--waves=6", f"--cluster={TWO_NODES}")
+  proc = train(tmp_path, *flags, "--slow=1:3@0-1e9")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  events = read_trace(str(tmp_path / "trace.jsonl"))
+  assert_trace_ok(events)
+  assert events[0]["slow"] == [[1, 3.0, 0.0, 1e9]]
+  tasks = [e for e in events if e["ev"] in ("fwd", "bwd")]
+  slowed = [e["t1"] - e["t0"] - 3 * e["busy"] for e in tasks if e["process"] == 1]
+  assert slowed and min(slowed) > -1e-3, slowed  # (each at least 3 x its computing)
+  assert all(e["t1"] - e["t0"] < 2 * e["busy"] + 0.05 for e in tasks if e["process"] == 0)
+  later = train(tmp_path / "later", *flags, "--slow=1:3@1e8-1e9")
+  assert later.returncode == 0, later.stderr[-3000:]
+  tasks = [e for e in read_trace(str(tmp_path / "later" / "trace.jsonl")) if e["ev"] in ("fwd", "bwd")]
+  assert all(e["t1"] - e["t0"] < 2 * e["busy"] + 0.05 for e in tasks)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (("--slow=1:3",), "write NODE:FACTOR@START-END"),
+    (("--slow=1:0.5@0-10",), "a factor >= 1"),
+    (("--slow=1:3@5-2",), "0 <= START < END"),
+    (("--executor=virtual", "--slow=1:3@0-10"), "drop slow or use executor=multiprocess"),
+    (("--slow=1:3@0-10", "--fail=0@2"), "slow runs in the decentralised runtime"),
+])
+def test_a_bad_slow_is_one_line(tmp_path, flags, message):
+  proc = train_cli(tmp_path, "--executor=multiprocess", "--dataset=synthetic", "--model=mlp", *flags,
+                   f"--cluster={TWO_NODES}", "--num_vws=1", "--stages=2", "--waves=4")
+  assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-2000:]
+  assert "Traceback" not in proc.stderr

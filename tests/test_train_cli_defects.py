@@ -46,11 +46,12 @@ def test_every_config_setting_is_a_flag_with_its_declared_default_and_help():
     value, spelled = flag.value, run_flags.spelling(setting)
     if spelled.kind == "list" and value is not None:
       value = [int(v) for v in value][0]  # --stages=2 for stages=2
-    elif spelled.parse is not None and setting.name != "failures":
+    elif spelled.parse is not None and spelled.kind != "multi_string":
       value = spelled.parse(value)  # --tp=1 (a number or auto) for tp=1
-    assert value == (list(setting.default) if setting.name == "failures" else setting.default), setting.name
+    repeated = spelled.kind == "multi_string"  # (--fail, --slow: a list of what each one says)
+    assert value == (list(setting.default) if repeated else setting.default), setting.name
   default = run_flags.run_config(fv, **run_flags.layout(fv))
-  assert default.replace(failures=tuple(default.faults.failures)) == RunConfig()  # the defaults: the default config
+  assert default.replace(failures=tuple(default.faults.failures), slow=tuple(default.faults.slow)) == RunConfig()
 
 
 def test_flags_parse_lists_cuts_and_failures_into_the_config():

@@ -279,6 +279,9 @@ class Faults:
       processes are killed for real when they run nothing else).
     rejoin: a failed virtual worker is replaced at once: the replacement pulls the global weights and
       enters at the current global clock.
+    slow: (node, factor, start, end): every task the node's process starts between ``start`` and ``end`` seconds
+      of its clock (from the start of training) lasts ``factor`` times as long, a real delay (the ``multiprocess``
+      executor's; a noise file's events slow the ``sim`` executor's GPUs).
   """
 
   failures: Sequence[tuple[int, int]] = setting(
@@ -286,11 +289,22 @@ class Faults:
       "go on under WSP without it.")
   rejoin: bool = setting(False, "A failed virtual worker is replaced at once: it pulls the global weights and enters "
                          "at the current global clock.")
+  slow: Sequence[tuple[int, float, float, float]] = setting(
+      (), "multiprocess: NODE:FACTOR@START-END (repeatable): every task the node's process starts between START and "
+      "END seconds from the start of training lasts FACTOR times as long (a real delay).")
 
   def validate(self, waves: int) -> None:
     for vw, wave in self.failures:
       if not 0 <= wave < waves:
         raise ConfigError(f"fail={vw}@{wave}: the wave must be in 0..{waves - 1} (the run has {waves} waves)")
+    for node, factor, start, end in self.slow:
+      if not (node >= 0 and 1 <= factor < math.inf and 0 <= start < end):
+        raise ConfigError(f"slow={node}:{factor:g}@{start:g}-{end:g}; give a node >= 0, a factor >= 1 (how many times "
+                          "as long its tasks last) and 0 <= START < END seconds")
+
+  def slow_of(self, node: int) -> tuple[tuple[float, float, float], ...]:
+    """``node``'s slowdowns as (factor, start, end)."""
+    return tuple((factor, start, end) for n, factor, start, end in self.slow if n == node)
 
   def check_vws(self, num_vws: int) -> None:
     """Raises ConfigError for a failure of a virtual worker the layout does not have."""

@@ -167,7 +167,8 @@ def run_fields(config: RunConfig, cluster: Cluster, model_name: str, data_name: 
   return dict(model=model_name, dataset=data_name, batch_size=config.batch_size, cluster=cluster.name,
               seed=config.seed, policy=spec.policy, placement=spec.placement, time_model=spec.time_model,
               **({"precision": config.precision} if config.precision != "fp32" else {}),
-              **({"ps_optimizer": config.optim.ps_spec} if config.optim.ps_spec != "add" else {}))
+              **({"ps_optimizer": config.optim.ps_spec} if config.optim.ps_spec != "add" else {}),
+              **({"slow": [list(s) for s in config.faults.slow]} if config.faults.slow else {}))
 
 
 def check_seed_reaches(model: LayeredModel, seed: int) -> None:

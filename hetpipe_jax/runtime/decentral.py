@@ -62,6 +62,8 @@ class Context:
     trace: this process's trace part; ``t_start``: its clock's zero (when it left the start barrier).
     push_dtype: the dtype a wave's update travels in to the shards (mixed precision: 16 bits; None: the
       weights' own).
+    slow: injected slowdowns of this process, (factor, start, end): a task it starts between ``start`` and ``end``
+      seconds of its clock lasts ``factor`` times as long (:meth:`pad` sleeps the rest).
   """
 
   node: Node
@@ -82,6 +84,7 @@ class Context:
   trace: Trace
   t_start: float = 0.0
   push_dtype: Any = None
+  slow: tuple[tuple[float, float, float], ...] = ()
   stopped: list[str] = dataclasses.field(default_factory=list)  # why threads ended early
   inputs: list[threading.Thread] = dataclasses.field(default_factory=list)  # the input streams' threads
   gone: set[int] = dataclasses.field(default_factory=set)  # processes found gone (see :meth:`watch`)
@@ -104,11 +107,15 @@ class Context:
       self.trace.emit(**event, **{stamp: self.now()}, process=self.node.process)
 
   def pad(self, task: Task, t0: float) -> None:
-    """Sleeps until ``task``, started at ``t0``, has lasted its emulated duration x ``time_scale``."""
+    """Sleeps until ``task``, started at ``t0``, has lasted its emulated duration x ``time_scale``, then, in an
+    injected slowdown (``slow``), until it has lasted ``factor`` times that."""
     if self.cost is not None and self.time_scale > 0:
       remaining = t0 + self.cost(task) * self.time_scale - self.now()
       if remaining > 0:
         time.sleep(remaining)
+    factor = max([f for f, start, end in self.slow if start <= t0 < end], default=1.0)
+    if factor > 1:
+      time.sleep((factor - 1) * (self.now() - t0))
 
   def owner_units(self, first: int, last: int) -> dict[int, list[int]]:
     """The shard owner of each unit in ``[first, last)``: owner process -> units, in unit order."""

@@ -48,6 +48,7 @@ class Options:
     waves / schedule / eval_every / on_nonfinite: as in the run's configuration.
     cost / time_scale: a task's emulated seconds and the padding (0: none).
     part_path: where this process writes its trace part as it goes (None: kept in memory only).
+    slow: this process's slowdowns, (factor, start, end) on its clock (:attr:`Context.slow`).
   """
 
   waves: int
@@ -57,6 +58,7 @@ class Options:
   cost: Callable[[Task], float] | None
   time_scale: float
   part_path: str | None
+  slow: tuple[tuple[float, float, float], ...] = ()
 
 
 @dataclasses.dataclass
@@ -89,7 +91,7 @@ class DecentralJob:
     self.trace = Trace(options.part_path, line_buffered=True)  # what a run that died leaves is merged too
     self.ctx = Context(node, Mailbox(), job.layout, owners, shard_owners, backups(node.num_processes), 0,
                        options.waves, job.d, options.schedule, job.weight_mode, specs, job.streams, options.cost,
-                       options.time_scale, self.trace, push_dtype=compute_dtype(job.precision))
+                       options.time_scale, self.trace, push_dtype=compute_dtype(job.precision), slow=options.slow)
     self.threads: list[tuple[threading.Thread, int | None]] = []  # (thread, its virtual worker, if a stage)
     self._left_behind: list[threading.Thread] = []
 

@@ -23,6 +23,7 @@ class Executor:
     sim_options: it reads :class:`~hetpipe_jax.sim.options.SimOptions` (the others refuse any set).
     wall_options: it reads :class:`~hetpipe_jax.run.config.WallOptions`.
     checkpoints: it can save and resume checkpoints.
+    slows: it runs ``faults.slow`` (a real delay of a node's tasks).
     placements / precisions: what it runs of those.
     check: further rules of its own on a config (after the common ones).
   """
@@ -34,6 +35,7 @@ class Executor:
   sim_options: bool = False
   wall_options: bool = False
   checkpoints: bool = True
+  slows: bool = False
   placements: tuple[str, ...] = PLACEMENTS
   precisions: tuple[str, ...] = ("fp32",)
   check: Callable[[RunConfig], None] | None = None
@@ -53,6 +55,10 @@ class Executor:
     if not self.wall_options and config.wall.set_fields():
       raise ConfigError(f"time_scale={config.wall.time_scale} pads the tasks of the wall and multiprocess "
                         f"executors; the {self.name} executor {self.doc}: drop time_scale or use executor=wall")
+    if config.faults.slow and not self.slows:
+      raise ConfigError(f"slow={config.faults.slow[0][0]}:... delays a node's tasks for real, in the multiprocess "
+                        f"runtime; the {self.name} executor {self.doc}: drop slow or use executor=multiprocess (a "
+                        "noise file's events slow the sim executor's GPUs)")
     if config.checkpoint.enabled and not self.checkpoints:
       raise ConfigError(f"checkpoints are for runs with numerics; the {self.name} executor has none (rerunning it "
                         "is cheaper than a checkpoint): drop checkpoint_dir/resume or use another executor")

@@ -25,7 +25,7 @@ from hetpipe_jax.runtime.channels import wait
 from hetpipe_jax.runtime.decentral_job import DecentralJob, Options
 from hetpipe_jax.runtime.distributed import current_node
 from hetpipe_jax.runtime.metrics import replay_metrics
-from hetpipe_jax.runtime.node_job import Job, NodeJob, check_node
+from hetpipe_jax.runtime.node_job import Job, NodeJob, check_node, nodes_of
 from hetpipe_jax.runtime.remote import merge_records
 
 
@@ -47,9 +47,14 @@ def decentralised(setup: Setup) -> bool:
 
 def _run_decentral(setup: Setup, node, init_params) -> RunResult:
   c = setup.config
+  nodes = nodes_of(setup.cluster)
+  for n, *_ in c.faults.slow:
+    if n not in nodes:
+      raise ConfigError(f"slow={n}:...: cluster {setup.cluster.name!r} has nodes {nodes[0]}..{nodes[-1]}")
   options = Options(c.waves, c.wsp.schedule, c.eval_every, c.optim.on_nonfinite,
                     setup.task_cost if c.wall.time_scale > 0 else None, c.wall.time_scale,
-                    f"{c.trace_path}.part{node.process}" if c.trace_path else None)
+                    f"{c.trace_path}.part{node.process}" if c.trace_path else None,
+                    c.faults.slow_of(nodes[node.process]))
   part = DecentralJob(node, job(setup, init_params), options)
   if node.process == 0:  # a lost process's virtual workers leave (the clock says so), unless it held shards
     node.watch(part.ctx.fatal_loss)
@@ -103,5 +108,12 @@ def run(setup: Setup) -> RunResult:
   return result
 
 
+def _check(config) -> None:
+  """``slow`` runs in the decentralised runtime only (checkpointed and fault-injected runs take the central one)."""
+  if config.faults.slow and (config.checkpoint.directory or config.faults.failures or config.faults.rejoin):
+    raise ConfigError("slow runs in the decentralised runtime, and checkpointed or --fail/--rejoin runs still take "
+                      "the central one: drop slow, or the checkpoints and injected failures")
+
+
 EXECUTOR = Executor("multiprocess", run, "runs on the wall clock", wall_options=True,
-                    placements=("default", "local"), precisions=PRECISIONS)
+                    placements=("default", "local"), precisions=PRECISIONS, slows=True, check=_check)
