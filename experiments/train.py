@@ -123,7 +123,7 @@ class TunedPlan(NamedTuple):
 
 # What a tuned plan sets (a flag given beside it must match).
 PLAN_FLAGS = ("model", "dataset", "cluster", "batch_size", "optimizer", "weight_mode", "recompute", "schedule",
-              "policy", "cuts", "nm", "window", "d", "placement", "overlap_transfers", "staged_ps", "tp")
+              "policy", "cuts", "nm", "window", "d", "placement", "overlap_transfers", "staged_ps", "tp", "noise")
 
 
 def _plan_values(best: dict, dataset: str) -> dict:
@@ -137,6 +137,7 @@ def _plan_values(best: dict, dataset: str) -> dict:
       "window": [str(n) for n in best.get("window", best["nm"])],
       "d": int(best["d"]), "placement": best["placement"], "overlap_transfers": bool(best["overlap_transfers"]),
       "staged_ps": bool(best.get("staged_ps", False)), "tp": str(_plan_degree(best)),
+      "noise": best.get("noise", "none"),  # the variance it was tuned under (sim executor)
       "dataset": best.get("dataset") or dataset}  # a small model's plan was profiled on its dataset
 
 
@@ -278,11 +279,11 @@ def apply_plan(flag_values: flags.FlagValues, best: dict) -> TunedPlan:
                         f"simulate it (--executor=sim), or train a small model on its clock (e.g. --model=cnn)")
     time_model, values["model"] = values["model"], fv.model  # the numerics' model, the plan's clock
     values["dataset"] = fv.dataset
-  for name in ("overlap_transfers", "staged_ps"):  # the plan's sim options, on an executor that computes
-    if fv.executor != "sim" and values[name]:
+  for name, off in (("overlap_transfers", False), ("staged_ps", False), ("noise", "none")):  # the plan's sim options,
+    if fv.executor != "sim" and values[name] != off:  # on an executor that computes
       print(f"note: the plan's {name} is a model of the sim executor; the {fv.executor} executor "
             f"{ELSEWHERE[name]}", flush=True)
-      values[name] = False
+      values[name] = off
   for name in PLAN_FLAGS:
     given = fv[name].value
     if fv[name].present and given != values[name]:

@@ -127,7 +127,8 @@ class TuneRequest:
     dataset = None if self.model in FULL_SIZE else load_dataset(self.dataset).name
     return {"model": self.model, "dataset": dataset, "cluster": self.cluster, "batch_size": self.batch_size,
             "optimizer": self.optimizer, "weight_mode": self.weight_mode, "recompute": self.recompute,
-            "schedule": "1f1b", "waves": self.waves}
+            "schedule": "1f1b", "waves": self.waves,
+            **({"noise": self.space.noise} if self.space.noise != "none" else {})}  # (what it was tuned under)
 
 
 def main(argv):

@@ -216,22 +216,24 @@ def _run(args, tmp_path, timeout=300):
 
 @pytest.mark.slow  # 20-30 s of subprocesses (.ci/run runs it; the README's test command keeps under 10 minutes)
 def test_tune_cli_and_train_plan(tmp_path):
-  """A tuned plan: the tuner writes it, train --plan runs it on sim (reproducing the prediction) and on the
-  virtual executor (with numerics, the trace checked), and refuses a flag that disagrees in one line."""
+  """A tuned plan, tuned under a noise it records: the tuner writes it, train --plan runs it on sim under that noise
+  (reproducing the prediction) and on the virtual executor (with numerics, the trace checked; the noise is the sim
+  executor's, said in a note), and refuses a flag that disagrees in one line."""
   out = tmp_path / "tune"
   proc = _run(["experiments.tune", "--model=mlp", "--dataset=digits", "--cluster=hetero4", "--waves=6",
-               "--nm_max=3", "--ds=0,1", f"--staleness_model={tmp_path / 'missing.json'}", f"--out_dir={out}"],
-              tmp_path)
+               "--nm_max=3", "--ds=0,1", f"--staleness_model={tmp_path / 'missing.json'}", f"--out_dir={out}",
+               "--noise=jitter=0.05,seed=4"], tmp_path)
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert "best:" in proc.stdout and (out / "tune.png").exists() and (out / "tune.csv").exists()
   doc = json.loads((out / "tune.json").read_text())
   best = doc["best_hetpipe"]  # the best WSP configuration (``best`` may be a peer's)
+  assert doc["noise"] == best["noise"] == "jitter=0.05,seed=4"
   assert {"model", "cluster", "batch_size", "policy", "cuts", "nm", "d", "placement", "images_per_sec",
           "efficiency"} <= set(best)
   assert best["images_per_sec"] == max(r["images_per_sec"] for r in doc["results"] if r["waves"] == 6)
   plan = f"--plan={out / 'tune.json'}"
-  proc = _run(["experiments.train", plan, "--plan_entry=best_hetpipe", "--executor=sim",
-               f"--out_dir={tmp_path / 'sim'}"], tmp_path)
+  proc = _run(["experiments.train", plan, "--plan_entry=best_hetpipe", "--executor=sim", "--adapt=off",
+               f"--out_dir={tmp_path / 'sim'}"], tmp_path)  # (the tuner predicts without re-planning)
   assert proc.returncode == 0, proc.stderr[-2000:]
   summary = json.loads((tmp_path / "sim" / "summary.json").read_text())
   assert summary["images_per_second"] == pytest.approx(best["images_per_sec"], rel=0.02)
@@ -239,7 +241,7 @@ def test_tune_cli_and_train_plan(tmp_path):
   proc = _run(["experiments.train", plan, "--plan_entry=best_hetpipe", "--executor=virtual", "--waves=3",
                f"--out_dir={tmp_path / 'virtual'}"], tmp_path)
   assert proc.returncode == 0, proc.stderr[-2000:]
-  assert "trace check: OK" in proc.stdout
+  assert "trace check: OK" in proc.stdout and "note: the plan's noise is a model of the sim executor" in proc.stdout
   other = 1 - best["d"] if best["d"] <= 1 else 0
   proc = _run(["experiments.train", plan, "--plan_entry=best_hetpipe", "--executor=sim", f"--d={other}"], tmp_path)
   assert proc.returncode == 1
