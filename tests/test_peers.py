@@ -10,12 +10,12 @@ import sys
 import pytest
 
 from hetpipe_jax import ConfigError
-from hetpipe_jax.baselines.adapt import proportional
 from hetpipe_jax.baselines.collective import allreduce
 from hetpipe_jax.baselines.hetero_dp import _Speed, split_batch
 from hetpipe_jax.baselines.horovod import allreduce_seconds, horovod_iteration_seconds
 from hetpipe_jax.baselines.knobs import PeerKnobs
 from hetpipe_jax.baselines.sync import SyncJob, Worker, simulate_sync
+from hetpipe_jax.baselines.sync_pipeline import proportional
 from hetpipe_jax.baselines.timeline import CATEGORIES, timeline_report
 from hetpipe_jax.cluster import GpuType, Link, make_cluster
 from hetpipe_jax.cost.batch import BatchProfiles, fixed

@@ -86,20 +86,3 @@ def least_slowest(total: int, fill: Sequence[int], per_item: Sequence[float]) ->
     counts[i] += 1
     heapq.heappush(heap, ((counts[i] + 1 + fill[i]) * per_item[i], i))
   return counts
-
-
-def proportional(total: int, weights: Sequence[float]) -> list[int]:
-  """``total`` split in proportion to ``weights`` by largest remainders, at least 1 each.
-
-  Raises:
-    ConfigError: when ``total`` is smaller than the number of parts.
-  """
-  if total < len(weights):
-    raise ConfigError(f"{total} to split over {len(weights)} workers; give at least one each ({len(weights)})")
-  extra = total - len(weights)
-  exact = [extra * w / sum(weights) for w in weights]
-  parts = [1 + int(x) for x in exact]
-  order = sorted(range(len(weights)), key=lambda i: (-(exact[i] - int(exact[i])), i))
-  for i in order[:total - sum(parts)]:
-    parts[i] += 1
-  return parts

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from hetpipe_jax.baselines.adapt import Microbatches, proportional
+from hetpipe_jax.baselines.adapt import Microbatches
 from hetpipe_jax.baselines.knobs import PeerKnobs
 from hetpipe_jax.baselines.sync import SyncJob, Worker, simulate_sync
 from hetpipe_jax.cluster import Cluster
@@ -54,6 +54,23 @@ def best_of(policies: tuple[str, ...], build) -> SyncJob:
   if best is None:
     raise error or ConfigError("no policy to plan pipelines with")
   return best[1]
+
+
+def proportional(total: int, weights: list[float]) -> list[int]:
+  """``total`` split in proportion to ``weights`` by largest remainders, at least 1 each.
+
+  Raises:
+    ConfigError: when ``total`` is smaller than the number of parts.
+  """
+  if total < len(weights):
+    raise ConfigError(f"{total} to split over {len(weights)} workers; give at least one each ({len(weights)})")
+  extra = total - len(weights)
+  exact = [extra * w / sum(weights) for w in weights]
+  parts = [1 + int(x) for x in exact]
+  order = sorted(range(len(weights)), key=lambda i: (-(exact[i] - int(exact[i])), i))
+  for i in order[:total - sum(parts)]:
+    parts[i] += 1
+  return parts
 
 
 def pipeline_plans(cluster: Cluster, profiles: BatchProfiles, batch_size: int, policy: str,

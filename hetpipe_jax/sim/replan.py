@@ -21,8 +21,9 @@ unfinished is not pushed, and its minibatches are not counted: what a real run w
 cost is over-stated rather than hidden); then every unit whose GPU changes moves its weights and optimizer state
 (its parameter bytes x (1 + optimizer slots)) from its old GPU to its new one, all at once on the simulator's
 links; then the new layout starts from the parameter server's weights with fresh clocks: a WSP run of its own
-(every virtual worker pulls first), its trace checked on its own. Grouping (which GPUs form a virtual worker) is
-not changed, and layouts with tensor-parallel stages are not re-planned (not built: a ConfigError says so).
+(every virtual worker from the same weights), its trace checked on its own by :func:`simulate_replanning`.
+Grouping (which GPUs form a virtual worker) is not changed, and layouts with tensor-parallel stages are not
+re-planned (not built: a ConfigError says so).
 """
 
 from __future__ import annotations
@@ -33,11 +34,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from hetpipe_jax.cluster import Cluster, Gpu, GpuType
+from hetpipe_jax.core.check import check_trace
 from hetpipe_jax.core.trace import Trace
 from hetpipe_jax.core.worker import VirtualWorker
 from hetpipe_jax.cost.context import CostContext
 from hetpipe_jax.cost.profile import UnitProfile
-from hetpipe_jax.errors import ConfigError
+from hetpipe_jax.errors import ConfigError, ProtocolError
 from hetpipe_jax.plan.allocation import layout_plan, plan_cluster
 from hetpipe_jax.plan.layout import Layout
 from hetpipe_jax.sim.network import Simulator
@@ -193,6 +195,7 @@ def simulate_replanning(job: SimJob, costs: CostContext, rule: Replanning,
 
   Raises:
     ConfigError: for a layout with tensor-parallel stages.
+    ProtocolError: when a segment's trace breaks a WSP guarantee (naming the segment and the first violations).
   """
   if any(vw.tp for vw in job.layout.vws):
     raise ConfigError("hetpipe: re-planning a layout with tensor-parallel stages is not built; give --adapt=off "
@@ -206,6 +209,10 @@ def simulate_replanning(job: SimJob, costs: CostContext, rule: Replanning,
     watch = _Watch(part, costs, rule, network)
     trace = Trace()
     end, vws, rows = simulate(part, trace, meta, steady=watch, simulator=network)
+    violations = check_trace(trace.events)
+    if violations:
+      raise ProtocolError(f"re-planning run, layout {len(segments) + 1}: the trace breaks WSP, {len(violations)} "
+                          "violations; first: " + "; ".join(str(v) for v in violations[:3]))
     pushed = [vw.completed // vw.nm for vw in vws]
     segments.append(Segment(layout, start, end, sum(n * vw.nm for n, vw in zip(pushed, vws)), moved, trace, vws,
                             rows))
@@ -218,8 +225,11 @@ def simulate_replanning(job: SimJob, costs: CostContext, rule: Replanning,
   return segments
 
 
-def segment_meta(segments: Sequence[Segment]) -> list[dict[str, Any]]:
-  """The first trace's meta line's ``segments``: each layout's start, end, pushed minibatches, bytes moved before
-  it, Nm and cuts."""
-  return [{"start": s.start, "end": s.end, "minibatches": s.minibatches, "moved_bytes": s.moved_bytes,
-           "nm": s.layout.nms, "cuts": s.layout.cuts} for s in segments]
+def first_trace(segments: Sequence[Segment]) -> list[dict[str, Any]]:
+  """The first segment's trace, its meta line listing every segment (``segments``: each layout's start, end,
+  pushed minibatches, bytes moved before it, Nm and cuts)."""
+  events = segments[0].trace.events
+  events[0] = dict(events[0], segments=[{"start": s.start, "end": s.end, "minibatches": s.minibatches,
+                                         "moved_bytes": s.moved_bytes, "nm": s.layout.nms, "cuts": s.layout.cuts}
+                                        for s in segments])
+  return events

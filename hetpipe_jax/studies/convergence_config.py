@@ -17,6 +17,7 @@ from hetpipe_jax.run.config import check_seed
 from hetpipe_jax.sim.noise import parse_noise
 from hetpipe_jax.studies.convergence_lr import LR_GRID, OUTER_LR_GRID, check_grid
 from hetpipe_jax.systems import BASE_LR_PER_32, LR_SCALINGS
+from hetpipe_jax.systems.runs import without_type
 
 PEERS = ("horovod", "hetero_dp", "sync_pipeline", "local_sgd")
 TUNED_OBJECTIVES = ("time_to_accuracy", "throughput", "measured")
@@ -145,6 +146,11 @@ class ConvergenceConfig:
   def outer_rules(self) -> tuple[str, ...]:
     """The outer rules of ``outer`` (several separated by ';'; none when empty)."""
     return tuple(rule.strip() for rule in self.outer.split(";") if rule.strip())
+
+  @property
+  def peer_cluster(self) -> Cluster:
+    """The cluster the peers run on: ``cluster`` without the ``whimpy`` type, where one is named."""
+    return without_type(self.cluster, self.whimpy) if self.whimpy else self.cluster
 
   @property
   def time_model_name(self) -> str | None:

@@ -16,7 +16,6 @@ from hetpipe_jax.studies.convergence_lr import LrChoice, LrPilot, outer_rate, se
 from hetpipe_jax.studies.convergence_study import HETPIPE, Progress, Spec, Study, outer_system
 from hetpipe_jax.systems import Curve, SystemSpec, TrainSetting, rule_lr
 from hetpipe_jax.systems.hetpipe import HetPipeSetting, Trainer, WaveRun, simulated_images_per_sec, training_of
-from hetpipe_jax.systems.runs import without_type
 
 SSP = "ssp"
 
@@ -166,8 +165,7 @@ class Runner:
                                                    study.knobs.adapt)
       else:
         spec = next(p for p in study.peers if p.name == run.name)
-        cluster = without_type(study.cluster, self.config.whimpy) if self.config.whimpy else study.cluster
-        self.noisy[key] = spec.system.simulate(cluster, study.profiles, self.config.batch_size,
+        self.noisy[key] = spec.system.simulate(self.config.peer_cluster, study.profiles, self.config.batch_size,
                                                study.knobs._replace(noise=noise), study.costs,
                                                self.config.time_model_name or study.model.name).images_per_sec
     return self.noisy[key]

@@ -27,7 +27,6 @@ from hetpipe_jax.studies.convergence_config import ConvergenceConfig
 from hetpipe_jax.studies.convergence_target import Target
 from hetpipe_jax.systems import HetPipe, SystemSpec, simulate_systems
 from hetpipe_jax.systems.hetpipe import HetPipeSetting
-from hetpipe_jax.systems.runs import without_type
 
 HETPIPE, HETPIPE_OUTER = HetPipe.name, "hetpipe_outer"  # HetPipe's learning-rate system; the prefix of an outer rule's
 Progress = Callable[[str], None]
@@ -180,7 +179,7 @@ def make_study(config: ConvergenceConfig, progress: Progress) -> Study:
   sim_model, sim_data = (full_size_model(time_model), FULL_SIZE[time_model]) if time_model else (model, dataset)
   knobs = config.knobs._replace(microbatches=config.knobs.microbatches or cluster.num_gpus)
   costs = study_costs(config)
-  peers = simulate_systems(config.systems, without_type(cluster, config.whimpy) if config.whimpy else cluster,
+  peers = simulate_systems(config.systems, config.peer_cluster,
                            profiles, b, costs, knobs, time_model or model.name, progress)
   policies, not_run = plannable(config, units, costs, model.num_units)
   not_run.update({p.system.name: str(p.reason) for p in peers if p.run is None})

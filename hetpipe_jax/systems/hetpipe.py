@@ -34,7 +34,7 @@ from hetpipe_jax.plan.costmodel import ideal_images_per_sec
 from hetpipe_jax.run.config import RunConfig
 from hetpipe_jax.run.result import RunResult
 from hetpipe_jax.sim import SimJob, SimOptions, simulate
-from hetpipe_jax.sim.replan import Replanning, segment_meta, simulate_replanning
+from hetpipe_jax.sim.replan import Replanning, first_trace, simulate_replanning
 from hetpipe_jax.staleness import mean_staleness
 from hetpipe_jax.systems.base import DEFAULT_KNOBS, WSP, Curve, CurvePoint, System, SystemRun, TrainSetting
 
@@ -65,8 +65,8 @@ def simulated_rate(job: SimJob, batch_size: int, what: str,
                    replanning: tuple[CostContext, Replanning] | None = None) -> tuple[float, Trace]:
   """(examples/s, the trace) of ``job`` on the simulator, the trace checked by the WSP checker (``what`` names the
   run in the error): how every HetPipe configuration a study times by its plans is simulated. With
-  ``replanning`` (the costs it plans with, its rule), HetPipe's adaptation runs (:mod:`hetpipe_jax.sim.replan`):
-  every segment's trace is checked; the first is returned, its meta line listing the segments.
+  ``replanning`` (the costs it plans with, its rule), HetPipe's adaptation runs (:mod:`hetpipe_jax.sim.replan`,
+  which checks every segment's trace): the first is returned, its meta line listing the segments.
 
   Raises:
     ProtocolError: when a trace breaks a WSP guarantee.
@@ -77,10 +77,8 @@ def simulated_rate(job: SimJob, batch_size: int, what: str,
     require_wsp(trace.events, what)
     return sum(vw.completed for vw in vws) * batch_size / seconds, trace
   segments = simulate_replanning(job, *replanning)
-  for k, segment in enumerate(segments):
-    require_wsp(segment.trace.events, f"{what}, layout {k + 1} of {len(segments)}")
-  trace = segments[0].trace
-  trace.events[0] = dict(trace.events[0], segments=segment_meta(segments))
+  trace = Trace()
+  trace.extend(first_trace(segments))
   return sum(s.minibatches for s in segments) * batch_size / segments[-1].end, trace
 
 

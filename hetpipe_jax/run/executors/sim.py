@@ -6,14 +6,14 @@ from __future__ import annotations
 import re
 import time
 
-from hetpipe_jax.core.trace import Trace
+from hetpipe_jax.core.trace import Trace, write_trace
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.precision import PRECISIONS
 from hetpipe_jax.run.executors.base import Executor
 from hetpipe_jax.run.result import RunResult
 from hetpipe_jax.run.session import require_pushes, trained_images
 from hetpipe_jax.run.setup import Setup
-from hetpipe_jax.sim.replan import KEEP, Replanning, segment_meta, simulate_replanning
+from hetpipe_jax.sim.replan import KEEP, Replanning, first_trace, simulate_replanning
 from hetpipe_jax.sim.simulate import SimJob
 from hetpipe_jax.sim.simulate import run as simulate
 
@@ -62,14 +62,11 @@ def _replanning(setup: Setup) -> RunResult:
   rule = c.layout.nm if isinstance(c.layout.nm, str) else KEEP
   t_host = time.perf_counter()
   segments = simulate_replanning(job(setup), setup.costs, Replanning(nm_rule=rule), setup.fields)
-  events = segments[0].trace.events
-  events[0] = dict(events[0], segments=segment_meta(segments))
+  events = first_trace(segments)
   if c.trace_path:
     for k, segment in enumerate(segments):
       path = c.trace_path if k == 0 else re.sub(r"(\.jsonl)?$", f".layout{k + 1}.jsonl", c.trace_path, count=1)
-      out = Trace(path)
-      out.extend(events if k == 0 else segment.trace.events)
-      out.close()
+      write_trace(path, events if k == 0 else segment.trace.events)
   rows = [r for s in segments for r in s.rows]
   require_pushes(rows)
   last = segments[-1]
