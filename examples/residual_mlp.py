@@ -39,6 +39,12 @@ def model(width: int = 32, blocks: int = 4, classes: int = 10) -> hp.LayeredMode
   return hp.from_modules(units, names=names, input_shape=(8, 8, 1), name="residual_mlp")
 
 
+def deep() -> hp.LayeredModel:
+  """Ten residual blocks (12 units): room for the planner to move work between stages a few units at a time
+  (``--model=examples.residual_mlp:deep``; what ``experiments.bench_live_adapt`` re-plans)."""
+  return model(blocks=10)
+
+
 if __name__ == "__main__":
   hp.ensure_cpu_devices(8)
   result = hp.run_hetpipe(model(), hp.synthetic(), hp.RunConfig.of(num_vws=2, stages=3, nm=2, d=1, waves=30))

@@ -22,10 +22,12 @@ number of local steps per round) of each worker's own, the same examples as thos
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import gzip
 import os
 import struct
+from collections.abc import Sequence
 
 import numpy as np
 from absl import logging
@@ -234,6 +236,14 @@ class MinibatchStreams:
     self.dataset, self.batch_size, self.num_vws, self.seed = dataset, batch_size, num_vws, seed
     self.batches_per_epoch = n // batch_size
     self._perms: dict[int, np.ndarray] = {}
+    self.taken: tuple[int, ...] = (0,) * num_vws  # minibatches each virtual worker drew before (see :meth:`after`)
+
+  def after(self, taken: Sequence[int]) -> MinibatchStreams:
+    """These streams once virtual worker i has drawn ``taken[i]`` minibatches: minibatch p of the result is
+    minibatch ``taken[i] + p`` of these (a run that goes on in another layout)."""
+    out = copy.copy(self)
+    out.taken, out._perms = tuple(taken), {}
+    return out
 
   def _perm(self, epoch: int) -> np.ndarray:
     if epoch not in self._perms:
@@ -245,7 +255,7 @@ class MinibatchStreams:
 
   def index(self, vw: int, mb: int) -> tuple[int, int]:
     """(epoch, batch within the epoch) of minibatch ``mb`` (from 1) of virtual worker ``vw``."""
-    g = (mb - 1) * self.num_vws + vw
+    g = (mb + self.taken[vw] - 1) * self.num_vws + vw
     return divmod(g, self.batches_per_epoch)
 
   def __call__(self, vw: int, mb: int) -> tuple[np.ndarray, np.ndarray]:

@@ -51,6 +51,9 @@ class FakeNode:
   def put(self, key: str, value: str) -> None:
     self.keys[key] = value
 
+  def scoped(self, name: str) -> str:  # (one part: names as they are)
+    return name
+
   def publish_fatal(self, message: str) -> None:
     self.fatal = self.fatal or message
 

@@ -98,7 +98,7 @@ class ClockService:
     self._order("gather", n=self._gathers)  # the final weights
     for _ in range(1 + FOLLOW_AHEAD):  # the copies ask for entries ahead: those after the stop are stops too
       self._order(protocol.STOP)
-    ctx.node.put(GATHERS_KEY, str(self._gathers + 1))
+    ctx.node.put(ctx.node.scoped(GATHERS_KEY), str(self._gathers + 1))
 
   def _finished(self) -> bool:
     """Every virtual worker still in has pushed every wave."""
@@ -185,7 +185,7 @@ class ClockService:
       del self._have[key]
     ctx.emit("t", ev="leave", vw=vw, pushed=self._clock.c_local[vw], reason=reason)
     self._order("leave", vw=vw)
-    ctx.node.put(LEFT_KEY.format(vw=vw), reason)
+    ctx.node.put(ctx.node.scoped(LEFT_KEY.format(vw=vw)), reason)
 
   def _order(self, op: str, tail: Sequence[int] = (), **fields: int) -> None:
     """Appends an entry to the order every copy of the shards follows."""

@@ -35,8 +35,10 @@ from hetpipe_jax.runtime.distributed import DEAD_AFTER_S, POLL_S, Node, PeerGone
 from hetpipe_jax.runtime.mailbox import TIMEOUT_S, Mailbox, collect, deliver, unflatten_units
 from hetpipe_jax.runtime.mixed import compute_dtype
 from hetpipe_jax.runtime.node_job import Job, build_stage, nodes_of
+from hetpipe_jax.runtime.ps import ParameterServer
 from hetpipe_jax.runtime.remote import process_of
-from hetpipe_jax.runtime.shards import ShardFollower
+from hetpipe_jax.runtime.shards import ShardFollower, copies_server
+from hetpipe_jax.runtime.stage import Stage
 from hetpipe_jax.runtime.stage_loop import StageLoop
 
 
@@ -49,6 +51,8 @@ class Options:
     cost / time_scale: a task's emulated seconds and the padding (0: none).
     part_path: where this process writes its trace part as it goes (None: kept in memory only).
     slow: this process's slowdowns, (factor, start, end) on its clock (:attr:`Context.slow`).
+    origin: a later part of a run (one layout after another in the same processes): when its first part started,
+      on this process's ``perf_counter``; the slowdowns count from it (None: this run is the first part).
   """
 
   waves: int
@@ -59,6 +63,7 @@ class Options:
   time_scale: float
   part_path: str | None
   slow: tuple[tuple[float, float, float], ...] = ()
+  origin: float | None = None
 
 
 @dataclasses.dataclass
@@ -79,11 +84,15 @@ def backups(num_processes: int) -> list[int | None]:
   return [(p + 1) % num_processes if num_processes > 1 else None for p in range(num_processes)]
 
 
+Built = dict[tuple[Any, ...], Any]  # compiled stages (with their inputs' specs) and PS copies, by what they hold
+
+
 class DecentralJob:
   """This process's part of a decentralised run (see the module docstring)."""
 
-  def __init__(self, node: Node, job: Job, options: Options):
+  def __init__(self, node: Node, job: Job, options: Options, built: Built | None = None):
     self.node, self.job, self.options = node, job, options
+    self.built = {} if built is None else built
     nodes = nodes_of(job.cluster)
     owners = process_of(job.layout, nodes)
     shard_owners = [nodes.index(n) for n in job.shard_nodes]
@@ -99,19 +108,56 @@ class DecentralJob:
     """Builds and compiles this process's threads, meets every other process, starts the threads."""
     ctx, job, me = self.ctx, self.job, self.node.process
     if ctx.held_units(me):
-      self.threads.append((ShardFollower(ctx, job.init_params, job.ps_tx).thread, None))
+      self.threads.append((ShardFollower(ctx, job.init_params, job.ps_tx, self._server()).thread, None))
     x0, y0 = job.streams(0, 1)
     for (i, j), process in sorted(ctx.owners.items()):
       if process == me:
-        self.threads.append((StageLoop(ctx, i, j, *build_stage(job, i, j, x0, y0)).thread, i))
+        self.threads.append((StageLoop(ctx, i, j, *self._stage(i, j, x0, y0, True)).thread, i))
     if me == ctx.clock:
       self.threads.append((ClockService(ctx, self.options.eval_every, self.options.on_nonfinite).thread, None))
     self.node.connect_all()
-    self.node.barrier("hetpipe_jax/ready", 600)  # every stage compiled and connected before the clocks start
+    self.node.barrier(self.node.scoped("hetpipe_jax/ready"), 600)  # every stage compiled and connected: clocks start
     ctx.t_start = time.perf_counter()
+    if self.options.origin is not None:  # the slowdowns count from the run's start
+      shift = ctx.t_start - self.options.origin
+      ctx.slow = tuple((factor, start - shift, end - shift) for factor, start, end in ctx.slow)
     ctx.watch()
     for thread, _ in self.threads:
       thread.start()
+
+  def compile(self) -> None:
+    """Compiles this process's stages and PS copies of this job into :attr:`built`, starting nothing and touching
+    nothing already there (a part of the run prepared while another trains)."""
+    ctx, me = self.ctx, self.node.process
+    if ctx.held_units(me):
+      self._server()
+    x0, y0 = self.job.streams(0, 1)
+    for (i, j), process in sorted(ctx.owners.items()):
+      if process == me:
+        self._stage(i, j, x0, y0, False)
+
+  def _server(self) -> ParameterServer | None:
+    """The server of this process's PS copies, compiled: one of :attr:`built` for the same units (its
+    :class:`ShardFollower` restarts it from this job's weights), else a new one, kept there; None for a rule of
+    the run's own (its follower compiles it afresh)."""
+    if self.job.ps_tx is not None:
+      return None
+    key = ("ps", tuple(self.ctx.held_units(self.node.process)), self.ctx.d, str(self.ctx.push_dtype))
+    if key not in self.built:
+      self.built[key] = copies_server(self.ctx, self.job.init_params, None)
+    return self.built[key]
+
+  def _stage(self, i: int, j: int, x0, y0, restart: bool) -> tuple[Stage, dict[str, list[tuple[Any, Any]]]]:
+    """Stage j of virtual worker i, compiled: one of :attr:`built` when it holds the same units on the same GPUs
+    with the same Nm (restarted from this job's weights when ``restart``), else a new one (kept there)."""
+    vw = self.job.layout.vws[i]
+    key = (i, j, vw.stage_units(j), vw.nm, tuple(g.index for g in vw.stage_gpus(j)))
+    if key not in self.built:
+      self.built[key] = build_stage(self.job, i, j, x0, y0)
+    elif restart:
+      units = vw.stage_units(j)
+      self.built[key][0].restart(self.job.init_params[units.start:units.stop])
+    return self.built[key]
 
   def _stopping(self) -> bool:
     node = self.node
@@ -126,13 +172,14 @@ class DecentralJob:
         thread.join(POLL_S)
         if self._stopping():
           return False
-        if vw is not None and node.try_get(LEFT_KEY.format(vw=vw)) is not None:
+        if vw is not None and node.try_get(node.scoped(LEFT_KEY.format(vw=vw))) is not None:
           self._left_behind.append(thread)
           break
     return not self._stopping()
 
-  def finish(self) -> Outcome | None:
-    """Runs to the end; returns process 0's :class:`Outcome` (None on the other processes).
+  def finish(self, last: bool = True) -> Outcome | None:
+    """Runs to the end; returns process 0's :class:`Outcome` (None on the other processes). Not ``last`` (a part of
+    a run another part follows, in the same processes): the node stays open.
 
     A process other than 0 whose threads still wait inside the transport (the job stopped early, or a
     virtual worker left) closes and ends at once (``os._exit``: Python's teardown would abort under those
@@ -156,7 +203,8 @@ class DecentralJob:
       text = "".join(json.dumps(ev, separators=(",", ":")) + "\n" for ev in self.trace.events) or "\n"
       deliver(node, ctx.mailbox, 0, protocol.tag("trace_part", process=node.process),
               [jax.device_put(np.frombuffer(text.encode(), np.uint8), node.device)])
-      self._close()
+      if last:
+        self._close()
       return None
     parts, missing = [self.trace.events], []
     for p in range(1, node.num_processes):  # each sends its part once its threads are done
@@ -167,7 +215,8 @@ class DecentralJob:
         missing.append(p)
         parts.append(self._left_behind_part(p))
     outcome = Outcome(parts, gathers, seconds, missing)
-    self._close()
+    if last:
+      self._close()
     return outcome
 
   def _left_behind_part(self, process: int) -> list[dict[str, Any]]:
@@ -223,7 +272,7 @@ class DecentralJob:
     ctx, node = self.ctx, self.node
     treedefs = [jax.tree.structure(p) for p in self.job.init_params]
     out, applied = [], {}
-    count = int(node.get(GATHERS_KEY, TIMEOUT_S))
+    count = int(node.get(node.scoped(GATHERS_KEY), TIMEOUT_S))
     for n in range(count):
       params: list[Any] = [None] * ctx.num_units
       for p in ctx.copy_holders():

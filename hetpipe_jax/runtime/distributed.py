@@ -131,6 +131,12 @@ class Node:
     self.recoverable, self._beating = False, False  # see :meth:`beat`
     self.dead: set[int] = set()  # process 0's verdicts (see :meth:`watch`)
     self.fatal: str | None = None  # why the job cannot go on (process 0, see :meth:`watch`)
+    self.scope = ""  # prefixes every message tag and scoped key: a run of several parts (one layout after another)
+
+  def scoped(self, name: str) -> str:
+    """``name`` in the current part of the job (:attr:`scope`: messages, keys and barriers of one part never
+    meet those of another)."""
+    return self.scope + name
 
   # --- control: the key-value store --------------------------------------------------------------------
 
@@ -175,7 +181,7 @@ class Node:
 
   def send(self, dst: int, tag: str, arrays: Sequence[jax.Array]) -> None:
     """Offers ``arrays`` to process ``dst`` as the next message on channel ``tag``; does not block."""
-    arrays = list(arrays)
+    arrays, tag = list(arrays), self.scoped(tag)
     with self._lock:
       seq = self._sent.get((dst, tag), 0)
       self._sent[(dst, tag)] = seq + 1
@@ -197,7 +203,7 @@ class Node:
     went to ``dst`` on ``stream``: the caller's guarantee that by then the receiver has pulled them (e.g. a
     stage's activations: the Nm window lets at most Nm of them be in flight)."""
     arrays = list(arrays)
-    self._server.await_pull(_direct_id(self.process, dst, tag), arrays)
+    self._server.await_pull(_direct_id(self.process, dst, self.scoped(tag)), arrays)
     with self._lock:
       held = self._direct.setdefault((dst, stream), collections.deque(maxlen=hold))
       held.append(arrays)
@@ -214,7 +220,7 @@ class Node:
     sharding = jax.sharding.SingleDeviceSharding(self.device)
     shapes = [jax.ShapeDtypeStruct(tuple(shape), jnp.dtype(dtype), sharding=sharding) for shape, dtype in specs]
     connection = self._connection(src, timeout_s)
-    uid = _direct_id(src, self.process, tag)
+    uid = _direct_id(src, self.process, self.scoped(tag))
     return list(self.pull_unless_gone(src, tag, lambda: jax.block_until_ready(connection.pull(uid, shapes)),
                                        timeout_s))
 
@@ -224,7 +230,7 @@ class Node:
     takes the request's trip off the message's path (the sender's transfer server holds the request)."""
     sharding = jax.sharding.SingleDeviceSharding(self.device)
     shapes = [jax.ShapeDtypeStruct(tuple(shape), jnp.dtype(dtype), sharding=sharding) for shape, dtype in specs]
-    return list(self._connection(src, 60.0).pull(_direct_id(src, self.process, tag), shapes))
+    return list(self._connection(src, 60.0).pull(_direct_id(src, self.process, self.scoped(tag)), shapes))
 
   def wait_direct(self, src: int, tag: str, arrays: list[jax.Array]) -> list[jax.Array]:
     """Waits, as long as it takes, for what :meth:`post_direct` asked for (a thread that does nothing else).
@@ -244,6 +250,7 @@ class Node:
     Raises:
       TimeoutError: when no message arrives within ``timeout_s``.
     """
+    tag = self.scoped(tag)
     with self._lock:
       seq = self._received.get((src, tag), 0)
       self._received[(src, tag)] = seq + 1

@@ -90,9 +90,8 @@ class ParameterServer:
     self.device = device or jax.local_devices(backend="cpu")[0]
     self.num_shards = len(params)
     self._tx = optax.with_extra_args_support(tx or optax.identity())  # every rule gets the pusher (``vw``)
-    params = tuple(jax.device_put(tuple(params), self.device, may_alias=False))  # its own: pushes donate them
-    self._state = ServerState(params, jax.device_put(self._tx.init(params), self.device), wsp.init(num_vws))
     self._cond = threading.Condition()
+    self.restart(params, num_vws)
     self._apply = jax.jit(self._apply_fn, donate_argnums=(0, 1))  # in place: see the module docstring
     self._apply_checked = jax.jit(self._apply_checked_fn, donate_argnums=(0, 1))  # (its producer checked it)
     self._copy = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))  # one dispatch for every leaf
@@ -112,6 +111,14 @@ class ParameterServer:
     updates = _as_weights(updates, params)
     new_updates, new_opt_state = self._tx.update(updates, opt_state, params, vw=vw)
     return optax.apply_updates(params, new_updates), new_opt_state
+
+  def restart(self, params: Sequence[Any], num_vws: int) -> None:
+    """Starts from ``params`` for ``num_vws`` virtual workers, compiled as it is: fresh optax state, clocks from 0,
+    nothing dropped (at construction, and for the next part of a run in the same processes)."""
+    params = tuple(jax.device_put(tuple(params), self.device, may_alias=False))  # its own: pushes donate them
+    with self._cond:
+      self._state = ServerState(params, jax.device_put(self._tx.init(params), self.device), wsp.init(num_vws))
+      self.dropped = {}
 
   def warm_up(self) -> None:
     """Compiles the apply programs on zero updates, and the serves' copy (results discarded), before a

@@ -224,6 +224,15 @@ FOLLOW_AHEAD = 2  # order entries a copy asks for ahead (the clock sends as many
 KEEP_SERVED = 3  # pulls a backup keeps of each virtual worker (those a stage may still wait for)
 
 
+def copies_server(ctx: Context, params: Sequence[Any], tx) -> ParameterServer:
+  """The server of the PS copies this process holds (:meth:`Context.held_units`), from ``params`` (every unit's),
+  its apply compiled for the pushes' dtype."""
+  ps = ParameterServer([params[u] for u in ctx.held_units(ctx.node.process)], ctx.layout.num_vws, ctx.d, tx,
+                       update_dtype=ctx.push_dtype)  # one rule everywhere
+  ps.warm_up()
+  return ps
+
+
 class ShardFollower:
   """The copies of PS shards this process holds in a decentralised run (:mod:`hetpipe_jax.runtime.decentral`):
   those whose primary it is and those it backs up, their global weights and optax state, applied, served
@@ -240,14 +249,17 @@ class ShardFollower:
     ctx: this process's context.
     params: the initial global weights of every unit (those held here are kept).
     tx: the apply rule (:class:`~hetpipe_jax.runtime.ps.ParameterServer`).
+    ps: the copies' server as an earlier part of the run compiled it, for the same units and rule (None: build one).
   """
 
-  def __init__(self, ctx: Context, params: Sequence[Any], tx):
+  def __init__(self, ctx: Context, params: Sequence[Any], tx, ps: ParameterServer | None = None):
     me = ctx.node.process
     self.ctx, self.units = ctx, ctx.held_units(me)
-    self.ps = ParameterServer([params[u] for u in self.units], ctx.layout.num_vws, ctx.d, tx,  # one rule everywhere
-                              update_dtype=ctx.push_dtype)  # (compiled at warm-up for the pushes' dtype)
-    self.ps.warm_up()
+    if ps is None:
+      self.ps = copies_server(ctx, params, tx)
+    else:
+      self.ps = ps
+      ps.restart([params[u] for u in self.units], ctx.layout.num_vws)
     self._treedefs = [jax.tree.structure(params[u]) for u in self.units]
     self._actor = Actor(ctx, self._step)
     self._lost: set[int] = set()  # processes the order said were lost

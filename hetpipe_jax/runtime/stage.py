@@ -229,8 +229,9 @@ class Stage:
     self.state = self.state._replace(waves={})
 
   def restart(self, global_params) -> None:
-    """A replacement of a failed stage: the global weights, a fresh local optimizer, nothing open."""
-    self._saved = {}
+    """A replacement of a failed stage, or the next part of a run (in the same processes, compiled as it is): the
+    global weights, a fresh local optimizer, nothing open or skipped."""
+    self._saved, self.skipped = {}, {}
     self.state = self._fresh_state(global_params)
 
   def checkpoint_state(self) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from hetpipe_jax.sim.noise import HELP as NOISE_HELP
 from hetpipe_jax.sim.noise import parse_noise
 
 ADAPT = ("auto", "on", "off")
+ADAPT_OPTIONS = ("adapt", "replan_every")  # what an executor that adapts live reads too (Executor.adapts)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +31,7 @@ class SimOptions:
       ``images`` are the whole run's).
     noise: the GPUs' and links' variance (:mod:`hetpipe_jax.sim.noise`).
     adapt: HetPipe's adaptation to it (:mod:`hetpipe_jax.sim.replan`): ``on``, ``off``, ``auto`` (under noise).
+    replan_every: the adaptation decides every this many waves (:class:`~hetpipe_jax.sim.replan.Replanning`).
   """
 
   # metadata: the training CLI's help, and the flat name (hetpipe_jax.run.config.setting)
@@ -47,11 +49,16 @@ class SimOptions:
       "sim executor: the GPUs' variance (hetpipe_jax.sim.noise): " + NOISE_HELP + ".")})
   adapt: str = dataclasses.field(default="auto", metadata={"help": (
       "sim executor: HetPipe's adaptation (hetpipe_jax.sim.replan): re-cut the stages and re-size the waves from "
-      "measured speed when it pays: on, off, or auto (under --noise).")})
+      "measured speed when it pays: on, off, or auto (under --noise); multiprocess executor: on re-plans live "
+      "from measured task times (hetpipe_jax.run.executors.live_replan), auto and off keep the layout.")})
+  replan_every: int = dataclasses.field(default=10, metadata={"help": (
+      "sim and multiprocess executors: HetPipe's adaptation decides every this many waves.")})
 
   def __post_init__(self):
     if self.adapt not in ADAPT:
       raise ConfigError(f"adapt={self.adapt!r}; give one of {', '.join(ADAPT)}")
+    if self.replan_every < 1:
+      raise ConfigError(f"replan_every={self.replan_every}; give a number of waves >= 1")
     parse_noise(self.noise)
 
   @property
@@ -70,5 +77,6 @@ ELSEWHERE = {
     "staged_ps": "moves a virtual worker's push and pull as one",
     "fast": "runs every wave",
     "noise": "runs every task at its own machine's speed (the sim executor's variance model is not there)",
-    "adapt": "keeps its layout (re-planning from measured speed is the sim executor's)",
+    "adapt": "keeps its layout (re-planning from measured speed is the sim and multiprocess executors')",
+    "replan_every": "keeps its layout (re-planning from measured speed is the sim and multiprocess executors')",
 }

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -223,6 +224,12 @@ def simulate_replanning(job: SimJob, costs: CostContext, rule: Replanning,
     moved = sum(m[2] for m in moves)
     start, layout = _move(job.cluster, moves, end, noise), watch.replan
   return segments
+
+
+def segment_path(path: str, k: int) -> str:
+  """Where segment ``k`` (from 0) of a re-planning run writes its trace: the trace path, then
+  ``TRACE.layout2.jsonl``, ..."""
+  return path if k == 0 else re.sub(r"(\.jsonl)?$", f".layout{k + 1}.jsonl", path, count=1)
 
 
 def first_trace(segments: Sequence[Segment]) -> list[dict[str, Any]]:

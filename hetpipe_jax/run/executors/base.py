@@ -10,7 +10,7 @@ from hetpipe_jax.plan.placement import PLACEMENTS
 from hetpipe_jax.run.config import FLAT_NAME, RunConfig
 from hetpipe_jax.run.result import RunResult
 from hetpipe_jax.run.setup import Setup
-from hetpipe_jax.sim.options import ELSEWHERE
+from hetpipe_jax.sim.options import ADAPT_OPTIONS, ELSEWHERE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,6 +24,7 @@ class Executor:
     wall_options: it reads :class:`~hetpipe_jax.run.config.WallOptions`.
     checkpoints: it can save and resume checkpoints.
     slows: it runs ``faults.slow`` (a real delay of a node's tasks).
+    adapts: it reads the sim options ``adapt`` and ``replan_every`` (HetPipe's adaptation, live).
     placements / precisions: what it runs of those.
     check: further rules of its own on a config (after the common ones).
   """
@@ -36,6 +37,7 @@ class Executor:
   wall_options: bool = False
   checkpoints: bool = True
   slows: bool = False
+  adapts: bool = False
   placements: tuple[str, ...] = PLACEMENTS
   precisions: tuple[str, ...] = ("fp32",)
   check: Callable[[RunConfig], None] | None = None
@@ -49,6 +51,8 @@ class Executor:
     """
     if not self.sim_options:
       for field in config.sim.set_fields():
+        if self.adapts and field in ADAPT_OPTIONS:
+          continue
         name = FLAT_NAME[("sim", field)]
         raise ConfigError(f"{name} is a model of the sim executor; the {self.name} executor {ELSEWHERE[field]}: "
                           f"drop {name} or use executor=sim")

@@ -4,7 +4,10 @@ engine on the wall clock and returns the run's result (the others return an empt
 
 from __future__ import annotations
 
+import dataclasses
+import threading
 import time
+from collections.abc import Sequence
 
 import jax
 from absl import logging
@@ -14,13 +17,17 @@ from hetpipe_jax.core.trace import write_trace
 from hetpipe_jax.errors import ConfigError, ProtocolError, RunStopped
 from hetpipe_jax.evaluate import make_evaluator
 from hetpipe_jax.plan.costmodel import check_memory
+from hetpipe_jax.plan.layout import Layout
 from hetpipe_jax.plan.placement import place_shards
 from hetpipe_jax.precision import PRECISIONS
 from hetpipe_jax.run.executors.base import Executor
+from hetpipe_jax.run.executors.live_replan import Ran, run_adapting
+from hetpipe_jax.run.executors.live_replan import check as check_adapting
 from hetpipe_jax.run.executors.wall import runner
 from hetpipe_jax.run.result import RunResult
 from hetpipe_jax.run.session import Built, require_pushes, run_engine, trained_images
 from hetpipe_jax.run.setup import Setup
+from hetpipe_jax.runtime import decentral_job
 from hetpipe_jax.runtime.channels import wait
 from hetpipe_jax.runtime.decentral_job import DecentralJob, Options
 from hetpipe_jax.runtime.distributed import current_node
@@ -29,11 +36,13 @@ from hetpipe_jax.runtime.node_job import Job, NodeJob, check_node, nodes_of
 from hetpipe_jax.runtime.remote import merge_records
 
 
-def job(setup: Setup, init_params) -> Job:
-  """What every process builds its part from."""
+def job(setup: Setup, init_params, taken: Sequence[int] | None = None) -> Job:
+  """What every process builds its part from (``taken``: the minibatches each virtual worker drew in earlier parts
+  of the run)."""
   c = setup.config
   shard_nodes = place_shards(setup.cluster, setup.profiles, setup.layout, c.layout.placement)
-  return Job(setup.model, setup.streams(), init_params, setup.layout, setup.cluster, shard_nodes, setup.tx,
+  streams = setup.streams() if taken is None else setup.streams().after(taken)
+  return Job(setup.model, streams, init_params, setup.layout, setup.cluster, shard_nodes, setup.tx,
              c.wsp.weight_mode, c.wsp.d, c.optim.server_rule(setup.layout.num_vws, setup.layout.nms),
              c.optim.on_nonfinite == "skip", c.precision)
 
@@ -45,40 +54,100 @@ def decentralised(setup: Setup) -> bool:
   return not (c.checkpoint.directory or c.faults.failures or c.faults.rejoin)
 
 
-def _run_decentral(setup: Setup, node, init_params) -> RunResult:
+def _options(setup: Setup, node, origin: float | None) -> Options:
   c = setup.config
   nodes = nodes_of(setup.cluster)
   for n, *_ in c.faults.slow:
     if n not in nodes:
       raise ConfigError(f"slow={n}:...: cluster {setup.cluster.name!r} has nodes {nodes[0]}..{nodes[-1]}")
-  options = Options(c.waves, c.wsp.schedule, c.eval_every, c.optim.on_nonfinite,
-                    setup.task_cost if c.wall.time_scale > 0 else None, c.wall.time_scale,
-                    f"{c.trace_path}.part{node.process}" if c.trace_path else None,
-                    c.faults.slow_of(nodes[node.process]))
-  part = DecentralJob(node, job(setup, init_params), options)
-  if node.process == 0:  # a lost process's virtual workers leave (the clock says so), unless it held shards
-    node.watch(part.ctx.fatal_loss)
-  t_host = time.perf_counter()
+  return Options(c.waves, c.wsp.schedule, c.eval_every, c.optim.on_nonfinite,
+                 setup.task_cost if c.wall.time_scale > 0 else None, c.wall.time_scale,
+                 f"{c.trace_path}.part{node.process}" if c.trace_path else None,
+                 c.faults.slow_of(nodes[node.process]), origin)
+
+
+class _Parts:
+  """What the parts of a run share in a process: the compiled stages and PS copies
+  (:data:`~hetpipe_jax.runtime.decentral_job.Built`), the part running now (process 0's verdict on a lost process
+  is that part's), and the compiling of a layout prepared while it trains."""
+
+  def __init__(self):
+    self.part: DecentralJob | None = None
+    self.built: decentral_job.Built = {}
+    self._preparing: threading.Thread | None = None
+    self._failed: list[BaseException] = []
+
+  def prepare(self, part: DecentralJob) -> None:
+    """Compiles ``part`` (:meth:`DecentralJob.compile`) in the background."""
+
+    def body() -> None:
+      try:
+        part.compile()
+      except BaseException as e:  # pylint: disable=broad-except  # raised again by wait
+        self._failed.append(e)
+
+    self._preparing = threading.Thread(target=body, name="prepare", daemon=True)
+    self._preparing.start()
+
+  def wait(self) -> None:
+    """Waits for the compiling :meth:`prepare` started (raising what it raised)."""
+    if self._preparing is not None:
+      self._preparing.join()
+      self._preparing = None
+    if self._failed:
+      raise self._failed.pop()
+
+
+def _run_part(setup: Setup, node, params, taken: Sequence[int] | None, origin: float | None, last: bool,
+              parts: _Parts, prepare: Layout | None = None) -> tuple[Ran | None, float]:
+  """One decentralised run (a part of the run, or all of it): process 0's :class:`Ran` (None elsewhere; its metrics
+  not evaluated yet), and the run's origin (the first part's start, on this process's clock). ``prepare``: a layout
+  whose stages and PS copies this process compiles while the part trains."""
+  c = setup.config
+  parts.wait()
+  part = DecentralJob(node, job(setup, params, taken), _options(setup, node, origin), parts.built)
+  parts.part = part
   part.start()
-  outcome = part.finish()
+  if prepare is not None:
+    ahead = dataclasses.replace(setup, layout=prepare, clock_layout=prepare)
+    parts.prepare(DecentralJob(node, job(ahead, params, taken), _options(ahead, node, None), parts.built))
+  origin = part.ctx.t_start if origin is None else origin
+  start = part.ctx.t_start - origin
+  outcome = part.finish(last)
   if outcome is None:
-    return RunResult(None, None, [], [], 0.0, 0.0, [], setup.layout.cuts, 0)
-  meta = setup.meta_line()
-  events, unplaced, dropped = merge(meta, outcome.parts)
+    return None, origin
+  if outcome.missing and not last:
+    raise RunStopped(f"processes {outcome.missing} were lost in a part of an adapting run, whose next layout needs "
+                     "their GPUs: run with --adapt=off to go on without them")
+  events, unplaced, dropped = merge(setup.meta_line(), outcome.parts)
   if unplaced:
     raise ProtocolError(f"{unplaced} trace events of a complete run could not be placed in causal order")
   if dropped or outcome.missing:
     logging.info("trace: %d events of virtual workers that left are unrecorded; processes %s were gone (their "
                  "parts read back from their files, up to the last whole line)", dropped, outcome.missing)
+  metrics = replay_metrics(events, outcome.gathers, setup.layout.nms, c.waves, c.eval_every)
+  require_pushes(metrics.rows)
+  return Ran(events, metrics, outcome.gathers, start, start + outcome.seconds), origin
+
+
+def _run_decentral(setup: Setup, node, init_params) -> RunResult:
+  c, parts = setup.config, _Parts()
+  if node.process == 0:  # a lost process's virtual workers leave (the clock says so), unless it held shards
+    node.watch(lambda p: parts.part.ctx.fatal_loss(p) if parts.part is not None else None)
+  if adapting(c):
+    result = run_adapting(setup, node, init_params, lambda part, params, taken, origin, last, prepare: _run_part(
+        part, node, params, taken, origin, last, parts, prepare))
+    parts.wait()  # (nothing prepared is left compiling as the process ends)
+    return result
+  t_host = time.perf_counter()
+  ran, _ = _run_part(setup, node, init_params, None, None, True, parts)
+  if ran is None:
+    return RunResult(None, None, [], [], 0.0, 0.0, [], setup.layout.cuts, 0)
   if c.trace_path:
-    write_trace(c.trace_path, events)
-  evaluate = make_evaluator(setup.model, setup.data, jax.local_devices()[0])
-  rows = replay_metrics(events, outcome.gathers, setup.layout.nms, c.waves, c.eval_every)
-  require_pushes(rows.rows)
-  final = outcome.gathers[-1]
-  return RunResult(init_params, final, events, rows.finish(final, evaluate), outcome.seconds,
-                   time.perf_counter() - t_host, setup.virtual_workers(), setup.layout.cuts,
-                   trained_images(events, c.batch_size))
+    write_trace(c.trace_path, ran.events)
+  rows = ran.metrics.finish(ran.gathers[-1], make_evaluator(setup.model, setup.data, jax.local_devices()[0]))
+  return RunResult(init_params, ran.gathers[-1], ran.events, rows, ran.end, time.perf_counter() - t_host,
+                   setup.virtual_workers(), setup.layout.cuts, trained_images(ran.events, c.batch_size))
 
 
 def run(setup: Setup) -> RunResult:
@@ -108,12 +177,25 @@ def run(setup: Setup) -> RunResult:
   return result
 
 
+def adapting(config) -> bool:
+  """Whether HetPipe adapts live (:mod:`hetpipe_jax.run.executors.live_replan`): ``adapt=on`` only (``auto``: the
+  runtime does not know how its GPUs vary, so it keeps its layout)."""
+  return config.sim.adapt == "on"
+
+
 def _check(config) -> None:
-  """``slow`` runs in the decentralised runtime only (checkpointed and fault-injected runs take the central one)."""
+  """``slow`` and ``adapt`` run in the decentralised runtime only (checkpointed and fault-injected runs take the
+  central one); the live adaptation's own refusals (:func:`~hetpipe_jax.run.executors.live_replan.check`)."""
+  central = config.checkpoint.directory or config.faults.failures or config.faults.rejoin
+  if adapting(config):
+    if central:
+      raise ConfigError("adapt=on runs in the decentralised runtime, and checkpointed or --fail/--rejoin runs still "
+                        "take the central one: drop adapt, or the checkpoints and injected failures")
+    check_adapting(config)
   if config.faults.slow and (config.checkpoint.directory or config.faults.failures or config.faults.rejoin):
     raise ConfigError("slow runs in the decentralised runtime, and checkpointed or --fail/--rejoin runs still take "
                       "the central one: drop slow, or the checkpoints and injected failures")
 
 
-EXECUTOR = Executor("multiprocess", run, "runs on the wall clock", wall_options=True,
+EXECUTOR = Executor("multiprocess", run, "runs on the wall clock", wall_options=True, adapts=True,
                     placements=("default", "local"), precisions=PRECISIONS, slows=True, check=_check)

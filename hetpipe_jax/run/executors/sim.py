@@ -3,7 +3,6 @@ PS transfers, no numerics (:mod:`hetpipe_jax.sim`)."""
 
 from __future__ import annotations
 
-import re
 import time
 
 from hetpipe_jax.core.trace import Trace, write_trace
@@ -13,7 +12,7 @@ from hetpipe_jax.run.executors.base import Executor
 from hetpipe_jax.run.result import RunResult
 from hetpipe_jax.run.session import require_pushes, trained_images
 from hetpipe_jax.run.setup import Setup
-from hetpipe_jax.sim.replan import KEEP, Replanning, first_trace, simulate_replanning
+from hetpipe_jax.sim.replan import KEEP, Replanning, first_trace, segment_path, simulate_replanning
 from hetpipe_jax.sim.simulate import SimJob
 from hetpipe_jax.sim.simulate import run as simulate
 
@@ -61,12 +60,12 @@ def _replanning(setup: Setup) -> RunResult:
                       "--adapt=off, or drop fast_sim and the injected failures")
   rule = c.layout.nm if isinstance(c.layout.nm, str) else KEEP
   t_host = time.perf_counter()
-  segments = simulate_replanning(job(setup), setup.costs, Replanning(nm_rule=rule), setup.fields)
+  segments = simulate_replanning(job(setup), setup.costs, Replanning(every=c.sim.replan_every, nm_rule=rule),
+                                 setup.fields)
   events = first_trace(segments)
   if c.trace_path:
     for k, segment in enumerate(segments):
-      path = c.trace_path if k == 0 else re.sub(r"(\.jsonl)?$", f".layout{k + 1}.jsonl", c.trace_path, count=1)
-      write_trace(path, events if k == 0 else segment.trace.events)
+      write_trace(segment_path(c.trace_path, k), events if k == 0 else segment.trace.events)
   rows = [r for s in segments for r in s.rows]
   require_pushes(rows)
   last = segments[-1]
