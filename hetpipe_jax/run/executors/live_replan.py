@@ -7,16 +7,18 @@ each stage's seconds (its tasks' ``t1 - t0`` on its own process's clock, an inje
 emulated duration (``--time_scale`` x the cost model) says, the *slowness* of the stage's GPUs; never the ``--slow``
 spec itself. It plans again on that measured view with the ``sim`` executor's rule
 (:func:`~hetpipe_jax.sim.replan.better_layout`: same virtual workers, re-cut, Nm by the layout's rule or kept; taken
-when modelled ``gain`` faster and the saving over the waves left beats the modelled cost), publishes the next part's
-layout (the same one, or the re-plan) in the key-value store and sends every process the gathered global weights;
-every process builds the next part from them (its stages compiled again for the new cuts), its minibatch streams
-going on where the last part left off, its ``--slow`` windows still counted from the run's start.
+when modelled ``gain`` faster and the saving over the waves left beats the modelled cost), publishes what it
+decided in the key-value store and sends every process the gathered global weights; every process builds the next
+part from them, its minibatch streams going on where the last part left off, its ``--slow`` windows still counted
+from the run's start. Every process keeps what it compiled (stages and PS copies, by what they hold: a layout that
+ran before starts at once); a new layout is *prepared*: compiled in the background while the next part trains on
+the running layout, and run from the boundary after it if it still pays then (:class:`_Decider`).
 
 What a part boundary costs, and is counted: the drain (the last wave of every virtual worker finishes before the
-next part's first starts), process 0's decision, the weights' trip to every process, the next part's compiling and
-its start barrier; the run's seconds are process 0's from the first part's start to the last one's end. What it
-does not carry: the stages' local optimizer state starts afresh in each part (a PS rule with state of its own is
-refused: it would be lost at every boundary).
+next part's first starts), process 0's decision, the weights' trip to every process, any compiling not finished
+in the background, and the start barrier; the run's seconds are process 0's from the first part's start to the
+last one's end. What it does not carry: the stages' local optimizer state starts afresh in each part (a PS rule
+with state of its own is refused: it would be lost at every boundary).
 
 Each part's trace is checked on its own (the WSP guarantees hold within each; every part starts every virtual
 worker from the same weights); the first is at the trace path, its meta line listing every part (``segments``), the
