@@ -22,9 +22,9 @@ Package APIs used (newest first where they moved):
   there is one) | ``VirtualWorker(...)``,
   ``.stages`` (each with ``forward``, ``backward``, ``device``, ``is_last``, ``params``);
 * ``hetpipe_jax.core.server.ClockServer`` | ``ParameterServer(None, ...)``: the clock-only server;
-* ``hetpipe_jax.runtime.executors`` | ``hetpipe_jax.executors``: ``run_virtual``, ``run_wall`` (the wall
-  benchmark lets ``run_hetpipe`` build and compile the run, catches the engine at its ``run_wall`` call and
-  times that call alone);
+* ``hetpipe_jax.runtime.numerics.loops`` | ``hetpipe_jax.runtime.executors`` | ``hetpipe_jax.executors``:
+  ``run_virtual``, ``run_wall`` (the wall benchmark lets ``run_hetpipe`` build and compile the run, catches the
+  engine at its ``run_wall`` call and times that call alone);
 * ``hetpipe_jax.core.trace`` | ``hetpipe_jax.trace``: ``Trace``;
 * ``hetpipe_jax.cost.profile.full_size_profiles`` | ``hetpipe_jax.profile.profile_units``;
 * ``hetpipe_jax.plan.allocation`` | ``hetpipe_jax.allocation``: ``plan_cluster`` (``.layout`` | ``.vws``);
@@ -143,7 +143,8 @@ def engine_virtual(waves: int) -> Workload:
   """Three virtual workers (2, 3, 4 stages; Nm 2, 3, 4; D = 1; 1x, 1.5x, 2x slower), no numerics."""
   engine_cls = _attr("Engine", "hetpipe_jax.core.engine", "hetpipe_jax.engine")
   worker_cls = _attr("VirtualWorker", "hetpipe_jax.core.worker", "hetpipe_jax.pipeline")
-  run_virtual = _attr("run_virtual", "hetpipe_jax.runtime.executors", "hetpipe_jax.executors")
+  run_virtual = _attr("run_virtual", "hetpipe_jax.runtime.numerics.loops", "hetpipe_jax.runtime.executors",
+                      "hetpipe_jax.executors")
   trace_cls = _attr("Trace", "hetpipe_jax.core.trace", "hetpipe_jax.trace")
   stages, nms, slowdown, d = (2, 3, 4), (2, 3, 4), (1.0, 1.5, 2.0), 1
   n = len(stages)
@@ -184,7 +185,8 @@ def _tiny_mlp():
 def _caught_wall_run(waves: int, nm: int):
   """``run_hetpipe`` builds and compiles a wall run of the tiny 4-stage MLP; returns (run_wall, its args,
   its kwargs) as the package would have called it, without running it."""
-  run_wall = _attr("run_wall", "hetpipe_jax.runtime.executors", "hetpipe_jax.executors")
+  run_wall = _attr("run_wall", "hetpipe_jax.runtime.numerics.loops", "hetpipe_jax.runtime.executors",
+                   "hetpipe_jax.executors")
   optax = importlib.import_module("optax")
   config = make_config(cluster="uniform8", num_vws=1, stages=4, nm=nm, d=0, waves=waves, batch_size=8,
                        tx=optax.sgd(0.05), executor="wall", eval_every=waves)  # evaluate once, at the end

@@ -1,11 +1,10 @@
 r"""HetPipe adapting live across processes against a slowdown known in advance (issue 39's third goal).
 
-One virtual worker of two stages on two processes (``tests/data/two_nodes.toml``: one GPU per node, of two
-types), the residual MLP of ``examples/residual_mlp.py`` with ten blocks (12 units) on the digits, Nm = 4, D = 0, every task padded to its
-emulated duration x ``--time_scale`` (CPU emulation: the padding, not this machine's speed, sets the pace). Node
-``--node``'s process is slowed ``--factor`` times (``--slow``: a real delay per task) for the middle third of the
-run. Four runs of ``--waves`` waves through the training CLI, each a real multi-process job with its trace
-checked:
+One virtual worker of two stages on two processes (``tests/data/two_nodes.toml``: one GPU per node, of two types), the
+residual MLP of ``examples/residual_mlp.py`` with ten blocks (12 units) on the digits, Nm = 4, D = 0, every task padded
+to its emulated duration x ``--time_scale`` (CPU emulation: the padding, not this machine's speed, sets the pace). Node
+``--node``'s process is slowed ``--factor`` times (``--slow``: a real delay per task) for the middle third of the run.
+Four runs of ``--waves`` waves through the training CLI, each a real multi-process job with its trace checked:
 
 1. *fast*: no slowdown, the planner's layout A; its images/s R_fast.
 2. *slowed, known*: the slowdown for the whole run, with the layout B the planner gives when it knows the node's

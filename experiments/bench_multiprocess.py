@@ -1,7 +1,7 @@
 r"""The multi-process runtime's costs on this machine, measured in one run (CPU emulation, loopback).
 
 1. **Transport**: push/pull GB/s for 1, 10 and 100 MB of float32 between two processes of one job
-   (``hetpipe_jax.runtime.launch`` + ``hetpipe_jax.runtime.distributed``): process 0 sends ``--reps``
+   (``hetpipe_jax.runtime.transport.launch`` + ``hetpipe_jax.runtime.transport.node``): process 0 sends ``--reps``
    messages to process 1 (a push: a stage's update to a shard owner) and process 1 sends as many back (a
    pull: weights to a stage), each an offer on the transfer server plus a notice in the coordination
    service's key-value store, as the runtime uses them; the receiver times ``recv`` (notice wait + pull +
@@ -14,7 +14,7 @@ r"""The multi-process runtime's costs on this machine, measured in one run (CPU 
    against the same layout on the single-process ``wall`` executor, whose pushes and pulls are in-process:
    seconds per task of each, and their ratio.
 3. **PS apply rate**: a push of 400 MB of weights (4 units of 100 MB, ``optax.identity``) to
-   :class:`~hetpipe_jax.runtime.ps.ParameterServer`, as bytes read and written per second (weights and
+   :class:`~hetpipe_jax.runtime.numerics.ps.ParameterServer`, as bytes read and written per second (weights and
    update read, weights written), against a donated jitted add of the same arrays; a jitted add without
    donation (how the server applied before) for comparison. The apply as the multi-process runtime's shards
    do it (the stages checked the update for NaN and Inf: one pass; ``ps_apply_ratio``), as one process's
@@ -45,9 +45,9 @@ from absl import flags
 
 from experiments import common
 from hetpipe_jax import RunConfig, get_model, run_hetpipe, synthetic
-from hetpipe_jax.runtime.distributed import join
-from hetpipe_jax.runtime.launch import child_environment, free_port, launch
-from hetpipe_jax.runtime.ps import ParameterServer, nonfinite_units
+from hetpipe_jax.runtime.numerics.ps import ParameterServer, nonfinite_units
+from hetpipe_jax.runtime.transport.launch import child_environment, free_port, launch
+from hetpipe_jax.runtime.transport.node import join
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("reps", 5, "Messages per size and direction (after one untimed warm-up message).")

@@ -1,7 +1,7 @@
 r"""Per-step time of one stage's programs in fp32 against bf16 (mixed precision), measured in one run.
 
 The default CNN as one stage on one device: a step is a forward and a backward with its local update
-(:class:`hetpipe_jax.runtime.stage.Stage`), at the default batch size. Rounds alternate which precision runs
+(:class:`hetpipe_jax.runtime.numerics.stage.Stage`), at the default batch size. Rounds alternate which precision runs
 first; the median step time of each is reported, and their ratio. CPU emulation: XLA's CPU backend has no
 bf16 arithmetic units, so this measures what the casts cost there, not what a GPU gains::
 
@@ -20,7 +20,7 @@ from absl import flags
 
 from experiments import common
 from hetpipe_jax import get_model, load_dataset
-from hetpipe_jax.runtime.stage import Stage, StageOptions
+from hetpipe_jax.runtime.numerics.stage import Stage, StageOptions
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("steps", 30, "Steps per timed run.")

@@ -6,7 +6,7 @@ r"""What reliability costs, measured in one run on this machine.
 2. **Checkpoint cost at VGG-19 size**: one checkpoint holding VGG-19's weights (548 MB of float32) twice,
    as the parameter server's global weights and as one virtual worker's stage weights (what a run with
    one virtual worker keeps; every further virtual worker adds one more copy), saved with the same
-   :class:`~hetpipe_jax.runtime.checkpoint.Checkpointer` (orbax) to a temporary directory.
+   :class:`~hetpipe_jax.runtime.numerics.checkpoint.Checkpointer` (orbax) to a temporary directory.
 3. **What a failure costs in throughput**: VGG-19 on the simulated paper testbed (HD, ``sim`` executor,
    ``--waves`` waves): images/s with no failure, with one virtual worker lost at a third of the run,
    and with that one replaced (``rejoin``).
@@ -33,7 +33,7 @@ from absl import flags
 from experiments import common
 from hetpipe_jax import RunConfig, get_model, load_dataset, run_hetpipe
 from hetpipe_jax.models import FULL_SIZE, full_size_input, full_size_model
-from hetpipe_jax.runtime.checkpoint import Checkpointer
+from hetpipe_jax.runtime.numerics.checkpoint import Checkpointer
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("waves", 60, "Waves of the default-run and failure measurements.")

@@ -34,7 +34,7 @@ from hetpipe_jax.data import tokens as token_data
 from hetpipe_jax.errors import ConfigError, RunStopped
 from hetpipe_jax.models import FULL_SIZE, full_size_input, get_model
 from hetpipe_jax.run.config import check_seed  # noqa: F401  (the scripts' seed check: the package's)
-from hetpipe_jax.runtime.launch import child_environment
+from hetpipe_jax.runtime.transport.launch import child_environment
 
 # Every script's trace check and progress lines (absl INFO on stderr; stdout keeps the results):
 from hetpipe_jax.studies.checked import TraceCheckError, progress, require_wsp  # noqa: F401

@@ -33,7 +33,7 @@ from absl import flags
 from experiments import common
 from hetpipe_jax import check_trace, read_trace
 from hetpipe_jax.cluster.lookup import get_cluster
-from hetpipe_jax.runtime.launch import child_environment
+from hetpipe_jax.runtime.transport.launch import child_environment
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("cluster", "hetero4", "Cluster preset or TOML file (one process per node).")

@@ -35,7 +35,7 @@ from hetpipe_jax.plan.allocation import parse_policy
 from hetpipe_jax.plan.partition import NM_POLICIES
 from hetpipe_jax.plan.tensor_groups import parse_tp
 from hetpipe_jax.run.config import Setting, settings
-from hetpipe_jax.runtime.ps import ON_NONFINITE
+from hetpipe_jax.runtime.numerics.ps import ON_NONFINITE
 
 # What a run takes beside its config.
 BESIDE = (

@@ -43,8 +43,8 @@ from hetpipe_jax.models import FULL_SIZE, full_size_model, full_size_spec
 from hetpipe_jax.optim import optimizer_slots
 from hetpipe_jax.run.preflight import refuse_before_launch
 from hetpipe_jax.run.result import RunResult, ran_config
-from hetpipe_jax.runtime.distributed import current_node, join
-from hetpipe_jax.runtime.launch import check_port_free, child_environment, free_port, launch
+from hetpipe_jax.runtime.transport.launch import check_port_free, child_environment, free_port, launch
+from hetpipe_jax.runtime.transport.node import current_node, join
 from hetpipe_jax.sim.options import ELSEWHERE
 from hetpipe_jax.systems import get_system
 from hetpipe_jax.tune.peers import HETPIPE, peer_knobs, system_of, tuner_profiles

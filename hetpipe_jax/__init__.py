@@ -15,7 +15,7 @@ from hetpipe_jax.data import Dataset, MinibatchStreams, load_dataset, synthetic
 from hetpipe_jax.errors import ConfigError, ProtocolError
 from hetpipe_jax.models import LayeredModel, from_module, from_modules, get_model
 from hetpipe_jax.plan.layout import Layout, VWLayout
-from hetpipe_jax.runtime.ps import ParameterServer
+from hetpipe_jax.runtime.numerics.ps import ParameterServer
 
 __all__ = [
     "Cluster", "ConfigError", "Dataset", "Gpu", "GpuType", "LayeredModel", "Layout", "MinibatchStreams",

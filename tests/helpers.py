@@ -12,8 +12,8 @@ from hetpipe_jax.core.engine import Engine
 from hetpipe_jax.core.server import ClockServer
 from hetpipe_jax.core.trace import Trace
 from hetpipe_jax.core.worker import Shape, virtual_workers
-from hetpipe_jax.runtime.executors import run_virtual, run_wall
-from hetpipe_jax.runtime.launch import child_environment
+from hetpipe_jax.runtime.numerics.loops import run_virtual, run_wall
+from hetpipe_jax.runtime.transport.launch import child_environment
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TWO_NODES = os.path.join(ROOT, "tests", "data", "two_nodes.toml")  # a cluster of 2 nodes: 2 processes

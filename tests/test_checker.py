@@ -14,7 +14,7 @@ import pytest
 from hetpipe_jax import RunConfig, check_trace, get_model, run_hetpipe, synthetic
 from hetpipe_jax.core.engine import Engine
 from hetpipe_jax.core.server import ClockServer, Snapshot
-from hetpipe_jax.runtime.stage import Stage
+from hetpipe_jax.runtime.numerics.stage import Stage
 
 from helpers import assert_trace_ok, schedule_only
 

@@ -15,7 +15,7 @@ import optax
 import pytest
 
 from hetpipe_jax import ConfigError, RunConfig, get_model, read_trace, run_hetpipe, synthetic
-from hetpipe_jax.runtime.checkpoint import Checkpointer
+from hetpipe_jax.runtime.numerics.checkpoint import Checkpointer
 
 from helpers import assert_trace_ok
 

@@ -13,7 +13,7 @@ import shutil
 import subprocess
 import sys
 
-from hetpipe_jax.runtime.launch import child_environment
+from hetpipe_jax.runtime.transport.launch import child_environment
 
 from helpers import ROOT
 

@@ -19,12 +19,12 @@ import optax
 from hetpipe_jax.cluster import get_cluster
 from hetpipe_jax.core.trace import Trace
 from hetpipe_jax.plan.layout import Layout, VWLayout
-from hetpipe_jax.runtime import protocol
-from hetpipe_jax.runtime.clock import ClockService
-from hetpipe_jax.runtime.decentral import Context
-from hetpipe_jax.runtime.mailbox import Mailbox, update_arrays
-from hetpipe_jax.runtime.shards import ShardFollower
-from hetpipe_jax.runtime.stage_loop import control_width
+from hetpipe_jax.runtime.processes.clock import ClockService
+from hetpipe_jax.runtime.processes.context import Context
+from hetpipe_jax.runtime.processes.shards import ShardFollower
+from hetpipe_jax.runtime.processes.stage_loop import control_width
+from hetpipe_jax.runtime.transport import protocol
+from hetpipe_jax.runtime.transport.mailbox import Mailbox, update_arrays
 
 GPUS = get_cluster("hetero4").gpus
 

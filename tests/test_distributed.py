@@ -13,7 +13,7 @@ import tempfile
 import pytest
 
 from hetpipe_jax.errors import ConfigError
-from hetpipe_jax.runtime.launch import check_port_free, free_port, launch
+from hetpipe_jax.runtime.transport.launch import check_port_free, free_port, launch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -101,6 +101,6 @@ def test_a_coordinator_port_in_use_is_one_clear_error():
 
 
 def test_a_process_id_out_of_range_is_one_clear_error():
-  proc = subprocess.run([sys.executable, "-c", "from hetpipe_jax.runtime.distributed import join; "
+  proc = subprocess.run([sys.executable, "-c", "from hetpipe_jax.runtime.transport.node import join; "
                          "join('127.0.0.1:1', 2, 5, 1)"], capture_output=True, text=True, timeout=120, cwd=ROOT)
   assert proc.returncode != 0 and "process_id=5 is outside 0..1" in proc.stderr

@@ -13,8 +13,8 @@ from hetpipe_jax.core.server import ClockServer
 from hetpipe_jax.core.trace import Trace
 from hetpipe_jax.core.worker import Progress, Shape, virtual_workers
 from hetpipe_jax.errors import ProtocolError
-from hetpipe_jax.runtime.checkpoint import Checkpointer
-from hetpipe_jax.runtime.executors import Checkpointing, VirtualClock, run_virtual
+from hetpipe_jax.runtime.numerics.checkpoint import Checkpointer
+from hetpipe_jax.runtime.numerics.loops import Checkpointing, VirtualClock, run_virtual
 
 from helpers import assert_trace_ok, meta
 

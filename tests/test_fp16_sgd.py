@@ -13,7 +13,7 @@ import optax
 import pytest
 
 from hetpipe_jax import RunConfig, get_model, run_hetpipe, synthetic
-from hetpipe_jax.runtime.stage import Stage, StageOptions
+from hetpipe_jax.runtime.numerics.stage import Stage, StageOptions
 
 from helpers import assert_trace_ok
 

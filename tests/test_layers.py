@@ -72,7 +72,7 @@ def test_layer_imports_only_what_is_below(layer):
 
 def test_the_rule_sees_a_breach(tmp_path):
   bad = tmp_path / "x.py"
-  bad.write_text("from hetpipe_jax.runtime.ps import ParameterServer\nimport hetpipe_jax.sim.network\n")
+  bad.write_text("from hetpipe_jax.runtime.numerics.ps import ParameterServer\nimport hetpipe_jax.sim.network\n")
   assert imported_packages(bad) == {"runtime", "sim"}
 
 

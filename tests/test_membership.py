@@ -6,7 +6,7 @@ import time
 import pytest
 
 from hetpipe_jax import RunConfig, check_trace, get_model, run_hetpipe, synthetic
-from hetpipe_jax.runtime.stage import Stage
+from hetpipe_jax.runtime.numerics.stage import Stage
 
 from helpers import assert_trace_ok
 

@@ -13,8 +13,8 @@ from hetpipe_jax import RunConfig, check_trace, get_model, read_trace, run_hetpi
 from hetpipe_jax.cost.context import CostContext
 from hetpipe_jax.cost.memory import nbytes, optimizer_slots_of, stage_memory_bytes
 from hetpipe_jax.cost.profile import profile_units
-from hetpipe_jax.runtime import mixed
-from hetpipe_jax.runtime.stage import Stage, StageOptions
+from hetpipe_jax.runtime.numerics import mixed
+from hetpipe_jax.runtime.numerics.stage import Stage, StageOptions
 
 from helpers import TWO_NODES, assert_trace_ok, train_cli
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from hetpipe_jax import RunConfig, get_cluster, get_model, load_dataset, read_trace, run_hetpipe, synthetic
-from hetpipe_jax.runtime.launch import child_environment
+from hetpipe_jax.runtime.transport.launch import child_environment
 
 from helpers import ROOT, TWO_NODES, assert_trace_ok, train_cli
 

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from hetpipe_jax import read_trace
-from hetpipe_jax.runtime.launch import child_environment
+from hetpipe_jax.runtime.transport.launch import child_environment
 
 from helpers import ROOT, assert_trace_ok, train_cli
 

@@ -38,7 +38,7 @@ from hetpipe_jax import MinibatchStreams, RunConfig, check_trace, get_model, run
 from hetpipe_jax.models import cross_entropy
 
 # The only internal import: the class the planted faults patch (not used by the oracle itself).
-from hetpipe_jax.runtime.stage import Stage
+from hetpipe_jax.runtime.numerics.stage import Stage
 
 MODEL = get_model("mlp")  # 4 units
 DATA = synthetic(num_train=512, num_test=64)

@@ -1,4 +1,4 @@
-"""The multi-process protocol written once (hetpipe_jax/runtime/protocol.py): docs/PROTOCOL.md's tables of
+"""The multi-process protocol written once (hetpipe_jax/runtime/transport/protocol.py): docs/PROTOCOL.md's tables of
 commands and message tags are the code's, a misspelt operation, field or tag fails where it is built (not as
 a 60 s wait for a report), and an executing thread's handlers must cover its table exactly."""
 
@@ -9,8 +9,8 @@ import re
 import pytest
 
 from hetpipe_jax.errors import ProtocolError
-from hetpipe_jax.runtime import protocol
-from hetpipe_jax.runtime.channels import Channel
+from hetpipe_jax.runtime.processes.channels import Channel
+from hetpipe_jax.runtime.transport import protocol
 
 DOC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "PROTOCOL.md")
 

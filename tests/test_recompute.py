@@ -20,7 +20,7 @@ from hetpipe_jax.models.gpt import gpt
 from hetpipe_jax.plan.layout import VWLayout
 from hetpipe_jax.plan.partition import partition
 from hetpipe_jax.recompute import MODES, checkpointed
-from hetpipe_jax.runtime.stage import Stage, StageOptions
+from hetpipe_jax.runtime.numerics.stage import Stage, StageOptions
 from hetpipe_jax.studies.throughput_records import ThroughputConfig
 from hetpipe_jax.systems import get_system
 

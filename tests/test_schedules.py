@@ -128,7 +128,7 @@ def test_schedule_invariants(k, nm):
 
 @pytest.mark.parametrize("name", sorted(schedule.SCHEDULES))
 def test_a_stage_that_holds_only_its_part_follows_the_same_schedule(name):
-  """A decentralised stage (hetpipe_jax/runtime/stage_loop.py) holds the pipeline state and touches only its
+  """A decentralised stage (hetpipe_jax/runtime/processes/stage_loop.py) holds the pipeline state and touches only its
   own stage: its task is released and the successor arrives where it runs. Driving k such views (each
   told of arrivals in the order finish would ready them) gives every device the tasks in the order one
   state driven by :func:`schedule.finish` gives it."""

@@ -40,7 +40,7 @@ from hetpipe_jax.plan.allocation import plan_cluster
 from hetpipe_jax.plan.costmodel import CostModel, vw_profiles
 from hetpipe_jax.plan.layout import Layout, VWLayout
 from hetpipe_jax.plan.tensor_groups import lead_cluster, tp_degrees, type_degrees
-from hetpipe_jax.runtime.stage import DEFAULT_OPTIONS, Stage, StageOptions
+from hetpipe_jax.runtime.numerics.stage import DEFAULT_OPTIONS, Stage, StageOptions
 from hetpipe_jax.sim import SimJob, simulate
 from hetpipe_jax.studies.convergence import run_convergence
 from hetpipe_jax.studies.convergence_config import ConvergenceConfig

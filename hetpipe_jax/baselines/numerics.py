@@ -41,7 +41,7 @@ from hetpipe_jax.data import Dataset, WorkerStreams
 from hetpipe_jax.errors import ConfigError, RunStopped
 from hetpipe_jax.evaluate import make_evaluator
 from hetpipe_jax.models.base import LayeredModel
-from hetpipe_jax.runtime.mixed import all_finite
+from hetpipe_jax.runtime.numerics.mixed import all_finite
 
 
 class MetricsRow(NamedTuple):

@@ -5,7 +5,7 @@ with the time the transfer completed; the numerics move activations and gradient
 of neighbouring stages through :meth:`Comm.move`. Implementations:
 
 * :class:`InstantComm` (here): pushes and pulls take no time; ``move`` is the identity;
-* :class:`hetpipe_jax.runtime.transport.DeviceComm`: in one process, ``move`` is ``jax.device_put``
+* :class:`hetpipe_jax.runtime.numerics.device_comm.DeviceComm`: in one process, ``move`` is ``jax.device_put``
   onto the receiving stage's device;
 * :class:`hetpipe_jax.sim.network.SimComm`: pushes and pulls are flows over the simulated links, done
   when their last byte lands; with ``staged``, a :class:`StagedComm`: each stage's part moves on its own.

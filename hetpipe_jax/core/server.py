@@ -1,7 +1,7 @@
 """What the engine needs of a parameter server, and the clock-only server of runs without numerics.
 
 A server holds the WSP clocks (:mod:`hetpipe_jax.core.wsp`) and, when it holds weights, applies every
-pushed wave to them (:class:`hetpipe_jax.runtime.ps.ParameterServer`). :class:`ClockServer` holds the
+pushed wave to them (:class:`hetpipe_jax.runtime.numerics.ps.ParameterServer`). :class:`ClockServer` holds the
 clocks only: the ``sim`` executor and schedule-only tests use it. Both enforce the same rules: each
 wave of a virtual worker pushed once and in clock order; a pull only through the gate
 c_local - c_global <= D.

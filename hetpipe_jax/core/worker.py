@@ -3,7 +3,7 @@ numerics adapter that runs its tasks (or none).
 
 The three concerns live apart: :mod:`~hetpipe_jax.core.schedule` says which task runs next,
 :mod:`~hetpipe_jax.core.versions` which updates each stage's weights contain, and a :class:`Numerics`
-computes (:class:`hetpipe_jax.runtime.worker.PipelineNumerics` on JAX devices; :class:`NoNumerics`
+computes (:class:`hetpipe_jax.runtime.numerics.pipeline.PipelineNumerics` on JAX devices; :class:`NoNumerics`
 for the ``sim`` executor and schedule-only runs). This record only ties them to one virtual worker.
 """
 

@@ -11,7 +11,7 @@ TensorFlow keep), ``R`` is what recomputation holds while one minibatch's backwa
 units' recomputed activations, :meth:`hetpipe_jax.cost.unit.UnitProfile.under`; 0 without recomputation, where
 ``A`` is every activation the units keep, and with it ``A`` is what the recomputation policy keeps), and
 with ``s`` = :func:`hetpipe_jax.precision.byte_scale` (1 in fp32, 1/2 in 16 bits): what a stage of the
-runtime holds between tasks (:class:`hetpipe_jax.runtime.stage.Stage`, measured in
+runtime holds between tasks (:class:`hetpipe_jax.runtime.numerics.stage.Stage`, measured in
 ``tests/test_mixed_precision.py``). The weights and the optimizer slots are fp32 in every precision (in
 mixed precision, Micikevicius et al., ICLR 2018, the weights are the fp32 master copy); so is the wave
 accumulator, the sum of a wave's local updates that a pull adds back to the fp32 weights (HetPipe's local

@@ -38,7 +38,7 @@ from hetpipe_jax.plan.placement import PLACEMENTS
 from hetpipe_jax.plan.tensor_groups import parse_tp
 from hetpipe_jax.precision import check_precision
 from hetpipe_jax.recompute import check_recompute
-from hetpipe_jax.runtime.ps import ON_NONFINITE
+from hetpipe_jax.runtime.numerics.ps import ON_NONFINITE
 from hetpipe_jax.sim.options import SimOptions
 
 MAX_SEED = 2**63 - 1  # numpy's default_rng takes no negative seed; jax.random.key a C long
@@ -324,7 +324,7 @@ class Faults:
 class CheckpointSpec:
   """Attributes:
     directory: save a checkpoint every ``every`` global clock ticks in this directory (orbax), keeping the
-      newest ``keep`` (:mod:`hetpipe_jax.runtime.checkpoint`); None: no checkpoints.
+      newest ``keep`` (:mod:`hetpipe_jax.runtime.numerics.checkpoint`); None: no checkpoints.
     resume: continue the newest complete checkpoint in ``directory``, appending to the run's trace (what
       the interrupted run wrote after the checkpoint is rolled back); the run then ends as the
       uninterrupted one would (bit for bit on the ``virtual`` executor).
@@ -396,8 +396,8 @@ class RunConfig:
     drop_remainder: drop the examples of an epoch that do not fill a minibatch.
     trace_path: where to write the trace (JSON Lines); it is always kept in memory too.
     precision: "fp32", or "fp16"/"bf16": mixed precision, trained by every executor that computes
-      (:mod:`hetpipe_jax.runtime.mixed`) and charged by the cost and memory model (:mod:`hetpipe_jax.precision`):
-      the planner's stage times and memory, the clock, the transfers.
+      (:mod:`hetpipe_jax.runtime.numerics.mixed`) and charged by the cost and memory model
+      (:mod:`hetpipe_jax.precision`): the planner's stage times and memory, the clock, the transfers.
     layout / wsp / optim / faults / checkpoint / sim / wall: the parts.
   """
 

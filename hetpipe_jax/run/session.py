@@ -24,9 +24,9 @@ from hetpipe_jax.errors import ConfigError, NonFiniteUpdate, RunStopped
 from hetpipe_jax.evaluate import make_evaluator
 from hetpipe_jax.run.result import RunResult
 from hetpipe_jax.run.setup import Setup
-from hetpipe_jax.runtime.checkpoint import Checkpointer
-from hetpipe_jax.runtime.executors import Checkpointing, VirtualClock
-from hetpipe_jax.runtime.metrics import WaveMetrics
+from hetpipe_jax.runtime.numerics.checkpoint import Checkpointer
+from hetpipe_jax.runtime.numerics.loops import Checkpointing, VirtualClock
+from hetpipe_jax.runtime.numerics.metrics import WaveMetrics
 
 # How an executor runs the engine: (engine, the clock to resume from or None, checkpointing or None) ->
 # seconds on its clock.

@@ -13,7 +13,7 @@ import os
 import sys
 import time
 
-from hetpipe_jax.runtime.distributed import join
+from hetpipe_jax.runtime.transport.node import join
 
 
 def main() -> int:

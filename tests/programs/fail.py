@@ -6,7 +6,7 @@ import os
 import signal
 import sys
 
-from hetpipe_jax.runtime.distributed import join
+from hetpipe_jax.runtime.transport.node import join
 
 
 def main() -> int:

@@ -8,7 +8,7 @@ import signal
 import sys
 import time
 
-from hetpipe_jax.runtime.distributed import PeerGone, join
+from hetpipe_jax.runtime.transport.node import PeerGone, join
 
 
 def main() -> int:

@@ -1,7 +1,7 @@
 """HetPipe's adaptation live across processes: the ``multiprocess`` executor under ``--adapt=on`` (issue 39).
 
 The run goes in *parts* of ``--replan_every`` waves, one after another in the same processes, each a decentralised
-WSP run of its own (:class:`~hetpipe_jax.runtime.decentral_job.DecentralJob`; every virtual worker runs the
+WSP run of its own (:class:`~hetpipe_jax.runtime.processes.job.DecentralJob`; every virtual worker runs the
 part's waves, so every part ends drained, and no wave is lost). After each part, process 0 measures what happened:
 each stage's seconds (its tasks' ``t1 - t0`` on its own process's clock, an injected delay included) over what its
 emulated duration (``--time_scale`` x the cost model) says, the *slowness* of the stage's GPUs; never the ``--slow``
@@ -49,9 +49,9 @@ from hetpipe_jax.run.executors.sim import job as sim_job
 from hetpipe_jax.run.result import RunResult
 from hetpipe_jax.run.session import trained_images
 from hetpipe_jax.run.setup import Setup
-from hetpipe_jax.runtime.distributed import Node
-from hetpipe_jax.runtime.mailbox import TIMEOUT_S, Mailbox, receive_tree, send_tree
-from hetpipe_jax.runtime.metrics import WaveMetrics
+from hetpipe_jax.runtime.numerics.metrics import WaveMetrics
+from hetpipe_jax.runtime.transport.mailbox import TIMEOUT_S, Mailbox, receive_tree, send_tree
+from hetpipe_jax.runtime.transport.node import Node
 from hetpipe_jax.sim.replan import KEEP, Replanning, better_layout, measured_view, modelled_rate, segment_path
 
 NEXT_KEY = "adapt/next"  # (scoped to the part just ended) the next part's layout, published by process 0

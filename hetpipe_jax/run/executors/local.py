@@ -10,11 +10,11 @@ from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.plan.costmodel import check_memory
 from hetpipe_jax.run.session import Built
 from hetpipe_jax.run.setup import Setup
-from hetpipe_jax.runtime.mixed import compute_dtype
-from hetpipe_jax.runtime.ps import ParameterServer
-from hetpipe_jax.runtime.stage import Device, Stage, StageOptions
-from hetpipe_jax.runtime.transport import DeviceComm
-from hetpipe_jax.runtime.worker import PipelineNumerics
+from hetpipe_jax.runtime.numerics.device_comm import DeviceComm
+from hetpipe_jax.runtime.numerics.mixed import compute_dtype
+from hetpipe_jax.runtime.numerics.pipeline import PipelineNumerics
+from hetpipe_jax.runtime.numerics.ps import ParameterServer
+from hetpipe_jax.runtime.numerics.stage import Device, Stage, StageOptions
 
 
 def jax_devices(count: int) -> list[Device]:

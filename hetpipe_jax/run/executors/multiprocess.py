@@ -1,5 +1,5 @@
-"""The ``multiprocess`` executor: one process per node (:mod:`hetpipe_jax.runtime.multiprocess`); every
-process runs its node's part (:class:`~hetpipe_jax.runtime.node_job.NodeJob`), process 0 also runs the
+"""The ``multiprocess`` executor: one process per node (:mod:`hetpipe_jax.runtime.processes`); every
+process runs its node's part (:class:`~hetpipe_jax.runtime.processes.node_job.NodeJob`), process 0 also runs the
 engine on the wall clock and returns the run's result (the others return an empty one)."""
 
 from __future__ import annotations
@@ -27,13 +27,13 @@ from hetpipe_jax.run.executors.wall import runner
 from hetpipe_jax.run.result import RunResult
 from hetpipe_jax.run.session import Built, require_pushes, run_engine, trained_images
 from hetpipe_jax.run.setup import Setup
-from hetpipe_jax.runtime import decentral_job
-from hetpipe_jax.runtime.channels import wait
-from hetpipe_jax.runtime.decentral_job import DecentralJob, Options
-from hetpipe_jax.runtime.distributed import current_node
-from hetpipe_jax.runtime.metrics import replay_metrics
-from hetpipe_jax.runtime.node_job import Job, NodeJob, check_node, nodes_of
-from hetpipe_jax.runtime.remote import merge_records
+from hetpipe_jax.runtime.numerics.metrics import replay_metrics
+from hetpipe_jax.runtime.processes import job as processes_job
+from hetpipe_jax.runtime.processes.channels import wait
+from hetpipe_jax.runtime.processes.job import DecentralJob, Options
+from hetpipe_jax.runtime.processes.node_job import Job, NodeJob, check_node, nodes_of
+from hetpipe_jax.runtime.processes.remote import merge_records
+from hetpipe_jax.runtime.transport.node import current_node
 
 
 def job(setup: Setup, init_params, taken: Sequence[int] | None = None) -> Job:
@@ -48,8 +48,9 @@ def job(setup: Setup, init_params, taken: Sequence[int] | None = None) -> Job:
 
 
 def decentralised(setup: Setup) -> bool:
-  """Whether the run is decentralised (:mod:`hetpipe_jax.runtime.decentral`): every run but those that
-  checkpoint or inject failures, which still run one engine in process 0 (:mod:`hetpipe_jax.runtime.remote`)."""
+  """Whether the run is decentralised (:mod:`hetpipe_jax.runtime.processes.context`): every run but those that
+  checkpoint or inject failures, which still run one engine in process 0
+  (:mod:`hetpipe_jax.runtime.processes.remote`)."""
   c = setup.config
   return not (c.checkpoint.directory or c.faults.failures or c.faults.rejoin)
 
@@ -68,12 +69,12 @@ def _options(setup: Setup, node, origin: float | None) -> Options:
 
 class _Parts:
   """What the parts of a run share in a process: the compiled stages and PS copies
-  (:data:`~hetpipe_jax.runtime.decentral_job.Built`), the part running now (process 0's verdict on a lost process
+  (:data:`~hetpipe_jax.runtime.processes.job.Built`), the part running now (process 0's verdict on a lost process
   is that part's), and the compiling of a layout prepared while it trains."""
 
   def __init__(self):
     self.part: DecentralJob | None = None
-    self.built: decentral_job.Built = {}
+    self.built: processes_job.Built = {}
     self._preparing: threading.Thread | None = None
     self._failed: list[BaseException] = []
 

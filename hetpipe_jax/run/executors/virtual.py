@@ -1,5 +1,5 @@
 """The ``virtual`` executor: real numerics on a virtual clock, the emulated cluster's time, bit for bit
-the same for the same seed (:func:`hetpipe_jax.runtime.executors.run_virtual`)."""
+the same for the same seed (:func:`hetpipe_jax.runtime.numerics.loops.run_virtual`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from hetpipe_jax.run.executors.local import build
 from hetpipe_jax.run.result import RunResult
 from hetpipe_jax.run.session import run_engine
 from hetpipe_jax.run.setup import Setup
-from hetpipe_jax.runtime.executors import run_virtual
+from hetpipe_jax.runtime.numerics.loops import run_virtual
 
 
 def run(setup: Setup) -> RunResult:

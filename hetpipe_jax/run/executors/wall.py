@@ -1,5 +1,5 @@
 """The ``wall`` executor: real numerics dispatched asynchronously on this host's devices, wall time,
-optionally padded to the emulated speeds (:func:`hetpipe_jax.runtime.executors.run_wall`).
+optionally padded to the emulated speeds (:func:`hetpipe_jax.runtime.numerics.loops.run_wall`).
 
 A padded run lasts at least ``time_scale`` x its emulated time; :func:`padding_seconds` bounds that
 before anything runs, a run that would pad for more than :data:`MAX_PADDED_SECONDS` is refused, and a
@@ -18,7 +18,7 @@ from hetpipe_jax.run.executors.local import build
 from hetpipe_jax.run.result import RunResult
 from hetpipe_jax.run.session import Runner, run_engine
 from hetpipe_jax.run.setup import Setup
-from hetpipe_jax.runtime.executors import run_wall
+from hetpipe_jax.runtime.numerics.loops import run_wall
 
 MAX_PADDED_SECONDS = 24 * 3600.0  # a padded run that cannot finish in a day is refused
 ANNOUNCE_SECONDS = 60.0  # a padded run at least this long says so first
@@ -58,7 +58,7 @@ def check_padding(setup: Setup) -> None:
 
 def runner(setup: Setup, **kw) -> Runner:
   """Runs the engine on the wall clock, padded to the clock's task costs when ``time_scale`` > 0 (``kw``:
-  :func:`~hetpipe_jax.runtime.executors.run_wall`'s ``wait``)."""
+  :func:`~hetpipe_jax.runtime.numerics.loops.run_wall`'s ``wait``)."""
   scale = setup.config.wall.time_scale
   cost = setup.task_cost if scale > 0 else None
   return lambda engine, resume, between: run_wall(engine, cost, scale, resume=resume, between=between, **kw)

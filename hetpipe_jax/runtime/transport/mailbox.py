@@ -1,6 +1,6 @@
-"""Arrays between the threads and processes of a ``multiprocess`` run (:mod:`hetpipe_jax.runtime.multiprocess`):
+"""Arrays between the threads and processes of a ``multiprocess`` run (:mod:`hetpipe_jax.runtime.processes`):
 a :class:`Mailbox` between the stages and shards of one process, :func:`deliver` and :func:`collect` that go
-through it or through the transport (:mod:`hetpipe_jax.runtime.distributed`), trees of a checkpoint's part
+through it or through the transport (:mod:`hetpipe_jax.runtime.transport.node`), trees of a checkpoint's part
 as arrays, and the timeouts that tell a lost process."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import jax
 import numpy as np
 
 from hetpipe_jax.errors import RunStopped
-from hetpipe_jax.runtime import checkpoint
-from hetpipe_jax.runtime.distributed import POLL_S, Node, PeerGone
+from hetpipe_jax.runtime.numerics import checkpoint
+from hetpipe_jax.runtime.transport.node import POLL_S, Node, PeerGone
 
 TIMEOUT_S = 60.0  # a report or a tensor that takes longer means a hung or lost process: the job ends
 IDLE_S = 3600.0  # how long a stage or shard may wait for its next command

@@ -1,5 +1,5 @@
-"""Command channels of a ``multiprocess`` run (:mod:`hetpipe_jax.runtime.multiprocess`): process 0 posts a
-channel's commands (:class:`Channel`, built and checked by :mod:`hetpipe_jax.runtime.protocol`) in the
+"""Command channels of a ``multiprocess`` run (:mod:`hetpipe_jax.runtime.processes`): process 0 posts a
+channel's commands (:class:`Channel`, built and checked by :mod:`hetpipe_jax.runtime.transport.protocol`) in the
 coordination service's key-value store; the thread that owns the channel executes them in the order posted
 (:func:`command_loop`) and reports those that ask; :func:`wait` reads a report. :class:`Wiring` says where
 everything of the job runs, as every thread of a process sees it."""
@@ -13,9 +13,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
 from hetpipe_jax.errors import ProtocolError, RunStopped, TaskFailed
-from hetpipe_jax.runtime import protocol
-from hetpipe_jax.runtime.distributed import POLL_S, Node, PeerGone
-from hetpipe_jax.runtime.mailbox import IDLE_S, TIMEOUT_S, JobStopped, Mailbox
+from hetpipe_jax.runtime.transport import protocol
+from hetpipe_jax.runtime.transport.mailbox import IDLE_S, TIMEOUT_S, JobStopped, Mailbox
+from hetpipe_jax.runtime.transport.node import POLL_S, Node, PeerGone
 
 
 class Wiring(NamedTuple):
@@ -36,9 +36,9 @@ class Wiring(NamedTuple):
 
 
 def command_loop(node: Node, channel: str, handle, what: str) -> None:
-  """Executes the commands of ``channel`` (:data:`~hetpipe_jax.runtime.protocol.COMMAND_KEY`) in order with
-  ``handle(cmd) -> reply`` (:func:`~hetpipe_jax.runtime.protocol.dispatcher`) until a stop command,
-  reporting (:data:`~hetpipe_jax.runtime.protocol.REPORT_KEY`) the commands that ask for a report.
+  """Executes the commands of ``channel`` (:data:`~hetpipe_jax.runtime.transport.protocol.COMMAND_KEY`) in order with
+  ``handle(cmd) -> reply`` (:func:`~hetpipe_jax.runtime.transport.protocol.dispatcher`) until a stop command,
+  reporting (:data:`~hetpipe_jax.runtime.transport.protocol.REPORT_KEY`) the commands that ask for a report.
 
   A command that waited for a process that is gone (:class:`PeerGone`, outside a task) or found why the
   job must stop (:class:`JobStopped`) leaves this channel unable to go on: it tells process 0 why (which
@@ -74,7 +74,7 @@ class Channel:
     name: the channel (``<vw>.<stage>`` or ``ps<process>``).
     process: the process that executes its commands.
     what: what executes them, for error messages (e.g. "VW 0 stage 1").
-    ops: its commands (:data:`~hetpipe_jax.runtime.protocol.STAGE_OPS` or ``SHARD_OPS``).
+    ops: its commands (:data:`~hetpipe_jax.runtime.transport.protocol.STAGE_OPS` or ``SHARD_OPS``).
   """
 
   def __init__(self, node: Node, name: str, process: int, what: str, ops: Mapping[str, protocol.Op]):

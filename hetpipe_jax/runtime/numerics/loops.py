@@ -11,7 +11,7 @@
 
 The executors by name are a registry of the run layer (:mod:`hetpipe_jax.run.executors`): ``virtual`` and
 ``wall`` run these loops, ``multiprocess`` runs :func:`run_wall` in process 0, whose ``wait`` waits for each
-task's process to report (:mod:`hetpipe_jax.runtime.multiprocess`), and ``sim`` has its own event loop
+task's process to report (:mod:`hetpipe_jax.runtime.processes`), and ``sim`` has its own event loop
 over simulated links (:mod:`hetpipe_jax.sim`).
 """
 

@@ -1,5 +1,5 @@
-"""The PS shards of a ``multiprocess`` run (:mod:`hetpipe_jax.runtime.multiprocess`): the thread of a process
-that owns some (:class:`ShardWorker`, its channel's commands :data:`hetpipe_jax.runtime.protocol.SHARD_OPS`)
+"""The PS shards of a ``multiprocess`` run (:mod:`hetpipe_jax.runtime.processes`): the thread of a process
+that owns some (:class:`ShardWorker`, its channel's commands :data:`hetpipe_jax.runtime.transport.protocol.SHARD_OPS`)
 and process 0's parameter server that keeps the WSP clocks and posts to them (:class:`ShardedServer`) in a
 central run; the primary and backup copies a process holds in a decentralised one (:class:`ShardFollower`)."""
 
@@ -17,11 +17,12 @@ import numpy as np
 from hetpipe_jax.core import wsp
 from hetpipe_jax.core.server import Snapshot
 from hetpipe_jax.errors import NonFiniteUpdate
-from hetpipe_jax.runtime import protocol
-from hetpipe_jax.runtime.channels import Channel, Wiring, command_loop, wait
-from hetpipe_jax.runtime.decentral import Actor, Context, run_thread, stream
-from hetpipe_jax.runtime.distributed import Node, PeerGone
-from hetpipe_jax.runtime.mailbox import (
+from hetpipe_jax.runtime.numerics.ps import ParameterServer
+from hetpipe_jax.runtime.processes.channels import Channel, Wiring, command_loop, wait
+from hetpipe_jax.runtime.processes.context import Actor, Context, run_thread, stream
+from hetpipe_jax.runtime.processes.stage_loop import control_width
+from hetpipe_jax.runtime.transport import protocol
+from hetpipe_jax.runtime.transport.mailbox import (
   JobStopped,
   Mailbox,
   collect,
@@ -31,8 +32,7 @@ from hetpipe_jax.runtime.mailbox import (
   send_tree,
   unflatten_units,
 )
-from hetpipe_jax.runtime.ps import ParameterServer
-from hetpipe_jax.runtime.stage_loop import control_width
+from hetpipe_jax.runtime.transport.node import Node, PeerGone
 
 
 def stage_units(cuts: Sequence[int], units: Sequence[int]) -> list[tuple[int, list[int]]]:
@@ -55,7 +55,7 @@ class ShardWorker:
     units: the units whose shards live here.
     params: their initial global weights.
     cuts: each virtual worker's unit boundaries.
-    num_vws, d, tx, update_dtype: as for :class:`~hetpipe_jax.runtime.ps.ParameterServer`.
+    num_vws, d, tx, update_dtype: as for :class:`~hetpipe_jax.runtime.numerics.ps.ParameterServer`.
   """
 
   def __init__(self, wiring: Wiring, units: Sequence[int], params: Sequence[Any], cuts: Sequence[Sequence[int]],
@@ -234,9 +234,9 @@ def copies_server(ctx: Context, params: Sequence[Any], tx) -> ParameterServer:
 
 
 class ShardFollower:
-  """The copies of PS shards this process holds in a decentralised run (:mod:`hetpipe_jax.runtime.decentral`):
+  """The copies of PS shards this process holds in a decentralised run (:mod:`hetpipe_jax.runtime.processes.context`):
   those whose primary it is and those it backs up, their global weights and optax state, applied, served
-  and gathered in the one order the clock sends (:class:`~hetpipe_jax.runtime.clock.ClockService`).
+  and gathered in the one order the clock sends (:class:`~hetpipe_jax.runtime.processes.clock.ClockService`).
 
   Every stage sends each copy of its units' shards its part of every wave's update (with their non-finite
   flags and fp16 skipped count); once all parts of a wave are here, this process tells the clock (``have``,
@@ -248,7 +248,7 @@ class ShardFollower:
   Args:
     ctx: this process's context.
     params: the initial global weights of every unit (those held here are kept).
-    tx: the apply rule (:class:`~hetpipe_jax.runtime.ps.ParameterServer`).
+    tx: the apply rule (:class:`~hetpipe_jax.runtime.numerics.ps.ParameterServer`).
     ps: the copies' server as an earlier part of the run compiled it, for the same units and rule (None: build one).
   """
 

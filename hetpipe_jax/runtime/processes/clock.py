@@ -1,4 +1,4 @@
-"""The WSP clock of a decentralised ``multiprocess`` run (:mod:`hetpipe_jax.runtime.decentral`): one service,
+"""The WSP clock of a decentralised ``multiprocess`` run (:mod:`hetpipe_jax.runtime.processes.context`): one service,
 in process 0 (which hosts the coordination service: its loss ends the job anyway), that counts pushes,
 opens gates and orders what the copies of the PS shards do.
 
@@ -6,9 +6,9 @@ Every process that holds a copy of PS shards (a primary or a backup) tells it, f
 wave order, once it holds every part of the wave's update it applies (``have``, with the non-finite flag of
 every unit and the fp16 skipped count of its stage, for the ``push`` line); stage 0 of each virtual worker
 asks for each gated pull (``request``)
-(:data:`~hetpipe_jax.runtime.protocol.CONTROL_OPS`). Once every live copy holds a wave, the clock ticks
+(:data:`~hetpipe_jax.runtime.transport.protocol.CONTROL_OPS`). Once every live copy holds a wave, the clock ticks
 (:func:`hetpipe_jax.core.wsp.push`), writes the trace's ``push`` line and appends an ``apply`` to the one order
-that every copy follows (:data:`~hetpipe_jax.runtime.protocol.ORDER_OPS`), and, when the global clock
+that every copy follows (:data:`~hetpipe_jax.runtime.transport.protocol.ORDER_OPS`), and, when the global clock
 reaches an evaluation tick, a ``gather``. A request is granted once the virtual worker's own push of the
 wave before it has ticked and its gate is open (:func:`hetpipe_jax.core.wsp.gate_open`; the trace's
 ``wait`` line when it was closed): the clock appends a ``serve`` that holds the waves of the snapshot, and
@@ -35,13 +35,13 @@ import numpy as np
 
 from hetpipe_jax.core import wsp
 from hetpipe_jax.errors import NonFiniteUpdate
-from hetpipe_jax.runtime import protocol
-from hetpipe_jax.runtime.decentral import LEFT_KEY, Actor, Context, run_thread, stream
-from hetpipe_jax.runtime.distributed import PeerGone
-from hetpipe_jax.runtime.mailbox import deliver, expect
-from hetpipe_jax.runtime.metrics import eval_due
-from hetpipe_jax.runtime.shards import FOLLOW_AHEAD
-from hetpipe_jax.runtime.stage_loop import control_width
+from hetpipe_jax.runtime.numerics.metrics import eval_due
+from hetpipe_jax.runtime.processes.context import LEFT_KEY, Actor, Context, run_thread, stream
+from hetpipe_jax.runtime.processes.shards import FOLLOW_AHEAD
+from hetpipe_jax.runtime.processes.stage_loop import control_width
+from hetpipe_jax.runtime.transport import protocol
+from hetpipe_jax.runtime.transport.mailbox import deliver, expect
+from hetpipe_jax.runtime.transport.node import PeerGone
 
 GATHERS_KEY = "clock/gathers"  # how many gathers the clock ordered (process 0 collects them at the end)
 
@@ -52,7 +52,7 @@ class ClockService:
   Args:
     ctx: this process's context.
     eval_every: order a gather every this many global clock ticks (and at the end), as
-      :class:`~hetpipe_jax.runtime.metrics.WaveMetrics` snapshots.
+      :class:`~hetpipe_jax.runtime.numerics.metrics.WaveMetrics` snapshots.
     on_nonfinite: "skip" or "stop".
   """
 

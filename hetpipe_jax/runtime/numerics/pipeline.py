@@ -17,7 +17,7 @@ import jax
 from hetpipe_jax.core.comm import Comm
 from hetpipe_jax.core.schedule import FWD, Task
 from hetpipe_jax.errors import ProtocolError
-from hetpipe_jax.runtime.stage import Stage, put_arrays
+from hetpipe_jax.runtime.numerics.stage import Stage, put_arrays
 
 
 class PipelineNumerics:

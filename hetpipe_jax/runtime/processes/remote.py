@@ -1,4 +1,4 @@
-"""Process 0's side of the virtual workers of a ``multiprocess`` run (:mod:`hetpipe_jax.runtime.multiprocess`):
+"""Process 0's side of the virtual workers of a ``multiprocess`` run (:mod:`hetpipe_jax.runtime.processes`):
 the engine's numerics adapter that turns its tasks into commands for the stages' processes
 (:class:`RemoteNumerics`), where every stage runs (:func:`process_of`), and the one trace joined with every
 process's records of its tasks (:func:`merge_records`)."""
@@ -13,9 +13,9 @@ import numpy as np
 
 from hetpipe_jax.core.schedule import FWD, Task, successor
 from hetpipe_jax.plan.layout import Layout
-from hetpipe_jax.runtime import protocol
-from hetpipe_jax.runtime.channels import Channel, Pending, Wiring, wait
-from hetpipe_jax.runtime.mailbox import receive_tree, send_tree
+from hetpipe_jax.runtime.processes.channels import Channel, Pending, Wiring, wait
+from hetpipe_jax.runtime.transport import protocol
+from hetpipe_jax.runtime.transport.mailbox import receive_tree, send_tree
 
 
 def process_of(layout: Layout, nodes: Sequence[int]) -> dict[tuple[int, int], int]:

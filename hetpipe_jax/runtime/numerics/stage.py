@@ -17,7 +17,7 @@ its local optimizer state, and one update accumulator per open wave (docs/PROTOC
   of a unit with a rule split across them, its input and output whole on each; XLA's SPMD partitioner inserts
   the all-reduces. The numerics are those of one device, within rounding.
 
-At ``precision`` fp16 or bf16 the stage trains in mixed precision (:mod:`hetpipe_jax.runtime.mixed`): fp32
+At ``precision`` fp16 or bf16 the stage trains in mixed precision (:mod:`hetpipe_jax.runtime.numerics.mixed`): fp32
 weights and optimizer state, 16-bit compute, activations, input gradients, stashed weight copies and pushed
 updates; fp16 scales the loss per stage and skips (and counts) a minibatch update whose gradient overflows.
 In fp32 no cast or scale enters any program.
@@ -44,7 +44,7 @@ from hetpipe_jax.core import wsp
 from hetpipe_jax.errors import ProtocolError
 from hetpipe_jax.models.base import LayeredModel
 from hetpipe_jax.recompute import MODES, check_recompute
-from hetpipe_jax.runtime import mixed
+from hetpipe_jax.runtime.numerics import mixed
 from hetpipe_jax.tensor import onto_mesh, param_shardings, stage_mesh
 
 Device = Any  # a jax.Device (a name pyright cannot use as a type)
@@ -73,7 +73,7 @@ class StageState(NamedTuple):
     params: the stage's weights (a tuple, one entry per unit).
     opt_state: the local optimizer's state.
     waves: wave -> accumulator of the local updates not pushed yet.
-    scale: fp16's dynamic loss scale (:class:`hetpipe_jax.runtime.mixed.LossScale`); None otherwise.
+    scale: fp16's dynamic loss scale (:class:`hetpipe_jax.runtime.numerics.mixed.LossScale`); None otherwise.
   """
 
   params: Any

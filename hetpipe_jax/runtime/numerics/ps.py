@@ -27,8 +27,8 @@ import optax
 from hetpipe_jax.core import wsp
 from hetpipe_jax.core.server import Snapshot
 from hetpipe_jax.errors import ConfigError, NonFiniteUpdate, ProtocolError
-from hetpipe_jax.runtime.mixed import all_finite
-from hetpipe_jax.runtime.stage import Device, put_arrays
+from hetpipe_jax.runtime.numerics.mixed import all_finite
+from hetpipe_jax.runtime.numerics.stage import Device, put_arrays
 
 ON_NONFINITE = ("stop", "skip")  # what a push with NaN or Inf does: stop the run, or drop that wave's update
 

@@ -1,5 +1,5 @@
-"""One stage of a virtual worker in a ``multiprocess`` run (:mod:`hetpipe_jax.runtime.multiprocess`): the
-thread that executes its channel's commands (:data:`hetpipe_jax.runtime.protocol.STAGE_OPS`) on its local
+"""One stage of a virtual worker in a ``multiprocess`` run (:mod:`hetpipe_jax.runtime.processes`): the
+thread that executes its channel's commands (:data:`hetpipe_jax.runtime.transport.protocol.STAGE_OPS`) on its local
 device, in order."""
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ import jax
 from hetpipe_jax.core.schedule import FWD
 from hetpipe_jax.data import MinibatchStreams
 from hetpipe_jax.errors import ProtocolError
-from hetpipe_jax.runtime import protocol
-from hetpipe_jax.runtime.channels import Wiring, command_loop
-from hetpipe_jax.runtime.distributed import PeerGone
-from hetpipe_jax.runtime.mailbox import (
+from hetpipe_jax.runtime.numerics.ps import nonfinite_units
+from hetpipe_jax.runtime.numerics.stage import Stage
+from hetpipe_jax.runtime.processes.channels import Wiring, command_loop
+from hetpipe_jax.runtime.transport import protocol
+from hetpipe_jax.runtime.transport.mailbox import (
   collect,
   deliver,
   receive_tree,
@@ -26,8 +27,7 @@ from hetpipe_jax.runtime.mailbox import (
   unflatten_units,
   update_arrays,
 )
-from hetpipe_jax.runtime.ps import nonfinite_units
-from hetpipe_jax.runtime.stage import Stage
+from hetpipe_jax.runtime.transport.node import PeerGone
 
 INPUTS = {"a": "activation", "g": "gradient"}  # a stage's input kinds (by their letter) -> message kinds
 

@@ -12,7 +12,7 @@ from typing import Any
 import jax
 
 from hetpipe_jax.core.comm import InstantComm, StageId
-from hetpipe_jax.runtime.stage import Device
+from hetpipe_jax.runtime.numerics.stage import Device
 
 
 class DeviceComm(InstantComm):

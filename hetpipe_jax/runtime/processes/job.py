@@ -1,8 +1,8 @@
-"""One process's part of a decentralised ``multiprocess`` run (:mod:`hetpipe_jax.runtime.decentral`): the
+"""One process's part of a decentralised ``multiprocess`` run (:mod:`hetpipe_jax.runtime.processes.context`): the
 loops of the stages on its node, the PS shards it owns, the clock if it holds it; at the end its trace part,
 and on process 0 every part and the gathered weights.
 
-Every process builds the same :class:`~hetpipe_jax.runtime.node_job.Job` (the same seed gives the same
+Every process builds the same :class:`~hetpipe_jax.runtime.processes.node_job.Job` (the same seed gives the same
 initial weights everywhere), compiles its stages, connects, meets the others at the start barrier (its
 clock's zero), runs its threads to the end, and meets them again; then each sends process 0 its trace
 part (one message, after training), and process 0 collects the weights the clock had gathered from every
@@ -28,23 +28,23 @@ from absl import logging
 from hetpipe_jax.core.schedule import Task
 from hetpipe_jax.core.trace import Trace, read_whole_lines
 from hetpipe_jax.errors import ProtocolError, RunStopped
-from hetpipe_jax.runtime import protocol
-from hetpipe_jax.runtime.clock import GATHERS_KEY, ClockService
-from hetpipe_jax.runtime.decentral import LEFT_KEY, Context
-from hetpipe_jax.runtime.distributed import DEAD_AFTER_S, POLL_S, Node, PeerGone
-from hetpipe_jax.runtime.mailbox import TIMEOUT_S, Mailbox, collect, deliver, unflatten_units
-from hetpipe_jax.runtime.mixed import compute_dtype
-from hetpipe_jax.runtime.node_job import Job, build_stage, nodes_of
-from hetpipe_jax.runtime.ps import ParameterServer
-from hetpipe_jax.runtime.remote import process_of
-from hetpipe_jax.runtime.shards import ShardFollower, copies_server
-from hetpipe_jax.runtime.stage import Stage
-from hetpipe_jax.runtime.stage_loop import StageLoop
+from hetpipe_jax.runtime.numerics.mixed import compute_dtype
+from hetpipe_jax.runtime.numerics.ps import ParameterServer
+from hetpipe_jax.runtime.numerics.stage import Stage
+from hetpipe_jax.runtime.processes.clock import GATHERS_KEY, ClockService
+from hetpipe_jax.runtime.processes.context import LEFT_KEY, Context
+from hetpipe_jax.runtime.processes.node_job import Job, build_stage, nodes_of
+from hetpipe_jax.runtime.processes.remote import process_of
+from hetpipe_jax.runtime.processes.shards import ShardFollower, copies_server
+from hetpipe_jax.runtime.processes.stage_loop import StageLoop
+from hetpipe_jax.runtime.transport import protocol
+from hetpipe_jax.runtime.transport.mailbox import TIMEOUT_S, Mailbox, collect, deliver, unflatten_units
+from hetpipe_jax.runtime.transport.node import DEAD_AFTER_S, POLL_S, Node, PeerGone
 
 
 @dataclasses.dataclass(frozen=True)
 class Options:
-  """How the run goes beyond its :class:`~hetpipe_jax.runtime.node_job.Job`.
+  """How the run goes beyond its :class:`~hetpipe_jax.runtime.processes.node_job.Job`.
 
   Attributes:
     waves / schedule / eval_every / on_nonfinite: as in the run's configuration.

@@ -47,7 +47,7 @@ import jax
 import jax.numpy as jnp
 
 from hetpipe_jax.errors import ConfigError
-from hetpipe_jax.runtime.launch import die_with_launcher, record_reason
+from hetpipe_jax.runtime.transport.launch import die_with_launcher, record_reason
 
 _ADDRESS_KEY = "xfer/addr/{process}"
 _MESSAGE_KEY = "msg/{src}->{dst}/{tag}/{seq}"

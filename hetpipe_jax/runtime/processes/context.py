@@ -1,19 +1,19 @@
 """A decentralised ``multiprocess`` run: every process follows the schedule where it runs, and no process is
 the brain (docs/PROTOCOL.md section 11.9).
 
-* Each stage is a loop in its own process (:class:`~hetpipe_jax.runtime.stage_loop.StageLoop`): it starts
+* Each stage is a loop in its own process (:class:`~hetpipe_jax.runtime.processes.stage_loop.StageLoop`): it starts
   its next task when the task's input has arrived and the pure schedule (:mod:`hetpipe_jax.core.schedule`)
   picks it, keeps its own weight versions (:mod:`hetpipe_jax.core.versions`), and sends its output straight
   to the next stage. Stage 0 of each virtual worker injects under the Nm window itself and asks for the
   pull of a gated minibatch.
 * Every PS shard has two copies, its primary and a backup in the next process
-  (:class:`~hetpipe_jax.runtime.shards.ShardFollower`). The WSP clock is a service in process 0, which
-  hosts the coordination service (:class:`~hetpipe_jax.runtime.clock.ClockService`): it counts a wave once
+  (:class:`~hetpipe_jax.runtime.processes.shards.ShardFollower`). The WSP clock is a service in process 0, which
+  hosts the coordination service (:class:`~hetpipe_jax.runtime.processes.clock.ClockService`): it counts a wave once
   every live copy holds it, opens the gates (:mod:`hetpipe_jax.core.wsp`), and puts every apply, serve,
   gather and loss into one order that every copy follows, so a pull holds exactly the waves its snapshot
   counts and a push in flight when a process dies is applied everywhere or nowhere.
-* Control messages are small int32 arrays (:data:`~hetpipe_jax.runtime.protocol.CONTROL_OPS`,
-  :data:`~hetpipe_jax.runtime.protocol.ORDER_OPS`) moved like activations: no key-value operation while
+* Control messages are small int32 arrays (:data:`~hetpipe_jax.runtime.transport.protocol.CONTROL_OPS`,
+  :data:`~hetpipe_jax.runtime.transport.protocol.ORDER_OPS`) moved like activations: no key-value operation while
   the run trains. Each input stream of a stage or the clock has a thread that pulls its messages in order.
 * Each process writes its own trace part; at the end they merge into one trace by causal keys
   (:mod:`hetpipe_jax.core.merge`), never by comparing the clocks of different processes.
@@ -38,8 +38,8 @@ from hetpipe_jax.core.trace import Trace
 from hetpipe_jax.data import MinibatchStreams
 from hetpipe_jax.errors import RunStopped
 from hetpipe_jax.plan.layout import Layout
-from hetpipe_jax.runtime.distributed import POLL_S, Node, PeerGone
-from hetpipe_jax.runtime.mailbox import Mailbox
+from hetpipe_jax.runtime.transport.mailbox import Mailbox
+from hetpipe_jax.runtime.transport.node import POLL_S, Node, PeerGone
 
 Spec = tuple[tuple[int, ...], Any]  # (shape, dtype) of an array a receiver expects
 LEFT_KEY = "left/{vw}"  # set by the clock once a virtual worker has left (its threads may wait for good)
@@ -181,9 +181,9 @@ class Context:
     threading.Thread(target=loop, name="watch-gone", daemon=True).start()
 
   def wait_unless_gone(self, src: int, what: str, wait: Callable[[], Any]) -> Any:
-    """``wait()`` (what :func:`~hetpipe_jax.runtime.mailbox.expect` returned for a message from ``src``), given
-    up with :class:`PeerGone` once ``src`` is declared gone (:meth:`Node.pull_unless_gone`): a pull from a
-    process that died may block for good."""
+    """``wait()`` (what :func:`~hetpipe_jax.runtime.transport.mailbox.expect` returned for a message from
+    ``src``), given up with :class:`PeerGone` once ``src`` is declared gone (:meth:`Node.pull_unless_gone`): a
+    pull from a process that died may block for good."""
     return wait() if src == self.node.process else self.node.pull_unless_gone(src, what, wait)
 
   def copy_holders(self) -> list[int]:

@@ -1,4 +1,4 @@
-"""One process's part of a ``multiprocess`` run (:mod:`hetpipe_jax.runtime.multiprocess`): the threads of
+"""One process's part of a ``multiprocess`` run (:mod:`hetpipe_jax.runtime.processes`): the threads of
 the stages and PS shards on its node, and on process 0 the engine's server and numerics adapters.
 
 Every process builds the same :class:`Job` (the same seed gives the same initial weights everywhere),
@@ -21,16 +21,16 @@ from hetpipe_jax.data import MinibatchStreams
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.models.base import LayeredModel
 from hetpipe_jax.plan.layout import Layout
-from hetpipe_jax.runtime import protocol
-from hetpipe_jax.runtime.channels import Channel, Wiring
-from hetpipe_jax.runtime.distributed import Node
-from hetpipe_jax.runtime.mailbox import TIMEOUT_S, Mailbox
-from hetpipe_jax.runtime.mixed import SCALED, cast_floats, compute_dtype
-from hetpipe_jax.runtime.ps import nonfinite_units
-from hetpipe_jax.runtime.remote import RemoteNumerics, process_of
-from hetpipe_jax.runtime.shards import ShardedServer, ShardWorker
-from hetpipe_jax.runtime.stage import Stage, StageOptions
-from hetpipe_jax.runtime.stage_worker import StageWorker
+from hetpipe_jax.runtime.numerics.mixed import SCALED, cast_floats, compute_dtype
+from hetpipe_jax.runtime.numerics.ps import nonfinite_units
+from hetpipe_jax.runtime.numerics.stage import Stage, StageOptions
+from hetpipe_jax.runtime.processes.channels import Channel, Wiring
+from hetpipe_jax.runtime.processes.remote import RemoteNumerics, process_of
+from hetpipe_jax.runtime.processes.shards import ShardedServer, ShardWorker
+from hetpipe_jax.runtime.processes.stage_worker import StageWorker
+from hetpipe_jax.runtime.transport import protocol
+from hetpipe_jax.runtime.transport.mailbox import TIMEOUT_S, Mailbox
+from hetpipe_jax.runtime.transport.node import Node
 
 
 class Job(NamedTuple):
@@ -43,7 +43,8 @@ class Job(NamedTuple):
     tx / weight_mode: the stages' local optimizer and weight versions.
     d / ps_tx / check_finite: the PS shards' clock bound and apply rule; whether a pushed update is checked
       for NaN or Inf before it is applied (``on_nonfinite="skip"``).
-    precision: what the stages train in ("fp32", or "bf16"/"fp16": mixed precision, :mod:`hetpipe_jax.runtime.mixed`).
+    precision: what the stages train in ("fp32", or "bf16"/"fp16": mixed precision,
+      :mod:`hetpipe_jax.runtime.numerics.mixed`).
   """
 
   model: LayeredModel
