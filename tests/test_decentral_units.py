@@ -20,7 +20,7 @@ from hetpipe_jax.cluster import get_cluster
 from hetpipe_jax.core.trace import Trace
 from hetpipe_jax.plan.layout import Layout, VWLayout
 from hetpipe_jax.runtime.processes.clock import ClockService
-from hetpipe_jax.runtime.processes.context import Context
+from hetpipe_jax.runtime.processes.decentral import Context
 from hetpipe_jax.runtime.processes.shards import ShardFollower
 from hetpipe_jax.runtime.processes.stage_loop import control_width
 from hetpipe_jax.runtime.transport import protocol

@@ -48,7 +48,7 @@ def job(setup: Setup, init_params, taken: Sequence[int] | None = None) -> Job:
 
 
 def decentralised(setup: Setup) -> bool:
-  """Whether the run is decentralised (:mod:`hetpipe_jax.runtime.processes.context`): every run but those that
+  """Whether the run is decentralised (:mod:`hetpipe_jax.runtime.processes.decentral`): every run but those that
   checkpoint or inject failures, which still run one engine in process 0
   (:mod:`hetpipe_jax.runtime.processes.remote`)."""
   c = setup.config

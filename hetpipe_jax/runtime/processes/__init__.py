@@ -2,7 +2,7 @@
 
 The decentralised runtime, every run without checkpoints or ``--fail`` (docs/PROTOCOL.md sections 11.9, 11.10):
 
-* :mod:`~hetpipe_jax.runtime.processes.context`: the decentralised run's design, and what the threads of one
+* :mod:`~hetpipe_jax.runtime.processes.decentral`: the decentralised run's design, and what the threads of one
   process share (``Context``, ``Actor``);
 * :mod:`~hetpipe_jax.runtime.processes.job`: one process's part of a decentralised run (``DecentralJob``);
 * :mod:`~hetpipe_jax.runtime.processes.clock`: the WSP clock service (in process 0);

@@ -1,4 +1,4 @@
-"""The WSP clock of a decentralised ``multiprocess`` run (:mod:`hetpipe_jax.runtime.processes.context`): one service,
+"""The WSP clock of a decentralised ``multiprocess`` run (:mod:`hetpipe_jax.runtime.processes.decentral`): one service,
 in process 0 (which hosts the coordination service: its loss ends the job anyway), that counts pushes,
 opens gates and orders what the copies of the PS shards do.
 
@@ -36,7 +36,7 @@ import numpy as np
 from hetpipe_jax.core import wsp
 from hetpipe_jax.errors import NonFiniteUpdate
 from hetpipe_jax.runtime.numerics.metrics import eval_due
-from hetpipe_jax.runtime.processes.context import LEFT_KEY, Actor, Context, run_thread, stream
+from hetpipe_jax.runtime.processes.decentral import LEFT_KEY, Actor, Context, run_thread, stream
 from hetpipe_jax.runtime.processes.shards import FOLLOW_AHEAD
 from hetpipe_jax.runtime.processes.stage_loop import control_width
 from hetpipe_jax.runtime.transport import protocol

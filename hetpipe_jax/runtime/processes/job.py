@@ -1,4 +1,4 @@
-"""One process's part of a decentralised ``multiprocess`` run (:mod:`hetpipe_jax.runtime.processes.context`): the
+"""One process's part of a decentralised ``multiprocess`` run (:mod:`hetpipe_jax.runtime.processes.decentral`): the
 loops of the stages on its node, the PS shards it owns, the clock if it holds it; at the end its trace part,
 and on process 0 every part and the gathered weights.
 
@@ -32,7 +32,7 @@ from hetpipe_jax.runtime.numerics.mixed import compute_dtype
 from hetpipe_jax.runtime.numerics.ps import ParameterServer
 from hetpipe_jax.runtime.numerics.stage import Stage
 from hetpipe_jax.runtime.processes.clock import GATHERS_KEY, ClockService
-from hetpipe_jax.runtime.processes.context import LEFT_KEY, Context
+from hetpipe_jax.runtime.processes.decentral import LEFT_KEY, Context
 from hetpipe_jax.runtime.processes.node_job import Job, build_stage, nodes_of
 from hetpipe_jax.runtime.processes.remote import process_of
 from hetpipe_jax.runtime.processes.shards import ShardFollower, copies_server

@@ -19,7 +19,7 @@ from hetpipe_jax.core.server import Snapshot
 from hetpipe_jax.errors import NonFiniteUpdate
 from hetpipe_jax.runtime.numerics.ps import ParameterServer
 from hetpipe_jax.runtime.processes.channels import Channel, Wiring, command_loop, wait
-from hetpipe_jax.runtime.processes.context import Actor, Context, run_thread, stream
+from hetpipe_jax.runtime.processes.decentral import Actor, Context, run_thread, stream
 from hetpipe_jax.runtime.processes.stage_loop import control_width
 from hetpipe_jax.runtime.transport import protocol
 from hetpipe_jax.runtime.transport.mailbox import (
@@ -234,7 +234,7 @@ def copies_server(ctx: Context, params: Sequence[Any], tx) -> ParameterServer:
 
 
 class ShardFollower:
-  """The copies of PS shards this process holds in a decentralised run (:mod:`hetpipe_jax.runtime.processes.context`):
+  """The copies of PS shards this process holds in a decentralised run (:mod:`hetpipe_jax.runtime.processes.decentral`):
   those whose primary it is and those it backs up, their global weights and optax state, applied, served
   and gathered in the one order the clock sends (:class:`~hetpipe_jax.runtime.processes.clock.ClockService`).
 

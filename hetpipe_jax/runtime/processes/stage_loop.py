@@ -1,5 +1,6 @@
-"""One stage of a virtual worker in a decentralised ``multiprocess`` run (:mod:`hetpipe_jax.runtime.processes.context`):
-a loop that runs the stage's tasks by the pure schedule where the stage lives, with no command from anyone.
+"""One stage of a virtual worker in a decentralised ``multiprocess`` run
+(:mod:`hetpipe_jax.runtime.processes.decentral`): a loop that runs the stage's tasks by the pure schedule where
+the stage lives, with no command from anyone.
 
 The loop holds the virtual worker's :class:`~hetpipe_jax.core.schedule.PipelineState` and
 :class:`~hetpipe_jax.core.versions.VersionBook` and touches only its own stage's part of them: a task
@@ -24,7 +25,7 @@ some PS shard is gone, the job stops.
 
 Inputs arrive on threads of their own, one per stream (activations from the previous stage, gradients from
 the next, pulls from the shards' copies), each asking for its next messages ahead and offering
-each to the stage as it lands (:class:`~hetpipe_jax.runtime.processes.context.Actor`): the thread that brings an
+each to the stage as it lands (:class:`~hetpipe_jax.runtime.processes.decentral.Actor`): the thread that brings an
 input runs the tasks it allows, unless another thread is running the stage's tasks already, in which case
 that one takes it up next. No thread wakes another between a message's arrival and the task it allows.
 """
@@ -45,7 +46,7 @@ from hetpipe_jax.core.schedule import BWD, FWD, Task
 from hetpipe_jax.errors import ProtocolError
 from hetpipe_jax.runtime.numerics.ps import nonfinite_units
 from hetpipe_jax.runtime.numerics.stage import Stage
-from hetpipe_jax.runtime.processes.context import Actor, Context, Spec, run_thread, stream
+from hetpipe_jax.runtime.processes.decentral import Actor, Context, Spec, run_thread, stream
 from hetpipe_jax.runtime.transport import protocol
 from hetpipe_jax.runtime.transport.mailbox import deliver, expect, unflatten_units, update_arrays
 from hetpipe_jax.runtime.transport.node import PeerGone
