@@ -54,11 +54,20 @@ def test_streams_after_go_on_where_the_last_part_left_off():
     (("--adapt=on", "--time_scale=100", "--ps_optimizer=delayed_nesterov"), "give --ps_optimizer=add"),
     (("--adapt=on", "--time_scale=100", "--fail=0@2"), "adapt=on runs in the decentralised runtime"),
     (("--replan_every=0",), "replan_every=0; give a number of waves >= 1"),
+    (("--replan_every=4", "--time_scale=100"), "replan_every=4 paces HetPipe's adaptation, which this run does not "
+                                               "do (adapt=auto): give --adapt=on, or drop replan_every"),
 ])
 def test_a_bad_live_adaptation_is_one_line(tmp_path, flags, message):
   proc = train_cli(tmp_path, "--executor=multiprocess", "--dataset=synthetic", "--model=mlp", *flags,
                    f"--cluster={TWO_NODES}", "--num_vws=1", "--stages=2", "--waves=4", timeout=120)
   assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-2000:]
+  assert "Traceback" not in proc.stderr
+
+
+def test_the_sim_executor_refuses_replan_every_without_adapting(tmp_path):
+  proc = train_cli(tmp_path, "--executor=sim", "--model=resnet152", "--replan_every=3", "--num_vws=1", "--stages=2",
+                   "--waves=2", timeout=120)
+  assert proc.returncode != 0 and "replan_every=3 paces HetPipe's adaptation" in proc.stderr, proc.stderr[-2000:]
   assert "Traceback" not in proc.stderr
 
 

@@ -66,6 +66,16 @@ class SimOptions:
     """Whether the run adapts (``adapt``, ``auto`` resolved: where the GPUs vary)."""
     return self.adapt == "on" or (self.adapt == "auto" and not parse_noise(self.noise).quiet)
 
+  def check_replan_every(self, adapting: bool) -> None:
+    """Refuses ``replan_every`` set for a run that does not adapt (``adapting``: as its executor resolves ``adapt``).
+
+    Raises:
+      ConfigError: naming the value and what to change.
+    """
+    if "replan_every" in self.set_fields() and not adapting:
+      raise ConfigError(f"replan_every={self.replan_every} paces HetPipe's adaptation, which this run does not do "
+                        f"(adapt={self.adapt}): give --adapt=on, or drop replan_every")
+
   def set_fields(self) -> list[str]:
     """The options that differ from their defaults, by name."""
     return [f.name for f in dataclasses.fields(self) if getattr(self, f.name) != f.default]

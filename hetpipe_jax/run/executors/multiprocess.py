@@ -188,12 +188,13 @@ def _check(config) -> None:
   """``slow`` and ``adapt`` run in the decentralised runtime only (checkpointed and fault-injected runs take the
   central one); the live adaptation's own refusals (:func:`~hetpipe_jax.run.executors.live_replan.check`)."""
   central = config.checkpoint.directory or config.faults.failures or config.faults.rejoin
+  config.sim.check_replan_every(adapting(config))
   if adapting(config):
     if central:
       raise ConfigError("adapt=on runs in the decentralised runtime, and checkpointed or --fail/--rejoin runs still "
                         "take the central one: drop adapt, or the checkpoints and injected failures")
     check_adapting(config)
-  if config.faults.slow and (config.checkpoint.directory or config.faults.failures or config.faults.rejoin):
+  if config.faults.slow and central:
     raise ConfigError("slow runs in the decentralised runtime, and checkpointed or --fail/--rejoin runs still take "
                       "the central one: drop slow, or the checkpoints and injected failures")
 

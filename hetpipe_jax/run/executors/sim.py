@@ -42,7 +42,7 @@ def run(setup: Setup) -> RunResult:
 
 
 EXECUTOR = Executor("sim", run, "has no numerics", numerics=False, sim_options=True, checkpoints=False,
-                    precisions=PRECISIONS)
+                    precisions=PRECISIONS, check=lambda config: config.sim.check_replan_every(config.sim.adapting))
 
 
 def _replanning(setup: Setup) -> RunResult:
