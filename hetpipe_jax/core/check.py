@@ -42,6 +42,7 @@ from typing import Any, NamedTuple
 
 from hetpipe_jax.core import wsp
 from hetpipe_jax.core.trace import field_error, staleness_stats, trace_cli
+from hetpipe_jax.errors import ProtocolError
 
 EPS = 1e-9
 
@@ -349,6 +350,15 @@ def check_trace(events: Iterable[dict[str, Any]]) -> list[Violation]:
   checker.line = len(events)
   checker.finish()
   return checker.violations
+
+
+def require_wsp(events: Iterable[dict[str, Any]], what: str, error: type[Exception] = ProtocolError) -> None:
+  """Raises ``error`` (a breach is a bug in the runtime, never bad input) with the number of violations and the
+  first three when ``events`` break a WSP guarantee (``what`` names the run in the message)."""
+  violations = check_trace(events)
+  if violations:
+    raise error(f"{what}: the trace breaks WSP, {len(violations)} violations; first: "
+                + "; ".join(str(v) for v in violations[:3]))
 
 
 def main(argv: list[str]) -> int:

@@ -35,12 +35,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from hetpipe_jax.cluster import Cluster, Gpu, GpuType
-from hetpipe_jax.core.check import check_trace
+from hetpipe_jax.core.check import require_wsp
 from hetpipe_jax.core.trace import Trace
 from hetpipe_jax.core.worker import VirtualWorker
 from hetpipe_jax.cost.context import CostContext
 from hetpipe_jax.cost.profile import UnitProfile
-from hetpipe_jax.errors import ConfigError, ProtocolError
+from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.plan.allocation import layout_plan, plan_cluster
 from hetpipe_jax.plan.layout import Layout
 from hetpipe_jax.sim.network import Simulator
@@ -210,10 +210,7 @@ def simulate_replanning(job: SimJob, costs: CostContext, rule: Replanning,
     watch = _Watch(part, costs, rule, network)
     trace = Trace()
     end, vws, rows = simulate(part, trace, meta, steady=watch, simulator=network)
-    violations = check_trace(trace.events)
-    if violations:
-      raise ProtocolError(f"re-planning run, layout {len(segments) + 1}: the trace breaks WSP, {len(violations)} "
-                          "violations; first: " + "; ".join(str(v) for v in violations[:3]))
+    require_wsp(trace.events, f"re-planning run, layout {len(segments) + 1}")
     pushed = [vw.completed // vw.nm for vw in vws]
     segments.append(Segment(layout, start, end, sum(n * vw.nm for n, vw in zip(pushed, vws)), moved, trace, vws,
                             rows))

@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 from hetpipe_jax.api import run_hetpipe
 from hetpipe_jax.baselines.numerics import outer_optimizer, train_sgd
 from hetpipe_jax.cluster import Cluster
+from hetpipe_jax.core.check import require_wsp
 from hetpipe_jax.data import Dataset, load_dataset
 from hetpipe_jax.errors import ConfigError, RunStopped
 from hetpipe_jax.models import get_model
@@ -33,7 +34,7 @@ from hetpipe_jax.staleness import mean_staleness
 from hetpipe_jax.studies.convergence_config import TARGET_METRICS
 from hetpipe_jax.studies.convergence_target import Target
 from hetpipe_jax.systems.base import Curve, CurvePoint
-from hetpipe_jax.systems.hetpipe import hetpipe_curve, require_wsp
+from hetpipe_jax.systems.hetpipe import hetpipe_curve
 
 FACTORS = ("vws", "nm", "d")  # the factors swept one at a time around the base
 RULES = ("add", "avg")  # the default rules

@@ -7,7 +7,7 @@ from typing import Any
 
 from absl import logging
 
-from hetpipe_jax.core.check import check_trace
+from hetpipe_jax.core import check
 
 
 class TraceCheckError(RuntimeError):
@@ -15,7 +15,7 @@ class TraceCheckError(RuntimeError):
 
 
 def require_wsp(events: Sequence[dict[str, Any]], what: str) -> None:
-  """Runs the trace checker on a run's events.
+  """Runs the trace checker on a run's events (:func:`hetpipe_jax.core.check.require_wsp`).
 
   Args:
     events: the run's trace.
@@ -24,10 +24,7 @@ def require_wsp(events: Sequence[dict[str, Any]], what: str) -> None:
   Raises:
     TraceCheckError: with the number of violations and the first three, when a WSP guarantee fails.
   """
-  violations = check_trace(events)
-  if violations:
-    raise TraceCheckError(f"{what}: the trace breaks WSP, {len(violations)} violations; first: "
-                          + "; ".join(str(v) for v in violations[:3]))
+  check.require_wsp(events, what, TraceCheckError)
 
 
 def progress(message: str, *args: Any) -> None:

@@ -22,12 +22,12 @@ from typing import Any, NamedTuple
 from hetpipe_jax.api import run_hetpipe
 from hetpipe_jax.baselines.knobs import PeerKnobs
 from hetpipe_jax.cluster import Cluster
-from hetpipe_jax.core.check import check_trace
+from hetpipe_jax.core.check import require_wsp
 from hetpipe_jax.core.trace import Trace, staleness_stats
 from hetpipe_jax.cost.batch import BatchProfiles
 from hetpipe_jax.cost.context import DEFAULT_COSTS, CostContext
 from hetpipe_jax.data import Dataset
-from hetpipe_jax.errors import ConfigError, ProtocolError
+from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.models.base import LayeredModel
 from hetpipe_jax.plan.allocation import POLICIES, ClusterPlan, plan_cluster
 from hetpipe_jax.plan.costmodel import ideal_images_per_sec
@@ -169,14 +169,6 @@ def plan_config(plan: ClusterPlan) -> str:
   degrees = sorted({vw.degree(j) for vw in layout.vws for j in range(vw.k)})
   split = "" if degrees == [1] else f", stages on {'/'.join(map(str, degrees))} GPUs (tensor parallelism)"
   return f"{len(plan.vws)} virtual workers, Nm {[p.nm for p in plan.vws]}{held}{split}, default placement"
-
-
-def require_wsp(events: Sequence[dict[str, Any]], what: str) -> None:
-  """Raises ProtocolError naming the first violations when ``events`` break a WSP guarantee."""
-  violations = check_trace(events)
-  if violations:
-    raise ProtocolError(f"{what}: the trace breaks WSP, {len(violations)} violations; first: "
-                        + "; ".join(str(v) for v in violations[:3]))
 
 
 class HetPipeSetting(NamedTuple):

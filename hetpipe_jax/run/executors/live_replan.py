@@ -38,10 +38,10 @@ import jax
 from absl import logging
 
 from hetpipe_jax.cluster import Cluster
-from hetpipe_jax.core.check import check_trace
+from hetpipe_jax.core.check import require_wsp
 from hetpipe_jax.core.schedule import Task
 from hetpipe_jax.core.trace import write_trace
-from hetpipe_jax.errors import ConfigError, ProtocolError
+from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.evaluate import make_evaluator
 from hetpipe_jax.plan.layout import Layout
 from hetpipe_jax.run.config import RunConfig
@@ -189,13 +189,6 @@ def _receive(node: Node, layout: Layout, cluster: Cluster) -> tuple[Next, tuple[
   return decided, tuple(receive_tree(node, Mailbox(), 0, "next_weights"))
 
 
-def _check(k: int, events: list[dict[str, Any]]) -> None:
-  violations = check_trace(events)
-  if violations:
-    raise ProtocolError(f"adapt: part {k + 1}'s trace breaks WSP, {len(violations)} violations; first: "
-                        + "; ".join(str(v) for v in violations[:3]))
-
-
 def _shifted(rows: list[dict[str, Any]], done: int, taken: Sequence[int], start: float) -> list[dict[str, Any]]:
   """A part's metrics rows on the run's count: waves, steps and global clock go on, times from the run's start."""
   return [dict(r, wave=r["wave"] + done, step=r["step"] + taken[r["vw"]], global_clock=r["global_clock"] + done,
@@ -245,7 +238,7 @@ def _result(setup: Setup, init_params, parts: list[tuple[Setup, Ran | None]], ru
   listed = []
   for k, (part, ran) in enumerate(parts):
     assert ran is not None
-    _check(k, ran.events)
+    require_wsp(ran.events, f"adapt, part {k + 1}")
     rows += _shifted(ran.metrics.finish(ran.gathers[-1], evaluate), done, taken, ran.start)
     part_images = trained_images(ran.events, c.batch_size)
     images += part_images
