@@ -46,13 +46,14 @@ from hetpipe_jax.evaluate import make_evaluator
 from hetpipe_jax.plan.layout import Layout
 from hetpipe_jax.run.config import RunConfig
 from hetpipe_jax.run.executors.sim import job as sim_job
+from hetpipe_jax.run.executors.sim import replanning
 from hetpipe_jax.run.result import RunResult
 from hetpipe_jax.run.session import trained_images
 from hetpipe_jax.run.setup import Setup
 from hetpipe_jax.runtime.numerics.metrics import WaveMetrics
 from hetpipe_jax.runtime.transport.mailbox import TIMEOUT_S, Mailbox, receive_tree, send_tree
 from hetpipe_jax.runtime.transport.node import Node
-from hetpipe_jax.sim.replan import KEEP, Replanning, better_layout, measured_view, modelled_rate, segment_path
+from hetpipe_jax.sim.replan import Replanning, better_layout, measured_view, modelled_rate, segment_path
 
 NEXT_KEY = "adapt/next"  # (scoped to the part just ended) the next part's layout, published by process 0
 
@@ -66,6 +67,16 @@ class Ran(NamedTuple):
   gathers: list[tuple[Any, ...]]
   start: float
   end: float
+
+
+class _Part(NamedTuple):
+  """A part as the run went: its setup (layout, waves), process 0's :class:`Ran` (None elsewhere), and the waves and
+  each virtual worker's minibatches done before it."""
+
+  setup: Setup
+  ran: Ran | None
+  done: int
+  taken: tuple[int, ...]
 
 
 class Next(NamedTuple):
@@ -98,12 +109,6 @@ def check(config: RunConfig) -> None:
     raise ConfigError(f"adapt=on on the multiprocess executor starts each part from the gathered weights, and the "
                       f"parameter server's rule {c.optim.ps_optimizer!r} keeps state that would be lost at every "
                       "part: give --ps_optimizer=add, or --adapt=off")
-
-
-def rule_of(config: RunConfig) -> Replanning:
-  """The re-planning rule: every ``replan_every`` waves, Nm by the layout's rule (``keep`` for explicit Nm)."""
-  nm = config.layout.nm
-  return Replanning(every=config.sim.replan_every, nm_rule=nm if isinstance(nm, str) else KEEP)
 
 
 def measured_slowness(events: Sequence[dict[str, Any]], cost: Callable[[Task], float], time_scale: float,
@@ -147,8 +152,9 @@ class _Decider:
     view = measured_view(setup.cluster, slowness, rule.resolution)
     rate = lambda layout: modelled_rate(view, setup.clock_profiles, layout, setup.costs)
     known = max(self.compiled.values(), key=rate)
-    if rate(better) <= (1 + rule.gain) * rate(known):
-      return Next(known if rate(known) > (1 + rule.gain) * rate(setup.layout) else setup.layout, None)
+    known_rate = rate(known)
+    if rate(better) <= (1 + rule.gain) * known_rate:
+      return Next(known if known_rate > (1 + rule.gain) * rate(setup.layout) else setup.layout, None)
     if waves_left <= rule.every:  # the next part is the last: nothing could switch to it
       return Next(setup.layout, None)
     self.compiled[_signature(better)] = better
@@ -202,16 +208,16 @@ def run_adapting(setup: Setup, node: Node, init_params: tuple[Any, ...], run_par
     RunStopped: when a process was lost in a part (the next part's layout would need its GPUs).
     ProtocolError: when a part's trace breaks a WSP guarantee (naming the part).
   """
-  c, rule, t_host = setup.config, rule_of(setup.config), time.perf_counter()
+  c, rule, t_host = setup.config, replanning(setup.config), time.perf_counter()
   params, done, taken, origin = init_params, 0, [0] * setup.layout.num_vws, None
-  parts: list[tuple[Setup, Ran | None]] = []
+  parts: list[_Part] = []
   decide, prepare = _Decider(setup.layout), None
   while done < c.waves:
     node.scope = f"part{len(parts)}/" if parts else ""
     waves = min(rule.every, c.waves - done)
     part = dataclasses.replace(setup, config=dataclasses.replace(c, waves=waves, trace_path=None))
     ran, origin = run_part(part, params, taken, origin, done + waves == c.waves, prepare)
-    parts.append((part, ran))
+    parts.append(_Part(part, ran, done, tuple(taken)))
     taken = [t + waves * nm for t, nm in zip(taken, part.layout.nms)]
     done += waves
     if done == c.waves:
@@ -228,15 +234,14 @@ def run_adapting(setup: Setup, node: Node, init_params: tuple[Any, ...], run_par
   return _result(setup, init_params, parts, rule, time.perf_counter() - t_host)
 
 
-def _result(setup: Setup, init_params, parts: list[tuple[Setup, Ran | None]], rule: Replanning,
-            host_seconds: float) -> RunResult:
+def _result(setup: Setup, init_params, parts: list[_Part], rule: Replanning, host_seconds: float) -> RunResult:
   """Process 0: every part's trace checked and written, the rows on the run's count, the first trace's meta line
   listing the parts."""
-  c, rows, done, taken, images = setup.config, [], 0, [0] * setup.layout.num_vws, 0
+  c, rows, images = setup.config, [], 0
   evaluate = make_evaluator(setup.model, setup.data, jax.local_devices()[0])
   sent = sum(x.nbytes for x in jax.tree.leaves(init_params)) * (setup.cluster.num_nodes - 1)  # weights to each
   listed = []
-  for k, (part, ran) in enumerate(parts):
+  for k, (part, ran, done, taken) in enumerate(parts):
     assert ran is not None
     require_wsp(ran.events, f"adapt, part {k + 1}")
     rows += _shifted(ran.metrics.finish(ran.gathers[-1], evaluate), done, taken, ran.start)
@@ -245,17 +250,15 @@ def _result(setup: Setup, init_params, parts: list[tuple[Setup, Ran | None]], ru
     listed.append({"start": ran.start, "end": ran.end, "minibatches": part_images // c.batch_size,
                    "moved_bytes": float(sent if k else 0), "nm": part.layout.nms, "cuts": part.layout.cuts,
                    "gpus": [[g.name for g in gpus] for gpus in part.layout.gpus]})
-    done += part.config.waves
-    taken = [t + part.config.waves * nm for t, nm in zip(taken, part.layout.nms)]
-  first = parts[0][1]
+  first = parts[0].ran
   assert first is not None
   events = first.events
   events[0] = dict(events[0], segments=listed, replan_every=rule.every)
   if c.trace_path:
-    for k, (_, ran) in enumerate(parts):
-      assert ran is not None
-      write_trace(segment_path(c.trace_path, k), events if k == 0 else ran.events)
-  last_part, last = parts[-1]
+    for k, part in enumerate(parts):
+      assert part.ran is not None
+      write_trace(segment_path(c.trace_path, k), events if k == 0 else part.ran.events)
+  last_part, last = parts[-1].setup, parts[-1].ran
   assert last is not None
   return RunResult(init_params, last.gathers[-1], events, rows, last.end, host_seconds,
                    last_part.virtual_workers(), last_part.layout.cuts, images)

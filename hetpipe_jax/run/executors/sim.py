@@ -8,6 +8,7 @@ import time
 from hetpipe_jax.core.trace import Trace, write_trace
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.precision import PRECISIONS
+from hetpipe_jax.run.config import RunConfig
 from hetpipe_jax.run.executors.base import Executor
 from hetpipe_jax.run.result import RunResult
 from hetpipe_jax.run.session import require_pushes, trained_images
@@ -22,6 +23,13 @@ def job(setup: Setup) -> SimJob:
   c = setup.config
   return SimJob(setup.cluster, setup.clock_profiles, setup.clock_layout, c.wsp.d, c.waves, c.layout.placement,
                 c.wsp.schedule, c.wsp.weight_mode, c.precision, c.sim, c.faults.by_vw(), c.faults.rejoin)
+
+
+def replanning(config: RunConfig) -> Replanning:
+  """HetPipe's re-planning rule of a run: every ``replan_every`` waves, Nm by the layout's rule (``keep`` for an
+  explicit Nm: each virtual worker keeps its waves)."""
+  nm = config.layout.nm
+  return Replanning(every=config.sim.replan_every, nm_rule=nm if isinstance(nm, str) else KEEP)
 
 
 def run(setup: Setup) -> RunResult:
@@ -58,10 +66,8 @@ def _replanning(setup: Setup) -> RunResult:
   if c.sim.fast or c.faults.failures:
     raise ConfigError("adapt (HetPipe's re-planning under noise) runs every wave of one layout after another: give "
                       "--adapt=off, or drop fast_sim and the injected failures")
-  rule = c.layout.nm if isinstance(c.layout.nm, str) else KEEP
   t_host = time.perf_counter()
-  segments = simulate_replanning(job(setup), setup.costs, Replanning(every=c.sim.replan_every, nm_rule=rule),
-                                 setup.fields)
+  segments = simulate_replanning(job(setup), setup.costs, replanning(c), setup.fields)
   events = first_trace(segments)
   if c.trace_path:
     for k, segment in enumerate(segments):
