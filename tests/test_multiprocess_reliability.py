@@ -46,6 +46,22 @@ def test_a_crashed_process_leaves_and_the_others_go_on(tmp_path):
   assert not [e for e in events if e["ev"] == "join"]  # nothing can replace it where it ran
 
 
+def test_an_injected_failure_of_a_virtual_worker_across_processes_is_a_leave(tmp_path):
+  """ED: every virtual worker spans the 4 processes (process 0's included), so --fail cannot kill a process: VW 1's
+  stage 0 tells the clock when it reaches wave 3, VW 1 leaves (its wave in flight dropped), and VW 0 pushes every
+  wave; the run is decentralised (every copy of the shards says what it applied)."""
+  proc = train(tmp_path, "--policy=ED", "--d=1", "--waves=8", "--fail=1@3")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  events = read_trace(str(tmp_path / "trace.jsonl"))
+  assert_trace_ok(events)
+  (leave,) = [e for e in events if e["ev"] == "leave"]
+  assert leave["vw"] == 1 and leave["reason"] == "fault injected at wave 3", leave
+  counts = pushes(events)
+  assert counts[0] == 8 and counts[1] == leave["pushed"] <= 3, counts
+  assert not [e for e in events if e["ev"] == "inject" and e["vw"] == 1 and e["mb"] > 3 * 4]  # (Nm 4)
+  applied_exactly_once(events)
+
+
 def test_a_failed_virtual_worker_is_replaced_across_processes(tmp_path):
   """ED: every virtual worker spans the 4 processes, so an injected fault fails VW 1 in software; with
   --rejoin a replacement pulls the global weights and enters at the global clock."""

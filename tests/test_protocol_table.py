@@ -111,7 +111,7 @@ def test_a_control_message_is_built_from_its_table_and_read_back():
   assert protocol.decode(protocol.ORDER_OPS, order) == ("serve", {"vw": 1, "n": 2}, [4, 3, 0, 1, 0])
   lost = protocol.encode(protocol.ORDER_OPS, "lost", width, process=3)
   assert protocol.decode(protocol.ORDER_OPS, lost)[:2] == ("lost", {"process": 3})
-  with pytest.raises(ProtocolError, match="unknown control message 'pull'; the table has have, request"):
+  with pytest.raises(ProtocolError, match="unknown control message 'pull'; the table has have, request, fail"):
     protocol.encode(protocol.CONTROL_OPS, "pull", 4, n=1)
   with pytest.raises(ProtocolError, match=r"control message 'serve' takes fields \['vw', 'n'\], got \['n'\]"):
     protocol.encode(protocol.ORDER_OPS, "serve", width, n=1)

@@ -275,8 +275,8 @@ class Faults:
 
   Attributes:
     failures: (virtual worker, wave) pairs; the virtual worker fails when it reaches that wave (its first
-      minibatch), leaves, and the others go on under WSP over the live ones (in a multiprocess run its
-      processes are killed for real when they run nothing else).
+      minibatch), leaves, and the others go on under WSP over the live ones (in a multiprocess run the process of
+      its first stage is killed for real when it runs nothing else: docs/PROTOCOL.md section 3.8).
     rejoin: a failed virtual worker is replaced at once: the replacement pulls the global weights and
       enters at the current global clock.
     slow: (node, factor, start, end): every task the node's process starts between ``start`` and ``end`` seconds

@@ -49,10 +49,10 @@ def job(setup: Setup, init_params, taken: Sequence[int] | None = None) -> Job:
 
 def decentralised(setup: Setup) -> bool:
   """Whether the run is decentralised (:mod:`hetpipe_jax.runtime.processes.decentral`): every run but those that
-  checkpoint or inject failures, which still run one engine in process 0
+  checkpoint or replace failed virtual workers, which still run one engine in process 0
   (:mod:`hetpipe_jax.runtime.processes.remote`)."""
   c = setup.config
-  return not (c.checkpoint.directory or c.faults.failures or c.faults.rejoin)
+  return not (c.checkpoint.directory or c.faults.rejoin)
 
 
 def _options(setup: Setup, node, origin: float | None) -> Options:
@@ -64,7 +64,8 @@ def _options(setup: Setup, node, origin: float | None) -> Options:
   return Options(c.waves, c.wsp.schedule, c.eval_every, c.optim.on_nonfinite,
                  setup.task_cost if c.wall.time_scale > 0 else None, c.wall.time_scale,
                  f"{c.trace_path}.part{node.process}" if c.trace_path else None,
-                 c.faults.slow_of(nodes[node.process]), origin)
+                 c.faults.slow_of(nodes[node.process]), origin,
+                 tuple((vw, min(waves)) for vw, waves in sorted(c.faults.by_vw().items())))
 
 
 class _Parts:
@@ -123,9 +124,11 @@ def _run_part(setup: Setup, node, params, taken: Sequence[int] | None, origin: f
   events, unplaced, dropped = merge(setup.meta_line(), outcome.parts)
   if unplaced:
     raise ProtocolError(f"{unplaced} trace events of a complete run could not be placed in causal order")
-  if dropped or outcome.missing:
-    logging.info("trace: %d events of virtual workers that left are unrecorded; processes %s were gone (their "
-                 "parts read back from their files, up to the last whole line)", dropped, outcome.missing)
+  if dropped:
+    logging.info("trace: %d events of virtual workers after they left are unrecorded", dropped)
+  if outcome.missing:
+    logging.info("trace: processes %s were gone (their parts read back from their files, up to the last whole "
+                 "line)", outcome.missing)
   metrics = replay_metrics(events, outcome.gathers, setup.layout.nms, c.waves, c.eval_every)
   require_pushes(metrics.rows)
   return Ran(events, metrics, outcome.gathers, start, start + outcome.seconds), origin
@@ -185,18 +188,21 @@ def adapting(config) -> bool:
 
 
 def _check(config) -> None:
-  """``slow`` and ``adapt`` run in the decentralised runtime only (checkpointed and fault-injected runs take the
-  central one); the live adaptation's own refusals (:func:`~hetpipe_jax.run.executors.live_replan.check`)."""
-  central = config.checkpoint.directory or config.faults.failures or config.faults.rejoin
+  """``slow`` and ``adapt`` run in the decentralised runtime only (checkpointed and --rejoin runs take the central
+  one); the live adaptation's own refusals (:func:`~hetpipe_jax.run.executors.live_replan.check`)."""
+  central = config.checkpoint.directory or config.faults.rejoin
   config.sim.check_replan_every(adapting(config))
   if adapting(config):
     if central:
-      raise ConfigError("adapt=on runs in the decentralised runtime, and checkpointed or --fail/--rejoin runs still "
-                        "take the central one: drop adapt, or the checkpoints and injected failures")
+      raise ConfigError("adapt=on runs in the decentralised runtime, and checkpointed or --rejoin runs still take "
+                        "the central one: drop adapt, or the checkpoints and --rejoin")
+    if config.faults.failures:
+      raise ConfigError("adapt=on starts every virtual worker again at each part, so a failed one would be back at "
+                        "the next: drop adapt, or the injected failures (--fail)")
     check_adapting(config)
   if config.faults.slow and central:
-    raise ConfigError("slow runs in the decentralised runtime, and checkpointed or --fail/--rejoin runs still take "
-                      "the central one: drop slow, or the checkpoints and injected failures")
+    raise ConfigError("slow runs in the decentralised runtime, and checkpointed or --rejoin runs still take "
+                      "the central one: drop slow, or the checkpoints and --rejoin")
 
 
 EXECUTOR = Executor("multiprocess", run, "runs on the wall clock", wall_options=True, adapts=True,

@@ -85,7 +85,8 @@ class ClockService:
     pulls = max(ctx.waves - 1, 0)
     for vw in range(self.n):
       src = ctx.owners[(vw, 0)]
-      stream(self._actor, f"r{vw}", range(pulls), lambda n, vw=vw, src=src: expect(
+      requests = pulls + int(vw in ctx.failures)  # (an injected failure comes after its last request)
+      stream(self._actor, f"r{vw}", range(requests), lambda n, vw=vw, src=src: expect(
           ctx.node, ctx.mailbox, src, protocol.tag("control", vw=vw, seq=n), spec))
       for p in self._holders:
         stream(self._actor, f"h{vw}.{p}", range(ctx.waves), lambda wave, vw=vw, p=p: expect(
@@ -131,6 +132,10 @@ class ClockService:
         np.maximum(skipped, np.array(tail[u:2 * u], np.int32), out=skipped)  # (0 where a copy holds no unit)
         if not self._tick(vw):
           return False
+      elif op == "fail":
+        self._leave(vw, f"fault injected at wave {fields['wave']}")
+        if not self._went_on(f"VW {vw} failed (an injected fault)"):
+          return False
       else:
         self._pending[vw] = (fields["n"], self.ctx.now(), False)
         self._grant(vw)
@@ -163,9 +168,13 @@ class ClockService:
     self._order("lost", process=p)
     for vw in sorted({vw for (vw, _), q in ctx.owners.items() if q == p} - self._left):
       self._leave(vw, f"process {p} is gone")
+    return self._went_on(f"process {p} is gone, and every virtual worker had left or had a stage there")
+
+  def _went_on(self, why: str) -> bool:
+    """After virtual workers left: False (the job stops, saying ``why``) when none is left, else the waves that
+    waited for copies that are gone count now, and gates that waited for those that left open."""
     if len(self._left) == self.n:
-      ctx.node.publish_fatal(f"process {p} is gone, and every virtual worker had left or had a stage there: no "
-                             "virtual worker is left to go on")
+      self.ctx.node.publish_fatal(f"{why}: no virtual worker is left to go on")
       return False
     for vw in range(self.n):  # waves that waited for the copies there may count now
       if vw not in self._left and not self._tick(vw):

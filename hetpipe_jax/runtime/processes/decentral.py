@@ -64,6 +64,7 @@ class Context:
       weights' own).
     slow: injected slowdowns of this process, (factor, start, end): a task it starts between ``start`` and ``end``
       seconds of its clock lasts ``factor`` times as long (:meth:`pad` sleeps the rest).
+    failures: injected faults (``--fail``), virtual worker -> the wave at which it fails (its first one).
   """
 
   node: Node
@@ -85,6 +86,7 @@ class Context:
   t_start: float = 0.0
   push_dtype: Any = None
   slow: tuple[tuple[float, float, float], ...] = ()
+  failures: dict[int, int] = dataclasses.field(default_factory=dict)
   stopped: list[str] = dataclasses.field(default_factory=list)  # why threads ended early
   inputs: list[threading.Thread] = dataclasses.field(default_factory=list)  # the input streams' threads
   gone: set[int] = dataclasses.field(default_factory=set)  # processes found gone (see :meth:`watch`)
@@ -161,6 +163,13 @@ class Context:
     if p == self.clock:
       return f"process {p} is gone, and with it the WSP clock: the job cannot go on"
     return None
+
+  def dies_for(self, vw: int) -> bool:
+    """Whether an injected failure of ``vw`` kills the process of its stage 0 for real: that process runs no other
+    virtual worker's stage, is not the clock's, and its loss leaves a copy of every PS shard."""
+    p = self.owners[(vw, 0)]
+    others = {v for (v, _), q in self.owners.items() if q == p} - {vw}
+    return p != self.clock and not others and self.fatal_loss(p) is None
 
   def watch(self) -> None:
     """Starts a thread that adds to :attr:`gone` every process declared gone (by process 0: a key-value look

@@ -53,6 +53,7 @@ class Options:
     slow: this process's slowdowns, (factor, start, end) on its clock (:attr:`Context.slow`).
     origin: a later part of a run (one layout after another in the same processes): when its first part started,
       on this process's ``perf_counter``; the slowdowns count from it (None: this run is the first part).
+    failures: injected faults, virtual worker -> the wave at which it fails (:attr:`Context.failures`).
   """
 
   waves: int
@@ -64,6 +65,7 @@ class Options:
   part_path: str | None
   slow: tuple[tuple[float, float, float], ...] = ()
   origin: float | None = None
+  failures: tuple[tuple[int, int], ...] = ()
 
 
 @dataclasses.dataclass
@@ -100,7 +102,8 @@ class DecentralJob:
     self.trace = Trace(options.part_path, line_buffered=True)  # what a run that died leaves is merged too
     self.ctx = Context(node, Mailbox(), job.layout, owners, shard_owners, backups(node.num_processes), 0,
                        options.waves, job.d, options.schedule, job.weight_mode, specs, job.streams, options.cost,
-                       options.time_scale, self.trace, push_dtype=compute_dtype(job.precision), slow=options.slow)
+                       options.time_scale, self.trace, push_dtype=compute_dtype(job.precision), slow=options.slow,
+                       failures=dict(options.failures))
     self.threads: list[tuple[threading.Thread, int | None]] = []  # (thread, its virtual worker, if a stage)
     self._left_behind: list[threading.Thread] = []
 

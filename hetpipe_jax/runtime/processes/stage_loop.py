@@ -32,12 +32,15 @@ that one takes it up next. No thread wakes another between a message's arrival a
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import numpy as np
+from absl import logging
 
 from hetpipe_jax.core import schedule as schedule_lib
 from hetpipe_jax.core import versions as versions_lib
@@ -187,6 +190,8 @@ class StageLoop:
     while not self.left:
       if self.j == 0:
         self._inject()
+        if self.left:  # (an injected failure)
+          break
       task = schedule_lib.pick(self._state, self.j, self._allow)
       if task is None:  # done once every task ran
         return self._done == self.total
@@ -202,6 +207,9 @@ class StageLoop:
     ctx, nm = self.ctx, self.nm
     while schedule_lib.can_inject(self._state, nm, self.total, ctx.schedule, self.window):
       mb = self._state.next_mb
+      if self.vw in ctx.failures and mb == ctx.failures[self.vw] * nm + 1:
+        self._fail(ctx.failures[self.vw])
+        return
       if wsp.is_gated(mb, nm) and self._rebased < mb // nm - 2:
         n = mb // nm - 2
         if self._requested < n:
@@ -213,10 +221,25 @@ class StageLoop:
 
   def _request(self, n: int) -> None:
     """Asks the clock for pull ``n`` (control message ``n`` of this virtual worker)."""
+    self._control(n, "request", n=n)
+
+  def _control(self, seq: int, op: str, **fields: int) -> None:
     ctx = self.ctx
-    message = protocol.encode(protocol.CONTROL_OPS, "request", control_width(ctx.num_units), n=n)
-    deliver(ctx.node, ctx.mailbox, ctx.clock, protocol.tag("control", vw=self.vw, seq=n),
+    message = protocol.encode(protocol.CONTROL_OPS, op, control_width(ctx.num_units), (), **fields)
+    deliver(ctx.node, ctx.mailbox, ctx.clock, protocol.tag("control", vw=self.vw, seq=seq),
             [jax.device_put(message, ctx.node.device)], stream=f"c{self.vw}", hold=HOLD_PS)
+
+  def _fail(self, wave: int) -> None:
+    """Stage 0 reached the fault injected at ``wave`` (docs/PROTOCOL.md section 3.8): where that can be real
+    (:meth:`Context.dies_for`) this process is killed (SIGKILL; its loss is found like any other), else the clock
+    is told (control message after the last request: the virtual worker leaves) and this stage ends."""
+    ctx = self.ctx
+    if ctx.dies_for(self.vw):
+      logging.info("fail: VW %d reached its injected failure at wave %d; killing this process", self.vw, wave)
+      ctx.trace.flush()
+      os.kill(os.getpid(), signal.SIGKILL)
+    self._control(self._requested + 1, "fail", wave=wave)
+    self.left = True
 
   def _event(self, task: Task, t0: float, busy: float, version: versions_lib.Version, **extra) -> None:
     ctx = self.ctx

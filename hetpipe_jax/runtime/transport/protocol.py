@@ -88,7 +88,7 @@ MESSAGES: dict[str, Message] = _table([
     Message("shard_state", "S{process}.{n}", "a process's shards", "process 0 (a checkpoint)"),
     Message("shard_restore", "R{process}.{n}", "process 0", "a process's shards (a resumed run)"),
     Message("weights", "w{process}.{n}", "a process's shards", "process 0 (a gather)"),
-    Message("control", "c{vw}.{seq}", "stage 0 (a decentralised run)", "the clock: a request"),
+    Message("control", "c{vw}.{seq}", "stage 0 (a decentralised run)", "the clock: a request or an injected failure"),
     Message("have", "h{vw}.{process}.{wave}", "a process's shards (a decentralised run)",
             "the clock: they hold the wave's update"),
     Message("order", "o{process}.{seq}", "the clock", "a process's shards (a decentralised run)"),
@@ -107,6 +107,7 @@ CONTROL_OPS: dict[str, Op] = _table([
     Op("have", ("wave",), "this process holds its parts of the wave's update (+ one non-finite flag per unit, "
                           "then each unit's stage's fp16 skipped count)"),
     Op("request", ("n",), "stage 0 may inject its n-th gated minibatch once the gate opens: pull n"),
+    Op("fail", ("wave",), "stage 0 reached a fault injected at this wave (--fail): the virtual worker leaves"),
 ])
 
 ORDER_OPS: dict[str, Op] = _table([
