@@ -53,7 +53,7 @@ def test_streams_after_go_on_where_the_last_part_left_off():
     (("--adapt=on",), "give --time_scale > 0"),
     (("--adapt=on", "--time_scale=100", "--ps_optimizer=delayed_nesterov"), "give --ps_optimizer=add"),
     (("--adapt=on", "--time_scale=100", "--fail=0@2"), "a failed one would be back at the next: drop adapt"),
-    (("--adapt=on", "--time_scale=100", "--rejoin"), "adapt=on runs in the decentralised runtime"),
+    (("--adapt=on", "--time_scale=100", "--rejoin"), "continues one trace over its parts: drop adapt"),
     (("--replan_every=0",), "replan_every=0; give a number of waves >= 1"),
     (("--replan_every=4", "--time_scale=100"), "replan_every=4 paces HetPipe's adaptation, which this run does not "
                                                "do (adapt=auto): give --adapt=on, or drop replan_every"),

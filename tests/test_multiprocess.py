@@ -178,7 +178,6 @@ def test_a_slowed_process_runs_its_tasks_that_many_times_as_long_in_its_window(t
     (("--slow=1:0.5@0-10",), "a factor >= 1"),
     (("--slow=1:3@5-2",), "0 <= START < END"),
     (("--executor=virtual", "--slow=1:3@0-10"), "drop slow or use executor=multiprocess"),
-    (("--slow=1:3@0-10", "--rejoin"), "slow runs in the decentralised runtime"),
 ])
 def test_a_bad_slow_is_one_line(tmp_path, flags, message):
   proc = train_cli(tmp_path, "--executor=multiprocess", "--dataset=synthetic", "--model=mlp", *flags,

@@ -183,6 +183,30 @@ def test_a_decentralised_run_goes_on_without_a_killed_process(tmp_path):
   assert {e["vw"] for e in ran} == {2} and not [e for e in events if e.get("history") == "lost"]
 
 
+def test_a_checkpointed_run_stops_at_the_boundary_after_a_loss_and_resumes_with_every_process(tmp_path):
+  """NP with every PS shard on node 0, checkpoints every 5 waves: process 2 is SIGKILLed in the first part; VW 2
+  leaves, the others finish the part, and the job stops there in one line after a checkpoint at clock 5. Resumed
+  with every process, VW 2 joins at clock 5 and every VW pushes waves 5 to 14; one trace checks."""
+  flags = ("--policy=NP", "--placement=local", "--d=1", "--waves=15", f"--checkpoint_dir={tmp_path / 'ck'}",
+           "--checkpoint_every=5")
+  proc, _ = _kill_when_written(tmp_path, 2, 30, *flags)
+  assert proc.returncode == 1, proc.stderr[-3000:]
+  errors = [line for line in proc.stderr.splitlines() if line.startswith("error")]
+  assert len(errors) == 1 and "processes [2] were lost before wave 5" in errors[0], proc.stderr[-3000:]
+  assert "resume from the checkpoint there (--resume) with every process" in errors[0]
+  assert (tmp_path / "ck" / "5").exists()
+  proc = train(tmp_path, *flags, "--resume")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "checkpoints: resumed from global clock 5" in proc.stdout
+  events = read_trace(str(tmp_path / "trace.jsonl"))
+  assert_trace_ok(events)
+  members = [(e["ev"], e.get("clock")) for e in events if e["ev"] in ("leave", "join") and e["vw"] == 2]
+  assert members == [("leave", None), ("join", 5)], members
+  counts = pushes(events)
+  assert [counts[i] for i in (0, 1, 3)] == [15, 15, 15] and counts[2] < 15, counts
+  assert sorted(e["wave"] for e in events if e["ev"] == "push" and e["vw"] == 2)[-10:] == list(range(5, 15))
+
+
 @pytest.mark.parametrize("victim, lines", [(1, 40), (2, 100), (3, 70)])
 def test_a_decentralised_run_goes_on_without_a_shard_owner(tmp_path, victim, lines):
   """NP with the PS shards spread over the nodes, each with a backup in the next process: the process of

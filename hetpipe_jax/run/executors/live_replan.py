@@ -41,32 +41,20 @@ from hetpipe_jax.cluster import Cluster
 from hetpipe_jax.core.check import require_wsp
 from hetpipe_jax.core.schedule import Task
 from hetpipe_jax.core.trace import write_trace
-from hetpipe_jax.errors import ConfigError
+from hetpipe_jax.errors import ConfigError, RunStopped
 from hetpipe_jax.evaluate import make_evaluator
 from hetpipe_jax.plan.layout import Layout
 from hetpipe_jax.run.config import RunConfig
+from hetpipe_jax.run.executors.parts import PartAt, Ran, RunPart, hand_out, handed, part_metrics, shifted_rows
 from hetpipe_jax.run.executors.sim import job as sim_job
 from hetpipe_jax.run.executors.sim import replanning
 from hetpipe_jax.run.result import RunResult
 from hetpipe_jax.run.session import trained_images
 from hetpipe_jax.run.setup import Setup
-from hetpipe_jax.runtime.numerics.metrics import WaveMetrics
-from hetpipe_jax.runtime.transport.mailbox import TIMEOUT_S, Mailbox, receive_tree, send_tree
 from hetpipe_jax.runtime.transport.node import Node
 from hetpipe_jax.sim.replan import Replanning, better_layout, measured_view, modelled_rate, segment_path
 
 NEXT_KEY = "adapt/next"  # (scoped to the part just ended) the next part's layout, published by process 0
-
-
-class Ran(NamedTuple):
-  """What one part left on process 0: its merged events, metrics (not evaluated yet), gathered weights (in order;
-  the last are the part's final weights), and its start and end in seconds since the run's first part started."""
-
-  events: list[dict[str, Any]]
-  metrics: WaveMetrics
-  gathers: list[tuple[Any, ...]]
-  start: float
-  end: float
 
 
 class _Part(NamedTuple):
@@ -85,12 +73,6 @@ class Next(NamedTuple):
 
   layout: Layout
   prepare: Layout | None
-
-
-# (setup of the part, its initial weights, streams' minibatches already taken, the run's start or None, last part?,
-# a layout to compile meanwhile) -> (process 0's Ran, the run's start)
-RunPart = Callable[[Setup, tuple[Any, ...], Sequence[int], float | None, bool, Layout | None],
-                   tuple[Ran | None, float]]
 
 
 def check(config: RunConfig) -> None:
@@ -182,23 +164,10 @@ def _layout(spec: dict[str, Any] | None, like: Layout, cluster: Cluster) -> Layo
                       for vw, gpus, c, nm, w in zip(like.vws, spec["gpus"], spec["cuts"], spec["nm"], windows)))
 
 
-def _publish(node: Node, decided: Next, params: tuple[Any, ...]) -> None:
-  node.put(node.scoped(NEXT_KEY), json.dumps({"next": _spec(decided.layout), "prepare": _spec(decided.prepare)}))
-  for p in range(1, node.num_processes):
-    send_tree(node, Mailbox(), p, "next_weights", params)
-
-
 def _receive(node: Node, layout: Layout, cluster: Cluster) -> tuple[Next, tuple[Any, ...]]:
   """Any other process: what process 0 decided (``layout`` re-planned) and the next part's weights."""
-  spec = json.loads(node.get(node.scoped(NEXT_KEY), TIMEOUT_S))
-  decided = Next(_layout(spec["next"], layout, cluster) or layout, _layout(spec["prepare"], layout, cluster))
-  return decided, tuple(receive_tree(node, Mailbox(), 0, "next_weights"))
-
-
-def _shifted(rows: list[dict[str, Any]], done: int, taken: Sequence[int], start: float) -> list[dict[str, Any]]:
-  """A part's metrics rows on the run's count: waves, steps and global clock go on, times from the run's start."""
-  return [dict(r, wave=r["wave"] + done, step=r["step"] + taken[r["vw"]], global_clock=r["global_clock"] + done,
-               time=r["time"] + start) for r in rows]
+  spec, params = handed(node, NEXT_KEY)
+  return Next(_layout(spec["next"], layout, cluster) or layout, _layout(spec["prepare"], layout, cluster)), params
 
 
 def run_adapting(setup: Setup, node: Node, init_params: tuple[Any, ...], run_part: RunPart) -> RunResult:
@@ -209,14 +178,17 @@ def run_adapting(setup: Setup, node: Node, init_params: tuple[Any, ...], run_par
     ProtocolError: when a part's trace breaks a WSP guarantee (naming the part).
   """
   c, rule, t_host = setup.config, replanning(setup.config), time.perf_counter()
-  params, done, taken, origin = init_params, 0, [0] * setup.layout.num_vws, None
+  params, done, taken = init_params, 0, [0] * setup.layout.num_vws
   parts: list[_Part] = []
   decide, prepare = _Decider(setup.layout), None
   while done < c.waves:
     node.scope = f"part{len(parts)}/" if parts else ""
     waves = min(rule.every, c.waves - done)
     part = dataclasses.replace(setup, config=dataclasses.replace(c, waves=waves, trace_path=None))
-    ran, origin = run_part(part, params, taken, origin, done + waves == c.waves, prepare)
+    ran = run_part(part, params, taken, done + waves == c.waves, prepare, PartAt())
+    if ran is not None and ran.missing and done + waves < c.waves:
+      raise RunStopped(f"processes {list(ran.missing)} were lost in a part of an adapting run, whose next layout "
+                       "needs their GPUs: run with --adapt=off to go on without them")
     parts.append(_Part(part, ran, done, tuple(taken)))
     taken = [t + waves * nm for t, nm in zip(taken, part.layout.nms)]
     done += waves
@@ -225,7 +197,7 @@ def run_adapting(setup: Setup, node: Node, init_params: tuple[Any, ...], run_par
     if node.process == 0:
       assert ran is not None
       decided, params = decide(part, ran, rule, c.waves - done), ran.gathers[-1]
-      _publish(node, decided, params)
+      hand_out(node, NEXT_KEY, {"next": _spec(decided.layout), "prepare": _spec(decided.prepare)}, params)
     else:
       decided, params = _receive(node, part.layout, setup.cluster)
     setup, prepare = dataclasses.replace(setup, layout=decided.layout, clock_layout=decided.layout), decided.prepare
@@ -244,7 +216,7 @@ def _result(setup: Setup, init_params, parts: list[_Part], rule: Replanning, hos
   for k, (part, ran, done, taken) in enumerate(parts):
     assert ran is not None
     require_wsp(ran.events, f"adapt, part {k + 1}")
-    rows += _shifted(ran.metrics.finish(ran.gathers[-1], evaluate), done, taken, ran.start)
+    rows += shifted_rows(part_metrics(part, ran).finish(ran.gathers[-1], evaluate), done, taken, ran.start)
     part_images = trained_images(ran.events, c.batch_size)
     images += part_images
     listed.append({"start": ran.start, "end": ran.end, "minibatches": part_images // c.batch_size,

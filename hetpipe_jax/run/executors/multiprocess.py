@@ -1,6 +1,9 @@
-"""The ``multiprocess`` executor: one process per node (:mod:`hetpipe_jax.runtime.processes`); every
-process runs its node's part (:class:`~hetpipe_jax.runtime.processes.node_job.NodeJob`), process 0 also runs the
-engine on the wall clock and returns the run's result (the others return an empty one)."""
+"""The ``multiprocess`` executor: one process per node (:mod:`hetpipe_jax.runtime.processes`), a decentralised run
+(:class:`~hetpipe_jax.runtime.processes.job.DecentralJob`): every process runs its node's stages and PS copies, and
+process 0 also the WSP clock; process 0 merges the trace, evaluates and returns the run's result (the others return
+an empty one). A run goes in parts (:mod:`~hetpipe_jax.run.executors.parts`) when HetPipe adapts live
+(:mod:`~hetpipe_jax.run.executors.live_replan`) or it keeps checkpoints or replaces failed virtual workers
+(:mod:`~hetpipe_jax.run.executors.continued`)."""
 
 from __future__ import annotations
 
@@ -14,25 +17,24 @@ from absl import logging
 
 from hetpipe_jax.core.merge import merge
 from hetpipe_jax.core.trace import write_trace
-from hetpipe_jax.errors import ConfigError, ProtocolError, RunStopped
+from hetpipe_jax.errors import ConfigError, ProtocolError
 from hetpipe_jax.evaluate import make_evaluator
 from hetpipe_jax.plan.costmodel import check_memory
 from hetpipe_jax.plan.layout import Layout
 from hetpipe_jax.plan.placement import place_shards
 from hetpipe_jax.precision import PRECISIONS
 from hetpipe_jax.run.executors.base import Executor
-from hetpipe_jax.run.executors.live_replan import Ran, run_adapting
+from hetpipe_jax.run.executors.continued import check as check_continued
+from hetpipe_jax.run.executors.continued import continuing, run_continued
 from hetpipe_jax.run.executors.live_replan import check as check_adapting
-from hetpipe_jax.run.executors.wall import runner
+from hetpipe_jax.run.executors.live_replan import run_adapting
+from hetpipe_jax.run.executors.parts import PartAt, Ran, part_metrics
 from hetpipe_jax.run.result import RunResult
-from hetpipe_jax.run.session import Built, require_pushes, run_engine, trained_images
+from hetpipe_jax.run.session import trained_images
 from hetpipe_jax.run.setup import Setup
-from hetpipe_jax.runtime.numerics.metrics import replay_metrics
 from hetpipe_jax.runtime.processes import job as processes_job
-from hetpipe_jax.runtime.processes.channels import wait
 from hetpipe_jax.runtime.processes.job import DecentralJob, Options
-from hetpipe_jax.runtime.processes.node_job import Job, NodeJob, check_node, nodes_of
-from hetpipe_jax.runtime.processes.remote import merge_records
+from hetpipe_jax.runtime.processes.node_job import Job, check_node, nodes_of
 from hetpipe_jax.runtime.transport.node import current_node
 
 
@@ -47,15 +49,7 @@ def job(setup: Setup, init_params, taken: Sequence[int] | None = None) -> Job:
              c.optim.on_nonfinite == "skip", c.precision)
 
 
-def decentralised(setup: Setup) -> bool:
-  """Whether the run is decentralised (:mod:`hetpipe_jax.runtime.processes.decentral`): every run but those that
-  checkpoint or replace failed virtual workers, which still run one engine in process 0
-  (:mod:`hetpipe_jax.runtime.processes.remote`)."""
-  c = setup.config
-  return not (c.checkpoint.directory or c.faults.rejoin)
-
-
-def _options(setup: Setup, node, origin: float | None) -> Options:
+def _options(setup: Setup, node, origin: float | None, at: PartAt) -> Options:
   c = setup.config
   nodes = nodes_of(setup.cluster)
   for n, *_ in c.faults.slow:
@@ -65,7 +59,11 @@ def _options(setup: Setup, node, origin: float | None) -> Options:
                  setup.task_cost if c.wall.time_scale > 0 else None, c.wall.time_scale,
                  f"{c.trace_path}.part{node.process}" if c.trace_path else None,
                  c.faults.slow_of(nodes[node.process]), origin,
-                 tuple((vw, min(waves)) for vw, waves in sorted(c.faults.by_vw().items())))
+                 tuple((vw, min(waves)) for vw, waves in sorted(c.faults.by_vw().items())), c.faults.rejoin,
+                 (at.first, at.run_waves or c.waves), at.before)
+
+
+WHOLE = PartAt()  # a run that is all of it (or a part whose trace stands alone)
 
 
 class _Parts:
@@ -74,8 +72,10 @@ class _Parts:
   is that part's), and the compiling of a layout prepared while it trains."""
 
   def __init__(self):
+    self.origin: float | None = None  # when the first part started, on this process's clock
     self.part: DecentralJob | None = None
     self.built: processes_job.Built = {}
+    self.stranded: list[threading.Thread] = []  # earlier parts' threads still waiting inside the transport
     self._preparing: threading.Thread | None = None
     self._failed: list[BaseException] = []
 
@@ -100,27 +100,24 @@ class _Parts:
       raise self._failed.pop()
 
 
-def _run_part(setup: Setup, node, params, taken: Sequence[int] | None, origin: float | None, last: bool,
-              parts: _Parts, prepare: Layout | None = None) -> tuple[Ran | None, float]:
-  """One decentralised run (a part of the run, or all of it): process 0's :class:`Ran` (None elsewhere; its metrics
-  not evaluated yet), and the run's origin (the first part's start, on this process's clock). ``prepare``: a layout
-  whose stages and PS copies this process compiles while the part trains."""
-  c = setup.config
+def _run_part(setup: Setup, node, params, taken: Sequence[int] | None, last: bool, parts: _Parts,
+              prepare: Layout | None = None, at: PartAt = WHOLE) -> Ran | None:
+  """One decentralised run (a part of the run, or all of it, ``at`` its place): process 0's :class:`Ran` (None
+  elsewhere). ``prepare``: a layout whose stages and PS copies this process compiles
+  while the part trains."""
   parts.wait()
-  part = DecentralJob(node, job(setup, params, taken), _options(setup, node, origin), parts.built)
+  part = DecentralJob(node, job(setup, params, taken), _options(setup, node, parts.origin, at), parts.built,
+                      parts.stranded)
   parts.part = part
   part.start()
   if prepare is not None:
     ahead = dataclasses.replace(setup, layout=prepare, clock_layout=prepare)
-    parts.prepare(DecentralJob(node, job(ahead, params, taken), _options(ahead, node, None), parts.built))
-  origin = part.ctx.t_start if origin is None else origin
-  start = part.ctx.t_start - origin
+    parts.prepare(DecentralJob(node, job(ahead, params, taken), _options(ahead, node, None, WHOLE), parts.built))
+  parts.origin = part.ctx.t_start if parts.origin is None else parts.origin
+  start = part.ctx.t_start - parts.origin
   outcome = part.finish(last)
   if outcome is None:
-    return None, origin
-  if outcome.missing and not last:
-    raise RunStopped(f"processes {outcome.missing} were lost in a part of an adapting run, whose next layout needs "
-                     "their GPUs: run with --adapt=off to go on without them")
+    return None
   events, unplaced, dropped = merge(setup.meta_line(), outcome.parts)
   if unplaced:
     raise ProtocolError(f"{unplaced} trace events of a complete run could not be placed in causal order")
@@ -129,27 +126,27 @@ def _run_part(setup: Setup, node, params, taken: Sequence[int] | None, origin: f
   if outcome.missing:
     logging.info("trace: processes %s were gone (their parts read back from their files, up to the last whole "
                  "line)", outcome.missing)
-  metrics = replay_metrics(events, outcome.gathers, setup.layout.nms, c.waves, c.eval_every)
-  require_pushes(metrics.rows)
-  return Ran(events, metrics, outcome.gathers, start, start + outcome.seconds), origin
+  return Ran(events, outcome.gathers, start, start + outcome.seconds, tuple(outcome.missing))
 
 
 def _run_decentral(setup: Setup, node, init_params) -> RunResult:
   c, parts = setup.config, _Parts()
   if node.process == 0:  # a lost process's virtual workers leave (the clock says so), unless it held shards
     node.watch(lambda p: parts.part.ctx.fatal_loss(p) if parts.part is not None else None)
-  if adapting(c):
-    result = run_adapting(setup, node, init_params, lambda part, params, taken, origin, last, prepare: _run_part(
-        part, node, params, taken, origin, last, parts, prepare))
+  if adapting(c) or continuing(c):
+    run_in_parts = run_adapting if adapting(c) else run_continued
+    result = run_in_parts(setup, node, init_params, lambda part, params, taken, last, prepare, at: _run_part(
+        part, node, params, taken, last, parts, prepare, at))
     parts.wait()  # (nothing prepared is left compiling as the process ends)
     return result
   t_host = time.perf_counter()
-  ran, _ = _run_part(setup, node, init_params, None, None, True, parts)
+  ran = _run_part(setup, node, init_params, None, True, parts)
   if ran is None:
     return RunResult(None, None, [], [], 0.0, 0.0, [], setup.layout.cuts, 0)
   if c.trace_path:
     write_trace(c.trace_path, ran.events)
-  rows = ran.metrics.finish(ran.gathers[-1], make_evaluator(setup.model, setup.data, jax.local_devices()[0]))
+  evaluate = make_evaluator(setup.model, setup.data, jax.local_devices()[0])
+  rows = part_metrics(setup, ran).finish(ran.gathers[-1], evaluate)
   return RunResult(init_params, ran.gathers[-1], ran.events, rows, ran.end, time.perf_counter() - t_host,
                    setup.virtual_workers(), setup.layout.cuts, trained_images(ran.events, c.batch_size))
 
@@ -157,28 +154,7 @@ def _run_decentral(setup: Setup, node, init_params) -> RunResult:
 def run(setup: Setup) -> RunResult:
   node = check_node(current_node(), setup.cluster)
   check_memory(setup.profiles, setup.layout, setup.costs)
-  init_params = setup.init_params()  # the same in every process
-  if decentralised(setup):
-    return _run_decentral(setup, node, init_params)
-  part = NodeJob(node, job(setup, init_params))
-  part.start()
-  if node.process != 0:
-    part.wait()
-    return RunResult(None, None, [], [], 0.0, 0.0, [], setup.layout.cuts, 0)
-  server, numerics = part.controller()
-  built = Built(setup.virtual_workers(numerics), server, numerics, None, init_params, jax.local_devices()[0])
-  try:
-    result = run_engine(setup, built, runner(setup, wait=wait))
-  except (ConfigError, RunStopped):  # stopped on purpose (e.g. a non-finite update): every process ends cleanly
-    node.stop_job()  # a command still waiting for what will never come gives up
-    part.stop()
-    raise
-  # on any other failure nothing is cleaned up here: the process ends at once (Node.abort)
-  merge_records(result.events, numerics)  # every process's own records of its tasks, into the one trace
-  if setup.config.trace_path:
-    write_trace(setup.config.trace_path, result.events)
-  part.stop()
-  return result
+  return _run_decentral(setup, node, setup.init_params())  # (the initial weights: the same in every process)
 
 
 def adapting(config) -> bool:
@@ -188,21 +164,19 @@ def adapting(config) -> bool:
 
 
 def _check(config) -> None:
-  """``slow`` and ``adapt`` run in the decentralised runtime only (checkpointed and --rejoin runs take the central
-  one); the live adaptation's own refusals (:func:`~hetpipe_jax.run.executors.live_replan.check`)."""
-  central = config.checkpoint.directory or config.faults.rejoin
+  """The refusals of the runs in parts: the live adaptation's (:func:`~hetpipe_jax.run.executors.live_replan.check`)
+  and those of checkpointed and --rejoin runs (:func:`~hetpipe_jax.run.executors.continued.check`)."""
   config.sim.check_replan_every(adapting(config))
   if adapting(config):
-    if central:
-      raise ConfigError("adapt=on runs in the decentralised runtime, and checkpointed or --rejoin runs still take "
-                        "the central one: drop adapt, or the checkpoints and --rejoin")
+    if continuing(config):
+      raise ConfigError("adapt=on re-plans between parts that each start the trace anew, and a checkpointed or "
+                        "--rejoin run continues one trace over its parts: drop adapt, or the checkpoints and --rejoin")
     if config.faults.failures:
       raise ConfigError("adapt=on starts every virtual worker again at each part, so a failed one would be back at "
                         "the next: drop adapt, or the injected failures (--fail)")
     check_adapting(config)
-  if config.faults.slow and central:
-    raise ConfigError("slow runs in the decentralised runtime, and checkpointed or --rejoin runs still take "
-                      "the central one: drop slow, or the checkpoints and --rejoin")
+  elif continuing(config):
+    check_continued(config)
 
 
 EXECUTOR = Executor("multiprocess", run, "runs on the wall clock", wall_options=True, adapts=True,

@@ -37,7 +37,7 @@ class WaveMetrics:
   """
 
   def __init__(self, ps: Server, nms: list[int], waves: int, eval_every: int):
-    self._ps, self._nms, self._waves, self._eval_every = ps, nms, waves, eval_every
+    self._ps, self.nms, self._waves, self._eval_every = ps, nms, waves, eval_every
     self.rows: list[dict[str, Any]] = []
     self._snapshots: list[tuple[int, Any]] = []  # (row index, global params) to evaluate after the run
     self._clock = 0  # the last global clock seen
@@ -47,7 +47,7 @@ class WaveMetrics:
     """Records a pushed wave; snapshots the global weights when the global clock reaches an eval tick."""
     self._pushed += 1
     clock = wsp.c_global(self._ps.clock)
-    self.rows.append({"vw": vw, "wave": wave, "step": (wave + 1) * self._nms[vw], "time": t,
+    self.rows.append({"vw": vw, "wave": wave, "step": (wave + 1) * self.nms[vw], "time": t,
                       "train_loss": losses, "global_clock": clock})
     if clock > self._clock:
       self._clock = clock
@@ -55,7 +55,7 @@ class WaveMetrics:
         self._snapshots.append((len(self.rows) - 1, self._ps.params))  # type: ignore[attr-defined]
         logging.info("global clock %d/%d  t=%.4gs  VW %d wave %d loss %.4f  (%d/%d waves pushed)",
                      clock, self._waves, t, vw, wave, float(np.mean(jax.device_get(losses))),
-                     self._pushed, self._waves * len(self._nms))
+                     self._pushed, self._waves * len(self.nms))
 
   def resolve(self, evaluate: Callable[[Any], dict[str, float]]) -> None:
     """Evaluates the snapshots taken so far and resolves the losses to floats (what :meth:`finish` does;
@@ -85,32 +85,42 @@ class WaveMetrics:
     return rows
 
 
-class _Replayed:
-  """The clocks and gathered weights of a run, as :class:`WaveMetrics` reads a server."""
+class Replayed:
+  """The clocks and gathered weights of a run, as :class:`WaveMetrics` reads a server: ``gathers`` are taken in
+  order, one per evaluation tick (a run in parts appends each part's as it ends)."""
 
-  def __init__(self, num_vws: int, gathers):
+  def __init__(self, num_vws: int, gathers: list[Any]):
     self.clock = wsp.init(num_vws)
-    self._gathers = iter(gathers)
+    self.gathers = gathers
+    self._taken = 0
 
   @property
   def params(self):
-    return next(self._gathers)
+    self._taken += 1
+    return self.gathers[self._taken - 1]
 
 
-def replay_metrics(events, gathers, nms: list[int], waves: int, eval_every: int) -> WaveMetrics:
-  """The :class:`WaveMetrics` of a run that did not have them as it went (a decentralised ``multiprocess``
-  run): its pushes from the trace in order, each wave's losses from its last stage's forwards (their
-  ``loss``), and the weights gathered at every evaluation tick, in order (``gathers``, which the clock
-  ordered where :meth:`WaveMetrics.on_wave` snapshots)."""
-  server = _Replayed(len(nms), gathers)
-  metrics = WaveMetrics(server, nms, waves, eval_every)  # type: ignore[arg-type]
+def replay(metrics: WaveMetrics, server: Replayed, events) -> None:
+  """Feeds ``metrics`` a run's pushes from its trace in order (``server`` following its leaves and joins), each
+  wave's losses from its last stage's forwards (their ``loss``)."""
   losses = {(ev["vw"], ev["mb"]): ev["loss"] for ev in events if ev["ev"] == "fwd" and "loss" in ev}
   for ev in events:
     if ev["ev"] == "leave":
       server.clock = wsp.leave(server.clock, ev["vw"])
+    elif ev["ev"] == "join":
+      server.clock = wsp.join(server.clock, ev["vw"], ev["clock"])
     elif ev["ev"] == "push":
-      i, wave = ev["vw"], ev["wave"]
+      i, wave, nm = ev["vw"], ev["wave"], metrics.nms[ev["vw"]]
       server.clock = wsp.push(server.clock, i, wave)
-      mbs = range(wave * nms[i] + 1, (wave + 1) * nms[i] + 1)  # (a loss that died with a process: NaN)
+      mbs = range(wave * nm + 1, (wave + 1) * nm + 1)  # (a loss that died with a process: NaN)
       metrics.on_wave(i, wave, ev["t"], [losses.get((i, mb), float("nan")) for mb in mbs])
+
+
+def replay_metrics(events, gathers, nms: list[int], waves: int, eval_every: int) -> WaveMetrics:
+  """The :class:`WaveMetrics` of a run that did not have them as it went (a decentralised ``multiprocess``
+  run): :func:`replay` of its trace, with the weights gathered at every evaluation tick, in order (``gathers``,
+  which the clock ordered where :meth:`WaveMetrics.on_wave` snapshots)."""
+  server = Replayed(len(nms), list(gathers))
+  metrics = WaveMetrics(server, nms, waves, eval_every)  # type: ignore[arg-type]
+  replay(metrics, server, events)
   return metrics

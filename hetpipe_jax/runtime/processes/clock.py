@@ -54,10 +54,13 @@ class ClockService:
     eval_every: order a gather every this many global clock ticks (and at the end), as
       :class:`~hetpipe_jax.runtime.numerics.metrics.WaveMetrics` snapshots.
     on_nonfinite: "skip" or "stop".
+    first / run_waves: the waves run before this part of the run, and the run's: the evaluation ticks are the
+      run's (a final gather follows the last push in any case).
   """
 
-  def __init__(self, ctx: Context, eval_every: int, on_nonfinite: str):
+  def __init__(self, ctx: Context, eval_every: int, on_nonfinite: str, first: int = 0, run_waves: int = 0):
     self.ctx, self._eval_every, self._on_nonfinite = ctx, eval_every, on_nonfinite
+    self._first, self._run_waves = first, run_waves or ctx.waves
     self.n = ctx.layout.num_vws
     self._clock = wsp.init(self.n)
     self._holders = ctx.copy_holders()
@@ -223,7 +226,7 @@ class ClockService:
     self._order("apply", vw=vw, wave=wave, drop=int(bool(bad)))
     now = wsp.c_global(self._clock)
     if now > self._global:
-      if eval_due(now, self._eval_every, ctx.waves):
+      if eval_due(self._first + now, self._eval_every, self._run_waves):
         self._order("gather", n=self._gathers)
         self._gathers += 1
       self._global = now

@@ -59,12 +59,15 @@ class Context:
     unit_specs: per unit, the (shape, dtype) of each of its weight leaves.
     streams: every virtual worker's minibatches (the same in every process).
     cost / time_scale: a task's emulated seconds, and real seconds per emulated second (0: no padding).
-    trace: this process's trace part; ``t_start``: its clock's zero (when it left the start barrier).
+    trace: this process's trace part; ``t_start``: its clock's zero (when it left the start barrier);
+      ``trace_shift``: seconds added to every time the trace says (a part of a run that continues one trace).
     push_dtype: the dtype a wave's update travels in to the shards (mixed precision: 16 bits; None: the
       weights' own).
     slow: injected slowdowns of this process, (factor, start, end): a task it starts between ``start`` and ``end``
       seconds of its clock lasts ``factor`` times as long (:meth:`pad` sleeps the rest).
-    failures: injected faults (``--fail``), virtual worker -> the wave at which it fails (its first one).
+    failures: injected faults (``--fail``), virtual worker -> the wave at which it fails (its first one);
+      ``replaced``: failed virtual workers are replaced (``--rejoin``), so a failure stays in software (its
+      replacement runs on its devices).
   """
 
   node: Node
@@ -84,9 +87,11 @@ class Context:
   time_scale: float
   trace: Trace
   t_start: float = 0.0
+  trace_shift: float = 0.0
   push_dtype: Any = None
   slow: tuple[tuple[float, float, float], ...] = ()
   failures: dict[int, int] = dataclasses.field(default_factory=dict)
+  replaced: bool = False
   stopped: list[str] = dataclasses.field(default_factory=list)  # why threads ended early
   inputs: list[threading.Thread] = dataclasses.field(default_factory=list)  # the input streams' threads
   gone: set[int] = dataclasses.field(default_factory=set)  # processes found gone (see :meth:`watch`)
@@ -104,9 +109,11 @@ class Context:
 
   def emit(self, stamp: str, **event) -> None:
     """Writes ``event`` to this process's trace part, naming the process, with its field ``stamp`` set to
-    now (taken under one lock, so the part's times never go back)."""
+    now (taken under one lock, so the part's times never go back); its ``t0``, if any, is a time of :meth:`now`."""
+    if self.trace_shift and "t0" in event:
+      event["t0"] += self.trace_shift
     with self._lock:
-      self.trace.emit(**event, **{stamp: self.now()}, process=self.node.process)
+      self.trace.emit(**event, **{stamp: self.now() + self.trace_shift}, process=self.node.process)
 
   def pad(self, task: Task, t0: float) -> None:
     """Sleeps until ``task``, started at ``t0``, has lasted its emulated duration x ``time_scale``, then, in an
@@ -166,10 +173,11 @@ class Context:
 
   def dies_for(self, vw: int) -> bool:
     """Whether an injected failure of ``vw`` kills the process of its stage 0 for real: that process runs no other
-    virtual worker's stage, is not the clock's, and its loss leaves a copy of every PS shard."""
+    virtual worker's stage, is not the clock's, and its loss leaves a copy of every PS shard; and the virtual worker
+    is not to be replaced."""
     p = self.owners[(vw, 0)]
     others = {v for (v, _), q in self.owners.items() if q == p} - {vw}
-    return p != self.clock and not others and self.fatal_loss(p) is None
+    return not self.replaced and p != self.clock and not others and self.fatal_loss(p) is None
 
   def watch(self) -> None:
     """Starts a thread that adds to :attr:`gone` every process declared gone (by process 0: a key-value look

@@ -53,7 +53,12 @@ class Options:
     slow: this process's slowdowns, (factor, start, end) on its clock (:attr:`Context.slow`).
     origin: a later part of a run (one layout after another in the same processes): when its first part started,
       on this process's ``perf_counter``; the slowdowns count from it (None: this run is the first part).
-    failures: injected faults, virtual worker -> the wave at which it fails (:attr:`Context.failures`).
+    failures: injected faults, virtual worker -> the wave at which it fails (:attr:`Context.failures`);
+      ``replaced``: failed virtual workers are replaced (:attr:`Context.replaced`).
+    evals: (waves run before this part, the run's waves): the clock orders a gather where the run's global clock
+      reaches an evaluation tick ((0, waves): this run is all of it).
+    trace_before: a part of a run that continues one trace: its times are seconds since the run's first part
+      started (``origin``) plus ``trace_before``; None: since this part's start barrier.
   """
 
   waves: int
@@ -66,6 +71,9 @@ class Options:
   slow: tuple[tuple[float, float, float], ...] = ()
   origin: float | None = None
   failures: tuple[tuple[int, int], ...] = ()
+  replaced: bool = False
+  evals: tuple[int, int] = (0, 0)
+  trace_before: float | None = None
 
 
 @dataclasses.dataclass
@@ -90,11 +98,14 @@ Built = dict[tuple[Any, ...], Any]  # compiled stages (with their inputs' specs)
 
 
 class DecentralJob:
-  """This process's part of a decentralised run (see the module docstring)."""
+  """This process's part of a decentralised run (see the module docstring). ``built``: what earlier parts of the run
+  compiled; ``stranded``: their threads that still wait inside the transport (a virtual worker left)."""
 
-  def __init__(self, node: Node, job: Job, options: Options, built: Built | None = None):
+  def __init__(self, node: Node, job: Job, options: Options, built: Built | None = None,
+               stranded: list[threading.Thread] | None = None):
     self.node, self.job, self.options = node, job, options
     self.built = {} if built is None else built
+    self.stranded = [] if stranded is None else stranded
     nodes = nodes_of(job.cluster)
     owners = process_of(job.layout, nodes)
     shard_owners = [nodes.index(n) for n in job.shard_nodes]
@@ -103,7 +114,7 @@ class DecentralJob:
     self.ctx = Context(node, Mailbox(), job.layout, owners, shard_owners, backups(node.num_processes), 0,
                        options.waves, job.d, options.schedule, job.weight_mode, specs, job.streams, options.cost,
                        options.time_scale, self.trace, push_dtype=compute_dtype(job.precision), slow=options.slow,
-                       failures=dict(options.failures))
+                       failures=dict(options.failures), replaced=options.replaced)
     self.threads: list[tuple[threading.Thread, int | None]] = []  # (thread, its virtual worker, if a stage)
     self._left_behind: list[threading.Thread] = []
 
@@ -117,10 +128,15 @@ class DecentralJob:
       if process == me:
         self.threads.append((StageLoop(ctx, i, j, *self._stage(i, j, x0, y0, True)).thread, i))
     if me == ctx.clock:
-      self.threads.append((ClockService(ctx, self.options.eval_every, self.options.on_nonfinite).thread, None))
+      first, run_waves = self.options.evals
+      clock = ClockService(ctx, self.options.eval_every, self.options.on_nonfinite, first, run_waves or ctx.waves)
+      self.threads.append((clock.thread, None))
     self.node.connect_all()
     self.node.barrier(self.node.scoped("hetpipe_jax/ready"), 600)  # every stage compiled and connected: clocks start
     ctx.t_start = time.perf_counter()
+    if self.options.trace_before is not None:
+      origin = ctx.t_start if self.options.origin is None else self.options.origin
+      ctx.trace_shift = ctx.t_start - origin + self.options.trace_before
     if self.options.origin is not None:  # the slowdowns count from the run's start
       shift = ctx.t_start - self.options.origin
       ctx.slow = tuple((factor, start - shift, end - shift) for factor, start, end in ctx.slow)
@@ -206,8 +222,7 @@ class DecentralJob:
       text = "".join(json.dumps(ev, separators=(",", ":")) + "\n" for ev in self.trace.events) or "\n"
       deliver(node, ctx.mailbox, 0, protocol.tag("trace_part", process=node.process),
               [jax.device_put(np.frombuffer(text.encode(), np.uint8), node.device)])
-      if last:
-        self._close()
+      self._end(last)
       return None
     parts, missing = [self.trace.events], []
     for p in range(1, node.num_processes):  # each sends its part once its threads are done
@@ -218,9 +233,15 @@ class DecentralJob:
         missing.append(p)
         parts.append(self._left_behind_part(p))
     outcome = Outcome(parts, gathers, seconds, missing)
+    self._end(last)
+    return outcome
+
+  def _end(self, last: bool) -> None:
+    """Closes after the run's last part; after another, keeps what still waits inside the transport for then."""
     if last:
       self._close()
-    return outcome
+    else:
+      self.stranded.extend(t for t in self._left_behind + self.ctx.inputs if t.is_alive())
 
   def _left_behind_part(self, process: int) -> list[dict[str, Any]]:
     """What a process that is gone wrote of its trace part before it died, up to its last whole line (its file
@@ -237,7 +258,7 @@ class DecentralJob:
     waits for will not come) ends at once; process 0, after every other, gives such threads 2 s for their
     waits to fail with their senders gone."""
     self.node.close()
-    waiting = [t for t in self._left_behind + self.ctx.inputs if t.is_alive()]
+    waiting = [t for t in self._left_behind + self.ctx.inputs + self.stranded if t.is_alive()]
     if waiting and self.node.process != 0:
       self._exit()
     deadline = time.monotonic() + 2.0
