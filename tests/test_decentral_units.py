@@ -1,4 +1,4 @@
-"""The decentralised run's clock and shard copies as units, without processes (docs/PROTOCOL.md section 11.9).
+"""The decentralised run's clock and shard copies as units, without processes (docs/PROTOCOL.md section 11.5).
 
 A :class:`FakeNode` stands for a process's node: what it sends to another process is recorded, what it sends
 to itself goes through the context's mailbox as in a run. The tests drive :class:`ClockService` and
@@ -207,7 +207,7 @@ def served(shards: ShardFollower, n: int, primary: int) -> tuple[np.ndarray, lis
 
 def test_a_backup_resends_the_pull_it_kept_not_its_weights_now():
   """The backup of a live primary keeps what it would have served; when the order says the primary is lost,
-  it sends that (the snapshot's weights), though it has applied a wave since (section 11.9)."""
+  it sends that (the snapshot's weights), though it has applied a wave since (section 11.5)."""
   shards = follower()
   order(shards, "serve", [0, 0], vw=0, n=0)  # pull 0 at clock 0
   w1, glob = served(shards, 0, primary=1)

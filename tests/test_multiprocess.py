@@ -1,4 +1,4 @@
-"""The ``multiprocess`` executor on loopback: one process per node, one engine, the same protocol.
+"""The ``multiprocess`` executor on loopback: one process per node, decentralised, the same protocol.
 
 Each run goes through the training CLI (which launches the processes) as a subprocess with a timeout.
 """

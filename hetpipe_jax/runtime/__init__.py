@@ -6,6 +6,6 @@
 * :mod:`hetpipe_jax.runtime.transport`: moving arrays and control between processes (``Node`` on JAX's
   distributed APIs, mailboxes, the protocol as data, launching a job's processes);
 * :mod:`hetpipe_jax.runtime.processes`: the multi-process runtime of the ``multiprocess`` executor, one process
-  per node (the decentralised runtime, and the central one that checkpointed and ``--fail`` runs take).
+  per node, decentralised (no process commands the others).
 
 The ``sim`` executor, without numerics, is :mod:`hetpipe_jax.sim`."""

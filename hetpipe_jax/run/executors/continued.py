@@ -1,5 +1,5 @@
 """Checkpointed and ``--rejoin`` runs of the ``multiprocess`` executor, on the decentralised runtime: the run goes in
-parts (:mod:`~hetpipe_jax.run.executors.parts`) that continue one trace (docs/PROTOCOL.md section 11.12).
+parts (:mod:`~hetpipe_jax.run.executors.parts`) that continue one trace (docs/PROTOCOL.md section 11.8).
 
 A part ends at every checkpoint (every ``--checkpoint_every`` waves) and, under ``--rejoin``, one wave after each
 injected failure; between two parts every virtual worker has pushed every wave before the boundary, and process 0
@@ -13,7 +13,7 @@ next part (the stages' local optimizer state afresh: a PS rule with state of its
 * **a replacement** (``--rejoin``) of a virtual worker that failed in a part joins at the next boundary, at the
   global clock of the live ones then (the trace's ``join`` line), on the same devices; the waves between its frozen
   clock and that one are never run.
-* **a lost process** lets the part go on without its virtual workers (section 11.9); the next part needs every
+* **a lost process** lets the part go on without its virtual workers (section 11.5); the next part needs every
   process, so the job stops at the boundary with one line, after a checkpoint there if the run keeps them: resume
   with every process to go on (the virtual workers that had left join again).
 

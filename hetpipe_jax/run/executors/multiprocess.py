@@ -33,8 +33,8 @@ from hetpipe_jax.run.result import RunResult
 from hetpipe_jax.run.session import trained_images
 from hetpipe_jax.run.setup import Setup
 from hetpipe_jax.runtime.processes import job as processes_job
+from hetpipe_jax.runtime.processes.build import Job, check_node, nodes_of
 from hetpipe_jax.runtime.processes.job import DecentralJob, Options
-from hetpipe_jax.runtime.processes.node_job import Job, check_node, nodes_of
 from hetpipe_jax.runtime.transport.node import current_node
 
 
@@ -45,8 +45,7 @@ def job(setup: Setup, init_params, taken: Sequence[int] | None = None) -> Job:
   shard_nodes = place_shards(setup.cluster, setup.profiles, setup.layout, c.layout.placement)
   streams = setup.streams() if taken is None else setup.streams().after(taken)
   return Job(setup.model, streams, init_params, setup.layout, setup.cluster, shard_nodes, setup.tx,
-             c.wsp.weight_mode, c.wsp.d, c.optim.server_rule(setup.layout.num_vws, setup.layout.nms),
-             c.optim.on_nonfinite == "skip", c.precision)
+             c.wsp.weight_mode, c.wsp.d, c.optim.server_rule(setup.layout.num_vws, setup.layout.nms), c.precision)
 
 
 def _options(setup: Setup, node, origin: float | None, at: PartAt) -> Options:

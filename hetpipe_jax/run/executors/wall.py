@@ -56,12 +56,11 @@ def check_padding(setup: Setup) -> None:
           flush=True)
 
 
-def runner(setup: Setup, **kw) -> Runner:
-  """Runs the engine on the wall clock, padded to the clock's task costs when ``time_scale`` > 0 (``kw``:
-  :func:`~hetpipe_jax.runtime.numerics.loops.run_wall`'s ``wait``)."""
+def runner(setup: Setup) -> Runner:
+  """Runs the engine on the wall clock, padded to the clock's task costs when ``time_scale`` > 0."""
   scale = setup.config.wall.time_scale
   cost = setup.task_cost if scale > 0 else None
-  return lambda engine, resume, between: run_wall(engine, cost, scale, resume=resume, between=between, **kw)
+  return lambda engine, resume, between: run_wall(engine, cost, scale, resume=resume, between=between)
 
 
 def run(setup: Setup) -> RunResult:

@@ -1,5 +1,5 @@
 """A decentralised ``multiprocess`` run: every process follows the schedule where it runs, and no process is
-the brain (docs/PROTOCOL.md section 11.9).
+the brain (docs/PROTOCOL.md section 11.5).
 
 * Each stage is a loop in its own process (:class:`~hetpipe_jax.runtime.processes.stage_loop.StageLoop`): it starts
   its next task when the task's input has arrived and the pure schedule (:mod:`hetpipe_jax.core.schedule`)

@@ -2,7 +2,7 @@
 loops of the stages on its node, the PS shards it owns, the clock if it holds it; at the end its trace part,
 and on process 0 every part and the gathered weights.
 
-Every process builds the same :class:`~hetpipe_jax.runtime.processes.node_job.Job` (the same seed gives the same
+Every process builds the same :class:`~hetpipe_jax.runtime.processes.build.Job` (the same seed gives the same
 initial weights everywhere), compiles its stages, connects, meets the others at the start barrier (its
 clock's zero), runs its threads to the end, and meets them again; then each sends process 0 its trace
 part (one message, after training), and process 0 collects the weights the clock had gathered from every
@@ -31,10 +31,9 @@ from hetpipe_jax.errors import ProtocolError, RunStopped
 from hetpipe_jax.runtime.numerics.mixed import compute_dtype
 from hetpipe_jax.runtime.numerics.ps import ParameterServer
 from hetpipe_jax.runtime.numerics.stage import Stage
+from hetpipe_jax.runtime.processes.build import Job, build_stage, nodes_of, process_of
 from hetpipe_jax.runtime.processes.clock import GATHERS_KEY, ClockService
 from hetpipe_jax.runtime.processes.decentral import LEFT_KEY, Context
-from hetpipe_jax.runtime.processes.node_job import Job, build_stage, nodes_of
-from hetpipe_jax.runtime.processes.remote import process_of
 from hetpipe_jax.runtime.processes.shards import ShardFollower, copies_server
 from hetpipe_jax.runtime.processes.stage_loop import StageLoop
 from hetpipe_jax.runtime.transport import protocol
@@ -44,7 +43,7 @@ from hetpipe_jax.runtime.transport.node import DEAD_AFTER_S, POLL_S, Node, PeerG
 
 @dataclasses.dataclass(frozen=True)
 class Options:
-  """How the run goes beyond its :class:`~hetpipe_jax.runtime.processes.node_job.Job`.
+  """How the run goes beyond its :class:`~hetpipe_jax.runtime.processes.build.Job`.
 
   Attributes:
     waves / schedule / eval_every / on_nonfinite: as in the run's configuration.

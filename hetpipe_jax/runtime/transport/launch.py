@@ -12,7 +12,7 @@ the others (SIGABRT) within its heartbeat timeout, and a process still running `
 other one has stopped that way is the hung one.
 
 A *survivable* job (a training job with membership: its processes join with ``recoverable=True``) is
-process 0's to end: another process that dies or hangs does not end it (process 0's engine lets its
+process 0's to end: another process that dies or hangs does not end it (process 0's clock lets its
 virtual workers leave, or stops the job itself, saying why); once process 0 has exited, the others get
 ``settle_s`` to follow and are then killed, and the report lists every process the job went on without.
 """

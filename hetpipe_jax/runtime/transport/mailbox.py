@@ -17,8 +17,8 @@ from hetpipe_jax.errors import RunStopped
 from hetpipe_jax.runtime.numerics import checkpoint
 from hetpipe_jax.runtime.transport.node import POLL_S, Node, PeerGone
 
-TIMEOUT_S = 60.0  # a report or a tensor that takes longer means a hung or lost process: the job ends
-IDLE_S = 3600.0  # how long a stage or shard may wait for its next command
+TIMEOUT_S = 60.0  # a message or key that takes longer means a hung or lost process: the job ends
+IDLE_S = 3600.0  # how long a thread may wait for a message from its own process (it does nothing else)
 
 class Mailbox:
   """Tensors between stages of one process (the transport is for other processes). A taker waits on its
@@ -96,11 +96,6 @@ def expect(node: Node, mailbox: Mailbox, src: int, tag: str, specs: Sequence[tup
     return lambda: mailbox.take(tag, IDLE_S, node)
   arrays = node.post_direct(src, tag, specs)
   return lambda: node.wait_direct(src, tag, arrays)
-
-
-class JobStopped(Exception):
-  """Raised by a command that found why the job must stop (e.g. a non-finite update): its channel ends
-  and process 0 stops the job with this message."""
 
 
 def send_tree(node: Node, mailbox: Mailbox, dst: int, tag: str, tree: Any) -> None:

@@ -1,35 +1,29 @@
-"""The multi-process protocol as data: every command a process executes and every kind of array message
-between processes, written once and read by both ends (docs/PROTOCOL.md section 7).
+"""The multi-process protocol as data: every kind of array message between processes and every control message,
+written once and read by both ends (docs/PROTOCOL.md section 7).
 
-* :data:`STAGE_OPS` and :data:`SHARD_OPS`: the commands of a stage's channel (``<vw>.<stage>``) and of a
-  process's PS-shard channel (``ps<process>``), each with the fields it carries. The controller builds a
-  command with :func:`command` and the executing thread dispatches it with :func:`dispatcher`: a misspelt
-  operation or field fails at once, naming the table's choices, where it used to wait 60 s for a report
-  that could not come.
-* :data:`MESSAGES`: the array messages (activations, gradients, wave updates, pulls, checkpoint parts),
-  each a tag template with its fields and who sends it to whom; both ends build the tag with :func:`tag`.
-* :data:`COMMAND_KEY` and :data:`REPORT_KEY`: where a command and its report live in the coordination
-  service's key-value store.
+* :data:`MESSAGES`: the array messages (activations, gradients, wave updates, served pulls, gathers, control
+  messages, trace parts), each a tag template with its fields and who sends it to whom; both ends build the tag
+  with :func:`tag`: a misspelt kind or field fails at once, naming the table's choices.
+* :data:`CONTROL_OPS` and :data:`ORDER_OPS`: the operations of a decentralised run's control messages (to the
+  clock) and of its order (from the clock), each with the fields it carries; :func:`encode` builds one as a small
+  int32 array and :func:`decode` reads it back.
 """
 
 from __future__ import annotations
 
-import json
 import string
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from hetpipe_jax.errors import ProtocolError
 
-COMMAND_KEY = "cmd/{channel}/{seq}"  # a command, posted by process 0
-REPORT_KEY = "done/{channel}/{seq}"  # its report, posted by the process that executed it
-STOP = "stop"  # the last command of every channel (no fields, always reported)
+STOP = "stop"  # the last entry of an order (no fields)
 
 
 class Op(NamedTuple):
-  """A command: its name, the fields it carries, what it does."""
+  """An operation of a control message: its name, the fields it carries, what it does."""
 
   name: str
   fields: tuple[str, ...]
@@ -53,51 +47,20 @@ def _table(items) -> dict[str, Any]:
   return {item.name: item for item in items}
 
 
-STAGE_OPS: dict[str, Op] = _table([
-    Op("fwd", ("mb",), "the forward of minibatch mb (stage 0 draws it; others receive its activation)"),
-    Op("bwd", ("mb",), "the backward of minibatch mb (the last stage from its loss; others receive the gradient)"),
-    Op("take", ("wave", "check"), "close the wave: send each unit's summed update to its shard's owner"),
-    Op("rebase", ("n", "expect"), "pull n from the owners, add back the open accumulators (expect of them)"),
-    Op("drop", (), "the virtual worker failed: forget what its forwards kept and its open accumulators"),
-    Op("restart", ("n",), "a replacement: pull n's global weights, a fresh local optimizer"),
-    Op("snapshot", ("n", "inbound"), "for a checkpoint: take the inputs sent but not used, send the state"),
-    Op("restore", ("n",), "a resumed run: receive the state process 0 sends"),
-    Op("die", (), "an injected crash: SIGKILL this process"),
-    Op(STOP, (), "the channel's last command"),
-])
-
-SHARD_OPS: dict[str, Op] = _table([
-    Op("apply", ("vw", "wave", "drop"), "apply (or, with drop, only count) the wave's updates from its stages"),
-    Op("serve", ("vw", "stage", "n"), "send the stage its units' global weights as pull n"),
-    Op("gather", ("n",), "send every shard's global weights to process 0 (evaluation)"),
-    Op("sync", (), "nothing: reported once every earlier command is done"),
-    Op("leave", ("vw",), "the virtual worker left"),
-    Op("join", ("vw",), "the virtual worker (a replacement) joined"),
-    Op("snapshot", ("n",), "for a checkpoint: send the shards' state to process 0"),
-    Op("restore", ("n",), "a resumed run: receive the shards' state from process 0"),
-    Op(STOP, (), "the channel's last command"),
-])
-
 MESSAGES: dict[str, Message] = _table([
     Message("activation", "a{vw}g{gen}.{stage}.{mb}", "stage - 1", "stage (of generation gen)"),
     Message("gradient", "g{vw}g{gen}.{stage}.{mb}", "stage + 1", "stage (of generation gen)"),
-    Message("update", "u{vw}.{stage}.{wave}", "stage", "the owners of its units' shards"),  # (+ flags, skipped)
-    Message("pull", "p{vw}.{stage}.{n}", "the owners of its units' shards", "stage"),
-    Message("stage_state", "s{vw}.{stage}.{n}", "stage", "process 0 (a checkpoint)"),
-    Message("stage_restore", "r{vw}.{stage}.{n}", "process 0", "stage (a resumed run)"),
-    Message("shard_state", "S{process}.{n}", "a process's shards", "process 0 (a checkpoint)"),
-    Message("shard_restore", "R{process}.{n}", "process 0", "a process's shards (a resumed run)"),
+    Message("update", "u{vw}.{stage}.{wave}", "stage", "every copy of its units' shards"),  # (+ flags, skipped)
     Message("weights", "w{process}.{n}", "a process's shards", "process 0 (a gather)"),
-    Message("control", "c{vw}.{seq}", "stage 0 (a decentralised run)", "the clock: a request or an injected failure"),
-    Message("have", "h{vw}.{process}.{wave}", "a process's shards (a decentralised run)",
-            "the clock: they hold the wave's update"),
-    Message("order", "o{process}.{seq}", "the clock", "a process's shards (a decentralised run)"),
-    Message("served", "q{vw}.{stage}.{n}.{primary}", "the live copy of primary's shards (a decentralised run)",
+    Message("control", "c{vw}.{seq}", "stage 0", "the clock: a request or an injected failure"),
+    Message("have", "h{vw}.{process}.{wave}", "a process's shards", "the clock: they hold the wave's update"),
+    Message("order", "o{process}.{seq}", "the clock", "a process's shards"),
+    Message("served", "q{vw}.{stage}.{n}.{primary}", "the live copy of primary's shards",
             "stage: pull n of the units whose primary is process primary, with the waves it holds"),
-    Message("trace_part", "T{process}", "every process", "process 0 (a decentralised run's trace)"),
+    Message("trace_part", "T{process}", "every process", "process 0 (the run's trace)"),
 ])
 
-# A decentralised run (docs/PROTOCOL.md section 11.9): control messages are small int32 arrays that travel
+# A decentralised run (docs/PROTOCOL.md section 11.5): control messages are small int32 arrays that travel
 # like activations (no key-value operation): [operation, fields..., padding]. Each process holding a copy of
 # PS shards tells the clock (``have``) once it holds every part of a wave's update that it applies, with
 # the non-finite flag of every unit; stage 0 of each virtual worker asks for the pull of a gated minibatch
@@ -169,30 +132,3 @@ def tag(kind: str, **fields: Any) -> str:
     raise ProtocolError(f"unknown message kind {kind!r}; the protocol has {', '.join(MESSAGES)}")
   _check_fields(f"message {kind!r}", fields, message.fields)
   return message.template.format(**fields)
-
-
-def command(ops: Mapping[str, Op], op: str, report: bool = True, **fields: Any) -> str:
-  """The JSON of command ``op`` of the table ``ops`` with its fields (``report``: whether its executor
-  reports it).
-
-  Raises:
-    ProtocolError: for an operation the table lacks, or fields other than the operation's.
-  """
-  spec = ops.get(op)
-  if spec is None:
-    raise ProtocolError(f"unknown command {op!r}; the channel takes {', '.join(ops)}")
-  _check_fields(f"command {op!r}", fields, spec.fields)
-  return json.dumps({"op": op, **fields, "report": report})
-
-
-def dispatcher(ops: Mapping[str, Op], handlers: Mapping[str, Callable[[dict], Any]]) -> Callable[[dict], Any]:
-  """``handle(cmd)`` for an executing thread: the handler of the command's operation. Every operation of
-  the table but :data:`STOP` (which ends the channel) must have one, and no other.
-
-  Raises:
-    ProtocolError: when ``handlers`` and the table differ (at construction, before any command).
-  """
-  expected = set(ops) - {STOP}
-  if set(handlers) != expected:
-    raise ProtocolError(f"handlers for {sorted(handlers)}; the table has {sorted(expected)}")
-  return lambda cmd: handlers[cmd["op"]](cmd)
