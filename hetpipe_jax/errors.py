@@ -38,13 +38,3 @@ class ProtocolError(RuntimeError):
   """A breach of the pipeline or WSP protocol at run time (a wave pushed twice or out of order, a
   minibatch completed out of order, an executor that stalled): a bug in the runtime, never bad input."""
 
-
-
-class TaskFailed(RunStopped):
-  """A started task's numerics failed where it ran (an exception in its stage, or its process gone): its
-  virtual worker fails and leaves; the others go on (when it was the last one, the run stops with this
-  error). ``final``: no replacement can run where it ran (its process is gone)."""
-
-  def __init__(self, message: str, final: bool = False):
-    super().__init__(message)
-    self.final = final

@@ -24,11 +24,9 @@ guarantees hold: one snapshot, taken when the gate opens, reaches every stage be
 needs it. Staged transfers are a timing model: the engine refuses them with numerics.
 
 Membership (docs/PROTOCOL.md section 3.8): a virtual worker *fails* when a fault is injected at the first
-minibatch of one of its ``failures`` waves (where the numerics can crash for real, e.g. kill the
-processes that run it, the failure is then found like a real one), when dispatching its task raises, or
-when its task fails where it runs (:meth:`Engine.task_failed`). It leaves: the server
-drops it from the global clock, its updates not pushed yet are dropped, the tasks it had running finish
-on their devices unrecorded, and the trace says ``leave`` (with what was dropped). With ``rejoin`` a
+minibatch of one of its ``failures`` waves, or when dispatching its task raises. It leaves: the server drops it
+from the global clock, its updates not pushed yet are dropped, the tasks it had running finish on their devices
+unrecorded, and the trace says ``leave`` (with what was dropped). With ``rejoin`` a
 replacement joins on the same devices as soon as the global clock of the live ones has reached the
 failed one's clock (at once if it was the slowest; a replacement entering lower would push wave numbers
 that the global weights already hold): it takes the current global clock as its clock, pulls the global
@@ -51,7 +49,7 @@ from hetpipe_jax.core.server import Server, Snapshot
 from hetpipe_jax.core.trace import Trace
 from hetpipe_jax.core.versions import Version
 from hetpipe_jax.core.worker import Progress, VirtualWorker
-from hetpipe_jax.errors import ProtocolError, TaskFailed
+from hetpipe_jax.errors import ProtocolError
 
 BatchFn = Callable[[int, int], tuple[Any, Any]]  # (vw, mb) -> (x, labels)
 WaveFn = Callable[[int, int, float, list], None]  # (vw, wave, t, losses of the wave) -> None
@@ -219,21 +217,6 @@ class Engine:
       self._fail(vw, t, f"{type(e).__name__}: {e}")
       return None
 
-  def task_failed(self, task: Task, t: float, error: TaskFailed) -> None:
-    """``task``'s numerics failed after it started (an executor learns it when it waits for them): its
-    virtual worker fails as if dispatching had raised (for good when ``error.final``: nothing can run where
-    it ran), and the task ends unrecorded.
-
-    Raises:
-      TaskFailed: when it was the last live virtual worker and none will replace it.
-    """
-    vw = self.vws[task.vw]
-    if (task.vw, task.stage) not in self.state.zombies:
-      if (error.final or not self._rejoin) and not any(other.live for other in self.vws if other is not vw):
-        raise TaskFailed(f"{error}; no virtual worker is left to go on", error.final)
-      self._fail(vw, t, str(error), final=error.final)
-    self.finish(task, t)  # a failed virtual worker's task: it just frees its device
-
   def finish(self, task: Task, t: float) -> None:
     """``task`` ended at ``t``: trace it, ready its successor, complete, push, inject."""
     i, j, kind, mb = task  # its device, and the neighbours its successor or a freed window may use
@@ -317,8 +300,7 @@ class Engine:
       mb = progress.pipeline.next_mb
       if (mb - 1) % vw.nm == 0 and wsp.wave_of(mb, vw.nm) in state.failures.get(i, ()):
         state.failures[i].discard(wsp.wave_of(mb, vw.nm))  # each injected fault fires once
-        if not vw.numerics.crash():  # else: a real crash, found as such (its next task fails)
-          return self._fail(vw, t, f"fault injected at wave {wsp.wave_of(mb, vw.nm)}")
+        return self._fail(vw, t, f"fault injected at wave {wsp.wave_of(mb, vw.nm)}")
       if wsp.is_gated(mb, vw.nm) and state.pulled.get(i) != mb:
         if state.pulling.get(i) == mb or self.server.clock.c_local[i] < wsp.wave_of(mb, vw.nm):
           return  # the pull is on its way, or this VW's own last push has not landed yet
@@ -371,8 +353,8 @@ class Engine:
 
   # --- membership ------------------------------------------------------------------------------------
 
-  def _fail(self, vw: VirtualWorker, t: float, reason: str, final: bool = False) -> None:
-    """``vw`` failed at ``t``: it leaves (and a replacement joins, with ``rejoin``, unless ``final``)."""
+  def _fail(self, vw: VirtualWorker, t: float, reason: str) -> None:
+    """``vw`` failed at ``t``: it leaves (and a replacement joins, with ``rejoin``)."""
     i = vw.index
     dropped = sum(versions_lib.open_updates(vw.versions))
     in_flight = vw.pipeline.next_mb - 1 - vw.pipeline.completed
@@ -386,7 +368,7 @@ class Engine:
       book.pop(i, None)
     self.trace.emit(ev="leave", vw=i, t=t, pushed=clock.c_local[i], dropped_updates=dropped,
                     dropped_minibatches=in_flight, reason=reason)
-    if self._rejoin and not final:
+    if self._rejoin:
       self.state.awaiting_join.add(i)
       self._join_waiting(t)
     self._inject_all(t)  # the global clock may have moved: gates may open

@@ -58,11 +58,6 @@ class Numerics(Protocol):
     """A replacement starts: every stage <- the global weights of its units, a fresh local optimizer."""
     ...
 
-  def crash(self) -> bool:
-    """An injected fault, for real where it can be: ends what runs the virtual worker (its processes)
-    and returns True, so that the failure is found as a real one would be; False: fail it in software."""
-    ...
-
 
 class NoNumerics:
   """Schedules without computing: tasks take no device time, pushes carry no numbers."""
@@ -97,9 +92,6 @@ class NoNumerics:
 
   def rejoin(self, params: Sequence[Any] | None) -> None:
     del params
-
-  def crash(self) -> bool:
-    return False
 
 
 @dataclasses.dataclass(slots=True)

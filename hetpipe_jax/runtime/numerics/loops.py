@@ -10,9 +10,9 @@
   finishes it. Time is seconds since the start.
 
 The executors by name are a registry of the run layer (:mod:`hetpipe_jax.run.executors`): ``virtual`` and
-``wall`` run these loops, ``multiprocess`` runs :func:`run_wall` in process 0, whose ``wait`` waits for each
-task's process to report (:mod:`hetpipe_jax.runtime.processes`), and ``sim`` has its own event loop
-over simulated links (:mod:`hetpipe_jax.sim`).
+``wall`` run these loops, ``multiprocess`` runs every stage's own loop in its process
+(:mod:`hetpipe_jax.runtime.processes`), and ``sim`` has its own event loop over simulated links
+(:mod:`hetpipe_jax.sim`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import jax
 
 from hetpipe_jax.core.engine import Engine
 from hetpipe_jax.core.schedule import Task
-from hetpipe_jax.errors import ProtocolError, TaskFailed
+from hetpipe_jax.errors import ProtocolError
 
 CostFn = Callable[[Task], float]
 
@@ -86,8 +86,7 @@ def run_virtual(engine: Engine, cost: CostFn, resume: VirtualClock | None = None
   return t
 
 
-def run_wall(engine: Engine, cost: CostFn | None = None, time_scale: float = 1.0,
-             wait: Callable[[Any], Any] = jax.block_until_ready, resume: VirtualClock | None = None,
+def run_wall(engine: Engine, cost: CostFn | None = None, time_scale: float = 1.0, resume: VirtualClock | None = None,
              between: Checkpointing | None = None) -> float:
   """Runs ``engine`` with one thread per device; returns the wall-clock seconds taken.
 
@@ -100,23 +99,19 @@ def run_wall(engine: Engine, cost: CostFn | None = None, time_scale: float = 1.0
     engine: the engine.
     cost: emulated task durations; when given, every task lasts at least ``cost(task) * time_scale``.
     time_scale: real seconds per emulated second.
-    wait: blocks until a started task's numerics are done, given what ``engine.start`` returned (default:
-      its arrays are ready; the ``multiprocess`` executor waits for the task's process to report). A
-      :class:`~hetpipe_jax.errors.TaskFailed` it raises fails the task's virtual worker (the others go on).
     resume: continue a checkpointed run: its clock restarts at ``resume.t`` (no task was running then).
     between: once a checkpoint is due, no task starts until every running one has finished; then it is
       saved (a consistent cut with nothing in flight on any device) and dispatching goes on.
   """
-  return _WallRun(engine, cost, time_scale, wait, between).run(resume)
+  return _WallRun(engine, cost, time_scale, between).run(resume)
 
 
 class _WallRun:
   """One run of :func:`run_wall`: the lock every engine call is made under, one queue and one thread per
   device, and whether a due checkpoint is draining the devices."""
 
-  def __init__(self, engine: Engine, cost: CostFn | None, time_scale: float, wait: Callable[[Any], Any],
-               between: Checkpointing | None):
-    self.engine, self.cost, self.time_scale, self.wait, self.between = engine, cost, time_scale, wait, between
+  def __init__(self, engine: Engine, cost: CostFn | None, time_scale: float, between: Checkpointing | None):
+    self.engine, self.cost, self.time_scale, self.between = engine, cost, time_scale, between
     self.lock = threading.Lock()
     self.keys = engine.devices()
     self.handed: dict[tuple[int, int], queue.SimpleQueue] = {key: queue.SimpleQueue() for key in self.keys}
@@ -191,14 +186,10 @@ class _WallRun:
         self._wake_all()
 
   def _finish(self, key: tuple[int, int], task: Task, t0: float, out: Any) -> bool:
-    """Waits for ``task``'s numerics (and its emulated duration), then, under the lock, finishes it (or
-    fails its virtual worker) and dispatches; False when another thread failed (the run is over)."""
-    failed = None
-    try:
-      self.wait(out)
-    except TaskFailed as e:  # where it ran: its virtual worker fails, the others go on
-      failed = e
-    if self.cost is not None and failed is None:
+    """Waits for ``task``'s numerics (and its emulated duration), then, under the lock, finishes it and
+    dispatches; False when another thread failed (the run is over)."""
+    jax.block_until_ready(out)
+    if self.cost is not None:
       remaining = t0 + self.cost(task) * self.time_scale - self.now()
       if remaining > 0:
         time.sleep(remaining)
@@ -206,9 +197,6 @@ class _WallRun:
       if self.errors:
         return False
       self.running[key] = None
-      if failed is None:
-        self.engine.finish(task, self.now())
-      else:
-        self.engine.task_failed(task, self.now(), failed)
+      self.engine.finish(task, self.now())
       self._dispatch()
     return True

@@ -61,9 +61,6 @@ class PipelineNumerics:
     for stage in self.stages:
       stage.restart(params[stage.first:stage.last])
 
-  def crash(self) -> bool:
-    return False  # one process: an injected fault fails the virtual worker in software
-
   def inject(self, mb: int, x: Any, labels: Any) -> None:
     self._inputs[(0, mb)] = jax.device_put(x, self.stages[0].device)
     self._labels[mb] = jax.device_put(labels, self.stages[-1].device)
