@@ -163,3 +163,28 @@ def test_mixed_precision_across_two_processes_is_the_single_process_run(tmp_path
   assert summary["skipped_steps"] == sum(skipped(events))
   rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   np.testing.assert_allclose([r["train_loss"] for r in rows], [r["train_loss"] for r in single.metrics], rtol=1e-6)
+
+
+@pytest.mark.slow  # (two processes per run, twice)
+def test_a_checkpointed_fp16_run_across_two_processes_resumed_is_the_uninterrupted_one(tmp_path):
+  """The same fp16 run in parts of 4 waves (a checkpoint at clock 4): run to its end, then resumed from that
+  checkpoint in the same directory (the trace cut back to it, waves 4 to 7 run again). With Nm = 1 and D = 0 the
+  numerics do not depend on timing, so the resumed run's losses and skipped counts are the uninterrupted one's,
+  and its trace (one file over both parts: the part after the boundary starts with the pull of its weights)
+  checks."""
+  flags = ["--precision=fp16", "--num_vws=1", "--stages=2", "--nm=1", "--d=0", "--waves=8", f"--batch_size={BATCH}",
+           "--seed=0", "--optimizer=adam", "--learning_rate=0.05", "--eval_every=8",
+           f"--checkpoint_dir={tmp_path / 'ck'}", "--checkpoint_every=4"]
+  run = lambda *more: train_cli(tmp_path, "--executor=multiprocess", "--dataset=synthetic", "--model=mlp",
+                                f"--cluster={TWO_NODES}", *flags, *more)
+  seen = []
+  for more in ((), ("--resume",)):
+    proc = run(*more)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    events = read_trace(str(tmp_path / "trace.jsonl"))
+    assert_trace_ok(events)
+    losses = {e["mb"]: e["loss"] for e in events if e["ev"] == "fwd" and "loss" in e}
+    seen.append((losses, [e.get("skipped", 0) for e in events if e["ev"] == "push"]))
+  assert "checkpoints: resumed from global clock 4" in proc.stdout
+  assert sorted(seen[0][0]) == list(range(1, 9)) and sum(seen[0][1]) > 0, seen[0]
+  assert seen[1] == seen[0]

@@ -8,6 +8,8 @@ an empty one). A run goes in parts (:mod:`~hetpipe_jax.run.executors.parts`) whe
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -17,7 +19,7 @@ from absl import logging
 
 from hetpipe_jax.core.merge import merge
 from hetpipe_jax.core.trace import write_trace
-from hetpipe_jax.errors import ConfigError, ProtocolError
+from hetpipe_jax.errors import ConfigError, ProtocolError, RunStopped
 from hetpipe_jax.evaluate import make_evaluator
 from hetpipe_jax.plan.costmodel import check_memory
 from hetpipe_jax.plan.layout import Layout
@@ -90,6 +92,20 @@ class _Parts:
     self._preparing = threading.Thread(target=body, name="prepare", daemon=True)
     self._preparing.start()
 
+  def stop(self, node) -> None:
+    """The run stopped between two parts: process 0 tells the others (each waits for what the next part starts
+    from), and every process closes; one other than 0 then ends at once (its earlier parts' waits inside the
+    transport would abort Python's teardown), process 0 gives its own 2 s to fail with their senders gone."""
+    if node.process == 0:
+      node.stop_job()
+    node.close()
+    if node.process != 0:
+      sys.stdout.flush()
+      sys.stderr.flush()
+      os._exit(0)
+    for thread in self.stranded:
+      thread.join(2.0)
+
   def wait(self) -> None:
     """Waits for the compiling :meth:`prepare` started (raising what it raised)."""
     if self._preparing is not None:
@@ -134,8 +150,12 @@ def _run_decentral(setup: Setup, node, init_params) -> RunResult:
     node.watch(lambda p: parts.part.ctx.fatal_loss(p) if parts.part is not None else None)
   if adapting(c) or continuing(c):
     run_in_parts = run_adapting if adapting(c) else run_continued
-    result = run_in_parts(setup, node, init_params, lambda part, params, taken, last, prepare, at: _run_part(
-        part, node, params, taken, last, parts, prepare, at))
+    try:
+      result = run_in_parts(setup, node, init_params, lambda part, params, taken, last, prepare, at: _run_part(
+          part, node, params, taken, last, parts, prepare, at))
+    except RunStopped:
+      parts.stop(node)
+      raise
     parts.wait()  # (nothing prepared is left compiling as the process ends)
     return result
   t_host = time.perf_counter()

@@ -7,15 +7,17 @@ every part ends drained; after it, process 0 hands every other process what the 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
+from hetpipe_jax.errors import RunStopped
 from hetpipe_jax.plan.layout import Layout
 from hetpipe_jax.run.session import require_pushes
 from hetpipe_jax.run.setup import Setup
 from hetpipe_jax.runtime.numerics.metrics import WaveMetrics, replay_metrics
 from hetpipe_jax.runtime.transport.mailbox import TIMEOUT_S, Mailbox, receive_tree, send_tree
-from hetpipe_jax.runtime.transport.node import Node
+from hetpipe_jax.runtime.transport.node import POLL_S, Node
 
 
 class Ran(NamedTuple):
@@ -59,9 +61,20 @@ def hand_out(node: Node, key: str, info: dict[str, Any], params: tuple[Any, ...]
 
 
 def handed(node: Node, key: str) -> tuple[dict[str, Any], tuple[Any, ...]]:
-  """Any other process: what process 0 handed out (:func:`hand_out`)."""
-  info = json.loads(node.get(node.scoped(key), TIMEOUT_S))
-  return info, tuple(receive_tree(node, Mailbox(), 0, "next_weights"))
+  """Any other process: what process 0 handed out (:func:`hand_out`).
+
+  Raises:
+    RunStopped: when process 0 stopped the job instead.
+    TimeoutError: when nothing came within ``TIMEOUT_S``.
+  """
+  deadline = time.monotonic() + TIMEOUT_S
+  while (info := node.try_get(node.scoped(key))) is None:
+    if node.recoverable and node.stopping():
+      raise RunStopped("process 0 stopped the job between two parts")
+    if time.monotonic() > deadline:
+      raise TimeoutError(f"process {node.process} waited {TIMEOUT_S:g} s for {node.scoped(key)!r}")
+    time.sleep(POLL_S)
+  return json.loads(info), tuple(receive_tree(node, Mailbox(), 0, "next_weights"))
 
 
 def part_metrics(setup: Setup, ran: Ran) -> WaveMetrics:
