@@ -19,6 +19,8 @@ and, inside each package, no import cycle between its modules: not at module lev
 
 import ast
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -159,3 +161,15 @@ def test_the_cycle_rule_sees_a_cycle_hidden_in_a_function(tmp_path):
   assert cycles_inside_packages(graph) == [["pkg.sub.a", "pkg.sub.b", "pkg.sub.c"]]
   (pkg / "sub" / "b.py").write_text("def f():\n  return 1\n")
   assert cycles_inside_packages(module_graph(pkg, "pkg")) == []
+
+
+def test_importing_any_module_starts_no_thread():
+  """Nothing runs at import: every module of the package, and the training CLI, imported in a fresh process,
+  leave it with its main thread alone (the pull pool of the multi-process transport starts with its first pull)."""
+  code = ("import importlib, pkgutil, threading, hetpipe_jax, experiments.train\n"
+          "names = [m.name for m in pkgutil.walk_packages(hetpipe_jax.__path__, 'hetpipe_jax.')]\n"
+          "for name in names: importlib.import_module(name)\n"
+          "print(len(names), sorted(t.name for t in threading.enumerate()))\n")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       cwd=ROOT.parent, check=True).stdout.split(maxsplit=1)
+  assert int(out[0]) > 100 and out[1].strip() == "['MainThread']", out

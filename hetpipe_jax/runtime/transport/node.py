@@ -61,12 +61,19 @@ POLL_S = 0.5  # how often a wait checks whether its peer is gone
 
 class _DaemonPool:
   """Threads that run pulls and never hold up the process's exit (a pull given up on, from a process that is
-  gone or never offered, blocks its thread for good; ``concurrent.futures``' pools join theirs at exit)."""
+  gone or never offered, blocks its thread for good; ``concurrent.futures``' pools join theirs at exit). They
+  start with the first pull, so that importing this module starts nothing."""
 
   def __init__(self, size: int):
     self._work: queue.SimpleQueue = queue.SimpleQueue()
-    for k in range(size):
-      threading.Thread(target=self._loop, name=f"pull-{k}", daemon=True).start()
+    self._size, self._started, self._lock = size, False, threading.Lock()
+
+  def _start(self) -> None:
+    with self._lock:
+      if not self._started:
+        for k in range(self._size):
+          threading.Thread(target=self._loop, name=f"pull-{k}", daemon=True).start()
+        self._started = True
 
   def _loop(self) -> None:
     while True:
@@ -78,6 +85,8 @@ class _DaemonPool:
           future.set_exception(e)
 
   def submit(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
+    if not self._started:
+      self._start()
     future: concurrent.futures.Future = concurrent.futures.Future()
     self._work.put((future, fn))
     return future
