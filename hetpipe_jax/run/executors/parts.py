@@ -68,12 +68,15 @@ def handed(node: Node, key: str) -> tuple[dict[str, Any], tuple[Any, ...]]:
     TimeoutError: when nothing came within ``TIMEOUT_S``.
   """
   deadline = time.monotonic() + TIMEOUT_S
-  while (info := node.try_get(node.scoped(key))) is None:
-    if node.recoverable and node.stopping():
-      raise RunStopped("process 0 stopped the job between two parts")
-    if time.monotonic() > deadline:
-      raise TimeoutError(f"process {node.process} waited {TIMEOUT_S:g} s for {node.scoped(key)!r}")
-    time.sleep(POLL_S)
+  while True:
+    try:
+      info = node.get(node.scoped(key), POLL_S)  # (at once when it is there)
+      break
+    except TimeoutError:
+      if node.recoverable and node.stopping():
+        raise RunStopped("process 0 stopped the job between two parts") from None
+      if time.monotonic() > deadline:
+        raise
   return json.loads(info), tuple(receive_tree(node, Mailbox(), 0, "next_weights"))
 
 
