@@ -116,6 +116,7 @@ class DecentralJob:
                        failures=dict(options.failures), replaced=options.replaced)
     self.threads: list[tuple[threading.Thread, int | None]] = []  # (thread, its virtual worker, if a stage)
     self._left_behind: list[threading.Thread] = []
+    self._loops: list[StageLoop] = []  # this process's stages
 
   def start(self) -> None:
     """Builds and compiles this process's threads, meets every other process, starts the threads."""
@@ -125,7 +126,8 @@ class DecentralJob:
     x0, y0 = job.streams(0, 1)
     for (i, j), process in sorted(ctx.owners.items()):
       if process == me:
-        self.threads.append((StageLoop(ctx, i, j, *self._stage(i, j, x0, y0, True)).thread, i))
+        self._loops.append(StageLoop(ctx, i, j, *self._stage(i, j, x0, y0, True)))
+        self.threads.append((self._loops[-1].thread, i))
     if me == ctx.clock:
       first, run_waves = self.options.evals
       clock = ClockService(ctx, self.options.eval_every, self.options.on_nonfinite, first, run_waves or ctx.waves)
@@ -239,8 +241,11 @@ class DecentralJob:
     """Closes after the run's last part; after another, keeps what still waits inside the transport for then."""
     if last:
       self._close()
-    else:
-      self.stranded.extend(t for t in self._left_behind + self.ctx.inputs if t.is_alive())
+      return
+    self.stranded.extend(t for t in self._left_behind + self.ctx.inputs if t.is_alive())
+    for loop in self._loops:  # (the next part restarts their compiled stages)
+      if loop.thread in self._left_behind:
+        loop.halt()
 
   def _left_behind_part(self, process: int) -> list[dict[str, Any]]:
     """What a process that is gone wrote of its trace part before it died, up to its last whole line (its file

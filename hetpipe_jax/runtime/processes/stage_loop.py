@@ -90,6 +90,7 @@ class StageLoop:
     self._rebased = -1  # the last pull applied
     self.left = False  # its virtual worker left (a process of one of its stages is gone)
     self._requested = -1  # stage 0: the last pull asked for
+    self._task = threading.Lock()  # held while a task runs (see :meth:`halt`)
     self.thread = threading.Thread(target=self._main, name=f"vw{vw}-stage{j}", daemon=True)
 
   # --- inputs ----------------------------------------------------------------------------------------
@@ -195,12 +196,22 @@ class StageLoop:
       task = schedule_lib.pick(self._state, self.j, self._allow)
       if task is None:  # done once every task ran
         return self._done == self.total
-      if task.kind == FWD:
-        self._forward(task)
-      else:
-        self._backward(task)
-        self._done += 1
+      with self._task:
+        if self.left:
+          break
+        if task.kind == FWD:
+          self._forward(task)
+        else:
+          self._backward(task)
+          self._done += 1
     return True  # its virtual worker left: what it still held is dropped, and the thread ends
+
+  def halt(self) -> None:
+    """Its virtual worker left, and the run goes on in a part that restarts this stage's compiled numerics: no task
+    starts here any more, and one running now ends first."""
+    self.left = True
+    with self._task:
+      pass
 
   def _inject(self) -> None:
     """Stage 0: injects while the window and the schedule allow; a gated minibatch waits for its pull."""
