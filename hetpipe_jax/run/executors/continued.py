@@ -6,10 +6,11 @@ injected failure; between two parts every virtual worker has pushed every wave b
 hands every process the gathered global weights, from which every stage and every copy of the PS shards starts the
 next part (the stages' local optimizer state afresh: a PS rule with state of its own is refused). So:
 
-* **a checkpoint** is taken at a boundary, where the run is drained: it holds the global weights, the minibatches
-  each virtual worker drew, the metrics rows so far (evaluated), the clocks, and how many trace events were written
-  (the trace is written as the parts end). A resumed job hands the weights to every process and goes on with the
-  next part; what the killed job wrote after the checkpoint is cut off the trace.
+* **a checkpoint** is taken at a boundary, where the run is drained: it holds the global weights, the metrics rows
+  so far (evaluated), the clocks, the run's seconds, and how many trace events were written (the trace is written as
+  the parts end); every virtual worker drew step x Nm minibatches, so the streams need no state. A resumed job
+  hands the weights to every process and goes on with the next part; what the killed job wrote after the
+  checkpoint is cut off the trace.
 * **a replacement** (``--rejoin``) of a virtual worker that failed in a part joins at the next boundary, at the
   global clock of the live ones then (the trace's ``join`` line), on the same devices; the waves between its frozen
   clock and that one are never run.
