@@ -18,10 +18,10 @@ PCIe inside a node and 56 Gb/s InfiniBand between nodes. For each model:
    (``default`` placement) beside byte-range shards on every node (``striped``).
 
 Writes scale.json / scale.csv (per model and size: GPUs, nodes, virtual workers, images or tokens per
-second, the ideal heterogeneous aggregate and the efficiency against it, both placements, plan and
-simulate seconds) and scale.png (throughput, efficiency and host seconds against GPUs), prints a table,
-the paths, and as its last line ``plan_sim_seconds_1024=<s> efficiency_1024=<fraction>`` (the first model,
-its largest size)::
+second, the ideal heterogeneous aggregate and the efficiency against it, both placements, the host seconds of
+planning, simulating and checking, and of the whole row) and scale.png (throughput, efficiency and host seconds
+per part against GPUs, with fitted exponents), prints a table, the paths, and as its last line
+``plan_sim_seconds_<N>=<s> efficiency_<N>=<fraction>`` (the first model, its largest size N; the whole row)::
 
   python -m experiments.scale
   python -m experiments.scale --models=resnet152 --sizes=16,64,256
@@ -32,7 +32,7 @@ from __future__ import annotations
 from absl import flags
 
 from experiments import common
-from hetpipe_jax.studies.scale import FIELDS, SIZES, ScaleConfig, ScaleRow, row_json, run_scale
+from hetpipe_jax.studies.scale import FIELDS, PARTS, SIZES, ScaleConfig, ScaleRow, growth_exponent, row_json, run_scale
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("models", list(ScaleConfig.models), "Full-size models (a CNN, or a GPT preset).")
@@ -75,11 +75,12 @@ def chart(rows: list[ScaleRow], config: ScaleConfig, path: str) -> str:
     axes[0].plot(gpus, [r.items_per_sec_per_unit for r in mine], "x:", label=f"{model} (a PS shard per unit)")
     axes[0].plot(gpus, [r.ideal_items_per_sec for r in mine], "--", alpha=0.5, label=f"{model} ideal aggregate")
     axes[1].plot(gpus, [r.efficiency for r in mine], "o-", label=model)
-    axes[2].plot(gpus, [r.plan_sim_seconds for r in mine], "o-", label=model)
-    axes[2].plot(gpus, [mine[-1].plan_sim_seconds * g / gpus[-1] for g in gpus], ":", alpha=0.5,
-                 label=f"{model}: linear through the largest")
+    for part, style in zip(PARTS, ("s:", "^-", "v-", "o-")):
+      seconds = [getattr(r, part) for r in mine]
+      b = growth_exponent(gpus, seconds)
+      axes[2].plot(gpus, seconds, style, label=f"{model} {part.split('_')[0]}" + ("" if b is None else f" (N^{b:.2f})"))
   for ax, ylabel in zip(axes, ["images or tokens per second", "efficiency (of the ideal aggregate)",
-                               "plan + simulate (host s)"]):
+                               "host seconds per row, by part (fitted exponent)"]):
     ax.set_xscale("log", base=2)
     ax.set(xlabel="GPUs", ylabel=ylabel)
     ax.grid(alpha=0.3)
@@ -94,12 +95,18 @@ def chart(rows: list[ScaleRow], config: ScaleConfig, path: str) -> str:
 
 def print_table(rows: list[ScaleRow]) -> None:
   print(f"{'model':>12} {'GPUs':>5} {'VWs':>4} {'per s':>10} {'ideal':>10} {'eff.':>5} {'striped':>10} "
-        f"{'per unit':>10} {'plan+sim s':>10}")
+        f"{'per unit':>10} {'plan s':>7} {'sim s':>7} {'check s':>7} {'row s':>7}")
   for r in rows:
     print(f"{r.model:>12} {r.gpus:>5} {r.vws:>4} {r.items_per_sec:>10.0f} {r.ideal_items_per_sec:>10.0f} "
           f"{r.efficiency:>5.2f} {r.items_per_sec_striped:>10.0f} {r.items_per_sec_per_unit:>10.0f} "
-          f"{r.plan_sim_seconds:>10.2f}")
-  print("images (CNN) or tokens (GPT) per second of the simulated cluster; host seconds measured here")
+          + " ".join(f"{getattr(r, part):>7.2f}" for part in PARTS))
+  for model in dict.fromkeys(r.model for r in rows):
+    mine = [r for r in rows if r.model == model]
+    fits = {part: growth_exponent([r.gpus for r in mine], [getattr(r, part) for r in mine]) for part in PARTS}
+    print(f"{model}: host seconds grow as GPUs^b, b = " + ", ".join(
+        f"{part.split('_')[0]} {'-' if b is None else f'{b:.2f}'}" for part, b in fits.items()))
+  print("images (CNN) or tokens (GPT) per second of the simulated cluster; host seconds measured here (a row: "
+        "planning, the simulations of its placement, striped and default, and the checks of their traces)")
 
 
 def main(argv):

@@ -14,6 +14,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from hetpipe_jax.core.check import as_version_1
 from hetpipe_jax.errors import ConfigError
 
 
@@ -66,7 +67,10 @@ def mean_staleness(events: Sequence[dict[str, Any]]) -> float:
   updates of *every* virtual worker that were done when the forward started but are missing from its
   weights. For minibatch p of virtual worker i starting at t: its own missing updates p - 1 - own, plus,
   for every other live virtual worker k, the minibatches k had completed by t minus the Nm_k x glob[k]
-  its weights hold. (More virtual workers, larger Nm and larger D all raise it.)"""
+  its weights hold. (More virtual workers, larger Nm and larger D all raise it.) A trace of version 2 is read
+  in version 1 (:func:`hetpipe_jax.core.check.as_version_1`)."""
+  if events and events[0].get("version") == 2:
+    events = list(as_version_1(events))
   meta = events[0]
   nms = meta["nm"]
   done: list[list[float]] = [[] for _ in nms]  # completion times per virtual worker, in order

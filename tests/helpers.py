@@ -33,23 +33,24 @@ def assert_trace_ok(events) -> dict:
   return staleness_stats(events)
 
 
-def meta(n, nm, d, stages, weight_mode="stash", executor="virtual"):
-  return dict(ev="meta", version=1, num_vws=n, nm=list(nm), d=d, stages=list(stages),
+def meta(n, nm, d, stages, weight_mode="stash", executor="virtual", version=1):
+  return dict(ev="meta", version=version, num_vws=n, nm=list(nm), d=d, stages=list(stages),
               weight_mode=weight_mode, executor=executor, shards=0)
 
 
 def schedule_only(stages: Sequence[int], nms: Sequence[int], d: int, waves: int, slowdown: Sequence[float],
                   executor: str = "virtual", schedule: str = "1f1b", fwd: float = 1.0, bwd: float = 2.0,
                   time_scale: float = 1e-4, weight_mode: str = "stash", ps_class=ClockServer,
-                  engine_class=Engine) -> list[dict]:
+                  engine_class=Engine, version: int = 1) -> list[dict]:
   """Runs the protocol without numerics; VW i's tasks last ``slowdown[i]`` x (fwd, bwd).
 
-  ``weight_mode`` is what the workers do; the trace's meta line always says "stash".
+  ``weight_mode`` is what the workers do; the trace's meta line always says "stash". ``version``: the trace
+  format's (2: tasks and pulls name their global base by seq).
   """
   n = len(stages)
   vws = virtual_workers([Shape(k, nm) for k, nm in zip(stages, nms)], waves, schedule, weight_mode)
-  trace = Trace()
-  trace.emit(**meta(n, nms, d, stages, executor=executor))
+  trace = Trace(version=version)
+  trace.emit(**meta(n, nms, d, stages, executor=executor, version=version))
   engine = engine_class(vws, ps_class(n, d), trace)
   cost = lambda t: slowdown[t.vw] * (fwd if t.kind == "fwd" else bwd)
   if executor == "virtual":

@@ -21,7 +21,8 @@ from helpers import assert_trace_ok, meta
 STAGES, NMS, D, WAVES = (2, 3), (2, 3), 1, 6
 COST = lambda task: (1.0 + task.vw) * (1.0 if task.kind == "fwd" else 2.0)
 # What an engine holds besides its state: what it was built with, and a cache of no meaning across runs.
-NOT_STATE = {"vws", "server", "trace", "comm", "_batches", "_on_wave", "_rejoin", "_staged", "_glob_lists", "state"}
+NOT_STATE = {"vws", "server", "trace", "comm", "_batches", "_on_wave", "_rejoin", "_staged", "_glob_lists", "_seq_only",
+             "state"}
 
 
 class _Stop(Exception):

@@ -1,6 +1,8 @@
 """The pure WSP clock/gate functions and the staleness bounds."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hetpipe_jax.core import wsp
 
@@ -54,3 +56,18 @@ def test_staleness_bounds(nm, d, bound):
   # The bound is the largest p - 1 - Nm * min_global_waves(p) over a long run: it is tight.
   worst = max(p - 1 - nm * wsp.min_global_waves(p, nm, d) for p in range(nm * (d + 3), nm * (d + 9)))
   assert worst == bound
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(n=st.integers(1, 6), moves=st.lists(st.tuples(st.sampled_from(["push", "push", "push", "leave", "join"]),
+                                                     st.integers(0, 5), st.none() | st.integers(0, 8)), max_size=60))
+def test_the_global_clock_kept_as_clocks_change_is_the_minimum_of_the_clocks_that_count(n, moves):
+  """``low`` and ``at_low``, kept by push, leave and join, are what the clocks give when counted afresh."""
+  s = wsp.init(n)
+  for move, vw, clock in moves:
+    vw %= n
+    s = wsp.push(s, vw) if move == "push" else wsp.leave(s, vw) if move == "leave" else wsp.join(s, vw, clock)
+    counted = [c for i, c in enumerate(s.c_local) if i not in s.left] or list(s.c_local)
+    assert (wsp.c_global(s), s.at_low) == (min(counted), counted.count(min(counted)))
+    assert s == wsp.restore(s.c_local, s.left, s.seq)
+  assert s.seq == sum(move != "leave" for move, _, _ in moves)  # every push and join changes the clocks

@@ -92,10 +92,11 @@ def _staged_pulls(events: Sequence[dict[str, Any]], finished: dict[tuple[str, in
                   ) -> dict[tuple[int, int], list]:
   """Staged pulls: per device (vw, stage > 0), the intervals in which the gated minibatch's forward had
   reached it (its forward at the stage before had ended) but the stage's part of the pull had not landed.
-  A pull's parts carry the same snapshot (``glob``, new at every pull of a virtual worker); its gated
+  A pull's parts carry the same snapshot (``glob``, or ``seq`` in version 2: new at every pull of a virtual
+  worker); its gated
   minibatch is the first injected from its stage-0 part's landing on."""
-  gated: dict[tuple[int, tuple[int, ...]], int] = {}  # (vw, snapshot) -> gated minibatch
-  pending: dict[int, tuple[int, ...]] = {}  # vw -> snapshot whose stage-0 part landed, nothing injected yet
+  gated: dict[tuple[int, tuple[int, ...] | int], int] = {}  # (vw, snapshot) -> gated minibatch
+  pending: dict[int, tuple[int, ...] | int] = {}  # vw -> snapshot whose stage-0 part landed, nothing injected yet
   parts = []
   for e in events[1:]:
     kind = e["ev"]
@@ -103,13 +104,13 @@ def _staged_pulls(events: Sequence[dict[str, Any]], finished: dict[tuple[str, in
       if e["stage"]:
         parts.append(e)
       else:
-        pending[e["vw"]] = tuple(e["glob"])
+        pending[e["vw"]] = _snapshot(e)
     elif kind == "inject" and e["vw"] in pending:
       gated[(e["vw"], pending.pop(e["vw"]))] = e["mb"]
   out: dict[tuple[int, int], list] = {}
   for e in parts:
     i, j, t = e["vw"], e["stage"], e["t"]
-    mb = gated.get((i, tuple(e["glob"])))
+    mb = gated.get((i, _snapshot(e)))
     reached = None if mb is None else finished.get(("fwd", i, j - 1, mb))
     if reached is not None and reached < t:
       out.setdefault((i, j), []).append((reached, t, "pull"))
@@ -229,3 +230,6 @@ def pushed_images(events: Sequence[dict[str, Any]], batch_size: int) -> list[int
   return out
 
 
+def _snapshot(pull: dict[str, Any]) -> tuple[int, ...] | int:
+  """What names a pull's snapshot: its ``seq`` (trace version 2) or its clocks (version 1)."""
+  return pull["seq"] if "seq" in pull else tuple(pull["glob"])

@@ -33,16 +33,20 @@ staleness (exit 0).
 
 from __future__ import annotations
 
+import bisect
 import collections
 import json
 import math
+import operator
 import sys
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 from hetpipe_jax.core import wsp
-from hetpipe_jax.core.trace import field_error, staleness_stats, trace_cli
-from hetpipe_jax.errors import ProtocolError
+from hetpipe_jax.core.meta import VERSIONS
+from hetpipe_jax.core.trace import field_error, staleness_stats, trace_cli, write_trace
+from hetpipe_jax.errors import ConfigError, ProtocolError
 
 EPS = 1e-9
 
@@ -73,12 +77,20 @@ class _Checker:
     self.done: set[tuple] = set()  # (kind, vw, stage, mb)
     self.applied = collections.Counter()  # (vw, stage) -> backward passes applied
     self.fwd_version: dict[tuple, tuple] = {}  # (vw, stage, mb) -> (own, glob)
-    self.last_glob: dict[tuple, tuple] = {}  # (vw, stage) -> glob of its last forward
-    self.pulls = [{(0,) * self.n} for _ in range(self.n)]  # globs each VW has pulled
+    self.last_glob: dict[tuple, tuple | int] = {}  # (vw, stage) -> global base of its last forward
+    # A trace of version 2 names a global base by its seq (the clocks after that many changes); while no VW has
+    # left or joined, seqs are compared as they are (a seq's clocks are then told by the global clock after it:
+    # ``lows``); after, every seq is turned into its clocks and checked as version 1's glob.
+    self.by_seq = meta.get("version") == 2
+    self.changes = [([0], [0]) for _ in range(self.n)] if self.by_seq else []  # per VW: (seqs, its clock then)
+    self.lows = [0]  # the global clock after each number of clock changes (version 2, while by_seq)
+    start: tuple | int = 0 if self.by_seq else (0,) * self.n
+    self.pulls: list[set[tuple | int]] = [{start} for _ in range(self.n)]  # the global bases each VW pulled
     self.pulled_since_push = [False] * self.n
     self.device_free_at: dict[tuple, float] = {}
     self.t: dict[int | None, float] = {}  # the latest time on each process's clock (None: one process)
     self.joining: set[int] = set()  # joined, not pulled yet
+    self.ahead: set[int] = set()  # holds every live VW beyond D + 1 of the global clock (maybe others)
     self.applied_lines: list[tuple[int, int, int, list[int], int]] = []  # (line, vw, owner, units, waves)
 
   def fail(self, rule: str, message: str) -> None:
@@ -156,12 +168,73 @@ class _Checker:
       self.fail("device", f"VW {i} stage {j} started {ev['ev']} of minibatch {p} at {ev['t0']} while "
                 f"busy until {self.device_free_at[dev]}")
     self.device_free_at[dev] = max(self.device_free_at.get(dev, -math.inf), ev["t1"])
-    return i, j, p, (ev["own"], tuple(ev["glob"]))
+    return i, j, p, (ev["own"], self._base(ev))
 
-  def _check_global(self, i: int, j: int, p: int, glob: tuple, what: str) -> None:
+  # --- version 2: global bases named by seq -------------------------------------------------------------
+
+  def _base(self, ev) -> tuple | int:
+    """The global base an event names: its glob (version 1), its seq (version 2 while ``by_seq``), or the
+    clocks of its seq (version 2 after a VW left or joined)."""
+    if not self.changes:
+      return tuple(ev["glob"])
+    seq = ev["seq"]
+    return seq if self.by_seq else self._glob(seq)
+
+  def _glob(self, base: tuple | int) -> tuple:
+    """The clocks of a global base (a seq's: every VW's clock after that many changes; O(N log changes))."""
+    if isinstance(base, tuple):
+      return base
+    return tuple(clocks[bisect.bisect_right(seqs, base) - 1] for seqs, clocks in self.changes)
+
+  def _unknown(self, base: tuple | int, what: str) -> bool:
+    """Whether ``base`` is a seq no change has reached yet (a violation: its clocks are not known)."""
+    if isinstance(base, tuple) or 0 <= base <= self.clock.seq:
+      return False
+    self.fail("global", f"{what} names the global base after {base} clock changes; {self.clock.seq} were made")
+    return True
+
+  def _changed(self, i: int) -> None:
+    """VW ``i``'s clock changed (a push or a join): its change and the global clock after it are recorded."""
+    if self.changes:
+      seqs, clocks = self.changes[i]
+      seqs.append(self.clock.seq)
+      clocks.append(self.clock.c_local[i])
+      if self.by_seq:
+        self.lows.append(self.clock.low)
+
+  def _to_clocks(self) -> None:
+    """A VW leaves or joins: from now on every seq is checked as the clocks it names."""
+    if not self.by_seq:
+      return
+    self.by_seq = False
+    self.pulls = [{self._glob(s) for s in pulled} for pulled in self.pulls]
+    self.last_glob = {key: self._glob(s) for key, s in self.last_glob.items()}
+    self.fwd_version = {key: (own, self._glob(s)) for key, (own, s) in self.fwd_version.items()}
+
+  def _check_global(self, i: int, j: int, p: int, glob: tuple | int, what: str) -> None:
+    if self._unknown(glob, f"{what} of VW {i} minibatch {p} at stage {j}"):
+      return
+    if isinstance(glob, int):
+      return self._check_global_seq(i, j, p, glob, what)
     if len(glob) != self.n:
       return self.fail("format", f"{what}: glob has {len(glob)} entries for {self.n} virtual workers")
     need_live = wsp.min_global_waves(p, self.nm[i], self.d)
+    if self.clock.left or min(glob) < need_live or any(map(operator.gt, glob, self.clock.c_local)):
+      self._check_global_bounds(i, j, p, glob, what, need_live)  # (entry by entry: what breaks, in order)
+    if glob not in self.pulls[i]:
+      self.fail("global", f"{what} of VW {i} minibatch {p} at stage {j} has global base {list(glob)}, "
+                f"which VW {i} never pulled")
+
+  def _check_global_seq(self, i: int, j: int, p: int, seq: int, what: str) -> None:
+    """:meth:`_check_global` of a seq, while no VW has left or joined: O(1)."""
+    need_live = wsp.min_global_waves(p, self.nm[i], self.d)
+    if self.lows[seq] < need_live:
+      self._check_global_bounds(i, j, p, self._glob(seq), what, need_live)
+    if seq not in self.pulls[i]:
+      self.fail("global", f"{what} of VW {i} minibatch {p} at stage {j} has global base {list(self._glob(seq))}, "
+                f"which VW {i} never pulled")
+
+  def _check_global_bounds(self, i: int, j: int, p: int, glob: tuple, what: str, need_live: int) -> None:
     for k, g in enumerate(glob):
       need = min(need_live, self.clock.c_local[k]) if k in self.clock.left else need_live
       if g < need:
@@ -170,9 +243,6 @@ class _Checker:
       if g > self.clock.c_local[k]:
         self.fail("global", f"{what} of VW {i} minibatch {p} at stage {j} includes {g} waves of VW {k}, "
                   f"which had pushed only {self.clock.c_local[k]}")
-    if glob not in self.pulls[i]:
-      self.fail("global", f"{what} of VW {i} minibatch {p} at stage {j} has global base {list(glob)}, "
-                f"which VW {i} never pulled")
 
   def _on_fwd(self, ev) -> None:
     task = self._task(ev)
@@ -189,12 +259,18 @@ class _Checker:
                 f"updates, but the stage has applied {self.applied[(i, j)]} (lost or double-counted "
                 "local updates)")
     self._check_global(i, j, p, glob, "forward")
-    last: tuple[int, ...] = self.last_glob.get((i, j)) or (0,) * self.n
-    if any(a < b for a, b in zip(glob, last)):
-      self.fail("global", f"forward of VW {i} minibatch {p} at stage {j} has global base {list(glob)}, "
-                f"older than an earlier forward's {list(last)}")
-    self.last_glob[(i, j)] = glob
     self.fwd_version[(i, j, p)] = (own, glob)
+    if isinstance(glob, int) and not 0 <= glob <= self.clock.seq:
+      return  # (a seq not reached yet: reported)
+    last = self.last_glob.get((i, j), 0 if isinstance(glob, int) else (0,) * self.n)
+    if isinstance(glob, int) and isinstance(last, int):  # (no VW left or joined: a later seq holds more clocks)
+      older = glob < last
+    else:
+      older = any(map(operator.lt, self._glob(glob), self._glob(last)))
+    if older:
+      self.fail("global", f"forward of VW {i} minibatch {p} at stage {j} has global base {list(self._glob(glob))}, "
+                f"older than an earlier forward's {list(self._glob(last))}")
+    self.last_glob[(i, j)] = glob
 
   def _on_bwd(self, ev) -> None:
     task = self._task(ev)
@@ -208,7 +284,8 @@ class _Checker:
     fwd = self.fwd_version.pop((i, j, p), None)
     if self.stash and fwd is not None and version != fwd:
       self.fail("stash", f"backward of VW {i} minibatch {p} at stage {j} used weights (own, glob) = "
-                f"{version[0]}, {list(version[1])} but its forward used {fwd[0]}, {list(fwd[1])}")
+                f"{version[0]}, {list(self._glob(version[1]))} but its forward used {fwd[0]}, "
+                f"{list(self._glob(fwd[1]))}")
     if not self.stash:
       if version[0] != self.applied[(i, j)]:
         self.fail("rebase", f"backward of VW {i} minibatch {p} at stage {j} uses weights with "
@@ -243,24 +320,45 @@ class _Checker:
     if self._gone(i, f"push of wave {c}"):
       return
     self.clock = wsp.push(self.clock, i)
+    self._changed(i)
     self.pulled_since_push[i] = False
-    for k in (k for k in range(self.n) if k not in self.clock.left):
-      gap = wsp.clock_gap(self.clock, k)
-      if gap > self.d + 1:
-        self.fail("gate", f"VW {k} runs {gap} waves ahead of the slowest (clocks "
-                  f"{list(self.clock.c_local)}); WSP allows D + 1 = {self.d + 1}")
+    self._ahead_after_push(i)
+
+  def _ahead_after_push(self, i: int) -> None:
+    """Reports, in order, every live VW beyond D + 1 of the global clock after VW ``i``'s push."""
+    # A push moves no other VW ahead (the global clock only rises): only the pusher and those already beyond
+    # D + 1 can be beyond it now; each such VW is reported at every push, as long as it stays beyond.
+    self.ahead = self._beyond(self.ahead | {i})
+    for k in sorted(self.ahead):
+      self.fail("gate", f"VW {k} runs {wsp.clock_gap(self.clock, k)} waves ahead of the slowest (clocks "
+                f"{list(self.clock.c_local)}); WSP allows D + 1 = {self.d + 1}")
+
+  def _beyond(self, vws) -> set[int]:
+    """The live VWs of ``vws`` beyond D + 1 of the global clock."""
+    return {k for k in vws if k not in self.clock.left and wsp.clock_gap(self.clock, k) > self.d + 1}
 
   def _on_pull(self, ev) -> None:
-    i, glob = ev["vw"], tuple(ev["glob"])
+    i, glob = ev["vw"], self._base(ev)
     if i in self.clock.left:
       return self.fail("member", f"pull of VW {i}, which left and has not joined again")
     self.joining.discard(i)
+    if self._unknown(glob, f"pull of VW {i}"):
+      return
+    if isinstance(glob, int):  # a seq, while no VW left or joined: its clocks are what was pushed, at most
+      if self.clock.c_local[i] - self.lows[glob] > self.d:
+        self.fail("gate", f"VW {i} pulled at clock {self.clock.c_local[i]} with global clock {self.lows[glob]}; "
+                  f"the gate allows D = {self.d}")
+      self.pulls[i].add(glob)
+      self.pulled_since_push[i] = True
+      return
     if len(glob) != self.n:
       return self.fail("format", f"pull of VW {i}: glob has {len(glob)} entries for {self.n} VWs")
-    for k, g in enumerate(glob):
-      if g > self.clock.c_local[k]:
-        self.fail("global", f"VW {i} pulled {g} waves of VW {k}, which had pushed {self.clock.c_local[k]}")
-    global_clock = min(g for k, g in enumerate(glob) if k not in self.clock.left)
+    if any(map(operator.gt, glob, self.clock.c_local)):
+      for k, g in enumerate(glob):
+        if g > self.clock.c_local[k]:
+          self.fail("global", f"VW {i} pulled {g} waves of VW {k}, which had pushed {self.clock.c_local[k]}")
+    left = self.clock.left
+    global_clock = min(g for k, g in enumerate(glob) if k not in left) if left else min(glob)
     if self.clock.c_local[i] - global_clock > self.d:
       self.fail("gate", f"VW {i} pulled at clock {self.clock.c_local[i]} with global clock {global_clock}; "
                 f"the gate allows D = {self.d}")
@@ -279,21 +377,26 @@ class _Checker:
 
   def _on_leave(self, ev) -> None:
     i = ev["vw"]
+    self._to_clocks()
     if self._gone(i, "leave"):
       return
     if ev.get("pushed", self.clock.c_local[i]) != self.clock.c_local[i]:
       self.fail("member", f"VW {i} left with {ev['pushed']} waves pushed; the trace shows "
                 f"{self.clock.c_local[i]}")
     self.clock = wsp.leave(self.clock, i)
+    self.ahead = self._beyond(range(self.n))  # (the global clock may move either way)
 
   def _on_join(self, ev) -> None:
     i, c = ev["vw"], ev["clock"]
+    self._to_clocks()
     if i not in self.clock.left:
       return self.fail("member", f"VW {i} joined without having left")
     expected = wsp.join(self.clock, i).c_local[i]
     if c != expected:
       self.fail("member", f"VW {i} joined at clock {c}; the global clock of the live VWs is {expected}")
     self.clock = wsp.join(self.clock, i, c)
+    self._changed(i)
+    self.ahead = self._beyond(range(self.n))  # (the global clock may move either way)
     start = c * self.nm[i]  # it runs the minibatches of waves c, c+1, ... on fresh stages
     self.injected[i] = self.completed[i] = start
     self.done = {key for key in self.done if key[1] != i}
@@ -330,51 +433,144 @@ class _Checker:
 REQUIRED_META = ("num_vws", "nm", "d", "stages", "weight_mode")
 
 
+def _meta_violation(meta: Any) -> Violation | None:
+  """What is wrong with a trace's first line, or None when it is a meta line the checker reads."""
+  if not isinstance(meta, dict) or meta.get("ev") != "meta":
+    return Violation(1, "format", "the first line must be the meta event")
+  missing = [f for f in REQUIRED_META if f not in meta]
+  if missing:
+    return Violation(1, "format", f"meta lacks {missing}")
+  if (error := field_error(meta)) is not None:
+    return Violation(1, "format", f"meta: {error}")
+  if meta.get("version", 1) not in VERSIONS:
+    return Violation(1, "format", f"meta version {meta['version']!r}: this checker reads versions "
+                     f"{', '.join(map(str, VERSIONS))}; write the trace with this code's tools")
+  window, nm = meta.get("window"), meta["nm"]
+  if window is not None and (len(window) != len(nm) or not all(1 <= w <= n for w, n in zip(window, nm))):
+    return Violation(1, "format", f"meta window {window} must give 1 <= window <= Nm for each Nm of {nm}")
+  return None
+
+
+class StreamCheck:
+  """Checks a trace as its events come (a :class:`~hetpipe_jax.core.trace.Trace`'s sink: nothing is kept), to
+  the verdict :func:`check_trace` gives the whole list; :meth:`finish` returns it. ``seconds`` is the time spent
+  checking, shared with every :meth:`fresh` copy (a run started over checks again, and that time counts)."""
+
+  def __init__(self, seconds: list[float] | None = None):
+    self._seconds = seconds if seconds is not None else [0.0]
+    self._checker: _Checker | None = None
+    self._early: list[Violation] = []  # a bad meta line: nothing after it is checked
+    self._line = 0
+
+  @property
+  def seconds(self) -> float:
+    return self._seconds[0]
+
+  def fresh(self) -> StreamCheck:
+    return StreamCheck(self._seconds)
+
+  def __call__(self, event: dict[str, Any]) -> None:
+    t0 = time.perf_counter()
+    self._line += 1
+    if self._line == 1:
+      bad = _meta_violation(event)
+      self._early = [bad] if bad else []
+      self._checker = None if bad else _Checker(event)
+    elif self._checker is not None:
+      self._checker.line = self._line
+      self._checker.event(event)
+    self._seconds[0] += time.perf_counter() - t0
+
+  def finish(self) -> list[Violation]:
+    """Every violation of the events seen (the end's rules checked now)."""
+    if self._line == 0:
+      return [Violation(1, "format", "the first line must be the meta event")]
+    if self._checker is None:
+      return self._early
+    t0 = time.perf_counter()
+    self._checker.line = self._line
+    self._checker.finish()
+    self._seconds[0] += time.perf_counter() - t0
+    return self._checker.violations
+
+
 def check_trace(events: Iterable[dict[str, Any]]) -> list[Violation]:
   """Returns every violation of the WSP guarantees in ``events`` (empty when the trace is sound)."""
-  events = list(events)
-  if not events or events[0].get("ev") != "meta":
-    return [Violation(1, "format", "the first line must be the meta event")]
-  missing = [f for f in REQUIRED_META if f not in events[0]]
-  if missing:
-    return [Violation(1, "format", f"meta lacks {missing}")]
-  if (error := field_error(events[0])) is not None:
-    return [Violation(1, "format", f"meta: {error}")]
-  window, nm = events[0].get("window"), events[0]["nm"]
-  if window is not None and (len(window) != len(nm) or not all(1 <= w <= n for w, n in zip(window, nm))):
-    return [Violation(1, "format", f"meta window {window} must give 1 <= window <= Nm for each Nm of {nm}")]
-  checker = _Checker(events[0])
-  for line, ev in enumerate(events[1:], start=2):
+  stream = StreamCheck()
+  for event in events:
+    stream(event)
+  return stream.finish()
+
+
+def as_version_1(events: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+  """The events of a trace in today's form, version 1: a version-2 trace's tasks and pulls with the N-entry
+  ``glob`` of their ``seq`` in its place (every other event, and a version-1 trace, as they are). The clocks of a
+  seq are what the checker replaying the trace holds after that many changes: for a trace the engine wrote in
+  both versions, the two are the same event for event.
+
+  Raises:
+    ConfigError: when a seq names a change not made before it (line number given): no clocks to write.
+  """
+  it = iter(events)
+  meta = next(it, None)
+  if meta is None or meta.get("version") != 2 or meta.get("ev") != "meta":
+    yield from ([] if meta is None else [meta])
+    yield from it
+    return
+  checker = _Checker(meta)
+  yield {**meta, "version": 1}
+  for line, ev in enumerate(it, start=2):
+    seq = ev.get("seq") if ev.get("ev") in ("fwd", "bwd", "pull") else None
+    if seq is not None:
+      if not (type(seq) is int and 0 <= seq <= checker.clock.seq):
+        raise ConfigError(f"line {line}: seq = {seq!r} names no change made before it ({checker.clock.seq} "
+                          "were); this trace cannot be written in version 1")
+      glob = list(checker._glob(seq))
+      ev = {("glob" if k == "seq" else k): (glob if k == "seq" else v) for k, v in ev.items()}
     checker.line = line
-    checker.event(ev)
-  checker.line = len(events)
-  checker.finish()
-  return checker.violations
+    checker.event(ev if seq is None else {**ev, "seq": seq})
+    yield ev
 
 
 def require_wsp(events: Iterable[dict[str, Any]], what: str, error: type[Exception] = ProtocolError) -> None:
   """Raises ``error`` (a breach is a bug in the runtime, never bad input) with the number of violations and the
   first three when ``events`` break a WSP guarantee (``what`` names the run in the message)."""
-  violations = check_trace(events)
+  raise_violations(check_trace(events), what, error)
+
+
+def raise_violations(violations: Sequence[Violation], what: str, error: type[Exception] = ProtocolError) -> None:
+  """Raises ``error`` with the number of ``violations`` and the first three, if there are any."""
   if violations:
     raise error(f"{what}: the trace breaks WSP, {len(violations)} violations; first: "
                 + "; ".join(str(v) for v in violations[:3]))
 
 
+USAGE = "python -m hetpipe_jax.check TRACE.jsonl [--version_1=OUT.jsonl]"
+
+
 def main(argv: list[str]) -> int:
-  """``python -m hetpipe_jax.check TRACE``: exit 0 and the observed staleness, or 1 and every violation."""
-  return trace_cli(argv, "python -m hetpipe_jax.check TRACE.jsonl", 1, _report)
+  """``python -m hetpipe_jax.check TRACE``: exit 0 and the observed staleness, or 1 and every violation;
+  with ``--version_1=OUT``, a sound trace is also written to OUT in today's form (:func:`as_version_1`)."""
+  out = [a.split("=", 1)[1] for a in argv[2:] if a.startswith("--version_1=")]
+  if len(out) != len(argv[2:]) or any(not path for path in out):
+    print(f"usage: {USAGE} (unknown argument {' '.join(argv[2:])})", file=sys.stderr)
+    return 2
+  return trace_cli(argv, USAGE, 2, lambda events, _: _report(events, argv[1], out[0] if out else None))
 
 
-def _report(events: list[dict[str, Any]], argv: list[str]) -> int:
+def _report(events: list[dict[str, Any]], path: str, version_1: str | None) -> int:
   violations = check_trace(events)
   if violations:
     for v in violations[:50]:
       print(v)
-    print(f"FAILED: {len(violations)} violations of the WSP guarantees in {argv[1]}")
+    print(f"FAILED: {len(violations)} violations of the WSP guarantees in {path}")
     return 1
+  events = list(as_version_1(events))
+  if version_1:
+    write_trace(version_1, events)
+    print(f"wrote {version_1}: the trace in version 1, every task and pull with its glob")
   stats = staleness_stats(events)
-  print(f"OK: {len(events)} events in {argv[1]} satisfy every WSP guarantee")
+  print(f"OK: {len(events)} events in {path} satisfy every WSP guarantee")
   print(json.dumps(stats, indent=1))
   return 0
 

@@ -115,6 +115,7 @@ class Engine:
     self.comm = comm or InstantComm()
     self._rejoin = rejoin
     self._glob_lists: dict[int, tuple[tuple[int, ...], list[int]]] = {}  # id(glob) -> (glob, as a list)
+    self._seq_only = trace.version == 2  # tasks and pulls name their global base by its seq (O(1) each)
     self._staged: StagedComm | None = cast(StagedComm, self.comm) if self.comm.staged else None
     if self._staged and any(vw.stages for vw in self.vws):
       raise ProtocolError("staged push and pull transfers are a timing model without numerics (the sim "
@@ -228,8 +229,11 @@ class Engine:
       del state.running[device]
       candidates.add(device)
       return
-    t0, (own, glob) = state.running.pop(device)
-    self.trace.emit(ev=kind, vw=i, stage=j, mb=mb, t0=t0, t1=t, own=own, glob=self._glob_list(glob))
+    t0, (own, glob, seq) = state.running.pop(device)
+    if self._seq_only:
+      self.trace.emit(ev=kind, vw=i, stage=j, mb=mb, t0=t0, t1=t, own=own, seq=seq)
+    else:
+      self.trace.emit(ev=kind, vw=i, stage=j, mb=mb, t0=t0, t1=t, own=own, glob=self._glob_list(glob))
     pipeline, completed = schedule_lib.finish(progress.pipeline, task, vw.schedule)
     progress.pipeline = pipeline
     candidates.add(device)
@@ -331,16 +335,17 @@ class Engine:
     del state.pulling[vw.index]
     state.pulled[vw.index] = mb
     added = vw.numerics.rebase(snapshot.params, versions_lib.open_updates(progress.versions))
-    progress.versions = versions_lib.rebase(progress.versions, snapshot.waves, vw.index, vw.nm, added)
-    self.trace.emit(ev="pull", vw=vw.index, t=t, glob=list(snapshot.waves))
+    progress.versions = versions_lib.rebase(progress.versions, snapshot.waves, vw.index, vw.nm, added, snapshot.seq)
+    self._emit_pull(vw.index, t, snapshot)
     self._inject(vw, t)
 
   def _stage_arrived(self, vw: VirtualWorker, mb: int, snapshot: Snapshot, stage: int, t: float) -> None:
     """Staged pull: ``stage``'s part of the snapshot landed; it rebases; stage 0's lets ``mb`` in."""
     i, state, progress = vw.index, self.state, vw.progress
     added = versions_lib.open_updates(progress.versions)[stage]
-    progress.versions = versions_lib.rebase_stage(progress.versions, stage, snapshot.waves, i, vw.nm, added)
-    self.trace.emit(ev="pull", vw=i, t=t, glob=list(snapshot.waves), stage=stage)
+    progress.versions = versions_lib.rebase_stage(progress.versions, stage, snapshot.waves, i, vw.nm, added,
+                                                  snapshot.seq)
+    self._emit_pull(i, t, snapshot, stage=stage)
     waiting = state.stage_wait[i][1]
     waiting.discard(stage)
     if not waiting:
@@ -392,10 +397,17 @@ class Engine:
     progress = vw.progress
     progress.pipeline = schedule_lib.init(vw.k, i)._replace(next_mb=c * vw.nm + 1, completed=c * vw.nm)
     progress.versions = versions_lib.rebase(versions_lib.init(vw.k, len(self.vws)), snapshot.waves, i, vw.nm,
-                                            [0] * vw.k)
+                                            [0] * vw.k, snapshot.seq)
     vw.numerics.rejoin(snapshot.params)
     progress.live = True
     self.state.candidates.update((i, j) for j in range(vw.k))
     self.trace.emit(ev="join", vw=i, t=t, clock=c)
-    self.trace.emit(ev="pull", vw=i, t=t, glob=list(snapshot.waves))
+    self._emit_pull(i, t, snapshot)
+
+  def _emit_pull(self, i: int, t: float, snapshot: Snapshot, **extra: int) -> None:
+    """The trace's ``pull`` of VW ``i`` (``extra``: its stage, for a staged pull)."""
+    if self._seq_only:
+      self.trace.emit(ev="pull", vw=i, t=t, seq=snapshot.seq, **extra)
+    else:
+      self.trace.emit(ev="pull", vw=i, t=t, glob=list(snapshot.waves), **extra)
 

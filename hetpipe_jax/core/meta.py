@@ -10,11 +10,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-VERSION = 1
+VERSION = 1  # today's form: every task and pull with its N-entry ``glob``; 2: its ``seq`` instead
+VERSIONS = (1, 2)
 
 
 def meta_event(shape: Mapping[str, Any], d: int, weight_mode: str, schedule: str, executor: str, shards: int,
-               **extra: Any) -> dict[str, Any]:
+               version: int = VERSION, **extra: Any) -> dict[str, Any]:
   """The meta line of a run.
 
   Args:
@@ -24,9 +25,10 @@ def meta_event(shape: Mapping[str, Any], d: int, weight_mode: str, schedule: str
     d / weight_mode / schedule: the protocol's knobs.
     executor: the executor's name.
     shards: parameter-server shards (one per unit).
+    version: the trace format's version (:data:`VERSIONS`).
     **extra: what else the run records (model, dataset, options); a value of None is written as null.
   """
-  head = {"ev": "meta", "version": VERSION, "num_vws": shape["num_vws"], "nm": shape["nm"], "d": d,
+  head = {"ev": "meta", "version": version, "num_vws": shape["num_vws"], "nm": shape["nm"], "d": d,
           "stages": shape["stages"], "weight_mode": weight_mode, "executor": executor, "schedule": schedule,
           "shards": shards}
   tail = {k: shape[k] for k in ("cuts", "gpus", "window", "recompute", "tp") if k in shape}

@@ -21,6 +21,7 @@ class Snapshot(NamedTuple):
 
   params: tuple[Any, ...] | None
   waves: tuple[int, ...]
+  seq: int = 0  # the clocks' changes they hold (:attr:`hetpipe_jax.core.wsp.ClockState.seq`)
 
 
 class Server(Protocol):
@@ -91,4 +92,4 @@ class ClockServer:
   def try_pull(self, vw: int) -> Snapshot | None:
     if not wsp.gate_open(self._clock, vw, self.d):
       return None
-    return Snapshot(None, self._clock.c_local)
+    return Snapshot(None, self._clock.c_local, self._clock.seq)

@@ -24,7 +24,7 @@ import os
 import sys
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from hetpipe_jax.core import wsp
 from hetpipe_jax.errors import ConfigError
@@ -36,10 +36,25 @@ def _create(path: str, buffering: int = -1):
   return open(path, "w", encoding="utf-8", buffering=buffering)  # noqa: SIM115 (the caller closes it)
 
 
-class Trace:
-  """Collects events in order (under one lock) and optionally writes them as JSON Lines."""
+class Sink(Protocol):
+  """What a trace hands every event to as it is emitted (:class:`hetpipe_jax.core.check.StreamCheck`)."""
 
-  def __init__(self, path: str | None = None, keep: bool = True, line_buffered: bool = False):
+  def __call__(self, event: dict[str, Any]) -> None: ...
+
+  def fresh(self) -> Sink:
+    """A new sink of the same kind, for a run that starts over."""
+    ...
+
+
+class Trace:
+  """Collects events in order (under one lock), optionally writes them as JSON Lines and hands each to a
+  ``sink`` as it comes (a run checked as it goes: with ``keep=False`` and no file, nothing is held).
+  ``version``: of the format its writer emits (1: every task and pull with its N-entry ``glob``; 2: its ``seq``)."""
+
+  def __init__(self, path: str | None = None, keep: bool = True, line_buffered: bool = False, version: int = 1,
+               sink: Sink | None = None):
+    self.version = version
+    self.sink = sink
     self.events: list[dict[str, Any]] = []
     self._keep = keep
     # (line_buffered: every event reaches the file at once, for a part of a run that may die)
@@ -52,6 +67,8 @@ class Trace:
         self.events.append(event)
       if self._file:
         self._file.write(json.dumps(event, separators=(",", ":")) + "\n")
+      if self.sink is not None:
+        self.sink(event)
 
   def extend(self, events: list[dict[str, Any]]) -> None:
     """Emits ``events`` in order (what :meth:`emit` does for each, without copying them)."""
@@ -60,6 +77,25 @@ class Trace:
         self.events.extend(events)
       if self._file:
         self._file.writelines(json.dumps(e, separators=(",", ":")) + "\n" for e in events)
+      if self.sink is not None:
+        for event in events:
+          self.sink(event)
+
+  def scratch(self) -> Trace:
+    """An empty trace like this one for a run that is either kept (:meth:`adopt`) or started over: it holds its
+    events only where this one keeps or writes them, and hands them to a fresh sink."""
+    return Trace(keep=self._keep or self._file is not None, version=self.version,
+                 sink=None if self.sink is None else self.sink.fresh())
+
+  def adopt(self, scratch: Trace) -> None:
+    """Takes the events of ``scratch`` (from :meth:`scratch`, of a trace that holds none yet) as its own: its sink,
+    which saw them, replaces this one's."""
+    with self._lock:
+      if self._keep:
+        self.events.extend(scratch.events)
+      if self._file:
+        self._file.writelines(json.dumps(e, separators=(",", ":")) + "\n" for e in scratch.events)
+      self.sink = scratch.sink
 
   def close(self) -> None:
     if self._file:
@@ -106,19 +142,42 @@ def write_trace(path: str, events: Iterable[dict[str, Any]]) -> None:
 
 # The type of each field of the format (docs/PROTOCOL.md section 8) a reader relies on: whole numbers,
 # times, lists of whole numbers; what a reader does not know is not checked.
-INT_FIELDS = ("vw", "stage", "mb", "own", "wave", "clock", "shards", "owner", "waves", "process", "num_vws", "d")
+INT_FIELDS = ("vw", "stage", "mb", "own", "wave", "clock", "shards", "owner", "waves", "process", "num_vws", "d",
+              "seq")
 TIME_FIELDS = ("t", "t0", "t1")
 INT_LIST_FIELDS = ("glob", "units", "nm", "stages")
+
+
+# The exact types a field may have when it is sound (a bool is no whole number): the fast test of an event.
+_SOUND = {**{f: (int,) for f in INT_FIELDS}, **{f: (int, float) for f in TIME_FIELDS},
+          **{f: (list,) for f in INT_LIST_FIELDS}, "ev": (str,)}
+_INT_TYPE = frozenset({int})
 
 
 def _is_int(value) -> bool:
   return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _sound(event: dict[str, Any]) -> bool:
+  """Whether every field of ``event`` the format names has exactly a sound type (one pass over its fields; the
+  lists' entries at C speed). False may still be sound (a subclass): :func:`field_error` then decides."""
+  for field, value in event.items():
+    kinds = _SOUND.get(field)
+    if kinds is None:
+      continue
+    if type(value) not in kinds:
+      return False
+    if kinds[0] is list and not set(map(type, value)) <= _INT_TYPE:
+      return False
+  return True
+
+
 def field_error(event: dict[str, Any]) -> str | None:
   """What is wrong with the type of a field of ``event`` (the first such field), or None when every field
   the format names has its type: ``vw``, ``mb``, ... whole numbers, ``t``, ``t0``, ``t1`` numbers, ``glob``,
   ``units``, ``nm``, ``stages`` lists of whole numbers (and the meta's ``stages`` may be one)."""
+  if _sound(event):
+    return None
   if not isinstance(event.get("ev", ""), str):
     return f"ev = {event['ev']!r} must be an event name (a string)"
   for field in INT_FIELDS:

@@ -1,7 +1,8 @@
 """Weight versions: which updates the weights of each stage of a virtual worker contain.
 
-A version is ``(own, glob)``: ``own`` counts the virtual worker's own minibatch updates in the weights,
-``glob[k]`` the waves of virtual worker k in their global base (docs/PROTOCOL.md section 3.6). The trace reports
+A version is ``(own, glob, seq)``: ``own`` counts the virtual worker's own minibatch updates in the weights,
+``glob[k]`` the waves of virtual worker k in their global base, ``seq`` its place in the PS's order of clock
+changes (docs/PROTOCOL.md sections 3.6 and 8). The trace reports
 the version every task used and the checker verifies it, with or without numerics. Pure functions on a
 NamedTuple, like :mod:`hetpipe_jax.core.wsp`:
 
@@ -29,6 +30,7 @@ class Version(NamedTuple):
 
   own: int  # own minibatch updates
   glob: tuple[int, ...]  # waves of each virtual worker in the global base
+  seq: int = 0  # the global base's place in the PS's order of clock changes (what a trace of version 2 records)
 
 
 class VersionBook(NamedTuple):
@@ -47,7 +49,7 @@ class VersionBook(NamedTuple):
 
 def init(k: int, num_vws: int) -> VersionBook:
   """``k`` stages holding the initial weights: no own update, no wave of anyone."""
-  return VersionBook((Version(0, (0,) * num_vws),) * k, tuple({} for _ in range(k)), {})
+  return VersionBook((Version(0, (0,) * num_vws, 0),) * k, tuple({} for _ in range(k)), {})
 
 
 _tuple = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (once per task: it adds up)
@@ -71,7 +73,7 @@ def backward(book: VersionBook, stage: int, mb: int, nm: int, weight_mode: str) 
   wave = wsp.wave_of(mb, nm)
   opened = open_waves[stage].copy()
   opened[wave] = opened.get(wave, 0) + 1
-  current = current[:stage] + (_tuple(Version, (now[0] + 1, now[1])),) + current[stage + 1:]
+  current = current[:stage] + (_tuple(Version, (now[0] + 1, now[1], now[2])),) + current[stage + 1:]
   open_waves = open_waves[:stage] + (opened,) + open_waves[stage + 1:]
   return (_tuple(VersionBook, (current, open_waves, forwards)),
           fwd_version if weight_mode == "stash" else now)
@@ -112,20 +114,22 @@ def open_updates(book: VersionBook) -> list[int]:
   return [sum(opened.values()) for opened in book.open_waves]
 
 
-def rebase(book: VersionBook, waves: Sequence[int], vw: int, nm: int, added: Sequence[int]) -> VersionBook:
+def rebase(book: VersionBook, waves: Sequence[int], vw: int, nm: int, added: Sequence[int],
+           seq: int = 0) -> VersionBook:
   """A pull of global weights containing ``waves``; ``added[j]`` = local updates stage j added back.
 
   With numerics, ``added`` is what the stages really added (so a rebase that loses updates shows in the
   trace); without, :func:`open_updates`.
   """
   glob = tuple(waves)
-  return book._replace(current=tuple(Version(glob[vw] * nm + a, glob) for a in added))
+  return book._replace(current=tuple(Version(glob[vw] * nm + a, glob, seq) for a in added))
 
 
-def rebase_stage(book: VersionBook, stage: int, waves: Sequence[int], vw: int, nm: int, added: int) -> VersionBook:
+def rebase_stage(book: VersionBook, stage: int, waves: Sequence[int], vw: int, nm: int, added: int,
+                 seq: int = 0) -> VersionBook:
   """:func:`rebase` of one stage (a staged pull: each stage's part lands on its own)."""
   glob = tuple(waves)
-  return book._replace(current=_set(book.current, stage, Version(glob[vw] * nm + added, glob)))
+  return book._replace(current=_set(book.current, stage, Version(glob[vw] * nm + added, glob, seq)))
 
 
 def _set(values: tuple, index: int, value) -> tuple:

@@ -25,41 +25,61 @@ from hetpipe_jax.errors import ProtocolError
 
 class ClockState(NamedTuple):
   """Clocks of all virtual workers: ``c_local[i]`` = waves VW i has pushed; ``left``: the VWs that left
-  (membership, docs/PROTOCOL.md section 3.8): their clocks are frozen and no longer count."""
+  (membership, docs/PROTOCOL.md section 3.8): their clocks are frozen and no longer count. ``low`` is the
+  global clock (the minimum of the clocks that count) and ``at_low`` how many clocks that count sit at it, kept
+  as the clocks change so that the global clock, the gate and a gap take O(1) (a push recounts only when the
+  last clock at the minimum moves: amortised O(1)). ``seq`` counts the changes of ``c_local`` so far (pushes
+  and joins, in the order they were applied): the position of a snapshot of the clocks in that order, which a
+  trace of version 2 records instead of the clocks themselves (docs/PROTOCOL.md section 8). Build one with
+  :func:`init` or :func:`restore`."""
 
   c_local: tuple[int, ...]
-  left: frozenset[int] = frozenset()
+  left: frozenset[int]
+  low: int
+  at_low: int
+  seq: int
+
+
+def _counted(c_local: tuple[int, ...], left: frozenset[int]) -> list[int]:
+  """The clocks that count in the global clock: the live VWs' (all of them, if none is live)."""
+  if not left:
+    return list(c_local)
+  live = [c for i, c in enumerate(c_local) if i not in left]
+  return live or list(c_local)
+
+
+def restore(c_local: tuple[int, ...], left: frozenset[int] = frozenset(), seq: int = 0) -> ClockState:
+  """The clock state of these clocks and departed VWs after ``seq`` changes (O(N): a checkpoint's clocks)."""
+  counted = _counted(tuple(c_local), frozenset(left))
+  low = min(counted)
+  return ClockState(tuple(c_local), frozenset(left), low, counted.count(low), seq)
 
 
 def init(num_vws: int) -> ClockState:
   """All clocks start at 0."""
-  return ClockState(c_local=(0,) * num_vws)
+  return ClockState((0,) * num_vws, frozenset(), 0, num_vws, 0)
 
 
 def c_global(state: ClockState) -> int:
   """The global clock: the minimum of the local clocks of the live virtual workers (of all, if none is
   live)."""
-  if not state.left:
-    return min(state.c_local)
-  live = [c for i, c in enumerate(state.c_local) if i not in state.left]
-  return min(live) if live else min(state.c_local)
+  return state.low
 
 
 def leave(state: ClockState, vw: int) -> ClockState:
   """VW ``vw`` left: its clock is frozen and no longer counts in c_global."""
-  return state._replace(left=state.left | {vw})
+  return restore(state.c_local, state.left | {vw}, state.seq)
 
 
 def join(state: ClockState, vw: int, clock: int | None = None) -> ClockState:
   """VW ``vw`` (re)joins: it takes c_local = ``clock``, by default c_global of the live ones (its first
   wave is that value; a trace replay passes the clock the trace recorded)."""
-  live = state._replace(left=state.left | {vw})
   c = list(state.c_local)
   if clock is not None:
     c[vw] = clock
-  elif len(live.left) < len(c):
-    c[vw] = c_global(live)
-  return ClockState(tuple(c), state.left - {vw})
+  elif len(state.left | {vw}) < len(c):
+    c[vw] = leave(state, vw).low
+  return restore(tuple(c), state.left - {vw}, state.seq + 1)
 
 
 def push(state: ClockState, vw: int, wave: int | None = None) -> ClockState:
@@ -68,12 +88,18 @@ def push(state: ClockState, vw: int, wave: int | None = None) -> ClockState:
   Raises:
     ProtocolError: when ``wave`` is not ``c_local(vw)``: waves are pushed once each, in order.
   """
-  if wave is not None and wave != state.c_local[vw]:
-    raise ProtocolError(f"VW {vw} pushed wave {wave} but its clock is {state.c_local[vw]}; waves are pushed "
+  before = state.c_local[vw]
+  if wave is not None and wave != before:
+    raise ProtocolError(f"VW {vw} pushed wave {wave} but its clock is {before}; waves are pushed "
                         "once each, in order")
   c = list(state.c_local)
-  c[vw] += 1
-  return state._replace(c_local=tuple(c))
+  c[vw] = before + 1
+  counts = vw not in state.left or len(state.left) == len(c)
+  if not counts or before != state.low:
+    return state._replace(c_local=tuple(c), seq=state.seq + 1)
+  if state.at_low > 1:
+    return state._replace(c_local=tuple(c), at_low=state.at_low - 1, seq=state.seq + 1)
+  return restore(tuple(c), state.left, state.seq + 1)  # the last clock at the minimum moved: the global clock rises
 
 
 def clock_gap(state: ClockState, vw: int) -> int:

@@ -56,12 +56,12 @@ class SimJob(NamedTuple):
   rejoin: bool = False
 
 
-def meta_line(job: SimJob, meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def meta_line(job: SimJob, meta: Mapping[str, Any] | None = None, version: int = 1) -> dict[str, Any]:
   """The trace's meta line of ``job`` (``meta`` adds or overrides fields: what the run layer records)."""
   opts = job.options
   own = {"placement": job.placement, **({"overlap_transfers": True} if opts.overlap_transfers else {}),
          **({"staged_ps": True} if opts.staged_ps else {}), **({"noise": opts.noise} if opts.noise != "none" else {})}
-  return meta_event(job.layout.meta(), job.d, job.weight_mode, job.schedule, "sim", len(job.profiles),
+  return meta_event(job.layout.meta(), job.d, job.weight_mode, job.schedule, "sim", len(job.profiles), version,
                     **{**own, **(meta or {})})
 
 
@@ -76,7 +76,7 @@ def simulate(job: SimJob, trace: Trace, meta: Mapping[str, Any] | None = None, s
   """
   cluster, profiles, layout = job.cluster, job.profiles, job.layout
   nms = layout.nms
-  trace.emit(**meta_line(job, meta))
+  trace.emit(**meta_line(job, meta, trace.version))
   shard_nodes = place_shards(cluster, profiles, layout, job.placement)
   vws = virtual_workers(layout.vws, job.waves, job.schedule, job.weight_mode)
   rows: list[dict] = []
@@ -112,11 +112,11 @@ def simulate_fast(job: SimJob, trace: Trace,
   """
   meta = {**(meta or {}), "sim_fast": True}
   waves, num_vws = job.waves, job.layout.num_vws
-  scratch = Trace(None)
+  scratch = trace.scratch()
   steady = SteadyState(num_vws, waves)
   seconds, vws, rows = simulate(job, scratch, meta, steady)
   if steady.stopped_at is None or steady.tail_waves() <= 1:
-    trace.extend(scratch.events)
+    trace.adopt(scratch)
     if steady.stopped_at is None:  # never settled: simulated to the end
       return seconds, vws, rows, {"method": "full", "simulated_waves": [waves] * num_vws}
     return max(steady.ends()), vws, rows, {"method": "extrapolated",

@@ -27,6 +27,11 @@ def require_wsp(events: Sequence[dict[str, Any]], what: str) -> None:
   check.require_wsp(events, what, TraceCheckError)
 
 
+def require_sound(violations: Sequence[check.Violation], what: str) -> None:
+  """:func:`require_wsp` of violations already found (a trace checked as it was emitted)."""
+  check.raise_violations(violations, what, TraceCheckError)
+
+
 def progress(message: str, *args: Any) -> None:
   """Logs a study's progress line (absl INFO on stderr; stdout keeps the results), attributed to the caller."""
   logging.info(message, *args)

@@ -8,8 +8,9 @@ cycling through 8 types, PCIe inside a node and 56 Gb/s InfiniBand between nodes
    order, cuts and Nm of every virtual worker and the placement. A larger cluster runs the base size's
    tuned configuration replicated (:func:`hetpipe_jax.tune.replicate`).
 2. **Plan and simulate.** Each size is planned (replicated) and simulated for ``waves`` waves per virtual
-   worker with the ``sim`` executor's fast mode (:mod:`hetpipe_jax.sim.steady`), timed on the host; every
-   simulated trace passes the WSP checker.
+   worker with the ``sim`` executor's fast mode (:mod:`hetpipe_jax.sim.steady`); every simulated trace
+   (version 2) passes the WSP checker as it is emitted, never held. The host seconds of a row are all of it:
+   planning, every simulation, every check (each part also on its own).
 3. **Parameter server.** The same configuration is also simulated with one PS shard per unit on one node
    (``default`` placement) beside byte-range shards on every node (``striped``).
 
@@ -23,11 +24,13 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from hetpipe_jax.cluster import Cluster, mixed_cluster
+from hetpipe_jax.core.check import StreamCheck
 from hetpipe_jax.core.trace import Trace
 from hetpipe_jax.cost.context import CostContext
 from hetpipe_jax.cost.profile import UnitProfile, full_size_profiles
@@ -35,7 +38,7 @@ from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.models import FULL_SIZE
 from hetpipe_jax.plan.costmodel import ideal_images_per_sec
 from hetpipe_jax.sim import simulate_fast
-from hetpipe_jax.studies.checked import progress, require_wsp
+from hetpipe_jax.studies.checked import progress, require_sound
 from hetpipe_jax.tune import Candidate, RunSetting, SearchSpace, TuneOptions, candidate_json, replicate, tune
 
 SIZES = (16, 32, 64, 128, 256, 512, 1024)
@@ -111,8 +114,10 @@ class ScaleRow(NamedTuple):
   ideal_items_per_sec: float
   items_per_sec_striped: float
   items_per_sec_per_unit: float  # one PS shard per unit, on one node (``default`` placement)
-  plan_seconds: float
-  sim_seconds: float
+  plan_seconds: float  # host seconds: replicating the tuned configuration
+  sim_seconds: float  # every simulation of the row (its placement, striped and default), checks left out
+  check_seconds: float  # checking every simulated trace as it was emitted
+  row_seconds: float  # the whole row on the host: plan, every simulation and check, the ideal aggregate
   simulated_waves: int
   fast_method: str
   setting: Mapping[str, Any]  # batch size, tokens per example, precision, cluster, tune.candidate_json
@@ -123,13 +128,27 @@ class ScaleRow(NamedTuple):
 
   @property
   def plan_sim_seconds(self) -> float:
-    return self.plan_seconds + self.sim_seconds
+    """What the row took on the host, all of it (:attr:`row_seconds`)."""
+    return self.row_seconds
 
 
 # The columns of scale.json's rows (then "setting") and of scale.csv, in order.
 FIELDS = ("model", "gpus", "nodes", "vws", "placement", "items_per_sec", "ideal_items_per_sec", "efficiency",
-          "items_per_sec_striped", "items_per_sec_per_unit", "plan_seconds", "sim_seconds", "plan_sim_seconds",
+          "items_per_sec_striped", "items_per_sec_per_unit", "plan_seconds", "sim_seconds", "check_seconds",
+          "row_seconds", "plan_sim_seconds",
           "simulated_waves", "fast_method", "configuration")
+
+
+PARTS = ("plan_seconds", "sim_seconds", "check_seconds", "row_seconds")  # what a row's host time is made of
+
+
+def growth_exponent(gpus: Sequence[int], seconds: Sequence[float]) -> float | None:
+  """The exponent b of seconds ~ a x GPUs^b, least squares on the logs (None below two sizes)."""
+  if len(gpus) < 2 or min(seconds) <= 0:
+    return None
+  xs, ys = [math.log(g) for g in gpus], [math.log(s) for s in seconds]
+  mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+  return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
 
 
 def row_json(row: ScaleRow) -> dict[str, Any]:
@@ -149,17 +168,28 @@ def model_setting(config: ScaleConfig, model: str) -> ModelSetting:
   return ModelSetting(config.batch_size, None, "fp32", 1.0)
 
 
+class Simulated(NamedTuple):
+  """One simulation of a row: minibatches per second, the host seconds it took (the check's left out), those
+  of checking its trace, and the fast mode's info."""
+
+  rate: float
+  sim_seconds: float
+  check_seconds: float
+  info: dict[str, Any]
+
+
 def simulate(cluster: Cluster, profiles: Sequence[UnitProfile], candidate: Candidate, waves: int,
-             placement: str, precision: str) -> tuple[float, float, dict[str, Any]]:
-  """(minibatches per second, host seconds taken, fast-mode info) of ``candidate`` simulated with the fast
-  mode for ``waves`` waves; its trace must pass the checker."""
-  trace = Trace()
+             placement: str, precision: str) -> Simulated:
+  """``candidate`` simulated with the fast mode for ``waves`` waves, its trace (version 2: O(1) per event)
+  checked as it is emitted and never held."""
+  stream = StreamCheck()
+  trace = Trace(keep=False, version=2, sink=stream)
   t0 = time.perf_counter()
   seconds, _, _, info = simulate_fast(candidate.job(cluster, profiles, waves, placement=placement,
                                                     precision=precision), trace)
+  require_sound(cast(StreamCheck, trace.sink).finish(), f"simulated run on {cluster.name}")
   host = time.perf_counter() - t0
-  require_wsp(trace.events, f"simulated run on {cluster.name}")
-  return sum(candidate.layout.nms) * waves / seconds, host, info
+  return Simulated(sum(candidate.layout.nms) * waves / seconds, host - stream.seconds, stream.seconds, info)
 
 
 def tune_bases(config: ScaleConfig, model: str, profiles: Sequence[UnitProfile],
@@ -181,21 +211,24 @@ def scale_row(config: ScaleConfig, model: str, n: int, tuned: Candidate, profile
               setting: RunSetting) -> ScaleRow:
   """``model`` on ``n`` GPUs: ``tuned`` replicated there, simulated with its placement, striped and default."""
   ms = model_setting(config, model)
-  cluster = mixed_cluster(n, config.per_node)
   t0 = time.perf_counter()
+  cluster = mixed_cluster(n, config.per_node)
   candidate = replicate(tuned, cluster, profiles, setting=setting)
   plan_seconds = time.perf_counter() - t0
-  rate, sim_seconds, info = simulate(cluster, profiles, candidate, config.waves, candidate.placement, ms.precision)
-  by_placement = {candidate.placement: rate}
+  runs = {candidate.placement: simulate(cluster, profiles, candidate, config.waves, candidate.placement,
+                                        ms.precision)}
   for placement in ("striped", "default"):  # the comparison, whichever placement was tuned
-    if placement not in by_placement:
-      by_placement[placement] = simulate(cluster, profiles, candidate, config.waves, placement, ms.precision)[0]
+    if placement not in runs:
+      runs[placement] = simulate(cluster, profiles, candidate, config.waves, placement, ms.precision)
   ideal = ideal_images_per_sec(cluster, profiles, ms.batch_size, precision=ms.precision)
+  rate, info = runs[candidate.placement].rate, runs[candidate.placement].info
   return ScaleRow(model, n, cluster.num_nodes, len(candidate.plans), candidate.label, candidate.placement,
-                  rate * ms.items, ideal * ms.items / ms.batch_size, by_placement["striped"] * ms.items,
-                  by_placement["default"] * ms.items, plan_seconds, sim_seconds, max(info["simulated_waves"]),
-                  info["method"], {"batch_size": ms.batch_size, "seq_len": ms.seq_len, "precision": ms.precision,
-                                   "cluster": cluster.name, **candidate_json(candidate)})
+                  rate * ms.items, ideal * ms.items / ms.batch_size, runs["striped"].rate * ms.items,
+                  runs["default"].rate * ms.items, plan_seconds, sum(r.sim_seconds for r in runs.values()),
+                  sum(r.check_seconds for r in runs.values()), time.perf_counter() - t0,
+                  max(info["simulated_waves"]), info["method"],
+                  {"batch_size": ms.batch_size, "seq_len": ms.seq_len, "precision": ms.precision,
+                   "cluster": cluster.name, **candidate_json(candidate)})
 
 
 def scale_model(config: ScaleConfig, model: str) -> list[ScaleRow]:

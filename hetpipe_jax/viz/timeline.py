@@ -38,7 +38,7 @@ def chrome_trace(events: Iterable[dict[str, Any]]) -> dict[str, Any]:
     if kind in ("fwd", "bwd"):
       out.append({"ph": "X", "name": f"{'F' if kind == 'fwd' else 'B'}{ev['mb']}", "cat": kind,
                   "pid": ev["vw"], "tid": ev["stage"], "ts": us(ev["t0"]), "dur": us(ev["t1"] - ev["t0"]),
-                  "args": {"own": ev["own"], "glob": ev["glob"]}})
+                  "args": {"own": ev["own"], **{k: ev[k] for k in ("glob", "seq") if k in ev}}})
     elif kind == "wait":
       out.append({"ph": "X", "name": "wait at gate", "cat": "wait", "pid": ev["vw"],
                   "tid": meta["stages"][ev["vw"]], "ts": us(ev["t0"]), "dur": us(ev["t1"] - ev["t0"])})

@@ -149,7 +149,7 @@ class _Run:
                         "start afresh")
     state, _ = self.checkpointer.restore(step)
     self.metrics.restore_checkpoint_state(state["metrics"])
-    self.server.clock = wsp.ClockState(tuple(state["c_local"]), frozenset(state["left"]))
+    self.server.clock = wsp.restore(tuple(state["c_local"]), frozenset(state["left"]))
     self.start = _Start(step, float(state["before"]), tuple(state["params"]))
     self.resumed_from = step
     assert self.setup.config.trace_path is not None  # CheckpointSpec.validate asks for it

@@ -34,7 +34,7 @@ import numpy as np
 
 from hetpipe_jax.errors import ConfigError
 
-FORMAT = 2  # bump when what a checkpoint holds changes: older ones are then refused
+FORMAT = 3  # bump when what a checkpoint holds changes: older ones are then refused
 
 
 @dataclasses.dataclass(frozen=True)

@@ -245,4 +245,4 @@ class ParameterServer:
           return None
         if not self._cond.wait_for(open_, timeout):
           raise TimeoutError(f"VW {vw} waited {timeout}s at the gate; clocks {self._state.clock.c_local}")
-      return Snapshot(self._state.params, self._state.clock.c_local)
+      return Snapshot(self._state.params, self._state.clock.c_local, self._state.clock.seq)
