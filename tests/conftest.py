@@ -1,5 +1,6 @@
 """Test setup: 8 CPU devices before JAX starts, and a profile cache and compiled-program cache of the
-session's own.
+session's own. With ``HETPIPE_ORACLE=1`` every trace any test checks in this process is also checked by the
+checker without its shortcuts (``test_checker_oracle.oracle``), and the two lists of violations must agree.
 
 The profile cache (``$HETPIPE_JAX_CACHE``, read by every profile call) and JAX's persistent compilation
 cache (``$HETPIPE_JAX_XLA_CACHE``) point into a temporary directory made for this session and removed
@@ -25,3 +26,32 @@ jax.config.update("jax_num_cpu_devices", 8)
 from hetpipe_jax.cluster import enable_compilation_cache  # noqa: E402
 
 enable_compilation_cache()
+
+if os.environ.get("HETPIPE_ORACLE"):
+  import pytest  # noqa: E402
+
+  from hetpipe_jax.core import check  # noqa: E402
+
+  @pytest.fixture(autouse=True)
+  def _the_oracle_beside_every_check(monkeypatch):
+    """Every :class:`check.StreamCheck` (what every check runs on) keeps its events and, at its end, asks the oracle."""
+    from test_checker_oracle import oracle
+
+    seen, first_call, first_finish = {}, check.StreamCheck.__call__, check.StreamCheck.finish
+
+    def call(self, event):
+      seen.setdefault(id(self), (self, []))[1].append(event)
+      first_call(self, event)
+
+    def finish(self):
+      found = first_finish(self)
+      events = seen.pop(id(self), (self, []))[1]
+      try:
+        in_version_1 = list(check.as_version_1(events))
+      except check.ConfigError:
+        return found  # (a seq not reached yet: no version 1 to compare with)
+      assert found == oracle(in_version_1), "the checker and its oracle disagree"
+      return found
+
+    monkeypatch.setattr(check.StreamCheck, "__call__", call)
+    monkeypatch.setattr(check.StreamCheck, "finish", finish)

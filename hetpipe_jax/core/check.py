@@ -60,6 +60,35 @@ class Violation(NamedTuple):
     return f"line {self.line}: [{self.rule}] {self.message}"
 
 
+class _Done:
+  """The tasks that ran, (kind, vw, stage, mb), as a set answers of them, in memory that does not grow with the run:
+  per (kind, vw, stage) the interval of minibatches that ran without a gap and the few others (those ahead of a
+  gap), where a set of every task would hold millions at scale."""
+
+  def __init__(self):
+    self._runs: dict[tuple[str, int, int], list] = {}  # (kind, vw, stage) -> [first, last, {others}]
+
+  def __contains__(self, key: tuple[str, int, int, int]) -> bool:
+    run = self._runs.get(key[:3])
+    return run is not None and (run[0] <= key[3] <= run[1] or key[3] in run[2])
+
+  def add(self, key: tuple[str, int, int, int]) -> None:
+    run, p = self._runs.get(key[:3]), key[3]
+    if run is None:
+      self._runs[key[:3]] = [p, p, set()]
+    elif p == run[1] + 1:
+      run[1] = p
+      while run[1] + 1 in run[2]:  # a gap closed: what was ahead of it joins the interval
+        run[1] += 1
+        run[2].discard(run[1])
+    elif not run[0] <= p <= run[1]:
+      run[2].add(p)
+
+  def forget(self, vw: int) -> None:
+    """Every task of ``vw`` (it joined again: its books restart)."""
+    self._runs = {key: run for key, run in self._runs.items() if key[1] != vw}
+
+
 class _Checker:
   """Replays a trace; every ``_on_<event>`` method checks one event against the state so far."""
 
@@ -74,7 +103,7 @@ class _Checker:
     self.clock = wsp.init(self.n)
     self.injected = [0] * self.n
     self.completed = [0] * self.n
-    self.done: set[tuple] = set()  # (kind, vw, stage, mb)
+    self.done = _Done()  # (kind, vw, stage, mb) of the tasks that ran
     self.applied = collections.Counter()  # (vw, stage) -> backward passes applied
     self.fwd_version: dict[tuple, tuple] = {}  # (vw, stage, mb) -> (own, glob)
     self.last_glob: dict[tuple, tuple | int] = {}  # (vw, stage) -> global base of its last forward
@@ -92,12 +121,14 @@ class _Checker:
     self.joining: set[int] = set()  # joined, not pulled yet
     self.ahead: set[int] = set()  # holds every live VW beyond D + 1 of the global clock (maybe others)
     self.applied_lines: list[tuple[int, int, int, list[int], int]] = []  # (line, vw, owner, units, waves)
+    self._handlers = {name[4:]: getattr(self, name) for name in dir(self) if name.startswith("_on_")}  # kind: method
 
   def fail(self, rule: str, message: str) -> None:
     self.violations.append(Violation(self.line, rule, message))
 
   def event(self, ev: dict[str, Any]) -> None:
-    handler = getattr(self, "_on_" + str(ev.get("ev")), None)
+    kind = ev.get("ev")
+    handler = self._handlers.get(kind) if isinstance(kind, str) else None
     if handler is None:
       return  # extra event kinds are allowed
     if (error := field_error(ev)) is not None:
@@ -399,7 +430,7 @@ class _Checker:
     self.ahead = self._beyond(range(self.n))  # (the global clock may move either way)
     start = c * self.nm[i]  # it runs the minibatches of waves c, c+1, ... on fresh stages
     self.injected[i] = self.completed[i] = start
-    self.done = {key for key in self.done if key[1] != i}
+    self.done.forget(i)
     self.fwd_version = {key: v for key, v in self.fwd_version.items() if key[0] != i}
     for j in range(self.k[i]):
       self.applied[(i, j)] = start
