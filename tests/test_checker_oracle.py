@@ -1,7 +1,7 @@
 """The checker's fast paths (issue 42) agree, violation for violation, with the checker as it was written
 before them: every clock recomputed from scratch, every VW's gap after every push, every ``glob`` entry walked,
-every field's type tested one by one and every task that ran kept in a set. The oracle below is that code; random schedules with random planted
-faults must get the same list of violations from both."""
+every field's type tested one by one and every task that ran kept in a set. The oracle below is that code;
+random schedules with random planted faults must get the same list of violations from both."""
 
 import random
 
