@@ -73,13 +73,17 @@ class Trace:
   def extend(self, events: list[dict[str, Any]]) -> None:
     """Emits ``events`` in order (what :meth:`emit` does for each, without copying them)."""
     with self._lock:
-      if self._keep:
-        self.events.extend(events)
-      if self._file:
-        self._file.writelines(json.dumps(e, separators=(",", ":")) + "\n" for e in events)
+      self._store(events)
       if self.sink is not None:
         for event in events:
           self.sink(event)
+
+  def _store(self, events: list[dict[str, Any]]) -> None:
+    """Keeps and writes ``events`` as this trace does (under its lock; the sink is the caller's)."""
+    if self._keep:
+      self.events.extend(events)
+    if self._file:
+      self._file.writelines(json.dumps(e, separators=(",", ":")) + "\n" for e in events)
 
   def scratch(self) -> Trace:
     """An empty trace like this one for a run that is either kept (:meth:`adopt`) or started over: it holds its
@@ -91,10 +95,7 @@ class Trace:
     """Takes the events of ``scratch`` (from :meth:`scratch`, of a trace that holds none yet) as its own: its sink,
     which saw them, replaces this one's."""
     with self._lock:
-      if self._keep:
-        self.events.extend(scratch.events)
-      if self._file:
-        self._file.writelines(json.dumps(e, separators=(",", ":")) + "\n" for e in scratch.events)
+      self._store(scratch.events)
       self.sink = scratch.sink
 
   def close(self) -> None:
