@@ -10,6 +10,14 @@ class RunStopped(RuntimeError):
   """A run stopped on purpose, not by a bug: the message says why and what to change."""
 
 
+class LostAtStart(RunStopped):
+  """A process was gone before a part of a multi-process run started its clocks: nothing of the part ran."""
+
+  def __init__(self, process: int):
+    super().__init__(f"process {process} was lost as a part of the run started; run again with every process")
+    self.process = process
+
+
 class NonFiniteUpdate(RunStopped):
   """A pushed wave update holds NaN or Inf; it was refused before it touched the global weights.
 

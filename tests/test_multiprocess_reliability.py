@@ -207,6 +207,19 @@ def test_a_checkpointed_run_stops_at_the_boundary_after_a_loss_and_resumes_with_
   assert sorted(e["wave"] for e in events if e["ev"] == "push" and e["vw"] == 2)[-10:] == list(range(5, 15))
 
 
+def test_a_process_lost_before_a_part_starts_stops_the_run_in_one_line(tmp_path):
+  """Process 2 is SIGKILLed as soon as its trace part exists (the part is compiling or connecting, before its
+  clocks start): nothing of the part ran, so the run stops in one line, naming the process and what to do,
+  instead of a transport error (the others had been waiting to connect to it)."""
+  flags = ("--policy=NP", "--placement=local", "--d=1", "--waves=15", f"--checkpoint_dir={tmp_path / 'ck'}",
+           "--checkpoint_every=5")
+  proc, written = _kill_when_written(tmp_path, 2, 0, *flags)
+  assert proc.returncode == 1 and not written, proc.stderr[-3000:]
+  errors = [line for line in proc.stderr.splitlines() if line.startswith("error")]
+  assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+  assert "processes [2] were lost before wave 0" in errors[0] and "run again" in errors[0], errors[0]
+
+
 @pytest.mark.parametrize("victim, lines", [(1, 40), (2, 100), (3, 70)])
 def test_a_decentralised_run_goes_on_without_a_shard_owner(tmp_path, victim, lines):
   """NP with the PS shards spread over the nodes, each with a backup in the next process: the process of

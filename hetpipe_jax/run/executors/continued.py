@@ -37,7 +37,7 @@ import jax
 from hetpipe_jax.core import wsp
 from hetpipe_jax.core.check import require_wsp
 from hetpipe_jax.core.trace import Trace
-from hetpipe_jax.errors import ConfigError, RunStopped
+from hetpipe_jax.errors import ConfigError, LostAtStart, RunStopped
 from hetpipe_jax.evaluate import make_evaluator
 from hetpipe_jax.run.config import RunConfig
 from hetpipe_jax.run.executors.parts import PartAt, Ran, RunPart, hand_out, handed
@@ -169,6 +169,14 @@ class _Run:
     if self.checkpointer is not None and end < c.waves and (end % c.checkpoint.every == 0 or missing):
       self._save(end, ran)
 
+  def lost_at_start(self, process: int, done: int, ran: Ran | None) -> str:
+    """Why the run stops when ``process`` was lost before the part from wave ``done`` started (``ran``: the part
+    before, if any); a checkpoint at ``done`` if the run keeps them and the part before did not save one."""
+    c = self.setup.config
+    if self.checkpointer is not None and ran is not None and done % c.checkpoint.every:
+      self._save(done, ran)
+    return _lost([process], done, self.checkpointer is not None and done > 0)
+
   def _save(self, step: int, ran: Ran) -> None:
     assert self.checkpointer is not None
     self.trace.flush()
@@ -205,6 +213,13 @@ def _part(setup: Setup, done: int, end: int) -> Setup:
   return dataclasses.replace(setup, config=dataclasses.replace(c, waves=end - done, faults=faults))
 
 
+def _lost(missing: Sequence[int], wave: int, checkpointed: bool) -> str:
+  """Why the run stops: ``missing`` processes were lost before ``wave`` (a checkpoint there, or not)."""
+  return (f"processes {list(missing)} were lost before wave {wave}; the next part needs every process: "
+          + ("resume from the checkpoint there (--resume) with every process" if checkpointed
+             else "run again, or keep the run in one part (drop --rejoin)"))
+
+
 def _start(setup: Setup, node: Node, run: _Run | None, init_params: tuple[Any, ...]) -> _Start:
   """Where every process starts: afresh, or where process 0's checkpoint says (which it hands out)."""
   if not setup.config.checkpoint.resume:
@@ -235,15 +250,17 @@ def run_continued(setup: Setup, node: Node, init_params: tuple[Any, ...], run_pa
   for k, end in enumerate(e for e in boundaries(c) if e > done):
     node.scope = f"part{k}/" if k else ""
     last, taken = end == c.waves, [done * nm for nm in setup.layout.nms]
-    ran = run_part(_part(setup, done, end), params, taken, last, None, PartAt(done, c.waves, start.before))
+    try:
+      ran = run_part(_part(setup, done, end), params, taken, last, None, PartAt(done, c.waves, start.before))
+    except LostAtStart as e:  # nothing of this part ran: the run stops where the last one ended
+      if run is None:
+        raise
+      raise RunStopped(run.lost_at_start(e.process, done, ran)) from None
     if run is not None:
       assert ran is not None
       run.add(k, ran, done, end, bool(ran.missing) and not last)
       if ran.missing and not last:
-        raise RunStopped(f"processes {list(ran.missing)} were lost before wave {end}; the next part needs every "
-                         "process: "
-                         + ("resume from the checkpoint there (--resume) with every process" if run.checkpointer
-                            else "run again, or keep the run in one part (drop --rejoin)"))
+        raise RunStopped(_lost(ran.missing, end, run.checkpointer is not None))
       if not last:
         hand_out(node, NEXT_KEY, {}, ran.gathers[-1])
     elif not last:

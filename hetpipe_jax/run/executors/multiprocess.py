@@ -19,7 +19,7 @@ from absl import logging
 
 from hetpipe_jax.core.merge import merge
 from hetpipe_jax.core.trace import write_trace
-from hetpipe_jax.errors import ConfigError, ProtocolError, RunStopped
+from hetpipe_jax.errors import ConfigError, LostAtStart, ProtocolError, RunStopped
 from hetpipe_jax.evaluate import make_evaluator
 from hetpipe_jax.plan.costmodel import check_memory
 from hetpipe_jax.plan.layout import Layout
@@ -159,7 +159,11 @@ def _run_decentral(setup: Setup, node, init_params) -> RunResult:
     parts.wait()  # (nothing prepared is left compiling as the process ends)
     return result
   t_host = time.perf_counter()
-  ran = _run_part(setup, node, init_params, None, True, parts)
+  try:
+    ran = _run_part(setup, node, init_params, None, True, parts)
+  except LostAtStart:
+    parts.stop(node)
+    raise
   if ran is None:
     return RunResult(None, None, [], [], 0.0, 0.0, [], setup.layout.cuts, 0)
   if c.trace_path:

@@ -27,7 +27,7 @@ from absl import logging
 
 from hetpipe_jax.core.schedule import Task
 from hetpipe_jax.core.trace import Trace, read_whole_lines
-from hetpipe_jax.errors import ProtocolError, RunStopped
+from hetpipe_jax.errors import LostAtStart, ProtocolError, RunStopped
 from hetpipe_jax.runtime.numerics.mixed import compute_dtype
 from hetpipe_jax.runtime.numerics.ps import ParameterServer
 from hetpipe_jax.runtime.numerics.stage import Stage
@@ -119,7 +119,11 @@ class DecentralJob:
     self._loops: list[StageLoop] = []  # this process's stages
 
   def start(self) -> None:
-    """Builds and compiles this process's threads, meets every other process, starts the threads."""
+    """Builds and compiles this process's threads, meets every other process, starts the threads.
+
+    Raises:
+      LostAtStart: when a process is gone before the clocks start.
+    """
     ctx, job, me = self.ctx, self.job, self.node.process
     if ctx.held_units(me):
       self.threads.append((ShardFollower(ctx, job.init_params, job.ps_tx, self._server()).thread, None))
@@ -132,8 +136,11 @@ class DecentralJob:
       first, run_waves = self.options.evals
       clock = ClockService(ctx, self.options.eval_every, self.options.on_nonfinite, first, run_waves or ctx.waves)
       self.threads.append((clock.thread, None))
-    self.node.connect_all()
-    self.node.barrier(self.node.scoped("hetpipe_jax/ready"), 600)  # every stage compiled and connected: clocks start
+    try:
+      self.node.connect_all()
+      self.node.meet(self.node.scoped("hetpipe_jax/ready"), 600)  # every stage compiled and connected: clocks start
+    except PeerGone as e:  # (a recoverable job) nothing of this part ran: the run stops here
+      raise LostAtStart(e.process) from None
     ctx.t_start = time.perf_counter()
     if self.options.trace_before is not None:
       origin = ctx.t_start if self.options.origin is None else self.options.origin

@@ -180,6 +180,17 @@ class Node:
     """Waits until every process reaches the barrier ``name``."""
     self._kv.wait_at_barrier(name, int(timeout_s * 1000))
 
+  def meet(self, name: str, timeout_s: float) -> None:
+    """:meth:`barrier`; in a recoverable job a wait for every other process's key ``name/<process>`` instead,
+    given up (:class:`PeerGone`) once one is declared gone (a barrier would wait for it to the timeout)."""
+    if not self.recoverable:
+      self.barrier(name, timeout_s)
+      return
+    self.put(f"{name}/{self.process}", "1")
+    for p in range(self.num_processes):
+      if p != self.process:
+        self._get_from(p, f"{name}/{p}", timeout_s)
+
   # --- data: the transfer server -----------------------------------------------------------------------
 
   def _connection(self, peer: int, timeout_s: float):
@@ -343,7 +354,11 @@ class Node:
 
   def connect_all(self, timeout_s: float = 60.0) -> None:
     """Opens the transfer connections to every other process and moves one tiny message each way, so the
-    first real message does not pay for connecting (call it in every process, before the clock starts)."""
+    first real message does not pay for connecting (call it in every process, before the clock starts).
+
+    Raises:
+      PeerGone: in a recoverable job, when a peer is declared gone first.
+    """
     peers = [p for p in range(self.num_processes) if p != self.process]
     for peer in peers:
       self.send(peer, "hello", [jnp.zeros((1,), jnp.float32)])
