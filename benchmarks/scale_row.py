@@ -1,19 +1,29 @@
 """One row of the scaling study timed on its own (issue 42): ResNet-152's tuned 64-GPU configuration replicated
 on mixed<N>x8, the whole row (:func:`hetpipe_jax.studies.scale.scale_row`: planning, the simulations of its
-placement, striped and default, and their checks), its check's share and the process's peak memory. One row per
-process, so each peak is its own; the 64-GPU tuning is done once and saved::
+placement, striped and default, and their checks), its check's share and the peak memory. One row per process, so
+each peak is its own; the 64-GPU tuning is done once and saved::
 
   PYTHONPATH=. .venv/bin/python benchmarks/scale_row.py tune            # writes outputs/scale_row/tuned64.pkl
   PYTHONPATH=. .venv/bin/python benchmarks/scale_row.py 1024            # RESULT gpus=1024 row=... check=...
+  PYTHONPATH=. .venv/bin/python benchmarks/scale_row.py 1024 1          # the same, one simulation at a time
+
+The second argument is the study's ``jobs`` (default 0: one simulation per core, side by side in forked
+processes). ``peak_mb`` is the most memory this process and those it forked held together, sampled every 0.2 s:
+the sum of their proportional set sizes (a page they share counts once), or this process's own peak where that is
+larger (a peak between two samples).
 
 With ``PYTHONPATH`` at a checkout of older code it times that code (where the study checked inside its
 simulations, the check is timed apart by wrapping ``require_wsp``): the side-by-side figures of BUILD_NOTES.md.
 """
 
+import contextlib
+import dataclasses
+import glob
 import os
 import pickle
 import resource
 import sys
+import threading
 import time
 
 from hetpipe_jax.cost.context import CostContext
@@ -23,10 +33,50 @@ from hetpipe_jax.tune import RunSetting
 TUNED = os.path.join("outputs", "scale_row", "tuned64.pkl")
 
 
+class PeakMemory(threading.Thread):
+  """Samples, every ``every_s``, the memory of this process and every process below it (the sum of their
+  proportional set sizes, /proc/<pid>/smaps_rollup) and keeps the largest sum, in MB."""
+
+  def __init__(self, every_s: float = 0.2):
+    super().__init__(daemon=True)
+    self.every_s, self.peak_mb, self._on = every_s, 0.0, True
+
+  def run(self) -> None:
+    while self._on:
+      self.peak_mb = max(self.peak_mb, sum(_pss_mb(pid) for pid in _tree(os.getpid())))
+      time.sleep(self.every_s)
+
+  def stop(self) -> float:
+    self._on = False
+    self.join()
+    return max(self.peak_mb, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+
+
+def _tree(pid: int) -> list[int]:
+  """``pid`` and every process below it."""
+  pids = [pid]
+  for task in glob.glob(f"/proc/{pid}/task/*/children"):
+    with contextlib.suppress(OSError), open(task) as f:
+      for child in f.read().split():
+        pids.extend(_tree(int(child)))
+  return pids
+
+
+def _pss_mb(pid: int) -> float:
+  with contextlib.suppress(OSError), open(f"/proc/{pid}/smaps_rollup") as f:
+    for line in f:
+      if line.startswith("Pss:"):
+        return int(line.split()[1]) / 1024
+  return 0.0  # (gone meanwhile)
+
+
 def main(argv: list[str]) -> None:
   setting = RunSetting(CostContext(optimizer_slots=1.0, precision="fp32"))
   profiles = scale.full_size_profiles("resnet152", 32, seq_len=None)
   config = scale.ScaleConfig(models=("resnet152",), sizes=(64,))
+  jobs = int(argv[2]) if len(argv) > 2 else 0
+  if hasattr(config, "jobs"):
+    config = dataclasses.replace(config, jobs=jobs)
   if argv[1] == "tune":
     os.makedirs(os.path.dirname(TUNED), exist_ok=True)
     with open(TUNED, "wb") as f:
@@ -45,10 +95,12 @@ def main(argv: list[str]) -> None:
 
     scale.require_wsp = timed
   n = int(argv[1])
+  memory = PeakMemory()
+  memory.start()
   t0 = time.perf_counter()
   row = scale.scale_row(config, "resnet152", n, tuned, profiles, setting)
   wall = time.perf_counter() - t0
-  peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+  peak = memory.stop()
   print(f"RESULT gpus={n} row={wall:.2f} check={getattr(row, 'check_seconds', checked[0]):.2f} "
         f"plan={row.plan_seconds:.2f} printed={row.plan_sim_seconds:.2f} peak_mb={peak:.0f} eff={row.efficiency:.4f} "
         f"striped={row.items_per_sec_striped:.1f} per_unit={row.items_per_sec_per_unit:.1f}", flush=True)

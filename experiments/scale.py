@@ -52,6 +52,8 @@ flags.DEFINE_string("gpt_precision", ScaleConfig.gpt_precision, "Precision of a 
                     "precision: 16-bit weights, activations and pushes, fp32 master weights on the PS).")
 flags.DEFINE_integer("waves", ScaleConfig.waves, "Waves per virtual worker of every simulated run.")
 flags.DEFINE_integer("tune_waves", ScaleConfig.tune_waves, "Waves per virtual worker of the tuner's refining runs.")
+flags.DEFINE_integer("jobs", ScaleConfig.jobs, "How many of a row's simulations (and their checks) run side by side, "
+                     "each in a process of its own (0: one per core; 1: one after another).")
 flags.DEFINE_string("out_dir", "outputs/scale", "Where the JSON, CSV and chart go.")
 
 
@@ -61,7 +63,8 @@ def config_from_flags() -> ScaleConfig:
                      per_node=FLAGS.per_node, base=FLAGS.base, placements=tuple(FLAGS.placements),
                      staged=tuple(common.parse_ps_transfers(FLAGS.ps_transfers)), batch_size=FLAGS.batch_size,
                      gpt_batch_size=FLAGS.gpt_batch_size, gpt_seq_len=FLAGS.gpt_seq_len,
-                     gpt_precision=FLAGS.gpt_precision, waves=FLAGS.waves, tune_waves=FLAGS.tune_waves)
+                     gpt_precision=FLAGS.gpt_precision, waves=FLAGS.waves, tune_waves=FLAGS.tune_waves,
+                     jobs=FLAGS.jobs)
 
 
 def chart(rows: list[ScaleRow], config: ScaleConfig, path: str) -> str:
@@ -106,7 +109,8 @@ def print_table(rows: list[ScaleRow]) -> None:
     print(f"{model}: host seconds grow as GPUs^b, b = " + ", ".join(
         f"{part.split('_')[0]} {'-' if b is None else f'{b:.2f}'}" for part, b in fits.items()))
   print("images (CNN) or tokens (GPT) per second of the simulated cluster; host seconds measured here (a row: "
-        "planning, the simulations of its placement, striped and default, and the checks of their traces)")
+        "planning, the simulations of its placement, striped and default, and the checks of their traces; sim and "
+        "check summed over the simulations, which run side by side with --jobs other than 1)")
 
 
 def main(argv):

@@ -28,6 +28,11 @@ class _Tasks(set):
   def forget(self, vw: int) -> None:
     self.difference_update([key for key in self if key[1] == vw])
 
+  def seen(self, key) -> bool:
+    there = key in self
+    self.add(key)
+    return there
+
 
 class _Oracle(check._Checker):
   """The checker without its fast paths."""
@@ -35,6 +40,12 @@ class _Oracle(check._Checker):
   def __init__(self, meta):
     super().__init__(meta)
     self.done = _Tasks()
+
+  def _latest(self, ev):  # every time in order, without the fast path of a task's two
+    times = [ev[f] for f in ("t", "t0", "t1") if f in ev]
+    if any(x < y - check.EPS for x, y in zip(times[1:], times)):
+      self.fail("time", f"{ev['ev']} ends before it starts: {times}")
+    return max(times) if times else None
 
   def _on_inject(self, ev) -> None:
     self.clock = self.clock._replace(low=_c_global(self.clock))  # the gate's gap from scratch

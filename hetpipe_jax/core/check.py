@@ -40,7 +40,7 @@ import math
 import operator
 import sys
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 from hetpipe_jax.core import wsp
@@ -72,17 +72,22 @@ class _Done:
     run = self._runs.get(key[:3])
     return run is not None and (run[0] <= key[3] <= run[1] or key[3] in run[2])
 
-  def add(self, key: tuple[str, int, int, int]) -> None:
+  def seen(self, key: tuple[str, int, int, int]) -> bool:
+    """Whether ``key`` is here already; it is, after."""
     run, p = self._runs.get(key[:3]), key[3]
     if run is None:
       self._runs[key[:3]] = [p, p, set()]
-    elif p == run[1] + 1:
+      return False
+    if p == run[1] + 1:  # (the common case: the next minibatch)
       run[1] = p
       while run[1] + 1 in run[2]:  # a gap closed: what was ahead of it joins the interval
         run[1] += 1
         run[2].discard(run[1])
-    elif not run[0] <= p <= run[1]:
-      run[2].add(p)
+      return False
+    if run[0] <= p <= run[1] or p in run[2]:
+      return True
+    run[2].add(p)
+    return False
 
   def forget(self, vw: int) -> None:
     """Every task of ``vw`` (it joined again: its books restart)."""
@@ -136,34 +141,44 @@ class _Checker:
     try:
       if not 0 <= ev["vw"] < self.n:
         return self.fail("format", f"virtual worker {ev['vw']} out of range 0..{self.n - 1}")
-      times = [ev[f] for f in ("t", "t0", "t1") if f in ev]
-      if not times:
+      latest = self._latest(ev)
+      if latest is None:
         return self.fail("format", f"{ev['ev']} event has no time (t, or t0 and t1)")
-      if any(x < y - EPS for x, y in zip(times[1:], times)):
-        self.fail("time", f"{ev['ev']} ends before it starts: {times}")
       clock = ev.get("process")  # a multi-process trace: each process's own clock, never compared across
       last = self.t.get(clock, 0.0 if clock is None else -math.inf)  # (a process's clock may start below 0)
-      if max(times) < last - EPS:
+      if latest < last - EPS:
         where = "" if clock is None else f" of process {clock}"
-        self.fail("time", f"{ev['ev']} at t={max(times)} after an event{where} at t={last}")
-      self.t[clock] = max(last, max(times))
+        self.fail("time", f"{ev['ev']} at t={latest} after an event{where} at t={last}")
+      self.t[clock] = max(last, latest)
       handler(ev)
     except KeyError as e:
       self.fail("format", f"{ev.get('ev')} event lacks field {e}")
 
+  def _latest(self, ev: dict[str, Any]) -> float | None:
+    """The latest of an event's times (t, t0, t1), or None without one; times out of order are a violation."""
+    if "t0" in ev and "t1" in ev and "t" not in ev:  # (a task or a wait: most events)
+      t0, t1 = ev["t0"], ev["t1"]
+      if t1 < t0 - EPS:
+        self.fail("time", f"{ev['ev']} ends before it starts: {[t0, t1]}")
+      return t0 if t0 >= t1 else t1
+    times = [ev[f] for f in ("t", "t0", "t1") if f in ev]
+    if any(x < y - EPS for x, y in zip(times[1:], times)):
+      self.fail("time", f"{ev['ev']} ends before it starts: {times}")
+    return max(times) if times else None
+
   # --- minibatch flow --------------------------------------------------------------------------------
 
-  def _gone(self, i: int, what: str) -> bool:
-    """Whether VW ``i`` has left (a violation: ``what`` happened anyway)."""
+  def _gone(self, i: int, what: Callable[[], str]) -> bool:
+    """Whether VW ``i`` has left (a violation: ``what()`` happened anyway; told only then)."""
     if i in self.clock.left or i in self.joining:
-      self.fail("member", f"{what} of VW {i}, which " + ("left and has not joined again" if i in self.clock.left
+      self.fail("member", f"{what()} of VW {i}, which " + ("left and has not joined again" if i in self.clock.left
                                                           else "joined and has not pulled yet"))
       return True
     return False
 
   def _on_inject(self, ev) -> None:
     i, p = ev["vw"], ev["mb"]
-    if self._gone(i, f"injection of minibatch {p}"):
+    if self._gone(i, lambda: f"injection of minibatch {p}"):
       return
     nm, window = self.nm[i], self.window[i]
     if p != self.injected[i] + 1:
@@ -183,17 +198,15 @@ class _Checker:
 
   def _task(self, ev) -> tuple[int, int, int, tuple] | None:
     i, j, p = ev["vw"], ev["stage"], ev["mb"]
-    if self._gone(i, f"{ev['ev']} of minibatch {p} at stage {j}"):
+    if self._gone(i, lambda: f"{ev['ev']} of minibatch {p} at stage {j}"):
       return None
     if not 0 <= j < self.k[i] or not 1 <= p <= self.injected[i]:
       self.fail("format" if not 0 <= j < self.k[i] else "order",
                 f"{ev['ev']} of VW {i} stage {j} minibatch {p}: stage out of range or minibatch not "
                 "injected")
       return None
-    key = (ev["ev"], i, j, p)
-    if key in self.done:
+    if self.done.seen((ev["ev"], i, j, p)):
       self.fail("order", f"{ev['ev']} of VW {i} stage {j} minibatch {p} ran twice")
-    self.done.add(key)
     dev = (i, j)
     if ev["t0"] < self.device_free_at.get(dev, 0.0 if ev.get("process") is None else -math.inf) - EPS:
       self.fail("device", f"VW {i} stage {j} started {ev['ev']} of minibatch {p} at {ev['t0']} while "
@@ -348,7 +361,7 @@ class _Checker:
     if skipped is not None and not (self.precision == "fp16" and isinstance(skipped, int) and 1 <= skipped <= most):
       self.fail("push", f"VW {i} wave {c} says {skipped!r} updates were skipped; only an fp16 run skips "
                 f"(this is {self.precision}), 1 to stages x Nm = {most} per wave")
-    if self._gone(i, f"push of wave {c}"):
+    if self._gone(i, lambda: f"push of wave {c}"):
       return
     self.clock = wsp.push(self.clock, i)
     self._changed(i)
@@ -409,7 +422,7 @@ class _Checker:
   def _on_leave(self, ev) -> None:
     i = ev["vw"]
     self._to_clocks()
-    if self._gone(i, "leave"):
+    if self._gone(i, lambda: "leave"):
       return
     if ev.get("pushed", self.clock.c_local[i]) != self.clock.c_local[i]:
       self.fail("member", f"VW {i} left with {ev['pushed']} waves pushed; the trace shows "

@@ -176,14 +176,18 @@ class _ArrayFlows:
       self._put(f, f.remaining)
       self._rate[f.slot] = f.rate
 
+  def _grow(self) -> None:
+    """Twice the rows (the new ones free)."""
+    n = len(self._remaining)
+    self._remaining = np.concatenate([self._remaining, np.full(n, np.inf)])
+    self._rate = np.concatenate([self._rate, np.ones(n)])
+    self._ends = np.concatenate([self._ends, np.zeros((n, 2), np.int64)])
+    self._kind = np.concatenate([self._kind, np.zeros(n, np.int8)])
+    self._free = list(range(2 * n - 1, n - 1, -1)) + self._free
+
   def _put(self, flow: _Flow, num_bytes: float) -> None:
-    if not self._free:  # twice the rows
-      n = len(self._remaining)
-      self._remaining = np.concatenate([self._remaining, np.full(n, np.inf)])
-      self._rate = np.concatenate([self._rate, np.ones(n)])
-      self._ends = np.concatenate([self._ends, np.zeros((n, 2), np.int64)])
-      self._kind = np.concatenate([self._kind, np.zeros(n, np.int8)])
-      self._free = list(range(2 * n - 1, n - 1, -1))
+    if not self._free:
+      self._grow()
     flow.slot = self._free.pop()
     self._remaining[flow.slot] = num_bytes
     self._ends[flow.slot] = flow.ends
@@ -199,6 +203,25 @@ class _ArrayFlows:
         self._load[r] += 1
     else:
       self._load[flow.arrays[0]] += flow.arrays[1]
+
+  def add_all(self, group: Sequence[tuple[float, _Flow]]) -> None:
+    """:meth:`add` of each (bytes, flow) of ``group`` in turn, their rows and loads written at once."""
+    while len(self._free) < len(group):
+      self._grow()
+    slots = [self._free.pop() for _ in group]
+    rows = np.array(slots, np.int64)
+    self._remaining[rows] = [num_bytes for num_bytes, _ in group]
+    self._ends[rows] = [flow.ends for _, flow in group]
+    self._kind[rows] = [flow.kind for _, flow in group]
+    resources, counts = [], []
+    for slot, (_, flow) in zip(slots, group):
+      flow.slot = slot
+      self._flows[slot] = flow
+      resources.extend(flow.resources)
+      counts.extend(flow.counts)
+      self.striped += flow.kind != POINT
+    self.count += len(group)
+    np.add.at(self._load, resources, counts)
 
   def rates(self) -> None:
     """:meth:`_ScalarFlows.rates` on every row at once."""
@@ -253,6 +276,9 @@ class _ArrayFlows:
     for slot, f in self._flows.items():
       f.remaining, f.rate = float(self._remaining[slot]), float(self._rate[slot])
     return list(self._flows.values())
+
+
+_ADD_ALL_FROM = 8  # flows started together that are added as rows at once (fewer: one by one costs less)
 
 
 def _seq(flow: _Flow) -> int:
@@ -325,6 +351,26 @@ class Simulator:
 
   def send(self, src_node: int, dst_node: int, num_bytes: float, done: Done) -> None:
     """Moves ``num_bytes`` between nodes (or over a node's PCIe when equal); calls ``done(t)``."""
+    latency, flow = self.point_flow(src_node, dst_node, done)
+    heapq.heappush(self._timers, (self.t + latency, next(self._seq), functools.partial(self._start_flow, num_bytes,
+                                                                                      flow)))  # at, inline
+
+  def send_all(self, sends: Sequence[tuple[float, float, _Flow]]) -> None:
+    """Starts each (latency, bytes, flow) of ``sends`` (:meth:`point_flow`, :meth:`striped_flow`) after its latency:
+    what :meth:`send` and :meth:`send_striped` do for each in turn, with one timer for each run of them that
+    leaves after the same latency (those timers would have run one after another)."""
+    first = 0
+    while first < len(sends):
+      latency, end = sends[first][0], first + 1
+      while end < len(sends) and sends[end][0] == latency:
+        end += 1
+      group = [(num_bytes, flow) for _, num_bytes, flow in sends[first:end]]
+      heapq.heappush(self._timers, (self.t + latency, next(self._seq), functools.partial(self._start_flows, group)))
+      first = end
+
+  def point_flow(self, src_node: int, dst_node: int, done: Done) -> tuple[float, _Flow]:
+    """A flow between two nodes (or over a node's PCIe when equal) that calls ``done(t)`` when it lands, and the
+    latency before it moves (:meth:`send_all` starts it)."""
     shape = self._point_shape.get((src_node, dst_node))
     if shape is None:  # the same for every flow between these nodes
       if src_node == dst_node:
@@ -336,13 +382,16 @@ class Simulator:
       resources = tuple(dict.fromkeys(ends))
       shape = self._point_shape[(src_node, dst_node)] = (link.latency_s, ends, resources, (1,) * len(resources))
     latency, ends, resources, counts = shape
-    flow = _Flow(done, next(self._flow_seq), POINT, ends, resources, counts)
-    heapq.heappush(self._timers, (self.t + latency, next(self._seq), functools.partial(self._start_flow, num_bytes,
-                                                                                      flow)))  # at, inline
+    return latency, _Flow(done, next(self._flow_seq), POINT, ends, resources, counts)
 
   def send_striped(self, node: int, num_bytes: float, outbound: bool, done: Done) -> None:
     """Moves ``num_bytes`` from ``node`` spread evenly over every other node (``outbound``), or from every
     other node to ``node``; calls ``done(t)`` when the last byte lands."""
+    latency, flow = self.striped_flow(node, outbound, done)
+    self.at(self.t + latency, functools.partial(self._start_flow, num_bytes, flow))
+
+  def striped_flow(self, node: int, outbound: bool, done: Done) -> tuple[float, _Flow]:
+    """:meth:`point_flow` of a striped transfer (:meth:`send_striped`)."""
     key = (node, outbound)
     if key not in self._striped_shape:  # the same for every striped flow of this node and direction
       pos = self._nodes.index(node)
@@ -355,9 +404,8 @@ class Simulator:
       self._striped_shape[key] = ((near[pos], pos), resources, counts,
                                   (np.array(resources, np.int64), np.array(counts, np.int64)))
     ends, resources, counts, arrays = self._striped_shape[key]
-    flow = _Flow(done, next(self._flow_seq), STRIPE_OUT if outbound else STRIPE_IN, ends, resources, counts,
-                 arrays)
-    self.at(self.t + self.cluster.inter_node.latency_s, functools.partial(self._start_flow, num_bytes, flow))
+    return self.cluster.inter_node.latency_s, _Flow(done, next(self._flow_seq), STRIPE_OUT if outbound else STRIPE_IN,
+                                                    ends, resources, counts, arrays)
 
   def _start_flow(self, num_bytes: float, flow: _Flow, t: float) -> None:
     del t
@@ -366,6 +414,15 @@ class Simulator:
     if isinstance(flows, _ScalarFlows) and flows.count >= ARRAYS_FROM:
       self._flows = _ArrayFlows(self._links, flows.flows, flows.loads())
     self._dirty = True
+
+  def _start_flows(self, group: list[tuple[float, _Flow]], t: float) -> None:
+    """:meth:`_start_flow` of each (bytes, flow) of ``group`` in turn (many at once while flows are rows)."""
+    for k, (num_bytes, flow) in enumerate(group):
+      if isinstance(self._flows, _ArrayFlows) and len(group) - k >= _ADD_ALL_FROM:
+        self._flows.add_all(group[k:])
+        self._dirty = True
+        return
+      self._start_flow(num_bytes, flow, t)
 
   def run(self, engine: Engine, cost: CostModel, stop: Callable[[], bool] | None = None) -> float:
     """Runs ``engine`` to the end; returns the simulated seconds. ``stop``: asked after every event;
@@ -583,12 +640,16 @@ class SimComm:
       if pending["n"] == 0:
         done(t)
 
+    sends = []  # (latency, bytes, flow)
     for gpu_node, shard_node, num_bytes in routes:
       if shard_node == STRIPED:
-        self.sim.send_striped(gpu_node, num_bytes * scale, to_ps, one_landed)
+        latency, flow = self.sim.striped_flow(gpu_node, to_ps, one_landed)
+        sends.append((latency, num_bytes * scale, flow))
         continue
       src, dst = (gpu_node, shard_node) if to_ps else (shard_node, gpu_node)
-      self.sim.send(src, dst, int(num_bytes * scale), one_landed)
+      latency, flow = self.sim.point_flow(src, dst, one_landed)
+      sends.append((latency, int(num_bytes * scale), flow))
+    self.sim.send_all(sends)
 
   def push(self, vw: int, wave: int, t: float, done: Done) -> None:
     del wave, t

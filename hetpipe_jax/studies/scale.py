@@ -9,8 +9,9 @@ cycling through 8 types, PCIe inside a node and 56 Gb/s InfiniBand between nodes
    tuned configuration replicated (:func:`hetpipe_jax.tune.replicate`).
 2. **Plan and simulate.** Each size is planned (replicated) and simulated for ``waves`` waves per virtual
    worker with the ``sim`` executor's fast mode (:mod:`hetpipe_jax.sim.steady`); every simulated trace
-   (version 2) passes the WSP checker as it is emitted, never held. The host seconds of a row are all of it:
-   planning, every simulation, every check (each part also on its own).
+   (version 2) passes the WSP checker as it is emitted, never held. A row's simulations run side by side, one
+   per core (``jobs``), each in a process forked with the plan in it. The host seconds of a row are all of it:
+   planning, every simulation, every check (each part also on its own, summed over the simulations).
 3. **Parameter server.** The same configuration is also simulated with one PS shard per unit on one node
    (``default`` placement) beside byte-range shards on every node (``striped``).
 
@@ -23,8 +24,11 @@ Example::
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import math
+import multiprocessing
+import os
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple, cast
@@ -60,6 +64,8 @@ class ScaleConfig:
       precision of a GPT.
     waves: waves per virtual worker of every simulated run.
     tune_waves: waves per virtual worker of the tuner's refining runs.
+    jobs: how many of a row's simulations (and their checks) run side by side, each in a process of its own
+      (0: one per core; 1: one after another in this process).
   """
 
   models: tuple[str, ...] = ("resnet152", "gpt2-xl")
@@ -74,6 +80,7 @@ class ScaleConfig:
   gpt_precision: str = "bf16"
   waves: int = 100
   tune_waves: int = 40
+  jobs: int = 0
 
   def __post_init__(self):
     if any(n < 1 or n % self.per_node for n in self.sizes):
@@ -81,6 +88,8 @@ class ScaleConfig:
                         f"--per_node={self.per_node}")
     if self.waves < 2 or self.tune_waves < 2:
       raise ConfigError(f"--waves={self.waves}, --tune_waves={self.tune_waves}: at least 2 each")
+    if self.jobs < 0:
+      raise ConfigError(f"--jobs={self.jobs}: at least 0 (0: one per core, 1: one simulation at a time)")
     for model in self.models:
       if model not in FULL_SIZE:
         raise ConfigError(f"--models: {model!r} is not a full-size model; use one of {', '.join(FULL_SIZE)}")
@@ -115,9 +124,10 @@ class ScaleRow(NamedTuple):
   items_per_sec_striped: float
   items_per_sec_per_unit: float  # one PS shard per unit, on one node (``default`` placement)
   plan_seconds: float  # host seconds: replicating the tuned configuration
-  sim_seconds: float  # every simulation of the row (its placement, striped and default), checks left out
-  check_seconds: float  # checking every simulated trace as it was emitted
-  row_seconds: float  # the whole row on the host: plan, every simulation and check, the ideal aggregate
+  sim_seconds: float  # every simulation of the row (its placement, striped and default), checks left out, summed
+  check_seconds: float  # checking every simulated trace as it was emitted, summed over the simulations
+  row_seconds: float  # the whole row's wall on the host: plan, every simulation and check (side by side with
+  #   ScaleConfig.jobs > 1, so it can be below plan + sim + check), the ideal aggregate
   simulated_waves: int
   fast_method: str
   setting: Mapping[str, Any]  # batch size, tokens per example, precision, cluster, tune.candidate_json
@@ -192,6 +202,28 @@ def simulate(cluster: Cluster, profiles: Sequence[UnitProfile], candidate: Candi
   return Simulated(sum(candidate.layout.nms) * waves / seconds, host - stream.seconds, stream.seconds, info)
 
 
+def simulations(cluster: Cluster, profiles: Sequence[UnitProfile], candidate: Candidate, placements: Sequence[str],
+                config: ScaleConfig, precision: str) -> dict[str, Simulated]:
+  """:func:`simulate` of ``candidate`` with each of ``placements``, by placement: ``config.jobs`` at a time, each in a
+  process of its own (:func:`_processes`), or one after another here."""
+  jobs = min(config.jobs or os.cpu_count() or 1, len(placements))
+  args = [(cluster, profiles, candidate, config.waves, placement, precision) for placement in placements]
+  if jobs == 1:
+    return {placement: simulate(*a) for placement, a in zip(placements, args)}
+  with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=_processes()) as pool:
+    futures = [pool.submit(simulate, *a) for a in args]
+    return {placement: future.result() for placement, future in zip(placements, futures)}
+
+
+def _processes() -> Any:
+  """How a simulation's process starts (a multiprocessing context): forked from this one (the plan is in it
+  already, nothing is sent), unless JAX's runtime is up here, whose threads make a fork unsafe; then spawned
+  afresh, as the tuner's are (the plan sent)."""
+  from jax._src import xla_bridge  # private: the only way to ask without starting the runtime
+
+  return multiprocessing.get_context("spawn" if xla_bridge.backends_are_initialized() else "fork")
+
+
 def tune_bases(config: ScaleConfig, model: str, profiles: Sequence[UnitProfile],
                setting: RunSetting) -> dict[int, Candidate]:
   """The tuned configuration of every size up to ``config.base`` the study needs, by size."""
@@ -215,11 +247,8 @@ def scale_row(config: ScaleConfig, model: str, n: int, tuned: Candidate, profile
   cluster = mixed_cluster(n, config.per_node)
   candidate = replicate(tuned, cluster, profiles, setting=setting)
   plan_seconds = time.perf_counter() - t0
-  runs = {candidate.placement: simulate(cluster, profiles, candidate, config.waves, candidate.placement,
-                                        ms.precision)}
-  for placement in ("striped", "default"):  # the comparison, whichever placement was tuned
-    if placement not in runs:
-      runs[placement] = simulate(cluster, profiles, candidate, config.waves, placement, ms.precision)
+  placements = list(dict.fromkeys((candidate.placement, "striped", "default")))  # the comparison, whichever tuned
+  runs = simulations(cluster, profiles, candidate, placements, config, ms.precision)
   ideal = ideal_images_per_sec(cluster, profiles, ms.batch_size, precision=ms.precision)
   rate, info = runs[candidate.placement].rate, runs[candidate.placement].info
   return ScaleRow(model, n, cluster.num_nodes, len(candidate.plans), candidate.label, candidate.placement,
