@@ -55,6 +55,22 @@ Reduce = tuple[float, int]  # a split stage's all-reduces after its compute: (by
 TaskCosts = tuple[float, "Receive | None", "Onward | None", "Reduce | None"]  # (compute seconds, ...)
 
 
+# A striped flow's far ends, shared by every striped flow of one direction: every node's far resource (as a tuple and
+# as an array), and the one of the flow's own node, which it does not cross (memory O(nodes), not O(nodes^2)).
+Far = tuple[tuple[int, ...], np.ndarray, int]
+
+
+def _charge_far(load: list[int] | np.ndarray, far: Far, sign: int) -> None:
+  """Adds (``sign`` 1) or takes away (-1) a striped flow's subflow on each far end of ``far`` to ``load``."""
+  every, as_array, own = far
+  if isinstance(load, np.ndarray):
+    load[as_array] += sign
+  else:
+    for r in every:
+      load[r] += sign
+  load[own] -= sign
+
+
 @dataclasses.dataclass(eq=False, slots=True)
 class _Flow:
   done: Callable[[float], None]
@@ -63,8 +79,8 @@ class _Flow:
   ends: tuple[int, int]  # POINT: its two resources (the same one twice over PCIe); striped: its node's
   #                        egress (out) or ingress (in) resource, and the node's position
   resources: tuple[int, ...]  # the resources its subflows cross while it moves ...
-  counts: tuple[int, ...]  # ... and how many subflows cross each
-  arrays: tuple[np.ndarray, np.ndarray] | None = None  # (resources, counts) as arrays (a striped flow's)
+  counts: tuple[int, ...]  # ... and how many subflows cross each (a striped flow: its own node's end only) ...
+  far: Far | None = None  # ... and a striped flow's far ends: one subflow on each other node's
   remaining: float = 0.0  # bytes left, and the rate (bytes/s) while held as an object (_ScalarFlows)
   rate: float = 1.0
   slot: int = -1  # its row while held in the arrays (_ArrayFlows)
@@ -99,6 +115,8 @@ class _ScalarFlows:
     load = self._load
     for r, c in zip(flow.resources, flow.counts):
       load[r] += c
+    if flow.far is not None:
+      _charge_far(load, flow.far, 1)
     self.striped += flow.kind != POINT
 
   def rates(self) -> None:
@@ -147,6 +165,8 @@ class _ScalarFlows:
     for f in landed:
       for r, c in zip(f.resources, f.counts):
         load[r] -= c
+      if f.far is not None:
+        _charge_far(load, f.far, -1)
       self.striped -= f.kind != POINT
     return landed
 
@@ -198,11 +218,10 @@ class _ArrayFlows:
 
   def add(self, flow: _Flow, num_bytes: float) -> None:
     self._put(flow, num_bytes)
-    if flow.arrays is None:  # one or two resources: scalar updates cost less than an indexed one
-      for r in flow.resources:
-        self._load[r] += 1
-    else:
-      self._load[flow.arrays[0]] += flow.arrays[1]
+    for r, c in zip(flow.resources, flow.counts):  # (one or two: scalar updates cost less than an indexed one)
+      self._load[r] += c
+    if flow.far is not None:
+      _charge_far(self._load, flow.far, 1)
 
   def add_all(self, group: Sequence[tuple[float, _Flow]]) -> None:
     """:meth:`add` of each (bytes, flow) of ``group`` in turn, their rows and loads written at once."""
@@ -219,6 +238,8 @@ class _ArrayFlows:
       self._flows[slot] = flow
       resources.extend(flow.resources)
       counts.extend(flow.counts)
+      if flow.far is not None:
+        _charge_far(self._load, flow.far, 1)
       self.striped += flow.kind != POINT
     self.count += len(group)
     np.add.at(self._load, resources, counts)
@@ -260,11 +281,10 @@ class _ArrayFlows:
     for f in landed:
       self._remaining[f.slot], self._rate[f.slot], self._kind[f.slot] = np.inf, 1.0, POINT
       self._free.append(f.slot)
-      if f.arrays is None:
-        for r in f.resources:
-          self._load[r] -= 1
-      else:
-        self._load[f.arrays[0]] -= f.arrays[1]
+      for r, c in zip(f.resources, f.counts):
+        self._load[r] -= c
+      if f.far is not None:
+        _charge_far(self._load, f.far, -1)
       self.striped -= f.kind != POINT
     return landed
 
@@ -320,7 +340,9 @@ class Simulator:
                          tuple(self._resource[("in", n)] for n in nodes))
     self._flows: _ScalarFlows | _ArrayFlows = _ScalarFlows(self._links)
     self._point_shape: dict[tuple[int, int], tuple] = {}  # (src, dst) -> (latency, ends, resources, counts)
-    self._striped_shape: dict[tuple[int, bool], tuple] = {}  # (node, outbound) -> (ends, resources, counts, arrays)
+    self._striped_shape: dict[tuple[int, bool], tuple] = {}  # (node, outbound) -> (ends, resources, counts, far)
+    self._far: dict[bool, tuple[tuple[int, ...], np.ndarray]] = {}  # outbound -> every node's far end
+    self._position = {node: pos for pos, node in enumerate(nodes)}
     self._dirty = False  # the load changed since rates were last computed
     self._tasks: dict[tuple[int, int, str], TaskCosts] = {}  # (vw, stage, kind) -> what :meth:`_task` says
     # under noise that moves links: each node's next change of bandwidth, a timer that keeps no run alive
@@ -394,18 +416,17 @@ class Simulator:
     """:meth:`point_flow` of a striped transfer (:meth:`send_striped`)."""
     key = (node, outbound)
     if key not in self._striped_shape:  # the same for every striped flow of this node and direction
-      pos = self._nodes.index(node)
-      others = [i for i in range(len(self._nodes)) if i != pos]
-      if not others:
+      pos = self._position[node]
+      if len(self._nodes) < 2:
         raise ProtocolError(f"a striped transfer needs another node than node {node}")
       near, far = (self._links.out, self._links.in_) if outbound else (self._links.in_, self._links.out)
-      resources = (near[pos], *(far[i] for i in others))
-      counts = (len(others),) + (1,) * len(others)
-      self._striped_shape[key] = ((near[pos], pos), resources, counts,
-                                  (np.array(resources, np.int64), np.array(counts, np.int64)))
-    ends, resources, counts, arrays = self._striped_shape[key]
+      if outbound not in self._far:
+        self._far[outbound] = (far, np.array(far, np.int64))
+      self._striped_shape[key] = ((near[pos], pos), (near[pos],), (len(self._nodes) - 1,),
+                                  (*self._far[outbound], far[pos]))
+    ends, resources, counts, far_ends = self._striped_shape[key]
     return self.cluster.inter_node.latency_s, _Flow(done, next(self._flow_seq), STRIPE_OUT if outbound else STRIPE_IN,
-                                                    ends, resources, counts, arrays)
+                                                    ends, resources, counts, far_ends)
 
   def _start_flow(self, num_bytes: float, flow: _Flow, t: float) -> None:
     del t
