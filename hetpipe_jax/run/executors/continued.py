@@ -172,10 +172,12 @@ class _Run:
   def lost_at_start(self, process: int, done: int, ran: Ran | None) -> str:
     """Why the run stops when ``process`` was lost before the part from wave ``done`` started (``ran``: the part
     before, if any); a checkpoint at ``done`` if the run keeps them and the part before did not save one."""
+    if done == 0:  # (no part ran: no checkpoint to resume from, and nothing to keep in one part)
+      return f"processes [{process}] were lost before wave 0, as the run started; run again with every process"
     c = self.setup.config
     if self.checkpointer is not None and ran is not None and done % c.checkpoint.every:
       self._save(done, ran)
-    return _lost([process], done, self.checkpointer is not None and done > 0)
+    return _lost([process], done, self.checkpointer is not None)
 
   def _save(self, step: int, ran: Ran) -> None:
     assert self.checkpointer is not None
