@@ -35,6 +35,7 @@ from hetpipe_jax import (
   run_hetpipe,
   staleness_stats,
 )
+from hetpipe_jax.core.check import as_version_1
 from hetpipe_jax.cost.context import CostContext
 from hetpipe_jax.data import text_installed
 from hetpipe_jax.errors import RunStopped
@@ -497,7 +498,7 @@ def write_outputs(ran: Ran, paths: Paths) -> None:
     common.progress("virtual worker %d: Nm=%d, GPUs %s, cuts %s", i, meta["nm"][i], stages, cut)
   common.write_jsonl(common.ensure_parent(paths.metrics), result.metrics)
   violations = check_trace(result.events)
-  stats = staleness_stats(result.events)
+  stats = staleness_stats(as_version_1(result.events))  # (a trace of version 2 read in version 1)
   summary_out = common.write_json(paths.file("summary.json"), summarize(ran, violations, stats))
   outputs = [("trace", paths.trace), ("metrics", paths.metrics), ("summary", summary_out)]
   outputs += write_pictures(ran, paths)

@@ -173,3 +173,20 @@ def test_a_stopped_run_with_optimizer_state_resumes_bit_identical(tmp_path, monk
   assert resumed.events == whole.events and resumed.metrics == whole.metrics
   assert (tmp_path / "stopped" / "t.jsonl").read_bytes() == (tmp_path / "whole" / "t.jsonl").read_bytes()
   assert_trace_ok(read_trace(str(tmp_path / "stopped" / "t.jsonl")))
+
+
+@pytest.mark.slow  # two short checkpointed runs and a resume
+def test_a_version_2_run_resumes_in_version_2_and_refuses_version_1(tmp_path):
+  model, data = get_model("mlp"), synthetic(num_train=256, num_test=32)
+  whole = run_hetpipe(model, data, _config(tmp_path, waves=6, trace_version=2))
+  assert whole.events[0]["version"] == 2 and steps(tmp_path / "ck") == [3, 6]
+  with pytest.raises(ConfigError, match=r"^resume: the trace .*t.jsonl is of version 2, the run asks for "
+                                        r"trace_version=1; resume with trace_version=2$"):
+    run_hetpipe(model, data, _config(tmp_path, waves=6, resume=True))
+  assert read_trace(str(tmp_path / "t.jsonl")) == whole.events  # (refused before the file was touched)
+  import shutil
+  shutil.rmtree(tmp_path / "ck" / "6")
+  resumed = run_hetpipe(model, data, _config(tmp_path, waves=6, trace_version=2, resume=True))
+  assert resumed.checkpoints["resumed_from"] == 3
+  assert resumed.events == whole.events == read_trace(str(tmp_path / "t.jsonl")) and resumed.metrics == whole.metrics
+  assert_trace_ok(resumed.events)

@@ -9,18 +9,20 @@ import sys
 import numpy as np
 import pytest
 
+from hetpipe_jax import ConfigError, RunConfig, get_model, run_hetpipe, synthetic
 from hetpipe_jax.cluster import GpuType, Link, make_cluster
 from hetpipe_jax.core import check
 from hetpipe_jax.core.breakdown import time_breakdown
 from hetpipe_jax.core.server import ClockServer, Snapshot
-from hetpipe_jax.core.trace import Trace, write_trace
+from hetpipe_jax.core.trace import Trace, staleness_stats, write_trace
 from hetpipe_jax.cost.profile import UnitProfile
 from hetpipe_jax.plan.layout import Layout, VWLayout
+from hetpipe_jax.run.executors import EXECUTORS
 from hetpipe_jax.sim import SimJob, SimOptions, simulate
 from hetpipe_jax.sim.simulate import simulate_fast
 from hetpipe_jax.staleness import mean_staleness
 
-from helpers import schedule_only
+from helpers import schedule_only, train_cli
 
 GPU = GpuType("g", 1 << 34, 1e12, 1e12, 1e15, 1.0)
 SLOW = GpuType("slow", 1 << 34, 0.5e12, 0.5e12, 1e15, 1.0)
@@ -122,3 +124,47 @@ def test_a_trace_of_an_unknown_version_is_refused_in_one_line():
   events[0] = {**events[0], "version": 3}
   [violation] = check.check_trace(events)
   assert violation.line == 1 and "version 3" in violation.message and "reads versions 1, 2" in violation.message
+
+
+# --- a run's trace version (RunConfig.trace_version, --trace_version) -----------------------------------------
+
+@pytest.mark.parametrize("executor", ["virtual", "sim"])
+def test_a_run_writes_version_2_as_the_same_run_in_version_1(executor, tmp_path):
+  """The executors that write version 2 write the run version 1 writes (the trained weights and metrics too),
+  its file in version 1 the other's event for event."""
+  base = dict(cluster="hetero4", num_vws=2, stages=2, nm=2, d=1, waves=3, batch_size=16, executor=executor)
+  runs = {v: run_hetpipe(get_model("mlp"), synthetic(num_train=256, num_test=32),
+                         RunConfig.of(**base, trace_version=v, trace_path=str(tmp_path / f"v{v}.jsonl")))
+          for v in (1, 2)}
+  v1, v2 = runs[1].events, runs[2].events
+  assert v2[0]["version"] == 2 and not any("glob" in e for e in v2) and any("seq" in e for e in v2)
+  assert list(check.as_version_1(v2)) == v1 == _read(tmp_path / "v1.jsonl")
+  assert _read(tmp_path / "v2.jsonl") == v2
+  assert check.check_trace(v2) == [] and runs[1].metrics == runs[2].metrics
+  assert staleness_stats(check.as_version_1(v2)) == staleness_stats(v1) and mean_staleness(v2) == mean_staleness(v1)
+
+
+def _read(path) -> list[dict]:
+  with open(path, encoding="utf-8") as f:
+    return [json.loads(line) for line in f]
+
+
+def test_a_trace_version_no_executor_writes_is_refused_in_one_line():
+  with pytest.raises(ConfigError, match=r"^trace_version=3; the trace format has versions 1, 2$"):
+    RunConfig.of(trace_version=3).validate()
+  with pytest.raises(ConfigError, match=r"^trace_version=2 is not written by the multiprocess executor; use "
+                                        r"trace_version=1$"):
+    EXECUTORS["multiprocess"].validate(RunConfig.of(executor="multiprocess", trace_version=2))
+
+
+def test_the_training_cli_simulates_in_version_2_and_reports_what_version_1_reports(tmp_path):
+  flags = ("--executor=sim", "--model=resnet152", "--cluster=paper_testbed", "--waves=4")
+  for version in (1, 2):
+    out = train_cli(tmp_path / f"v{version}", *flags, f"--trace_version={version}")
+    assert out.returncode == 0 and "trace check: OK" in out.stdout, out.stderr[-2000:]
+  summaries = [json.loads((tmp_path / f"v{v}" / "summary.json").read_text()) for v in (1, 2)]
+  for summary in summaries:
+    summary.pop("host_seconds")
+  assert summaries[0] == summaries[1]
+  v2 = _read(tmp_path / "v2" / "trace.jsonl")
+  assert v2[0]["version"] == 2 and list(check.as_version_1(v2)) == _read(tmp_path / "v1" / "trace.jsonl")

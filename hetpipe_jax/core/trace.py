@@ -109,12 +109,13 @@ class Trace:
       self._file.flush()
 
   @classmethod
-  def resume(cls, path: str, count: int) -> Trace:
+  def resume(cls, path: str, count: int, version: int = 1) -> Trace:
     """The trace of a resumed run: the first ``count`` events of the file at ``path`` are kept (what a
-    killed run wrote after them is rolled back), and new events are appended after them.
+    killed run wrote after them is rolled back), and new events of format ``version`` are appended after them.
 
     Raises:
-      ConfigError: when the file is missing or holds fewer than ``count`` complete events.
+      ConfigError: when the file is missing, holds fewer than ``count`` complete events, or is of another
+        version (the file is then left as it is).
     """
     try:
       with open(path, encoding="utf-8") as f:
@@ -126,9 +127,13 @@ class Trace:
     except (OSError, json.JSONDecodeError) as e:
       raise ConfigError(f"cannot resume: trace {path} is unreadable ({type(e).__name__}); the checkpoint "
                         f"needs its first {count} events") from None
+    written = events[0].get("version", 1) if events and isinstance(events[0], dict) else version
+    if written != version:
+      raise ConfigError(f"resume: the trace {path} is of version {written}, the run asks for trace_version={version}; "
+                        f"resume with trace_version={written}")
     with open(path, "w", encoding="utf-8") as f:
       f.writelines(lines)
-    trace = cls()
+    trace = cls(version=version)
     trace.events = events
     trace._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 (open until close())
     return trace
@@ -256,6 +261,8 @@ def staleness_stats(events: Iterable[dict[str, Any]]) -> dict[str, Any]:
     (<= (D+2)*Nm_i - 2, only with more than one virtual worker);
   * clock gap: c_local - c_global of the pushing VW right after each push (<= D + 1);
   * blocked time: seconds each VW waited at the gate.
+
+  A trace of version 2 is read in version 1 (:func:`hetpipe_jax.core.check.as_version_1` writes it so).
   """
   events = list(events)
   meta = events[0]

@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 import optax
 
 from hetpipe_jax.cluster import Cluster
+from hetpipe_jax.core.meta import VERSIONS
 from hetpipe_jax.core.schedule import SCHEDULES
 from hetpipe_jax.core.versions import WEIGHT_MODES
 from hetpipe_jax.errors import ConfigError
@@ -395,6 +396,8 @@ class RunConfig:
     eval_every: evaluate the global weights every this many global clock ticks (and at the end).
     drop_remainder: drop the examples of an epoch that do not fill a minibatch.
     trace_path: where to write the trace (JSON Lines); it is always kept in memory too.
+    trace_version: the trace format's (docs/PROTOCOL.md section 8): 1, every task and pull with its N-entry
+      ``glob``; 2, their ``seq`` instead (O(1) per event, for large clusters).
     precision: "fp32", or "fp16"/"bf16": mixed precision, trained by every executor that computes
       (:mod:`hetpipe_jax.runtime.numerics.mixed`) and charged by the cost and memory model
       (:mod:`hetpipe_jax.precision`): the planner's stage times and memory, the clock, the transfers.
@@ -411,6 +414,9 @@ class RunConfig:
   eval_every: int = setting(10, "Evaluate test accuracy every this many global clock ticks.")
   drop_remainder: bool = setting(False, "Drop the examples of an epoch that do not fill a minibatch.")
   trace_path: str | None = None
+  trace_version: int = setting(1, "Trace format: 1 (every task and pull with its N-entry glob) or 2 (their seq "
+                               "instead: O(1) per event, for large clusters; python -m hetpipe_jax.check TRACE "
+                               "--version_1=OUT writes it in version 1). The multiprocess executor writes 1.")
   precision: str = setting("fp32", "fp32, bf16 or fp16: mixed precision (16-bit compute, activations and pushes, "
                            "fp32 master weights and optimizer state; fp16 with dynamic loss scaling) in the training "
                            "(virtual, wall, multiprocess) and in the cost and memory model.")
@@ -461,6 +467,9 @@ class RunConfig:
     if not 0 <= self.seed <= MAX_SEED:
       raise ConfigError(f"seed={self.seed}; use a seed in [0, 2**63 - 1]")
     check_precision(self.precision)
+    if self.trace_version not in VERSIONS:
+      raise ConfigError(f"trace_version={self.trace_version}; the trace format has versions "
+                        f"{', '.join(map(str, VERSIONS))}")
     self.wsp.validate()
     self.layout.validate()
     self.optim.validate()

@@ -121,11 +121,11 @@ class _Checkpoints:
 def _open_trace(setup: Setup, meta: dict[str, Any], checkpoints: _Checkpoints | None) -> Trace:
   """A new trace with ``meta`` first, or the trace a resumed checkpoint continues."""
   if checkpoints is None or checkpoints.state is None:
-    trace = Trace(setup.config.trace_path)
+    trace = Trace(setup.config.trace_path, version=setup.config.trace_version)
     trace.emit(**meta)
     return trace
   assert setup.config.trace_path is not None  # CheckpointSpec.validate asks for it
-  return Trace.resume(setup.config.trace_path, checkpoints.state["trace_events"])
+  return Trace.resume(setup.config.trace_path, checkpoints.state["trace_events"], setup.config.trace_version)
 
 
 def run_engine(setup: Setup, built: Built, run: Runner) -> RunResult:

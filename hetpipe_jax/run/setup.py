@@ -92,7 +92,7 @@ class Setup:
     """The trace's meta line of a run with numerics (the ``sim`` executor writes its own, with ``fields``)."""
     wsp = self.config.wsp
     return meta_event(self.layout.meta(), wsp.d, wsp.weight_mode, wsp.schedule, self.config.executor,
-                      self.model.num_units, **self.fields)
+                      self.model.num_units, self.config.trace_version, **self.fields)
 
   @functools.cached_property
   def task_cost(self):

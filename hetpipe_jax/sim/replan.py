@@ -189,10 +189,10 @@ def _move(cluster: Cluster, moves: list[tuple[Gpu, Gpu, float]], start: float, n
 
 
 def simulate_replanning(job: SimJob, costs: CostContext, rule: Replanning,
-                        meta: Mapping[str, Any] | None = None) -> list[Segment]:
+                        meta: Mapping[str, Any] | None = None, version: int = 1) -> list[Segment]:
   """``job`` (its noise from its options) under the rule (see the module docstring), for ``job.waves`` waves of
   the virtual worker with the fewest, in segments of one layout each (``meta``: what every segment's meta line
-  adds, :func:`~hetpipe_jax.sim.simulate.simulate`'s).
+  adds, :func:`~hetpipe_jax.sim.simulate.simulate`'s; ``version``: their traces').
 
   Raises:
     ConfigError: for a layout with tensor-parallel stages.
@@ -208,7 +208,7 @@ def simulate_replanning(job: SimJob, costs: CostContext, rule: Replanning,
     part = job._replace(layout=layout, waves=job.waves - done)
     network = Simulator(job.cluster, job.options.overlap_transfers, noise, start)
     watch = _Watch(part, costs, rule, network)
-    trace = Trace()
+    trace = Trace(version=version)
     end, vws, rows = simulate(part, trace, meta, steady=watch, simulator=network)
     require_wsp(trace.events, f"re-planning run, layout {len(segments) + 1}")
     pushed = [vw.completed // vw.nm for vw in vws]

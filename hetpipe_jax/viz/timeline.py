@@ -43,7 +43,8 @@ def chrome_trace(events: Iterable[dict[str, Any]]) -> dict[str, Any]:
       out.append({"ph": "X", "name": "wait at gate", "cat": "wait", "pid": ev["vw"],
                   "tid": meta["stages"][ev["vw"]], "ts": us(ev["t0"]), "dur": us(ev["t1"] - ev["t0"])})
     elif kind in ("push", "pull"):
-      name = f"push wave {ev['wave']}" if kind == "push" else f"pull {ev['glob']}"
+      name = (f"push wave {ev['wave']}" if kind == "push" else
+              f"pull {ev['glob']}" if "glob" in ev else f"pull seq {ev['seq']}")  # (version 2: its seq)
       out.append({"ph": "i", "s": "p", "name": name, "cat": kind, "pid": ev["vw"], "ts": us(ev["t"])})
   return {"traceEvents": out, "displayTimeUnit": "ms", "otherData": {"executor": meta.get("executor")}}
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+from hetpipe_jax.core.meta import VERSIONS
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.plan.placement import PLACEMENTS
 from hetpipe_jax.run.config import FLAT_NAME, RunConfig
@@ -25,7 +26,7 @@ class Executor:
     checkpoints: it can save and resume checkpoints.
     slows: it runs ``faults.slow`` (a real delay of a node's tasks).
     adapts: it reads the sim options ``adapt`` and ``replan_every`` (HetPipe's adaptation, live).
-    placements / precisions: what it runs of those.
+    placements / precisions / trace_versions: what it runs (writes) of those.
     check: further rules of its own on a config (after the common ones).
   """
 
@@ -40,6 +41,7 @@ class Executor:
   adapts: bool = False
   placements: tuple[str, ...] = PLACEMENTS
   precisions: tuple[str, ...] = ("fp32",)
+  trace_versions: tuple[int, ...] = VERSIONS
   check: Callable[[RunConfig], None] | None = None
 
   def validate(self, config: RunConfig) -> None:
@@ -72,6 +74,9 @@ class Executor:
     if config.precision not in self.precisions:
       raise ConfigError(f"precision={config.precision!r} is not trained by the {self.name} executor; use "
                         f"precision={' or '.join(repr(p) for p in self.precisions)}")
+    if config.trace_version not in self.trace_versions:
+      raise ConfigError(f"trace_version={config.trace_version} is not written by the {self.name} executor; use "
+                        f"trace_version={' or '.join(map(str, self.trace_versions))}")
     if self.check is not None:
       self.check(config)
 

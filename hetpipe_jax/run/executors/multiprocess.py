@@ -203,4 +203,5 @@ def _check(config) -> None:
 
 
 EXECUTOR = Executor("multiprocess", run, "runs on the wall clock", wall_options=True, adapts=True,
-                    placements=("default", "local"), precisions=PRECISIONS, slows=True, check=_check)
+                    placements=("default", "local"), precisions=PRECISIONS, slows=True, check=_check,
+                    trace_versions=(1,))  # (its PS shards apply pushes in their own orders: no one seq names a base)

@@ -36,7 +36,7 @@ def run(setup: Setup) -> RunResult:
   if setup.config.sim.adapting:
     return _replanning(setup)
   c, layout = setup.config, setup.clock_layout
-  trace = Trace(c.trace_path)
+  trace = Trace(c.trace_path, version=c.trace_version)
   t_host = time.perf_counter()
   try:
     seconds, vws, rows, fast = simulate(job(setup), trace, setup.fields)
@@ -67,7 +67,7 @@ def _replanning(setup: Setup) -> RunResult:
     raise ConfigError("adapt (HetPipe's re-planning under noise) runs every wave of one layout after another: give "
                       "--adapt=off, or drop fast_sim and the injected failures")
   t_host = time.perf_counter()
-  segments = simulate_replanning(job(setup), setup.costs, replanning(c), setup.fields)
+  segments = simulate_replanning(job(setup), setup.costs, replanning(c), setup.fields, c.trace_version)
   events = first_trace(segments)
   if c.trace_path:
     for k, segment in enumerate(segments):
