@@ -14,7 +14,7 @@ from hetpipe_jax.cluster import GpuType, Link, make_cluster
 from hetpipe_jax.core import check
 from hetpipe_jax.core.breakdown import time_breakdown
 from hetpipe_jax.core.server import ClockServer, Snapshot
-from hetpipe_jax.core.trace import Trace, staleness_stats, write_trace
+from hetpipe_jax.core.trace import Trace, read_trace, staleness_stats, write_trace
 from hetpipe_jax.cost.profile import UnitProfile
 from hetpipe_jax.plan.layout import Layout, VWLayout
 from hetpipe_jax.run.executors import EXECUTORS
@@ -138,15 +138,10 @@ def test_a_run_writes_version_2_as_the_same_run_in_version_1(executor, tmp_path)
           for v in (1, 2)}
   v1, v2 = runs[1].events, runs[2].events
   assert v2[0]["version"] == 2 and not any("glob" in e for e in v2) and any("seq" in e for e in v2)
-  assert list(check.as_version_1(v2)) == v1 == _read(tmp_path / "v1.jsonl")
-  assert _read(tmp_path / "v2.jsonl") == v2
+  assert list(check.as_version_1(v2)) == v1 == read_trace(str(tmp_path / "v1.jsonl"))
+  assert read_trace(str(tmp_path / "v2.jsonl")) == v2
   assert check.check_trace(v2) == [] and runs[1].metrics == runs[2].metrics
   assert staleness_stats(check.as_version_1(v2)) == staleness_stats(v1) and mean_staleness(v2) == mean_staleness(v1)
-
-
-def _read(path) -> list[dict]:
-  with open(path, encoding="utf-8") as f:
-    return [json.loads(line) for line in f]
 
 
 def test_a_trace_version_no_executor_writes_is_refused_in_one_line():
@@ -166,5 +161,5 @@ def test_the_training_cli_simulates_in_version_2_and_reports_what_version_1_repo
   for summary in summaries:
     summary.pop("host_seconds")
   assert summaries[0] == summaries[1]
-  v2 = _read(tmp_path / "v2" / "trace.jsonl")
-  assert v2[0]["version"] == 2 and list(check.as_version_1(v2)) == _read(tmp_path / "v1" / "trace.jsonl")
+  v2 = read_trace(str(tmp_path / "v2" / "trace.jsonl"))
+  assert v2[0]["version"] == 2 and list(check.as_version_1(v2)) == read_trace(str(tmp_path / "v1" / "trace.jsonl"))
