@@ -199,13 +199,7 @@ class _Checker:
       return False
     if not (self._fast_fwd(i, j, p, own, seq) if kind == "fwd" else self._fast_bwd(i, j, p, own, seq)):
       return False
-    if run is None:  # (:meth:`_Done.seen`: the first, or the next minibatch)
-      runs[(kind, i, j)] = [p, p, set()]
-    else:
-      run[1] = p
-      while run[1] + 1 in run[2]:
-        run[1] += 1
-        run[2].discard(run[1])
+    self.done.seen((kind, i, j, p))  # (the first, or the next minibatch: recorded, not seen before)
     self.device_free_at[dev] = max(-math.inf if free is None else free, t1)
     self.t[None] = max(last, latest)
     return True
