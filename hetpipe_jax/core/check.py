@@ -34,7 +34,6 @@ staleness (exit 0).
 from __future__ import annotations
 
 import bisect
-import collections
 import json
 import math
 import operator
@@ -61,38 +60,73 @@ class Violation(NamedTuple):
     return f"line {self.line}: [{self.rule}] {self.message}"
 
 
-class _Done:
-  """The tasks that ran, (kind, vw, stage, mb), as a set answers of them, in memory that does not grow with the run:
-  per (kind, vw, stage) the interval of minibatches that ran without a gap and the few others (those ahead of a
-  gap), where a set of every task would hold millions at scale."""
+class _Device:
+  """What the checker knows of one stage of one VW, in one record: a task reads one object, where books keyed by
+  tuples (one dict per kind of fact) spread a task's reads over memory that outgrows the caches at scale."""
+
+  __slots__ = ("free_at", "applied", "last_glob", "forwards", "runs")
 
   def __init__(self):
-    self._runs: dict[tuple[str, int, int], list] = {}  # (kind, vw, stage) -> [first, last, {others}]
+    self.free_at: float | None = None  # the end of its latest task
+    self.applied = 0  # backward passes applied
+    self.last_glob: tuple | int | None = None  # the global base of its latest forward
+    self.forwards: dict[int, tuple] = {}  # mb -> (own, global base) of each forward whose backward has not run
+    self.runs: dict[str, list] = {}  # kind -> the tasks that ran: [first, last, {others}] (see :class:`_Done`)
+
+
+def _device(devices: list[dict[int, _Device]], i: int, j: int) -> _Device:
+  """VW ``i``'s stage ``j``'s record, made on first use (a meta line's stage counts are not trusted to allocate)."""
+  d = devices[i].get(j)
+  if d is None:
+    d = devices[i][j] = _Device()
+  return d
+
+
+def _ran(run: list | None, p: int) -> bool:
+  """Whether minibatch ``p`` is in ``run`` (:class:`_Done`)."""
+  return run is not None and (run[0] <= p <= run[1] or p in run[2])
+
+
+def _add(runs: dict[str, list], kind: str, p: int) -> bool:
+  """Whether minibatch ``p`` of ``kind`` is in ``runs`` already; it is, after."""
+  run = runs.get(kind)
+  if run is None:
+    runs[kind] = [p, p, set()]
+    return False
+  if p == run[1] + 1:  # (the common case: the next minibatch)
+    run[1] = p
+    while run[1] + 1 in run[2]:  # a gap closed: what was ahead of it joins the interval
+      run[1] += 1
+      run[2].discard(run[1])
+    return False
+  if run[0] <= p <= run[1] or p in run[2]:
+    return True
+  run[2].add(p)
+  return False
+
+
+class _Done:
+  """The tasks that ran, (kind, vw, stage, mb), as a set answers of them, in memory that does not grow with the run:
+  per device (its record's ``runs``) and kind, the interval of minibatches that ran without a gap and the few
+  others (those ahead of a gap), where a set of every task would hold millions at scale."""
+
+  def __init__(self, devices: list[dict[int, _Device]]):
+    self._devices = devices
 
   def __contains__(self, key: tuple[str, int, int, int]) -> bool:
-    run = self._runs.get(key[:3])
-    return run is not None and (run[0] <= key[3] <= run[1] or key[3] in run[2])
+    kind, i, j, p = key
+    d = self._devices[i].get(j)
+    return d is not None and _ran(d.runs.get(kind), p)
 
   def seen(self, key: tuple[str, int, int, int]) -> bool:
     """Whether ``key`` is here already; it is, after."""
-    run, p = self._runs.get(key[:3]), key[3]
-    if run is None:
-      self._runs[key[:3]] = [p, p, set()]
-      return False
-    if p == run[1] + 1:  # (the common case: the next minibatch)
-      run[1] = p
-      while run[1] + 1 in run[2]:  # a gap closed: what was ahead of it joins the interval
-        run[1] += 1
-        run[2].discard(run[1])
-      return False
-    if run[0] <= p <= run[1] or p in run[2]:
-      return True
-    run[2].add(p)
-    return False
+    kind, i, j, p = key
+    return _add(_device(self._devices, i, j).runs, kind, p)
 
   def forget(self, vw: int) -> None:
     """Every task of ``vw`` (it joined again: its books restart)."""
-    self._runs = {key: run for key, run in self._runs.items() if key[1] != vw}
+    for d in self._devices[vw].values():
+      d.runs = {}
 
 
 class _Checker:
@@ -109,10 +143,8 @@ class _Checker:
     self.clock = wsp.init(self.n)
     self.injected = [0] * self.n
     self.completed = [0] * self.n
-    self.done = _Done()  # (kind, vw, stage, mb) of the tasks that ran
-    self.applied = collections.Counter()  # (vw, stage) -> backward passes applied
-    self.fwd_version: dict[tuple, tuple] = {}  # (vw, stage, mb) -> (own, glob)
-    self.last_glob: dict[tuple, tuple | int] = {}  # (vw, stage) -> global base of its last forward
+    self.devices: list[dict[int, _Device]] = [{} for _ in range(self.n)]  # per VW: stage -> its record
+    self.done = _Done(self.devices)  # (kind, vw, stage, mb) of the tasks that ran
     # A trace of version 2 names a global base by its seq (the clocks after that many changes); while no VW has
     # left or joined, seqs are compared as they are (a seq's clocks are then told by the global clock after it:
     # ``lows``); after, every seq is turned into its clocks and checked as version 1's glob.
@@ -122,7 +154,6 @@ class _Checker:
     start: tuple | int = 0 if self.by_seq else (0,) * self.n
     self.pulls: list[set[tuple | int]] = [{start} for _ in range(self.n)]  # the global bases each VW pulled
     self.pulled_since_push = [False] * self.n
-    self.device_free_at: dict[tuple, float] = {}
     self.t: dict[int | None, float] = {}  # the latest time on each process's clock (None: one process)
     self.joining: set[int] = set()  # joined, not pulled yet
     self.ahead: set[int] = set()  # holds every live VW beyond D + 1 of the global clock (maybe others)
@@ -173,8 +204,9 @@ class _Checker:
 
   def _fast_task(self, ev: dict[str, Any], kind: str) -> bool:
     """Whether ``ev``, a forward or backward of a version-2 trace while no VW has left or joined, with exactly its
-    fields and their types, breaks no rule: then its state is recorded as :meth:`event` would, in one call. False
-    changes nothing, and :meth:`event` takes it rule by rule (what breaks, and every message, are told only there)."""
+    fields and their types, on a device that ran a task before, breaks no rule: then its state is recorded as
+    :meth:`event` would, in one call. False changes nothing, and :meth:`event` takes it rule by rule (what breaks,
+    and every message, are told only there)."""
     if len(ev) != 8:
       return False
     try:
@@ -187,20 +219,31 @@ class _Checker:
     latest, last = (t0 if t0 >= t1 else t1), self.t.get(None, 0.0)
     if latest < last - EPS or not (0 <= j < self.k[i] and 1 <= p <= self.injected[i]):
       return False
-    runs = self.done._runs  # pylint: disable=protected-access  # (the checker's own books)
-    run = runs.get((kind, i, j))
-    dev = (i, j)
-    free = self.device_free_at.get(dev)
-    if (run is not None and p != run[1] + 1) or (free is not None and t0 < free - EPS):
+    devs = self.devices[i]
+    d = devs.get(j)
+    if d is None or d.free_at is None or t0 < d.free_at - EPS:
       return False
-    last_stage = j == self.k[i] - 1
-    before = runs.get(("fwd", i, j - 1) if kind == "fwd" else ("fwd", i, j) if last_stage else ("bwd", i, j + 1))
-    if not (kind == "fwd" and j == 0) and (before is None or not (before[0] <= p <= before[1] or p in before[2])):
+    runs = d.runs
+    run = runs.get(kind)
+    if run is not None and p != run[1] + 1:
       return False
-    if not (self._fast_fwd(i, j, p, own, seq) if kind == "fwd" else self._fast_bwd(i, j, p, own, seq)):
-      return False
-    self.done.seen((kind, i, j, p))  # (the first, or the next minibatch: recorded, not seen before)
-    self.device_free_at[dev] = max(-math.inf if free is None else free, t1)
+    if kind == "fwd":  # the task before it: the forward at the stage before, if any
+      before = devs[j - 1].runs.get("fwd") if j and j - 1 in devs else None
+      if j and (before is None or not (before[0] <= p <= before[1] or p in before[2])) \
+          or not self._fast_fwd(d, i, p, own, seq):
+        return False
+    else:  # the backward at the stage after, or the last stage's forward
+      before = runs.get("fwd") if j == self.k[i] - 1 else devs[j + 1].runs.get("bwd") if j + 1 in devs else None
+      if before is None or not (before[0] <= p <= before[1] or p in before[2]) \
+          or not self._fast_bwd(d, i, p, own, seq):
+        return False
+    if run is None:  # (the first, or the next minibatch: recorded, not seen before; :func:`_add`, inline)
+      runs[kind] = [p, p, set()]
+    elif run[2]:
+      _add(runs, kind, p)
+    else:
+      run[1] = p
+    d.free_at = t1 if t1 > d.free_at else d.free_at
     self.t[None] = max(last, latest)
     return True
 
@@ -210,25 +253,25 @@ class _Checker:
     need = (p - 1) // nm - self.d - (p % nm != 0)
     return 0 <= seq <= self.clock.seq and self.lows[seq] >= need and seq in self.pulls[i]
 
-  def _fast_fwd(self, i: int, j: int, p: int, own: int, seq: int) -> bool:
+  def _fast_fwd(self, d: _Device, i: int, p: int, own: int, seq: int) -> bool:
     """:meth:`_on_fwd`'s rules past :meth:`_task` hold: recorded."""
-    if own < p - self.nm[i] or own != self.applied[(i, j)] or not self._fast_global(i, p, seq) \
-        or seq < cast(int, self.last_glob.get((i, j), 0)):  # (a seq: no VW has left or joined)
+    if own < p - self.nm[i] or own != d.applied or not self._fast_global(i, p, seq) \
+        or (d.last_glob is not None and seq < cast(int, d.last_glob)):  # (a seq: no VW has left or joined)
       return False
-    self.fwd_version[(i, j, p)] = (own, seq)
-    self.last_glob[(i, j)] = seq
+    d.forwards[p] = (own, seq)
+    d.last_glob = seq
     return True
 
-  def _fast_bwd(self, i: int, j: int, p: int, own: int, seq: int) -> bool:
+  def _fast_bwd(self, d: _Device, i: int, p: int, own: int, seq: int) -> bool:
     """:meth:`_on_bwd`'s rules past :meth:`_task` hold: recorded."""
     if self.stash:
-      fwd = self.fwd_version.get((i, j, p))
+      fwd = d.forwards.get(p)
       if fwd is not None and fwd != (own, seq):
         return False
-    elif own != self.applied[(i, j)] or not self._fast_global(i, p, seq):
+    elif own != d.applied or not self._fast_global(i, p, seq):
       return False
-    self.fwd_version.pop((i, j, p), None)
-    self.applied[(i, j)] += 1
+    d.forwards.pop(p, None)
+    d.applied += 1
     return True
 
   # --- minibatch flow --------------------------------------------------------------------------------
@@ -272,11 +315,12 @@ class _Checker:
       return None
     if self.done.seen((ev["ev"], i, j, p)):
       self.fail("order", f"{ev['ev']} of VW {i} stage {j} minibatch {p} ran twice")
-    dev = (i, j)
-    if ev["t0"] < self.device_free_at.get(dev, 0.0 if ev.get("process") is None else -math.inf) - EPS:
+    d = _device(self.devices, i, j)
+    free = d.free_at if d.free_at is not None else 0.0 if ev.get("process") is None else -math.inf
+    if ev["t0"] < free - EPS:  # (a first task before 0 on one process's clock too)
       self.fail("device", f"VW {i} stage {j} started {ev['ev']} of minibatch {p} at {ev['t0']} while "
-                f"busy until {self.device_free_at[dev]}")
-    self.device_free_at[dev] = max(self.device_free_at.get(dev, -math.inf), ev["t1"])
+                f"busy until {free}")
+    d.free_at = max(-math.inf if d.free_at is None else d.free_at, ev["t1"])
     return i, j, p, (ev["own"], self._base(ev))
 
   # --- version 2: global bases named by seq -------------------------------------------------------------
@@ -317,8 +361,9 @@ class _Checker:
       return
     self.by_seq = False
     self.pulls = [{self._glob(s) for s in pulled} for pulled in self.pulls]
-    self.last_glob = {key: self._glob(s) for key, s in self.last_glob.items()}
-    self.fwd_version = {key: (own, self._glob(s)) for key, (own, s) in self.fwd_version.items()}
+    for d in (d for devs in self.devices for d in devs.values()):
+      d.last_glob = None if d.last_glob is None else self._glob(d.last_glob)
+      d.forwards = {p: (own, self._glob(s)) for p, (own, s) in d.forwards.items()}
 
   def _check_global(self, i: int, j: int, p: int, glob: tuple | int, what: str) -> None:
     if self._unknown(glob, f"{what} of VW {i} minibatch {p} at stage {j}"):
@@ -358,20 +403,21 @@ class _Checker:
     if task is None:
       return
     i, j, p, (own, glob) = task
+    d = self.devices[i][j]
     if j > 0 and ("fwd", i, j - 1, p) not in self.done:
       self.fail("order", f"forward of VW {i} minibatch {p} at stage {j} before stage {j - 1}")
     if own < p - self.nm[i]:
       self.fail("local", f"forward of VW {i} minibatch {p} at stage {j} includes {own} own updates; "
                 f"needs >= {p - self.nm[i]} (Nm={self.nm[i]})")
-    if own != self.applied[(i, j)]:
+    if own != d.applied:
       self.fail("rebase", f"forward of VW {i} minibatch {p} at stage {j} uses weights with {own} own "
-                f"updates, but the stage has applied {self.applied[(i, j)]} (lost or double-counted "
+                f"updates, but the stage has applied {d.applied} (lost or double-counted "
                 "local updates)")
     self._check_global(i, j, p, glob, "forward")
-    self.fwd_version[(i, j, p)] = (own, glob)
+    d.forwards[p] = (own, glob)
     if isinstance(glob, int) and not 0 <= glob <= self.clock.seq:
       return  # (a seq not reached yet: reported)
-    last = self.last_glob.get((i, j), 0 if isinstance(glob, int) else (0,) * self.n)
+    last = d.last_glob if d.last_glob is not None else 0 if isinstance(glob, int) else (0,) * self.n
     if isinstance(glob, int) and isinstance(last, int):  # (no VW left or joined: a later seq holds more clocks)
       older = glob < last
     else:
@@ -379,28 +425,29 @@ class _Checker:
     if older:
       self.fail("global", f"forward of VW {i} minibatch {p} at stage {j} has global base {list(self._glob(glob))}, "
                 f"older than an earlier forward's {list(self._glob(last))}")
-    self.last_glob[(i, j)] = glob
+    d.last_glob = glob
 
   def _on_bwd(self, ev) -> None:
     task = self._task(ev)
     if task is None:
       return
     i, j, p, version = task
+    d = self.devices[i][j]
     before = ("fwd", i, j, p) if j == self.k[i] - 1 else ("bwd", i, j + 1, p)
     if before not in self.done:
       self.fail("order", f"backward of VW {i} minibatch {p} at stage {j} before {before[0]} at stage "
                 f"{before[2]}")
-    fwd = self.fwd_version.pop((i, j, p), None)
+    fwd = d.forwards.pop(p, None)
     if self.stash and fwd is not None and version != fwd:
       self.fail("stash", f"backward of VW {i} minibatch {p} at stage {j} used weights (own, glob) = "
                 f"{version[0]}, {list(self._glob(version[1]))} but its forward used {fwd[0]}, "
                 f"{list(self._glob(fwd[1]))}")
     if not self.stash:
-      if version[0] != self.applied[(i, j)]:
+      if version[0] != d.applied:
         self.fail("rebase", f"backward of VW {i} minibatch {p} at stage {j} uses weights with "
-                  f"{version[0]} own updates, but the stage has applied {self.applied[(i, j)]}")
+                  f"{version[0]} own updates, but the stage has applied {d.applied}")
       self._check_global(i, j, p, version[1], "backward")
-    self.applied[(i, j)] += 1
+    d.applied += 1
 
   def _on_complete(self, ev) -> None:
     i, p = ev["vw"], ev["mb"]
@@ -509,10 +556,9 @@ class _Checker:
     start = c * self.nm[i]  # it runs the minibatches of waves c, c+1, ... on fresh stages
     self.injected[i] = self.completed[i] = start
     self.done.forget(i)
-    self.fwd_version = {key: v for key, v in self.fwd_version.items() if key[0] != i}
     for j in range(self.k[i]):
-      self.applied[(i, j)] = start
-      self.last_glob.pop((i, j), None)
+      d = _device(self.devices, i, j)
+      d.applied, d.last_glob, d.forwards = start, None, {}
     self.pulls[i] = set()
     self.pulled_since_push[i] = False
     self.joining.add(i)  # its first event must be its pull
