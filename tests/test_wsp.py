@@ -71,3 +71,36 @@ def test_the_global_clock_kept_as_clocks_change_is_the_minimum_of_the_clocks_tha
     assert (wsp.c_global(s), s.at_low) == (min(counted), counted.count(min(counted)))
     assert s == wsp.restore(s.c_local, s.left, s.seq)
   assert s.seq == sum(move != "leave" for move, _, _ in moves)  # every push and join changes the clocks
+
+
+@settings(max_examples=100, deadline=None, derandomize=True)
+@given(clocks=st.lists(st.integers(0, 9), max_size=3 * wsp.CHUNK + 5),
+       sets=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 9)), max_size=12))
+def test_clocks_read_as_the_tuple_of_their_clocks(clocks, sets):
+  """``wsp.Clocks`` (persistent: a push copies one chunk) reads as a tuple would: index (negative too), slice,
+  iterate, compare, hash, print, pickle; ``set`` leaves the clocks it came from as they were."""
+  import pickle
+
+  c, t = wsp.Clocks(clocks), tuple(clocks)
+  for i, clock in sets:
+    if t:
+      i %= len(t)
+      before = c
+      c, t = c.set(i, clock), t[:i] + (clock,) + t[i + 1:]
+      assert before == tuple(before) and (before == c) == (tuple(before) == t)
+  assert len(c) == len(t) and list(c) == list(t) and c == t and c == wsp.Clocks(t) and hash(c) == hash(t)
+  assert [c[i] for i in range(-len(t), len(t))] == [t[i] for i in range(-len(t), len(t))]
+  assert c[1:-1:2] == t[1:-1:2] and repr(c) == repr(t) and pickle.loads(pickle.dumps(c)) == c
+  assert c != list(t)  # (as a tuple: never equal to a list)
+  for bad in (len(t), -len(t) - 1):
+    with pytest.raises(IndexError):
+      c[bad]
+
+
+def test_a_push_shares_every_chunk_of_clocks_but_the_pushers():
+  """A push at 1,000 VWs copies one chunk of ``CHUNK`` clocks (and the tuple of chunks), not the 1,000 clocks."""
+  s = wsp.init(1000)
+  t = wsp.push(s, 700)
+  shared = [a is b for a, b in zip(s.c_local._chunks, t.c_local._chunks)]
+  assert shared.count(False) == 1 and not shared[700 // wsp.CHUNK]
+  assert t.c_local[700] == 1 and sum(t.c_local) == 1 and sum(s.c_local) == 0

@@ -114,7 +114,7 @@ class Engine:
     self._batches, self._on_wave = batches, on_wave
     self.comm = comm or InstantComm()
     self._rejoin = rejoin
-    self._glob_lists: dict[int, tuple[tuple[int, ...], list[int]]] = {}  # id(glob) -> (glob, as a list)
+    self._glob_lists: dict[int, tuple[Sequence[int], list[int]]] = {}  # id(glob) -> (glob, as a list)
     self._seq_only = trace.version == 2  # tasks and pulls name their global base by its seq (O(1) each)
     self._staged: StagedComm | None = cast(StagedComm, self.comm) if self.comm.staged else None
     if self._staged and any(vw.stages for vw in self.vws):
@@ -260,7 +260,7 @@ class Engine:
         self.comm.push(vw.index, wave, t, landed)
     self._inject(vw, t)
 
-  def _glob_list(self, glob: tuple[int, ...]) -> list[int]:
+  def _glob_list(self, glob: Sequence[int]) -> list[int]:
     """``glob`` as the list a task event carries: one list per version's tuple, shared by the events of
     every task that used it (copying N entries per task was a tenth of the host time at 1,024 GPUs; trace
     events are records, never modified)."""

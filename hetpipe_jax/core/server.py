@@ -9,7 +9,7 @@ c_local - c_global <= D.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
 from hetpipe_jax.core import wsp
@@ -20,7 +20,7 @@ class Snapshot(NamedTuple):
   waves of each virtual worker they contain."""
 
   params: tuple[Any, ...] | None
-  waves: tuple[int, ...]
+  waves: Sequence[int]  # (the PS's clocks as they are: immutable)
   seq: int = 0  # the clocks' changes they hold (:attr:`hetpipe_jax.core.wsp.ClockState.seq`)
 
 

@@ -29,7 +29,7 @@ class Version(NamedTuple):
   """Which updates a set of stage weights contains."""
 
   own: int  # own minibatch updates
-  glob: tuple[int, ...]  # waves of each virtual worker in the global base
+  glob: Sequence[int]  # waves of each virtual worker in the global base
   seq: int = 0  # the global base's place in the PS's order of clock changes (what a trace of version 2 records)
 
 
@@ -121,15 +121,20 @@ def rebase(book: VersionBook, waves: Sequence[int], vw: int, nm: int, added: Seq
   With numerics, ``added`` is what the stages really added (so a rebase that loses updates shows in the
   trace); without, :func:`open_updates`.
   """
-  glob = tuple(waves)
+  glob = _frozen(waves)
   return book._replace(current=tuple(Version(glob[vw] * nm + a, glob, seq) for a in added))
 
 
 def rebase_stage(book: VersionBook, stage: int, waves: Sequence[int], vw: int, nm: int, added: int,
                  seq: int = 0) -> VersionBook:
   """:func:`rebase` of one stage (a staged pull: each stage's part lands on its own)."""
-  glob = tuple(waves)
+  glob = _frozen(waves)
   return book._replace(current=_set(book.current, stage, Version(glob[vw] * nm + added, glob, seq)))
+
+
+def _frozen(waves: Sequence[int]) -> Sequence[int]:
+  """``waves`` as an immutable sequence: the PS's clocks as they are (a pull copies no N-entry vector)."""
+  return waves if isinstance(waves, (tuple, wsp.Clocks)) else tuple(waves)
 
 
 def _set(values: tuple, index: int, value) -> tuple:

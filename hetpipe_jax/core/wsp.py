@@ -18,9 +18,70 @@ its wave); hence the global staleness bound (D+2)*Nm-2 minibatches, which is tig
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import itertools
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, NamedTuple, overload
 
 from hetpipe_jax.errors import ProtocolError
+
+CHUNK = 64  # clocks per chunk of :class:`Clocks`
+
+
+class Clocks(Sequence[int]):
+  """Every VW's clock, immutable and persistent: :meth:`set` returns new clocks that share all chunks of ``CHUNK``
+  clocks but one with these, so a push costs O(N / CHUNK + CHUNK), where a tuple copies all N (9 us a push at
+  2,048 VWs, 45 us in the checker at 16,384 GPUs: issue 42). Reads as the tuple of its clocks: indexes, iterates,
+  compares equal to (and hashes as) that tuple, prints as it."""
+
+  __slots__ = ("_chunks", "_n")
+
+  def __init__(self, clocks: Iterable[int] = ()):
+    c = tuple(clocks)
+    self._chunks = tuple(c[k:k + CHUNK] for k in range(0, len(c), CHUNK))
+    self._n = len(c)
+
+  def __len__(self) -> int:
+    return self._n
+
+  @overload
+  def __getitem__(self, i: int) -> int: ...
+
+  @overload
+  def __getitem__(self, i: slice) -> tuple[int, ...]: ...
+
+  def __getitem__(self, i: Any) -> Any:
+    if isinstance(i, slice):
+      return tuple(self)[i]
+    if i < 0:
+      i += self._n
+      if i < 0:
+        raise IndexError("clock index out of range")
+    return self._chunks[i // CHUNK][i % CHUNK]
+
+  def __iter__(self) -> Iterator[int]:
+    return itertools.chain.from_iterable(self._chunks)
+
+  def __eq__(self, other: object) -> bool:
+    if isinstance(other, Clocks):
+      return self._chunks == other._chunks  # (the same length: the same chunking)
+    return tuple(self) == other if isinstance(other, tuple) else NotImplemented
+
+  def __hash__(self) -> int:
+    return hash(tuple(self))
+
+  def __repr__(self) -> str:
+    return repr(tuple(self))
+
+  def __reduce__(self) -> tuple[Any, ...]:
+    return Clocks, (tuple(self),)
+
+  def set(self, i: int, clock: int) -> Clocks:
+    """These clocks with VW ``i``'s (0 <= i < N) set to ``clock``."""
+    k, r = divmod(i, CHUNK)
+    chunk = self._chunks[k]
+    new = object.__new__(Clocks)
+    new._chunks, new._n = self._chunks[:k] + (chunk[:r] + (clock,) + chunk[r + 1:],) + self._chunks[k + 1:], self._n
+    return new
 
 
 class ClockState(NamedTuple):
@@ -33,14 +94,14 @@ class ClockState(NamedTuple):
   trace of version 2 records instead of the clocks themselves (docs/PROTOCOL.md section 8). Build one with
   :func:`init` or :func:`restore`."""
 
-  c_local: tuple[int, ...]
+  c_local: Clocks
   left: frozenset[int]
   low: int
   at_low: int
   seq: int
 
 
-def _counted(c_local: tuple[int, ...], left: frozenset[int]) -> list[int]:
+def _counted(c_local: Sequence[int], left: frozenset[int]) -> list[int]:
   """The clocks that count in the global clock: the live VWs' (all of them, if none is live)."""
   if not left:
     return list(c_local)
@@ -48,16 +109,17 @@ def _counted(c_local: tuple[int, ...], left: frozenset[int]) -> list[int]:
   return live or list(c_local)
 
 
-def restore(c_local: tuple[int, ...], left: frozenset[int] = frozenset(), seq: int = 0) -> ClockState:
+def restore(c_local: Sequence[int], left: frozenset[int] = frozenset(), seq: int = 0) -> ClockState:
   """The clock state of these clocks and departed VWs after ``seq`` changes (O(N): a checkpoint's clocks)."""
-  counted = _counted(tuple(c_local), frozenset(left))
+  clocks = c_local if isinstance(c_local, Clocks) else Clocks(c_local)
+  counted = _counted(clocks, frozenset(left))
   low = min(counted)
-  return ClockState(tuple(c_local), frozenset(left), low, counted.count(low), seq)
+  return ClockState(clocks, frozenset(left), low, counted.count(low), seq)
 
 
 def init(num_vws: int) -> ClockState:
   """All clocks start at 0."""
-  return ClockState((0,) * num_vws, frozenset(), 0, num_vws, 0)
+  return ClockState(Clocks((0,) * num_vws), frozenset(), 0, num_vws, 0)
 
 
 def c_global(state: ClockState) -> int:
@@ -79,7 +141,7 @@ def join(state: ClockState, vw: int, clock: int | None = None) -> ClockState:
     c[vw] = clock
   elif len(state.left | {vw}) < len(c):
     c[vw] = leave(state, vw).low
-  return restore(tuple(c), state.left - {vw}, state.seq + 1)
+  return restore(c, state.left - {vw}, state.seq + 1)
 
 
 def push(state: ClockState, vw: int, wave: int | None = None) -> ClockState:
@@ -92,14 +154,13 @@ def push(state: ClockState, vw: int, wave: int | None = None) -> ClockState:
   if wave is not None and wave != before:
     raise ProtocolError(f"VW {vw} pushed wave {wave} but its clock is {before}; waves are pushed "
                         "once each, in order")
-  c = list(state.c_local)
-  c[vw] = before + 1
+  c = state.c_local.set(vw, before + 1)
   counts = vw not in state.left or len(state.left) == len(c)
   if not counts or before != state.low:
-    return state._replace(c_local=tuple(c), seq=state.seq + 1)
+    return state._replace(c_local=c, seq=state.seq + 1)
   if state.at_low > 1:
-    return state._replace(c_local=tuple(c), at_low=state.at_low - 1, seq=state.seq + 1)
-  return restore(tuple(c), state.left, state.seq + 1)  # the last clock at the minimum moved: the global clock rises
+    return state._replace(c_local=c, at_low=state.at_low - 1, seq=state.seq + 1)
+  return restore(c, state.left, state.seq + 1)  # the last clock at the minimum moved: the global clock rises
 
 
 def clock_gap(state: ClockState, vw: int) -> int:

@@ -142,7 +142,7 @@ class ShardFollower:
       self._serve(f["vw"], f["n"], np.array(tail[:2 * self.ctx.layout.num_vws], np.int32))
     elif op == "gather":
       ctx, me = self.ctx, self.ctx.node.process
-      applied = jax.device_put(np.array(self.ps.clock.c_local, np.int32), ctx.node.device)
+      applied = jax.device_put(np.array(list(self.ps.clock.c_local), np.int32), ctx.node.device)
       deliver(ctx.node, ctx.mailbox, 0, protocol.tag("weights", process=me, n=f["n"]),
               [*jax.tree.leaves(self.ps.params), applied])
     elif op == "leave":
