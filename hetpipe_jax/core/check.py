@@ -227,16 +227,16 @@ class _Checker:
     run = runs.get(kind)
     if run is not None and p != run[1] + 1:
       return False
-    if kind == "fwd":  # the task before it: the forward at the stage before, if any
-      before = devs[j - 1].runs.get("fwd") if j and j - 1 in devs else None
-      if j and (before is None or not (before[0] <= p <= before[1] or p in before[2])) \
-          or not self._fast_fwd(d, i, p, own, seq):
+    # the task before it: a forward's at the stage before (none at stage 0); a backward's at the stage after, or
+    # the last stage's forward (:meth:`_on_fwd`, :meth:`_on_bwd`)
+    last_stage = j == self.k[i] - 1
+    if kind == "bwd" or j:
+      prior = devs.get(j - 1) if kind == "fwd" else d if last_stage else devs.get(j + 1)
+      before = None if prior is None else prior.runs.get("bwd" if kind == "bwd" and not last_stage else "fwd")
+      if before is None or not (before[0] <= p <= before[1] or p in before[2]):  # (:func:`_ran`, inline)
         return False
-    else:  # the backward at the stage after, or the last stage's forward
-      before = runs.get("fwd") if j == self.k[i] - 1 else devs[j + 1].runs.get("bwd") if j + 1 in devs else None
-      if before is None or not (before[0] <= p <= before[1] or p in before[2]) \
-          or not self._fast_bwd(d, i, p, own, seq):
-        return False
+    if not (self._fast_fwd(d, i, p, own, seq) if kind == "fwd" else self._fast_bwd(d, i, p, own, seq)):
+      return False
     if run is None:  # (the first, or the next minibatch: recorded, not seen before; :func:`_add`, inline)
       runs[kind] = [p, p, set()]
     elif run[2]:
