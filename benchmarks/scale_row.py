@@ -6,6 +6,11 @@ each peak is its own; the 64-GPU tuning is done once and saved::
   PYTHONPATH=. .venv/bin/python benchmarks/scale_row.py tune            # writes outputs/scale_row/tuned64.pkl
   PYTHONPATH=. .venv/bin/python benchmarks/scale_row.py 1024            # RESULT gpus=1024 row=... check=...
   PYTHONPATH=. .venv/bin/python benchmarks/scale_row.py 1024 1          # the same, one simulation at a time
+  PYTHONPATH=. .venv/bin/python benchmarks/scale_row.py check 1024 3    # RESULT gpus=1024 events=... us_per_event=...
+
+``check GPUS ROUNDS`` times the check alone, per event: the striped placement's version-2 trace is simulated and
+kept, then :func:`hetpipe_jax.core.check.check_trace` reads it ``ROUNDS`` times; the best is printed (the trace at
+16,384 GPUs holds 5.4M events: several GB).
 
 The second argument is the study's ``jobs`` (default 0: one simulation per core, side by side in forked
 processes). ``peak_mb`` is the most memory this process and those it forked held together, sampled every 0.5 s:
@@ -19,7 +24,9 @@ simulations, the check is timed apart by wrapping ``require_wsp``): the side-by-
 
 import contextlib
 import dataclasses
+import gc
 import glob
+import math
 import os
 import pickle
 import resource
@@ -27,7 +34,10 @@ import sys
 import threading
 import time
 
+from hetpipe_jax.core.check import check_trace
+from hetpipe_jax.core.trace import Trace
 from hetpipe_jax.cost.context import CostContext
+from hetpipe_jax.sim.simulate import simulate_fast
 from hetpipe_jax.studies import scale
 from hetpipe_jax.tune import RunSetting
 
@@ -72,6 +82,23 @@ def _pss_mb(pid: int) -> float:
   return 0.0  # (gone meanwhile)
 
 
+def check_per_event(config: scale.ScaleConfig, tuned, profiles, setting: RunSetting, n: int, rounds: int) -> None:
+  """The check of the striped placement's version-2 trace at ``n`` GPUs, alone: the best of ``rounds``, per event."""
+  cluster = scale.mixed_cluster(n, config.per_node)
+  candidate = scale.replicate(tuned, cluster, profiles, setting=setting)
+  trace = Trace(version=2)
+  simulate_fast(candidate.job(cluster, profiles, config.waves, placement="striped", precision="fp32"), trace)
+  best = math.inf
+  for _ in range(rounds):
+    gc.collect()
+    t0 = time.perf_counter()
+    violations = check_trace(trace.events)
+    best = min(best, time.perf_counter() - t0)
+    assert not violations, violations[:3]
+  print(f"RESULT gpus={n} events={len(trace.events)} check={best:.2f} "
+        f"us_per_event={best / len(trace.events) * 1e6:.2f}", flush=True)
+
+
 def main(argv: list[str]) -> None:
   setting = RunSetting(CostContext(optimizer_slots=1.0, precision="fp32"))
   profiles = scale.full_size_profiles("resnet152", 32, seq_len=None)
@@ -86,6 +113,8 @@ def main(argv: list[str]) -> None:
     return
   with open(TUNED, "rb") as f:
     tuned = pickle.load(f)  # noqa: S301 (our own file)
+  if argv[1] == "check":
+    return check_per_event(config, tuned, profiles, setting, int(argv[2]), int(argv[3]) if len(argv) > 3 else 3)
   checked = [0.0]
   if hasattr(scale, "require_wsp"):  # older code: the check inside each simulation
     inner = scale.require_wsp
