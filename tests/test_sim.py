@@ -117,6 +117,53 @@ def test_striped_flows_share_every_link_they_cross():
   assert landed == pytest.approx({"pull 0": 2.0, "pull 1": 2.0})
 
 
+def test_timers_run_by_time_then_in_the_order_they_were_set():
+  sim, ran = Simulator(make_cluster("one", [[GPU]], PCIE, NET)), []
+
+  def first(t):
+    ran.append(("first", t))
+    sim.at(t, lambda t: ran.append(("set at 1 for 1", t)))  # after those already set for 1
+    sim.at(2.0, lambda t: ran.append(("set at 1 for 2", t)))
+
+  sim.at(2.0, lambda t: ran.append(("second at 2", t)))
+  sim.at(1.0, first)
+  sim.at(1.0, lambda t: ran.append(("second at 1", t)))
+  sim.run(Idle(), cost=None)
+  assert ran == [("first", 1.0), ("second at 1", 1.0), ("set at 1 for 1", 1.0), ("second at 2", 2.0),
+                 ("set at 1 for 2", 2.0)]
+  from hetpipe_jax.errors import ProtocolError
+  with pytest.raises(ProtocolError, match="a timer set for t=1.0, before the simulator's clock t=2.0"):
+    sim.at(1.0, print)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_flows_as_objects_and_as_array_rows_land_at_the_same_doubles(seed, monkeypatch):
+  # The same random flows (point and striped, many starting together) held as objects throughout, then as
+  # array rows throughout: every flow lands at the same time to the last bit, in the same order.
+  from hetpipe_jax.sim import network
+
+  cluster = make_cluster("five", [[GPU]] * 5, PCIE, NET)
+  rng = np.random.default_rng(seed)
+  flows = [(float(rng.integers(0, 4)) * 1e-3, int(rng.integers(0, 5)), int(rng.integers(0, 5)),
+            float(rng.integers(1, 50)) * 1e5, int(rng.integers(0, 3))) for _ in range(120)]
+
+  def landings(arrays_from, scalars_below):
+    monkeypatch.setattr(network, "ARRAYS_FROM", arrays_from)
+    monkeypatch.setattr(network, "SCALARS_BELOW", scalars_below)
+    sim, landed = Simulator(cluster), []
+    for k, (start, a, b, num_bytes, kind) in enumerate(flows):
+      done = lambda t, k=k: landed.append((k, t))
+      send = (lambda _t, a=a, b=b, n=num_bytes, d=done: sim.send(a, b, n, d)) if kind == 0 else \
+          (lambda _t, a=a, n=num_bytes, out=kind == 1, d=done: sim.send_striped(a, n, out, d))
+      sim.at(start, send)
+    sim.run(Idle(), cost=None)
+    return landed
+
+  as_objects = landings(10**9, 0)
+  assert len(as_objects) == len(flows)
+  assert landings(1, 0) == as_objects
+
+
 def test_striped_placement_spreads_the_ps_traffic_over_every_node():
   # 4 single-GPU VWs on 4 nodes, 2 units of 1 GB. Default: unit 0's shard on node 0, unit 1's on node 1;
   # every push sends nodes 0 and 1 3 GB each over the network (3 flows on each ingress: about 3 s).

@@ -9,6 +9,7 @@ other (:mod:`hetpipe_jax.cluster.toml`). Every GPU of a run is mapped onto one J
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from hetpipe_jax.cluster.catalogue import (
   CATALOGUE,
@@ -65,7 +66,16 @@ class Cluster:
     Returns:
       Its GPUs, in cluster order.
     """
-    return [g for g in self.gpus if g.node == node]
+    return list(self._by_node.get(node, ()))
+
+  @functools.cached_property
+  def _by_node(self) -> dict[int, tuple[Gpu, ...]]:
+    """Every node's GPUs, in cluster order (looked up once: planning 16,384 GPUs asks for a node's GPUs 12,288
+    times, and scanning every GPU for each took 9 of its 13 s)."""
+    by_node: dict[int, list[Gpu]] = {}
+    for g in self.gpus:
+      by_node.setdefault(g.node, []).append(g)
+    return {node: tuple(gpus) for node, gpus in by_node.items()}
 
   def link(self, a: Gpu, b: Gpu) -> Link:
     """The link between two GPUs.

@@ -273,19 +273,22 @@ class _ArrayFlows:
 
   def land(self) -> list[_Flow]:
     """:meth:`_ScalarFlows.land`."""
-    slots: list[int] = np.flatnonzero(self._remaining <= self._rate * EPS).tolist()
-    if not slots:
+    rows = np.flatnonzero(self._remaining <= self._rate * EPS)
+    if not len(rows):
       return []
-    landed = sorted((self._flows.pop(slot) for slot in slots), key=_seq)
+    flows = self._flows
+    landed = sorted([flows.pop(slot) for slot in rows.tolist()], key=_seq)
     self.count -= len(landed)
+    self._remaining[rows], self._rate[rows], self._kind[rows] = np.inf, 1.0, POINT  # (free rows: many land at once)
+    self._free.extend([f.slot for f in landed])
+    resources, counts = [], []
     for f in landed:
-      self._remaining[f.slot], self._rate[f.slot], self._kind[f.slot] = np.inf, 1.0, POINT
-      self._free.append(f.slot)
-      for r, c in zip(f.resources, f.counts):
-        self._load[r] -= c
+      resources += f.resources
+      counts += f.counts
       if f.far is not None:
         _charge_far(self._load, f.far, -1)
-      self.striped -= f.kind != POINT
+        self.striped -= 1
+    np.subtract.at(self._load, resources, counts)
     return landed
 
   def loads(self) -> list[int]:
@@ -296,6 +299,40 @@ class _ArrayFlows:
     for slot, f in self._flows.items():
       f.remaining, f.rate = float(self._remaining[slot]), float(self._rate[slot])
     return list(self._flows.values())
+
+
+class _Timers:
+  """Timers, run by time and, at one time, in the order they were set (what a heap of (time, seq, fn) gives),
+  held as one list per distinct time and a heap of the distinct times. Replicated virtual workers set many
+  timers for the same instant (a 4,096-GPU run: about 190 per distinct time), so setting one is a dict lookup
+  and an append, and running one a step of a list, where a heap of them all cost O(log timers) tuple
+  comparisons each way (an eighth of a 16,384-GPU simulation)."""
+
+  __slots__ = ("at", "times", "count")
+
+  def __init__(self):
+    self.at: dict[float, list[Callable[[float], None]]] = {}  # time -> its timers, in the order set
+    self.times: list[float] = []  # a heap of the times in ``at``
+    self.count = 0  # timers set and not run
+
+  def push(self, t: float, fn: Callable[[float], None]) -> None:
+    self.count += 1
+    bucket = self.at.get(t)
+    if bucket is None:
+      self.at[t] = [fn]
+      heapq.heappush(self.times, t)
+    else:
+      bucket.append(fn)
+
+  def run_until(self, t: float) -> None:
+    """Runs every timer due by ``t`` (the first time due: nothing sets one earlier), those they set for ``t``
+    too, in order; each is called with ``t``."""
+    times, at = self.times, self.at
+    while times and times[0] <= t:
+      bucket = at.pop(heapq.heappop(times))
+      self.count -= len(bucket)
+      for fn in bucket:  # (one set for the same time meanwhile goes to a new list: it runs after these)
+        fn(t)
 
 
 _ADD_ALL_FROM = 8  # flows started together that are added as rows at once (fewer: one by one costs less)
@@ -325,8 +362,7 @@ class Simulator:
     self.t = start  # (a run that continues another: the noise's clock and the trace's times go on from there)
     # under noise, each (vw, stage)'s compute seconds as profiled and as timed (what its kernels' timers measure)
     self.meter: dict[tuple[int, int], list[float]] = {}
-    self._timers: list = []
-    self._seq = itertools.count()
+    self._timers = _Timers()
     self._flow_seq = itertools.count()
     nodes = sorted({g.node for g in cluster.gpus})
     self._resource = {}  # ("pcie" | "out" | "in", node) -> index
@@ -352,7 +388,10 @@ class Simulator:
       self._relink(node, start)
 
   def at(self, t: float, fn: Callable[[float], None]) -> None:
-    heapq.heappush(self._timers, (t, next(self._seq), fn))
+    """Calls ``fn(t)`` at ``t`` (now or later: an earlier time is refused)."""
+    if t < self.t:
+      raise ProtocolError(f"a timer set for t={t!r}, before the simulator's clock t={self.t!r}")
+    self._timers.push(t, fn)
 
   def _relink(self, node: int, t: float) -> None:
     """``node``'s network link at the bandwidth the noise gives it at ``t``, and its next change scheduled: one
@@ -368,14 +407,12 @@ class Simulator:
       self._links = dataclasses.replace(self._links, capacity=tuple(capacity))
       self._flows.relink(self._links)
       self._dirty = True
-    heapq.heappush(self._timers, (self.noise.next_link_change(node, t), next(self._seq),
-                                  functools.partial(self._relink, node)))
+    self._timers.push(self.noise.next_link_change(node, t), functools.partial(self._relink, node))
 
   def send(self, src_node: int, dst_node: int, num_bytes: float, done: Done) -> None:
     """Moves ``num_bytes`` between nodes (or over a node's PCIe when equal); calls ``done(t)``."""
     latency, flow = self.point_flow(src_node, dst_node, done)
-    heapq.heappush(self._timers, (self.t + latency, next(self._seq), functools.partial(self._start_flow, num_bytes,
-                                                                                      flow)))  # at, inline
+    self._timers.push(self.t + latency, functools.partial(self._start_flow, num_bytes, flow))
 
   def send_all(self, sends: Sequence[tuple[float, float, _Flow]]) -> None:
     """Starts each (latency, bytes, flow) of ``sends`` (:meth:`point_flow`, :meth:`striped_flow`) after its latency:
@@ -387,7 +424,7 @@ class Simulator:
       while end < len(sends) and sends[end][0] == latency:
         end += 1
       group = [(num_bytes, flow) for _, num_bytes, flow in sends[first:end]]
-      heapq.heappush(self._timers, (self.t + latency, next(self._seq), functools.partial(self._start_flows, group)))
+      self._timers.push(self.t + latency, functools.partial(self._start_flows, group))
       first = end
 
   def point_flow(self, src_node: int, dst_node: int, done: Done) -> tuple[float, _Flow]:
@@ -463,7 +500,8 @@ class Simulator:
   def _run(self, engine: Engine, cost: CostModel, stop: Callable[[], bool] | None) -> float:
     engine.begin(self.t)
     allow = self._input_test(engine, cost) if self.overlap else None
-    timers, inf, heappop, passive = self._timers, float("inf"), heapq.heappop, self._passive
+    timers, inf, passive = self._timers, float("inf"), self._passive
+    times, run_until = timers.times, timers.run_until
     startable, start_task = engine.startable, self._start_task
     while True:
       for task in startable(allow):
@@ -475,7 +513,7 @@ class Simulator:
           flows.rates()
         self._dirty = False
       t_flow = flows.next_end(self.t) if moving else inf
-      t_timer = timers[0][0] if len(timers) > passive or (moving and timers) else inf
+      t_timer = times[0] if timers.count > passive or (moving and timers.count) else inf
       t_next = t_flow if t_flow <= t_timer else t_timer
       if t_next == inf:
         break
@@ -491,8 +529,7 @@ class Simulator:
           self._flows = _ScalarFlows(self._links, flows.as_objects(), flows.loads())
         for f in landed:
           f.done(t_next)
-      while timers and timers[0][0] <= t_next:  # (nothing but this loop moves the clock)
-        heappop(timers)[2](t_next)
+      run_until(t_next)  # (nothing but this loop moves the clock)
       if stop is not None and stop():
         engine.stop_injecting()
         stop = None
@@ -504,7 +541,8 @@ class Simulator:
     """Runs timers and flows until none is left, without an engine: the peers of
     :mod:`hetpipe_jax.baselines` drive their tasks by timers and flows of their own. The same clock and
     the same sharing of links as :meth:`run`. Returns the time of the last event."""
-    timers, inf, heappop, passive = self._timers, float("inf"), heapq.heappop, self._passive
+    timers, inf, passive = self._timers, float("inf"), self._passive
+    times = timers.times
     while True:
       flows = self._flows
       moving = flows.count
@@ -513,7 +551,7 @@ class Simulator:
           flows.rates()
         self._dirty = False
       t_flow = flows.next_end(self.t) if moving else inf
-      t_next = min(t_flow, timers[0][0] if len(timers) > passive or (moving and timers) else inf)
+      t_next = min(t_flow, times[0] if timers.count > passive or (moving and timers.count) else inf)
       if t_next == inf:
         return self.t
       if moving:
@@ -526,8 +564,7 @@ class Simulator:
           self._flows = _ScalarFlows(self._links, flows.as_objects(), flows.loads())
         for f in landed:
           f.done(t_next)
-      while timers and timers[0][0] <= t_next:
-        heappop(timers)[2](t_next)
+      timers.run_until(t_next)
 
   def _task(self, engine: Engine, cost: CostModel, key: tuple[int, int, str]) -> TaskCosts:
     """What the simulator needs of a (vw, stage, kind) task, looked up once: (compute seconds, what it
@@ -566,7 +603,7 @@ class Simulator:
       return
     if receive is not None:  # overlap: its input was sent when it was produced, and has landed (``_landed``)
       self._arrived.discard((vw, engine.generation(vw), stage, kind, mb))
-    heapq.heappush(self._timers, (self.t + compute, next(self._seq), finish))  # at, inline
+    self._timers.push(self.t + compute, finish)
 
   def _reduce(self, reduce: Reduce, finish: Callable[[float], None], t: float) -> None:
     """A split stage's task computed by ``t``: its all-reduces' bytes cross its node's link, then ``finish``."""
@@ -575,7 +612,7 @@ class Simulator:
 
   def _compute(self, seconds: float, finish: Callable[[float], None], t: float) -> None:
     """A task's input landed at ``t``: it computes for ``seconds``, then ``finish``."""
-    heapq.heappush(self._timers, (t + seconds, next(self._seq), finish))  # at, inline
+    self._timers.push(t + seconds, finish)
 
   def _input_test(self, engine: Engine, cost: CostModel) -> Callable[[Task], bool]:
     """Overlap: a device starts only a task whose input is there (its other ready tasks may be). The
