@@ -44,6 +44,9 @@ class _Oracle(check._Checker):
   def _fast_task(self, ev, kind) -> bool:  # every task rule by rule
     return False
 
+  def _fast_mark(self, ev, kind) -> bool:  # every injection and completion rule by rule
+    return False
+
   def _latest(self, ev):  # every time in order, without the fast path of a task's two
     times = [ev[f] for f in ("t", "t0", "t1") if f in ev]
     if any(x < y - check.EPS for x, y in zip(times[1:], times)):
@@ -232,6 +235,37 @@ def test_a_sound_version_2_trace_takes_the_fast_path_at_every_task_but_a_devices
     checker.event(ev)
   checker.finish()
   assert fast > 3 * len(devices) and checker.violations == []
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_sound_traces_injections_but_gated_ones_and_its_completions_take_the_fast_path(version):
+  """``_Checker._fast_mark`` takes every injection that passes no gate and every completion of a sound trace."""
+  events = schedule_only([2, 3, 1], [2, 3, 1], d=1, waves=4, slowdown=[1.0, 2.0, 1.5], version=version)
+  checker = check._Checker(events[0])
+  fast = 0
+  for line, ev in enumerate(events[1:], start=2):
+    checker.line = line
+    if ev["ev"] in ("inject", "complete"):
+      gated = ev["ev"] == "inject" and wsp.is_gated(ev["mb"], checker.nm[ev["vw"]])
+      taken = checker._fast_mark(ev, ev["ev"])
+      assert taken != gated, f"line {line}: {ev}"
+      fast += taken
+      if taken:
+        continue
+    checker.event(ev)
+  checker.finish()
+  assert fast > 30 and checker.violations == []
+
+
+def test_an_injection_of_a_vw_that_joined_and_has_not_pulled_leaves_the_fast_path():
+  events = schedule_only([2, 2], [3, 3], d=1, waves=3, slowdown=[1.0, 1.5])
+  at = next(k for k, e in enumerate(events) if e["ev"] == "inject" and e["vw"] == 0 and e["mb"] == 4)
+  t = events[at]["t"]  # (joined at clock 1, it runs from minibatch 4 on: the injection is the next one)
+  events[at:at] = [{"ev": "leave", "vw": 0, "t": t}, {"ev": "join", "vw": 0, "t": t, "clock": 1}]
+  got = check.check_trace(events)
+  assert got == oracle(events)
+  assert any(v.rule == "member" and v.line == at + 3 and "injection of minibatch 4 of VW 0, which joined" in v.message
+             for v in got)
 
 
 def test_a_task_repeated_at_once_on_a_free_device_is_caught_on_the_fast_path_too():
