@@ -138,8 +138,8 @@ def test_timers_run_by_time_then_in_the_order_they_were_set():
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_flows_as_objects_and_as_array_rows_land_at_the_same_doubles(seed, monkeypatch):
-  # The same random flows (point and striped, many starting together) held as objects throughout, then as
-  # array rows throughout: every flow lands at the same time to the last bit, in the same order.
+  # The same random flows (point and striped, many starting together) held as objects throughout, as array
+  # rows throughout, and as either by turns: every flow lands at the same time to the last bit, in the same order.
   from hetpipe_jax.sim import network
 
   cluster = make_cluster("five", [[GPU]] * 5, PCIE, NET)
@@ -162,6 +162,37 @@ def test_flows_as_objects_and_as_array_rows_land_at_the_same_doubles(seed, monke
   as_objects = landings(10**9, 0)
   assert len(as_objects) == len(flows)
   assert landings(1, 0) == as_objects
+  assert landings(6, 3) == as_objects  # (from objects to rows and back as the flows in flight rise and fall)
+
+
+def test_rows_count_a_striped_flows_far_ends_as_objects_do():
+  # Rows hold a striped flow's far ends back until the loads are read (a direction's N far ends charged once for
+  # the flows that start or land together): loads, rates and landings stay those of objects throughout.
+  import dataclasses
+
+  from hetpipe_jax.sim import network
+
+  sim = Simulator(make_cluster("four", [[GPU]] * 4, PCIE, NET))
+  objects = network._ScalarFlows(sim._links)
+  rows = network._ArrayFlows(sim._links, [], objects.loads())
+  for node, outbound, num_bytes in [(0, True, 3e6), (1, False, 1e6), (2, True, 2e6), (1, True, 1.5e6)]:
+    flow = sim.striped_flow(node, outbound, print)[1]
+    objects.add(flow, num_bytes)
+    rows.add(dataclasses.replace(flow), num_bytes)
+  flow = sim.point_flow(3, 0, print)[1]
+  objects.add(flow, 5e5)
+  rows.add(dataclasses.replace(flow), 5e5)
+  assert rows.loads() == objects.loads()
+  for _ in range(4):  # (they land one after another)
+    objects.rates()
+    rows.rates()
+    t = objects.next_end(0.0)
+    assert rows.next_end(0.0) == t
+    objects.advance(t)
+    rows.advance(t)
+    landed = [f.seq for f in objects.land()]
+    assert landed and [f.seq for f in rows.land()] == landed
+    assert rows.loads() == objects.loads()
 
 
 def test_striped_placement_spreads_the_ps_traffic_over_every_node():

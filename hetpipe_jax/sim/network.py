@@ -190,7 +190,8 @@ class _ArrayFlows:
     self._ends = np.zeros((n, 2), np.int64)
     self._free = list(range(n - 1, -1, -1))
     self._flows: dict[int, _Flow] = {}  # slot -> flow
-    self._load = np.array(load, np.int64)  # subflows on each resource
+    self._load = np.array(load, np.int64)  # subflows on each resource (and on the far ends, those pending)
+    self._far_pending: dict[int, list] = {}  # id of a direction's far ends -> [them as an array, subflows to add]
     self.striped = self.count = 0
     for f in flows:
       self._put(f, f.remaining)
@@ -221,7 +222,25 @@ class _ArrayFlows:
     for r, c in zip(flow.resources, flow.counts):  # (one or two: scalar updates cost less than an indexed one)
       self._load[r] += c
     if flow.far is not None:
-      _charge_far(self._load, flow.far, 1)
+      self._charge_far(flow.far, 1)
+
+  def _charge_far(self, far: Far, sign: int) -> None:
+    """:func:`_charge_far`, its far ends' part held back until the loads are read (:meth:`_settle`): the striped
+    flows that start or land at one instant charge each direction's N far ends once, not once each."""
+    _, as_array, own = far
+    self._load[own] -= sign
+    pending = self._far_pending.get(id(as_array))
+    if pending is None:
+      self._far_pending[id(as_array)] = [as_array, sign]
+    else:
+      pending[1] += sign
+
+  def _settle(self) -> None:
+    """The far ends' pending subflows added to the loads."""
+    for as_array, count in self._far_pending.values():
+      if count:
+        self._load[as_array] += count
+    self._far_pending.clear()
 
   def add_all(self, group: Sequence[tuple[float, _Flow]]) -> None:
     """:meth:`add` of each (bytes, flow) of ``group`` in turn, their rows and loads written at once."""
@@ -239,13 +258,15 @@ class _ArrayFlows:
       resources.extend(flow.resources)
       counts.extend(flow.counts)
       if flow.far is not None:
-        _charge_far(self._load, flow.far, 1)
+        self._charge_far(flow.far, 1)
       self.striped += flow.kind != POINT
     self.count += len(group)
     np.add.at(self._load, resources, counts)
 
   def rates(self) -> None:
     """:meth:`_ScalarFlows.rates` on every row at once."""
+    if self._far_pending:
+      self._settle()
     share = self._capacity / np.maximum(self._load, 1)
     rate = np.minimum(share[self._ends[:, 0]], share[self._ends[:, 1]])
     if self.striped:
@@ -286,12 +307,13 @@ class _ArrayFlows:
       resources += f.resources
       counts += f.counts
       if f.far is not None:
-        _charge_far(self._load, f.far, -1)
+        self._charge_far(f.far, -1)
         self.striped -= 1
     np.subtract.at(self._load, resources, counts)
     return landed
 
   def loads(self) -> list[int]:
+    self._settle()
     return self._load.tolist()
 
   def as_objects(self) -> list[_Flow]:
