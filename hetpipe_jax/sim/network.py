@@ -300,16 +300,19 @@ class _ArrayFlows:
     flows = self._flows
     landed = sorted([flows.pop(slot) for slot in rows.tolist()], key=_seq)
     self.count -= len(landed)
-    self._remaining[rows], self._rate[rows], self._kind[rows] = np.inf, 1.0, POINT  # (free rows: many land at once)
     self._free.extend([f.slot for f in landed])
-    resources, counts = [], []
+    if len(landed) < _ADD_ALL_FROM:  # (few: scalar updates cost less than indexed ones)
+      for f in landed:
+        self._remaining[f.slot], self._rate[f.slot], self._kind[f.slot] = np.inf, 1.0, POINT
+        for r, c in zip(f.resources, f.counts):
+          self._load[r] -= c
+    else:  # (flows land hundreds at once at scale)
+      self._remaining[rows], self._rate[rows], self._kind[rows] = np.inf, 1.0, POINT
+      np.subtract.at(self._load, [r for f in landed for r in f.resources], [c for f in landed for c in f.counts])
     for f in landed:
-      resources += f.resources
-      counts += f.counts
       if f.far is not None:
         self._charge_far(f.far, -1)
         self.striped -= 1
-    np.subtract.at(self._load, resources, counts)
     return landed
 
   def loads(self) -> list[int]:
@@ -357,7 +360,7 @@ class _Timers:
         fn(t)
 
 
-_ADD_ALL_FROM = 8  # flows started together that are added as rows at once (fewer: one by one costs less)
+_ADD_ALL_FROM = 8  # flows started or landed together that are written as rows at once (fewer: one by one costs less)
 
 
 def _seq(flow: _Flow) -> int:
