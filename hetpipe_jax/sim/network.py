@@ -331,7 +331,7 @@ class _Timers:
   held as one list per distinct time and a heap of the distinct times. Replicated virtual workers set many
   timers for the same instant (a 4,096-GPU run: about 190 per distinct time), so setting one is a dict lookup
   and an append, and running one a step of a list, where a heap of them all cost O(log timers) tuple
-  comparisons each way (an eighth of a 16,384-GPU simulation)."""
+  comparisons each way (4% of a 4,096-GPU simulation under cProfile; 520 -> 170 ns a timer in a heap of 3,000)."""
 
   __slots__ = ("at", "times", "count")
 
