@@ -60,14 +60,12 @@ TaskCosts = tuple[float, "Receive | None", "Onward | None", "Reduce | None"]  # 
 Far = tuple[tuple[int, ...], np.ndarray, int]
 
 
-def _charge_far(load: list[int] | np.ndarray, far: Far, sign: int) -> None:
-  """Adds (``sign`` 1) or takes away (-1) a striped flow's subflow on each far end of ``far`` to ``load``."""
-  every, as_array, own = far
-  if isinstance(load, np.ndarray):
-    load[as_array] += sign
-  else:
-    for r in every:
-      load[r] += sign
+def _charge_far(load: list[int], far: Far, sign: int) -> None:
+  """Adds (``sign`` 1) or takes away (-1) a striped flow's subflow on each far end of ``far`` to ``load`` (flows as
+  objects; as rows: :meth:`_ArrayFlows._charge_far`)."""
+  every, _, own = far
+  for r in every:
+    load[r] += sign
   load[own] -= sign
 
 
