@@ -7,10 +7,12 @@ each peak is its own; the 64-GPU tuning is done once and saved::
   PYTHONPATH=. .venv/bin/python benchmarks/scale_row.py 1024            # RESULT gpus=1024 row=... check=...
   PYTHONPATH=. .venv/bin/python benchmarks/scale_row.py 1024 1          # the same, one simulation at a time
   PYTHONPATH=. .venv/bin/python benchmarks/scale_row.py check 1024 3    # RESULT gpus=1024 events=... us_per_event=...
+  PYTHONPATH=. .venv/bin/python benchmarks/scale_row.py check 1024 3 pickled   # the trace read back first
 
 ``check GPUS ROUNDS`` times the check alone, per event: the striped placement's version-2 trace is simulated and
 kept, then :func:`hetpipe_jax.core.check.check_trace` reads it ``ROUNDS`` times; the best is printed (the trace at
-16,384 GPUs holds 5.4M events: several GB).
+16,384 GPUs holds 5.4M events: several GB). With ``pickled`` the events are saved with pickle and read back before
+they are checked, as a trace read from a file is: laid out afresh, not scattered over the simulation's memory.
 
 The second argument is the study's ``jobs`` (default 0: one simulation per core, side by side in forked
 processes). ``peak_mb`` is the most memory this process and those it forked held together, sampled every 0.5 s:
@@ -82,21 +84,25 @@ def _pss_mb(pid: int) -> float:
   return 0.0  # (gone meanwhile)
 
 
-def check_per_event(config: scale.ScaleConfig, tuned, profiles, setting: RunSetting, n: int, rounds: int) -> None:
-  """The check of the striped placement's version-2 trace at ``n`` GPUs, alone: the best of ``rounds``, per event."""
+def check_per_event(config: scale.ScaleConfig, tuned, profiles, setting: RunSetting, n: int, rounds: int,
+                    pickled: bool) -> None:
+  """The check of the striped placement's version-2 trace at ``n`` GPUs, alone: the best of ``rounds``, per event
+  (``pickled``: the events saved with pickle and read back first)."""
   cluster = scale.mixed_cluster(n, config.per_node)
   candidate = scale.replicate(tuned, cluster, profiles, setting=setting)
   trace = Trace(version=2)
   simulate_fast(candidate.job(cluster, profiles, config.waves, placement="striped", precision="fp32"), trace)
+  events = pickle.loads(pickle.dumps(trace.events)) if pickled else trace.events  # noqa: S301 (our own bytes)
+  del trace
   best = math.inf
   for _ in range(rounds):
     gc.collect()
     t0 = time.perf_counter()
-    violations = check_trace(trace.events)
+    violations = check_trace(events)
     best = min(best, time.perf_counter() - t0)
     assert not violations, violations[:3]
-  print(f"RESULT gpus={n} events={len(trace.events)} check={best:.2f} "
-        f"us_per_event={best / len(trace.events) * 1e6:.2f}", flush=True)
+  print(f"RESULT gpus={n} events={len(events)} check={best:.2f} us_per_event={best / len(events) * 1e6:.2f}",
+        flush=True)
 
 
 def main(argv: list[str]) -> None:
@@ -114,7 +120,10 @@ def main(argv: list[str]) -> None:
   with open(TUNED, "rb") as f:
     tuned = pickle.load(f)  # noqa: S301 (our own file)
   if argv[1] == "check":
-    return check_per_event(config, tuned, profiles, setting, int(argv[2]), int(argv[3]) if len(argv) > 3 else 3)
+    if argv[4:] not in ([], ["pickled"]):
+      raise SystemExit(f"check GPUS ROUNDS [pickled]: {' '.join(argv[4:])!r} is not 'pickled'; give it or nothing")
+    return check_per_event(config, tuned, profiles, setting, int(argv[2]), int(argv[3]) if len(argv) > 3 else 3,
+                           argv[4:] == ["pickled"])
   checked = [0.0]
   if hasattr(scale, "require_wsp"):  # older code: the check inside each simulation
     inner = scale.require_wsp
