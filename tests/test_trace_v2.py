@@ -163,3 +163,22 @@ def test_the_training_cli_simulates_in_version_2_and_reports_what_version_1_repo
   assert summaries[0] == summaries[1]
   v2 = read_trace(str(tmp_path / "v2" / "trace.jsonl"))
   assert v2[0]["version"] == 2 and list(check.as_version_1(v2)) == read_trace(str(tmp_path / "v1" / "trace.jsonl"))
+
+
+def test_a_stream_checked_in_batches_finds_what_one_event_at_a_time_finds(monkeypatch):
+  """A StreamCheck checks the events it holds together, ``_BATCH`` at a time: a faulty run split over many batches
+  (of 7 events here) gets the violations, lines included, that checking its whole list gives, and the oracle's
+  (the checker without shortcuts, on the trace in version 1)."""
+  from test_checker_oracle import oracle
+  monkeypatch.setattr(sys.modules["hetpipe_jax.sim.simulate"], "ClockServer", _OpenGate)
+  cluster = make_cluster("two", [[GPU], [SLOW]], PCIE, NET)
+  layout = Layout((VWLayout((cluster.gpus[0],), (0, 4), 1), VWLayout((cluster.gpus[1],), (0, 4), 1)))
+  kept = Trace(version=2)
+  simulate(SimJob(cluster, _job(0).profiles, layout, 0, 6), kept)
+  whole = check.check_trace(kept.events)
+  monkeypatch.setattr(check, "_BATCH", 7)
+  stream = check.StreamCheck()
+  for event in kept.events:
+    stream(event)
+  assert len(kept.events) > 10 * 7 and "gate" in {v.rule for v in whole}
+  assert stream.finish() == whole == oracle(list(check.as_version_1(kept.events))) and stream.seconds > 0

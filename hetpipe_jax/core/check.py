@@ -637,16 +637,21 @@ def _meta_violation(meta: Any) -> Violation | None:
   return None
 
 
+_BATCH = 4096  # events a StreamCheck holds before it checks them together (timed once, not twice an event)
+
+
 class StreamCheck:
-  """Checks a trace as its events come (a :class:`~hetpipe_jax.core.trace.Trace`'s sink: nothing is kept), to
-  the verdict :func:`check_trace` gives the whole list; :meth:`finish` returns it. ``seconds`` is the time spent
-  checking, shared with every :meth:`fresh` copy (a run started over checks again, and that time counts)."""
+  """Checks a trace as its events come (a :class:`~hetpipe_jax.core.trace.Trace`'s sink: at most ``_BATCH``
+  events are held, then checked together), to the verdict :func:`check_trace` gives the whole list;
+  :meth:`finish` returns it. ``seconds`` is the time spent checking, shared with every :meth:`fresh` copy (a run
+  started over checks again, and that time counts)."""
 
   def __init__(self, seconds: list[float] | None = None):
     self._seconds = seconds if seconds is not None else [0.0]
     self._checker: _Checker | None = None
     self._early: list[Violation] = []  # a bad meta line: nothing after it is checked
-    self._line = 0
+    self._line = 0  # events checked
+    self._held: list[dict[str, Any]] = []  # events come and not checked yet
 
   @property
   def seconds(self) -> float:
@@ -656,19 +661,39 @@ class StreamCheck:
     return StreamCheck(self._seconds)
 
   def __call__(self, event: dict[str, Any]) -> None:
+    held = self._held
+    held.append(event)
+    if len(held) >= _BATCH:
+      self._held = []
+      self._check(held)
+
+  def _check(self, events: list[dict[str, Any]]) -> None:
+    """Checks ``events``, the next ones in order."""
     t0 = time.perf_counter()
-    self._line += 1
-    if self._line == 1:
-      bad = _meta_violation(event)
-      self._early = [bad] if bad else []
-      self._checker = None if bad else _Checker(event)
-    elif self._checker is not None:
-      self._checker.line = self._line
-      self._checker.event(event)
+    it, line = iter(events), self._line
+    if line == 0:
+      for meta in it:  # (the first event, if any)
+        line = 1
+        bad = _meta_violation(meta)
+        self._early = [bad] if bad else []
+        self._checker = None if bad else _Checker(meta)
+        break
+    checker = self._checker
+    if checker is None:  # (a bad meta line: nothing after it is checked)
+      line += sum(1 for _ in it)
+    else:
+      check = checker.event
+      for event in it:
+        line += 1
+        checker.line = line
+        check(event)
+    self._line = line
     self._seconds[0] += time.perf_counter() - t0
 
   def finish(self) -> list[Violation]:
-    """Every violation of the events seen (the end's rules checked now)."""
+    """Every violation of the events seen (those held checked now, and the end's rules)."""
+    held, self._held = self._held, []
+    self._check(held)
     if self._line == 0:
       return [Violation(1, "format", "the first line must be the meta event")]
     if self._checker is None:

@@ -18,7 +18,7 @@ from hetpipe_jax.cluster import Cluster, Gpu, format_bytes
 from hetpipe_jax.cost.context import DEFAULT_COSTS, CostContext
 from hetpipe_jax.cost.memory import stage_memory_bytes
 from hetpipe_jax.cost.roofline import model_compute_seconds, stage_compute_seconds
-from hetpipe_jax.cost.transfer import stage_allreduce_flows, stage_allreduce_seconds, stage_seconds, stage_transfers
+from hetpipe_jax.cost.transfer import receive_seconds, stage_allreduce_flows, stage_allreduce_seconds, stage_transfers
 from hetpipe_jax.cost.unit import UnitProfile, under_modes
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.plan.layout import Layout, VWLayout
@@ -42,15 +42,23 @@ class CostModel:
     self._transfer: dict[tuple[int, int, str], tuple[int, Gpu, Gpu] | None] = {}
     self._flow: dict[tuple[int, int, str], tuple[float, float, int]] = {}
     self._gpus = {(i, j): vw.stage_gpus(j) for i, vw in enumerate(layout.vws) for j in range(vw.k)}
+    # a stage's units on its GPU type, by (first unit, end, type): replicated virtual workers share them (the
+    # profiles of one under recomputation or tensor parallelism are its own, computed for it)
+    units_cost: dict[tuple[int, int, int], tuple] = {}
     for i, vw in enumerate(layout.vws):
       cut, group, profiles = vw.cuts, vw.gpus, vw_profiles(all_profiles, vw)
       for j in range(vw.k):
-        compute = stage_compute_seconds(profiles, cut, group[j], j, precision)
+        shape = (cut[j], cut[j + 1], id(group[j].type))  # (the cluster holds its types meanwhile)
+        found = units_cost.get(shape) if profiles is all_profiles else None
+        if found is None:
+          units = profiles[cut[j]:cut[j + 1]]  # (split by the stage's degree)
+          found = (stage_compute_seconds(profiles, cut, group[j], j, precision),
+                   stage_allreduce_seconds(cluster, units, precision), stage_allreduce_flows(cluster, units, precision))
+          if profiles is all_profiles:
+            units_cost[shape] = found
+        compute, reduce, flows = found
         transfers = stage_transfers(profiles, cut, group, j, precision)
-        seconds = stage_seconds(cluster, profiles, cut, group, j, precision)
-        units = profiles[cut[j]:cut[j + 1]]  # (split by the stage's degree)
-        reduce = stage_allreduce_seconds(cluster, units, precision)
-        flows = stage_allreduce_flows(cluster, units, precision)
+        seconds = [c + receive_seconds(cluster, recv, group[j]) for c, recv in zip(compute, transfers)]  # stage_seconds
         for kind, c, recv, t, r, (num_bytes, latency) in zip(("fwd", "bwd"), compute, transfers, seconds, reduce,
                                                              flows):
           key = (i, j, kind)

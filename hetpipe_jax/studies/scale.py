@@ -9,9 +9,10 @@ cycling through 8 types, PCIe inside a node and 56 Gb/s InfiniBand between nodes
    tuned configuration replicated (:func:`hetpipe_jax.tune.replicate`).
 2. **Plan and simulate.** Each size is planned (replicated) and simulated for ``waves`` waves per virtual
    worker with the ``sim`` executor's fast mode (:mod:`hetpipe_jax.sim.steady`); every simulated trace
-   (version 2) passes the WSP checker as it is emitted, never held. A row's simulations run side by side, one
-   per core (``jobs``), each in a process forked with the plan in it. The host seconds of a row are all of it:
-   planning, every simulation, every check (each part also on its own, summed over the simulations).
+   (version 2) passes the WSP checker as it is emitted (a few thousand events held at a time). A row's
+   simulations run side by side, one per core (``jobs``), each in a process forked with the plan in it. The
+   host seconds of a row are all of it: planning, every simulation, every check (each part also on its own,
+   summed over the simulations).
 3. **Parameter server.** The same configuration is also simulated with one PS shard per unit on one node
    (``default`` placement) beside byte-range shards on every node (``striped``).
 
@@ -191,7 +192,7 @@ class Simulated(NamedTuple):
 def simulate(cluster: Cluster, profiles: Sequence[UnitProfile], candidate: Candidate, waves: int,
              placement: str, precision: str) -> Simulated:
   """``candidate`` simulated with the fast mode for ``waves`` waves, its trace (version 2: O(1) per event)
-  checked as it is emitted and never held."""
+  checked as it is emitted (:class:`~hetpipe_jax.core.check.StreamCheck`), never held whole."""
   stream = StreamCheck()
   trace = Trace(keep=False, version=2, sink=stream)
   t0 = time.perf_counter()
