@@ -222,6 +222,13 @@ def stage_seconds(cluster: Cluster, profiles: Sequence[UnitProfile], cut: Sequen
     (forward, backward) seconds: compute plus the activation received before the forward pass, compute
     plus the gradient received before the backward pass, each alone on its link.
   """
-  fwd, bwd = stage_compute_seconds(profiles, cut, gpus[j], j, precision)
-  recv_fwd, recv_bwd = stage_transfers(profiles, cut, gpus, j, precision)
-  return fwd + receive_seconds(cluster, recv_fwd, gpus[j]), bwd + receive_seconds(cluster, recv_bwd, gpus[j])
+  return with_receives(cluster, stage_compute_seconds(profiles, cut, gpus[j], j, precision),
+                       stage_transfers(profiles, cut, gpus, j, precision), gpus[j])
+
+
+def with_receives(cluster: Cluster, compute: tuple[float, float], receives: tuple[Receive | None, Receive | None],
+                  dst: Gpu) -> tuple[float, float]:
+  """(forward, backward) ``compute`` seconds plus receiving each pass's input (``receives``, of
+  :func:`stage_transfers`) alone on its link to ``dst``: :func:`stage_seconds` from its parts."""
+  return (compute[0] + receive_seconds(cluster, receives[0], dst),
+          compute[1] + receive_seconds(cluster, receives[1], dst))

@@ -18,7 +18,7 @@ from hetpipe_jax.cluster import Cluster, Gpu, format_bytes
 from hetpipe_jax.cost.context import DEFAULT_COSTS, CostContext
 from hetpipe_jax.cost.memory import stage_memory_bytes
 from hetpipe_jax.cost.roofline import model_compute_seconds, stage_compute_seconds
-from hetpipe_jax.cost.transfer import receive_seconds, stage_allreduce_flows, stage_allreduce_seconds, stage_transfers
+from hetpipe_jax.cost.transfer import stage_allreduce_flows, stage_allreduce_seconds, stage_transfers, with_receives
 from hetpipe_jax.cost.unit import UnitProfile, under_modes
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.plan.layout import Layout, VWLayout
@@ -58,7 +58,7 @@ class CostModel:
             units_cost[shape] = found
         compute, reduce, flows = found
         transfers = stage_transfers(profiles, cut, group, j, precision)
-        seconds = [c + receive_seconds(cluster, recv, group[j]) for c, recv in zip(compute, transfers)]  # stage_seconds
+        seconds = with_receives(cluster, compute, transfers, group[j])  # (stage_seconds, its compute shared)
         for kind, c, recv, t, r, (num_bytes, latency) in zip(("fwd", "bwd"), compute, transfers, seconds, reduce,
                                                              flows):
           key = (i, j, kind)
