@@ -16,6 +16,7 @@ NamedTuple, like :mod:`hetpipe_jax.core.wsp`:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -49,7 +50,14 @@ class VersionBook(NamedTuple):
 
 def init(k: int, num_vws: int) -> VersionBook:
   """``k`` stages holding the initial weights: no own update, no wave of anyone."""
-  return VersionBook((Version(0, (0,) * num_vws, 0),) * k, tuple({} for _ in range(k)), {})
+  return VersionBook((_initial(num_vws),) * k, tuple({} for _ in range(k)), {})
+
+
+@functools.lru_cache(maxsize=4)
+def _initial(num_vws: int) -> Version:
+  """The initial version of ``num_vws`` virtual workers, one for all of them: each holding its own N zeros was
+  O(N^2) memory (512 MB at 8,192 virtual workers)."""
+  return Version(0, (0,) * num_vws, 0)
 
 
 _tuple = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (once per task: it adds up)
