@@ -10,6 +10,7 @@ for the ``sim`` executor and schedule-only runs). This record only ties them to 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 from typing import Any, NamedTuple, Protocol
 
@@ -94,6 +95,13 @@ class NoNumerics:
     del params
 
 
+@functools.lru_cache(maxsize=64)
+def _no_numerics(nm: int) -> NoNumerics:
+  """One :class:`NoNumerics` for every virtual worker of waves of ``nm`` (it holds nothing else: a task reads one
+  object fewer of its own)."""
+  return NoNumerics(nm)
+
+
 @dataclasses.dataclass(slots=True)
 class Progress:
   """What changes as a virtual worker runs: the engine's state holds it (a checkpoint saves it whole).
@@ -132,7 +140,7 @@ class VWShape(Protocol):
   def window(self) -> int | None: ...
 
 
-@dataclasses.dataclass(eq=False)
+@dataclasses.dataclass(eq=False, slots=True)
 class VirtualWorker:
   """One virtual worker: what it is, what runs its tasks, and its :class:`Progress`; :meth:`create`
   builds it fresh.
@@ -160,7 +168,7 @@ class VirtualWorker:
              weight_mode: str = "stash", numerics: Numerics | None = None) -> VirtualWorker:
     """Virtual worker ``index`` of ``num_vws``, of ``shape.k`` stages, before its first minibatch."""
     progress = Progress(schedule_lib.init(shape.k, index), versions_lib.init(shape.k, num_vws), total_mbs)
-    return cls(index, shape.nm, schedule, weight_mode, numerics or NoNumerics(shape.nm), progress, shape.window)
+    return cls(index, shape.nm, schedule, weight_mode, numerics or _no_numerics(shape.nm), progress, shape.window)
 
   @property
   def pipeline(self) -> schedule_lib.PipelineState:

@@ -71,7 +71,7 @@ def _charge_far(load: list[int], far: Far, sign: int) -> None:
 
 @dataclasses.dataclass(eq=False, slots=True)
 class _Flow:
-  done: Callable[[float], None]
+  done: Callable[[float], None] | None  # called when it lands; None: a task's input (``arrival``) landed
   seq: int  # flows landing together are finished in the order they started
   kind: int  # POINT, STRIPE_OUT or STRIPE_IN
   ends: tuple[int, int]  # POINT: its two resources (the same one twice over PCIe); striped: its node's
@@ -79,9 +79,13 @@ class _Flow:
   resources: tuple[int, ...]  # the resources its subflows cross while it moves ...
   counts: tuple[int, ...]  # ... and how many subflows cross each (a striped flow: its own node's end only) ...
   far: Far | None = None  # ... and a striped flow's far ends: one subflow on each other node's
-  remaining: float = 0.0  # bytes left, and the rate (bytes/s) while held as an object (_ScalarFlows)
-  rate: float = 1.0
+  remaining: float = 0.0  # bytes left (before it starts: to move), and the rate (bytes/s) while held as an object
+  rate: float = 1.0  # (_ScalarFlows)
   slot: int = -1  # its row while held in the arrays (_ArrayFlows)
+  arrival: tuple[int, int, int, str, int] | None = None  # overlap: the task whose input it is (Simulator._finish)
+
+
+Timer = Callable[[float], None] | Task | _Flow  # what :class:`_Timers` runs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -329,16 +333,22 @@ class _Timers:
   held as one list per distinct time and a heap of the distinct times. Replicated virtual workers set many
   timers for the same instant (a 4,096-GPU run: about 190 per distinct time), so setting one is a dict lookup
   and an append, and running one a step of a list, where a heap of them all cost O(log timers) tuple
-  comparisons each way (4% of a 4,096-GPU simulation under cProfile; 520 -> 170 ns a timer in a heap of 3,000)."""
+  comparisons each way (4% of a 4,096-GPU simulation under cProfile; 520 -> 170 ns a timer in a heap of 3,000).
 
-  __slots__ = ("at", "times", "count")
+  A timer is ``fn(t)``; or a :class:`Task` whose compute ends then, which ``task_done(task, t)`` finishes; or a
+  :class:`_Flow` whose latency has passed, which ``flow_start(flow, t)`` starts. Most timers are the last two: set
+  as themselves, they make no callable of their own, which would be read cold when it runs."""
 
-  def __init__(self):
-    self.at: dict[float, list[Callable[[float], None]]] = {}  # time -> its timers, in the order set
+  __slots__ = ("at", "times", "count", "task_done", "flow_start")
+
+  def __init__(self, flow_start: Callable[[_Flow, float], None]):
+    self.at: dict[float, list[Timer]] = {}  # time -> its timers, in the order set
     self.times: list[float] = []  # a heap of the times in ``at``
     self.count = 0  # timers set and not run
+    self.task_done: Callable[[Task, float], None] | None = None  # (set by the run whose tasks these are)
+    self.flow_start = flow_start
 
-  def push(self, t: float, fn: Callable[[float], None]) -> None:
+  def push(self, t: float, fn: Timer) -> None:
     self.count += 1
     bucket = self.at.get(t)
     if bucket is None:
@@ -350,12 +360,18 @@ class _Timers:
   def run_until(self, t: float) -> None:
     """Runs every timer due by ``t`` (the first time due: nothing sets one earlier), those they set for ``t``
     too, in order; each is called with ``t``."""
-    times, at = self.times, self.at
+    times, at, task_done, flow_start = self.times, self.at, self.task_done, self.flow_start
     while times and times[0] <= t:
       bucket = at.pop(heapq.heappop(times))
       self.count -= len(bucket)
       for fn in bucket:  # (one set for the same time meanwhile goes to a new list: it runs after these)
-        fn(t)
+        kind = fn.__class__
+        if kind is Task:
+          task_done(fn, t)  # type: ignore[misc]  # (set by the run that sets tasks)
+        elif kind is _Flow:
+          flow_start(fn, t)  # type: ignore[arg-type]
+        else:
+          fn(t)  # type: ignore[operator]  # (neither: a callable)
 
 
 _ADD_ALL_FROM = 8  # flows started or landed together that are written as rows at once (fewer: one by one costs less)
@@ -385,7 +401,7 @@ class Simulator:
     self.t = start  # (a run that continues another: the noise's clock and the trace's times go on from there)
     # under noise, each (vw, stage)'s compute seconds as profiled and as timed (what its kernels' timers measure)
     self.meter: dict[tuple[int, int], list[float]] = {}
-    self._timers = _Timers()
+    self._timers = _Timers(self._start_flow)
     self._flow_seq = itertools.count()
     nodes = sorted({g.node for g in cluster.gpus})
     self._resource = {}  # ("pcie" | "out" | "in", node) -> index
@@ -410,7 +426,7 @@ class Simulator:
     for node in nodes[:self._passive]:
       self._relink(node, start)
 
-  def at(self, t: float, fn: Callable[[float], None]) -> None:
+  def at(self, t: float, fn: Timer) -> None:
     """Calls ``fn(t)`` at ``t`` (now or later: an earlier time is refused)."""
     if t < self.t:
       raise ProtocolError(f"a timer set for t={t!r}, before the simulator's clock t={self.t!r}")
@@ -435,7 +451,8 @@ class Simulator:
   def send(self, src_node: int, dst_node: int, num_bytes: float, done: Done) -> None:
     """Moves ``num_bytes`` between nodes (or over a node's PCIe when equal); calls ``done(t)``."""
     latency, flow = self.point_flow(src_node, dst_node, done)
-    self._timers.push(self.t + latency, functools.partial(self._start_flow, num_bytes, flow))
+    flow.remaining = num_bytes
+    self._timers.push(self.t + latency, flow)
 
   def send_all(self, sends: Sequence[tuple[float, float, _Flow]]) -> None:
     """Starts each (latency, bytes, flow) of ``sends`` (:meth:`point_flow`, :meth:`striped_flow`) after its latency:
@@ -450,7 +467,7 @@ class Simulator:
       self._timers.push(self.t + latency, functools.partial(self._start_flows, group))
       first = end
 
-  def point_flow(self, src_node: int, dst_node: int, done: Done) -> tuple[float, _Flow]:
+  def point_flow(self, src_node: int, dst_node: int, done: Done | None) -> tuple[float, _Flow]:
     """A flow between two nodes (or over a node's PCIe when equal) that calls ``done(t)`` when it lands, and the
     latency before it moves (:meth:`send_all` starts it)."""
     shape = self._point_shape.get((src_node, dst_node))
@@ -470,7 +487,8 @@ class Simulator:
     """Moves ``num_bytes`` from ``node`` spread evenly over every other node (``outbound``), or from every
     other node to ``node``; calls ``done(t)`` when the last byte lands."""
     latency, flow = self.striped_flow(node, outbound, done)
-    self.at(self.t + latency, functools.partial(self._start_flow, num_bytes, flow))
+    flow.remaining = num_bytes
+    self.at(self.t + latency, flow)
 
   def striped_flow(self, node: int, outbound: bool, done: Done) -> tuple[float, _Flow]:
     """:meth:`point_flow` of a striped transfer (:meth:`send_striped`)."""
@@ -488,10 +506,11 @@ class Simulator:
     return self.cluster.inter_node.latency_s, _Flow(done, next(self._flow_seq), STRIPE_OUT if outbound else STRIPE_IN,
                                                     ends, resources, counts, far_ends)
 
-  def _start_flow(self, num_bytes: float, flow: _Flow, t: float) -> None:
+  def _start_flow(self, flow: _Flow, t: float) -> None:
+    """``flow`` starts to move its bytes (``remaining``)."""
     del t
     flows = self._flows
-    flows.add(flow, num_bytes)
+    flows.add(flow, flow.remaining)
     if isinstance(flows, _ScalarFlows) and flows.count >= ARRAYS_FROM:
       self._flows = _ArrayFlows(self._links, flows.flows, flows.loads())
     self._dirty = True
@@ -503,7 +522,8 @@ class Simulator:
         self._flows.add_all(group[k:])
         self._dirty = True
         return
-      self._start_flow(num_bytes, flow, t)
+      flow.remaining = num_bytes
+      self._start_flow(flow, t)
 
   def run(self, engine: Engine, cost: CostModel, stop: Callable[[], bool] | None = None) -> float:
     """Runs ``engine`` to the end; returns the simulated seconds. ``stop``: asked after every event;
@@ -521,11 +541,13 @@ class Simulator:
         gc.enable()
 
   def _run(self, engine: Engine, cost: CostModel, stop: Callable[[], bool] | None) -> float:
+    self._timers.task_done = functools.partial(self._finish, engine, cost)
     engine.begin(self.t)
     allow = self._input_test(engine, cost) if self.overlap else None
     timers, inf, passive = self._timers, float("inf"), self._passive
     times, run_until = timers.times, timers.run_until
     startable, start_task = engine.startable, self._start_task
+    arrived = self._arrived
     while True:
       for task in startable(allow):
         start_task(engine, cost, task)
@@ -551,7 +573,12 @@ class Simulator:
         if isinstance(flows, _ArrayFlows) and flows.count < SCALARS_BELOW:
           self._flows = _ScalarFlows(self._links, flows.as_objects(), flows.loads())
         for f in landed:
-          f.done(t_next)
+          done = f.done
+          if done is None:  # a task's input (overlap): its device may start it
+            arrived.add(f.arrival)  # type: ignore[arg-type]  # (an input's flow has its arrival)
+            engine.wake(f.arrival[0], f.arrival[2])  # type: ignore[index]
+          else:
+            done(t_next)
       run_until(t_next)  # (nothing but this loop moves the clock)
       if stop is not None and stop():
         engine.stop_injecting()
@@ -586,7 +613,7 @@ class Simulator:
         if isinstance(flows, _ArrayFlows) and flows.count < SCALARS_BELOW:
           self._flows = _ScalarFlows(self._links, flows.as_objects(), flows.loads())
         for f in landed:
-          f.done(t_next)
+          f.done(t_next)  # type: ignore[misc]  # (no engine, no task inputs: every flow has its ``done``)
       timers.run_until(t_next)
 
   def _task(self, engine: Engine, cost: CostModel, key: tuple[int, int, str]) -> TaskCosts:
@@ -618,13 +645,18 @@ class Simulator:
       meter[0] += compute
       meter[1] += timed
       compute = timed
+    if reduce is None and (receive is None or self.overlap):  # it computes now, then :meth:`_finish` (the timers')
+      if receive is not None:  # overlap: its input was sent when it was produced, and has landed (``_landed``)
+        self._arrived.discard((vw, engine.generation(vw), stage, kind, mb))
+      self._timers.push(self.t + compute, task)
+      return
     finish = functools.partial(self._finish, engine, cost, task)
     if reduce is not None:  # a split stage: its all-reduces cross its node's link once it has computed
       finish = functools.partial(self._reduce, reduce, finish)
     if receive is not None and not self.overlap:  # the device receives its input, then computes
       self.send(receive[1], receive[2], receive[0], functools.partial(self._compute, compute, finish))
       return
-    if receive is not None:  # overlap: its input was sent when it was produced, and has landed (``_landed``)
+    if receive is not None:
       self._arrived.discard((vw, engine.generation(vw), stage, kind, mb))
     self._timers.push(self.t + compute, finish)
 
@@ -659,14 +691,9 @@ class Simulator:
     if out is None:
       return
     stage, kind, num_bytes, src, dst = out  # (the generation after the task's end: it may have failed its VW)
-    self.send(src, dst, num_bytes,
-              functools.partial(self._landed, engine, vw, stage, (vw, engine.generation(vw), stage, kind, mb)))
-
-  def _landed(self, engine: Engine, vw: int, stage: int, key: tuple, t: float) -> None:
-    """Overlap: a task's input landed (``key``): its device may start it."""
-    del t
-    self._arrived.add(key)
-    engine.wake(vw, stage)
+    latency, flow = self.point_flow(src, dst, None)  # (:meth:`send`, landing in :meth:`_run`: into ``_arrived``)
+    flow.remaining, flow.arrival = num_bytes, (vw, engine.generation(vw), stage, kind, mb)
+    self._timers.push(self.t + latency, flow)
 
 
 class SimComm:
