@@ -3,8 +3,12 @@
 A version is ``(own, glob, seq)``: ``own`` counts the virtual worker's own minibatch updates in the weights,
 ``glob[k]`` the waves of virtual worker k in their global base, ``seq`` its place in the PS's order of clock
 changes (docs/PROTOCOL.md sections 3.6 and 8). The trace reports
-the version every task used and the checker verifies it, with or without numerics. Pure functions on a
-NamedTuple, like :mod:`hetpipe_jax.core.wsp`:
+the version every task used and the checker verifies it, with or without numerics. Functions on a NamedTuple,
+like :mod:`hetpipe_jax.core.wsp`, that return the new book; all but two are pure. :func:`forward` and
+:func:`backward` (one call per task) update the book's ``forwards`` and the stage's open counts in place, as the
+engine's state changes its containers: their caller replaces its book with the one returned and keeps no older
+one. (Copying those dicts per task was a sixth of the simulator's cache misses at scale: each copy touches every
+entry, read cold.)
 
 * a forward uses the stage's current version;
 * a backward uses its forward's version in ``stash`` mode, the current one in ``latest`` mode, and its
@@ -64,25 +68,23 @@ _tuple = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (
 
 
 def forward(book: VersionBook, stage: int, mb: int) -> tuple[VersionBook, Version]:
-  """A forward of ``mb`` starts at ``stage``: it uses the current version (kept for its backward)."""
-  current, open_waves, forwards = book
-  version = current[stage]
-  forwards = forwards.copy()
-  forwards[(stage, mb)] = version
-  return _tuple(VersionBook, (current, open_waves, forwards)), version
+  """A forward of ``mb`` starts at ``stage``: it uses the current version (kept for its backward; ``book``'s
+  ``forwards`` changes in place: the module's note)."""
+  version = book.current[stage]
+  book.forwards[(stage, mb)] = version
+  return book, version
 
 
 def backward(book: VersionBook, stage: int, mb: int, nm: int, weight_mode: str) -> tuple[VersionBook, Version]:
-  """A backward of ``mb`` starts at ``stage`` and applies its update; returns the version it used."""
+  """A backward of ``mb`` starts at ``stage`` and applies its update; returns the version it used (``book``'s
+  ``forwards`` and the stage's open counts change in place: the module's note)."""
   current, open_waves, forwards = book
-  forwards = forwards.copy()
   fwd_version = forwards.pop((stage, mb))
   now = current[stage]
   wave = wsp.wave_of(mb, nm)
-  opened = open_waves[stage].copy()
+  opened = open_waves[stage]
   opened[wave] = opened.get(wave, 0) + 1
   current = current[:stage] + (_tuple(Version, (now[0] + 1, now[1], now[2])),) + current[stage + 1:]
-  open_waves = open_waves[:stage] + (opened,) + open_waves[stage + 1:]
   return (_tuple(VersionBook, (current, open_waves, forwards)),
           fwd_version if weight_mode == "stash" else now)
 
