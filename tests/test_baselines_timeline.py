@@ -75,6 +75,7 @@ def simulated_cross_node_seconds(cluster, g: int, num_bytes: float) -> float:
 
   class Idle:  # no tasks: the simulator only moves the flows
     done = True
+    vws = ()  # (no virtual workers)
 
     def begin(self, t):
       del t

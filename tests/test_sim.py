@@ -82,6 +82,7 @@ def test_concurrent_flows_share_a_link():
 
 class Idle:  # an engine with nothing to do: the simulator only moves flows
   done = True
+  vws = ()  # (no virtual workers)
 
   def begin(self, t):
     pass

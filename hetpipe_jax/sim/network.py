@@ -34,7 +34,7 @@ import numpy as np
 from hetpipe_jax.cluster import Cluster
 from hetpipe_jax.core.comm import Done, StageId
 from hetpipe_jax.core.engine import Engine
-from hetpipe_jax.core.schedule import Task, successor
+from hetpipe_jax.core.schedule import FWD, Task, successor
 from hetpipe_jax.cost.profile import UnitProfile
 from hetpipe_jax.errors import ProtocolError
 from hetpipe_jax.plan.costmodel import CostModel
@@ -419,7 +419,9 @@ class Simulator:
     self._far: dict[bool, tuple[tuple[int, ...], np.ndarray]] = {}  # outbound -> every node's far end
     self._position = {node: pos for pos, node in enumerate(nodes)}
     self._dirty = False  # the load changed since rates were last computed
-    self._tasks: dict[tuple[int, int, str], TaskCosts] = {}  # (vw, stage, kind) -> what :meth:`_task` says
+    # per vw, per 2 x stage + (kind is a backward): what :meth:`_task` says, or None before it is asked (lists, not a
+    # dict keyed by (vw, stage, kind): no key built and hashed, one object fewer read per lookup; set by :meth:`_run`)
+    self._tasks: list[list[TaskCosts | None]] = []
     # under noise that moves links: each node's next change of bandwidth, a timer that keeps no run alive
     self._base = self._links.capacity
     self._passive = len(nodes) if noise is not None and noise.links_vary else 0
@@ -542,6 +544,7 @@ class Simulator:
 
   def _run(self, engine: Engine, cost: CostModel, stop: Callable[[], bool] | None) -> float:
     self._timers.task_done = functools.partial(self._finish, engine, cost)
+    self._tasks = [[None] * (2 * vw.k) for vw in engine.vws]
     engine.begin(self.t)
     allow = self._input_test(engine, cost) if self.overlap else None
     timers, inf, passive = self._timers, float("inf"), self._passive
@@ -616,13 +619,12 @@ class Simulator:
           f.done(t_next)  # type: ignore[misc]  # (no engine, no task inputs: every flow has its ``done``)
       timers.run_until(t_next)
 
-  def _task(self, engine: Engine, cost: CostModel, key: tuple[int, int, str]) -> TaskCosts:
+  def _task(self, engine: Engine, cost: CostModel, vw: int, stage: int, kind: str) -> TaskCosts:
     """What the simulator needs of a (vw, stage, kind) task, looked up once: (compute seconds, what it
     receives before it computes as (bytes, from node, to node) or None, and with ``overlap`` where its
     output goes as (stage, kind, bytes, from node, to node) or None)."""
-    found = self._tasks.get(key)
+    found = self._tasks[vw][2 * stage + (kind != FWD)]
     if found is None:
-      vw, stage, kind = key
       transfer = cost.transfer(vw, stage, kind)
       receive: Receive | None = None if transfer is None else (transfer[0], transfer[1].node, transfer[2].node)
       out: Onward | None = None
@@ -631,14 +633,16 @@ class Simulator:
         onward = cost.transfer(vw, *nxt)
         out = None if onward is None else (nxt[0], nxt[1], onward[0], onward[1].node, onward[2].node)
       flow = cost.allreduce_flow(vw, stage, kind)
-      found = self._tasks[key] = ((cost.compute_seconds(vw, stage, kind), receive, out, None) if flow is None else
-                                  (flow[0], receive, out, (flow[1], flow[2])))
+      found = ((cost.compute_seconds(vw, stage, kind), receive, out, None) if flow is None else
+               (flow[0], receive, out, (flow[1], flow[2])))
+      self._tasks[vw][2 * stage + (kind != FWD)] = found
     return found
 
   def _start_task(self, engine: Engine, cost: CostModel, task: Task) -> None:
     engine.start(task, self.t)
     vw, stage, kind, mb = task
-    compute, receive, _, reduce = self._tasks.get((vw, stage, kind)) or self._task(engine, cost, (vw, stage, kind))
+    found = self._tasks[vw][2 * stage + (kind != FWD)] or self._task(engine, cost, vw, stage, kind)
+    compute, receive, _, reduce = found
     if self.noise is not None:  # this task's draw of the GPUs' variance, at its start
       timed = compute * self.noise.task_factor(cost.stage_gpus(vw, stage), self.t)
       meter = self.meter.setdefault((vw, stage), [0.0, 0.0])
@@ -676,7 +680,7 @@ class Simulator:
 
     def landed(task: Task) -> bool:
       vw, stage, kind, mb = task
-      found = tasks.get((vw, stage, kind)) or lookup(engine, cost, (vw, stage, kind))
+      found = tasks[vw][2 * stage + (kind != FWD)] or lookup(engine, cost, vw, stage, kind)
       return found[1] is None or (vw, generation(vw), stage, kind, mb) in arrived
     return landed
 
@@ -687,7 +691,7 @@ class Simulator:
     if not self.overlap:
       return
     vw, stage, kind, mb = task
-    out = (self._tasks.get((vw, stage, kind)) or self._task(engine, cost, (vw, stage, kind)))[2]
+    out = (self._tasks[vw][2 * stage + (kind != FWD)] or self._task(engine, cost, vw, stage, kind))[2]
     if out is None:
       return
     stage, kind, num_bytes, src, dst = out  # (the generation after the task's end: it may have failed its VW)
