@@ -650,7 +650,7 @@ class Simulator:
       meter[1] += timed
       compute = timed
     if reduce is None and (receive is None or self.overlap):  # it computes now, then :meth:`_finish` (the timers')
-      if receive is not None:  # overlap: its input was sent when it was produced, and has landed (``_landed``)
+      if receive is not None:  # overlap: its input was sent when it was produced and has landed (:meth:`_run`)
         self._arrived.discard((vw, engine.generation(vw), stage, kind, mb))
       self._timers.push(self.t + compute, task)
       return
