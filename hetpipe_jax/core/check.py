@@ -236,7 +236,7 @@ class _Checker:
     d = devs.get(j)
     if d is None or d.free_at is None or t0 < d.free_at - EPS:
       return False
-    run = d.fwd if kind == "fwd" else d.bwd
+    run = d.fwd if kind == "fwd" else d.bwd  # (:meth:`_Device.run`, inline)
     if run is not None and p != run[1] + 1:
       return False
     # the task before it: a forward's at the stage before (none at stage 0); a backward's at the stage after, or

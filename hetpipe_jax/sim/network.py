@@ -623,7 +623,8 @@ class Simulator:
     """What the simulator needs of a (vw, stage, kind) task, looked up once: (compute seconds, what it
     receives before it computes as (bytes, from node, to node) or None, and with ``overlap`` where its
     output goes as (stage, kind, bytes, from node, to node) or None)."""
-    found = self._tasks[vw][2 * stage + (kind != FWD)]
+    costs, slot = self._tasks[vw], 2 * stage + (kind != FWD)
+    found = costs[slot]
     if found is None:
       transfer = cost.transfer(vw, stage, kind)
       receive: Receive | None = None if transfer is None else (transfer[0], transfer[1].node, transfer[2].node)
@@ -635,7 +636,7 @@ class Simulator:
       flow = cost.allreduce_flow(vw, stage, kind)
       found = ((cost.compute_seconds(vw, stage, kind), receive, out, None) if flow is None else
                (flow[0], receive, out, (flow[1], flow[2])))
-      self._tasks[vw][2 * stage + (kind != FWD)] = found
+      costs[slot] = found
     return found
 
   def _start_task(self, engine: Engine, cost: CostModel, task: Task) -> None:
@@ -649,9 +650,9 @@ class Simulator:
       meter[0] += compute
       meter[1] += timed
       compute = timed
+    if receive is not None and self.overlap:  # its input was sent when it was produced and has landed (:meth:`_run`)
+      self._arrived.discard((vw, engine.generation(vw), stage, kind, mb))
     if reduce is None and (receive is None or self.overlap):  # it computes now, then :meth:`_finish` (the timers')
-      if receive is not None:  # overlap: its input was sent when it was produced and has landed (:meth:`_run`)
-        self._arrived.discard((vw, engine.generation(vw), stage, kind, mb))
       self._timers.push(self.t + compute, task)
       return
     finish = functools.partial(self._finish, engine, cost, task)
@@ -660,8 +661,6 @@ class Simulator:
     if receive is not None and not self.overlap:  # the device receives its input, then computes
       self.send(receive[1], receive[2], receive[0], functools.partial(self._compute, compute, finish))
       return
-    if receive is not None:
-      self._arrived.discard((vw, engine.generation(vw), stage, kind, mb))
     self._timers.push(self.t + compute, finish)
 
   def _reduce(self, reduce: Reduce, finish: Callable[[float], None], t: float) -> None:
