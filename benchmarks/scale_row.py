@@ -8,11 +8,16 @@ each peak is its own; the 64-GPU tuning is done once and saved::
   PYTHONPATH=. .venv/bin/python benchmarks/scale_row.py 1024 1          # the same, one simulation at a time
   PYTHONPATH=. .venv/bin/python benchmarks/scale_row.py check 1024 3    # RESULT gpus=1024 events=... us_per_event=...
   PYTHONPATH=. .venv/bin/python benchmarks/scale_row.py check 1024 3 pickled   # the trace read back first
+  PYTHONPATH=. .venv/bin/python benchmarks/scale_row.py noisy 1024 default     # RESULT gpus=1024 ... us_per_event=...
 
 ``check GPUS ROUNDS`` times the check alone, per event: the striped placement's version-2 trace is simulated and
 kept, then :func:`hetpipe_jax.core.check.check_trace` reads it ``ROUNDS`` times; the best is printed (the trace at
 16,384 GPUs holds 5.4M events: several GB). With ``pickled`` the events are saved with pickle and read back before
 they are checked, as a trace read from a file is: laid out afresh, not scattered over the simulation's memory.
+
+``noisy GPUS PLACEMENT [NOISE]`` times the simulation alone, per event, of one placement (``striped`` or
+``default``) under noise (default ``default,seed=3``: GPUs and links varying, so flows start and land at nearly every
+event and the links are re-shared as often; the row's runs move in step). Its events are counted, not kept or checked.
 
 The second argument is the study's ``jobs`` (default 0: one simulation per core, side by side in forked
 processes). ``peak_mb`` is the most memory this process and those it forked held together, sampled every 0.5 s:
@@ -105,6 +110,35 @@ def check_per_event(config: scale.ScaleConfig, tuned, profiles, setting: RunSett
         flush=True)
 
 
+class _Count:
+  """A trace sink that counts the events."""
+
+  def __init__(self):
+    self.events = 0
+
+  def __call__(self, event) -> None:
+    del event
+    self.events += 1
+
+  def fresh(self) -> "_Count":
+    return self
+
+
+def noisy_per_event(config: scale.ScaleConfig, tuned, profiles, setting: RunSetting, n: int, placement: str,
+                    noise: str) -> None:
+  """One simulation of ``placement`` at ``n`` GPUs under ``noise``, alone: its seconds per event."""
+  cluster = scale.mixed_cluster(n, config.per_node)
+  job = scale.replicate(tuned, cluster, profiles, setting=setting).job(cluster, profiles, config.waves,
+                                                                       placement=placement, precision="fp32")
+  job = job._replace(options=dataclasses.replace(job.options, noise=noise))
+  count = _Count()
+  t0 = time.perf_counter()
+  simulated = simulate_fast(job, Trace(keep=False, version=2, sink=count))[0]
+  wall = time.perf_counter() - t0
+  print(f"RESULT gpus={n} placement={placement} events={count.events} sim={wall:.2f} "
+        f"us_per_event={wall / count.events * 1e6:.2f} simulated_s={simulated!r}", flush=True)
+
+
 def main(argv: list[str]) -> None:
   setting = RunSetting(CostContext(optimizer_slots=1.0, precision="fp32"))
   profiles = scale.full_size_profiles("resnet152", 32, seq_len=None)
@@ -124,6 +158,11 @@ def main(argv: list[str]) -> None:
       raise SystemExit(f"check GPUS ROUNDS [pickled]: {' '.join(argv[4:])!r} is not 'pickled'; give it or nothing")
     return check_per_event(config, tuned, profiles, setting, int(argv[2]), int(argv[3]) if len(argv) > 3 else 3,
                            argv[4:] == ["pickled"])
+  if argv[1] == "noisy":
+    if len(argv) not in (4, 5) or argv[3] not in ("striped", "default"):
+      raise SystemExit(f"noisy GPUS PLACEMENT [NOISE]: {' '.join(argv[2:])!r}; PLACEMENT is striped or default")
+    return noisy_per_event(config, tuned, profiles, setting, int(argv[2]), argv[3],
+                           argv[4] if len(argv) > 4 else "default,seed=3")
   checked = [0.0]
   if hasattr(scale, "require_wsp"):  # older code: the check inside each simulation
     inner = scale.require_wsp

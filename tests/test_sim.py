@@ -196,6 +196,92 @@ def test_rows_count_a_striped_flows_far_ends_as_objects_do():
     assert rows.loads() == objects.loads()
 
 
+def _random_flows(sim, rng, count):
+  """``count`` random flows of ``sim``'s nodes (one in eight striped), each as a pair: one for objects, one for rows."""
+  import dataclasses
+
+  nodes = len(sim._nodes)
+  made = []
+  for _ in range(count):
+    if rng.random() < 0.125:
+      flow = sim.striped_flow(int(rng.integers(nodes)), bool(rng.integers(2)), print)[1]
+    else:
+      flow = sim.point_flow(int(rng.integers(nodes)), int(rng.integers(nodes)), print)[1]
+    made.append((float(rng.integers(1, 40)) * 1e5, flow, dataclasses.replace(flow)))
+  return made
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_rows_re_share_where_loads_changed_at_a_full_re_shares_rates(seed, monkeypatch):
+  # Rows recompute the rates of the flows that cross a resource whose load changed (every flow after a capacity or
+  # a striped flow's far ends changed); objects re-share every flow every time (the model as specified). Random
+  # starts, alone and in groups, landings, partial advances and capacity changes on 9 nodes: after every re-share
+  # each flow's rate, the next landing and the flows that land are the same doubles either way (rows re-share
+  # where loads changed however few are in flight).
+  import dataclasses
+
+  from hetpipe_jax.sim import network
+
+  monkeypatch.setattr(network, "LOCAL_FROM", 0)  # (however few rows)
+  sim = Simulator(make_cluster("nine", [[GPU]] * 9, PCIE, NET))
+  rng = np.random.default_rng(seed)
+  objects = network._ScalarFlows(sim._links)
+  rows = network._ArrayFlows(sim._links, [], objects.loads())
+  t, capacity = 0.0, list(sim._links.capacity)
+  for _ in range(400):
+    if rng.random() < 0.1:  # a link's bandwidth moves, as noise moves it
+      capacity[int(rng.integers(len(capacity)))] *= float(rng.choice([0.5, 0.8, 1.25, 2.0]))
+      links = dataclasses.replace(sim._links, capacity=tuple(capacity))
+      objects.relink(links)
+      rows.relink(links)
+    else:
+      group = _random_flows(sim, rng, int(rng.choice([1, 1, 2, 12])))
+      for num_bytes, as_object, _ in group:
+        objects.add(as_object, num_bytes)
+      if len(group) == 1:
+        rows.add(group[0][2], group[0][0])
+      else:
+        rows.add_all([(num_bytes, as_row) for num_bytes, _, as_row in group])
+    objects.rates()
+    rows.rates()
+    assert {f.seq: float(rows._rate[f.slot]) for f in rows._flows} == {f.seq: f.rate for f in objects.flows}
+    if not objects.count:
+      continue
+    t_end = objects.next_end(t)
+    assert rows.next_end(t) == t_end
+    dt = (t_end - t) * float(rng.choice([0.5, 1.0, 1.0]))  # (half way: nothing lands)
+    objects.advance(dt)
+    rows.advance(dt)
+    t += dt
+    landed = [f.seq for f in objects.land()]
+    assert [f.seq for f in rows.land()] == landed
+    assert rows.loads() == objects.loads()
+    if landed or rng.random() < 0.3:
+      objects.rates()
+      rows.rates()
+
+
+def test_rows_re_share_only_the_flows_on_the_links_a_flow_started_on(monkeypatch):
+  # 40 flows between nodes 0-3 and 20 between nodes 4-7 are in flight; one more starts from node 4 to node 5: the
+  # re-share recomputes the flows on node 4's egress and node 5's ingress and leaves every other rate as it was.
+  from hetpipe_jax.sim import network
+
+  monkeypatch.setattr(network, "LOCAL_FROM", 0)  # (however few rows)
+  sim = Simulator(make_cluster("eight", [[GPU]] * 8, PCIE, NET))
+  rows = network._ArrayFlows(sim._links, [], [0] * len(sim._links.capacity))
+  pairs = [(a, b) for a in range(4) for b in range(4) if a != b] * 4 + [(4, 5)] * 10 + [(6, 7)] * 10
+  for a, b in pairs[:60]:
+    rows.add(sim.point_flow(a, b, print)[1], 1e6)
+  rows.rates()
+  rows._rate[:rows.count] = -1.0  # (marks: a rate left as it was keeps it)
+  rows.add(sim.point_flow(4, 5, print)[1], 1e6)
+  rows.rates()
+  recomputed = {(f.ends, float(rows._rate[f.slot]) > 0) for f in rows._flows}
+  out4, in5 = sim._resource[("out", 4)], sim._resource[("in", 5)]
+  assert recomputed == {((out4, in5), True)} | {(f.ends, False) for f in rows._flows if f.ends != (out4, in5)}
+  assert {float(rows._rate[f.slot]) for f in rows._flows if f.ends == (out4, in5)} == {1e9 / 11}
+
+
 def test_striped_placement_spreads_the_ps_traffic_over_every_node():
   # 4 single-GPU VWs on 4 nodes, 2 units of 1 GB. Default: unit 0's shard on node 0, unit 1's on node 1;
   # every push sends nodes 0 and 1 3 GB each over the network (3 flows on each ingress: about 3 s).

@@ -12,8 +12,9 @@ clock-only parameter server), on a discrete-event clock where
   brings them back; the push is applied (the clock ticks) when its last flow lands;
 * links are shared resources: a node's PCIe (inside a node) and each node's network egress and ingress
   (between nodes). Concurrent flows share a resource equally; a flow moves at the rate of its most
-  contended resource (a fluid model), after the link's latency. Rates are recomputed whenever a flow
-  starts or ends.
+  contended resource (a fluid model), after the link's latency. Rates are recomputed where a flow started or
+  ended: for the flows that cross a resource whose load changed (every flow when a link's bandwidth or a
+  striped flow's far ends changed), the same doubles as re-sharing every flow.
 
 The engine (:mod:`hetpipe_jax.core.engine`) drives the schedule and the WSP protocol on this clock;
 :mod:`hetpipe_jax.sim.simulate` puts them together.
@@ -49,6 +50,7 @@ SKIP = 1e-9  # a flow due this much later than now cannot land now (1,000 x EPS:
 
 POINT, STRIPE_OUT, STRIPE_IN = 0, 1, 2  # a flow between two nodes, or striped from / to every other node
 ARRAYS_FROM, SCALARS_BELOW = 48, 16  # flows in flight: held as array rows from this many, as objects below that
+LOCAL_FROM = 512  # rows in flight from which a re-share looks for the rows it changes (fewer: all cost less)
 Receive = tuple[float, int, int]  # what a task receives before it computes: (bytes, from node, to node)
 Onward = tuple[int, str, float, int, int]  # where a task's output goes: (stage, kind, bytes, from node, to node)
 Reduce = tuple[float, int]  # a split stage's all-reduces after its compute: (bytes on its node's link, the node)
@@ -177,45 +179,50 @@ class _ScalarFlows:
 
 
 class _ArrayFlows:
-  """Flows in flight as rows of arrays (remaining bytes, rate, kind and ends; a free row holds inf bytes at
-  rate 1), so advancing the clock and re-sharing the links cost a few array operations per event, however
-  many flows are in flight."""
+  """Flows in flight as the first ``count`` rows of arrays (remaining bytes, rate, kind and ends; a flow that lands
+  hands its row to one from the end), so advancing the clock costs a few array operations over the flows in flight.
+  Re-sharing the links recomputes only the rows that cross a resource whose load changed since the last time (a
+  point flow's two ends; a direction's striped flows when its far ends' smallest shares did), every row when a
+  capacity or a striped flow's far ends changed: the rates of :meth:`_ScalarFlows.rates`, bit for bit, computed
+  only where they can have changed."""
 
   def __init__(self, links: _Links, flows: Sequence[_Flow], load: Sequence[int]):
     self._links = links
     self._capacity = np.array(links.capacity)
     self._out, self._in = np.array(links.out, np.int64), np.array(links.in_, np.int64)
     n = max(64, 2 * len(flows))
-    self._remaining = np.full(n, np.inf)
-    self._rate = np.ones(n)
+    self._remaining, self._rate = np.zeros(n), np.ones(n)
     self._kind = np.zeros(n, np.int8)
     self._ends = np.zeros((n, 2), np.int64)
-    self._free = list(range(n - 1, -1, -1))
-    self._flows: dict[int, _Flow] = {}  # slot -> flow
+    self._flows: list[_Flow] = []  # row -> its flow, for the ``count`` rows in flight
     self._load = np.array(load, np.int64)  # subflows on each resource (and on the far ends, those pending)
     self._far_pending: dict[int, list] = {}  # id of a direction's far ends -> [them as an array, subflows to add]
+    self._share = np.zeros(len(links.capacity))  # each resource's share at the last :meth:`rates`
+    self._far_low: dict[int, tuple[int, float, float]] = {}  # striped kind -> (lowest far position, its share, next)
+    self._changed: list[int] = []  # resources whose load changed since the last :meth:`rates` (repeats allowed)
+    self._every = True  # every row to re-share at the next :meth:`rates`
     self.striped = self.count = 0
     for f in flows:
       self._put(f, f.remaining)
       self._rate[f.slot] = f.rate
 
-  def _grow(self) -> None:
-    """Twice the rows (the new ones free)."""
-    n = len(self._remaining)
-    self._remaining = np.concatenate([self._remaining, np.full(n, np.inf)])
-    self._rate = np.concatenate([self._rate, np.ones(n)])
-    self._ends = np.concatenate([self._ends, np.zeros((n, 2), np.int64)])
-    self._kind = np.concatenate([self._kind, np.zeros(n, np.int8)])
-    self._free = list(range(2 * n - 1, n - 1, -1)) + self._free
+  def _grow(self, rows: int) -> None:
+    """Room for at least ``rows`` rows (twice as many as before, or more)."""
+    n = max(rows, 2 * len(self._remaining))
+    for name in ("_remaining", "_rate", "_kind", "_ends"):
+      old = getattr(self, name)
+      new = np.ones((n, *old.shape[1:]), old.dtype)
+      new[:self.count] = old[:self.count]
+      setattr(self, name, new)
 
   def _put(self, flow: _Flow, num_bytes: float) -> None:
-    if not self._free:
-      self._grow()
-    flow.slot = self._free.pop()
-    self._remaining[flow.slot] = num_bytes
-    self._ends[flow.slot] = flow.ends
-    self._kind[flow.slot] = flow.kind
-    self._flows[flow.slot] = flow
+    if self.count == len(self._remaining):
+      self._grow(self.count + 1)
+    flow.slot = row = self.count
+    self._remaining[row] = num_bytes
+    self._ends[row] = flow.ends
+    self._kind[row] = flow.kind
+    self._flows.append(flow)
     self.count += 1
     self.striped += flow.kind != POINT
 
@@ -223,6 +230,7 @@ class _ArrayFlows:
     self._put(flow, num_bytes)
     for r, c in zip(flow.resources, flow.counts):  # (one or two: scalar updates cost less than an indexed one)
       self._load[r] += c
+    self._changed.extend(flow.resources)
     if flow.far is not None:
       self._charge_far(flow.far, 1)
 
@@ -231,6 +239,7 @@ class _ArrayFlows:
     flows that start or land at one instant charge each direction's N far ends once, not once each."""
     _, as_array, own = far
     self._load[own] -= sign
+    self._changed.append(own)
     pending = self._far_pending.get(id(as_array))
     if pending is None:
       self._far_pending[id(as_array)] = [as_array, sign]
@@ -238,25 +247,26 @@ class _ArrayFlows:
       pending[1] += sign
 
   def _settle(self) -> None:
-    """The far ends' pending subflows added to the loads."""
+    """The far ends' pending subflows added to the loads (every node's link changed: every row is re-shared)."""
     for as_array, count in self._far_pending.values():
       if count:
         self._load[as_array] += count
+        self._every = True
     self._far_pending.clear()
 
   def add_all(self, group: Sequence[tuple[float, _Flow]]) -> None:
     """:meth:`add` of each (bytes, flow) of ``group`` in turn, their rows and loads written at once."""
-    while len(self._free) < len(group):
-      self._grow()
-    slots = [self._free.pop() for _ in group]
-    rows = np.array(slots, np.int64)
+    first = self.count
+    if first + len(group) > len(self._remaining):
+      self._grow(first + len(group))
+    rows = slice(first, first + len(group))
     self._remaining[rows] = [num_bytes for num_bytes, _ in group]
     self._ends[rows] = [flow.ends for _, flow in group]
     self._kind[rows] = [flow.kind for _, flow in group]
     resources, counts = [], []
-    for slot, (_, flow) in zip(slots, group):
-      flow.slot = slot
-      self._flows[slot] = flow
+    for row, (_, flow) in enumerate(group, first):
+      flow.slot = row
+      self._flows.append(flow)
       resources.extend(flow.resources)
       counts.extend(flow.counts)
       if flow.far is not None:
@@ -264,58 +274,124 @@ class _ArrayFlows:
       self.striped += flow.kind != POINT
     self.count += len(group)
     np.add.at(self._load, resources, counts)
+    self._changed.extend(resources)
 
   def rates(self) -> None:
-    """:meth:`_ScalarFlows.rates` on every row at once."""
+    """:meth:`_ScalarFlows.rates`, for the rows that cross a resource whose load changed (every row after a
+    capacity or a striped flow's far ends changed, or when most resources did)."""
     if self._far_pending:
       self._settle()
-    share = self._capacity / np.maximum(self._load, 1)
-    rate = np.minimum(share[self._ends[:, 0]], share[self._ends[:, 1]])
-    if self.striped:
-      for kind, far in ((STRIPE_OUT, self._in), (STRIPE_IN, self._out)):
-        rows = np.flatnonzero(self._kind == kind)
-        if not len(rows):
+    share, n = self._share, self.count
+    if self._every or n < LOCAL_FROM or 4 * len(self._changed) >= len(share):
+      share[:] = self._capacity / np.maximum(self._load, 1)
+      rows: slice | np.ndarray = slice(0, n)
+      lows = {kind: self._lowest(kind) for kind in (STRIPE_OUT, STRIPE_IN)} if self.striped else {}
+    else:
+      changed = np.array(self._changed, np.int64)
+      share[changed] = self._capacity[changed] / np.maximum(self._load[changed], 1)
+      hit = np.zeros(len(share), bool)
+      hit[changed] = True
+      ends = self._ends[:n]
+      touched = hit[ends[:, 0]] | hit[ends[:, 1]]  # (a striped row's second end is its node's position: a
+      #                                             spurious hit re-computes the same rate)
+      lows = {}
+      for kind, far in ((STRIPE_OUT, self._in), (STRIPE_IN, self._out)) if self.striped else ():
+        if kind in self._far_low and not hit[far].any():
           continue
-        far_share = share[far]
-        lowest = np.argsort(far_share, kind="stable")[:2]  # the smallest far share, and the next one
-        pos = self._ends[rows, 1]
-        far_min = np.where(pos == lowest[0], far_share[lowest[-1]], far_share[lowest[0]])
-        rate[rows] = (len(far) - 1) * np.minimum(share[self._ends[rows, 0]], far_min)
-    self._rate = np.where(np.isinf(self._remaining), 1.0, rate)
+        low = self._lowest(kind)
+        if low != self._far_low.get(kind):
+          touched |= self._kind[:n] == kind
+          lows[kind] = low
+      rows = touched.nonzero()[0]
+    self._far_low.update(lows)
+    self._every = False
+    self._changed.clear()
+    self._rate[rows] = self._share_rows(rows)
+
+  def _lowest(self, kind: int) -> tuple[int, float, float]:
+    """The smallest share among the far ends of ``kind``'s striped flows: (its node's position, it, the next)."""
+    far_share = self._share[self._in if kind == STRIPE_OUT else self._out]
+    lowest = np.argsort(far_share, kind="stable")[:2]
+    return int(lowest[0]), float(far_share[lowest[0]]), float(far_share[lowest[-1]])
+
+  def _share_rows(self, rows: slice | np.ndarray) -> np.ndarray:
+    """The rates of ``rows`` from the resources' shares."""
+    share, ends = self._share, self._ends[rows]
+    rate = np.minimum(share[ends[:, 0]], share[ends[:, 1]])
+    if self.striped:
+      kinds = self._kind[rows]
+      for kind in (STRIPE_OUT, STRIPE_IN):
+        sel = (kinds == kind).nonzero()[0]
+        if len(sel):
+          first, low, second = self._far_low[kind]
+          far_min = np.where(ends[sel, 1] == first, second, low)
+          rate[sel] = (len(self._out) - 1) * np.minimum(share[ends[sel, 0]], far_min)
+    return rate
 
   def relink(self, links: _Links) -> None:
     """:meth:`_ScalarFlows.relink`."""
     self._links = links
     self._capacity = np.array(links.capacity)
+    self._every = True
 
   def next_end(self, t: float) -> float:
-    return float((t + self._remaining / self._rate).min())
+    n = self.count  # (t + the smallest time left: the smallest of t + each, rounding being monotonic)
+    return t + float((self._remaining[:n] / self._rate[:n]).min())
 
   def advance(self, dt: float) -> None:
-    self._remaining -= self._rate * dt
+    n = self.count
+    self._remaining[:n] -= self._rate[:n] * dt
 
   def land(self) -> list[_Flow]:
     """:meth:`_ScalarFlows.land`."""
-    rows = np.flatnonzero(self._remaining <= self._rate * EPS)
+    n = self.count
+    rows = (self._remaining[:n] <= self._rate[:n] * EPS).nonzero()[0]
     if not len(rows):
       return []
-    flows = self._flows
-    landed = sorted([flows.pop(slot) for slot in rows.tolist()], key=_seq)
-    self.count -= len(landed)
-    self._free.extend([f.slot for f in landed])
+    landed = sorted([self._flows[row] for row in rows.tolist()], key=_seq)
+    resources = [r for f in landed for r in f.resources]
     if len(landed) < _ADD_ALL_FROM:  # (few: scalar updates cost less than indexed ones)
       for f in landed:
-        self._remaining[f.slot], self._rate[f.slot], self._kind[f.slot] = np.inf, 1.0, POINT
         for r, c in zip(f.resources, f.counts):
           self._load[r] -= c
     else:  # (flows land hundreds at once at scale)
-      self._remaining[rows], self._rate[rows], self._kind[rows] = np.inf, 1.0, POINT
-      np.subtract.at(self._load, [r for f in landed for r in f.resources], [c for f in landed for c in f.counts])
+      np.subtract.at(self._load, resources, [c for f in landed for c in f.counts])
+    self._changed.extend(resources)
     for f in landed:
       if f.far is not None:
         self._charge_far(f.far, -1)
         self.striped -= 1
+    self._close(rows)
     return landed
+
+  def _close(self, rows: np.ndarray) -> None:
+    """Frees ``rows`` (ascending): the rows in flight after them move into those before the new end."""
+    n, left = self.count, self.count - len(rows)
+    if len(rows) < _ADD_ALL_FROM:  # (few: the last row into each, from the highest down, by scalar copies)
+      remaining, rate, kind, ends, flows = self._remaining, self._rate, self._kind, self._ends, self._flows
+      for row in reversed(rows.tolist()):
+        n -= 1
+        if row != n:  # (a row above every landed one still to free: in flight)
+          remaining[row], rate[row], kind[row], ends[row] = remaining[n], rate[n], kind[n], ends[n]
+          flows[row] = flow = flows[n]
+          flow.slot = row
+      del flows[left:]
+      self.count = left
+      return
+    holes = rows[:np.searchsorted(rows, left)]
+    if len(holes):
+      keep = np.ones(n - left, bool)
+      keep[rows[len(holes):] - left] = False
+      movers = keep.nonzero()[0] + left
+      for name in ("_remaining", "_rate", "_kind", "_ends"):
+        array = getattr(self, name)
+        array[holes] = array[movers]
+      flows = self._flows
+      for hole, mover in zip(holes.tolist(), movers.tolist()):
+        flows[hole] = flow = flows[mover]
+        flow.slot = hole
+    del self._flows[left:]
+    self.count = left
 
   def loads(self) -> list[int]:
     self._settle()
@@ -323,9 +399,9 @@ class _ArrayFlows:
 
   def as_objects(self) -> list[_Flow]:
     """The flows in flight, their remaining bytes and rates written back onto them (exactly: doubles)."""
-    for slot, f in self._flows.items():
-      f.remaining, f.rate = float(self._remaining[slot]), float(self._rate[slot])
-    return list(self._flows.values())
+    for row, f in enumerate(self._flows):
+      f.remaining, f.rate = float(self._remaining[row]), float(self._rate[row])
+    return list(self._flows)
 
 
 class _Timers:
