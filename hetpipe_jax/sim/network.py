@@ -285,7 +285,7 @@ class _ArrayFlows:
     if self._every or n < LOCAL_FROM or 4 * len(self._changed) >= len(share):
       share[:] = self._capacity / np.maximum(self._load, 1)
       rows: slice | np.ndarray = slice(0, n)
-      lows = {kind: self._lowest(kind) for kind in (STRIPE_OUT, STRIPE_IN)} if self.striped else {}
+      self._far_low.clear()  # (:meth:`_share_rows` finds them again)
     else:
       changed = np.array(self._changed, np.int64)
       share[changed] = self._capacity[changed] / np.maximum(self._load[changed], 1)
@@ -294,16 +294,13 @@ class _ArrayFlows:
       ends = self._ends[:n]
       touched = hit[ends[:, 0]] | hit[ends[:, 1]]  # (a striped row's second end is its node's position: a
       #                                             spurious hit re-computes the same rate)
-      lows = {}
-      for kind, far in ((STRIPE_OUT, self._in), (STRIPE_IN, self._out)) if self.striped else ():
-        if kind in self._far_low and not hit[far].any():
-          continue
-        low = self._lowest(kind)
-        if low != self._far_low.get(kind):
-          touched |= self._kind[:n] == kind
-          lows[kind] = low
+      for kind, far in ((STRIPE_OUT, self._in), (STRIPE_IN, self._out)):
+        low = self._far_low.get(kind)  # (None: no striped flow of this direction in flight)
+        if low is not None and hit[far].any():
+          self._far_low[kind] = self._lowest(kind)
+          if self._far_low[kind] != low:
+            touched |= self._kind[:n] == kind
       rows = touched.nonzero()[0]
-    self._far_low.update(lows)
     self._every = False
     self._changed.clear()
     self._rate[rows] = self._share_rows(rows)
@@ -323,7 +320,10 @@ class _ArrayFlows:
       for kind in (STRIPE_OUT, STRIPE_IN):
         sel = (kinds == kind).nonzero()[0]
         if len(sel):
-          first, low, second = self._far_low[kind]
+          found = self._far_low.get(kind)
+          if found is None:
+            found = self._far_low[kind] = self._lowest(kind)
+          first, low, second = found
           far_min = np.where(ends[sel, 1] == first, second, low)
           rate[sel] = (len(self._out) - 1) * np.minimum(share[ends[sel, 0]], far_min)
     return rate
