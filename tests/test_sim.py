@@ -196,18 +196,18 @@ def test_rows_count_a_striped_flows_far_ends_as_objects_do():
     assert rows.loads() == objects.loads()
 
 
-def _random_flows(sim, rng, count):
-  """``count`` random flows of ``sim``'s nodes (one in eight striped), each as a pair: one for objects, one for rows."""
+def _random_flows(sim, rng, count, alike=False):
+  """``count`` random flows of ``sim``'s nodes (one in eight striped), each as a pair: one for objects, one for rows
+  (``alike``: all between the same nodes with the same bytes, so they land together)."""
   import dataclasses
 
-  nodes = len(sim._nodes)
-  made = []
+  nodes, made = len(sim._nodes), []
+  shape = rng.random(), int(rng.integers(nodes)), int(rng.integers(nodes)), float(rng.integers(1, 40)) * 1e5
   for _ in range(count):
-    if rng.random() < 0.125:
-      flow = sim.striped_flow(int(rng.integers(nodes)), bool(rng.integers(2)), print)[1]
-    else:
-      flow = sim.point_flow(int(rng.integers(nodes)), int(rng.integers(nodes)), print)[1]
-    made.append((float(rng.integers(1, 40)) * 1e5, flow, dataclasses.replace(flow)))
+    striped, a, b, num_bytes = shape if alike else (
+        rng.random(), int(rng.integers(nodes)), int(rng.integers(nodes)), float(rng.integers(1, 40)) * 1e5)
+    flow = sim.striped_flow(a, bool(b % 2), print)[1] if striped < 0.125 else sim.point_flow(a, b, print)[1]
+    made.append((num_bytes, flow, dataclasses.replace(flow)))
   return made
 
 
@@ -215,9 +215,9 @@ def _random_flows(sim, rng, count):
 def test_rows_re_share_where_loads_changed_at_a_full_re_shares_rates(seed, monkeypatch):
   # Rows recompute the rates of the flows that cross a resource whose load changed (every flow after a capacity or
   # a striped flow's far ends changed); objects re-share every flow every time (the model as specified). Random
-  # starts, alone and in groups, landings, partial advances and capacity changes on 9 nodes: after every re-share
-  # each flow's rate, the next landing and the flows that land are the same doubles either way (rows re-share
-  # where loads changed however few are in flight).
+  # starts, alone and in groups (some of twelve alike, which land together), landings, partial advances and
+  # capacity changes on 9 nodes: after every re-share each flow's rate, the next landing and the flows that land are
+  # the same doubles either way (rows re-share where loads changed however few are in flight).
   import dataclasses
 
   from hetpipe_jax.sim import network
@@ -235,7 +235,8 @@ def test_rows_re_share_where_loads_changed_at_a_full_re_shares_rates(seed, monke
       objects.relink(links)
       rows.relink(links)
     else:
-      group = _random_flows(sim, rng, int(rng.choice([1, 1, 2, 12])))
+      size = int(rng.choice([1, 1, 2, 12, 12]))
+      group = _random_flows(sim, rng, size, alike=size == 12 and rng.random() < 0.5)
       for num_bytes, as_object, _ in group:
         objects.add(as_object, num_bytes)
       if len(group) == 1:
