@@ -206,10 +206,12 @@ class _ArrayFlows:
       self._put(f, f.remaining)
       self._rate[f.slot] = f.rate
 
+  _COLUMNS = ("_remaining", "_rate", "_kind", "_ends")  # the arrays that hold a row each
+
   def _grow(self, rows: int) -> None:
     """Room for at least ``rows`` rows (twice as many as before, or more)."""
     n = max(rows, 2 * len(self._remaining))
-    for name in ("_remaining", "_rate", "_kind", "_ends"):
+    for name in self._COLUMNS:
       old = getattr(self, name)
       new = np.ones((n, *old.shape[1:]), old.dtype)
       new[:self.count] = old[:self.count]
@@ -383,7 +385,7 @@ class _ArrayFlows:
       keep = np.ones(n - left, bool)
       keep[rows[len(holes):] - left] = False
       movers = keep.nonzero()[0] + left
-      for name in ("_remaining", "_rate", "_kind", "_ends"):
+      for name in self._COLUMNS:
         array = getattr(self, name)
         array[holes] = array[movers]
       flows = self._flows
