@@ -118,29 +118,39 @@ def _kill_when_written(tmp_path, victim: int | tuple[int, ...], lines: int, *fla
                        ) -> tuple[subprocess.CompletedProcess, list[dict]]:
   """Starts a job, SIGKILLs process ``victim`` (each of several, one after another) once the first one's
   trace part holds ``lines`` events (mid-run, at a moment the run decides), and waits for the job; returns its
-  outcome and the whole events the part held just before the kill."""
+  outcome and the whole events the part held just before the kill. The victims' pids are found while the part
+  compiles and the part is read every 10 ms, so the kill lands within a few events of the mark (a part of 5 waves
+  writes its 68 lines in about 0.2 s)."""
   victims = (victim,) if isinstance(victim, int) else victim
   part = tmp_path / f"trace.jsonl.part{victims[0]}"
   job = subprocess.Popen([sys.executable, "-m", "experiments.train", *FLAGS, f"--out_dir={tmp_path}", *flags],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=ROOT)
   try:
-    deadline = time.monotonic() + 240
+    deadline, pids = time.monotonic() + 240, {}
     while time.monotonic() < deadline and job.poll() is None:
-      if part.exists() and len(part.read_text().splitlines()) >= lines:
-        break
-      time.sleep(0.05)
+      if part.exists():
+        pids.update({v: _pid(tmp_path, v) for v in victims if not pids.get(v)})
+        if len(part.read_text().splitlines()) >= lines:
+          break
+      time.sleep(0.01)
     text = part.read_text()
     written = [json.loads(line) for line in text[:text.rfind("\n") + 1].splitlines()]
     for v in victims:
-      pids = subprocess.run(["pgrep", "-f", "--", f"--out_dir={tmp_path} .*--process_id={v}"],
-                            capture_output=True, text=True).stdout.split()
-      assert pids and job.poll() is None, "the job ended before it could be killed"
-      os.kill(int(pids[0]), signal.SIGKILL)
+      pid = pids.get(v) or _pid(tmp_path, v)
+      assert pid and job.poll() is None, "the job ended before it could be killed"
+      os.kill(pid, signal.SIGKILL)
     out, err = job.communicate(timeout=240)
   finally:
     job.kill()
     job.wait(timeout=30)
   return subprocess.CompletedProcess(job.args, job.returncode, out, err), written
+
+
+def _pid(tmp_path, process: int) -> int | None:
+  """The pid of the job's process ``process``, if it runs."""
+  pids = subprocess.run(["pgrep", "-f", "--", f"--out_dir={tmp_path} .*--process_id={process}"],
+                        capture_output=True, text=True).stdout.split()
+  return int(pids[0]) if pids else None
 
 
 def applied_exactly_once(events) -> dict[int, set[int]]:
@@ -184,27 +194,28 @@ def test_a_decentralised_run_goes_on_without_a_killed_process(tmp_path):
 
 
 def test_a_checkpointed_run_stops_at_the_boundary_after_a_loss_and_resumes_with_every_process(tmp_path):
-  """NP with every PS shard on node 0, checkpoints every 5 waves: process 2 is SIGKILLed in the first part; VW 2
-  leaves, the others finish the part, and the job stops there in one line after a checkpoint at clock 5. Resumed
-  with every process, VW 2 joins at clock 5 and every VW pushes waves 5 to 14; one trace checks."""
-  flags = ("--policy=NP", "--placement=local", "--d=1", "--waves=15", f"--checkpoint_dir={tmp_path / 'ck'}",
-           "--checkpoint_every=5")
-  proc, _ = _kill_when_written(tmp_path, 2, 30, *flags)
+  """NP with every PS shard on node 0, checkpoints every 10 waves: process 2 is SIGKILLed early in the first part (its
+  first events written, some 120 to come); VW 2 leaves, the others finish the part, and the job stops there in one
+  line after a checkpoint at clock 10. Resumed with every process, VW 2 joins at clock 10 and every VW pushes waves
+  10 to 19; one trace checks."""
+  flags = ("--policy=NP", "--placement=local", "--d=1", "--waves=20", f"--checkpoint_dir={tmp_path / 'ck'}",
+           "--checkpoint_every=10")
+  proc, _ = _kill_when_written(tmp_path, 2, 1, *flags)
   assert proc.returncode == 1, proc.stderr[-3000:]
   errors = [line for line in proc.stderr.splitlines() if line.startswith("error")]
-  assert len(errors) == 1 and "processes [2] were lost before wave 5" in errors[0], proc.stderr[-3000:]
+  assert len(errors) == 1 and "processes [2] were lost before wave 10" in errors[0], proc.stderr[-3000:]
   assert "resume from the checkpoint there (--resume) with every process" in errors[0]
-  assert (tmp_path / "ck" / "5").exists()
+  assert (tmp_path / "ck" / "10").exists()
   proc = train(tmp_path, *flags, "--resume")
   assert proc.returncode == 0, proc.stderr[-3000:]
-  assert "checkpoints: resumed from global clock 5" in proc.stdout
+  assert "checkpoints: resumed from global clock 10" in proc.stdout
   events = read_trace(str(tmp_path / "trace.jsonl"))
   assert_trace_ok(events)
   members = [(e["ev"], e.get("clock")) for e in events if e["ev"] in ("leave", "join") and e["vw"] == 2]
-  assert members == [("leave", None), ("join", 5)], members
+  assert members == [("leave", None), ("join", 10)], members
   counts = pushes(events)
-  assert [counts[i] for i in (0, 1, 3)] == [15, 15, 15] and counts[2] < 15, counts
-  assert sorted(e["wave"] for e in events if e["ev"] == "push" and e["vw"] == 2)[-10:] == list(range(5, 15))
+  assert [counts[i] for i in (0, 1, 3)] == [20, 20, 20] and counts[2] < 20, counts
+  assert sorted(e["wave"] for e in events if e["ev"] == "push" and e["vw"] == 2)[-10:] == list(range(10, 20))
 
 
 def test_a_process_lost_before_a_part_starts_stops_the_run_in_one_line(tmp_path):
