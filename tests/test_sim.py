@@ -202,10 +202,13 @@ def _random_flows(sim, rng, count, alike=False):
   import dataclasses
 
   nodes, made = len(sim._nodes), []
-  shape = rng.random(), int(rng.integers(nodes)), int(rng.integers(nodes)), float(rng.integers(1, 40)) * 1e5
+
+  def draw() -> tuple[float, int, int, float]:  # (striped below 0.125, from node, to node, bytes)
+    return rng.random(), int(rng.integers(nodes)), int(rng.integers(nodes)), float(rng.integers(1, 40)) * 1e5
+
+  shape = draw()
   for _ in range(count):
-    striped, a, b, num_bytes = shape if alike else (
-        rng.random(), int(rng.integers(nodes)), int(rng.integers(nodes)), float(rng.integers(1, 40)) * 1e5)
+    striped, a, b, num_bytes = shape if alike else draw()
     flow = sim.striped_flow(a, bool(b % 2), print)[1] if striped < 0.125 else sim.point_flow(a, b, print)[1]
     made.append((num_bytes, flow, dataclasses.replace(flow)))
   return made
