@@ -128,7 +128,7 @@ def test_the_compiled_block_sums_its_partial_products_with_two_all_reduces_each_
   x = jax.device_put(MODEL.apply(PARAMS, TOKENS, 0, 1), stage.device)
   out, vjp = stage._fwd(stage.params, x, None)
   forward = stage._fwd.lower(stage.params, x, None).compile().as_text()
-  backward = stage._bwd_first.lower(vjp, out, stage.params, stage.state.opt_state, None).compile().as_text()
+  backward = stage._bwd_first.lower(vjp, out, stage.params, stage.state.opt_state, None, {}).compile().as_text()
   # Megatron-LM's f and g: one all-reduce after attention and one after the MLP, and the same two backward;
   # no weight is gathered (each device computes with its own part)
   assert collectives(forward) == collectives(backward) == {"all-reduce": 2}

@@ -11,7 +11,8 @@ time        event times never go back (on each process's own clock, where events
 order       in-order injection within the Nm window; a task only after its predecessor; no task twice;
             in-order completion after the stage-0 backward
 device      one task at a time per device
-local       a forward of p includes own updates 1 .. p - Nm (local staleness <= Nm - 1)
+local       a forward of p includes own updates 1 .. p - Nm (local staleness <= Nm - 1); under accumulation over
+            k minibatches (meta ``accumulate``), the groups of k that end by p - Nm
 rebase      a task's weights hold exactly the updates its stage has applied (none lost, none twice)
 global      the weights of p include every VW's waves 0 .. w-D-2 (0 .. w-D-1 for a wave's last
             minibatch) and nothing not yet pushed; they come from a real pull, never going back
@@ -43,6 +44,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple, cast
 
 from hetpipe_jax.core import wsp
+from hetpipe_jax.core.controls import min_own, updates_at
 from hetpipe_jax.core.meta import VERSIONS
 from hetpipe_jax.core.trace import field_error, staleness_stats, trace_cli, write_trace
 from hetpipe_jax.errors import ConfigError, ProtocolError
@@ -146,6 +148,7 @@ class _Checker:
     self.n, self.nm, self.d = meta["num_vws"], meta["nm"], meta["d"]
     self.window = meta.get("window") or self.nm  # most in flight: a window below Nm where one is set
     self.k, self.stash = meta["stages"], meta["weight_mode"] == "stash"
+    self.acc = meta.get("accumulate") or [1] * self.n  # minibatches per local update (controls: 2bw)
     self.shards = meta.get("shards")
     self.precision = meta.get("precision", "fp32")
     self.violations: list[Violation] = []
@@ -293,7 +296,7 @@ class _Checker:
 
   def _fast_fwd(self, d: _Device, i: int, p: int, own: int, seq: int) -> bool:
     """:meth:`_on_fwd`'s rules past :meth:`_task` hold: recorded."""
-    if own < p - self.nm[i] or own != d.applied or not self._fast_global(i, p, seq) \
+    if own < min_own(p, self.nm[i], self.acc[i]) or own != d.applied or not self._fast_global(i, p, seq) \
         or (d.last_glob is not None and seq < cast(int, d.last_glob)):  # (a seq: no VW has left or joined)
       return False
     d.forwards[p] = (own, seq)
@@ -309,7 +312,7 @@ class _Checker:
     elif own != d.applied or not self._fast_global(i, p, seq):
       return False
     d.forwards.pop(p, None)
-    d.applied += 1
+    d.applied += updates_at(p, self.acc[i])
     return True
 
   # --- minibatch flow --------------------------------------------------------------------------------
@@ -444,9 +447,11 @@ class _Checker:
     d = self.devices[i][j]
     if j > 0 and ("fwd", i, j - 1, p) not in self.done:
       self.fail("order", f"forward of VW {i} minibatch {p} at stage {j} before stage {j - 1}")
-    if own < p - self.nm[i]:
+    need = min_own(p, self.nm[i], self.acc[i])
+    if own < need:
+      per = f", one update per {self.acc[i]} minibatches" if self.acc[i] > 1 else ""
       self.fail("local", f"forward of VW {i} minibatch {p} at stage {j} includes {own} own updates; "
-                f"needs >= {p - self.nm[i]} (Nm={self.nm[i]})")
+                f"needs >= {need} (Nm={self.nm[i]}{per})")
     if own != d.applied:
       self.fail("rebase", f"forward of VW {i} minibatch {p} at stage {j} uses weights with {own} own "
                 f"updates, but the stage has applied {d.applied} (lost or double-counted "
@@ -485,7 +490,7 @@ class _Checker:
         self.fail("rebase", f"backward of VW {i} minibatch {p} at stage {j} uses weights with "
                   f"{version[0]} own updates, but the stage has applied {d.applied}")
       self._check_global(i, j, p, version[1], "backward")
-    d.applied += 1
+    d.applied += updates_at(p, self.acc[i])
 
   def _on_complete(self, ev) -> None:
     i, p = ev["vw"], ev["mb"]
@@ -641,6 +646,10 @@ def _meta_violation(meta: Any) -> Violation | None:
   window, nm = meta.get("window"), meta["nm"]
   if window is not None and (len(window) != len(nm) or not all(1 <= w <= n for w, n in zip(window, nm))):
     return Violation(1, "format", f"meta window {window} must give 1 <= window <= Nm for each Nm of {nm}")
+  acc = meta.get("accumulate")
+  if acc is not None and (not isinstance(acc, list) or len(acc) != len(nm)
+                          or not all(type(k) is int and k >= 1 and n % k == 0 for k, n in zip(acc, nm))):
+    return Violation(1, "format", f"meta accumulate {acc} must give a k >= 1 that divides Nm for each Nm of {nm}")
   return None
 
 

@@ -206,7 +206,8 @@ class Engine:
     if kind == FWD:
       progress.versions, version = versions_lib.forward(progress.versions, j, mb)
     else:  # the update is applied as the backward starts
-      progress.versions, version = versions_lib.backward(progress.versions, j, mb, vw.nm, vw.weight_mode)
+      progress.versions, version = versions_lib.backward(progress.versions, j, mb, vw.nm, vw.weight_mode,
+                                                             vw.accumulate)
     state.running[device] = (t, version)
     try:
       return vw.numerics.run(task)

@@ -7,15 +7,17 @@ simulator's options) are written only when set, so older traces read the same.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
+
+from hetpipe_jax.core.controls import PER_MINIBATCH, Control
 
 VERSION = 1  # today's form: every task and pull with its N-entry ``glob``; 2: its ``seq`` instead
 VERSIONS = (1, 2)
 
 
 def meta_event(shape: Mapping[str, Any], d: int, weight_mode: str, schedule: str, executor: str, shards: int,
-               version: int = VERSION, **extra: Any) -> dict[str, Any]:
+               version: int = VERSION, control: Control = PER_MINIBATCH, **extra: Any) -> dict[str, Any]:
   """The meta line of a run.
 
   Args:
@@ -26,10 +28,20 @@ def meta_event(shape: Mapping[str, Any], d: int, weight_mode: str, schedule: str
     executor: the executor's name.
     shards: parameter-server shards (one per unit).
     version: the trace format's version (:data:`VERSIONS`).
+    control: the staleness control inside each virtual worker (written when not the default).
     **extra: what else the run records (model, dataset, options); a value of None is written as null.
   """
   head = {"ev": "meta", "version": version, "num_vws": shape["num_vws"], "nm": shape["nm"], "d": d,
           "stages": shape["stages"], "weight_mode": weight_mode, "executor": executor, "schedule": schedule,
           "shards": shards}
   tail = {k: shape[k] for k in ("cuts", "gpus", "window", "recompute", "tp") if k in shape}
-  return {**head, **extra, **tail}
+  return {**head, **extra, **tail, **control_fields(control, shape["nm"])}
+
+
+def control_fields(control: Control, nms: Sequence[int]) -> dict[str, Any]:
+  """What the meta line records of a staleness control other than the default (:mod:`hetpipe_jax.core.controls`):
+  its spec, and where it updates once per k minibatches each virtual worker's k (the checker reads it)."""
+  if control == PER_MINIBATCH:
+    return {}
+  acc = [control.accumulate(nm) for nm in nms]
+  return {"staleness": str(control), **({"accumulate": acc} if any(k != 1 for k in acc) else {})}

@@ -12,7 +12,8 @@ entry, read cold.)
 
 * a forward uses the stage's current version;
 * a backward uses its forward's version in ``stash`` mode, the current one in ``latest`` mode, and its
-  update is applied at once: ``own`` grows by one and the update joins its wave's open count;
+  update is applied at once: ``own`` grows by one and the update joins its wave's open count (accumulated over k
+  minibatches, :mod:`hetpipe_jax.core.controls`: by k at a group's last backward, by none before it);
 * a push closes a wave (every stage must hold exactly Nm of its updates);
 * a pull rebases every stage: ``own`` = the VW's pushed waves x Nm + the local updates added back on top
   (a staged pull rebases each stage when its part lands: :func:`rebase_stage`).
@@ -75,18 +76,24 @@ def forward(book: VersionBook, stage: int, mb: int) -> tuple[VersionBook, Versio
   return book, version
 
 
-def backward(book: VersionBook, stage: int, mb: int, nm: int, weight_mode: str) -> tuple[VersionBook, Version]:
+def backward(book: VersionBook, stage: int, mb: int, nm: int, weight_mode: str, k: int = 1
+             ) -> tuple[VersionBook, Version]:
   """A backward of ``mb`` starts at ``stage`` and applies its update; returns the version it used (``book``'s
-  ``forwards`` and the stage's open counts change in place: the module's note)."""
+  ``forwards`` and the stage's open counts change in place: the module's note). With accumulation over ``k``
+  minibatches (:mod:`hetpipe_jax.core.controls`, ``2bw``) the update of a group of ``k`` is applied at its last
+  minibatch's backward, as ``k`` minibatch updates; the others apply none."""
   current, open_waves, forwards = book
   fwd_version = forwards.pop((stage, mb))
   now = current[stage]
+  used = fwd_version if weight_mode == "stash" else now
+  applied = 1 if k == 1 else (k if mb % k == 0 else 0)  # (controls.updates_at, inline: once per task)
+  if not applied:
+    return book, used
   wave = wsp.wave_of(mb, nm)
   opened = open_waves[stage]
-  opened[wave] = opened.get(wave, 0) + 1
-  current = current[:stage] + (_tuple(Version, (now[0] + 1, now[1], now[2])),) + current[stage + 1:]
-  return (_tuple(VersionBook, (current, open_waves, forwards)),
-          fwd_version if weight_mode == "stash" else now)
+  opened[wave] = opened.get(wave, 0) + applied
+  current = current[:stage] + (_tuple(Version, (now[0] + applied, now[1], now[2])),) + current[stage + 1:]
+  return _tuple(VersionBook, (current, open_waves, forwards)), used
 
 
 def close_wave(book: VersionBook, wave: int, nm: int, vw: int) -> VersionBook:

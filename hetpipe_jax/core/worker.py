@@ -16,6 +16,7 @@ from typing import Any, NamedTuple, Protocol
 
 from hetpipe_jax.core import schedule as schedule_lib
 from hetpipe_jax.core import versions as versions_lib
+from hetpipe_jax.core.controls import PER_MINIBATCH, Control
 from hetpipe_jax.core.schedule import Task
 
 
@@ -153,6 +154,8 @@ class VirtualWorker:
     numerics: what runs its tasks.
     progress: its schedule state, weight versions, minibatches to run and liveness (the engine's).
     window: most minibatches in flight when fewer than Nm (None: Nm).
+    accumulate: minibatches per local update (its staleness control's, :mod:`hetpipe_jax.core.controls`; 1: one
+      per minibatch).
   """
 
   index: int
@@ -162,13 +165,15 @@ class VirtualWorker:
   numerics: Numerics
   progress: Progress
   window: int | None = None
+  accumulate: int = 1
 
   @classmethod
   def create(cls, index: int, shape: VWShape, total_mbs: int, num_vws: int, *, schedule: str = "1f1b",
-             weight_mode: str = "stash", numerics: Numerics | None = None) -> VirtualWorker:
+             weight_mode: str = "stash", numerics: Numerics | None = None, accumulate: int = 1) -> VirtualWorker:
     """Virtual worker ``index`` of ``num_vws``, of ``shape.k`` stages, before its first minibatch."""
     progress = Progress(schedule_lib.init(shape.k, index), versions_lib.init(shape.k, num_vws), total_mbs)
-    return cls(index, shape.nm, schedule, weight_mode, numerics or _no_numerics(shape.nm), progress, shape.window)
+    return cls(index, shape.nm, schedule, weight_mode, numerics or _no_numerics(shape.nm), progress, shape.window,
+               accumulate)
 
   @property
   def pipeline(self) -> schedule_lib.PipelineState:
@@ -206,9 +211,11 @@ class VirtualWorker:
 
 
 def virtual_workers(shapes: Sequence[VWShape], waves: int, schedule: str = "1f1b", weight_mode: str = "stash",
-                    numerics: Sequence[Numerics] | None = None) -> list[VirtualWorker]:
+                    numerics: Sequence[Numerics] | None = None, control: Control = PER_MINIBATCH
+                    ) -> list[VirtualWorker]:
   """One virtual worker per shape (its stages, Nm and window), each to run ``waves`` waves, with
-  ``numerics`` (one per virtual worker; None: schedule only). Every executor builds its virtual workers
-  here."""
+  ``numerics`` (one per virtual worker; None: schedule only) and the staleness ``control``. Every executor builds
+  its virtual workers here."""
   return [VirtualWorker.create(i, vw, waves * vw.nm, len(shapes), schedule=schedule, weight_mode=weight_mode,
-                               numerics=None if numerics is None else numerics[i]) for i, vw in enumerate(shapes)]
+                               numerics=None if numerics is None else numerics[i], accumulate=control.accumulate(vw.nm))
+          for i, vw in enumerate(shapes)]

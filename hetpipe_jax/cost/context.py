@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from hetpipe_jax.core.controls import Control
+
 
 class CostContext(NamedTuple):
   """Attributes:
@@ -24,6 +26,8 @@ class CostContext(NamedTuple):
     activations: the activations a unit without recomputation is charged (:func:`hetpipe_jax.cost.memory.kept`):
       "jax", every residual of ``jax.vjp`` (what this package's runtime keeps), or "eager", what PyTorch or
       TensorFlow without XLA keep (:data:`hetpipe_jax.recompute.EAGER`), for the systems that run in them.
+    control: the staleness control inside a virtual worker (:mod:`hetpipe_jax.core.controls`): how many weight
+      versions ``stash`` keeps (2BW's groups: ceil(W / k) + 1, not W) and its own fp32 copies.
   """
 
   weight_mode: str = "stash"
@@ -34,6 +38,7 @@ class CostContext(NamedTuple):
   shard_weights: bool = False
   activations: str = "jax"
   tp_by_type: tuple[tuple[str, int], ...] = ()
+  control: Control = Control()
 
 
 def degree_of(costs: CostContext, type_name: str) -> int:

@@ -77,11 +77,13 @@ def param_copies(nm: int, costs: CostContext = DEFAULT_COSTS) -> float:
   Args:
     nm: most minibatches in flight (>= 1).
     costs: the weight mode (``"stash"``: Nm stashed weight versions; ``"latest"``: none), the
-      parameter-sized fp32 arrays of optimizer state, and the precision ("fp32", or "fp16"/"bf16": mixed
-      precision, see the module docstring).
+      parameter-sized fp32 arrays of optimizer state, the precision ("fp32", or "fp16"/"bf16": mixed
+      precision, see the module docstring), and the staleness control (``2bw`` stashes ceil(Nm / k) + 1 versions
+      and keeps a gradient sum, ``predict`` its last update: :mod:`hetpipe_jax.core.controls`).
 
   Returns:
-    ``2 + optimizer_slots + s x stashed``, where stashed = ``nm`` in stash mode, else 0, and s =
+    ``2 + optimizer_slots + control copies + s x stashed``, where stashed = ``nm`` in stash mode (the control's
+    versions), else 0, and s =
     :func:`hetpipe_jax.precision.byte_scale` (1 in fp32, 1/2 in fp16/bf16).
 
   Raises:
@@ -95,11 +97,11 @@ def param_copies(nm: int, costs: CostContext = DEFAULT_COSTS) -> float:
   ``costs.shard_weights`` too (ZeRO stage 3, FSDP) the weights are sharded as well: ``(2 + optimizer_slots) / N
   + s x stashed``, and :func:`stage_memory_bytes` adds the units it gathers.
   """
-  stashed = nm if costs.weight_mode == "stash" else 0
+  stashed = costs.control.stashed_versions(nm) if costs.weight_mode == "stash" else 0
   shards = costs.state_shards
   held = (2 + costs.optimizer_slots if shards == 1
           else (2 + costs.optimizer_slots) / shards if costs.shard_weights
-          else 1 + (1 + costs.optimizer_slots) / shards)
+          else 1 + (1 + costs.optimizer_slots) / shards) + costs.control.extra_copies
   if not is_mixed(costs.precision):
     return held + stashed  # (integers stay integers)
   return held + stashed * byte_scale(costs.precision)

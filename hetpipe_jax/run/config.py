@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 import optax
 
 from hetpipe_jax.cluster import Cluster
+from hetpipe_jax.core.controls import Control, parse_control
 from hetpipe_jax.core.meta import VERSIONS
 from hetpipe_jax.core.schedule import SCHEDULES
 from hetpipe_jax.core.versions import WEIGHT_MODES
@@ -186,12 +187,24 @@ class WSPSpec:
     d: clock distance bound D >= 0.
     weight_mode: "stash" (a backward uses its forward's weights) or "latest".
     schedule: a device's task order (:data:`hetpipe_jax.core.schedule.SCHEDULES`).
+    staleness: the staleness control inside each virtual worker (:mod:`hetpipe_jax.core.controls`).
   """
 
   d: int = setting(1, "Clock distance bound D >= 0.")
   weight_mode: str = setting("stash", "stash (backward uses its forward's weights) or latest.")
   schedule: str = setting("1f1b", "Device task order: 1f1b (backward first), fifo, or gpipe (a wave's forwards, then "
                           "its backwards, flush between waves).")
+  staleness: str = setting(
+      "per_minibatch", "Staleness control inside a virtual worker: per_minibatch (the paper's: one local update per "
+      "minibatch), 2bw:k=K (PipeDream-2BW: gradients of K minibatches summed, one update of their mean, at most one "
+      "update of delay, 2 weight versions; k=0: K = Nm), predict (PipeOptim: forwards on the weights the local "
+      "optimizer predicts for their backward), pipemare:warmup=T (PipeMare: a delayed update's rate warmed up over T "
+      "local updates).")
+
+  @property
+  def control(self) -> Control:
+    """The parsed staleness control (:mod:`hetpipe_jax.core.controls`)."""
+    return parse_control(self.staleness)
 
   def validate(self) -> None:
     if self.d < 0:
@@ -199,6 +212,7 @@ class WSPSpec:
                         "asynchronous)")
     _known("weight_mode", self.weight_mode, WEIGHT_MODES)
     _known("schedule", self.schedule, SCHEDULES)
+    self.control  # noqa: B018  (a bad spec raises its ConfigError here)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -86,13 +86,13 @@ class Setup:
     """The virtual workers of the layout (schedule, weight mode, waves, window), with ``numerics`` (one
     per virtual worker; None: schedule only)."""
     c = self.config
-    return virtual_workers(self.layout.vws, c.waves, c.wsp.schedule, c.wsp.weight_mode, numerics)
+    return virtual_workers(self.layout.vws, c.waves, c.wsp.schedule, c.wsp.weight_mode, numerics, c.wsp.control)
 
   def meta_line(self) -> dict[str, Any]:
     """The trace's meta line of a run with numerics (the ``sim`` executor writes its own, with ``fields``)."""
     wsp = self.config.wsp
     return meta_event(self.layout.meta(), wsp.d, wsp.weight_mode, wsp.schedule, self.config.executor,
-                      self.model.num_units, self.config.trace_version, **self.fields)
+                      self.model.num_units, self.config.trace_version, wsp.control, **self.fields)
 
   @functools.cached_property
   def task_cost(self):
@@ -197,10 +197,11 @@ def prepare(model: LayeredModel, dataset: Dataset | FullSize, config: RunConfig)
     check_data(model, param_shapes, sample_x, dataset.y_train[:config.batch_size], dataset.num_classes, data_name)
   profiles = profile_units(model, sample_x)
   costs = CostContext(config.wsp.weight_mode, optimizer_slots_of(tx, param_shapes), config.precision,
-                      config.layout.recompute)
+                      config.layout.recompute, control=config.wsp.control)
   time_model = config.layout.time_model
   clock_profiles = profiles if time_model is None else full_size_profiles(time_model, config.batch_size)
   layout, clock_layout = layouts(config.layout, model, cluster, profiles, clock_profiles, costs)
   config.faults.check_vws(layout.num_vws)
+  config.wsp.control.check_nm(list(layout.nms))
   return Setup(config, model, dataset, cluster, profiles, clock_profiles, layout, clock_layout, costs, tx,
                run_fields(config, cluster, model.name, data_name), sample_x)

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
 from hetpipe_jax.cluster import Cluster
+from hetpipe_jax.core.controls import Control
 from hetpipe_jax.core.engine import Engine
 from hetpipe_jax.core.meta import meta_event
 from hetpipe_jax.core.server import ClockServer
@@ -54,6 +55,7 @@ class SimJob(NamedTuple):
   options: SimOptions = SimOptions()
   failures: Mapping[int, Sequence[int]] | None = None
   rejoin: bool = False
+  control: Control = Control()
 
 
 def meta_line(job: SimJob, meta: Mapping[str, Any] | None = None, version: int = 1) -> dict[str, Any]:
@@ -62,7 +64,7 @@ def meta_line(job: SimJob, meta: Mapping[str, Any] | None = None, version: int =
   own = {"placement": job.placement, **({"overlap_transfers": True} if opts.overlap_transfers else {}),
          **({"staged_ps": True} if opts.staged_ps else {}), **({"noise": opts.noise} if opts.noise != "none" else {})}
   return meta_event(job.layout.meta(), job.d, job.weight_mode, job.schedule, "sim", len(job.profiles), version,
-                    **{**own, **(meta or {})})
+                    job.control, **{**own, **(meta or {})})
 
 
 def simulate(job: SimJob, trace: Trace, meta: Mapping[str, Any] | None = None, steady: Watch | None = None,
@@ -78,7 +80,7 @@ def simulate(job: SimJob, trace: Trace, meta: Mapping[str, Any] | None = None, s
   nms = layout.nms
   trace.emit(**meta_line(job, meta, trace.version))
   shard_nodes = place_shards(cluster, profiles, layout, job.placement)
-  vws = virtual_workers(layout.vws, job.waves, job.schedule, job.weight_mode)
+  vws = virtual_workers(layout.vws, job.waves, job.schedule, job.weight_mode, control=job.control)
   rows: list[dict] = []
 
   def on_wave(vw: int, wave: int, t: float, _) -> None:

@@ -41,7 +41,7 @@ def build(setup: Setup) -> Built:
   init_params = setup.init_params()
   stages = {(i, j): Stage(setup.model, units, init_params[units.start:units.stop],
                           [devices[g.index] for g in vw.stage_gpus(j)], setup.tx, vw.nm,
-                          StageOptions(c.wsp.weight_mode, c.precision, vw.stage_recompute(j)))
+                          StageOptions(c.wsp.weight_mode, c.precision, vw.stage_recompute(j), c.wsp.control))
             for i, vw in enumerate(layout.vws) for j, _, units in vw.stages()}
   comm = DeviceComm({key: stage.device for key, stage in stages.items()})  # a split stage's: whole on each
   numerics = [PipelineNumerics(i, [stages[(i, j)] for j in range(vw.k)], comm) for i, vw in enumerate(layout.vws)]

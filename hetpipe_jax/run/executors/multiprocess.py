@@ -47,7 +47,8 @@ def job(setup: Setup, init_params, taken: Sequence[int] | None = None) -> Job:
   shard_nodes = place_shards(setup.cluster, setup.profiles, setup.layout, c.layout.placement)
   streams = setup.streams() if taken is None else setup.streams().after(taken)
   return Job(setup.model, streams, init_params, setup.layout, setup.cluster, shard_nodes, setup.tx,
-             c.wsp.weight_mode, c.wsp.d, c.optim.server_rule(setup.layout.num_vws, setup.layout.nms), c.precision)
+             c.wsp.weight_mode, c.wsp.d, c.optim.server_rule(setup.layout.num_vws, setup.layout.nms), c.precision,
+             c.wsp.control)
 
 
 def _options(setup: Setup, node, origin: float | None, at: PartAt) -> Options:

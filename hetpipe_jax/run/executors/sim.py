@@ -22,7 +22,8 @@ def job(setup: Setup) -> SimJob:
   """What to simulate: the clock's model and layout."""
   c = setup.config
   return SimJob(setup.cluster, setup.clock_profiles, setup.clock_layout, c.wsp.d, c.waves, c.layout.placement,
-                c.wsp.schedule, c.wsp.weight_mode, c.precision, c.sim, c.faults.by_vw(), c.faults.rejoin)
+                c.wsp.schedule, c.wsp.weight_mode, c.precision, c.sim, c.faults.by_vw(), c.faults.rejoin,
+                c.wsp.control)
 
 
 def replanning(config: RunConfig) -> Replanning:

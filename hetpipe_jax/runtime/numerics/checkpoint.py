@@ -34,7 +34,7 @@ import numpy as np
 
 from hetpipe_jax.errors import ConfigError
 
-FORMAT = 4  # bump when what a checkpoint holds changes: older ones are then refused (4: the clocks are wsp.Clocks)
+FORMAT = 5  # bump when what a checkpoint holds changes: older ones are refused (5: the staleness control state)
 
 
 @dataclasses.dataclass(frozen=True)

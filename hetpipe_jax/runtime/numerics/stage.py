@@ -10,6 +10,10 @@ its local optimizer state, and one update accumulator per open wave (docs/PROTOC
 * backward of p: gradient -> optax update -> applied to the local weights at once -> added to the
   accumulator of p's wave, all in one jitted call.
 * rebase on pull: weights <- global weights + every local update the PS has not seen yet.
+* the staleness control (:mod:`hetpipe_jax.core.controls`): under ``2bw`` a backward adds its gradient to the
+  stage's sum and only a group's k-th applies one update of the mean; under ``predict`` a forward runs on
+  w + s x (the last update), s the stage's forwards in flight before it; under ``pipemare`` an update is scaled by
+  its delay's warm-up factor.
 * activation recomputation (:mod:`hetpipe_jax.recompute`): each unit's apply under ``jax.checkpoint`` with the
   stage's policy, so the ``jax.vjp`` closure keeps only what the policy saves and the backward recomputes the
   rest; the numerics are those without it, within rounding.
@@ -41,7 +45,8 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from hetpipe_jax.core import wsp
-from hetpipe_jax.errors import ProtocolError
+from hetpipe_jax.core.controls import Control, delay_scale
+from hetpipe_jax.errors import ConfigError, ProtocolError
 from hetpipe_jax.models.base import LayeredModel
 from hetpipe_jax.recompute import MODES, check_recompute
 from hetpipe_jax.runtime.numerics import mixed
@@ -74,12 +79,21 @@ class StageState(NamedTuple):
     opt_state: the local optimizer's state.
     waves: wave -> accumulator of the local updates not pushed yet.
     scale: fp16's dynamic loss scale (:class:`hetpipe_jax.runtime.numerics.mixed.LossScale`); None otherwise.
+    grads: ``2bw``: the sum of the gradients of the current group not applied yet (fp32, like the weights); None
+      under the other controls.
+    pending: ``2bw``: how many gradients ``grads`` holds.
+    last: ``predict``: the stage's last local update (zeros before one); None otherwise.
+    steps: local updates the stage has applied (``pipemare``'s warm-up reads it).
   """
 
   params: Any
   opt_state: Any
   waves: dict[int, WaveAccumulator]
   scale: Any = None
+  grads: Any = None
+  pending: int = 0
+  last: Any = None
+  steps: int = 0
 
 
 class StageOptions(NamedTuple):
@@ -90,11 +104,13 @@ class StageOptions(NamedTuple):
     precision: "fp32", or "bf16"/"fp16": mixed precision (see the module docstring).
     recompute: the activation recomputation of its units: "none", "selective" or "full"
       (:mod:`hetpipe_jax.recompute`).
+    control: the staleness control (:mod:`hetpipe_jax.core.controls`).
   """
 
   weight_mode: str = "stash"
   precision: str = "fp32"
   recompute: str = "none"
+  control: Control = Control()
 
 
 DEFAULT_OPTIONS = StageOptions()  # fp32, stash, no recomputation
@@ -123,13 +139,20 @@ class Stage:
     self._place(device, params)
     self.is_first, self.is_last = first == 0, last == model.num_units
     self.nm, self.weight_mode, self.tx = nm, weight_mode, tx
+    self.control, self.k = options.control, options.control.accumulate(nm)
+    if self.k > 1 and precision in mixed.SCALED:
+      raise ConfigError(f"staleness={self.control} with precision={precision}: a loss-scaled gradient sum over "
+                        "minibatches is not built; use precision=bf16 or fp32, or another staleness control")
     self.precision, self.dtype = precision, mixed.compute_dtype(precision)  # dtype None: fp32, no casts
     self.scaled = precision in mixed.SCALED
     self.skipped: dict[int, Any] = {}  # fp16: wave -> its skipped updates (device int32), until read
     self.state = self._fresh_state(params)
     self._saved: dict[int, Any] = {}  # mb -> vjp closure (stash) or (x, labels) (latest)
+    self._delays: dict[int, int] = {}  # mb -> forwards in flight before it (predict, pipemare)
     self.traces: collections.Counter = collections.Counter()
     self._fwd = jax.jit(self._fwd_impl)
+    self._fwd_pred = jax.jit(self._fwd_pred_impl)
+    self._accum = jax.jit(self._accum_impl)
     self._bwd_first = jax.jit(self._bwd_first_impl)
     self._bwd_acc = jax.jit(self._bwd_acc_impl)
     self._add = jax.jit(self._add_impl)
@@ -156,9 +179,11 @@ class Stage:
   def _fresh_state(self, params) -> StageState:
     params = self._put_params(params)
     scale = jax.device_put(mixed.init_scale(), self.device) if self.scaled else None
-    if self.tp == 1:
-      return StageState(params, jax.device_put(self.tx.init(params), self.device), {}, scale)
-    return StageState(params, onto_mesh(self.tx.init(params), self.device), {}, scale)  # state split as weights
+    zeros = lambda: self._put_params(jax.tree.map(jnp.zeros_like, params))
+    grads, last = zeros() if self.k > 1 else None, zeros() if self.control.predicts else None
+    opt_state = self.tx.init(params)
+    opt_state = jax.device_put(opt_state, self.device) if self.tp == 1 else onto_mesh(opt_state, self.device)
+    return StageState(params, opt_state, {}, scale, grads, 0, last, 0)  # (split: the state as the weights)
 
   # --- traced programs -------------------------------------------------------------------------------
 
@@ -181,41 +206,65 @@ class Stage:
       return self._vjp(params, x, labels)
     return self._apply(params, x, labels), None
 
+  def _fwd_pred_impl(self, params, last, s, x, labels):
+    """The forward on the weights predicted ``s`` local updates ahead: w + s x the last update (``predict``)."""
+    self.traces["fwd_pred"] += 1
+    return self._fwd_impl(jax.tree.map(lambda w, u: w + s * u, params, last), x, labels)
+
   def _grads(self, saved, ct, params):
     """(weight gradient, input gradient or None) of the backward at cotangent ``ct`` of the output."""
     vjp = saved if self.weight_mode == "stash" else self._vjp(params, *saved)[1]
     out = vjp(ct)
     return (out[0], None) if self.is_first else out
 
-  def _update(self, grads, params, opt_state):
+  def _update(self, grads, params, opt_state, ctl):
+    """(weights, optimizer state, update) of one local update; ``ctl`` the control's inputs: ``gsum`` (``2bw``: the
+    group's other gradients, averaged in) and ``factor`` (``pipemare``: the update's scale)."""
+    if "gsum" in ctl:
+      grads = jax.tree.map(lambda s, g: (s + g) / self.k, ctl["gsum"], grads)
     updates, opt_state = self.tx.update(grads, opt_state, params)
+    if "factor" in ctl:
+      updates = jax.tree.map(lambda u: ctl["factor"] * u, updates)
     return optax.apply_updates(params, updates), opt_state, updates
 
-  def _step(self, saved, g, params, opt_state, scale):
-    """(input gradient, weights, optimizer state, update, loss scale, skipped) of one backward."""
+  def _ctl_out(self, ctl, updates):
+    """What the control keeps of a local update: ``2bw`` an empty gradient sum, ``predict`` the update."""
+    out = {"gsum": jax.tree.map(jnp.zeros_like, ctl["gsum"])} if "gsum" in ctl else {}
+    return {**out, "last": updates} if self.control.predicts else out
+
+  def _accum_impl(self, saved, g, params, gsum):
+    """``2bw`` before a group's last minibatch: (input gradient, the group's gradient sum with this one)."""
+    self.traces["accum"] += 1
+    grads, gx = self._grads(saved, jnp.ones((), jnp.float32) if self.is_last else g, params)
+    return gx, jax.tree.map(jnp.add, gsum, grads)
+
+  def _step(self, saved, g, params, opt_state, scale, ctl):
+    """(input gradient, weights, optimizer state, update, loss scale, skipped, the control's outputs) of one
+    backward that applies an update."""
     if not self.scaled:
       grads, gx = self._grads(saved, jnp.ones((), jnp.float32) if self.is_last else g, params)
-      return gx, *self._update(grads, params, opt_state), scale, None
+      params, opt_state, updates = self._update(grads, params, opt_state, ctl)
+      return gx, params, opt_state, updates, scale, None, self._ctl_out(ctl, updates)
     # fp16: the backward at this stage's scale S (the incoming gradient carries its sender's S_in).
     s = scale.scale
     ct = s if self.is_last else (g[0].astype(jnp.float32) * (s / g[1])).astype(self.dtype)
     grads, gx = self._grads(saved, ct, params)
     finite = mixed.all_finite((grads, gx))
-    new_params, new_opt_state, updates = self._update(jax.tree.map(lambda x: x / s, grads), params, opt_state)
+    new_params, new_opt_state, updates = self._update(jax.tree.map(lambda x: x / s, grads), params, opt_state, ctl)
     keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
     updates = jax.tree.map(lambda u: jnp.where(finite, u, jnp.zeros_like(u)), updates)
     return (None if gx is None else (gx, s), keep(new_params, params), keep(new_opt_state, opt_state), updates,
-            mixed.next_scale(scale, finite), (~finite).astype(jnp.int32))
+            mixed.next_scale(scale, finite), (~finite).astype(jnp.int32), self._ctl_out(ctl, updates))
 
-  def _bwd_first_impl(self, saved, g, params, opt_state, scale):
+  def _bwd_first_impl(self, saved, g, params, opt_state, scale, ctl):
     self.traces["bwd_first"] += 1
-    return self._step(saved, g, params, opt_state, scale)
+    return self._step(saved, g, params, opt_state, scale, ctl)
 
-  def _bwd_acc_impl(self, saved, g, params, opt_state, scale, acc, skipped):
+  def _bwd_acc_impl(self, saved, g, params, opt_state, scale, acc, skipped, ctl):
     self.traces["bwd_acc"] += 1
-    gx, params, opt_state, updates, scale, skip = self._step(saved, g, params, opt_state, scale)
+    gx, params, opt_state, updates, scale, skip, out = self._step(saved, g, params, opt_state, scale, ctl)
     skipped = None if skip is None else skipped + skip
-    return gx, params, opt_state, jax.tree.map(jnp.add, acc, updates), scale, skipped
+    return gx, params, opt_state, jax.tree.map(jnp.add, acc, updates), scale, skipped, out
 
   def _add_impl(self, a, b):
     self.traces["add"] += 1
@@ -225,22 +274,25 @@ class Stage:
 
   def drop(self) -> None:
     """Forgets what forwards kept for their backwards and the open wave accumulators (a failure)."""
-    self._saved = {}
-    self.state = self.state._replace(waves={})
+    self._saved, self._delays = {}, {}
+    grads = None if self.state.grads is None else jax.tree.map(jnp.zeros_like, self.state.grads)
+    self.state = self.state._replace(waves={}, grads=grads, pending=0)
 
   def restart(self, global_params) -> None:
     """A replacement of a failed stage, or the next part of a run (in the same processes, compiled as it is): the
     global weights, a fresh local optimizer, nothing open or skipped."""
-    self._saved, self.skipped = {}, {}
+    self._saved, self.skipped, self._delays = {}, {}, {}
     self.state = self._fresh_state(global_params)
 
   def checkpoint_state(self) -> dict[str, Any]:
     """The stage's state and what its forwards keep for their backwards (as arrays), for a checkpoint."""
-    return {"state": self.state, "saved": {mb: jax.tree.leaves(s) for mb, s in self._saved.items()}}
+    return {"state": self.state, "saved": {mb: jax.tree.leaves(s) for mb, s in self._saved.items()},
+            "delays": dict(self._delays)}
 
   def restore_checkpoint_state(self, state: dict[str, Any]) -> None:
     """Puts back what :meth:`checkpoint_state` returned (arrays anywhere; placed where this stage keeps them).
     Needs :meth:`warm_up` first (it learns the structure of a forward's saved values)."""
+    self._delays = {int(mb): int(s) for mb, s in state["delays"].items()}
     if self.tp == 1:
       put = lambda tree: put_arrays(tree, self.device)
       self.state = put(state["state"])
@@ -256,8 +308,9 @@ class Stage:
     opt_at = jax.tree.map(lambda a: a.sharding, self.state.opt_state)
     waves = {w: WaveAccumulator(self._put_params(acc.update), acc.count, whole(acc.skipped))
              for w, acc in state.waves.items()}
+    split = lambda tree: None if tree is None else self._put_params(tree)
     return StageState(self._put_params(state.params), jax.device_put(state.opt_state, opt_at), waves,
-                      whole(state.scale))
+                      whole(state.scale), split(state.grads), state.pending, split(state.last), state.steps)
 
   @property
   def params(self):
@@ -277,30 +330,67 @@ class Stage:
     return jax.tree.map(lambda a: jax.device_put(a, self.lead) if isinstance(a, jax.Array) else a, tree)
 
   def forward(self, mb: int, x: jax.Array, labels: jax.Array | None) -> jax.Array:
-    """Dispatches the forward pass of ``mb``; returns its output (the loss on the last stage)."""
-    out, vjp = self._fwd(self.state.params, x, labels)
+    """Dispatches the forward pass of ``mb``; returns its output (the loss on the last stage). Under ``predict``
+    it runs on the predicted weights (the module docstring)."""
+    in_flight = len(self._saved)  # the local updates this stage applies before mb's backward
+    if self.control.predicts:
+      out, vjp = self._fwd_pred(self.state.params, self.state.last, jnp.float32(in_flight), x, labels)
+    else:
+      out, vjp = self._fwd(self.state.params, x, labels)
     self._saved[mb] = vjp if self.weight_mode == "stash" else (x, labels)
+    if self.control.tracks_delay:
+      self._delays[mb] = in_flight
     return out
 
   def backward(self, mb: int, g: jax.Array | None) -> jax.Array | None:
-    """Dispatches the backward pass of ``mb``, applies its update and adds it to its wave's accumulator.
+    """Dispatches the backward pass of ``mb``, applies its update and adds it to its wave's accumulator
+    (under ``2bw``: adds its gradient to the group's sum, and applies the group's update at its last minibatch).
 
     Returns the gradient for the previous stage (None on the first stage). The gradient uses the weights
     of the forward pass in ``stash`` mode, the weights the stage holds now in ``latest`` mode.
+
+    Raises:
+      ProtocolError: under ``2bw``, when a group's last backward finds another count of its gradients than k - 1.
     """
     saved = self._saved.pop(mb)
-    wave = wsp.wave_of(mb, self.nm)
-    params, opt_state, waves, scale = self.state
+    state = self.state
+    if self.k > 1 and mb % self.k:
+      gx, grads = self._accum(saved, g, state.params, state.grads)
+      self.state = state._replace(grads=grads, pending=state.pending + 1)
+      return gx
+    if self.k > 1 and state.pending != self.k - 1:
+      raise ProtocolError(f"stage [{self.first},{self.last}) applies the group of minibatch {mb} with "
+                          f"{state.pending + 1} gradients, expected k={self.k}")
+    gx, acc, out = self._apply_update(saved, g, wsp.wave_of(mb, self.nm), self._ctl_in(mb))
+    state = self.state
+    self.state = StageState(state.params, state.opt_state, {**state.waves, acc[0]: acc[1]}, state.scale,
+                            out.get("gsum"), 0, out.get("last"), state.steps + 1)
+    return gx
+
+  def _ctl_in(self, mb: int) -> dict[str, Any]:
+    """The control's inputs to the update of ``mb`` (:meth:`_update`)."""
+    ctl: dict[str, Any] = {} if self.k == 1 else {"gsum": self.state.grads}
+    if self.control.delay_scaled:
+      factor = delay_scale(self._delays.pop(mb), self.state.steps, self.control.warmup)
+      ctl["factor"] = jnp.float32(factor)
+    else:
+      self._delays.pop(mb, None)
+    return ctl
+
+  def _apply_update(self, saved, g, wave: int, ctl: dict[str, Any]):
+    """Runs the backward that applies an update to the weights: (input gradient, (wave, its accumulator), the
+    control's outputs); the weights, optimizer state and loss scale are set."""
+    params, opt_state, waves, scale = self.state[:4]
     if wave in waves:
       acc = waves[wave]
-      gx, params, opt_state, update, scale, skipped = self._bwd_acc(saved, g, params, opt_state, scale,
-                                                                    acc.update, acc.skipped)
-      acc = WaveAccumulator(update, acc.count + 1, skipped)
+      gx, params, opt_state, update, scale, skipped, out = self._bwd_acc(saved, g, params, opt_state, scale,
+                                                                         acc.update, acc.skipped, ctl)
+      acc = WaveAccumulator(update, acc.count + self.k, skipped)
     else:
-      gx, params, opt_state, update, scale, skipped = self._bwd_first(saved, g, params, opt_state, scale)
-      acc = WaveAccumulator(update, 1, skipped)
-    self.state = StageState(params, opt_state, {**waves, wave: acc}, scale)
-    return gx
+      gx, params, opt_state, update, scale, skipped, out = self._bwd_first(saved, g, params, opt_state, scale, ctl)
+      acc = WaveAccumulator(update, self.k, skipped)
+    self.state = self.state._replace(params=params, opt_state=opt_state, scale=scale)
+    return gx, (wave, acc), out
 
   def warm_up(self, x: jax.Array, labels: jax.Array | None) -> jax.Array:
     """Compiles every program of the stage on inputs shaped like ``x``; returns an output-shaped array.
@@ -308,14 +398,23 @@ class Stage:
     Runs each program once and discards the results: weights, optimizer state and accumulators stay.
     """
     x = jax.device_put(x, self.device)
-    out, vjp = self._fwd(self.params, x, labels)
+    state = self.state
+    if self.control.predicts:
+      out, vjp = self._fwd_pred(state.params, state.last, jnp.float32(0), x, labels)
+    else:
+      out, vjp = self._fwd(state.params, x, labels)
     saved = vjp if self.weight_mode == "stash" else (x, labels)
     self.saved_treedef = jax.tree.structure(saved)  # what a forward keeps for its backward, for a restore
     self._saved_at = [leaf.sharding for leaf in jax.tree.leaves(saved)]
     g = None if self.is_last else self.gradient_like(out)
-    params, opt_state, _, scale = self.state
-    _, _, _, update, _, skipped = self._bwd_first(saved, g, params, opt_state, scale)
-    jax.block_until_ready(self._bwd_acc(saved, g, params, opt_state, scale, update, skipped))
+    params, opt_state, _, scale = state[:4]
+    ctl: dict[str, Any] = {} if self.k == 1 else {"gsum": state.grads}
+    if self.control.delay_scaled:
+      ctl["factor"] = jnp.float32(1)
+    if self.k > 1:
+      jax.block_until_ready(self._accum(saved, g, params, state.grads))
+    _, _, _, update, _, skipped, _ = self._bwd_first(saved, g, params, opt_state, scale, ctl)
+    jax.block_until_ready(self._bwd_acc(saved, g, params, opt_state, scale, update, skipped, ctl))
     jax.block_until_ready(self._add(params, update))
     return out
 

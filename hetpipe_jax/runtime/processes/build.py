@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import optax
 
 from hetpipe_jax.cluster import Cluster
+from hetpipe_jax.core.controls import Control
 from hetpipe_jax.data import MinibatchStreams
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.models.base import LayeredModel
@@ -36,6 +37,7 @@ class Job(NamedTuple):
     d / ps_tx: the PS shards' clock bound and apply rule.
     precision: what the stages train in ("fp32", or "bf16"/"fp16": mixed precision,
       :mod:`hetpipe_jax.runtime.numerics.mixed`).
+    control: the stages' staleness control (:mod:`hetpipe_jax.core.controls`).
   """
 
   model: LayeredModel
@@ -49,6 +51,7 @@ class Job(NamedTuple):
   d: int
   ps_tx: optax.GradientTransformation | None
   precision: str = "fp32"
+  control: Control = Control()
 
 
 def nodes_of(cluster: Cluster) -> list[int]:
@@ -88,7 +91,7 @@ def build_stage(job: Job, i: int, j: int, x0, y0) -> tuple[Stage, dict[str, list
   local = [g.index for g in job.cluster.node_gpus(gpu.node)]  # (a split stage's partners: the same node's)
   devices = [jax.local_devices()[local.index(g.index)] for g in vw.stage_gpus(j)]
   stage = Stage(job.model, units, job.init_params[units.start:units.stop], devices if len(devices) > 1 else devices[0],
-                job.tx, vw.nm, StageOptions(job.weight_mode, job.precision, vw.stage_recompute(j)))
+                job.tx, vw.nm, StageOptions(job.weight_mode, job.precision, vw.stage_recompute(j), job.control))
   device = stage.device
   x = job.model.apply(job.init_params[:units.start], jnp.asarray(x0), 0, units.start)  # the stage's input
   if stage.dtype is not None and units.start > 0:  # a 16-bit activation from the previous stage

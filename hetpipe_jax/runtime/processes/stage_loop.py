@@ -290,7 +290,7 @@ class StageLoop:
     ctx, stage, mb, j = self.ctx, self.stage, task.mb, self.j
     t0 = ctx.now()
     self._state = schedule_lib.start(self._state, task)
-    self._book, version = versions_lib.backward(self._book, j, mb, self.nm, ctx.weight_mode)
+    self._book, version = versions_lib.backward(self._book, j, mb, self.nm, ctx.weight_mode, stage.k)
     g = None if stage.is_last else jax.device_put(stage.gradient_from(self._held.pop(("g", mb))), stage.device)
     gx = stage.backward(mb, g)
     jax.block_until_ready((gx, stage.params))
