@@ -185,6 +185,11 @@ class _StageState:
     self.own, self.glob = 0, (0,) * num_vws
     self.acc = {}  # wave -> [summed update, count]
     self.snaps = {self.version: weights}  # (own, glob) -> weights with that version
+    zeros = jax.tree.map(jnp.zeros_like, weights)
+    self.gsum, self.pending = zeros, 0  # 2bw: the group's gradients not applied yet
+    self.prev = zeros  # predict: the last local update
+    self.steps = 0  # local updates applied (pipemare)
+    self.in_flight = set()  # minibatches whose forward ran here and whose backward has not
 
   @property
   def version(self):
@@ -220,6 +225,9 @@ def replay(events, init_params, optimizer, learning_rate=LR, dataset=DATA, batch
   meta = events[0]
   n, nms, ks, cuts, mode = meta["num_vws"], meta["nm"], meta["stages"], meta["cuts"], meta["weight_mode"]
   assert mode in ("stash", "latest"), mode
+  control, _, knobs = meta.get("staleness", "per_minibatch").partition(":")
+  knobs = {key: int(value) for key, value in (kv.split("=") for kv in filter(None, knobs.split(",")))}
+  group = meta.get("accumulate") or [1] * n  # 2bw: minibatches per local update, per virtual worker
   tx = TX[optimizer](learning_rate)
   update = jax.jit(tx.update)
   streams = MinibatchStreams(dataset, batch_size, n, seed)
@@ -234,7 +242,7 @@ def replay(events, init_params, optimizer, learning_rate=LR, dataset=DATA, batch
     for j in range(ks[i]):
       first, last = cuts[i][j], cuts[i][j + 1]
       stages[(i, j)] = _StageState(first, last, glob_w[first:last], tx, n)
-  inputs, fwd_versions, cotangents, losses = {}, {}, {}, {}
+  inputs, fwd_versions, cotangents, losses, fwd_weights, delays = {}, {}, {}, {}, {}, {}
   counters = {"open_pulls": 0, "moved": 0, "pushes": 0}
   path = [jax.tree.map(jnp.zeros_like, w) for w in init_params]
   add_path = lambda u, update: jax.tree.map(lambda a, b: a + jnp.abs(b), path[u], update)
@@ -252,9 +260,15 @@ def replay(events, init_params, optimizer, learning_rate=LR, dataset=DATA, batch
         assert version in s.snaps, (f"forward of VW {i} stage {j} mb {p} used version {version}, which "
                                     f"the stage never held (held {sorted(s.snaps)})")
         x = jnp.asarray(streams(i, p)[0]) if j == 0 else inputs.pop((i, j, p))
-        y = fwd(s.snaps[version], x, labels)
+        w = s.snaps[version]
+        delays[(i, j, p)] = ahead = len(s.in_flight)  # the stage's updates before this minibatch's backward
+        s.in_flight.add(p)
+        if control == "predict":  # PipeOptim: the weights predicted for when the backward lands
+          w = jax.tree.map(lambda a, u: a + ahead * u, w, s.prev)
+        y = fwd(w, x, labels)
         inputs[(i, j, p)] = x  # kept for the backward pass
         fwd_versions[(i, j, p)] = version
+        fwd_weights[(i, j, p)] = w
         if is_last:
           losses[(i, p)] = y
         else:
@@ -267,23 +281,36 @@ def replay(events, init_params, optimizer, learning_rate=LR, dataset=DATA, batch
       if mode == "latest":
         assert version in s.snaps, (f"backward of VW {i} stage {j} mb {p} used version {version}, which "
                                     "the stage never held")
-      used = fwd_version if mode == "stash" else version
+      used = fwd_weights.pop((i, j, p)) if mode == "stash" else s.snaps[version]
       if s.version != fwd_version:
         counters["moved"] += 1
       g = jnp.ones((), jnp.float32) if is_last else cotangents.pop((i, j, p))
-      grads, gx = bwd(s.snaps[used], inputs.pop((i, j, p)), labels, g)
+      grads, gx = bwd(used, inputs.pop((i, j, p)), labels, g)
       if j > 0:
         cotangents[(i, j - 1, p)] = gx
+      s.in_flight.discard(p)
+      delay, k = delays.pop((i, j, p)), group[i]
+      if k > 1:  # 2bw: a group's gradients summed, one update of their mean at its last minibatch
+        if p % k:
+          s.gsum, s.pending = _add(s.gsum, grads), s.pending + 1
+          continue
+        assert s.pending == k - 1, (i, j, p, s.pending)
+        grads = jax.tree.map(lambda a, b: (a + b) / k, s.gsum, grads)
+        s.gsum, s.pending = jax.tree.map(jnp.zeros_like, s.gsum), 0
       updates, s.opt = update(grads, s.opt, s.w)
+      if control == "pipemare":  # PipeMare T1: the update of delay tau scaled by tau^-(1 - min(t / T, 1))
+        factor = max(1, delay) ** -(1.0 - min(s.steps / knobs["warmup"], 1.0))
+        updates = jax.tree.map(lambda u: jnp.float32(factor) * u, updates)
+      s.prev, s.steps = updates, s.steps + 1
       s.w = optax.apply_updates(s.w, updates)
-      for k, u in enumerate(range(s.first, s.last)):
-        path[u] = add_path(u, updates[k])
+      for index, u in enumerate(range(s.first, s.last)):
+        path[u] = add_path(u, updates[index])
       wave = (p - 1) // nms[i]
       if wave in s.acc:
-        s.acc[wave] = [_add(s.acc[wave][0], updates), s.acc[wave][1] + 1]
+        s.acc[wave] = [_add(s.acc[wave][0], updates), s.acc[wave][1] + k]
       else:
-        s.acc[wave] = [updates, 1]
-      s.own += 1
+        s.acc[wave] = [updates, k]
+      s.own += k
       s.snapshot()
     elif kind == "push":
       i, c = ev["vw"], ev["wave"]
@@ -378,6 +405,17 @@ CASES = {  # name -> RunConfig fields; every case pipelines (k > 1, Nm > 1) in s
                           learning_rate=3e-3),
     "wall-latest-sgd-d1": dict(num_vws=2, stages=(2, 2), nm=(2, 3), d=1, waves=5, weight_mode="latest",
                                executor="wall", time_scale=3e3),
+    # the staleness controls (hetpipe_jax/core/controls.py), each replayed from its paper's rule
+    "2bw-adam-d1": dict(num_vws=2, stages=(3, 2), nm=(4, 2), d=1, waves=4, staleness="2bw", optimizer="adam",
+                        learning_rate=3e-3),
+    "2bw-k2-latest-momentum-d1": dict(num_vws=2, stages=(3, 2), nm=(4, 4), d=1, waves=4, staleness="2bw:k=2",
+                                      weight_mode="latest", optimizer="momentum"),
+    "predict-adam-d1": dict(num_vws=2, stages=(3, 2), nm=(3, 2), d=1, waves=4, staleness="predict", optimizer="adam",
+                            learning_rate=3e-3),
+    "predict-momentum-d0": dict(num_vws=2, stages=(3, 2), nm=(3, 2), d=0, waves=4, staleness="predict",
+                                optimizer="momentum"),
+    "pipemare-sgd-d1": dict(num_vws=2, stages=(3, 2), nm=(3, 2), d=1, waves=5, staleness="pipemare:warmup=8",
+                            weight_mode="latest"),
 }
 _RESULTS = {}
 
@@ -400,7 +438,11 @@ def _case(name, rule="identity"):
   return _RESULTS[(name, rule)]
 
 
-@pytest.mark.parametrize("name, rule", [(name, rule) for name in CASES for rule in PS_RULES]
+CONTROL_CASES = [name for name in CASES if name.startswith(("2bw", "predict", "pipemare"))]
+
+
+@pytest.mark.parametrize("name, rule", [(name, rule) for name in CASES if name not in CONTROL_CASES for rule in PS_RULES]
+                         + [(name, "identity") for name in CONTROL_CASES] + [("2bw-adam-d1", "nesterov")]
                          + [("stash-adam-d1", rule) for rule in ROUND_RULES])
 def test_oracle_recomputes_the_engines_weights(name, rule):
   result, oracle = _case(name, rule)
@@ -408,7 +450,8 @@ def test_oracle_recomputes_the_engines_weights(name, rule):
   # top of the global weights (on the wall clock that depends on timing: 2 in every run we tried), and
   # backwards whose stage weights moved since their forward (where stash and latest differ).
   assert oracle["pushes"] == CASES[name]["waves"] * CASES[name]["num_vws"]
-  if CASES[name].get("executor", "virtual") == "virtual":
+  # (2bw with k = Nm applies its update at a wave's last minibatch, which its push takes: no open accumulator)
+  if CASES[name].get("executor", "virtual") == "virtual" and CASES[name].get("staleness") != "2bw":
     assert oracle["open_pulls"] > 0
   assert oracle["moved"] > 0
   assert_matches(result, oracle)
@@ -447,6 +490,28 @@ def test_oracle_catches_a_rebase_that_drops_open_accumulators(monkeypatch):
   oracle = replay(faulty.events, faulty.init_params, "sgd")
   assert oracle["open_pulls"] > 0
   assert max_abs_diff(faulty, oracle) > 1e-3
+
+
+@pytest.mark.parametrize("name, plant", [("2bw-k2-latest-momentum-d1", "sum"), ("predict-momentum-d0", "one_ahead")])
+def test_oracle_catches_a_control_computed_off_its_rule(monkeypatch, name, plant):
+  """Planted bugs the trace cannot show: 2BW applying the group's summed gradient instead of its mean; a prediction
+  one update further ahead than the stage's forwards in flight."""
+  honest, oracle = _case(name)
+  assert max_abs_diff(honest, oracle) < 1e-4
+  if plant == "sum":
+    update = Stage._update
+    monkeypatch.setattr(Stage, "_update", lambda self, grads, params, opt_state, ctl: update(
+        self, jax.tree.map(lambda g: g * self.k, grads) if "gsum" in ctl else grads, params, opt_state,
+        {**ctl, "gsum": jax.tree.map(lambda g: g * self.k, ctl["gsum"])} if "gsum" in ctl else ctl))
+  else:
+    predicted = Stage._fwd_pred_impl
+    monkeypatch.setattr(Stage, "_fwd_pred_impl", lambda self, params, last, s, x, labels: predicted(
+        self, params, last, s + 1, x, labels))
+  faulty = _run(**CASES[name])  # the trace checker sees nothing wrong (_run asserts it)
+  assert faulty.events == honest.events
+  config = CASES[name]
+  assert max_abs_diff(faulty, replay(faulty.events, faulty.init_params, config["optimizer"],
+                                     config.get("learning_rate", LR))) > 1e-3
 
 
 # bf16's unit roundoff: a bf16 number has 8 significant bits, so rounding to it errs by at most 2^-8 relative.
