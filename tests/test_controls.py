@@ -6,6 +6,8 @@ The stage: one linear unit without bias, loss = mean over the batch of x @ w. Wi
 minibatch's number) the loss is p x sum(w) and its gradient is p in every entry of w, whatever w is: a forward's
 loss tells the weights it ran on, and the weights after each backward follow by hand."""
 
+import json
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -22,7 +24,7 @@ from hetpipe_jax.models.base import LayeredModel
 from hetpipe_jax.runtime.numerics.checkpoint import Checkpointer
 from hetpipe_jax.runtime.numerics.stage import Stage, StageOptions
 
-from helpers import assert_trace_ok
+from helpers import TWO_NODES, assert_trace_ok, train_cli
 
 LR, W0 = 0.1, 1.0  # SGD's rate; every weight starts at 1
 LINEAR = LayeredModel("linear", (nn.Dense(1, use_bias=False),), ("dense",), loss=lambda y, labels: jnp.mean(y))
@@ -201,3 +203,28 @@ def test_a_stopped_run_under_a_control_resumes_bit_identical(tmp_path, monkeypat
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   assert resumed.events == whole.events and resumed.metrics == whole.metrics
   assert_trace_ok(read_trace(str(stopped_dir / "t.jsonl")))
+
+
+@pytest.mark.slow  # (two multi-process runs of two processes: about 30 s)
+@pytest.mark.parametrize("spec", ["2bw:k=2", "predict"])
+def test_the_multiprocess_runtime_computes_each_control_as_the_oracle_replays_it(tmp_path, spec):
+  """One virtual worker whose 2 stages sit in 2 processes, Nm 4: the numeric oracle replays the merged trace from
+  the protocol and the control's paper alone, and every wave's training loss is the runtime's."""
+  from test_oracle import replay  # (the oracle lives with its own tests)
+
+  flags = ("--num_vws=1", "--stages=2", "--nm=4", "--d=0", "--waves=6", "--batch_size=16", "--seed=3",
+           "--optimizer=momentum", "--learning_rate=0.02", f"--staleness={spec}")
+  proc = train_cli(tmp_path, "--executor=multiprocess", "--dataset=synthetic", "--model=mlp", f"--cluster={TWO_NODES}",
+                   *flags, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  events = read_trace(str(tmp_path / "trace.jsonl"))
+  assert_trace_ok(events)
+  assert events[0]["staleness"] == str(parse_control(spec))
+  data, model = synthetic(), get_model("mlp")
+  init_params = model.init(jax.random.key(3), jnp.asarray(data.x_train[:16]))
+  oracle = replay(events, init_params, "momentum", 0.02, dataset=data, batch_size=16, seed=3)
+  rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  losses = {(r["vw"], r["wave"]): r["train_loss"] for r in rows if r.get("train_loss") is not None}
+  assert set(losses) == set(oracle["losses"]) and len(losses) == 6
+  for key, loss in oracle["losses"].items():
+    assert losses[key] == pytest.approx(loss, rel=1e-5), key

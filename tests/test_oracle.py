@@ -264,7 +264,7 @@ def replay(events, init_params, optimizer, learning_rate=LR, dataset=DATA, batch
         delays[(i, j, p)] = ahead = len(s.in_flight)  # the stage's updates before this minibatch's backward
         s.in_flight.add(p)
         if control == "predict":  # PipeOptim: the weights predicted for when the backward lands
-          w = jax.tree.map(lambda a, u: a + ahead * u, w, s.prev)
+          w = jax.tree.map(lambda a, u, n=ahead: a + n * u, w, s.prev)
         y = fwd(w, x, labels)
         inputs[(i, j, p)] = x  # kept for the backward pass
         fwd_versions[(i, j, p)] = version
@@ -295,12 +295,12 @@ def replay(events, init_params, optimizer, learning_rate=LR, dataset=DATA, batch
           s.gsum, s.pending = _add(s.gsum, grads), s.pending + 1
           continue
         assert s.pending == k - 1, (i, j, p, s.pending)
-        grads = jax.tree.map(lambda a, b: (a + b) / k, s.gsum, grads)
+        grads = jax.tree.map(lambda a, b, k=k: (a + b) / k, s.gsum, grads)
         s.gsum, s.pending = jax.tree.map(jnp.zeros_like, s.gsum), 0
       updates, s.opt = update(grads, s.opt, s.w)
       if control == "pipemare":  # PipeMare T1: the update of delay tau scaled by tau^-(1 - min(t / T, 1))
         factor = max(1, delay) ** -(1.0 - min(s.steps / knobs["warmup"], 1.0))
-        updates = jax.tree.map(lambda u: jnp.float32(factor) * u, updates)
+        updates = jax.tree.map(lambda u, f=factor: jnp.float32(f) * u, updates)
       s.prev, s.steps = updates, s.steps + 1
       s.w = optax.apply_updates(s.w, updates)
       for index, u in enumerate(range(s.first, s.last)):
@@ -441,7 +441,8 @@ def _case(name, rule="identity"):
 CONTROL_CASES = [name for name in CASES if name.startswith(("2bw", "predict", "pipemare"))]
 
 
-@pytest.mark.parametrize("name, rule", [(name, rule) for name in CASES if name not in CONTROL_CASES for rule in PS_RULES]
+@pytest.mark.parametrize("name, rule", [(name, rule) for name in CASES if name not in CONTROL_CASES
+                                        for rule in PS_RULES]
                          + [(name, "identity") for name in CONTROL_CASES] + [("2bw-adam-d1", "nesterov")]
                          + [("stash-adam-d1", rule) for rule in ROUND_RULES])
 def test_oracle_recomputes_the_engines_weights(name, rule):
