@@ -41,7 +41,7 @@ flags.DEFINE_string("cluster", "paper_testbed", "Cluster preset, mixed<N>[x<G>] 
 flags.DEFINE_integer("batch_size", 32, "Examples per minibatch (per GPU for horovod and local_sgd, per microbatch "
                      "for pipelines; hetero_dp's default global batch is this x the cluster's GPUs).")
 flags.DEFINE_integer("seq_len", None, "GPT models: tokens per sequence (default: the model's context).")
-flags.DEFINE_string("optimizer", "momentum", "Local optimizer, for its memory: sgd, momentum, adam.")
+flags.DEFINE_string("optimizer", "momentum", "Local optimizer, for its memory: sgd, momentum, adam, adamw, muon.")
 flags.DEFINE_string("precision", "fp32", "fp32, fp16 or bf16 (mixed precision).")
 flags.DEFINE_string("recompute", "none", "Activation recomputation: none, selective or full on every GPU, or auto "
                     "(a peer: the fastest of the three it can run; hetpipe: the planner's choice per stage).")

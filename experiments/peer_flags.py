@@ -44,6 +44,8 @@ HELP = {
                    "weights too (ZeRO stage 3, as Cephalo runs it), whichever is fastest, so a GPU too small for the "
                    "replicated state takes part.",
     "noise": "Every system on the simulator: the GPUs' variance (hetpipe_jax.sim.noise): " + NOISE_HELP + ".",
+    "staleness": "hetpipe: the staleness control inside a virtual worker: per_minibatch (the paper's), 2bw:k=K "
+                 "(PipeDream-2BW; k=0: K = Nm), predict (PipeOptim), pipemare:warmup=T (PipeMare).",
     "tp": "sync_pipeline, local_sgd with vw workers, hetpipe: GPUs of one node and type each pipeline stage is split "
           "over by tensor parallelism (1: none; auto: the planner's fastest of 1, 2, 4, 8 that divide the nodes; "
           "per_type: the fastest degree per GPU type found).",

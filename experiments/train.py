@@ -123,8 +123,9 @@ class TunedPlan(NamedTuple):
 
 
 # What a tuned plan sets (a flag given beside it must match).
-PLAN_FLAGS = ("model", "dataset", "cluster", "batch_size", "optimizer", "weight_mode", "recompute", "schedule",
-              "policy", "cuts", "nm", "window", "d", "placement", "overlap_transfers", "staged_ps", "tp", "noise")
+PLAN_FLAGS = ("model", "dataset", "cluster", "batch_size", "optimizer", "weight_mode", "staleness", "recompute",
+              "schedule", "policy", "cuts", "nm", "window", "d", "placement", "overlap_transfers", "staged_ps", "tp",
+              "noise")
 
 
 def _plan_values(best: dict, dataset: str) -> dict:
@@ -132,6 +133,7 @@ def _plan_values(best: dict, dataset: str) -> dict:
   return {
       "model": best["model"], "cluster": best["cluster"], "batch_size": int(best["batch_size"]),
       "optimizer": best["optimizer"], "weight_mode": best["weight_mode"],
+      "staleness": best.get("staleness", "per_minibatch"),  # (a plan tuned before the controls: the paper's)
       "recompute": best.get("recompute", "none"), "schedule": best["schedule"],
       "policy": ";".join(",".join(map(str, g)) for g in best["policy"]),
       "cuts": ";".join(",".join(map(str, c)) for c in best["cuts"]), "nm": [str(n) for n in best["nm"]],

@@ -39,6 +39,7 @@ from absl import flags
 
 from experiments import common, run_flags, system_flags
 from hetpipe_jax import ConfigError, get_cluster, load_dataset
+from hetpipe_jax.core.controls import parse_control
 from hetpipe_jax.cost.context import CostContext
 from hetpipe_jax.cost.profile import full_size_profiles
 from hetpipe_jax.models import FULL_SIZE
@@ -65,8 +66,8 @@ from hetpipe_jax.tune.peers import small_profiles, tuner_profiles
 FLAGS = flags.FLAGS
 # The run settings the search takes (experiments.run_flags), at the tuner's defaults: the paper's testbed and VGG-19,
 # momentum (for its memory); --waves: of the predicting runs (the screening runs take half).
-run_flags.define(["model", "dataset", "cluster", "batch_size", "optimizer", "weight_mode", "recompute", "tp", "waves",
-                  "noise"],
+run_flags.define(["model", "dataset", "cluster", "batch_size", "optimizer", "weight_mode", "staleness", "recompute",
+                  "tp", "waves", "noise"],
                  overrides={"model": "vgg19", "cluster": "paper_testbed", "optimizer": "momentum"})
 flags.adopt_module_key_flags(run_flags)  # --help lists them
 flags.DEFINE_enum("objective", "time_to_accuracy", ["throughput", "time_to_accuracy"], "What the best "
@@ -115,6 +116,7 @@ class TuneRequest:
   recompute: str
   waves: int
   space: SearchSpace
+  staleness: str  # HetPipe's staleness control (its memory charge: the Nm that fits)
   objective: str  # throughput or time_to_accuracy
   objective_given: bool  # --objective given on the command line (then a missing fit is an error)
   staleness_model: str  # the convergence.json of time_to_accuracy
@@ -126,7 +128,8 @@ class TuneRequest:
     """The run setting as tune.json records it (``dataset``: what a small model was profiled on)."""
     dataset = None if self.model in FULL_SIZE else load_dataset(self.dataset).name
     return {"model": self.model, "dataset": dataset, "cluster": self.cluster, "batch_size": self.batch_size,
-            "optimizer": self.optimizer, "weight_mode": self.weight_mode, "recompute": self.recompute,
+            "optimizer": self.optimizer, "weight_mode": self.weight_mode, "staleness": self.staleness,
+            "recompute": self.recompute,
             "schedule": "1f1b", "waves": self.waves,
             **({"noise": self.space.noise} if self.space.noise != "none" else {})}  # (what it was tuned under)
 
@@ -152,9 +155,14 @@ def flags_to_request() -> TuneRequest:
   """The flags as a :class:`TuneRequest` (a bad value refused in one line)."""
   if FLAGS.top < 1:
     raise common.config_error(f"--top={FLAGS.top}; give how many configurations to print, >= 1")
+  try:
+    parse_control(FLAGS.staleness)
+  except ConfigError as e:
+    raise common.config_error(str(e)) from None
   return TuneRequest(FLAGS.model, FLAGS.dataset, FLAGS.cluster, FLAGS.batch_size, FLAGS.optimizer,
-                     FLAGS.weight_mode, check_recompute(FLAGS.recompute), FLAGS.waves, search_space(), FLAGS.objective,
-                     bool(FLAGS["objective"].present), FLAGS.staleness_model, FLAGS.top, FLAGS.out_dir)
+                     FLAGS.weight_mode, check_recompute(FLAGS.recompute), FLAGS.waves, search_space(), FLAGS.staleness,
+                     FLAGS.objective, bool(FLAGS["objective"].present), FLAGS.staleness_model, FLAGS.top,
+                     FLAGS.out_dir)
 
 
 def search_space() -> SearchSpace:
@@ -180,7 +188,7 @@ def tune_options(request: TuneRequest, staleness_model, peer_accuracy=None) -> T
   """How the search runs: the request's waves and run setting, ranked by ``staleness_model`` (HetPipe) and
   ``peer_accuracy`` (the peers) if any."""
   setting = RunSetting(CostContext(request.weight_mode, optimizer_slots(request.optimizer),
-                                   recompute=request.recompute))
+                                   recompute=request.recompute, control=parse_control(request.staleness)))
   return TuneOptions(waves=request.waves, staleness_model=staleness_model, peer_accuracy=peer_accuracy,
                      setting=setting, progress=lambda line: common.progress("%s", line))
 

@@ -6,6 +6,7 @@ scripts (which list the names)::
 
   tx = make_optimizer("momentum", 0.05)      # optax.sgd(0.05, momentum=0.9)
   optimizer_slots("adam")                    # 2: first and second moments
+  make_optimizer("muon", 0.02)               # Muon on matrices, Adam on the rest (optax.contrib.muon)
 
 The parameter server's outer optimizer (``--ps_optimizer``, applied to every pushed wave's summed update)
 is built here from its spec too::
@@ -38,10 +39,33 @@ class Optimizer(NamedTuple):
   slots: int  # parameter-sized arrays of state per parameter
 
 
+WEIGHT_DECAY = 0.01  # AdamW's decoupled decay (ours: Loshchilov & Hutter's range 0.005-0.05 x its rate's scale)
+
+
+def _matrices(params: Any) -> Any:
+  """True for the weights of two or more dimensions (AdamW decays those, not biases or norms' scales)."""
+  return jax.tree.map(lambda p: jnp.ndim(p) >= 2, params)
+
+
+def adamw(learning_rate: float) -> optax.GradientTransformation:
+  """AdamW (Loshchilov & Hutter, "Decoupled weight decay regularization", ICLR 2019): Adam with the weights decayed
+  by ``WEIGHT_DECAY`` x the rate apart from the gradient, on matrices only."""
+  return optax.adamw(learning_rate, weight_decay=WEIGHT_DECAY, mask=_matrices)
+
+
+def muon(learning_rate: float) -> optax.GradientTransformation:
+  """Muon (Jordan et al. 2024; "Muon is scalable for LLM training", arXiv 2502.16982): momentum whose update of a
+  matrix is orthogonalised by 5 Newton-Schulz steps; the other parameters take Adam at the same rate (optax's
+  ``contrib.muon`` defaults: Nesterov momentum 0.95)."""
+  return optax.contrib.muon(learning_rate)
+
+
 OPTIMIZERS: dict[str, Optimizer] = {
     "sgd": Optimizer(optax.sgd, 0),
     "momentum": Optimizer(lambda lr: optax.sgd(lr, momentum=0.9), 1),
     "adam": Optimizer(optax.adam, 2),
+    "adamw": Optimizer(adamw, 2),
+    "muon": Optimizer(muon, 1),  # (a matrix's momentum; a vector's Adam moments, few parameters)
 }
 
 
@@ -61,7 +85,7 @@ def make_optimizer(name: str, learning_rate: float) -> optax.GradientTransformat
 
 
 def optimizer_slots(name: str) -> int:
-  """Parameter-sized copies of state that optimizer ``name`` keeps (sgd 0, momentum 1, adam 2).
+  """Parameter-sized copies of state that optimizer ``name`` keeps (sgd 0, momentum 1, adam and adamw 2, muon 1).
 
   Raises:
     ConfigError: for an unknown name.

@@ -68,7 +68,8 @@ def test_one_cuts_list_serves_every_virtual_worker_and_sets_the_stages(tmp_path)
                                                                               r"measured needs at least 1"),
     ("experiments.convergence", ["--tuned_objective=measured", "--pilot_seed=1"], r"--pilot_seed=1 is one of "
                                                                                   r"--seeds; use a seed outside"),
-    ("experiments.plan", ["--optimizer=lion"], r"unknown optimizer 'lion'; choose one of sgd, momentum, adam"),
+    ("experiments.plan", ["--optimizer=lion"],
+     r"unknown optimizer 'lion'; choose one of sgd, momentum, adam, adamw, muon"),
     ("experiments.plan", ["--activations=torch"], r"activations='torch'; use jax .* or eager"),
     ("experiments.baseline", ["--activations=torch"], r"activations='torch'; use jax .* or eager"),
     ("experiments.throughput", ["--optimizer=lion"], r"unknown optimizer 'lion'"),

@@ -36,7 +36,7 @@ MINI = get_cluster("paper_mini")
     ({"pilot_seed": 1}, "--pilot_seed=1 is one of --seeds; use a seed outside them"),
     ({"pilots": 0}, "--pilots=0; --tuned_objective=measured needs at least 1 pilot run"),
     ({"time_model": "vgg99"}, "--time_model=vgg99; use one of vgg19, "),
-    ({"optimizer": "adamw"}, "--optimizer=adamw; choose one of sgd, momentum, adam"),
+    ({"optimizer": "lion"}, "--optimizer=lion; choose one of sgd, momentum, adam, adamw, muon"),
     ({"policies": ()}, "--policies is empty"),
     ({"recompute": "most"}, "--recompute=most; choose one of none, selective, full, auto"),
 ])

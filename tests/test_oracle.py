@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import optax.contrib  # (Muon)
 import pytest
 
 from hetpipe_jax import MinibatchStreams, RunConfig, check_trace, get_model, run_hetpipe, synthetic
@@ -50,6 +51,8 @@ TX = {
     "sgd": lambda lr: optax.sgd(lr),
     "momentum": lambda lr: optax.sgd(lr, momentum=0.9),
     "adam": lambda lr: optax.adam(lr),
+    "adamw": lambda lr: optax.adamw(lr, weight_decay=0.01, mask=lambda p: jax.tree.map(lambda w: w.ndim >= 2, p)),
+    "muon": lambda lr: optax.contrib.muon(lr),
 }
 
 
@@ -414,6 +417,10 @@ CASES = {  # name -> RunConfig fields; every case pipelines (k > 1, Nm > 1) in s
                             learning_rate=3e-3),
     "predict-momentum-d0": dict(num_vws=2, stages=(3, 2), nm=(3, 2), d=0, waves=4, staleness="predict",
                                 optimizer="momentum"),
+    "2bw-muon-d1": dict(num_vws=2, stages=(3, 2), nm=(4, 4), d=1, waves=4, staleness="2bw:k=2", optimizer="muon",
+                        learning_rate=0.01),
+    "predict-adamw-d0": dict(num_vws=2, stages=(3, 2), nm=(3, 2), d=0, waves=4, staleness="predict",
+                             optimizer="adamw", learning_rate=3e-3),
     "pipemare-sgd-d1": dict(num_vws=2, stages=(3, 2), nm=(3, 2), d=1, waves=5, staleness="pipemare:warmup=8",
                             weight_mode="latest"),
 }

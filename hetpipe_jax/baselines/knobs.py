@@ -11,6 +11,7 @@ import math
 from typing import NamedTuple
 
 from hetpipe_jax.baselines.sync import CYCLE_S, FUSION_BYTES
+from hetpipe_jax.core.controls import parse_control
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.plan.partition import NM_POLICIES
 from hetpipe_jax.plan.tensor_groups import parse_tp
@@ -57,6 +58,8 @@ class PeerKnobs(NamedTuple):
     adapt: whether the peers re-size their workers' work at every barrier from measured times, as their authors
       do (:mod:`hetpipe_jax.baselines.adapt`): ``on``, ``off``, or ``auto`` (where the GPUs vary, under
       ``noise``: without it the simulated GPUs run at the cost model's speeds, from which the peers were sized).
+    staleness: hetpipe's staleness control inside a virtual worker (:mod:`hetpipe_jax.core.controls`): its memory
+      charge decides the Nm that fits, and its training runs under it.
   """
 
   fusion_mb: float = FUSION_BYTES / (1 << 20)
@@ -75,6 +78,7 @@ class PeerKnobs(NamedTuple):
   shard_state: bool = False
   noise: str = "none"
   adapt: str = "auto"
+  staleness: str = "per_minibatch"
 
   @property
   def fusion_bytes(self) -> float:
@@ -116,4 +120,5 @@ class PeerKnobs(NamedTuple):
         raise ConfigError(f"--{name}={value}; give {limit}")
     parse_tp(self.tp)
     parse_noise(self.noise)
+    parse_control(self.staleness)
     return self

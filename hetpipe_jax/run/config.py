@@ -218,7 +218,7 @@ class WSPSpec:
 @dataclasses.dataclass(frozen=True)
 class OptimizerSpec:
   """Attributes:
-    name / learning_rate: the local optimizer of every stage (sgd, momentum, adam), unless ``tx``.
+    name / learning_rate: the local optimizer of every stage (sgd, momentum, adam, adamw, muon), unless ``tx``.
     tx: the stages' local optimizer as an optax transformation (overrides ``name``).
     ps_tx: a parameter server's apply rule of your own, an optax transformation of the pushed summed update
       (None: the one ``ps_optimizer`` names). The executors pass :meth:`server_rule` to the server.
@@ -235,7 +235,8 @@ class OptimizerSpec:
       says ``"dropped": "nonfinite"``).
   """
 
-  name: str = setting("sgd", "Local optimizer: sgd, momentum, adam.", flat="optimizer")
+  name: str = setting("sgd", "Local optimizer: sgd, momentum, adam, adamw (decoupled weight decay), muon.",
+                      flat="optimizer")
   learning_rate: float = setting(0.05, "Local optimizer learning rate.")
   tx: optax.GradientTransformation | None = None
   ps_tx: optax.GradientTransformation | None = None

@@ -153,6 +153,7 @@ def time_profiles(config: ConvergenceConfig, model: LayeredModel, dataset: Datas
 def study_costs(config: ConvergenceConfig) -> CostContext:
   """What every system's memory and time are charged: the optimizer's slots and the recomputation."""
   return CostContext(optimizer_slots=optimizer_slots(config.optimizer), recompute=config.recompute)
+  # (HetPipe's staleness control charges its own memory: its runs' base config and HetPipe.simulate add it)
 
 
 def examples_unit(time_model: str | None, dataset: Dataset) -> int:
@@ -174,8 +175,7 @@ def make_study(config: ConvergenceConfig, progress: Progress) -> Study:
   time_axis = (f"cost model of {time_model} (batch {b}) on {cluster.name}" if time_model
                else f"cost model of {model.name} on {cluster.name}")
   base = RunConfig.of(cluster=cluster, batch_size=b, optimizer=config.optimizer, time_model=time_model,
-                      recompute=config.recompute,
-                      executor="virtual")
+                      recompute=config.recompute, staleness=config.knobs.staleness, executor="virtual")
   sim_model, sim_data = (full_size_model(time_model), FULL_SIZE[time_model]) if time_model else (model, dataset)
   knobs = config.knobs._replace(microbatches=config.knobs.microbatches or cluster.num_gpus)
   costs = study_costs(config)

@@ -23,6 +23,7 @@ from hetpipe_jax.api import run_hetpipe
 from hetpipe_jax.baselines.knobs import PeerKnobs
 from hetpipe_jax.cluster import Cluster
 from hetpipe_jax.core.check import require_wsp
+from hetpipe_jax.core.controls import parse_control
 from hetpipe_jax.core.trace import Trace, staleness_stats
 from hetpipe_jax.cost.batch import BatchProfiles
 from hetpipe_jax.cost.context import DEFAULT_COSTS, CostContext
@@ -96,14 +97,15 @@ class HetPipe(System):
     units = list(profiles.at(batch_size))
     plan = plan_cluster(cluster, units, policy, "default", knobs.nm_rule, None, costs, knobs.tp)
     rate, trace = simulated_rate(SimJob(cluster, units, plan.layout, 0, WAVES, weight_mode=costs.weight_mode,
-                                        precision=costs.precision, options=SimOptions(noise=knobs.noise)),
+                                        precision=costs.precision, options=SimOptions(noise=knobs.noise),
+                                        control=costs.control),
                                  batch_size, f"hetpipe {policy}, simulated",
                                  (costs, Replanning(nm_rule=knobs.nm_rule)) if knobs.adapting else None)
     return HetPipeJob(cluster, plan, policy), rate, trace
 
   def simulate(self, cluster: Cluster, profiles: BatchProfiles, batch_size: int, knobs: PeerKnobs = DEFAULT_KNOBS,
                costs: CostContext = DEFAULT_COSTS, model: str = "") -> SystemRun:
-    costs = self.memory_costs(costs)
+    costs = self.memory_costs(costs)._replace(control=parse_control(knobs.validate().staleness))
     policies = POLICIES if knobs.validate().policy == BEST else (knobs.policy,)
     runs, reasons = [], []
     for policy in policies:
@@ -129,7 +131,7 @@ class HetPipe(System):
     nms = [p.nm for p in vws]
     per_wave = sum(nms) * setting.batch_size
     base = RunConfig.of(cluster=job.cluster, batch_size=setting.batch_size, optimizer=setting.optimizer,
-                        executor="virtual")
+                        executor="virtual", staleness=knobs.staleness)
     layout = HetPipeSetting([[g.index for g in p.gpus] for p in vws], nms, 0, [list(p.cuts) for p in vws],
                             job.plan.layout.windows)  # (the windows it was timed with: speed-sized waves have some)
     waves = WaveRun(setting.seed, max(1, int(setting.epochs * len(dataset.x_train) // per_wave)), setting.lr,
@@ -138,14 +140,17 @@ class HetPipe(System):
     return hetpipe_curve(result.metrics, nms, result.images_per_second / run.images_per_sec)
 
   def update_examples(self, run: SystemRun) -> int:
-    """A minibatch: every virtual worker updates its local weights after each of its minibatches."""
-    return min(run.batch_sizes) // min(p.nm for p in run.job.plan.vws)
+    """A minibatch: every virtual worker updates its local weights after each of its minibatches (K of them under a
+    staleness control that accumulates K: the smallest K of a virtual worker)."""
+    minibatch = min(run.batch_sizes) // min(p.nm for p in run.job.plan.vws)
+    return minibatch * min(run.events[0].get("accumulate") or [1]) if run.events else minibatch
 
   def config(self, run: SystemRun) -> str:
     return plan_config(run.job.plan)
 
   def label(self, knobs: PeerKnobs, update_examples: int) -> str:
-    return f"hetpipe {knobs.policy}{rule_tag(knobs.nm_rule)}, D=0"
+    control = "" if knobs.staleness == "per_minibatch" else f", {knobs.staleness}"
+    return f"hetpipe {knobs.policy}{rule_tag(knobs.nm_rule)}, D=0{control}"
 
   def signature(self, run: SystemRun) -> list[Any]:
     return [[p.nm for p in run.job.plan.vws], 0]

@@ -45,7 +45,8 @@ def simulate_candidate(context: SimContext, candidate: Candidate, waves: int) ->
   s = context.setting
   trace = Trace()
   seconds, _, _, _ = simulate_fast(candidate.job(context.cluster, context.profiles, waves, schedule=s.schedule,
-                                                 weight_mode=s.costs.weight_mode, precision=s.costs.precision), trace)
+                                                 weight_mode=s.costs.weight_mode, precision=s.costs.precision,
+                                                 control=s.costs.control), trace)
   violations = check_trace(trace.events)
   if violations:
     raise ProtocolError(f"tuner candidate {candidate.label}: {violations[0]}")
