@@ -65,7 +65,7 @@ OPTIMIZERS: dict[str, Optimizer] = {
     "momentum": Optimizer(lambda lr: optax.sgd(lr, momentum=0.9), 1),
     "adam": Optimizer(optax.adam, 2),
     "adamw": Optimizer(adamw, 2),
-    "muon": Optimizer(muon, 1),  # (a matrix's momentum; a vector's Adam moments, few parameters)
+    "muon": Optimizer(muon, 1),  # (a matrix's momentum: + 1 per parameter of another shape, Adam's; a run measures it)
 }
 
 

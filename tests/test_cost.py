@@ -34,8 +34,14 @@ def test_registered_slots_equal_the_measured_state_size(name):
   params = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((2, 28, 28, 1)))
   tx = make_optimizer(name, 0.1)
   measured = nbytes(jax.eval_shape(tx.init, params)) / nbytes(params)
-  assert optimizer_slots(name) == pytest.approx(measured, rel=0.01, abs=0.01)
   assert optimizer_slots_of(tx, params) == measured
+  if name == "muon":  # one momentum per matrix entry, Adam's two moments on every other parameter (here conv kernels)
+    leaves = jax.tree.leaves(params)
+    other = sum(p.size for p in leaves if p.ndim != 2) / sum(p.size for p in leaves)
+    scalars = (measured - optimizer_slots(name) - other) * nbytes(params)  # the registry: matrices alone
+    assert 0 <= scalars <= 64  # beside them only a few scalar step counts (bytes)
+    return
+  assert optimizer_slots(name) == pytest.approx(measured, rel=0.01, abs=0.01)
 
 
 def test_memory_formula_on_scalars_and_arrays():
