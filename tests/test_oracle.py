@@ -446,11 +446,15 @@ def _case(name, rule="identity"):
 
 
 CONTROL_CASES = [name for name in CASES if name.startswith(("2bw", "predict", "pipemare"))]
+# (the README's test command keeps under 10 minutes: these run in .ci/run's slow suite)
+SLOW_CONTROL_CASES = ("2bw-k2-latest-momentum-d1", "predict-momentum-d0", "2bw-muon-d1", "predict-adamw-d0")
 
 
 @pytest.mark.parametrize("name, rule", [(name, rule) for name in CASES if name not in CONTROL_CASES
                                         for rule in PS_RULES]
-                         + [(name, "identity") for name in CONTROL_CASES] + [("2bw-adam-d1", "nesterov")]
+                         + [pytest.param(name, "identity",
+                                         marks=[pytest.mark.slow] if name in SLOW_CONTROL_CASES else [])
+                            for name in CONTROL_CASES] + [("2bw-adam-d1", "nesterov")]
                          + [("stash-adam-d1", rule) for rule in ROUND_RULES])
 def test_oracle_recomputes_the_engines_weights(name, rule):
   result, oracle = _case(name, rule)
@@ -500,6 +504,7 @@ def test_oracle_catches_a_rebase_that_drops_open_accumulators(monkeypatch):
   assert max_abs_diff(faulty, oracle) > 1e-3
 
 
+@pytest.mark.slow  # (two runs each)
 @pytest.mark.parametrize("name, plant", [("2bw-k2-latest-momentum-d1", "sum"), ("predict-momentum-d0", "one_ahead")])
 def test_oracle_catches_a_control_computed_off_its_rule(monkeypatch, name, plant):
   """Planted bugs the trace cannot show: 2BW applying the group's summed gradient instead of its mean; a prediction
