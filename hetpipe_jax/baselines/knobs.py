@@ -11,6 +11,7 @@ import math
 from typing import NamedTuple
 
 from hetpipe_jax.baselines.sync import CYCLE_S, FUSION_BYTES
+from hetpipe_jax.core.controls import DEFAULT as DEFAULT_CONTROL
 from hetpipe_jax.core.controls import parse_control
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.plan.partition import NM_POLICIES
@@ -78,7 +79,7 @@ class PeerKnobs(NamedTuple):
   shard_state: bool = False
   noise: str = "none"
   adapt: str = "auto"
-  staleness: str = "per_minibatch"
+  staleness: str = DEFAULT_CONTROL
 
   @property
   def fusion_bytes(self) -> float:

@@ -149,6 +149,8 @@ class _Checker:
     self.window = meta.get("window") or self.nm  # most in flight: a window below Nm where one is set
     self.k, self.stash = meta["stages"], meta["weight_mode"] == "stash"
     self.acc = meta.get("accumulate") or [1] * self.n  # minibatches per local update (controls: 2bw)
+    if any(k != 1 for k in self.acc):  # the fast path inlines one update per minibatch: these go rule by rule
+      self._fast_task = self._no_fast_task
     self.shards = meta.get("shards")
     self.precision = meta.get("precision", "fp32")
     self.violations: list[Violation] = []
@@ -217,6 +219,11 @@ class _Checker:
     return max(times) if times else None
 
   # --- the fast path: a sound task of a version-2 trace (most events at scale) -------------------------
+
+  def _no_fast_task(self, ev: dict[str, Any], kind: str) -> bool:
+    """:meth:`_fast_task` of a trace with accumulation over k minibatches: never taken (:meth:`_on_fwd` and
+    :meth:`_on_bwd` read each virtual worker's k; the fast path's one update per minibatch costs no lookup)."""
+    return False
 
   def _fast_task(self, ev: dict[str, Any], kind: str) -> bool:
     """Whether ``ev``, a forward or backward of a version-2 trace while no VW has left or joined, with exactly its
@@ -296,7 +303,7 @@ class _Checker:
 
   def _fast_fwd(self, d: _Device, i: int, p: int, own: int, seq: int) -> bool:
     """:meth:`_on_fwd`'s rules past :meth:`_task` hold: recorded."""
-    if own < min_own(p, self.nm[i], self.acc[i]) or own != d.applied or not self._fast_global(i, p, seq) \
+    if own < p - self.nm[i] or own != d.applied or not self._fast_global(i, p, seq) \
         or (d.last_glob is not None and seq < cast(int, d.last_glob)):  # (a seq: no VW has left or joined)
       return False
     d.forwards[p] = (own, seq)
@@ -312,7 +319,7 @@ class _Checker:
     elif own != d.applied or not self._fast_global(i, p, seq):
       return False
     d.forwards.pop(p, None)
-    d.applied += updates_at(p, self.acc[i])
+    d.applied += 1
     return True
 
   # --- minibatch flow --------------------------------------------------------------------------------
@@ -447,9 +454,10 @@ class _Checker:
     d = self.devices[i][j]
     if j > 0 and ("fwd", i, j - 1, p) not in self.done:
       self.fail("order", f"forward of VW {i} minibatch {p} at stage {j} before stage {j - 1}")
-    need = min_own(p, self.nm[i], self.acc[i])
+    k = self.acc[i]
+    need = p - self.nm[i] if k == 1 else min_own(p, self.nm[i], k)  # (one call fewer a task in the common case)
     if own < need:
-      per = f", one update per {self.acc[i]} minibatches" if self.acc[i] > 1 else ""
+      per = f", one update per {k} minibatches" if k > 1 else ""
       self.fail("local", f"forward of VW {i} minibatch {p} at stage {j} includes {own} own updates; "
                 f"needs >= {need} (Nm={self.nm[i]}{per})")
     if own != d.applied:
@@ -490,7 +498,8 @@ class _Checker:
         self.fail("rebase", f"backward of VW {i} minibatch {p} at stage {j} uses weights with "
                   f"{version[0]} own updates, but the stage has applied {d.applied}")
       self._check_global(i, j, p, version[1], "backward")
-    d.applied += updates_at(p, self.acc[i])
+    k = self.acc[i]
+    d.applied += 1 if k == 1 else updates_at(p, k)
 
   def _on_complete(self, ev) -> None:
     i, p = ev["vw"], ev["mb"]

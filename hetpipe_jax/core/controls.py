@@ -86,11 +86,6 @@ class Control(NamedTuple):
   def delay_scaled(self) -> bool:
     return self.name == "pipemare"
 
-  @property
-  def tracks_delay(self) -> bool:
-    """Whether a forward records its delay (the stage's forwards in flight before it)."""
-    return self.name in ("predict", "pipemare")
-
   def accumulate(self, nm: int) -> int:
     """Minibatches per local update for a virtual worker of waves of ``nm`` (1 but under ``2bw``)."""
     if self.name != "2bw":
@@ -150,12 +145,15 @@ def parse_control(spec: str) -> Control:
   if name not in CONTROLS:
     raise ConfigError(f"staleness={spec!r}: unknown control {name!r}; choose one of {', '.join(CONTROLS)} "
                       "(e.g. 2bw:k=4)")
-  knobs = dict(CONTROLS[name])
+  knobs, given = dict(CONTROLS[name]), set()
   for item in filter(None, (part.strip() for part in rest.split(","))):
     key, eq, value = item.partition("=")
     if key not in knobs or not eq:
       allowed = ", ".join(knobs) or "none"
       raise ConfigError(f"staleness={spec!r}: {name} takes the keys {allowed}, as KEY=VALUE; got {item!r}")
+    if key in given:
+      raise ConfigError(f"staleness={spec!r}: {key} is given twice; give each key once")
+    given.add(key)
     try:
       knobs[key] = int(value)
     except ValueError:

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from hetpipe_jax.core import wsp
+from hetpipe_jax.core.controls import updates_at
 from hetpipe_jax.errors import ProtocolError
 
 WEIGHT_MODES = ("stash", "latest")
@@ -86,9 +87,12 @@ def backward(book: VersionBook, stage: int, mb: int, nm: int, weight_mode: str, 
   fwd_version = forwards.pop((stage, mb))
   now = current[stage]
   used = fwd_version if weight_mode == "stash" else now
-  applied = 1 if k == 1 else (k if mb % k == 0 else 0)  # (controls.updates_at, inline: once per task)
-  if not applied:
-    return book, used
+  if k == 1:
+    applied = 1
+  else:
+    applied = updates_at(mb, k)
+    if not applied:
+      return book, used
   wave = wsp.wave_of(mb, nm)
   opened = open_waves[stage]
   opened[wave] = opened.get(wave, 0) + applied

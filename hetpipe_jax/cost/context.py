@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from hetpipe_jax.core.controls import Control
+from hetpipe_jax.core.controls import PER_MINIBATCH, Control
 
 
 class CostContext(NamedTuple):
@@ -38,7 +38,7 @@ class CostContext(NamedTuple):
   shard_weights: bool = False
   activations: str = "jax"
   tp_by_type: tuple[tuple[str, int], ...] = ()
-  control: Control = Control()
+  control: Control = PER_MINIBATCH
 
 
 def degree_of(costs: CostContext, type_name: str) -> int:

@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 import optax
 
 from hetpipe_jax.cluster import Cluster
+from hetpipe_jax.core.controls import DEFAULT as DEFAULT_CONTROL
 from hetpipe_jax.core.controls import Control, parse_control
 from hetpipe_jax.core.meta import VERSIONS
 from hetpipe_jax.core.schedule import SCHEDULES
@@ -195,7 +196,7 @@ class WSPSpec:
   schedule: str = setting("1f1b", "Device task order: 1f1b (backward first), fifo, or gpipe (a wave's forwards, then "
                           "its backwards, flush between waves).")
   staleness: str = setting(
-      "per_minibatch", "Staleness control inside a virtual worker: per_minibatch (the paper's: one local update per "
+      DEFAULT_CONTROL, "Staleness control inside a virtual worker: per_minibatch (the paper's: one local update per "
       "minibatch), 2bw:k=K (PipeDream-2BW: gradients of K minibatches summed, one update of their mean, at most one "
       "update of delay, 2 weight versions; k=0: K = Nm), predict (PipeOptim: forwards on the weights the local "
       "optimizer predicts for their backward), pipemare:warmup=T (PipeMare: a delayed update's rate warmed up over T "

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
 from hetpipe_jax.cluster import Cluster
-from hetpipe_jax.core.controls import Control
+from hetpipe_jax.core.controls import PER_MINIBATCH, Control
 from hetpipe_jax.core.engine import Engine
 from hetpipe_jax.core.meta import meta_event
 from hetpipe_jax.core.server import ClockServer
@@ -55,7 +55,7 @@ class SimJob(NamedTuple):
   options: SimOptions = SimOptions()
   failures: Mapping[int, Sequence[int]] | None = None
   rejoin: bool = False
-  control: Control = Control()
+  control: Control = PER_MINIBATCH
 
 
 def meta_line(job: SimJob, meta: Mapping[str, Any] | None = None, version: int = 1) -> dict[str, Any]:

@@ -151,9 +151,9 @@ def time_profiles(config: ConvergenceConfig, model: LayeredModel, dataset: Datas
 
 
 def study_costs(config: ConvergenceConfig) -> CostContext:
-  """What every system's memory and time are charged: the optimizer's slots and the recomputation."""
+  """What every system's memory and time are charged: the optimizer's slots and the recomputation (HetPipe's
+  staleness control charges its own memory: its runs' base config and :meth:`HetPipe.simulate` add it)."""
   return CostContext(optimizer_slots=optimizer_slots(config.optimizer), recompute=config.recompute)
-  # (HetPipe's staleness control charges its own memory: its runs' base config and HetPipe.simulate add it)
 
 
 def examples_unit(time_model: str | None, dataset: Dataset) -> int:

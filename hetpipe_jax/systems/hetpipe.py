@@ -23,6 +23,7 @@ from hetpipe_jax.api import run_hetpipe
 from hetpipe_jax.baselines.knobs import PeerKnobs
 from hetpipe_jax.cluster import Cluster
 from hetpipe_jax.core.check import require_wsp
+from hetpipe_jax.core.controls import DEFAULT as DEFAULT_CONTROL
 from hetpipe_jax.core.controls import parse_control
 from hetpipe_jax.core.trace import Trace, staleness_stats
 from hetpipe_jax.cost.batch import BatchProfiles
@@ -105,8 +106,9 @@ class HetPipe(System):
 
   def simulate(self, cluster: Cluster, profiles: BatchProfiles, batch_size: int, knobs: PeerKnobs = DEFAULT_KNOBS,
                costs: CostContext = DEFAULT_COSTS, model: str = "") -> SystemRun:
-    costs = self.memory_costs(costs)._replace(control=parse_control(knobs.validate().staleness))
-    policies = POLICIES if knobs.validate().policy == BEST else (knobs.policy,)
+    knobs = knobs.validate()
+    costs = self.memory_costs(costs)._replace(control=parse_control(knobs.staleness))
+    policies = POLICIES if knobs.policy == BEST else (knobs.policy,)
     runs, reasons = [], []
     for policy in policies:
       try:
@@ -143,13 +145,13 @@ class HetPipe(System):
     """A minibatch: every virtual worker updates its local weights after each of its minibatches (K of them under a
     staleness control that accumulates K: the smallest K of a virtual worker)."""
     minibatch = min(run.batch_sizes) // min(p.nm for p in run.job.plan.vws)
-    return minibatch * min(run.events[0].get("accumulate") or [1]) if run.events else minibatch
+    return minibatch * min(run.meta.get("accumulate") or [1])
 
   def config(self, run: SystemRun) -> str:
     return plan_config(run.job.plan)
 
   def label(self, knobs: PeerKnobs, update_examples: int) -> str:
-    control = "" if knobs.staleness == "per_minibatch" else f", {knobs.staleness}"
+    control = "" if knobs.staleness == DEFAULT_CONTROL else f", {knobs.staleness}"
     return f"hetpipe {knobs.policy}{rule_tag(knobs.nm_rule)}, D=0{control}"
 
   def signature(self, run: SystemRun) -> list[Any]:

@@ -45,7 +45,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from hetpipe_jax.core import wsp
-from hetpipe_jax.core.controls import Control, delay_scale
+from hetpipe_jax.core.controls import PER_MINIBATCH, Control, delay_scale
 from hetpipe_jax.errors import ConfigError, ProtocolError
 from hetpipe_jax.models.base import LayeredModel
 from hetpipe_jax.recompute import MODES, check_recompute
@@ -110,7 +110,7 @@ class StageOptions(NamedTuple):
   weight_mode: str = "stash"
   precision: str = "fp32"
   recompute: str = "none"
-  control: Control = Control()
+  control: Control = PER_MINIBATCH
 
 
 DEFAULT_OPTIONS = StageOptions()  # fp32, stash, no recomputation
@@ -148,7 +148,7 @@ class Stage:
     self.skipped: dict[int, Any] = {}  # fp16: wave -> its skipped updates (device int32), until read
     self.state = self._fresh_state(params)
     self._saved: dict[int, Any] = {}  # mb -> vjp closure (stash) or (x, labels) (latest)
-    self._delays: dict[int, int] = {}  # mb -> forwards in flight before it (predict, pipemare)
+    self._delays: dict[int, int] = {}  # mb -> forwards in flight before it (pipemare)
     self.traces: collections.Counter = collections.Counter()
     self._fwd = jax.jit(self._fwd_impl)
     self._fwd_pred = jax.jit(self._fwd_pred_impl)
@@ -333,14 +333,18 @@ class Stage:
     """Dispatches the forward pass of ``mb``; returns its output (the loss on the last stage). Under ``predict``
     it runs on the predicted weights (the module docstring)."""
     in_flight = len(self._saved)  # the local updates this stage applies before mb's backward
-    if self.control.predicts:
-      out, vjp = self._fwd_pred(self.state.params, self.state.last, jnp.float32(in_flight), x, labels)
-    else:
-      out, vjp = self._fwd(self.state.params, x, labels)
+    out, vjp = self._dispatch_fwd(in_flight, x, labels)
     self._saved[mb] = vjp if self.weight_mode == "stash" else (x, labels)
-    if self.control.tracks_delay:
+    if self.control.delay_scaled:
       self._delays[mb] = in_flight
     return out
+
+  def _dispatch_fwd(self, in_flight: int, x: jax.Array, labels: jax.Array | None):
+    """(output, what the backward needs) of a forward on the stage's weights, under ``predict`` on those predicted
+    ``in_flight`` local updates ahead."""
+    if self.control.predicts:
+      return self._fwd_pred(self.state.params, self.state.last, jnp.float32(in_flight), x, labels)
+    return self._fwd(self.state.params, x, labels)
 
   def backward(self, mb: int, g: jax.Array | None) -> jax.Array | None:
     """Dispatches the backward pass of ``mb``, applies its update and adds it to its wave's accumulator
@@ -361,25 +365,20 @@ class Stage:
     if self.k > 1 and state.pending != self.k - 1:
       raise ProtocolError(f"stage [{self.first},{self.last}) applies the group of minibatch {mb} with "
                           f"{state.pending + 1} gradients, expected k={self.k}")
-    gx, acc, out = self._apply_update(saved, g, wsp.wave_of(mb, self.nm), self._ctl_in(mb))
-    state = self.state
-    self.state = StageState(state.params, state.opt_state, {**state.waves, acc[0]: acc[1]}, state.scale,
-                            out.get("gsum"), 0, out.get("last"), state.steps + 1)
-    return gx
+    delayed = self.control.delay_scaled
+    factor = delay_scale(self._delays.pop(mb), state.steps, self.control.warmup) if delayed else 1.0
+    return self._apply_update(saved, g, wsp.wave_of(mb, self.nm), self._ctl(factor))
 
-  def _ctl_in(self, mb: int) -> dict[str, Any]:
-    """The control's inputs to the update of ``mb`` (:meth:`_update`)."""
+  def _ctl(self, factor: float) -> dict[str, Any]:
+    """The control's inputs to an update (:meth:`_update`): ``2bw``'s gradient sum, ``pipemare``'s factor."""
     ctl: dict[str, Any] = {} if self.k == 1 else {"gsum": self.state.grads}
     if self.control.delay_scaled:
-      factor = delay_scale(self._delays.pop(mb), self.state.steps, self.control.warmup)
       ctl["factor"] = jnp.float32(factor)
-    else:
-      self._delays.pop(mb, None)
     return ctl
 
   def _apply_update(self, saved, g, wave: int, ctl: dict[str, Any]):
-    """Runs the backward that applies an update to the weights: (input gradient, (wave, its accumulator), the
-    control's outputs); the weights, optimizer state and loss scale are set."""
+    """Runs the backward that applies an update to the weights and adds it to ``wave``'s accumulator; returns the
+    input gradient."""
     params, opt_state, waves, scale = self.state[:4]
     if wave in waves:
       acc = waves[wave]
@@ -389,8 +388,9 @@ class Stage:
     else:
       gx, params, opt_state, update, scale, skipped, out = self._bwd_first(saved, g, params, opt_state, scale, ctl)
       acc = WaveAccumulator(update, self.k, skipped)
-    self.state = self.state._replace(params=params, opt_state=opt_state, scale=scale)
-    return gx, (wave, acc), out
+    self.state = StageState(params, opt_state, {**waves, wave: acc}, scale, out.get("gsum"), 0, out.get("last"),
+                            self.state.steps + 1)
+    return gx
 
   def warm_up(self, x: jax.Array, labels: jax.Array | None) -> jax.Array:
     """Compiles every program of the stage on inputs shaped like ``x``; returns an output-shaped array.
@@ -398,21 +398,15 @@ class Stage:
     Runs each program once and discards the results: weights, optimizer state and accumulators stay.
     """
     x = jax.device_put(x, self.device)
-    state = self.state
-    if self.control.predicts:
-      out, vjp = self._fwd_pred(state.params, state.last, jnp.float32(0), x, labels)
-    else:
-      out, vjp = self._fwd(state.params, x, labels)
+    out, vjp = self._dispatch_fwd(0, x, labels)
     saved = vjp if self.weight_mode == "stash" else (x, labels)
     self.saved_treedef = jax.tree.structure(saved)  # what a forward keeps for its backward, for a restore
     self._saved_at = [leaf.sharding for leaf in jax.tree.leaves(saved)]
     g = None if self.is_last else self.gradient_like(out)
-    params, opt_state, _, scale = state[:4]
-    ctl: dict[str, Any] = {} if self.k == 1 else {"gsum": state.grads}
-    if self.control.delay_scaled:
-      ctl["factor"] = jnp.float32(1)
+    params, opt_state, _, scale = self.state[:4]
+    ctl = self._ctl(1.0)
     if self.k > 1:
-      jax.block_until_ready(self._accum(saved, g, params, state.grads))
+      jax.block_until_ready(self._accum(saved, g, params, self.state.grads))
     _, _, _, update, _, skipped, _ = self._bwd_first(saved, g, params, opt_state, scale, ctl)
     jax.block_until_ready(self._bwd_acc(saved, g, params, opt_state, scale, update, skipped, ctl))
     jax.block_until_ready(self._add(params, update))

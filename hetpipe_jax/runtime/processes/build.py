@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import optax
 
 from hetpipe_jax.cluster import Cluster
-from hetpipe_jax.core.controls import Control
+from hetpipe_jax.core.controls import PER_MINIBATCH, Control
 from hetpipe_jax.data import MinibatchStreams
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.models.base import LayeredModel
@@ -51,7 +51,7 @@ class Job(NamedTuple):
   d: int
   ps_tx: optax.GradientTransformation | None
   precision: str = "fp32"
-  control: Control = Control()
+  control: Control = PER_MINIBATCH
 
 
 def nodes_of(cluster: Cluster) -> list[int]:
