@@ -7,12 +7,17 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
-from hetpipe_jax import check_trace, staleness_stats
+import jax
+import numpy as np
+import pytest
+
+from hetpipe_jax import check_trace, read_trace, staleness_stats
 from hetpipe_jax.core.check import as_version_1
 from hetpipe_jax.core.engine import Engine
 from hetpipe_jax.core.server import ClockServer
 from hetpipe_jax.core.trace import Trace
 from hetpipe_jax.core.worker import Shape, virtual_workers
+from hetpipe_jax.runtime.numerics.checkpoint import Checkpointer
 from hetpipe_jax.runtime.numerics.loops import run_virtual, run_wall
 from hetpipe_jax.runtime.transport.launch import child_environment
 
@@ -72,3 +77,39 @@ def one_minibatch_trace() -> list[dict]:
       {"ev": "complete", "vw": 0, "mb": 1, "t": 2},
       {"ev": "push", "vw": 0, "wave": 0, "t": 2},
   ]
+
+
+class Stopped(Exception):
+  """Raised right after a chosen checkpoint: the run stops there, as if killed once it was written."""
+
+
+def assert_resumes_bit_identical(monkeypatch, tmp_path, run, config, step: int) -> list[int]:
+  """``run(config(out))`` whole in ``tmp_path/whole``; in ``tmp_path/stopped`` the same stopped right after its
+  checkpoint ``step``, then ``run(config(out, resume=True))``: asserts the resumed run ends with the whole one's
+  weights (bit for bit), events, metrics and trace file, and that its trace keeps the WSP guarantees. Returns the
+  checkpoint steps the stopped run had left."""
+  whole_dir, stopped_dir = tmp_path / "whole", tmp_path / "stopped"
+  whole_dir.mkdir()
+  stopped_dir.mkdir()
+  whole = run(config(whole_dir))
+  assert_trace_ok(whole.events)
+  save = Checkpointer.save
+
+  def save_then_stop(self, at, state, extra):
+    save(self, at, state, extra)
+    if at == step:
+      raise Stopped
+
+  monkeypatch.setattr(Checkpointer, "save", save_then_stop)
+  with pytest.raises(Stopped):
+    run(config(stopped_dir))
+  monkeypatch.undo()
+  left = sorted(int(name) for name in os.listdir(stopped_dir / "ck") if name.isdigit())
+  resumed = run(config(stopped_dir, resume=True))
+  assert resumed.checkpoints["resumed_from"] == step
+  for a, b in zip(jax.tree.leaves(whole.params), jax.tree.leaves(resumed.params), strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert resumed.events == whole.events and resumed.metrics == whole.metrics
+  assert (stopped_dir / "t.jsonl").read_bytes() == (whole_dir / "t.jsonl").read_bytes()
+  assert_trace_ok(read_trace(str(stopped_dir / "t.jsonl")))
+  return left

@@ -9,15 +9,13 @@ import subprocess
 import sys
 import time
 
-import jax
 import numpy as np
 import optax
 import pytest
 
 from hetpipe_jax import ConfigError, RunConfig, get_model, read_trace, run_hetpipe, synthetic
-from hetpipe_jax.runtime.numerics.checkpoint import Checkpointer
 
-from helpers import assert_trace_ok
+from helpers import assert_resumes_bit_identical, assert_trace_ok
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROGRAM = os.path.join(ROOT, "tests", "programs", "checkpointed_run.py")
@@ -136,10 +134,6 @@ def test_checkpoint_settings_that_cannot_work_are_one_line(tmp_path, change, mes
     run_hetpipe(get_model("mlp"), synthetic(), _config(tmp_path, **change))
 
 
-class _Stopped(Exception):
-  """Raised right after a chosen checkpoint: the run stops there, as if killed once it was written."""
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("ps_rule", [dict(ps_tx=optax.trace(decay=0.5)),
                                      dict(ps_optimizer="delayed_nesterov:lr=0.8,momentum=0.9"),
@@ -152,27 +146,8 @@ def test_a_stopped_run_with_optimizer_state_resumes_bit_identical(tmp_path, monk
   model, data = get_model("mlp"), synthetic()
   config = lambda out, **kw: _config(out, executor="virtual", cluster="hetero4", stages=2, nm=(2, 1), waves=8,
                                      tx=optax.sgd(0.02, momentum=0.9), checkpoint_every=2, **ps_rule, **kw)
-  (tmp_path / "whole").mkdir()
-  (tmp_path / "stopped").mkdir()
-  whole = run_hetpipe(model, data, config(tmp_path / "whole"))
-  assert_trace_ok(whole.events)
-  save = Checkpointer.save
-  def save_then_stop(self, step, state, extra):
-    save(self, step, state, extra)
-    if step == 4:
-      raise _Stopped
-  monkeypatch.setattr(Checkpointer, "save", save_then_stop)
-  with pytest.raises(_Stopped):
-    run_hetpipe(model, data, config(tmp_path / "stopped"))
-  monkeypatch.undo()
-  assert steps(tmp_path / "stopped" / "ck") == [2, 4]
-  resumed = run_hetpipe(model, data, config(tmp_path / "stopped", resume=True))
-  assert resumed.checkpoints["resumed_from"] == 4
-  for a, b in zip(jax.tree.leaves(whole.params), jax.tree.leaves(resumed.params), strict=True):
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-  assert resumed.events == whole.events and resumed.metrics == whole.metrics
-  assert (tmp_path / "stopped" / "t.jsonl").read_bytes() == (tmp_path / "whole" / "t.jsonl").read_bytes()
-  assert_trace_ok(read_trace(str(tmp_path / "stopped" / "t.jsonl")))
+  run = lambda c: run_hetpipe(model, data, c)
+  assert assert_resumes_bit_identical(monkeypatch, tmp_path, run, config, step=4) == [2, 4]
 
 
 @pytest.mark.slow  # two short checkpointed runs and a resume

@@ -21,10 +21,9 @@ from hetpipe_jax.cost.context import CostContext
 from hetpipe_jax.cost.memory import param_copies
 from hetpipe_jax.errors import ProtocolError
 from hetpipe_jax.models.base import LayeredModel
-from hetpipe_jax.runtime.numerics.checkpoint import Checkpointer
 from hetpipe_jax.runtime.numerics.stage import Stage, StageOptions
 
-from helpers import TWO_NODES, assert_trace_ok, train_cli
+from helpers import TWO_NODES, assert_resumes_bit_identical, assert_trace_ok, train_cli
 
 LR, W0 = 0.1, 1.0  # SGD's rate; every weight starts at 1
 LINEAR = LayeredModel("linear", (nn.Dense(1, use_bias=False),), ("dense",), loss=lambda y, labels: jnp.mean(y))
@@ -118,7 +117,8 @@ def test_pipemare_warms_a_delayed_updates_rate_up_by_its_delay():
 
 @pytest.mark.parametrize("spec, message", [("2bw:k=3", "does not divide"), ("bogus", "unknown control"),
                                            ("2bw:q=1", "takes the keys k"), ("pipemare:warmup=0", "warmup must be"),
-                                           ("2bw:k=x", "not a whole number")])
+                                           ("2bw:k=x", "not a whole number"),
+                                           ("2bw:k=2,k=4", "k is given twice")])
 def test_a_bad_control_is_one_clear_error(spec, message):
   config = RunConfig.of(cluster="hetero4", num_vws=1, stages=2, nm=4, waves=2, staleness=spec)
   with pytest.raises(ConfigError, match=message):
@@ -159,6 +159,15 @@ def test_the_checker_reads_each_virtual_workers_k_from_the_meta_line():
   assert check_trace([{**plain.events[0], "accumulate": [3, 2]}, *plain.events[1:]])[0].rule == "format"
 
 
+def test_a_version_2_trace_under_2bw_checks_rule_by_rule():
+  """The checker's fast path for version-2 traces assumes one update per minibatch; a 2BW trace takes the rules."""
+  bw = _run(staleness="2bw:k=2", trace_version=2)
+  assert bw.events[0]["version"] == 2 and bw.events[0]["accumulate"] == [2, 2]
+  assert_trace_ok(bw.events)
+  relabelled = [{k: v for k, v in bw.events[0].items() if k != "accumulate"}, *bw.events[1:]]
+  assert "rebase" in {v.rule for v in check_trace(relabelled)}
+
+
 def test_a_forward_missing_a_finished_group_breaks_the_local_rule():
   """Lower one forward's own updates below K x floor((p - Nm) / K): the local rule (and the rebase rule) say so."""
   events = [dict(e) for e in _run(staleness="2bw:k=2").events]
@@ -178,31 +187,7 @@ def test_a_stopped_run_under_a_control_resumes_bit_identical(tmp_path, monkeypat
                         checkpoint_dir=str(out / "ck"), checkpoint_every=2, eval_every=100, **kw)
 
   model, data = get_model("mlp"), synthetic(num_train=512, num_test=64)
-  whole_dir, stopped_dir = tmp_path / "whole", tmp_path / "stopped"
-  whole_dir.mkdir()
-  stopped_dir.mkdir()
-  whole = run_hetpipe(model, data, config(whole_dir))
-  assert_trace_ok(whole.events)
-  save = Checkpointer.save
-
-  class Stopped(Exception):
-    pass
-
-  def save_then_stop(self, step, state, extra):
-    save(self, step, state, extra)
-    if step == 4:
-      raise Stopped
-
-  monkeypatch.setattr(Checkpointer, "save", save_then_stop)
-  with pytest.raises(Stopped):
-    run_hetpipe(model, data, config(stopped_dir))
-  monkeypatch.undo()
-  resumed = run_hetpipe(model, data, config(stopped_dir, resume=True))
-  assert resumed.checkpoints["resumed_from"] == 4
-  for a, b in zip(jax.tree.leaves(whole.params), jax.tree.leaves(resumed.params), strict=True):
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-  assert resumed.events == whole.events and resumed.metrics == whole.metrics
-  assert_trace_ok(read_trace(str(stopped_dir / "t.jsonl")))
+  assert_resumes_bit_identical(monkeypatch, tmp_path, lambda c: run_hetpipe(model, data, c), config, step=4)
 
 
 @pytest.mark.slow  # (two multi-process runs of two processes: about 30 s)
