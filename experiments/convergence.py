@@ -87,7 +87,7 @@ from hetpipe_jax.systems import BASE_LR_PER_32, LR_SCALINGS
 FLAGS = flags.FLAGS
 # The run settings the study takes (experiments.run_flags), at its defaults: the MLP (its gradient is cheap enough
 # for every configuration over seeds), the paper's testbed, plain SGD.
-run_flags.define(["model", "dataset", "cluster", "batch_size", "optimizer", "recompute"],
+run_flags.define(["model", "dataset", "cluster", "batch_size", "optimizer", "recompute", "lr_schedule"],
                  overrides={"model": "mlp", "cluster": "paper_testbed", "optimizer": "sgd"})
 flags.adopt_module_key_flags(run_flags)  # --help lists them
 flags.DEFINE_list("policies", ["NP", "ED", "HD"], "HetPipe allocation policies (NP, ED, HD or groupings).")
@@ -126,8 +126,12 @@ flags.DEFINE_list("outer_lr_grid", [repr(x) for x in OUTER_LR_GRID], "Outer lear
 flags.DEFINE_float("lr_epochs", 0.5, "Epochs of each learning-rate pilot run.")
 flags.DEFINE_list("seeds", ["0", "1"], "Initialisation and shuffling seeds: every run once per seed.")
 flags.DEFINE_float("epochs", 2.0, "Training examples seen by every run, in epochs.")
-flags.DEFINE_bool("full", False, "The study the goals are measured on: --epochs=10, --lr_epochs=1 and seeds 0, 1, "
-                  "2 (where those flags are not given).")
+flags.DEFINE_integer("min_updates", 0, "The horizon's floor: every run (and pilot, by the same factor) is made "
+                     "long enough that the system with the most examples per optimizer update takes this many "
+                     "(0: --epochs as given).")
+flags.DEFINE_bool("full", False, "The study the goals are measured on: --epochs=10, --lr_epochs=1, seeds 0, 1, 2, "
+                  "--lr_schedule=cosine (warm-up 0.05, decay to 0.1) and --min_updates=200 (where those flags are "
+                  "not given).")
 flags.DEFINE_float("target_accuracy", 0.0, "Test accuracy (a test loss with --target_metric=loss) whose emulated "
                    "time is the headline; 0: 0.95 of the best configuration's final smoothed accuracy (mean over "
                    "seeds; a loss: the best final loss / 0.95).")
@@ -148,7 +152,8 @@ flags.DEFINE_list("noise_levels", [], "Noise specs (hetpipe_jax.sim.noise: none,
                   "every run is timed again, one table each: a run of seed s under the level's noise with seed s, "
                   "every system adapting (--adapt); the numerics are the runs' own.")
 
-FULL = {"epochs": 10.0, "lr_epochs": 1.0, "seeds": ["0", "1", "2"]}  # --full, where the flag is not given
+FULL = {"epochs": 10.0, "lr_epochs": 1.0, "seeds": ["0", "1", "2"], "lr_schedule": "cosine",
+        "min_updates": 200}  # --full, where the flag is not given
 CSV_HEADER = ["name", "system", "seed", "d", "time_s", "minibatches", "epochs", "test_accuracy", "train_loss",
               "test_loss", "test_perplexity"]
 
@@ -168,7 +173,8 @@ def flags_to_config() -> ConvergenceConfig:
       tuned_objective=FLAGS.tuned_objective, pilots=FLAGS.pilots, pilot_seed=FLAGS.pilot_seed, outer=FLAGS.outer,
       systems=tuple(FLAGS.systems), knobs=peer_flags.knobs_from_flags(FLAGS), optimizer=FLAGS.optimizer,
       base_lr=FLAGS.base_lr, lr_scaling=FLAGS.lr_scaling, lr_grid=grid, outer_lr_grid=outer_grid,
-      lr_epochs=full_or_given("lr_epochs"),
+      lr_epochs=full_or_given("lr_epochs"), lr_schedule=full_or_given("lr_schedule"),
+      min_updates=full_or_given("min_updates"),
       seeds=seeds, epochs=full_or_given("epochs"), batch_size=FLAGS.batch_size,
       target_accuracy=FLAGS.target_accuracy, target_metric=FLAGS.target_metric, smooth=FLAGS.smooth,
       eval_examples=FLAGS.eval_examples, eval_test_examples=FLAGS.eval_test_examples,
@@ -238,7 +244,10 @@ def print_table(result: ConvergenceResult) -> None:
   c, target = result.config, result.target
   what = "test loss" if c.target_metric == "loss" else "test accuracy"
   print(f"target: {target:.4f} {what} ({result.target_rule}), smoothed over {c.smooth} evaluations; "
-        f"{c.epochs} epochs; seeds {list(c.seeds)}")
+        f"{result.epochs:.4g} epochs; seeds {list(c.seeds)}; HetPipe's staleness control {c.knobs.staleness}")
+  noise = result.noise_scale
+  print("gradient noise scale at the target: " + ("not measured (no synchronous run reached it)" if noise is None else
+        f"B_simple {noise.b_simple:.4g} examples ({noise.at}; {noise.examples} per-example gradients)"))
   print_rows(result, result.table)
   for level, rows in result.noise_tables.items():
     print(f"under noise {level} (a run of seed s timed under it with noise seed s; every system adapting: "
@@ -250,7 +259,8 @@ def print_rows(result: ConvergenceResult, rows: list[TableRow]) -> None:
   """One table's rows, and what its columns mean."""
   unit, per = result.unit, result.per_example
   print(f"{'configuration':58} {'GPUs':>4} {unit + '/s':>9} {'eff.':>5} {'vs peer':>7} "
-        f"{'time to target: mean (min..max) s':>34} {'vs peer':>7} {'examples':>9} {'vs peer':>7} {'final':>6}")
+        f"{'time to target: mean (min..max) s':>34} {'vs peer':>7} {'examples':>9} {'vs peer':>7} {'ex/upd':>6} "
+        f"{'updates':>13} {'final':>6}")
   for r in rows:
     ratio = f"{r.images_per_sec_vs_best_peer:.2f}x" if r.images_per_sec_vs_best_peer else "-"
     t = r.mean_time_to_target_s
@@ -259,10 +269,13 @@ def print_rows(result: ConvergenceResult, rows: list[TableRow]) -> None:
     speed = f"{r.speedup_vs_best_peer:.2f}x" if r.speedup_vs_best_peer else "-"
     examples = f"{r.mean_examples_to_target:9.0f}" if r.mean_examples_to_target else f"{'-':>9}"
     more = f"{r.examples_vs_best_peer:.2f}x" if r.examples_vs_best_peer else "-"
+    to = f"{r.mean_updates_to_target:.0f}" if r.mean_updates_to_target else "-"
     print(f"{r.name[:58]:58} {r.gpus:>4} {r.images_per_sec * per:9.1f} {r.efficiency:5.2f} {ratio:>7} "
-          f"{when:>34} {speed:>7} {examples} {more:>7} {r.mean_final_smoothed_accuracy:6.4f}")
+          f"{when:>34} {speed:>7} {examples} {more:>7} {r.examples_per_update:>6} {to + '/' + str(r.updates):>13} "
+          f"{r.mean_final_smoothed_accuracy:6.4f}")
   print(f"vs peer: {unit}/s over the best peer's; the best peer's mean time to target over this one's (> 1: faster); "
-        "examples to target (mean over seeds) over the fewest of a peer (> 1: more)")
+        "examples to target (mean over seeds) over the fewest of a peer (> 1: more); ex/upd: examples per optimizer "
+        "update; updates: to target / in the run, of one weight copy")
 
 
 def print_perplexity(result: ConvergenceResult) -> None:

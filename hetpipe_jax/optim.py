@@ -7,6 +7,7 @@ scripts (which list the names)::
   tx = make_optimizer("momentum", 0.05)      # optax.sgd(0.05, momentum=0.9)
   optimizer_slots("adam")                    # 2: first and second moments
   make_optimizer("muon", 0.02)               # Muon on matrices, Adam on the rest (optax.contrib.muon)
+  make_optimizer("adam", parse_lr_schedule("cosine:warmup=0.05,final=0.1").rate(1e-3, updates=500))
 
 The parameter server's outer optimizer (``--ps_optimizer``, applied to every pushed wave's summed update)
 is built here from its spec too::
@@ -35,7 +36,7 @@ from hetpipe_jax.errors import ConfigError
 class Optimizer(NamedTuple):
   """A named optax optimizer: its factory (learning rate -> transformation) and its state size."""
 
-  make: Callable[[float], optax.GradientTransformation]
+  make: Callable[[float | optax.Schedule], optax.GradientTransformation]
   slots: int  # parameter-sized arrays of state per parameter
 
 
@@ -47,13 +48,13 @@ def _matrices(params: Any) -> Any:
   return jax.tree.map(lambda p: jnp.ndim(p) >= 2, params)
 
 
-def adamw(learning_rate: float) -> optax.GradientTransformation:
+def adamw(learning_rate: float | optax.Schedule) -> optax.GradientTransformation:
   """AdamW (Loshchilov & Hutter, "Decoupled weight decay regularization", ICLR 2019): Adam with the weights decayed
   by ``WEIGHT_DECAY`` x the rate apart from the gradient, on matrices only."""
   return optax.adamw(learning_rate, weight_decay=WEIGHT_DECAY, mask=_matrices)
 
 
-def muon(learning_rate: float) -> optax.GradientTransformation:
+def muon(learning_rate: float | optax.Schedule) -> optax.GradientTransformation:
   """Muon (Jordan et al. 2024; "Muon is scalable for LLM training", arXiv 2502.16982): momentum whose update of a
   matrix is orthogonalised by 5 Newton-Schulz steps; the other parameters take Adam at the same rate (optax's
   ``contrib.muon`` defaults: Nesterov momentum 0.95)."""
@@ -69,14 +70,87 @@ OPTIMIZERS: dict[str, Optimizer] = {
 }
 
 
+class LrSchedule(NamedTuple):
+  """A learning-rate schedule over a run's optimizer updates (``--lr_schedule``): a linear warm-up over the first
+  ``warmup`` fraction of them (Goyal et al. 2017, "Accurate, large minibatch SGD"), then a cosine decay to ``final``
+  x the peak rate at the last one (Loshchilov & Hutter 2017, "SGDR"). ``constant`` (warm-up 0, final 1) is the rate
+  as given: the transformation takes the float, as before any schedule existed, so its runs are unchanged.
+
+  The fractions are of the optimizer's own updates over its run (:meth:`rate`'s ``updates``): a stage of HetPipe
+  counts its local updates, a synchronous peer its steps, a local-SGD worker its inner steps; so every system warms
+  up and decays over the same share of the examples it trains on, whatever its examples per update.
+  """
+
+  warmup: float = 0.0
+  final: float = 1.0
+
+  @property
+  def constant(self) -> bool:
+    return self.warmup == 0.0 and self.final == 1.0
+
+  def __str__(self) -> str:
+    """The canonical spec: ``constant`` or ``cosine:warmup=W,final=F``."""
+    return "constant" if self.constant else f"cosine:warmup={self.warmup!r},final={self.final!r}"
+
+  def factor(self, update: Any, updates: int) -> Any:
+    """The factor on the peak rate of update number ``update`` (from 0) of ``updates``: t / W for the t-th update
+    (from 1) of the W = round(warmup x updates) of the warm-up, then final + (1 - final)(1 + cos(pi p)) / 2, p going
+    from 0 at the W-th update to 1 at the last."""
+    warm = max(1, round(self.warmup * updates)) if self.warmup > 0 else 1  # the update at the peak, from 1
+    t = jnp.asarray(update, jnp.float32) + 1.0
+    ramp = jnp.minimum(1.0, t / warm)
+    progress = jnp.clip((t - warm) / max(1, updates - warm), 0.0, 1.0)  # 0 at the peak, 1 at the last update
+    return ramp * (self.final + (1.0 - self.final) * 0.5 * (1.0 + jnp.cos(jnp.pi * progress)))
+
+  def rate(self, lr: float, updates: int) -> float | optax.Schedule:
+    """``lr`` itself when constant, else the schedule of ``updates`` optimizer updates at peak ``lr``."""
+    if self.constant:
+      return lr
+    return lambda count: lr * self.factor(count, max(1, int(updates)))
+
+
+CONSTANT = LrSchedule()
+LR_SCHEDULE_EXAMPLE = "cosine:warmup=0.05,final=0.1"
+
+
+def parse_lr_schedule(spec: str) -> LrSchedule:
+  """Parses ``constant`` or ``cosine[:warmup=W,final=F]`` (defaults: warm-up 0.05 of the updates, final 0.1).
+
+  Raises:
+    ConfigError: (one line) for another name, an unknown or repeated key, a warm-up outside [0, 1) or a final
+      factor outside [0, 1].
+  """
+  name, _, rest = str(spec).strip().partition(":")
+  if name.strip() == "constant" and not rest.strip():
+    return CONSTANT
+  if name.strip() != "cosine":
+    raise ConfigError(f"lr_schedule={spec!r}; give constant or cosine:warmup=W,final=F (e.g. {LR_SCHEDULE_EXAMPLE})")
+  values: dict[str, float] = {}
+  for item in filter(None, (part.strip() for part in rest.split(","))):
+    key, _, text = (x.strip() for x in item.partition("="))
+    if key not in ("warmup", "final") or key in values:
+      raise ConfigError(f"lr_schedule={spec!r}: {key!r} is unknown or given twice; its keys are warmup and final, "
+                        "each once")
+    try:
+      values[key] = float(text)
+    except ValueError:
+      raise ConfigError(f"lr_schedule={spec!r}: {item!r} is not KEY=NUMBER; write e.g. {LR_SCHEDULE_EXAMPLE}") from None
+  parsed = LrSchedule(values.get("warmup", 0.05), values.get("final", 0.1))
+  if not (0 <= parsed.warmup < 1 and 0 <= parsed.final <= 1):
+    raise ConfigError(f"lr_schedule={spec!r}: warmup={parsed.warmup:g}, final={parsed.final:g}; the warm-up is a "
+                      "fraction of the updates in [0, 1) and the final rate a fraction of the peak in [0, 1]")
+  return parsed
+
+
 def _get(name: str) -> Optimizer:
   if name not in OPTIMIZERS:
     raise ConfigError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}")
   return OPTIMIZERS[name]
 
 
-def make_optimizer(name: str, learning_rate: float) -> optax.GradientTransformation:
-  """The optax transformation of optimizer ``name`` at ``learning_rate``.
+def make_optimizer(name: str, learning_rate: float | optax.Schedule) -> optax.GradientTransformation:
+  """The optax transformation of optimizer ``name`` at ``learning_rate`` (a float, or a schedule of the update
+  count: :meth:`LrSchedule.rate`).
 
   Raises:
     ConfigError: for an unknown name.

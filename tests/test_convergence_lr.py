@@ -162,7 +162,9 @@ def small_runner(monkeypatch, local, plain):
   setting = HetPipeSetting([[0, 1], [2, 3]], [2, 2], 0, [[0, 1, 2], [0, 1, 2]])
   hetpipe = Spec("HetPipe ED D=0", setting, "HetPipe ED D=0")
   config = ConvergenceConfig(MINI, seeds=(0,), outer="nesterov:lr=0.7,momentum=0.9")
-  study = types.SimpleNamespace(config=config, model=None, dataset=None, base=None, knobs=PeerKnobs(),
+  study = types.SimpleNamespace(config=config, model=None, dataset=types.SimpleNamespace(x_train=range(640)),
+                                base=None, knobs=PeerKnobs(), epochs=config.epochs, lr_epochs=config.lr_epochs,
+                                update_examples={},
                                 peers=[SystemSpec(local, "local_sgd (4 GPUs)", run, None),
                                        SystemSpec(plain, "plain (4 GPUs)", run, None)],
                                 target=Target("accuracy", 3), policy_specs=lambda: [hetpipe],

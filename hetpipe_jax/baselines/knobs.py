@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 from hetpipe_jax.baselines.sync import CYCLE_S, FUSION_BYTES
 from hetpipe_jax.core.controls import DEFAULT as DEFAULT_CONTROL
-from hetpipe_jax.core.controls import parse_control
+from hetpipe_jax.core.controls import Control, parse_control
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.plan.partition import NM_POLICIES
 from hetpipe_jax.plan.tensor_groups import parse_tp
@@ -93,6 +93,11 @@ class PeerKnobs(NamedTuple):
   def sim_rounds(self) -> int:
     """Rounds to simulate (``rounds``, or its automatic value)."""
     return self.rounds or (QUIET_ROUNDS if parse_noise(self.noise).quiet else NOISY_ROUNDS)
+
+  @property
+  def control(self) -> Control:
+    """HetPipe's parsed staleness control (:mod:`hetpipe_jax.core.controls`)."""
+    return parse_control(self.staleness)
 
   @property
   def adapting(self) -> bool:

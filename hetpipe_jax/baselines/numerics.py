@@ -205,20 +205,25 @@ def _sync_round(loss_fn: Callable, tx: optax.GradientTransformation, streams: Wo
   return step
 
 
-def _local_round(loss_fn: Callable, inner_tx: optax.GradientTransformation, outer_tx: optax.GradientTransformation,
-                 streams: WorkerStreams, active: list[int], params: Any, device: Any) -> Round:
-  """A round of local SGD: every active worker's H_i inner steps from the global weights, the example-weighted
-  mean of their weight changes, one outer step."""
+def _local_round(loss_fn: Callable, inner_txs: Sequence[optax.GradientTransformation],
+                 outer_tx: optax.GradientTransformation, streams: WorkerStreams, active: list[int], params: Any,
+                 device: Any) -> Round:
+  """A round of local SGD: every active worker's H_i inner steps (its own ``inner_txs[i]``) from the global weights,
+  the example-weighted mean of their weight changes, one outer step."""
   sizes, hs = streams.batch_sizes, streams.local_steps
   weights = [hs[i] * sizes[i] for i in active]  # examples per round
-  inner_states = {i: inner_tx.init(params) for i in active}
+  inner_states = {i: inner_txs[i].init(params) for i in active}
   state = {"outer": outer_tx.init(params)}
 
-  @jax.jit
-  def inner(params, opt_state, x, y):  # compiled once per distinct batch size
-    loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
-    updates, opt_state = inner_tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss
+  def inner_step(tx):
+    @jax.jit
+    def inner(params, opt_state, x, y):  # compiled once per distinct batch size
+      loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+      updates, opt_state = tx.update(grads, opt_state, params)
+      return optax.apply_updates(params, updates), opt_state, loss
+    return inner
+  shared = inner_step(inner_txs[active[0]])  # one compiled step for workers that share a transformation
+  inners = {i: shared if inner_txs[i] is inner_txs[active[0]] else inner_step(inner_txs[i]) for i in active}
 
   @jax.jit
   def outer(params, outer_state, local, losses):
@@ -235,7 +240,7 @@ def _local_round(loss_fn: Callable, inner_tx: optax.GradientTransformation, oute
       w, worker_losses = params, []
       for k in range(1, hs[i] + 1):
         x, y = (jax.device_put(np.asarray(a), device) for a in streams(i, r, k))
-        w, inner_states[i], loss = inner(w, inner_states[i], x, y)
+        w, inner_states[i], loss = inners[i](w, inner_states[i], x, y)
         worker_losses.append(loss)
       local.append(w)
       losses.append(worker_losses)
@@ -244,7 +249,8 @@ def _local_round(loss_fn: Callable, inner_tx: optax.GradientTransformation, oute
   return step
 
 
-def train_sgd(*, model: LayeredModel, dataset: Dataset, tx: optax.GradientTransformation, batch_sizes: Sequence[int],
+def train_sgd(*, model: LayeredModel, dataset: Dataset,
+              tx: optax.GradientTransformation | Sequence[optax.GradientTransformation], batch_sizes: Sequence[int],
               rounds: int, round_seconds: float, local_steps: Sequence[int] | None = None,
               outer: optax.GradientTransformation | None = None, seed: int = 0, eval_every: int = 1,
               device: Any = None, what: str | None = None) -> TrainResult:
@@ -254,7 +260,8 @@ def train_sgd(*, model: LayeredModel, dataset: Dataset, tx: optax.GradientTransf
     model: the model.
     dataset: training and test data.
     tx: the optimizer: of the combined gradient (synchronous), or each worker's own (local SGD: a fresh state per
-      worker, kept across rounds).
+      worker, kept across rounds; or one transformation per worker, e.g. a learning-rate schedule over each
+      worker's own inner steps).
     batch_sizes: examples of each worker's minibatch (0: that worker sits out; not all 0; none above the
       training set).
     rounds: synchronous steps, or local SGD's synchronisations (0: no training, no rows).
@@ -283,6 +290,10 @@ def train_sgd(*, model: LayeredModel, dataset: Dataset, tx: optax.GradientTransf
   round_seconds = _check_seconds("round_seconds", round_seconds)
   if local_steps is None and outer is not None:
     raise ConfigError("an outer optimizer for synchronous SGD; give local_steps (local SGD) or no outer optimizer")
+  txs = [tx] * len(batch_sizes) if isinstance(tx, optax.GradientTransformation) else list(tx)
+  if len(txs) != len(batch_sizes) or (local_steps is None and len(set(map(id, txs))) > 1):
+    raise ConfigError(f"{len(txs)} optimizers for {len(batch_sizes)} workers; give one optimizer, or (local SGD) one "
+                      "per worker")
   sizes = streams.batch_sizes
   active = [i for i, b in enumerate(sizes) if b > 0]
   device = device or jax.devices()[0]
@@ -293,10 +304,10 @@ def train_sgd(*, model: LayeredModel, dataset: Dataset, tx: optax.GradientTransf
   params = placement[1](model.init(jax.random.key(seed), jnp.asarray(dataset.x_train[:max(sizes)])))
   loss_fn = lambda p, x, y: model.loss(model.apply(p, x), y)
   if local_steps is None:
-    step = _sync_round(loss_fn, tx, streams, active, params, placement)
+    step = _sync_round(loss_fn, txs[0], streams, active, params, placement)
     what, unit = what or f"synchronous SGD (batches {sizes})", "step"
   else:
-    step = _local_round(loss_fn, tx, outer or outer_optimizer(), streams, active, params, device)
+    step = _local_round(loss_fn, txs, outer or outer_optimizer(), streams, active, params, device)
     what, unit = what or f"local SGD (batches {sizes}, local steps {streams.local_steps})", "round"
   evaluate = make_evaluator(model, dataset, device if isinstance(device, jax.Device) else next(iter(device)))
   track = _Tracker(evaluate, what, unit, rounds, eval_every, round_seconds)

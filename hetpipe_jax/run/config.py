@@ -35,7 +35,14 @@ from hetpipe_jax.core.schedule import SCHEDULES
 from hetpipe_jax.core.versions import WEIGHT_MODES
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.models import FULL_SIZE
-from hetpipe_jax.optim import OPTIMIZERS, make_optimizer, make_ps_optimizer, parse_ps_optimizer
+from hetpipe_jax.optim import (
+  OPTIMIZERS,
+  LrSchedule,
+  make_optimizer,
+  make_ps_optimizer,
+  parse_lr_schedule,
+  parse_ps_optimizer,
+)
 from hetpipe_jax.plan.partition import NM_POLICIES
 from hetpipe_jax.plan.placement import PLACEMENTS
 from hetpipe_jax.plan.tensor_groups import parse_tp
@@ -220,6 +227,8 @@ class WSPSpec:
 class OptimizerSpec:
   """Attributes:
     name / learning_rate: the local optimizer of every stage (sgd, momentum, adam, adamw, muon), unless ``tx``.
+    lr_schedule: the local rate's warm-up and decay over each stage's local updates of the run
+      (:class:`hetpipe_jax.optim.LrSchedule`; ``learning_rate`` its peak).
     tx: the stages' local optimizer as an optax transformation (overrides ``name``).
     ps_tx: a parameter server's apply rule of your own, an optax transformation of the pushed summed update
       (None: the one ``ps_optimizer`` names). The executors pass :meth:`server_rule` to the server.
@@ -238,7 +247,11 @@ class OptimizerSpec:
 
   name: str = setting("sgd", "Local optimizer: sgd, momentum, adam, adamw (decoupled weight decay), muon.",
                       flat="optimizer")
-  learning_rate: float = setting(0.05, "Local optimizer learning rate.")
+  learning_rate: float = setting(0.05, "Local optimizer learning rate (the peak, under --lr_schedule).")
+  lr_schedule: str = setting(
+      "constant", "The local rate over each stage's local updates of the run: constant, or cosine:warmup=W,final=F "
+      "(a linear warm-up over the first W of them, then a cosine decay to F x the rate at the last; cosine alone: "
+      "W 0.05, F 0.1).")
   tx: optax.GradientTransformation | None = None
   ps_tx: optax.GradientTransformation | None = None
   on_nonfinite: str = setting(
@@ -275,15 +288,29 @@ class OptimizerSpec:
     if self.ps_spec != "add" and self.ps_tx is not None:
       raise ConfigError(f"ps_tx and ps_optimizer={self.ps_optimizer!r} both set the parameter server's apply rule; "
                         "drop one of them (ps_optimizer='add' keeps the given ps_tx)")
+    self.schedule  # noqa: B018  (a bad spec raises its ConfigError here)
     if self.tx is not None:
       return
     _known("optimizer", self.name, OPTIMIZERS)
     if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
       raise ConfigError(f"learning_rate={self.learning_rate}; use a finite learning rate > 0 (e.g. 0.05)")
 
-  def local(self) -> optax.GradientTransformation:
-    """The stages' local optimizer."""
-    return self.tx or make_optimizer(self.name, self.learning_rate)
+  @property
+  def schedule(self) -> LrSchedule:
+    """The parsed ``lr_schedule``.
+
+    Raises:
+      ConfigError: for a bad spec, or a schedule beside ``tx`` (which carries its own rate).
+    """
+    schedule = parse_lr_schedule(self.lr_schedule)
+    if self.tx is not None and not schedule.constant:
+      raise ConfigError(f"lr_schedule={self.lr_schedule!r} beside tx: a transformation of your own carries its own "
+                        "rate; give it an optax schedule instead, or drop tx")
+    return schedule
+
+  def local(self, updates: int = 1) -> optax.GradientTransformation:
+    """The stages' local optimizer, its schedule over ``updates`` local updates (a stage's of the run)."""
+    return self.tx or make_optimizer(self.name, self.schedule.rate(self.learning_rate, updates))
 
 
 @dataclasses.dataclass(frozen=True)

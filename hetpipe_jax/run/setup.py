@@ -49,7 +49,7 @@ class Setup:
       clock takes (the same unless ``layout.time_model``).
     layout / clock_layout: the layout the numerics run on and the one the clock times (likewise).
     costs: what a stage's cost and memory depend on (weight mode, optimizer slots, precision).
-    tx: the stages' local optimizer.
+    tx: the stages' local optimizer (its state's size; each virtual worker's, with its schedule: :meth:`vw_tx`).
     fields: what the trace's meta line records beyond the protocol (:func:`run_fields`).
     sample_x: one minibatch of inputs (or its shape).
   """
@@ -72,6 +72,16 @@ class Setup:
     """The training data (executors with numerics; :func:`prepare` refused a shape-only input for them)."""
     assert isinstance(self.dataset, Dataset)
     return self.dataset
+
+  def vw_tx(self, i: int) -> optax.GradientTransformation:
+    """Virtual worker ``i``'s local optimizer: ``tx``, or under a learning-rate schedule one over its stages' local
+    updates of the run (waves x Nm minibatches, one update per K of them under a staleness control that
+    accumulates K)."""
+    c = self.config
+    if c.optim.schedule.constant:
+      return self.tx
+    nm = self.layout.vws[i].nm
+    return c.optim.local(c.waves * nm // c.wsp.control.accumulate(nm))
 
   def streams(self) -> MinibatchStreams:
     """Every virtual worker's minibatch stream."""
@@ -168,6 +178,7 @@ def run_fields(config: RunConfig, cluster: Cluster, model_name: str, data_name: 
               seed=config.seed, policy=spec.policy, placement=spec.placement, time_model=spec.time_model,
               **({"precision": config.precision} if config.precision != "fp32" else {}),
               **({"ps_optimizer": config.optim.ps_spec} if config.optim.ps_spec != "add" else {}),
+              **({} if config.optim.schedule.constant else {"lr_schedule": str(config.optim.schedule)}),
               **({"slow": [list(s) for s in config.faults.slow]} if config.faults.slow else {}))
 
 

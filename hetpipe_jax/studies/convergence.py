@@ -21,13 +21,16 @@ same examples, once per seed. The time axis is the cost of ``config.time_model``
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
+from hetpipe_jax.baselines.numerics import train_sgd
+from hetpipe_jax.optim import make_optimizer
 from hetpipe_jax.studies.convergence_config import ConvergenceConfig
 from hetpipe_jax.studies.convergence_lr import LrChoice, LrPilot
 from hetpipe_jax.studies.convergence_noise import noise_tables
 from hetpipe_jax.studies.convergence_runs import ConvergenceRun, Runner
-from hetpipe_jax.studies.convergence_study import HETPIPE, Progress, make_study
+from hetpipe_jax.studies.convergence_study import HETPIPE, Progress, Study, make_study
 from hetpipe_jax.studies.convergence_summary import (
   StalenessCheck,
   Summary,
@@ -41,6 +44,8 @@ from hetpipe_jax.studies.convergence_summary import (
 )
 from hetpipe_jax.studies.convergence_target import Target
 from hetpipe_jax.studies.convergence_tuned import TunedChoice, tune_config
+from hetpipe_jax.studies.noise_scale import NoiseScale, gradient_noise_scale
+from hetpipe_jax.systems import LOCAL
 
 
 def grid_words(grid: tuple[float, ...]) -> str:
@@ -72,6 +77,9 @@ class ConvergenceResult(NamedTuple):
     staleness: the staleness-aware estimate and its check.
     unigram: a language model's unigram baseline (None: an image model).
     noise_tables: noise level -> the table with every run timed under it (``config.noise_levels``).
+    epochs: every run's length in epochs (``config.epochs`` scaled up to ``config.min_updates``).
+    noise_scale: the proxy's gradient noise scale at the target (:func:`noise_at_target`; None: no synchronous
+      run reached it), beside every row's examples per update.
   """
 
   config: ConvergenceConfig
@@ -93,6 +101,8 @@ class ConvergenceResult(NamedTuple):
   staleness: StalenessCheck
   unigram: Unigram | None
   noise_tables: dict[str, list[TableRow]] = {}  # noqa: RUF012 (a NamedTuple's default, never mutated)
+  epochs: float = 0.0
+  noise_scale: NoiseScale | None = None
 
   @property
   def target_rule(self) -> str:
@@ -104,6 +114,12 @@ class ConvergenceResult(NamedTuple):
   def learning_rates(self) -> dict[str, float]:
     """Each learning-rate system's inner rate."""
     return {system: choice.lr for system, choice in self.lr_choices.items()}
+
+  @property
+  def lr_epochs(self) -> float:
+    """Each pilot's epochs (``config.lr_epochs`` scaled as the runs are)."""
+    c = self.config
+    return c.lr_epochs * self.epochs / c.epochs if self.epochs else c.lr_epochs
 
   @property
   def lr_rule(self) -> str:
@@ -119,8 +135,8 @@ class ConvergenceResult(NamedTuple):
     return (f"{rule} at the default outer rate, then {extra} more pilots per system: the outer rate times each of "
             f"{','.join(f'{o:g}' for o in c.outer_lr_grid if o != 1.0)} at the best inner rate (a system with an "
             f"outer step), or as many inner rates between the best and its neighbours (one without); "
-            f"{len(c.lr_grid) + extra} pilots of {c.lr_epochs} epochs on seed {c.pilot_seed} for every system, the "
-            f"best final smoothed {metric} kept")
+            f"{len(c.lr_grid) + extra} pilots of {self.lr_epochs:.4g} epochs on seed {c.pilot_seed} for every "
+            f"system, the best final smoothed {metric} kept; the rate {c.schedule} over each optimizer's updates")
 
   def to_json(self) -> dict[str, Any]:
     """``convergence.json``."""
@@ -128,7 +144,9 @@ class ConvergenceResult(NamedTuple):
     return {"target_accuracy": self.target, "target_metric": c.target_metric, "target_rule": self.target_rule,
             "smooth": c.smooth, "time_axis": self.time_axis, "time_model": c.time_model, "model": self.model,
             "optimizer": c.optimizer, "recompute": c.recompute, "dataset": self.dataset, "cluster": c.cluster.name,
-            "epochs": c.epochs, "whimpy": c.whimpy, "seeds": list(c.seeds),
+            "epochs": self.epochs, "min_updates": c.min_updates, "lr_schedule": str(c.schedule),
+            "staleness_control": c.knobs.staleness, "whimpy": c.whimpy, "seeds": list(c.seeds),
+            "noise_scale": None if self.noise_scale is None else self.noise_scale._asdict(),
             "ideal_images_per_sec": self.ideal_images_per_sec, "unit": self.unit, "per_example": self.per_example,
             "table": [r._asdict() for r in self.table],
             "summary": {k: s._asdict() for k, s in self.summary.items()}, "learning_rates": self.learning_rates,
@@ -183,7 +201,32 @@ def run_convergence(config: ConvergenceConfig, progress: Progress | None = None)
   return ConvergenceResult(config, study.model.name, study.dataset.name, study.time_axis, study.ideal, study.unit,
                            study.per_example, study.epoch, target, runs, summary, table(summary), runner.choices,
                            runner.lr_pilots, study.not_run, tuned, validate_staleness_model(runs, target),
-                           unigram_baseline(study.dataset) if study.language else None, noisy)
+                           unigram_baseline(study.dataset) if study.language else None, noisy, study.epochs,
+                           noise_at_target(study, runs, say))
+
+
+def noise_at_target(study: Study, runs: list[ConvergenceRun], say: Progress) -> NoiseScale | None:
+  """The trained model's gradient noise scale (:mod:`~hetpipe_jax.studies.noise_scale`) at the weights where the
+  synchronous run that reached the target on the fewest examples reached it: that run trained again, on its seed
+  and rates, for the steps it took (the same weights: the same trajectory's prefix). None when no synchronous run
+  reached it."""
+  sync = {p.name: p for p in study.peers if p.run is not None and p.system.kind != LOCAL}
+  reached = [r for r in runs if r.name in sync and r.outcome is not None and r.outcome.images_to_target is not None]
+  if not reached:
+    say("gradient noise scale: not measured (no synchronous run reached the target)")
+    return None
+  run = min(reached, key=lambda r: r.outcome.images_to_target)  # type: ignore[union-attr]
+  spec, c = sync[run.name], study.config
+  per_step = spec.simulated.examples_per_round
+  steps = max(1, math.ceil(run.outcome.images_to_target / per_step))  # type: ignore[union-attr]
+  tx = make_optimizer(c.optimizer, c.schedule.rate(run.lr, run.updates))
+  params = train_sgd(model=study.model, dataset=study.dataset, tx=tx, batch_sizes=spec.batch_sizes, rounds=steps,
+                     round_seconds=spec.simulated.round_seconds, seed=run.seed, eval_every=steps,
+                     what=f"{run.name} to the target (noise scale)").params
+  scale = gradient_noise_scale(study.model, params, study.dataset, seed=c.pilot_seed,
+                               at=f"{run.name}, seed {run.seed}, step {steps} of {run.updates} (the target)")
+  say(f"gradient noise scale at the target: B_simple {scale.b_simple:.4g} examples ({scale.at})")
+  return scale
 
 
 __all__ = ["ConvergenceConfig", "ConvergenceResult", "run_convergence"]

@@ -10,7 +10,7 @@ from hetpipe_jax.baselines.knobs import PeerKnobs
 from hetpipe_jax.cluster import Cluster
 from hetpipe_jax.errors import ConfigError
 from hetpipe_jax.models import FULL_SIZE
-from hetpipe_jax.optim import OPTIMIZERS, make_ps_optimizer, parse_ps_optimizer
+from hetpipe_jax.optim import OPTIMIZERS, LrSchedule, make_ps_optimizer, parse_lr_schedule, parse_ps_optimizer
 from hetpipe_jax.plan.allocation import parse_policy
 from hetpipe_jax.recompute import CHOICES
 from hetpipe_jax.run.config import check_seed
@@ -43,7 +43,11 @@ class ConvergenceConfig:
     optimizer / base_lr / lr_scaling: every run's optimizer and the learning-rate rule.
     lr_grid / outer_lr_grid / lr_epochs: the learning-rate search (:mod:`~hetpipe_jax.studies.convergence_lr`):
       factors on each rule's inner rate (one: no pilots), on each outer step's default rate, the pilots' epochs.
+    lr_schedule: every system's inner rate over each optimizer's updates of a run (``constant`` or
+      ``cosine:warmup=W,final=F``, :class:`hetpipe_jax.optim.LrSchedule`), the chosen rate its peak; pilots too.
     seeds / epochs / batch_size: every run's seeds, length and minibatch size.
+    min_updates: the horizon's floor: every run (and pilot, by the same factor) trains long enough that the
+      system with the most examples per optimizer update takes at least this many (0: ``epochs`` as given).
     target_accuracy / target_metric / smooth / eval_examples: the target (0: automatic), what it is on, the
       smoothing and how often runs are evaluated.
     eval_test_examples: test examples every evaluation takes, spread over the test split (0: all of it).
@@ -75,8 +79,10 @@ class ConvergenceConfig:
   lr_grid: tuple[float, ...] = LR_GRID
   outer_lr_grid: tuple[float, ...] = OUTER_LR_GRID
   lr_epochs: float = 0.5
+  lr_schedule: str = "constant"
   seeds: tuple[int, ...] = (0, 1)
   epochs: float = 2.0
+  min_updates: int = 0
   batch_size: int = 32
   target_accuracy: float = 0.0
   target_metric: str = "accuracy"
@@ -106,6 +112,7 @@ class ConvergenceConfig:
       raise ConfigError(f"--pilots={self.pilots}; --tuned_objective=measured needs at least 1 pilot run, e.g. "
                         "--pilots=4")
     self._check_choices()
+    parse_lr_schedule(self.lr_schedule)
     for level in self.noise_levels:
       parse_noise(level)
 
@@ -118,7 +125,8 @@ class ConvergenceConfig:
         ("target_accuracy", self.target_accuracy, self.target_accuracy >= 0 and (
             self.target_metric == "loss" or self.target_accuracy <= 1),
          "in [0, 1] for an accuracy, >= 0 for a loss (0: automatic)"),
-        ("batch_size", self.batch_size, self.batch_size >= 1, ">= 1")):
+        ("batch_size", self.batch_size, self.batch_size >= 1, ">= 1"),
+        ("min_updates", self.min_updates, self.min_updates >= 0, ">= 0 (0: --epochs as given)")):
       if not (ok and math.isfinite(value)):
         raise ConfigError(f"--{name}={value}; give {limit}")
 
@@ -141,6 +149,11 @@ class ConvergenceConfig:
       make_ps_optimizer(rule)
     if len(set(names)) < len(names):
       raise ConfigError(f"--outer={self.outer}: a rule is named twice; give each rule once (its keys set its rates)")
+
+  @property
+  def schedule(self) -> LrSchedule:
+    """The parsed ``lr_schedule``."""
+    return parse_lr_schedule(self.lr_schedule)
 
   @property
   def outer_rules(self) -> tuple[str, ...]:

@@ -61,6 +61,9 @@ class ConvergenceRun(NamedTuple):
     peer: a peer's workers (None for HetPipe and SSP); wsp: HetPipe's and SSP's time scale and staleness.
     outcome: against the target (None until it is known); language: a language model's run (a perplexity curve).
     outer_lr: a peer's outer learning rate (None: it has no outer step; HetPipe's is in its ``ps_optimizer``).
+    examples_per_update: examples behind one of its optimizer updates (a HetPipe stage's local update: the
+      minibatch, x K under a control that accumulates K); updates: the optimizer updates of one weight copy in the
+      run (a synchronous step, a local worker's inner step, a HetPipe stage's local update).
   """
 
   name: str
@@ -79,6 +82,8 @@ class ConvergenceRun(NamedTuple):
   outcome: Outcome | None = None
   language: bool = False
   outer_lr: float | None = None
+  examples_per_update: int = 0
+  updates: int = 0
 
   @property
   def perplexity_curve(self) -> list[list[float]]:
@@ -86,7 +91,8 @@ class ConvergenceRun(NamedTuple):
     return [[p.time, math.exp(p.test_loss)] for p in self.curve]
 
   def to_json(self) -> dict[str, Any]:
-    head = {k: getattr(self, k) for k in ("name", "row", "system", "seed", "d", "nm", "lr", "gpus")}
+    head = {k: getattr(self, k) for k in ("name", "row", "system", "seed", "d", "nm", "lr", "gpus",
+                                          "examples_per_update", "updates")}
     tail = {"images_per_sec": self.images_per_sec, "efficiency": self.efficiency}
     if self.peer is not None:
       outer = {} if self.outer_lr is None else {"outer_lr": self.outer_lr}
@@ -137,6 +143,7 @@ class Runner:
     nms = study.plan_nms(spec.setting)
     total = study.total if epochs is None else int(epochs * study.epoch)
     waves = max(1, math.ceil(total / sum(nms)))
+    accumulate = self.config.knobs.control.accumulate
     run = WaveRun(seed, waves, lr, max(1, round(self.config.eval_examples / (sum(nms) * b))))
     self.say(f"seed {seed}, {spec.name}: {len(nms)} virtual workers, Nm={nms}, {waves} waves, learning rate "
              f"{lr:.4g}")
@@ -151,7 +158,9 @@ class Runner:
     return ConvergenceRun(spec.name, spec.row, HETPIPE, seed, spec.setting.d, t.nm, lr, t.gpus, images,
                           images / study.ideal, t.curve,
                           wsp=WspStats(t.time_scale, spec.setting.ps_optimizer or "add", t.staleness,
-                                       t.mean_staleness))
+                                       t.mean_staleness),
+                          examples_per_update=b * accumulate(max(nms)),
+                          updates=waves * max(nms) // accumulate(max(nms)))
 
   def images_under(self, run: ConvergenceRun, noise: str) -> float:
     """``run``'s configuration's examples/s under ``noise`` (each system adapting by the study's knobs), simulated
@@ -175,7 +184,7 @@ class Runner:
     """``spec``'s system trained with its own numerics for ``epochs`` epochs (its outer step at ``outer_lr``; None:
     the study's knob): its curve."""
     c, knobs = self.config, self.study.knobs
-    setting = TrainSetting(seed, lr, c.optimizer, epochs, c.eval_examples, c.batch_size)
+    setting = TrainSetting(seed, lr, c.optimizer, epochs, c.eval_examples, c.batch_size, c.schedule)
     knobs = knobs if outer_lr is None else spec.system.with_outer_lr(knobs, outer_lr)
     return spec.system.train(self.study.model, self.study.dataset, spec.simulated, setting, knobs)
 
@@ -186,12 +195,14 @@ class Runner:
       outer = f", outer learning rate {choice.outer_lr:.4g}"
     self.say(f"seed {seed}, {spec.name}: {len(spec.batch_sizes)} workers, batches {spec.batch_sizes}, H "
              f"{spec.local_steps}, learning rate {choice.lr:.4g}{outer}")
-    curve = self.train_system(spec, seed, choice.lr, self.config.epochs, choice.outer_lr)
+    curve = self.train_system(spec, seed, choice.lr, self.study.epochs, choice.outer_lr)
     run, name = spec.simulated, spec.system.name
+    rounds = max(1, int(self.study.epochs * len(self.study.dataset.x_train) // run.examples_per_round))
     return ConvergenceRun(spec.name, name, name, seed, 0, [1], choice.lr, run.gpus, run.images_per_sec,
                           run.efficiency, curve, peer=PeerShape(sum(spec.batch_sizes), spec.batch_sizes,
                                                                 spec.local_steps, run.round_seconds),
-                          outer_lr=choice.outer_lr)
+                          outer_lr=choice.outer_lr, examples_per_update=spec.update_examples,
+                          updates=rounds * max(spec.local_steps))
 
   def ssp_run(self, seed: int) -> ConvergenceRun:
     """An SSP parameter server without pipelining (a worker per GPU that holds the model, Nm = 1, D = ssp_d)."""
@@ -215,9 +226,10 @@ class Runner:
     subjects = [LrSubject(p.system.name, rule(p.update_examples), p.system.outer_lr(study.knobs), p)
                 for p in study.peers if p.run is not None]
     hetpipe = study.policy_specs()[0]
-    subjects.append(LrSubject(HETPIPE, rule(c.batch_size), None, hetpipe))
+    local = study.update_examples.get(HETPIPE, c.batch_size)  # (a minibatch; K of them under accumulation)
+    subjects.append(LrSubject(HETPIPE, rule(local), None, hetpipe))
     if c.tuned:  # (the outer rule's row is the tuned configuration's)
-      subjects += [LrSubject(outer_system(r), rule(c.batch_size), spec_outer_lr(r),
+      subjects += [LrSubject(outer_system(r), rule(local), spec_outer_lr(r),
                              hetpipe._replace(lr_system=outer_system(r)), r) for r in c.outer_rules]
     return subjects
 
@@ -256,7 +268,7 @@ class Runner:
     curve = self.pilot_curve(subject, lr, outer)
     final = rule.final(curve) if curve else None
     self.lr_pilots.append(LrPilot(subject.system, stage, lr, factor, outer, None if outer is None else outer_factor,
-                                  c.pilot_seed, c.lr_epochs, final, final is None, curve or []))
+                                  c.pilot_seed, self.study.lr_epochs, final, final is None, curve or []))
     self.say(f"learning rate of {subject.system}: {lr:.4g} (x{factor:.4g})" +
              ("" if outer is None else f", outer {outer:.4g} (x{outer_factor:g})") +
              f" ends at {'divergence' if final is None else f'{final:.4f}'}")
@@ -269,8 +281,8 @@ class Runner:
     try:
       if isinstance(what, Spec):
         spec = what if subject.outer_rule is None else self.outer_row(what, subject.outer_rule, outer_lr)
-        return self.train(spec, c.pilot_seed, lr, c.lr_epochs).curve
-      return self.train_system(what, c.pilot_seed, lr, c.lr_epochs, outer_lr)
+        return self.train(spec, c.pilot_seed, lr, self.study.lr_epochs).curve
+      return self.train_system(what, c.pilot_seed, lr, self.study.lr_epochs, outer_lr)
     except RunStopped as e:
       self.say(f"pilot at learning rate {lr:.4g} stopped: {e}")
       return None

@@ -64,6 +64,9 @@ class Study:
     ideal: the ideal heterogeneous aggregate of the cluster on the time model.
     per_example / unit: what one example counts as in throughput (a GPT time model's tokens), ``tokens`` or
       ``images``.
+    epochs / lr_epochs: every run's and every pilot's length, in epochs: the config's, scaled up alike where
+      ``config.min_updates`` asks for more (:func:`horizon`).
+    update_examples: learning-rate system or peer -> the examples behind one of its optimizer updates.
   """
 
   config: ConvergenceConfig
@@ -82,6 +85,9 @@ class Study:
   per_example: int
   unit: str
   not_run: dict[str, str]
+  epochs: float = 0.0
+  lr_epochs: float = 0.0
+  update_examples: dict[str, int] = dataclasses.field(default_factory=dict)
 
   @property
   def cluster(self) -> Cluster:
@@ -105,7 +111,7 @@ class Study:
   @property
   def total(self) -> int:
     """Minibatches every run sees."""
-    return int(self.config.epochs * len(self.dataset.x_train) / self.config.batch_size)
+    return int(self.epochs * len(self.dataset.x_train) / self.config.batch_size)
 
   @property
   def costs(self) -> CostContext:
@@ -175,7 +181,8 @@ def make_study(config: ConvergenceConfig, progress: Progress) -> Study:
   time_axis = (f"cost model of {time_model} (batch {b}) on {cluster.name}" if time_model
                else f"cost model of {model.name} on {cluster.name}")
   base = RunConfig.of(cluster=cluster, batch_size=b, optimizer=config.optimizer, time_model=time_model,
-                      recompute=config.recompute, staleness=config.knobs.staleness, executor="virtual")
+                      recompute=config.recompute, staleness=config.knobs.staleness, executor="virtual",
+                      lr_schedule=config.lr_schedule)
   sim_model, sim_data = (full_size_model(time_model), FULL_SIZE[time_model]) if time_model else (model, dataset)
   knobs = config.knobs._replace(microbatches=config.knobs.microbatches or cluster.num_gpus)
   costs = study_costs(config)
@@ -183,9 +190,25 @@ def make_study(config: ConvergenceConfig, progress: Progress) -> Study:
                            profiles, b, costs, knobs, time_model or model.name, progress)
   policies, not_run = plannable(config, units, costs, model.num_units)
   not_run.update({p.system.name: str(p.reason) for p in peers if p.run is None})
-  return Study(config, model, dataset, units, profiles, time_axis, base, policies, sim_model, sim_data, peers, knobs,
-               ideal_images_per_sec(cluster, units, b), per_example, "tokens" if per_example > 1 else "images",
-               not_run)
+  study = Study(config, model, dataset, units, profiles, time_axis, base, policies, sim_model, sim_data, peers, knobs,
+                ideal_images_per_sec(cluster, units, b), per_example, "tokens" if per_example > 1 else "images",
+                not_run)
+  examples = {p.system.name: p.update_examples for p in peers if p.run is not None}
+  examples[HETPIPE] = b * max(config.knobs.control.accumulate(nm) for spec in study.policy_specs()
+                              for nm in study.plan_nms(spec.setting))
+  scale = horizon(config, examples, len(dataset.x_train))
+  if scale > 1:
+    progress(f"horizon: {config.epochs:g} epochs x {scale:.4g} so that every system takes {config.min_updates} "
+             f"updates (the most examples per update: {max(examples.values())})")
+  return dataclasses.replace(study, epochs=config.epochs * scale, lr_epochs=config.lr_epochs * scale,
+                             update_examples=examples)
+
+
+def horizon(config: ConvergenceConfig, update_examples: dict[str, int], train_examples: int) -> float:
+  """The factor (>= 1) on ``config.epochs`` and ``config.lr_epochs`` so that the system with the most examples per
+  optimizer update (``update_examples``) takes ``config.min_updates`` updates in a run."""
+  needed = config.min_updates * max(update_examples.values(), default=0) / train_examples
+  return max(1.0, needed / config.epochs)
 
 
 def plannable(config: ConvergenceConfig, profiles: list[UnitProfile], costs: CostContext,

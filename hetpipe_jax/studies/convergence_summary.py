@@ -52,6 +52,15 @@ class Summary(NamedTuple):
   mean_final_test_perplexity: float
   mean_final_smoothed_accuracy: float
   mean_examples_to_target: float | None = None
+  examples_per_update: int = 0
+  updates: int = 0
+
+  @property
+  def mean_updates_to_target(self) -> float | None:
+    """Mean optimizer updates to the target of one weight copy (examples to target / examples per update)."""
+    if self.mean_examples_to_target is None or not self.examples_per_update:
+      return None
+    return self.mean_examples_to_target / self.examples_per_update
 
 
 def summarise(runs: Sequence[ConvergenceRun]) -> Summary:
@@ -65,13 +74,14 @@ def summarise(runs: Sequence[ConvergenceRun]) -> Summary:
                  min(times) if times else None, max(times) if times else None,
                  sum(o.final_test_accuracy for o in outcomes) / n, sum(o.final_test_perplexity for o in outcomes) / n,
                  sum(o.final_smoothed_accuracy for o in outcomes) / n,
-                 sum(examples) / n if len(examples) == n else None)
+                 sum(examples) / n if len(examples) == n else None, first.examples_per_update, first.updates)
 
 
 class TableRow(NamedTuple):
   """A configuration's row of the table: images/s and efficiency, their ratio to the best peer's, the time to
   target (mean, min, max over seeds; seeds that missed it) and the best peer's mean time over it; the mean examples
-  to target and their ratio to the fewest of a peer (> 1: more examples than that peer)."""
+  to target and their ratio to the fewest of a peer (> 1: more examples than that peer); the examples per optimizer
+  update, the updates a weight copy takes in the run and the mean updates to target."""
 
   name: str
   row: str
@@ -90,6 +100,9 @@ class TableRow(NamedTuple):
   lr: float
   mean_examples_to_target: float | None = None
   examples_vs_best_peer: float | None = None
+  examples_per_update: int = 0
+  updates: int = 0
+  mean_updates_to_target: float | None = None
 
 
 def table(summary: dict[str, Summary]) -> list[TableRow]:
@@ -105,7 +118,8 @@ def table(summary: dict[str, Summary]) -> list[TableRow]:
                          s.images_per_sec / best_ips if best_ips else None, t, s.min_time_to_target_s,
                          s.max_time_to_target_s, s.missed, len(s.seeds), best_time / t if best_time and t else None,
                          s.mean_final_smoothed_accuracy, s.lr, s.mean_examples_to_target,
-                         s.mean_examples_to_target / fewest if fewest and s.mean_examples_to_target else None))
+                         s.mean_examples_to_target / fewest if fewest and s.mean_examples_to_target else None,
+                         s.examples_per_update, s.updates, s.mean_updates_to_target))
   return rows
 
 

@@ -25,6 +25,7 @@ from hetpipe_jax.baselines.knobs import PeerKnobs
 from hetpipe_jax.cluster import Cluster
 from hetpipe_jax.cost.batch import BatchProfiles
 from hetpipe_jax.cost.context import DEFAULT_COSTS, CostContext
+from hetpipe_jax.optim import CONSTANT, LrSchedule
 
 if TYPE_CHECKING:
   from hetpipe_jax.data import Dataset
@@ -111,10 +112,11 @@ class TrainSetting(NamedTuple):
   Attributes:
     seed: initialisation and shuffling seed.
     lr: the learning rate of the (inner) optimizer.
-    optimizer: ``sgd``, ``momentum`` or ``adam``.
+    optimizer: a name of :data:`hetpipe_jax.optim.OPTIMIZERS`.
     epochs: training examples, in epochs of the training set.
     eval_examples: evaluate about every this many training examples.
     batch_size: the study's batch size (a curve counts minibatches of it).
+    schedule: the inner rate's warm-up and decay over each optimizer's updates of the run (``lr`` its peak).
   """
 
   seed: int
@@ -123,6 +125,7 @@ class TrainSetting(NamedTuple):
   epochs: float
   eval_examples: int
   batch_size: int
+  schedule: LrSchedule = CONSTANT
 
 
 class System(abc.ABC):

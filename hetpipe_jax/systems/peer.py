@@ -77,7 +77,10 @@ class Peer(System):
     per_round = run.examples_per_round
     local = self.kind == LOCAL
     rounds = max(1, int(setting.epochs * len(dataset.x_train) // per_round))
-    result = train_sgd(model=model, dataset=dataset, tx=make_optimizer(setting.optimizer, setting.lr),
+    rate = lambda updates: make_optimizer(setting.optimizer, setting.schedule.rate(setting.lr, updates))
+    # (the schedule over each optimizer's own updates: a synchronous step each round, a local worker's H_i)
+    tx = [rate(rounds * h) for h in run.local_steps] if local and not setting.schedule.constant else rate(rounds)
+    result = train_sgd(model=model, dataset=dataset, tx=tx,
                        batch_sizes=run.batch_sizes, rounds=rounds,
                        round_seconds=run.round_seconds, local_steps=run.local_steps if local else None,
                        outer=outer_optimizer(knobs.outer_lr, knobs.outer_momentum, True) if local else None,

@@ -40,7 +40,7 @@ def build(setup: Setup) -> Built:
   devices = jax_devices(max(g.index for vw in layout.vws for j in range(vw.k) for g in vw.stage_gpus(j)) + 1)
   init_params = setup.init_params()
   stages = {(i, j): Stage(setup.model, units, init_params[units.start:units.stop],
-                          [devices[g.index] for g in vw.stage_gpus(j)], setup.tx, vw.nm,
+                          [devices[g.index] for g in vw.stage_gpus(j)], setup.vw_tx(i), vw.nm,
                           StageOptions(c.wsp.weight_mode, c.precision, vw.stage_recompute(j), c.wsp.control))
             for i, vw in enumerate(layout.vws) for j, _, units in vw.stages()}
   comm = DeviceComm({key: stage.device for key, stage in stages.items()})  # a split stage's: whole on each

@@ -46,7 +46,8 @@ def job(setup: Setup, init_params, taken: Sequence[int] | None = None) -> Job:
   c = setup.config
   shard_nodes = place_shards(setup.cluster, setup.profiles, setup.layout, c.layout.placement)
   streams = setup.streams() if taken is None else setup.streams().after(taken)
-  return Job(setup.model, streams, init_params, setup.layout, setup.cluster, shard_nodes, setup.tx,
+  return Job(setup.model, streams, init_params, setup.layout, setup.cluster, shard_nodes,
+             tuple(setup.vw_tx(i) for i in range(setup.layout.num_vws)),
              c.wsp.weight_mode, c.wsp.d, c.optim.server_rule(setup.layout.num_vws, setup.layout.nms), c.precision,
              c.wsp.control)
 

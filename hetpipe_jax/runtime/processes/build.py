@@ -33,7 +33,7 @@ class Job(NamedTuple):
     model / streams / init_params: the model, every virtual worker's minibatches, its initial weights.
     layout / cluster: the run's layout on the cluster (process i holds node ``nodes[i]``).
     shard_nodes: the node of each unit's PS shard (:func:`hetpipe_jax.plan.placement.place_shards`).
-    tx / weight_mode: the stages' local optimizer and weight versions.
+    txs / weight_mode: each virtual worker's local optimizer (its stages'), the weight versions.
     d / ps_tx: the PS shards' clock bound and apply rule.
     precision: what the stages train in ("fp32", or "bf16"/"fp16": mixed precision,
       :mod:`hetpipe_jax.runtime.numerics.mixed`).
@@ -46,7 +46,7 @@ class Job(NamedTuple):
   layout: Layout
   cluster: Cluster
   shard_nodes: Sequence[int]
-  tx: optax.GradientTransformation
+  txs: tuple[optax.GradientTransformation, ...]
   weight_mode: str
   d: int
   ps_tx: optax.GradientTransformation | None
@@ -91,7 +91,7 @@ def build_stage(job: Job, i: int, j: int, x0, y0) -> tuple[Stage, dict[str, list
   local = [g.index for g in job.cluster.node_gpus(gpu.node)]  # (a split stage's partners: the same node's)
   devices = [jax.local_devices()[local.index(g.index)] for g in vw.stage_gpus(j)]
   stage = Stage(job.model, units, job.init_params[units.start:units.stop], devices if len(devices) > 1 else devices[0],
-                job.tx, vw.nm, StageOptions(job.weight_mode, job.precision, vw.stage_recompute(j), job.control))
+                job.txs[i], vw.nm, StageOptions(job.weight_mode, job.precision, vw.stage_recompute(j), job.control))
   device = stage.device
   x = job.model.apply(job.init_params[:units.start], jnp.asarray(x0), 0, units.start)  # the stage's input
   if stage.dtype is not None and units.start > 0:  # a 16-bit activation from the previous stage
