@@ -35,6 +35,8 @@ MODELS = {
     "gpt": lambda num_classes: gpt(num_classes, layers=2, width=32, heads=2, context=64, name="gpt"),
     # The same GPT six blocks deep (8 units): the numerics of a study whose virtual workers have up to 8 GPUs.
     "gpt6": lambda num_classes: gpt(num_classes, layers=6, width=32, heads=2, context=64, name="gpt6"),
+    # Twice as wide and twice as deep (14 units): does a study's ranking hold on a larger numerics proxy?
+    "gpt12": lambda num_classes: gpt(num_classes, layers=12, width=64, heads=4, context=64, name="gpt12"),
     # Full size, for planning and profiling at 224x224 (every layer / residual block is a unit).
     "vgg19": lambda num_classes: vgg("E", width=1, classifier=4096, num_classes=num_classes),
     "resnet152": lambda num_classes: resnet(152, width=64, num_classes=num_classes, large_stem=True),
@@ -73,7 +75,7 @@ def get_model(name: str, num_classes: int = 10) -> LayeredModel:
   """A model by name.
 
   Args:
-    name: the small "mlp", "cnn", "vgg", "resnet", "gpt", "gpt6", or the full-size "vgg19", "resnet152",
+    name: the small "mlp", "cnn", "vgg", "resnet", "gpt", "gpt6", "gpt12", or the full-size "vgg19", "resnet152",
       "vgg16", "resnet50", "resnet101", "inception_v3", "gpt2-xl", "gpt-6.7b", "gpt-13b" (for those,
       :func:`full_size_model` also picks the class count); or a user's ``package.module:factory``, a function
       that builds the model with no arguments (:func:`~hetpipe_jax.models.custom.load_factory`).
