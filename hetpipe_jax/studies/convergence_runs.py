@@ -40,7 +40,8 @@ class WspStats(NamedTuple):
 
 class Outcome(NamedTuple):
   """A run against the target: its time and examples to it (None: missed), its final test accuracy (raw and
-  smoothed), test loss and perplexity."""
+  smoothed), test loss and perplexity, and the optimizer updates one weight copy had taken at the target (None:
+  missed)."""
 
   time_to_target_s: float | None
   images_to_target: float | None
@@ -48,6 +49,7 @@ class Outcome(NamedTuple):
   final_smoothed_accuracy: float
   final_test_loss: float
   final_test_perplexity: float
+  updates_to_target: float | None = None
 
 
 class ConvergenceRun(NamedTuple):

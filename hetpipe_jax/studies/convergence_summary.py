@@ -26,16 +26,18 @@ def is_peer(system: str) -> bool:
 def with_target(run: ConvergenceRun, rule: Target, target: float, batch_size: int) -> ConvergenceRun:
   """``run`` with its :class:`Outcome` against ``target``."""
   last = run.curve[-1]
-  return run._replace(outcome=Outcome(rule.time_to(run.curve, target), rule.images_to(run.curve, target, batch_size),
-                                      last.test_accuracy, rule.final(run.curve), last.test_loss,
-                                      math.exp(last.test_loss)))
+  images = rule.images_to(run.curve, target, batch_size)
+  # one weight copy's updates at the target: its share of the run's examples x the updates it took in the run
+  updates = None if images is None else run.updates * images / (last.minibatches * batch_size)
+  return run._replace(outcome=Outcome(rule.time_to(run.curve, target), images, last.test_accuracy,
+                                      rule.final(run.curve), last.test_loss, math.exp(last.test_loss), updates))
 
 
 class Summary(NamedTuple):
   """A configuration over seeds: its row, system, GPUs, learning rate, images/s and efficiency, the seeds, how many
   missed the target, the mean and range of its time to target (the mean: None unless every seed reached it), its
-  mean final test accuracy, perplexity and smoothed accuracy, and its mean examples to target (None unless every
-  seed reached it)."""
+  mean final test accuracy, perplexity and smoothed accuracy, its mean examples to target (None unless every
+  seed reached it), its examples per update, one weight copy's updates in a run and their mean to the target."""
 
   row: str
   system: str
@@ -54,13 +56,7 @@ class Summary(NamedTuple):
   mean_examples_to_target: float | None = None
   examples_per_update: int = 0
   updates: int = 0
-
-  @property
-  def mean_updates_to_target(self) -> float | None:
-    """Mean optimizer updates to the target of one weight copy (examples to target / examples per update)."""
-    if self.mean_examples_to_target is None or not self.examples_per_update:
-      return None
-    return self.mean_examples_to_target / self.examples_per_update
+  mean_updates_to_target: float | None = None
 
 
 def summarise(runs: Sequence[ConvergenceRun]) -> Summary:
@@ -68,13 +64,15 @@ def summarise(runs: Sequence[ConvergenceRun]) -> Summary:
   outcomes = [r.outcome for r in runs if r.outcome is not None]
   times = [o.time_to_target_s for o in outcomes if o.time_to_target_s is not None]
   examples = [o.images_to_target for o in outcomes if o.images_to_target is not None]
+  updates = [o.updates_to_target for o in outcomes if o.updates_to_target is not None]
   first, n = runs[0], len(runs)
   return Summary(first.row, first.system, first.gpus, first.lr, first.images_per_sec, first.efficiency,
                  [r.seed for r in runs], n - len(times), sum(times) / len(times) if len(times) == n else None,
                  min(times) if times else None, max(times) if times else None,
                  sum(o.final_test_accuracy for o in outcomes) / n, sum(o.final_test_perplexity for o in outcomes) / n,
                  sum(o.final_smoothed_accuracy for o in outcomes) / n,
-                 sum(examples) / n if len(examples) == n else None, first.examples_per_update, first.updates)
+                 sum(examples) / n if len(examples) == n else None, first.examples_per_update, first.updates,
+                 sum(updates) / n if len(updates) == n else None)
 
 
 class TableRow(NamedTuple):
