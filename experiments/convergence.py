@@ -87,7 +87,7 @@ from hetpipe_jax.systems import BASE_LR_PER_32, LR_SCALINGS
 FLAGS = flags.FLAGS
 # The run settings the study takes (experiments.run_flags), at its defaults: the MLP (its gradient is cheap enough
 # for every configuration over seeds), the paper's testbed, plain SGD.
-run_flags.define(["model", "dataset", "cluster", "batch_size", "optimizer", "recompute", "lr_schedule"],
+run_flags.define(["model", "dataset", "cluster", "batch_size", "optimizer", "recompute", "lr_schedule", "ps_optimizer"],
                  overrides={"model": "mlp", "cluster": "paper_testbed", "optimizer": "sgd"})
 flags.adopt_module_key_flags(run_flags)  # --help lists them
 flags.DEFINE_list("policies", ["NP", "ED", "HD"], "HetPipe allocation policies (NP, ED, HD or groupings).")
@@ -171,6 +171,7 @@ def flags_to_config() -> ConvergenceConfig:
       get_cluster(FLAGS.cluster), model=FLAGS.model, dataset=FLAGS.dataset, time_model=FLAGS.time_model,
       policies=tuple(FLAGS.policies), ds=ds, nm=common.parse_nm(FLAGS.nm), tuned=FLAGS.tuned,
       tuned_objective=FLAGS.tuned_objective, pilots=FLAGS.pilots, pilot_seed=FLAGS.pilot_seed, outer=FLAGS.outer,
+      ps_optimizer=FLAGS.ps_optimizer,
       systems=tuple(FLAGS.systems), knobs=peer_flags.knobs_from_flags(FLAGS), optimizer=FLAGS.optimizer,
       base_lr=FLAGS.base_lr, lr_scaling=FLAGS.lr_scaling, lr_grid=grid, outer_lr_grid=outer_grid,
       lr_epochs=full_or_given("lr_epochs"), lr_schedule=full_or_given("lr_schedule"),

@@ -153,3 +153,15 @@ def test_a_language_model_counts_tokens_on_any_time_axis():
   assert examples_unit(None, images) == 1
   assert examples_unit("gpt2-xl", images) == 1024
   assert examples_unit("resnet152", text_like) == 1
+
+
+def test_the_policy_rows_take_the_studys_ps_rule_on_diloco_scale_and_say_so():
+  config = ConvergenceConfig(MINI, ps_optimizer="nesterov:lr=0.8,momentum=0.9", policies=("ED",))
+  study = types.SimpleNamespace(config=config, policies=["ED"], plan_nms=lambda setting: [2, 2, 2, 2])
+  study.outer_spec = lambda n, rule, lr=None: Study.outer_spec(study, n, rule, lr)
+  [spec] = Study.policy_specs(study)  # type: ignore[arg-type]
+  assert spec.name == "HetPipe ED D=0 + nesterov" and spec.setting.ps_optimizer == "nesterov:lr=0.2,momentum=0.9"
+  add = types.SimpleNamespace(config=ConvergenceConfig(MINI, policies=("ED",)), policies=["ED"])
+  assert [(s.name, s.setting.ps_optimizer) for s in Study.policy_specs(add)] == [("HetPipe ED D=0", None)]  # type: ignore[arg-type]
+  with pytest.raises(ConfigError, match="unknown optimizer 'adagrad'"):
+    ConvergenceConfig(MINI, ps_optimizer="adagrad")

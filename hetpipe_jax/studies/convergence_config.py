@@ -36,6 +36,8 @@ class ConvergenceConfig:
     nm: HetPipe's Nm (a number, max_fit or best).
     tuned / tuned_objective / pilots / pilot_seed: the tuned configuration, what it optimises, how many
       configurations are trained to choose it (``measured``), and the pilot runs' seed (learning rates too).
+    ps_optimizer: the parameter server's rule of the policies' rows (``--ps_optimizer`` syntax, on DiLoCo's scale as
+      ``outer``'s; ``add``, the paper's, by default).
     outer: the outer rules the tuned configuration's extra row chooses from (``--ps_optimizer`` specs separated by
       ';'; empty: no such row): each gets its learning rates searched, and the one whose pilots end best is the
       row's rule.
@@ -70,6 +72,7 @@ class ConvergenceConfig:
   tuned_objective: str = "measured"
   pilots: int = 4
   pilot_seed: int = 100
+  ps_optimizer: str = "add"
   outer: str = "delayed_nesterov;heloco"  # Async Local-SGD's outer step, and HeLoCo's correction of stale pushes
   systems: tuple[str, ...] = PEERS
   knobs: PeerKnobs = PeerKnobs(h_by_speed=True)
@@ -144,6 +147,7 @@ class ConvergenceConfig:
       parse_policy(policy)
     if self.time_model_name is not None and self.time_model_name not in FULL_SIZE:
       raise ConfigError(f"--time_model={self.time_model}; use one of {', '.join(FULL_SIZE)} or none")
+    make_ps_optimizer(self.ps_optimizer)
     names = [parse_ps_optimizer(rule).name for rule in self.outer_rules]
     for rule in self.outer_rules:
       make_ps_optimizer(rule)

@@ -118,14 +118,19 @@ class Study:
     return study_costs(self.config)
 
   def policy_specs(self) -> list[Spec]:
-    """HetPipe at every policy and every D of the config."""
-    specs = []
+    """HetPipe at every policy and every D of the config (under ``config.ps_optimizer``, the row's name says which
+    when not ``add``)."""
+    specs, rule = [], self.config.ps_optimizer
     for policy in self.policies:
       label = policy if isinstance(policy, str) else "/".join(",".join(map(str, g)) for g in policy)
       tp = self.config.knobs.tp
       for d in self.config.ds:
         name = f"HetPipe {label} D={d}" + ("" if tp == 1 else f" tp={tp}")  # (the throughput study's row)
-        specs.append(Spec(name, HetPipeSetting(policy, self.config.nm, d, tp=None if tp == 1 else tp), name))
+        setting = HetPipeSetting(policy, self.config.nm, d, tp=None if tp == 1 else tp)
+        if rule != "add":
+          setting = setting._replace(ps_optimizer=self.outer_spec(len(self.plan_nms(setting)), rule))
+          name += f" + {parse_ps_optimizer(rule).name}"
+        specs.append(Spec(name, setting, name))
     return specs
 
   def plan_nms(self, setting: HetPipeSetting) -> list[int]:
