@@ -130,6 +130,10 @@ def test_a_small_study_runs_through_run_convergence():
   assert "outcome" not in doc["runs"][0] and "perplexity_curve" not in doc["runs"][0]  # an image model
   assert {"time_to_target_s", "final_smoothed_accuracy", "mean_staleness"} <= set(doc["runs"][1])
   assert ("staleness_model" in doc) != ("staleness_note" in doc)
+  # the noise scale at the weights where Horovod reached the target, beside each row's examples per update
+  noise = result.noise_scale
+  assert noise is not None and noise.b_simple > 0 and noise.examples == 1024 and noise.at.startswith("horovod")
+  assert [r.examples_per_update for r in result.table] == [128, 32, 32, 32]  # horovod's global batch; a minibatch
 
 
 @pytest.mark.parametrize("outer, spec", [

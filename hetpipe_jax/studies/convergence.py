@@ -211,14 +211,14 @@ def noise_at_target(study: Study, runs: list[ConvergenceRun], say: Progress) -> 
   and rates, for the steps it took (the same weights: the same trajectory's prefix). None when no synchronous run
   reached it."""
   sync = {p.name: p for p in study.peers if p.run is not None and p.system.kind != LOCAL}
-  reached = [r for r in runs if r.name in sync and r.outcome is not None and r.outcome.images_to_target is not None]
+  reached = [(r.outcome.images_to_target, i, r) for i, r in enumerate(runs)
+             if r.name in sync and r.outcome is not None and r.outcome.images_to_target is not None]
   if not reached:
     say("gradient noise scale: not measured (no synchronous run reached the target)")
     return None
-  run = min(reached, key=lambda r: r.outcome.images_to_target)  # type: ignore[union-attr]
+  examples, _, run = min(reached)
   spec, c = sync[run.name], study.config
-  per_step = spec.simulated.examples_per_round
-  steps = max(1, math.ceil(run.outcome.images_to_target / per_step))  # type: ignore[union-attr]
+  steps = max(1, math.ceil(examples / spec.simulated.examples_per_round))
   tx = make_optimizer(c.optimizer, c.schedule.rate(run.lr, run.updates))
   params = train_sgd(model=study.model, dataset=study.dataset, tx=tx, batch_sizes=spec.batch_sizes, rounds=steps,
                      round_seconds=spec.simulated.round_seconds, seed=run.seed, eval_every=steps,
