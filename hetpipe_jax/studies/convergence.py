@@ -77,7 +77,8 @@ class ConvergenceResult(NamedTuple):
     staleness: the staleness-aware estimate and its check.
     unigram: a language model's unigram baseline (None: an image model).
     noise_tables: noise level -> the table with every run timed under it (``config.noise_levels``).
-    epochs: every run's length in epochs (``config.epochs`` scaled up to ``config.min_updates``).
+    horizon: the factor on ``config.epochs`` and ``config.lr_epochs`` that ``config.min_updates`` asked for
+      (:attr:`epochs`, :attr:`lr_epochs`: the scaled lengths).
     noise_scale: the proxy's gradient noise scale at the target (:func:`noise_at_target`; None: no synchronous
       run reached it), beside every row's examples per update.
   """
@@ -101,7 +102,7 @@ class ConvergenceResult(NamedTuple):
   staleness: StalenessCheck
   unigram: Unigram | None
   noise_tables: dict[str, list[TableRow]] = {}  # noqa: RUF012 (a NamedTuple's default, never mutated)
-  epochs: float = 0.0
+  horizon: float = 1.0
   noise_scale: NoiseScale | None = None
 
   @property
@@ -116,10 +117,14 @@ class ConvergenceResult(NamedTuple):
     return {system: choice.lr for system, choice in self.lr_choices.items()}
 
   @property
+  def epochs(self) -> float:
+    """Every run's length, in epochs."""
+    return self.config.epochs * self.horizon
+
+  @property
   def lr_epochs(self) -> float:
-    """Each pilot's epochs (``config.lr_epochs`` scaled as the runs are)."""
-    c = self.config
-    return c.lr_epochs * self.epochs / c.epochs if self.epochs else c.lr_epochs
+    """Each pilot's length, in epochs."""
+    return self.config.lr_epochs * self.horizon
 
   @property
   def lr_rule(self) -> str:
@@ -201,7 +206,7 @@ def run_convergence(config: ConvergenceConfig, progress: Progress | None = None)
   return ConvergenceResult(config, study.model.name, study.dataset.name, study.time_axis, study.ideal, study.unit,
                            study.per_example, study.epoch, target, runs, summary, table(summary), runner.choices,
                            runner.lr_pilots, study.not_run, tuned, validate_staleness_model(runs, target),
-                           unigram_baseline(study.dataset) if study.language else None, noisy, study.epochs,
+                           unigram_baseline(study.dataset) if study.language else None, noisy, study.horizon,
                            noise_at_target(study, runs, say))
 
 

@@ -185,10 +185,16 @@ class Runner:
                    outer_lr: float | None = None) -> Curve:
     """``spec``'s system trained with its own numerics for ``epochs`` epochs (its outer step at ``outer_lr``; None:
     the study's knob): its curve."""
-    c, knobs = self.config, self.study.knobs
-    setting = TrainSetting(seed, lr, c.optimizer, epochs, c.eval_examples, c.batch_size, c.schedule)
+    knobs = self.study.knobs
     knobs = knobs if outer_lr is None else spec.system.with_outer_lr(knobs, outer_lr)
-    return spec.system.train(self.study.model, self.study.dataset, spec.simulated, setting, knobs)
+    return spec.system.train(self.study.model, self.study.dataset, spec.simulated,
+                             self.train_setting(seed, lr, epochs), knobs)
+
+  def train_setting(self, seed: int, lr: float, epochs: float) -> TrainSetting:
+    """How a peer trains at ``seed`` and ``lr`` for ``epochs`` epochs (the study's optimizer, schedule, batch and
+    evaluations)."""
+    c = self.config
+    return TrainSetting(seed, lr, c.optimizer, epochs, c.eval_examples, c.batch_size, c.schedule)
 
   def peer_run(self, spec: SystemSpec, seed: int) -> ConvergenceRun:
     """One peer's run with its numerics, at its chosen rates."""
@@ -199,7 +205,8 @@ class Runner:
              f"{spec.local_steps}, learning rate {choice.lr:.4g}{outer}")
     curve = self.train_system(spec, seed, choice.lr, self.study.epochs, choice.outer_lr)
     run, name = spec.simulated, spec.system.name
-    rounds = max(1, int(self.study.epochs * len(self.study.dataset.x_train) // run.examples_per_round))
+    rounds = self.train_setting(seed, choice.lr, self.study.epochs).rounds(run.examples_per_round,
+                                                                          len(self.study.dataset.x_train))
     return ConvergenceRun(spec.name, name, name, seed, 0, [1], choice.lr, run.gpus, run.images_per_sec,
                           run.efficiency, curve, peer=PeerShape(sum(spec.batch_sizes), spec.batch_sizes,
                                                                 spec.local_steps, run.round_seconds),

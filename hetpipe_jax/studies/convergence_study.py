@@ -64,8 +64,8 @@ class Study:
     ideal: the ideal heterogeneous aggregate of the cluster on the time model.
     per_example / unit: what one example counts as in throughput (a GPT time model's tokens), ``tokens`` or
       ``images``.
-    epochs / lr_epochs: every run's and every pilot's length, in epochs: the config's, scaled up alike where
-      ``config.min_updates`` asks for more (:func:`horizon`).
+    horizon: the factor (>= 1) on the config's ``epochs`` and ``lr_epochs`` that gives every system
+      ``config.min_updates`` updates (:func:`horizon`; :attr:`epochs` and :attr:`lr_epochs` are the scaled ones).
     update_examples: learning-rate system or peer -> the examples behind one of its optimizer updates.
   """
 
@@ -85,8 +85,7 @@ class Study:
   per_example: int
   unit: str
   not_run: dict[str, str]
-  epochs: float = 0.0
-  lr_epochs: float = 0.0
+  horizon: float = 1.0
   update_examples: dict[str, int] = dataclasses.field(default_factory=dict)
 
   @property
@@ -107,6 +106,16 @@ class Study:
   def epoch(self) -> float:
     """Minibatches per epoch."""
     return len(self.dataset.x_train) / self.config.batch_size
+
+  @property
+  def epochs(self) -> float:
+    """Every run's length, in epochs (``config.epochs`` x :attr:`horizon`)."""
+    return self.config.epochs * self.horizon
+
+  @property
+  def lr_epochs(self) -> float:
+    """Every learning-rate pilot's length, in epochs (``config.lr_epochs`` x :attr:`horizon`)."""
+    return self.config.lr_epochs * self.horizon
 
   @property
   def total(self) -> int:
@@ -205,8 +214,7 @@ def make_study(config: ConvergenceConfig, progress: Progress) -> Study:
   if scale > 1:
     progress(f"horizon: {config.epochs:g} epochs x {scale:.4g} so that every system takes {config.min_updates} "
              f"updates (the most examples per update: {max(examples.values())})")
-  return dataclasses.replace(study, epochs=config.epochs * scale, lr_epochs=config.lr_epochs * scale,
-                             update_examples=examples)
+  return dataclasses.replace(study, horizon=scale, update_examples=examples)
 
 
 def horizon(config: ConvergenceConfig, update_examples: dict[str, int], train_examples: int) -> float:

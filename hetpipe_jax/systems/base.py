@@ -127,6 +127,10 @@ class TrainSetting(NamedTuple):
   batch_size: int
   schedule: LrSchedule = CONSTANT
 
+  def rounds(self, examples_per_round: int, train_examples: int) -> int:
+    """Whole rounds (steps, waves) of ``examples_per_round`` in ``epochs`` of ``train_examples`` (at least 1)."""
+    return max(1, int(self.epochs * train_examples // examples_per_round))
+
 
 class System(abc.ABC):
   """A training system: HetPipe or one of its peers.

@@ -136,7 +136,7 @@ class HetPipe(System):
                         executor="virtual", staleness=knobs.staleness)
     layout = HetPipeSetting([[g.index for g in p.gpus] for p in vws], nms, 0, [list(p.cuts) for p in vws],
                             job.plan.layout.windows)  # (the windows it was timed with: speed-sized waves have some)
-    waves = WaveRun(setting.seed, max(1, int(setting.epochs * len(dataset.x_train) // per_wave)), setting.lr,
+    waves = WaveRun(setting.seed, setting.rounds(per_wave, len(dataset.x_train)), setting.lr,
                     max(1, round(setting.eval_examples / per_wave)))
     result = Trainer(model, dataset, base).train(layout, waves, f"hetpipe, seed {setting.seed}")
     return hetpipe_curve(result.metrics, nms, result.images_per_second / run.images_per_sec)

@@ -76,7 +76,7 @@ class Peer(System):
     ``setting.eval_examples`` examples; the curve on the clock of the simulated round."""
     per_round = run.examples_per_round
     local = self.kind == LOCAL
-    rounds = max(1, int(setting.epochs * len(dataset.x_train) // per_round))
+    rounds = setting.rounds(per_round, len(dataset.x_train))
     rate = lambda updates: make_optimizer(setting.optimizer, setting.schedule.rate(setting.lr, updates))
     # (the schedule over each optimizer's own updates: a synchronous step each round, a local worker's H_i)
     tx = [rate(rounds * h) for h in run.local_steps] if local and not setting.schedule.constant else rate(rounds)
