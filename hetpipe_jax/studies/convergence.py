@@ -77,8 +77,8 @@ class ConvergenceResult(NamedTuple):
     staleness: the staleness-aware estimate and its check.
     unigram: a language model's unigram baseline (None: an image model).
     noise_tables: noise level -> the table with every run timed under it (``config.noise_levels``).
-    horizon: the factor on ``config.epochs`` and ``config.lr_epochs`` that ``config.min_updates`` asked for
-      (:attr:`epochs`, :attr:`lr_epochs`: the scaled lengths).
+    epochs / lr_epochs: every run's and every pilot's length in epochs (the config's, scaled alike to
+      ``config.min_updates``: :attr:`~hetpipe_jax.studies.convergence_study.Study.horizon`).
     noise_scale: the proxy's gradient noise scale at the target (:func:`noise_at_target`; None: no synchronous
       run reached it), beside every row's examples per update.
   """
@@ -102,7 +102,8 @@ class ConvergenceResult(NamedTuple):
   staleness: StalenessCheck
   unigram: Unigram | None
   noise_tables: dict[str, list[TableRow]] = {}  # noqa: RUF012 (a NamedTuple's default, never mutated)
-  horizon: float = 1.0
+  epochs: float = 0.0
+  lr_epochs: float = 0.0
   noise_scale: NoiseScale | None = None
 
   @property
@@ -115,16 +116,6 @@ class ConvergenceResult(NamedTuple):
   def learning_rates(self) -> dict[str, float]:
     """Each learning-rate system's inner rate."""
     return {system: choice.lr for system, choice in self.lr_choices.items()}
-
-  @property
-  def epochs(self) -> float:
-    """Every run's length, in epochs."""
-    return self.config.epochs * self.horizon
-
-  @property
-  def lr_epochs(self) -> float:
-    """Each pilot's length, in epochs."""
-    return self.config.lr_epochs * self.horizon
 
   @property
   def lr_rule(self) -> str:
@@ -206,8 +197,8 @@ def run_convergence(config: ConvergenceConfig, progress: Progress | None = None)
   return ConvergenceResult(config, study.model.name, study.dataset.name, study.time_axis, study.ideal, study.unit,
                            study.per_example, study.epoch, target, runs, summary, table(summary), runner.choices,
                            runner.lr_pilots, study.not_run, tuned, validate_staleness_model(runs, target),
-                           unigram_baseline(study.dataset) if study.language else None, noisy, study.horizon,
-                           noise_at_target(study, runs, say))
+                           unigram_baseline(study.dataset) if study.language else None, noisy, study.epochs,
+                           study.lr_epochs, noise_at_target(study, runs, say))
 
 
 def noise_at_target(study: Study, runs: list[ConvergenceRun], say: Progress) -> NoiseScale | None:
