@@ -23,6 +23,7 @@ from hetpipe_jax.baselines.knobs import PeerKnobs
 from hetpipe_jax.baselines.sync import SyncJob, Worker, simulate_sync
 from hetpipe_jax.baselines.sync_pipeline import sync_pipeline_job
 from hetpipe_jax.cluster import GIB, LINKS, GpuType, Link, make_cluster
+from hetpipe_jax.core.meta import meta_gpus
 from hetpipe_jax.core.trace import Trace
 from hetpipe_jax.cost.batch import BatchProfiles, fixed
 from hetpipe_jax.cost.context import CostContext
@@ -186,6 +187,9 @@ def test_the_cost_model_charges_a_split_stage_its_share_and_its_all_reduces():
   one = Layout((VWLayout((g[0],), (0, 4), 1),))
   two = Layout((VWLayout((g[0],), (0, 4), 1, tp=((g[1],),)),))
   assert two.num_gpus == 2 and two.meta()["tp"] == [[[g[1].name]]] and "tp" not in one.meta()
+  # a run's GPU count read back from its meta line counts the partners (the convergence table's column)
+  four = Layout((VWLayout((g[0], g[4]), (0, 2, 4), 1, tp=((g[1], g[2], g[3]), (g[5],))),))
+  assert [meta_gpus(x.meta()) for x in (one, two, four)] == [1, 2, 6] == [x.num_gpus for x in (one, two, four)]
   c1, c2 = CostModel(NODES, profiles, one), CostModel(NODES, profiles, two)
   halves = [u.split(2) for u in profiles]
   for kind, k in (("fwd", 0), ("bwd", 1)):

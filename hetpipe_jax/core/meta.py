@@ -45,3 +45,9 @@ def control_fields(control: Control, nms: Sequence[int]) -> dict[str, Any]:
     return {}
   acc = [control.accumulate(nm) for nm in nms]
   return {"staleness": str(control), **({"accumulate": acc} if any(k != 1 for k in acc) else {})}
+
+
+def meta_gpus(meta: Mapping[str, Any]) -> int:
+  """Every GPU a run's meta line names: each stage's own and, where a stage is split by tensor parallelism, its
+  partners (``tp``)."""
+  return sum(meta["stages"]) + sum(len(partners) for vw in meta.get("tp") or [] for partners in vw)

@@ -25,6 +25,7 @@ from hetpipe_jax.cluster import Cluster
 from hetpipe_jax.core.check import require_wsp
 from hetpipe_jax.core.controls import DEFAULT as DEFAULT_CONTROL
 from hetpipe_jax.core.controls import parse_control
+from hetpipe_jax.core.meta import meta_gpus
 from hetpipe_jax.core.trace import Trace, staleness_stats
 from hetpipe_jax.cost.batch import BatchProfiles
 from hetpipe_jax.cost.context import DEFAULT_COSTS, CostContext
@@ -241,8 +242,8 @@ def simulated_images_per_sec(model: LayeredModel, dataset: Any, base: RunConfig,
 
 class HetPipeTraining(NamedTuple):
   """A trained HetPipe configuration: its curve on the clock scaled to the ``sim`` executor (x ``time_scale``),
-  Nm per virtual worker, its GPUs, the staleness of its trace (:func:`~hetpipe_jax.core.trace.staleness_stats`)
-  and its mean staleness."""
+  Nm per virtual worker, its GPUs (tensor-parallel partners counted), the staleness of its trace
+  (:func:`~hetpipe_jax.core.trace.staleness_stats`) and its mean staleness."""
 
   curve: Curve
   nm: list[int]
@@ -255,7 +256,7 @@ class HetPipeTraining(NamedTuple):
 def training_of(result: RunResult, time_scale: float) -> HetPipeTraining:
   """A run's curve (its clock x ``time_scale``) and staleness."""
   meta = result.events[0]
-  return HetPipeTraining(hetpipe_curve(result.metrics, meta["nm"], time_scale), meta["nm"], sum(meta["stages"]),
+  return HetPipeTraining(hetpipe_curve(result.metrics, meta["nm"], time_scale), meta["nm"], meta_gpus(meta),
                          time_scale, staleness_stats(result.events), mean_staleness(result.events))
 
 
