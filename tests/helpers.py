@@ -23,6 +23,16 @@ from hetpipe_jax.runtime.transport.launch import child_environment
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TWO_NODES = os.path.join(ROOT, "tests", "data", "two_nodes.toml")  # a cluster of 2 nodes: 2 processes
+F32_U = 2.0 ** -24  # float32's unit roundoff
+
+
+def reorder_bound(n: int) -> float:
+  """How far two float32 sums of the same ``n`` terms in different orders may differ, relative to the sum of the
+  terms' magnitudes: 2 gamma_n, gamma_n = n u / (1 - n u) the bound of one sum in any order (Higham, Accuracy and
+  Stability of Numerical Algorithms, 2002, section 3.1). Another device layout, or another machine's vector width
+  (AVX2 against AVX-512), sums a dot product in another order: a tolerance between two such runs is this bound
+  carried through the computation, not one machine's difference."""
+  return 2 * n * F32_U / (1 - n * F32_U)
 
 
 def train_cli(out_dir, *flags: str, timeout: float = 300) -> subprocess.CompletedProcess:
