@@ -63,11 +63,13 @@ def entry(main: Main) -> Main:
     main: the script's ``main(argv)``.
 
   Returns:
-    ``main`` that raises ``SystemExit("error: <message>")`` instead of a ConfigError or RunStopped.
+    ``main`` that first checks the script's output flags (:func:`check_output_flags`) and raises
+    ``SystemExit("error: <message>")`` instead of a ConfigError or RunStopped.
   """
 
   def wrapped(argv: list[str]) -> int | None:
     try:
+      check_output_flags()
       return main(argv)
     except (ConfigError, RunStopped) as e:
       raise SystemExit(f"error: {e}") from None
@@ -334,11 +336,39 @@ def check_writable(path: str) -> str:
     ConfigError: when that directory cannot be created or written (the one line of :func:`ensure_parent`).
   """
   folder = os.path.dirname(os.path.abspath(path))
-  existing = folder
-  while not os.path.exists(existing):
-    existing = os.path.dirname(existing)
-  if not os.path.isdir(existing) or not os.access(existing, os.W_OK):
-    reason = "Permission denied" if os.path.isdir(existing) else "Not a directory"
+  reason = unwritable(folder)
+  if reason:
     raise config_error(f"cannot write {path}: {folder} is not a writable directory ({reason}); choose "
                        "another --out_dir (or output path)")
   return path
+
+
+OUTPUT_FLAGS = ("out_dir", "out", "trace_out", "metrics_out")  # the scripts' output flags: a folder, then files
+
+
+def check_output_flags() -> None:
+  """Refuses, before any work, a script's output flag (:data:`OUTPUT_FLAGS`, those it defines and sets) whose
+  folder cannot be created or written: a plan or a study does not run for minutes to fail at its first write.
+
+  Raises:
+    ConfigError: in one line naming the flag, its value, why and what to change.
+  """
+  for name in OUTPUT_FLAGS:
+    value = flags.FLAGS[name].value if name in flags.FLAGS else None
+    if not value:
+      continue
+    folder = os.path.abspath(value if name == "out_dir" else os.path.dirname(os.path.abspath(value)))
+    reason = unwritable(folder)
+    if reason:
+      raise config_error(f"--{name}={value}: {folder} is not a writable directory ({reason}); choose another "
+                         f"--{name}")
+
+
+def unwritable(folder: str) -> str | None:
+  """Why ``folder`` cannot be created or written (None: it can), creating nothing."""
+  existing = folder
+  while not os.path.exists(existing):
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing):
+    return "Not a directory"
+  return None if os.access(existing, os.W_OK) else "Permission denied"

@@ -104,7 +104,8 @@ def test_the_sim_executor_simulates_a_full_size_model_without_data():
 @pytest.mark.parametrize("flags,message", [
     (["--learning_rate=nan"], "error: learning_rate=nan; use a finite learning rate > 0"),
     (["--model=vgg19"], "error: model 'vgg_E' cannot take"),
-    (["--out_dir=/dev/null/out"], "error: cannot write /dev/null/out/trace.jsonl: /dev/null/out is not a writable"),
+    (["--out_dir=/dev/null/out"], "error: --out_dir=/dev/null/out: /dev/null/out is not a writable directory (Not a "
+                                  "directory); choose another --out_dir"),
 ])
 def test_the_cli_turns_bad_input_into_one_line(tmp_path, flags, message):
   proc = subprocess.run([sys.executable, "-m", "experiments.train", "--waves=2", "--dataset=synthetic",
@@ -113,6 +114,19 @@ def test_the_cli_turns_bad_input_into_one_line(tmp_path, flags, message):
   assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
   assert [line for line in proc.stderr.splitlines() if line.startswith("error:")] == [
       next(line for line in proc.stderr.splitlines() if line.startswith(message))]
+
+
+@pytest.mark.parametrize("script,flag", [("plan", "--out=/dev/null/p/plan.json"),
+                                         ("convergence", "--out_dir=/dev/null/study")])
+def test_an_unwritable_output_is_refused_before_the_work(script, flag):
+  # (a plan of ResNet-152 takes minutes, a study an hour: neither starts before its outputs can be written)
+  proc = subprocess.run([sys.executable, "-m", f"experiments.{script}", "--model=resnet152" if script == "plan"
+                         else "--epochs=1", flag], capture_output=True, text=True, timeout=120, cwd=ROOT)
+  name, value = flag[2:].split("=")
+  folder = "/dev/null/p" if script == "plan" else value
+  assert proc.returncode == 1 and proc.stderr.strip().splitlines()[-1] == (
+      f"error: --{name}={value}: {folder} is not a writable directory (Not a directory); choose another --{name}")
+  assert "Traceback" not in proc.stderr and "training" not in proc.stderr and not proc.stdout
 
 
 def test_the_cli_simulates_vgg19(tmp_path):
