@@ -10,12 +10,20 @@ import functools
 import math
 from typing import Any, NamedTuple
 
+from hetpipe_jax.core.meta import meta_gpus
 from hetpipe_jax.errors import ConfigError, RunStopped
 from hetpipe_jax.plan.allocation import horovod_gpus
 from hetpipe_jax.studies.convergence_lr import LrChoice, LrPilot, outer_rate, search_rates, spec_outer_lr
 from hetpipe_jax.studies.convergence_study import HETPIPE, Progress, Spec, Study, outer_system
 from hetpipe_jax.systems import Curve, SystemSpec, TrainSetting, rule_lr
-from hetpipe_jax.systems.hetpipe import HetPipeSetting, Trainer, WaveRun, simulated_images_per_sec, training_of
+from hetpipe_jax.systems.hetpipe import (
+  HetPipeSetting,
+  Trainer,
+  WaveRun,
+  simulated_images_per_sec,
+  simulated_run,
+  training_of,
+)
 
 SSP = "ssp"
 
@@ -128,6 +136,7 @@ class Runner:
     self.study, self.config, self.say = study, study.config, progress
     self.trainer = Trainer(study.model, study.dataset, study.base, progress)
     self.images: dict[str, float] = {}  # configuration -> the sim executor's images/s
+    self.gpus: dict[str, int] = {}  # configuration -> its GPUs on the sim executor (tensor-parallel partners too)
     self.scales: dict[str, float] = {}  # configuration -> its time scale to the sim executor
     self.choices: dict[str, LrChoice] = {}  # learning-rate system -> its rates
     self.lr_pilots: list[LrPilot] = []
@@ -152,12 +161,13 @@ class Runner:
     result = self.trainer.train(spec.setting, run, f"seed {seed}, {spec.name}")
     if spec.name not in self.scales:
       self.settings[spec.name] = (spec.setting, waves)
-      self.images[spec.name] = simulated_images_per_sec(study.sim_model, study.sim_data, study.base, spec.setting,
-                                                        waves, study.knobs.noise, study.knobs.adapt)
+      sim = simulated_run(study.sim_model, study.sim_data, study.base, spec.setting, waves, study.knobs.noise,
+                          study.knobs.adapt)
+      self.images[spec.name], self.gpus[spec.name] = sim.images_per_second, meta_gpus(sim.events[0])
       self.scales[spec.name] = result.images_per_second / self.images[spec.name]
     t = training_of(result, self.scales[spec.name])
     images = self.images[spec.name]
-    return ConvergenceRun(spec.name, spec.row, HETPIPE, seed, spec.setting.d, t.nm, lr, t.gpus, images,
+    return ConvergenceRun(spec.name, spec.row, HETPIPE, seed, spec.setting.d, t.nm, lr, self.gpus[spec.name], images,
                           images / study.ideal, t.curve,
                           wsp=WspStats(t.time_scale, spec.setting.ps_optimizer or "add", t.staleness,
                                        t.mean_staleness),

@@ -231,13 +231,20 @@ class WaveRun(NamedTuple):
 
 def simulated_images_per_sec(model: LayeredModel, dataset: Any, base: RunConfig, setting: HetPipeSetting,
                              waves: int, noise: str = "none", adapt: str = "auto") -> float:
-  """``setting``'s examples/s on the ``sim`` executor (its transfer models, ``noise``, the GPUs' variance, and
-  ``adapt``, HetPipe's re-planning under it; at most :data:`WAVES` waves of ``model`` on ``dataset``, a full-size
-  model's input spec or a dataset), every trace checked by the WSP checker."""
+  """``setting``'s examples/s on the ``sim`` executor (:func:`simulated_run`)."""
+  return simulated_run(model, dataset, base, setting, waves, noise, adapt).images_per_second
+
+
+def simulated_run(model: LayeredModel, dataset: Any, base: RunConfig, setting: HetPipeSetting, waves: int,
+                  noise: str = "none", adapt: str = "auto") -> RunResult:
+  """``setting`` on the ``sim`` executor (its transfer models, ``noise``, the GPUs' variance, and ``adapt``,
+  HetPipe's re-planning under it; at most :data:`WAVES` waves of ``model`` on ``dataset``, a full-size model's input
+  spec or a dataset), its trace checked by the WSP checker. Its meta line names every GPU of the layout, the
+  tensor-parallel partners that a numerics run on the stages' leads leaves out included."""
   sim = run_hetpipe(model, dataset, base.replace(**setting.sim_fields(), time_model=None, executor="sim",
                                                  waves=min(waves, WAVES), noise=noise, adapt=adapt))
   require_wsp(sim.events, "simulated run")
-  return sim.images_per_second
+  return sim
 
 
 class HetPipeTraining(NamedTuple):
