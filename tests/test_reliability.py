@@ -117,7 +117,8 @@ def test_the_cli_turns_bad_input_into_one_line(tmp_path, flags, message):
 
 
 @pytest.mark.parametrize("script,flag", [("plan", "--out=/dev/null/p/plan.json"),
-                                         ("convergence", "--out_dir=/dev/null/study")])
+                                         pytest.param("convergence", "--out_dir=/dev/null/study",
+                                                      marks=pytest.mark.slow)])
 def test_an_unwritable_output_is_refused_before_the_work(script, flag):
   # (a plan of ResNet-152 takes minutes, a study an hour: neither starts before its outputs can be written)
   proc = subprocess.run([sys.executable, "-m", f"experiments.{script}", "--model=resnet152" if script == "plan"
