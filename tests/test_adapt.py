@@ -116,6 +116,7 @@ def test_hetpipe_system_records_its_layouts_in_the_trace():
   assert_trace_ok(run.events)
 
 
+@pytest.mark.slow  # (12 s: the fast suite's limit)
 def test_the_sim_executor_replans_under_noise_and_writes_each_layouts_trace(tmp_path):
   # ED on the paper testbed, GPU 4 (stage 0 of the first virtual worker) at a quarter of its speed from 1 s on
   flags = ("--executor=sim", "--model=vgg19", "--cluster=paper_testbed", "--policy=ED", "--waves=60",

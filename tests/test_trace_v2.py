@@ -152,6 +152,7 @@ def test_a_trace_version_no_executor_writes_is_refused_in_one_line():
     EXECUTORS["multiprocess"].validate(RunConfig.of(executor="multiprocess", trace_version=2))
 
 
+@pytest.mark.slow  # (12 s: the fast suite's limit)
 def test_the_training_cli_simulates_in_version_2_and_reports_what_version_1_reports(tmp_path):
   flags = ("--executor=sim", "--model=resnet152", "--cluster=paper_testbed", "--waves=4")
   for version in (1, 2):

@@ -89,6 +89,7 @@ def test_the_link_fit_recovers_a_link_from_its_two_gpu_times_and_holds_out_the_r
   assert vp.fit_efficiency(rows, [], "none").links_for(rows[0]) is None  # the catalogue's
 
 
+@pytest.mark.slow  # (12 s: the fast suite's limit)
 def test_the_memory_model_holds_what_ran_with_the_activations_its_framework_keeps(tmp_path):
   # ResNet-152 at 32 per GPU ran on 11 GB RTX 2080 Tis (Lambda, TensorFlow): charged every residual this
   # runtime keeps it would not fit (11.5 GiB); charged what TensorFlow keeps it does (5.7 GiB)
@@ -107,6 +108,7 @@ def test_the_memory_model_holds_what_ran_with_the_activations_its_framework_keep
   assert entries["nv"].memory_model_holds is False and entries["nv"].simulated
 
 
+@pytest.mark.slow  # (12 s: the fast suite's limit)
 def test_a_scaling_efficiency_row_is_n_gpus_over_n_times_one(tmp_path):
   row = {**ONE, "id": "eff", "category": "multi_node_allreduce", "system": "horovod", "gpus": 16, "nodes": 4,
          "intra_link": "pcie3", "inter_link": "roce25", "figure": 0.9, "unit": "scaling_efficiency",
