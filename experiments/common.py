@@ -328,21 +328,6 @@ def batch_profiles(name: str, batch_size: int, seq_len: int | None = None):
   return BatchProfiles(tuple(low), tuple(high), batch_size, 2 * batch_size), per_example, unit
 
 
-def check_writable(path: str) -> str:
-  """Returns ``path`` if its directory is writable or can be created, creating nothing (a run that is then
-  refused leaves no folder; the file's writer creates it, e.g. :func:`ensure_parent`).
-
-  Raises:
-    ConfigError: when that directory cannot be created or written (the one line of :func:`ensure_parent`).
-  """
-  folder = os.path.dirname(os.path.abspath(path))
-  reason = unwritable(folder)
-  if reason:
-    raise config_error(f"cannot write {path}: {folder} is not a writable directory ({reason}); choose "
-                       "another --out_dir (or output path)")
-  return path
-
-
 OUTPUT_FLAGS = ("out_dir", "out", "trace_out", "metrics_out")  # the scripts' output flags: a folder, then files
 
 

@@ -534,8 +534,6 @@ def main(argv):
     join_job(FLAGS.cluster, FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
   if not multiprocess:
     common.ensure_devices(run_flags.devices(config))
-  for path in (paths.trace, paths.metrics):
-    common.check_writable(path)
   model, dataset = model_and_data(FLAGS.model, FLAGS.dataset, FLAGS.seq_len, FLAGS.executor)
   common.progress("training %s on %s (%s executor%s)", model.name, getattr(dataset, "name", dataset),
                   config.executor, f", laid out by policy {FLAGS.policy}" if FLAGS.policy else "")
